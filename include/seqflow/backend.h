@@ -1,0 +1,94 @@
+/* The compute backend interface. Every built-in stage computes through these ops, so a new
+ * device (CUDA, ...) is one more implementation of sf_backend_ops. Pointers passed to ops are
+ * backend memory (from ops->alloc); on the CPU backend that is ordinary host memory.
+ * Activations are row-major; a "ld" is the stride in floats between consecutive rows.
+ * Feature h*d + j of a [n, H*d] buffer is component j of head h (SPEC section 2). */
+#ifndef SEQFLOW_BACKEND_H
+#define SEQFLOW_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "seqflow/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sf_backend sf_backend;
+
+/* Local dilated attention over one segment, with the global tokens as one more part
+ * (SPEC sections 3 and 5). out[i, h*d + j] receives A_dot. */
+typedef struct sf_attention_desc {
+    int n;                    /* rows present (partial segments have n < segment) */
+    int segment;              /* N */
+    int heads, head_dim;
+    int ld;                   /* row stride of q, k, v and out */
+    int causal;
+    int n_branches;
+    const sf_branch *branches;
+    int n_global;             /* global tokens present (rows of gk/gv) */
+    int global_ld;            /* row stride of gk, gv; head h at column h*head_dim */
+    const float *gk, *gv;     /* [n_global, global_ld] or NULL when n_global == 0 */
+    float scale;              /* 1/sqrt(d) */
+} sf_attention_desc;
+
+typedef struct sf_backend_ops {
+    const char *name;
+    /* Buffers. alloc returns NULL on failure; free accepts NULL. */
+    void *(*alloc)(sf_backend *be, size_t bytes);
+    void (*free)(sf_backend *be, void *ptr);
+    int (*upload)(sf_backend *be, void *dst, const void *host_src, size_t bytes);
+    int (*download)(sf_backend *be, void *host_dst, const void *src, size_t bytes);
+    int (*copy)(sf_backend *be, void *dst, const void *src, size_t bytes);
+    int (*zero)(sf_backend *be, void *dst, size_t bytes);
+    /* Waits until every op issued so far has finished (no-op on the CPU). */
+    int (*sync)(sf_backend *be);
+
+    /* y[n, out] = x[n, in] W^T (+ y when accumulate); W is [out, in] contiguous. */
+    int (*matmul)(sf_backend *be, int n, int in, int out, const float *x, int ldx,
+                  const float *w, float *y, int ldy, int accumulate);
+    /* y[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight; y may alias x. */
+    int (*rmsnorm)(sf_backend *be, int n, int dim, const float *x, const float *weight,
+                   float eps, float *y);
+    /* y[i] = table[tokens[i]]; tokens already validated against the vocabulary. */
+    int (*embed)(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table,
+                 float *y);
+    /* a = silu(a) * b, elementwise over [n, f]. */
+    int (*swiglu)(sf_backend *be, int n, int f, float *a, const float *b);
+    /* out = A_dot, see sf_attention_desc. */
+    int (*attention)(sf_backend *be, const sf_attention_desc *desc, const float *q,
+                     const float *k, const float *v, float *out);
+    /* a = g_h * Retrieve(q; M, z) + (1 - g_h) * a with g_h = sigmoid(gate[h]) (SPEC 4).
+     * M is [heads][d][d], z is [heads][d]; q and a are [n, ld]. */
+    int (*memory_mix)(sf_backend *be, int n, int heads, int d, int ld, const float *q,
+                      const float *M, const float *z, const float *gate, float *a);
+    /* The linear or delta update of M and z with this segment's k, v (SPEC 4). */
+    int (*memory_update)(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld,
+                         const float *k, const float *v, float *M, float *z);
+    /* Summary tokens (SPEC 5): row j of sk/sv ([*count, width], width = heads*d) receives the
+     * mean of rows [j*segment/S, (j+1)*segment/S) ∩ [0, n) of k/v, for each non-empty chunk. */
+    int (*summary)(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld,
+                   const float *k, const float *v, float *sk, float *sv, int *count);
+    /* Frees the backend's own state. */
+    void (*destroy)(sf_backend *be);
+} sf_backend_ops;
+
+struct sf_backend {
+    const sf_backend_ops *ops;
+    void *impl;
+    int threads; /* CPU worker threads the backend may use (0 = all cores) */
+};
+
+/* Creates a backend by name: "cpu" (always) or "cuda" (when built with CUDA and a GPU is
+ * present; SF_E_BACKEND otherwise, with the reason in sf_last_error()). The caller owns *out
+ * and frees it with sf_backend_free. device selects the GPU ordinal where it applies. */
+int sf_backend_create(const char *name, int device, sf_backend **out);
+void sf_backend_free(sf_backend *be);
+
+/* Names of the backends compiled into this build, NULL-terminated, static. */
+const char *const *sf_backend_names(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,53 @@
+/* Packets: the unit that flows between stages. A packet is owned by exactly one party at a
+ * time: whoever created it, then the stage it is handed to (process takes ownership), then
+ * whoever that stage emits it to. Free with sf_packet_free (NULL accepted). */
+#ifndef SEQFLOW_PACKET_H
+#define SEQFLOW_PACKET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sf_packet_kind {
+    SF_PACKET_TOKENS = 1, /* a chunk of token ids of any length, as a source read them */
+    SF_PACKET_SEGMENT = 2, /* the tokens of one segment (n <= N) at positions segment*N.. */
+    SF_PACKET_HIDDEN = 3, /* one segment's activations x[n, width] (tokens kept alongside) */
+    SF_PACKET_FLUSH = 4   /* a request to emit the pending partial segment provisionally */
+} sf_packet_kind;
+
+enum {
+    /* The last packet of its stream: the stream ends after it (n may be 0). A partial
+     * segment marked FINAL commits state (SPEC 1). */
+    SF_PACKET_FINAL = 1u << 0,
+    /* A flushed partial segment: its outputs are real but state must not advance, and the
+     * same positions will come again in the completed segment. */
+    SF_PACKET_PROVISIONAL = 1u << 1
+};
+
+typedef struct sf_packet {
+    sf_packet_kind kind;
+    uint32_t flags;
+    uint64_t stream;   /* independent streams never share state */
+    uint64_t segment;  /* segment index s (SEGMENT / HIDDEN) */
+    uint64_t position; /* stream position of row 0 */
+    size_t n;          /* rows (tokens) present */
+    size_t width;      /* columns of x (0 when x is unused) */
+    uint32_t *tokens;  /* [n] (capacity cap_tokens) */
+    float *x;          /* [n, width] row-major (capacity cap_x floats) */
+    size_t cap_tokens, cap_x;
+} sf_packet;
+
+/* A new packet with room for cap_tokens token ids and cap_x floats (either may be 0).
+ * Returns NULL when out of memory. */
+sf_packet *sf_packet_new(sf_packet_kind kind, size_t cap_tokens, size_t cap_x);
+/* Grows the packet's buffers to at least these capacities, keeping their contents. */
+int sf_packet_reserve(sf_packet *p, size_t cap_tokens, size_t cap_x);
+void sf_packet_free(sf_packet *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

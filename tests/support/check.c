@@ -1,0 +1,105 @@
+#include "support/check.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "seqflow/error.h"
+
+int check_failures = 0;
+int check_passes = 0;
+
+void check_report(int ok, const char *file, int line, const char *expr, const char *fmt, ...)
+{
+    if (ok) {
+        check_passes++;
+        return;
+    }
+    check_failures++;
+    fprintf(stderr, "FAIL %s:%d: %s", file, line, expr);
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs(": ", stderr);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+    }
+    fputc('\n', stderr);
+}
+
+int check_finish(const char *name)
+{
+    printf("%s: %d passed, %d failed\n", name, check_passes, check_failures);
+    return check_failures ? 1 : 0;
+}
+
+int check_skip(const char *why)
+{
+    printf("skipped: %s\n", why);
+    return 77;
+}
+
+uint64_t check_rng_next(check_rng *r)
+{
+    /* splitmix64 */
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double check_rng_uniform(check_rng *r) { return (double)(check_rng_next(r) >> 11) * 0x1.0p-53; }
+
+double check_rng_normal(check_rng *r)
+{
+    double u1 = check_rng_uniform(r), u2 = check_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+double check_rel_err_f32_f64(const float *a, const double *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += b[i] * b[i];
+    }
+    if (isnan(num)) return INFINITY;
+    return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1e-150);
+}
+
+double check_rel_err_f32(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    if (isnan(num)) return INFINITY;
+    return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1e-150);
+}
+
+const char *check_tmp_path(const char *name)
+{
+    static char slots[8][512];
+    static int next;
+    const char *dir = getenv("SEQFLOW_TEST_TMP");
+    if (!dir || !*dir) dir = "/tmp";
+    char *p = slots[next++ & 7];
+    snprintf(p, sizeof slots[0], "%s/%d-%s", dir, (int)getpid(), name);
+    return p;
+}
+
+size_t check_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long size = 0, rss = 0;
+    if (fscanf(f, "%lu %lu", &size, &rss) != 2) rss = 0;
+    fclose(f);
+    return (size_t)rss * (size_t)sysconf(_SC_PAGESIZE);
+}
