@@ -1,0 +1,355 @@
+/* Graph construction, stage instances, push mode and state save/restore. The threaded
+ * executor lives in scheduler.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/graph_internal.h"
+
+int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_graph **out)
+{
+    if (!out) return sf_error(SF_E_INVAL, "sf_graph_create: out is NULL");
+    *out = NULL;
+    sf_graph *g = calloc(1, sizeof *g);
+    if (!g) return sf_error(SF_E_NOMEM, "out of memory");
+    if (opts) g->opts = *opts;
+    if (!g->opts.device) g->opts.device = "cpu";
+    if (g->opts.queue_depth <= 0) g->opts.queue_depth = 4;
+    g->model = model;
+    pthread_mutex_init(&g->error_lock, NULL);
+    atomic_init(&g->tokens_out, 0);
+    int rc = sf_backend_create(g->opts.device, g->opts.device_index, &g->backend);
+    if (rc != SF_OK) {
+        sf_graph_free(g);
+        return rc;
+    }
+    g->backend->threads = g->opts.threads;
+    *out = g;
+    return SF_OK;
+}
+
+static void stage_free(sf_stage *st)
+{
+    if (!st) return;
+    if (st->initialized && st->cls->free) st->cls->free(st);
+    sf_link_destroy(st->out);
+    sf_stage_options_free(st);
+    free(st);
+}
+
+void sf_graph_free(sf_graph *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n_stages; i++) stage_free(g->stages[i]);
+    free(g->stages);
+    while (g->outputs.count) {
+        sf_packet_free(g->outputs.items[g->outputs.head]);
+        g->outputs.head = (g->outputs.head + 1) % g->outputs.cap;
+        g->outputs.count--;
+    }
+    free(g->outputs.items);
+    sf_backend_free(g->backend);
+    pthread_mutex_destroy(&g->error_lock);
+    free(g);
+}
+
+int sf_graph_add_class(sf_graph *g, const sf_stage_class *cls, const char *options,
+                       sf_stage **out)
+{
+    if (!g || !cls) return sf_error(SF_E_INVAL, "sf_graph_add_class: NULL argument");
+    if (g->started) return sf_error(SF_E_INVAL, "stages cannot be added to a started graph");
+    if (g->n_stages == g->cap_stages) {
+        int cap = g->cap_stages ? 2 * g->cap_stages : 8;
+        sf_stage **s = realloc(g->stages, (size_t)cap * sizeof *s);
+        if (!s) return sf_error(SF_E_NOMEM, "out of memory");
+        g->stages = s;
+        g->cap_stages = cap;
+    }
+    sf_stage *st = calloc(1, sizeof *st);
+    if (!st) return sf_error(SF_E_NOMEM, "out of memory");
+    st->cls = cls;
+    st->graph = g;
+    st->index = g->n_stages;
+    int rc = sf_stage_options_parse(st, options);
+    if (rc != SF_OK) {
+        stage_free(st);
+        return rc;
+    }
+    g->stages[g->n_stages++] = st;
+    if (out) *out = st;
+    return SF_OK;
+}
+
+int sf_graph_add(sf_graph *g, const char *stage, const char *options, sf_stage **out)
+{
+    const sf_stage_class *cls = sf_find_stage(stage);
+    if (!cls) return sf_error(SF_E_STAGE, "unknown stage '%s' (see `seqflow stages`)", stage ? stage : "(null)");
+    return sf_graph_add_class(g, cls, options, out);
+}
+
+int sf_graph_size(const sf_graph *g) { return g ? g->n_stages : 0; }
+
+sf_stage *sf_graph_stage(const sf_graph *g, int i)
+{
+    return g && i >= 0 && i < g->n_stages ? g->stages[i] : NULL;
+}
+
+const char *sf_graph_error(const sf_graph *g) { return g ? g->error_message : ""; }
+
+uint64_t sf_graph_tokens_out(const sf_graph *g)
+{
+    return g ? (uint64_t)atomic_load(&((sf_graph *)g)->tokens_out) : 0;
+}
+
+void sf_graph_interrupt(sf_graph *g)
+{
+    if (g) g->interrupted = 1;
+}
+
+int sf_graph_fail(sf_graph *g, int code, const char *stage_name, const char *message)
+{
+    pthread_mutex_lock(&g->error_lock);
+    if (g->error_code == SF_OK) {
+        g->error_code = code;
+        if (stage_name)
+            snprintf(g->error_message, sizeof g->error_message, "%s: %s", stage_name,
+                     message && *message ? message : sf_strerror(code));
+        else
+            snprintf(g->error_message, sizeof g->error_message, "%s",
+                     message && *message ? message : sf_strerror(code));
+    }
+    pthread_mutex_unlock(&g->error_lock);
+    return code;
+}
+
+int sf_graph_start(sf_graph *g, int threaded)
+{
+    if (g->started) return SF_OK;
+    if (g->n_stages == 0) return sf_error(SF_E_INVAL, "the graph has no stages");
+    for (int i = 0; i < g->n_stages; i++) {
+        sf_stage *st = g->stages[i];
+        if (i > 0 && st->cls->generate && !st->cls->process)
+            return sf_error(SF_E_PARSE, "source stage '%s' can only come first", st->cls->name);
+        if (i == 0 && threaded && !st->cls->generate)
+            return sf_error(SF_E_PARSE, "a pipeline that runs on its own starts with a source, not '%s'",
+                            st->cls->name);
+        if (!threaded && st->cls->generate && !st->cls->process)
+            return sf_error(SF_E_PARSE, "push mode feeds tokens itself; remove source '%s'", st->cls->name);
+    }
+    for (int i = 0; i < g->n_stages; i++) {
+        sf_stage *st = g->stages[i];
+        sf_clear_error();
+        int rc = st->cls->init ? st->cls->init(st) : SF_OK;
+        if (rc != SF_OK) return sf_error(rc, "%s: %s", st->cls->name, *sf_last_error() ? sf_last_error() : sf_strerror(rc));
+        st->initialized = 1;
+        if (threaded && i + 1 < g->n_stages) {
+            st->out = sf_queue_link_create(g->opts.queue_depth);
+            if (!st->out) return sf_error(SF_E_NOMEM, "out of memory");
+        }
+    }
+    g->started = 1;
+    g->push_mode = !threaded;
+    return SF_OK;
+}
+
+/* ---- stage accessors ---------------------------------------------------------------------- */
+
+void *sf_stage_priv(const sf_stage *st) { return st->priv; }
+void sf_stage_set_priv(sf_stage *st, void *priv) { st->priv = priv; }
+const sf_model *sf_stage_model(const sf_stage *st) { return st->graph->model; }
+sf_backend *sf_stage_backend(const sf_stage *st) { return st->graph->backend; }
+const char *sf_stage_name(const sf_stage *st) { return st->cls->name; }
+int sf_stage_interrupted(const sf_stage *st) { return st->graph->interrupted != 0; }
+
+void sf_graph_count_output(sf_graph *g, const sf_packet *p)
+{
+    if (p->kind == SF_PACKET_HIDDEN && !(p->flags & SF_PACKET_PROVISIONAL))
+        atomic_fetch_add(&g->tokens_out, p->n);
+}
+
+static int fifo_push(sf_packet_fifo *f, sf_packet *p)
+{
+    if (f->count == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 16;
+        sf_packet **items = malloc(cap * sizeof *items);
+        if (!items) return sf_error(SF_E_NOMEM, "out of memory");
+        for (size_t i = 0; i < f->count; i++) items[i] = f->items[(f->head + i) % f->cap];
+        free(f->items);
+        f->items = items;
+        f->head = 0;
+        f->cap = cap;
+    }
+    f->items[(f->head + f->count) % f->cap] = p;
+    f->count++;
+    return SF_OK;
+}
+
+int sf_graph_deliver(sf_graph *g, int to, sf_packet *p)
+{
+    if (to >= g->n_stages) {
+        sf_graph_count_output(g, p);
+        int rc = fifo_push(&g->outputs, p);
+        if (rc != SF_OK) sf_packet_free(p);
+        return rc;
+    }
+    sf_stage *next = g->stages[to];
+    return next->cls->process(next, p);
+}
+
+int sf_stage_emit(sf_stage *st, sf_packet *p)
+{
+    if (!p) return sf_error(SF_E_INVAL, "sf_stage_emit: NULL packet");
+    sf_graph *g = st->graph;
+    if (g->push_mode) return sf_graph_deliver(g, st->index + 1, p);
+    if (!st->out) { /* the last stage of a threaded graph: nothing downstream */
+        sf_packet_free(p);
+        return SF_OK;
+    }
+    return st->out->ops->push(st->out, p);
+}
+
+/* ---- push mode ---------------------------------------------------------------------------- */
+
+static int push_packet(sf_graph *g, sf_packet *p)
+{
+    int rc = sf_graph_start(g, 0);
+    if (rc != SF_OK) {
+        sf_packet_free(p);
+        return rc;
+    }
+    if (!g->push_mode) {
+        sf_packet_free(p);
+        return sf_error(SF_E_INVAL, "this graph runs on threads (sf_graph_run); it takes no pushes");
+    }
+    if (g->error_code != SF_OK) {
+        sf_packet_free(p);
+        return sf_error(g->error_code, "%s", g->error_message);
+    }
+    sf_clear_error();
+    rc = sf_graph_deliver(g, 0, p);
+    if (rc != SF_OK) sf_graph_fail(g, rc, NULL, sf_last_error());
+    return rc;
+}
+
+int sf_graph_push(sf_graph *g, uint64_t stream, const uint32_t *tokens, size_t n)
+{
+    if (!g || (!tokens && n)) return sf_error(SF_E_INVAL, "sf_graph_push: NULL argument");
+    sf_packet *p = sf_packet_new(SF_PACKET_TOKENS, n, 0);
+    if (!p) return sf_error(SF_E_NOMEM, "out of memory");
+    p->stream = stream;
+    p->n = n;
+    if (n) memcpy(p->tokens, tokens, n * sizeof *tokens);
+    return push_packet(g, p);
+}
+
+int sf_graph_flush(sf_graph *g, uint64_t stream)
+{
+    if (!g) return sf_error(SF_E_INVAL, "sf_graph_flush: NULL graph");
+    sf_packet *p = sf_packet_new(SF_PACKET_FLUSH, 0, 0);
+    if (!p) return sf_error(SF_E_NOMEM, "out of memory");
+    p->stream = stream;
+    return push_packet(g, p);
+}
+
+int sf_graph_end(sf_graph *g, uint64_t stream)
+{
+    if (!g) return sf_error(SF_E_INVAL, "sf_graph_end: NULL graph");
+    sf_packet *p = sf_packet_new(SF_PACKET_TOKENS, 0, 0);
+    if (!p) return sf_error(SF_E_NOMEM, "out of memory");
+    p->stream = stream;
+    p->flags = SF_PACKET_FINAL;
+    return push_packet(g, p);
+}
+
+sf_packet *sf_graph_pull(sf_graph *g)
+{
+    if (!g || g->outputs.count == 0) return NULL;
+    sf_packet *p = g->outputs.items[g->outputs.head];
+    g->outputs.head = (g->outputs.head + 1) % g->outputs.cap;
+    g->outputs.count--;
+    return p;
+}
+
+/* ---- state -------------------------------------------------------------------------------- */
+
+/* Blob: for each stateful stage, in graph order: u32 index, u32 name length, name,
+ * u64 state length, state. Restore checks that the names line up. */
+int sf_graph_save(sf_graph *g, sf_buffer *out)
+{
+    if (!g || !out) return sf_error(SF_E_INVAL, "sf_graph_save: NULL argument");
+    int rc = sf_graph_start(g, 0);
+    if (rc != SF_OK) return rc;
+    for (int i = 0; i < g->n_stages; i++) {
+        sf_stage *st = g->stages[i];
+        if (!st->cls->save) continue;
+        sf_buffer state = {0};
+        rc = st->cls->save(st, &state);
+        uint32_t index = (uint32_t)i, name_len = (uint32_t)strlen(st->cls->name);
+        uint64_t len = state.len;
+        if (rc == SF_OK) rc = sf_buffer_append(out, &index, sizeof index);
+        if (rc == SF_OK) rc = sf_buffer_append(out, &name_len, sizeof name_len);
+        if (rc == SF_OK) rc = sf_buffer_append(out, st->cls->name, name_len);
+        if (rc == SF_OK) rc = sf_buffer_append(out, &len, sizeof len);
+        if (rc == SF_OK && state.len) rc = sf_buffer_append(out, state.data, state.len);
+        sf_buffer_release(&state);
+        if (rc != SF_OK) return rc;
+    }
+    return SF_OK;
+}
+
+int sf_graph_restore(sf_graph *g, const uint8_t *data, size_t len)
+{
+    if (!g || (!data && len)) return sf_error(SF_E_INVAL, "sf_graph_restore: NULL argument");
+    int rc = sf_graph_start(g, 0);
+    if (rc != SF_OK) return rc;
+    size_t at = 0;
+    for (int i = 0; i < g->n_stages; i++) {
+        sf_stage *st = g->stages[i];
+        if (!st->cls->save) continue;
+        uint32_t index, name_len;
+        uint64_t state_len;
+        if (len - at < 8) return sf_error(SF_E_STATE, "state ends before stage %d (%s)", i, st->cls->name);
+        memcpy(&index, data + at, 4);
+        memcpy(&name_len, data + at + 4, 4);
+        at += 8;
+        if (index != (uint32_t)i || name_len != strlen(st->cls->name) || len - at < name_len ||
+            memcmp(data + at, st->cls->name, name_len) != 0)
+            return sf_error(SF_E_STATE, "state does not match stage %d (%s)", i, st->cls->name);
+        at += name_len;
+        if (len - at < 8) return sf_error(SF_E_STATE, "state of stage %s is truncated", st->cls->name);
+        memcpy(&state_len, data + at, 8);
+        at += 8;
+        if (state_len > len - at) return sf_error(SF_E_STATE, "state of stage %s is truncated", st->cls->name);
+        if (!st->cls->restore)
+            return sf_error(SF_E_STATE, "stage %s saves state but cannot restore it", st->cls->name);
+        rc = st->cls->restore(st, data + at, (size_t)state_len);
+        if (rc != SF_OK) return rc;
+        at += (size_t)state_len;
+    }
+    if (at != len) return sf_error(SF_E_STATE, "%zu bytes of state left over", len - at);
+    return SF_OK;
+}
+
+int sf_buffer_append(sf_buffer *b, const void *data, size_t len)
+{
+    if (len > SIZE_MAX - b->len) return sf_error(SF_E_NOMEM, "buffer too large");
+    if (b->len + len > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + len) cap = cap > SIZE_MAX / 2 ? b->len + len : cap * 2;
+        uint8_t *d = realloc(b->data, cap);
+        if (!d) return sf_error(SF_E_NOMEM, "out of memory");
+        b->data = d;
+        b->cap = cap;
+    }
+    if (len) memcpy(b->data + b->len, data, len);
+    b->len += len;
+    return SF_OK;
+}
+
+void sf_buffer_release(sf_buffer *b)
+{
+    if (!b) return;
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}

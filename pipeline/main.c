@@ -1,0 +1,467 @@
+/* The seqflow command-line program. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "seqflow/seqflow.h"
+
+#define DEFAULT_PIPELINE "segment ! embed ! block ! norm"
+
+typedef struct run_args {
+    const char *model_path, *input, *format, *out, *sink_format, *device, *pipeline;
+    int threads, queue_depth, progress, quiet;
+    uint64_t seed;
+    sf_model_config cfg;         /* defaults, then the user's overrides */
+    unsigned overrides;          /* which fields of cfg the user set */
+} run_args;
+
+enum { OV_DIM = 1, OV_HEADS = 2, OV_HEAD_DIM = 4, OV_LAYERS = 8, OV_MLP = 16, OV_SEGMENT = 32,
+       OV_BRANCHES = 64, OV_CAUSAL = 128, OV_MEMORY = 256, OV_GLOBAL = 512, OV_SUMMARY = 1024,
+       OV_EPS = 2048, OV_VOCAB = 4096, OV_FINAL_NORM = 8192 };
+
+static sf_graph *volatile running_graph;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    if (running_graph) sf_graph_interrupt(running_graph);
+}
+
+static void usage(FILE *f)
+{
+    fputs(
+        "usage: seqflow run [options] [PIPELINE]\n"
+        "       seqflow stages          list the stages and their options\n"
+        "       seqflow info [--model FILE] [model options]   print a model's configuration\n"
+        "       seqflow --help | --version\n"
+        "\n"
+        "`seqflow run` with no arguments runs the built-in default model on built-in text and\n"
+        "prints a digest of the hidden states.\n"
+        "\n"
+        "PIPELINE is a textual stage chain, default \"" DEFAULT_PIPELINE "\".\n"
+        "A source is put in front unless the pipeline starts with one (from --input/--format),\n"
+        "and a sink is put at the end unless it ends with one (from --out/--sink-format).\n"
+        "\n"
+        "input and output:\n"
+        "  -m, --model FILE        safetensors model (default: the built-in model)\n"
+        "  -i, --input FILE        token input; '-' is standard input (default: built-in text)\n"
+        "  -f, --format FMT        bytes (one token per byte, default), u32 (little-endian\n"
+        "                          uint32 ids) or text (whitespace-separated decimal ids)\n"
+        "  -o, --out FILE          write the final hidden states, [tokens, D] float32 row-major\n"
+        "                          in stream order; FILE.npy writes NumPy; '-' is stdout\n"
+        "      --sink-format FMT   raw, npy, digest, null or auto (default auto)\n"
+        "execution:\n"
+        "  -d, --device NAME       cpu (default) or cuda\n"
+        "  -t, --threads N         CPU compute threads (default: all cores)\n"
+        "      --queue-depth N     packets buffered between stages (default 4)\n"
+        "      --progress          report tokens, tokens/s and memory on stderr every second\n"
+        "                          (default when stderr is a terminal)\n"
+        "      --no-progress       never report progress\n"
+        "  -q, --quiet             no summary line\n"
+        "model options (override the file's metadata or the built-in defaults):\n"
+        "      --segment N         segment length N\n"
+        "      --branches LIST     dilated branches window:dilation,... e.g. 64:1,128:2,256:4\n"
+        "      --causal 0|1        causal attention inside windows\n"
+        "      --memory KIND       delta, linear or none\n"
+        "      --global-tokens G   global-token FIFO length per block (0 = off)\n"
+        "      --summary-tokens S  summary tokens appended per segment\n"
+        "      --norm-eps E        RMSNorm epsilon\n"
+        "built-in model only (sizes of the weights it generates):\n"
+        "      --dim D  --heads H  --head-dim d  --layers L  --mlp F (0 = no MLP)\n"
+        "      --vocab V  --final-norm 0|1  --seed S\n"
+        "\n"
+        "Exit status: 0 on success, 1 on error (one line on stderr), 2 on bad usage,\n"
+        "130 when interrupted (Ctrl-C flushes what was read and writes it out).\n",
+        f);
+}
+
+static int parse_int_arg(const char *name, const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "seqflow: %s expects an integer in %lld..%lld, got '%s'\n", name, lo, hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_memory_kind(const char *s, sf_memory_kind *out)
+{
+    if (strcmp(s, "delta") == 0) return *out = SF_MEMORY_DELTA, 1;
+    if (strcmp(s, "linear") == 0) return *out = SF_MEMORY_LINEAR, 1;
+    if (strcmp(s, "none") == 0) return *out = SF_MEMORY_NONE, 1;
+    fprintf(stderr, "seqflow: --memory expects delta, linear or none, got '%s'\n", s);
+    return 0;
+}
+
+/* Returns 0 to go on, or the exit status. */
+static int parse_args(int argc, char **argv, run_args *a)
+{
+    enum { O_SINK_FORMAT = 1000, O_QUEUE, O_PROGRESS, O_NO_PROGRESS, O_SEGMENT, O_BRANCHES, O_CAUSAL,
+           O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
+           O_FINAL_NORM, O_SEED };
+    static const struct option long_options[] = {
+        {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
+        {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
+        {"sink-format", required_argument, 0, O_SINK_FORMAT},
+        {"device", required_argument, 0, 'd'},    {"threads", required_argument, 0, 't'},
+        {"queue-depth", required_argument, 0, O_QUEUE},
+        {"progress", no_argument, 0, O_PROGRESS}, {"no-progress", no_argument, 0, O_NO_PROGRESS},
+        {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
+        {"segment", required_argument, 0, O_SEGMENT}, {"branches", required_argument, 0, O_BRANCHES},
+        {"causal", required_argument, 0, O_CAUSAL},   {"memory", required_argument, 0, O_MEMORY},
+        {"global-tokens", required_argument, 0, O_GLOBAL},
+        {"summary-tokens", required_argument, 0, O_SUMMARY},
+        {"norm-eps", required_argument, 0, O_EPS},    {"dim", required_argument, 0, O_DIM},
+        {"heads", required_argument, 0, O_HEADS},     {"head-dim", required_argument, 0, O_HEAD_DIM},
+        {"layers", required_argument, 0, O_LAYERS},   {"mlp", required_argument, 0, O_MLP},
+        {"vocab", required_argument, 0, O_VOCAB},     {"final-norm", required_argument, 0, O_FINAL_NORM},
+        {"seed", required_argument, 0, O_SEED},       {0, 0, 0, 0}};
+    long long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:i:f:o:d:t:qh", long_options, NULL)) != -1) {
+        switch (c) {
+        case 'm': a->model_path = optarg; break;
+        case 'i': a->input = optarg; break;
+        case 'f': a->format = optarg; break;
+        case 'o': a->out = optarg; break;
+        case O_SINK_FORMAT: a->sink_format = optarg; break;
+        case 'd': a->device = optarg; break;
+        case 't': if (!parse_int_arg("--threads", optarg, 0, 1024, &v)) return 2; a->threads = (int)v; break;
+        case O_QUEUE: if (!parse_int_arg("--queue-depth", optarg, 1, 1024, &v)) return 2; a->queue_depth = (int)v; break;
+        case O_PROGRESS: a->progress = 1; break;
+        case O_NO_PROGRESS: a->progress = 0; break;
+        case 'q': a->quiet = 1; break;
+        case 'h': usage(stdout); return -1;
+        case O_SEGMENT: if (!parse_int_arg("--segment", optarg, 1, 1 << 24, &v)) return 2; a->cfg.segment = (int)v; a->overrides |= OV_SEGMENT; break;
+        case O_BRANCHES:
+            if (sf_branches_parse(optarg, &a->cfg) != SF_OK) {
+                fprintf(stderr, "seqflow: --branches: %s\n", sf_last_error());
+                return 2;
+            }
+            a->overrides |= OV_BRANCHES;
+            break;
+        case O_CAUSAL: if (!parse_int_arg("--causal", optarg, 0, 1, &v)) return 2; a->cfg.causal = (int)v; a->overrides |= OV_CAUSAL; break;
+        case O_MEMORY: if (!parse_memory_kind(optarg, &a->cfg.memory)) return 2; a->overrides |= OV_MEMORY; break;
+        case O_GLOBAL: if (!parse_int_arg("--global-tokens", optarg, 0, 1 << 20, &v)) return 2; a->cfg.global_tokens = (int)v; a->overrides |= OV_GLOBAL; break;
+        case O_SUMMARY: if (!parse_int_arg("--summary-tokens", optarg, 0, 1 << 24, &v)) return 2; a->cfg.summary_tokens = (int)v; a->overrides |= OV_SUMMARY; break;
+        case O_EPS: {
+            char *end;
+            double e = strtod(optarg, &end);
+            if (end == optarg || *end || !(e > 0)) {
+                fprintf(stderr, "seqflow: --norm-eps expects a positive number, got '%s'\n", optarg);
+                return 2;
+            }
+            a->cfg.norm_eps = (float)e;
+            a->overrides |= OV_EPS;
+            break;
+        }
+        case O_DIM: if (!parse_int_arg("--dim", optarg, 1, 65536, &v)) return 2; a->cfg.dim = (int)v; a->overrides |= OV_DIM; break;
+        case O_HEADS: if (!parse_int_arg("--heads", optarg, 1, 4096, &v)) return 2; a->cfg.heads = (int)v; a->overrides |= OV_HEADS; break;
+        case O_HEAD_DIM: if (!parse_int_arg("--head-dim", optarg, 1, 4096, &v)) return 2; a->cfg.head_dim = (int)v; a->overrides |= OV_HEAD_DIM; break;
+        case O_LAYERS: if (!parse_int_arg("--layers", optarg, 1, 4096, &v)) return 2; a->cfg.layers = (int)v; a->overrides |= OV_LAYERS; break;
+        case O_MLP: if (!parse_int_arg("--mlp", optarg, 0, 1 << 20, &v)) return 2; a->cfg.mlp_hidden = (int)v; a->overrides |= OV_MLP; break;
+        case O_VOCAB: if (!parse_int_arg("--vocab", optarg, 1, 1 << 26, &v)) return 2; a->cfg.vocab = (int)v; a->overrides |= OV_VOCAB; break;
+        case O_FINAL_NORM: if (!parse_int_arg("--final-norm", optarg, 0, 1, &v)) return 2; a->cfg.final_norm = (int)v; a->overrides |= OV_FINAL_NORM; break;
+        case O_SEED: if (!parse_int_arg("--seed", optarg, 0, INT64_MAX, &v)) return 2; a->seed = (uint64_t)v; break;
+        default: fputs("Try 'seqflow --help'.\n", stderr); return 2;
+        }
+    }
+    if (optind < argc) a->pipeline = argv[optind++];
+    if (optind < argc) {
+        fprintf(stderr, "seqflow: unexpected argument '%s' (quote the pipeline as one argument)\n", argv[optind]);
+        return 2;
+    }
+    return 0;
+}
+
+/* Loads the model file or builds the built-in one, applying the user's overrides. */
+static int make_model(run_args *a, sf_model **out)
+{
+    *out = NULL;
+    if (!a->model_path) {
+        if (sf_model_config_validate(&a->cfg) != SF_OK) return SF_E_CONFIG;
+        return sf_model_create_random(&a->cfg, a->seed, out);
+    }
+    const unsigned weight_shaping = OV_DIM | OV_HEADS | OV_HEAD_DIM | OV_LAYERS | OV_MLP | OV_VOCAB | OV_FINAL_NORM;
+    if (a->overrides & weight_shaping)
+        return sf_error(SF_E_CONFIG, "--dim/--heads/--head-dim/--layers/--mlp/--vocab/--final-norm apply to the built-in model only; %s fixes them",
+                        a->model_path);
+    sf_model *loaded;
+    int rc = sf_model_load(a->model_path, &loaded);
+    if (rc != SF_OK) return rc;
+    if (!(a->overrides & ~weight_shaping)) {
+        *out = loaded;
+        return SF_OK;
+    }
+    sf_model_config cfg = *sf_model_get_config(loaded);
+    if (a->overrides & OV_SEGMENT) cfg.segment = a->cfg.segment;
+    if (a->overrides & OV_BRANCHES) {
+        cfg.n_branches = a->cfg.n_branches;
+        memcpy(cfg.branches, a->cfg.branches, sizeof cfg.branches);
+    }
+    if (a->overrides & OV_CAUSAL) cfg.causal = a->cfg.causal;
+    if (a->overrides & OV_MEMORY) cfg.memory = a->cfg.memory;
+    if (a->overrides & OV_GLOBAL) cfg.global_tokens = a->cfg.global_tokens;
+    if (a->overrides & OV_SUMMARY) cfg.summary_tokens = a->cfg.summary_tokens;
+    if (a->overrides & OV_EPS) cfg.norm_eps = a->cfg.norm_eps;
+    rc = sf_model_reconfigure(loaded, &cfg, out);
+    sf_model_free(loaded);
+    return rc;
+}
+
+static int starts_with_stage(const char *pipeline, const char *stage)
+{
+    while (*pipeline == ' ') pipeline++;
+    size_t n = strlen(stage);
+    return strncmp(pipeline, stage, n) == 0 && (pipeline[n] == ' ' || pipeline[n] == '!' || !pipeline[n]);
+}
+
+static int ends_with_stage(const char *pipeline, const char *stage)
+{
+    const char *last = strrchr(pipeline, '!');
+    return starts_with_stage(last ? last + 1 : pipeline, stage);
+}
+
+/* Appends `key='value'` with the value quoted so paths with spaces survive the parser. */
+static void append_option(char *buf, size_t size, const char *key, const char *value)
+{
+    size_t used = strlen(buf);
+    snprintf(buf + used, size - used, " %s='%s'", key, value);
+}
+
+static size_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long pages_total = 0, pages_rss = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%lu %lu", &pages_total, &pages_rss) != 2) pages_rss = 0;
+    fclose(f);
+    return (size_t)pages_rss * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct progress {
+    sf_graph *graph;
+    double start;
+    volatile int stop;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int printed;
+} progress;
+
+static void *progress_thread(void *arg)
+{
+    progress *p = arg;
+    pthread_mutex_lock(&p->lock);
+    while (!p->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&p->wake, &p->lock, &until);
+        if (p->stop) break;
+        double elapsed = now_seconds() - p->start;
+        uint64_t tokens = sf_graph_tokens_out(p->graph);
+        fprintf(stderr, "\rseqflow: %" PRIu64 " tokens, %.0f tokens/s, %.1f MiB resident   ", tokens,
+                elapsed > 0 ? tokens / elapsed : 0.0, resident_bytes() / 1048576.0);
+        p->printed = 1;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+    run_args a = {0};
+    sf_model_config_default(&a.cfg);
+    a.seed = SF_DEFAULT_SEED;
+    a.progress = isatty(STDERR_FILENO);
+    int status = parse_args(argc, argv, &a);
+    if (status) return status < 0 ? 0 : status;
+
+    sf_model *model = NULL;
+    if (make_model(&a, &model) != SF_OK) {
+        fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        return 1;
+    }
+    const sf_model_config *cfg = sf_model_get_config(model);
+    long uncovered = sf_model_config_uncovered(cfg);
+    if (uncovered > 0 && !a.quiet)
+        fprintf(stderr, "seqflow: warning: the branches leave %ld of %ld (head, position) pairs of a segment uncovered; "
+                        "those rows attend only to global tokens and memory\n",
+                uncovered, (long)cfg->heads * cfg->segment);
+
+    const char *body = a.pipeline ? a.pipeline : DEFAULT_PIPELINE;
+    size_t size = strlen(body) + 4096 + (a.input ? strlen(a.input) : 0) + (a.out ? strlen(a.out) : 0);
+    char *pipeline = calloc(1, size);
+    if (!pipeline) {
+        fprintf(stderr, "seqflow: out of memory\n");
+        sf_model_free(model);
+        return 1;
+    }
+    if (!starts_with_stage(body, "source")) {
+        strcpy(pipeline, "source");
+        append_option(pipeline, size, "path", a.input ? a.input : "@builtin");
+        append_option(pipeline, size, "format", a.format ? a.format : "bytes");
+        strcat(pipeline, " ! ");
+    } else if (a.input || a.format) {
+        fprintf(stderr, "seqflow: the pipeline has its own source; drop --input/--format\n");
+        free(pipeline);
+        sf_model_free(model);
+        return 2;
+    }
+    strcat(pipeline, body);
+    if (!ends_with_stage(body, "sink")) {
+        strcat(pipeline, " ! sink");
+        if (a.out) append_option(pipeline, size, "out", a.out);
+        if (a.sink_format) append_option(pipeline, size, "format", a.sink_format);
+    } else if (a.out || a.sink_format) {
+        fprintf(stderr, "seqflow: the pipeline has its own sink; drop --out/--sink-format\n");
+        free(pipeline);
+        sf_model_free(model);
+        return 2;
+    }
+
+    sf_graph_options opts = {.device = a.device ? a.device : "cpu", .threads = a.threads,
+                             .queue_depth = a.queue_depth};
+    sf_graph *graph = NULL;
+    int rc = sf_graph_create(model, &opts, &graph);
+    if (rc == SF_OK) rc = sf_graph_parse(graph, pipeline);
+    if (rc != SF_OK) {
+        fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        sf_graph_free(graph);
+        free(pipeline);
+        sf_model_free(model);
+        return 1;
+    }
+
+    struct sigaction sa = {0};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    running_graph = graph;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    progress prog = {.graph = graph, .start = now_seconds()};
+    pthread_t prog_thread;
+    int have_progress = 0;
+    if (a.progress) {
+        pthread_mutex_init(&prog.lock, NULL);
+        pthread_cond_init(&prog.wake, NULL);
+        have_progress = pthread_create(&prog_thread, NULL, progress_thread, &prog) == 0;
+    }
+    rc = sf_graph_run(graph);
+    double elapsed = now_seconds() - prog.start;
+    if (have_progress) {
+        pthread_mutex_lock(&prog.lock);
+        prog.stop = 1;
+        pthread_cond_signal(&prog.wake);
+        pthread_mutex_unlock(&prog.lock);
+        pthread_join(prog_thread, NULL);
+        if (prog.printed) fputc('\n', stderr);
+    }
+    running_graph = NULL;
+
+    uint64_t tokens = sf_graph_tokens_out(graph);
+    if (rc != SF_OK && rc != SF_E_INTERRUPTED) {
+        fprintf(stderr, "seqflow: %s\n", sf_graph_error(graph));
+        status = 1;
+    } else {
+        if (!a.quiet) {
+            char branches[256];
+            sf_branches_format(cfg, branches, sizeof branches);
+            fprintf(stderr,
+                    "seqflow: %" PRIu64 " tokens in %.3f s (%.0f tokens/s) on %s; model D=%d H=%d d=%d L=%d N=%d "
+                    "branches %s memory %s; peak resident %.1f MiB\n",
+                    tokens, elapsed, elapsed > 0 ? tokens / elapsed : 0.0, opts.device, cfg->dim, cfg->heads,
+                    cfg->head_dim, cfg->layers, cfg->segment, branches,
+                    cfg->memory == SF_MEMORY_DELTA ? "delta" : cfg->memory == SF_MEMORY_LINEAR ? "linear" : "none",
+                    resident_bytes() / 1048576.0);
+        }
+        if (rc == SF_E_INTERRUPTED) {
+            fprintf(stderr, "seqflow: interrupted; output flushed\n");
+            status = 130;
+        }
+    }
+    sf_graph_free(graph);
+    free(pipeline);
+    sf_model_free(model);
+    return status;
+}
+
+static void print_stage(const sf_stage_class *cls, void *user)
+{
+    (void)user;
+    printf("%-10s %s\n", cls->name, cls->help ? cls->help : "");
+    for (const sf_option *o = cls->options; o && o->name; o++)
+        printf("    %s=%-10s %s%s%s%s\n", o->name,
+               o->type == SF_OPT_INT ? "INT" : o->type == SF_OPT_FLOAT ? "NUMBER" : o->type == SF_OPT_BOOL ? "BOOL" : "TEXT",
+               o->help, o->default_value ? " (default " : "", o->default_value ? o->default_value : "",
+               o->default_value ? ")" : "");
+}
+
+static int cmd_info(int argc, char **argv)
+{
+    run_args a = {0};
+    sf_model_config_default(&a.cfg);
+    a.seed = SF_DEFAULT_SEED;
+    int status = parse_args(argc, argv, &a);
+    if (status) return status < 0 ? 0 : status;
+    sf_model *model;
+    if (make_model(&a, &model) != SF_OK) {
+        fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        return 1;
+    }
+    const sf_model_config *c = sf_model_get_config(model);
+    char branches[256];
+    sf_branches_format(c, branches, sizeof branches);
+    printf("model      %s\n", a.model_path ? a.model_path : "(built-in)");
+    printf("dim        %d\nheads      %d\nhead_dim   %d\nvocab      %d\nlayers     %d\nsegment    %d\n", c->dim,
+           c->heads, c->head_dim, c->vocab, c->layers, c->segment);
+    printf("branches   %s\ncausal     %d\nmemory     %s\nglobal     %d\nsummary    %d\nnorm_eps   %g\nmlp        %d\nfinal_norm %d\n",
+           branches, c->causal,
+           c->memory == SF_MEMORY_DELTA ? "delta" : c->memory == SF_MEMORY_LINEAR ? "linear" : "none",
+           c->global_tokens, c->summary_tokens, (double)c->norm_eps, c->mlp_hidden, c->final_norm);
+    long uncovered = sf_model_config_uncovered(c);
+    printf("uncovered  %ld of %ld (head, position) pairs\n", uncovered, (long)c->heads * c->segment);
+    sf_model_free(model);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("seqflow %s (backends:", SEQFLOW_VERSION_STRING);
+        for (const char *const *n = sf_backend_names(); *n; n++) printf(" %s", *n);
+        printf(")\n");
+        return 0;
+    }
+    if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 1, argv + 1);
+    if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 1, argv + 1);
+    if (strcmp(argv[1], "stages") == 0) {
+        sf_foreach_stage(print_stage, NULL);
+        return 0;
+    }
+    fprintf(stderr, "seqflow: unknown command '%s'\nTry 'seqflow --help'.\n", argv[1]);
+    return 2;
+}

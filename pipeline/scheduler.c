@@ -1,0 +1,80 @@
+/* The threaded executor: one thread per stage, bounded queues between them. End of input
+ * travels as a closed link; an error anywhere aborts every link so no thread stays blocked. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/graph_internal.h"
+
+static void abort_all_links(sf_graph *g)
+{
+    for (int i = 0; i < g->n_stages; i++)
+        if (g->stages[i]->out) g->stages[i]->out->ops->abort(g->stages[i]->out);
+}
+
+static void stage_failed(sf_stage *st, int rc)
+{
+    sf_graph *g = st->graph;
+    const char *msg = sf_last_error();
+    if (rc == SF_E_CLOSED && g->error_code != SF_OK) return; /* fallout of an earlier failure */
+    sf_graph_fail(g, rc, st->cls->name, msg);
+    abort_all_links(g);
+}
+
+static void *stage_thread(void *arg)
+{
+    sf_stage *st = arg;
+    sf_graph *g = st->graph;
+    sf_link *in = st->index > 0 ? g->stages[st->index - 1]->out : NULL;
+    int last = st->index == g->n_stages - 1;
+    int rc = SF_OK;
+    sf_clear_error();
+    if (st->cls->generate) {
+        for (;;) {
+            rc = st->cls->generate(st);
+            if (rc <= 0) break;
+        }
+        if (rc > 0) rc = SF_OK;
+    } else {
+        sf_packet *p;
+        while ((p = in->ops->pop(in))) {
+            if (last) sf_graph_count_output(g, p);
+            rc = st->cls->process(st, p);
+            if (rc != SF_OK) break;
+        }
+        if (rc == SF_OK && g->error_code != SF_OK) rc = SF_E_CLOSED; /* aborted upstream */
+    }
+    if (rc == SF_OK && st->cls->flush) rc = st->cls->flush(st);
+    if (rc != SF_OK) {
+        stage_failed(st, rc);
+        if (in) in->ops->abort(in); /* unblock the producer */
+    }
+    if (st->out) st->out->ops->close(st->out);
+    return NULL;
+}
+
+int sf_graph_run(sf_graph *g)
+{
+    if (!g) return sf_error(SF_E_INVAL, "sf_graph_run: NULL graph");
+    if (g->started) return sf_error(SF_E_INVAL, "a graph runs once");
+    int rc = sf_graph_start(g, 1);
+    if (rc != SF_OK) {
+        sf_graph_fail(g, rc, NULL, sf_last_error());
+        return rc;
+    }
+    pthread_t *threads = calloc((size_t)g->n_stages, sizeof *threads);
+    if (!threads) return sf_error(SF_E_NOMEM, "out of memory");
+    int started = 0;
+    for (; started < g->n_stages; started++) {
+        if (pthread_create(&threads[started], NULL, stage_thread, g->stages[started]) != 0) {
+            sf_graph_fail(g, SF_E_NOMEM, NULL, "could not start a stage thread");
+            abort_all_links(g);
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
+    free(threads);
+    if (g->error_code != SF_OK) return sf_error(g->error_code, "%s", g->error_message);
+    if (g->interrupted) return sf_error(SF_E_INTERRUPTED, "interrupted; output flushed");
+    return SF_OK;
+}

@@ -1,0 +1,356 @@
+/* block: the attention block of SPEC 2 (RMSNorm, Q/K/V, dilated local attention merged with the
+ * global tokens, compressive memory retrieval and gate, output projection, optional SwiGLU MLP),
+ * then the memory and global-token updates of sections 4 and 5 when the segment commits.
+ * One instance runs a contiguous range of layers (`layers=`), so a pipeline can spread layers
+ * over several stage threads. Every buffer is sized for a full segment at init: nothing is
+ * allocated per segment, and per-stream state is fixed-size. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "seqflow/stage.h"
+#include "stages/stages.h"
+#include "stages/stream_table.h"
+
+typedef struct layer_weights {
+    float *attn_norm, *wq, *wk, *wv, *wo, *gate, *mlp_norm, *w1, *w3, *w2;
+} layer_weights;
+
+typedef struct stream_state {
+    float *M, *z;    /* [layers][H][d][d], [layers][H][d] */
+    float *gk, *gv;  /* [layers][G][H*d]: a ring per layer; attention ignores its order */
+    int *g_count, *g_head;
+} stream_state;
+
+typedef struct block {
+    const sf_model_config *cfg;
+    sf_backend *be;
+    int first, count;       /* layers [first, first + count) */
+    int width;              /* H*d */
+    layer_weights *weights; /* [count], backend memory */
+    float *x, *u, *q, *k, *v, *a, *h1, *h3, *sk, *sv;
+    sf_stream_table streams;
+} block;
+
+static const sf_option block_options[] = {
+    {"layers", SF_OPT_STRING, "all", "layers to run: all, K, or A-B (inclusive)"},
+    {"max_streams", SF_OPT_INT, "1024", "streams that may be open at once"},
+    {NULL, 0, NULL, NULL}};
+
+static int parse_layers(const char *text, int layers, int *first, int *count)
+{
+    int a, b;
+    char tail;
+    if (!text || strcmp(text, "all") == 0) {
+        *first = 0, *count = layers;
+        return SF_OK;
+    }
+    if (sscanf(text, "%d-%d%c", &a, &b, &tail) == 2) {
+    } else if (sscanf(text, "%d%c", &a, &tail) == 1) {
+        b = a;
+    } else {
+        return sf_error(SF_E_OPTION, "layers=%s: expected all, K or A-B", text);
+    }
+    if (a < 0 || b < a || b >= layers)
+        return sf_error(SF_E_OPTION, "layers=%s: the model has layers 0..%d", text, layers - 1);
+    *first = a, *count = b - a + 1;
+    return SF_OK;
+}
+
+static float *upload(block *b, const float *host, size_t n, int *rc)
+{
+    if (*rc != SF_OK) return NULL;
+    float *dev = b->be->ops->alloc(b->be, n * sizeof(float));
+    if (!dev) {
+        *rc = sf_error(SF_E_NOMEM, "out of memory for %zu weights", n);
+        return NULL;
+    }
+    if (host) *rc = b->be->ops->upload(b->be, dev, host, n * sizeof(float));
+    return dev;
+}
+
+static size_t state_floats_M(const block *b) { return (size_t)b->count * b->cfg->heads * b->cfg->head_dim * b->cfg->head_dim; }
+static size_t state_floats_z(const block *b) { return (size_t)b->count * b->cfg->heads * b->cfg->head_dim; }
+static size_t state_floats_g(const block *b) { return (size_t)b->count * b->cfg->global_tokens * b->width; }
+
+static void stream_destroy(void *ctx, void *state)
+{
+    block *b = ctx;
+    stream_state *s = state;
+    if (!s) return;
+    b->be->ops->free(b->be, s->M);
+    b->be->ops->free(b->be, s->z);
+    b->be->ops->free(b->be, s->gk);
+    b->be->ops->free(b->be, s->gv);
+    free(s->g_count);
+    free(s->g_head);
+    free(s);
+}
+
+static void *stream_create(void *ctx, uint64_t stream)
+{
+    block *b = ctx;
+    (void)stream;
+    stream_state *s = calloc(1, sizeof *s);
+    if (!s) {
+        sf_error(SF_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    int rc = SF_OK;
+    s->M = upload(b, NULL, state_floats_M(b) + 1, &rc);
+    s->z = upload(b, NULL, state_floats_z(b) + 1, &rc);
+    s->gk = upload(b, NULL, state_floats_g(b) + 1, &rc);
+    s->gv = upload(b, NULL, state_floats_g(b) + 1, &rc);
+    s->g_count = calloc((size_t)b->count, sizeof(int));
+    s->g_head = calloc((size_t)b->count, sizeof(int));
+    if (rc == SF_OK && (!s->g_count || !s->g_head)) rc = sf_error(SF_E_NOMEM, "out of memory");
+    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->M, state_floats_M(b) * sizeof(float));
+    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float));
+    if (rc != SF_OK) {
+        stream_destroy(b, s);
+        return NULL;
+    }
+    return s;
+}
+
+static int block_init(sf_stage *st)
+{
+    const sf_model *m = sf_stage_model(st);
+    if (!m) return sf_error(SF_E_INVAL, "block needs a model");
+    block *b = calloc(1, sizeof *b);
+    if (!b) return sf_error(SF_E_NOMEM, "out of memory");
+    sf_stage_set_priv(st, b);
+    b->cfg = sf_model_get_config(m);
+    b->be = sf_stage_backend(st);
+    const sf_model_config *c = b->cfg;
+    int rc = parse_layers(sf_stage_option(st, "layers"), c->layers, &b->first, &b->count);
+    if (rc != SF_OK) return rc;
+    long long max_streams = sf_stage_option_int(st, "max_streams", 1024);
+    if (max_streams < 1 || max_streams > (1 << 20))
+        return sf_error(SF_E_OPTION, "max_streams=%lld is outside 1..%d", max_streams, 1 << 20);
+    sf_stream_table_init(&b->streams, (int)max_streams, stream_create, stream_destroy, b);
+    b->width = c->heads * c->head_dim;
+    size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment;
+    b->weights = calloc((size_t)b->count, sizeof *b->weights);
+    if (!b->weights) return sf_error(SF_E_NOMEM, "out of memory");
+    for (int l = 0; l < b->count && rc == SF_OK; l++) {
+        const sf_block_weights *src = sf_model_block(m, b->first + l);
+        layer_weights *w = &b->weights[l];
+        w->attn_norm = upload(b, src->attn_norm, D, &rc);
+        w->wq = upload(b, src->wq, W * D, &rc);
+        w->wk = upload(b, src->wk, W * D, &rc);
+        w->wv = upload(b, src->wv, W * D, &rc);
+        w->wo = upload(b, src->wo, D * W, &rc);
+        w->gate = upload(b, src->gate, (size_t)c->heads, &rc);
+        if (F) {
+            w->mlp_norm = upload(b, src->mlp_norm, D, &rc);
+            w->w1 = upload(b, src->w1, F * D, &rc);
+            w->w3 = upload(b, src->w3, F * D, &rc);
+            w->w2 = upload(b, src->w2, D * F, &rc);
+        }
+    }
+    b->x = upload(b, NULL, N * D, &rc);
+    b->u = upload(b, NULL, N * D, &rc);
+    b->q = upload(b, NULL, N * W, &rc);
+    b->k = upload(b, NULL, N * W, &rc);
+    b->v = upload(b, NULL, N * W, &rc);
+    b->a = upload(b, NULL, N * W, &rc);
+    if (F) {
+        b->h1 = upload(b, NULL, N * F, &rc);
+        b->h3 = upload(b, NULL, N * F, &rc);
+    }
+    if (c->summary_tokens) {
+        b->sk = upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
+        b->sv = upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
+    }
+    return rc;
+}
+
+/* Appends this segment's summary tokens to the layer's FIFO, evicting the oldest. */
+static int push_global_tokens(block *b, stream_state *s, int l, int n)
+{
+    const sf_model_config *c = b->cfg;
+    const sf_backend_ops *ops = b->be->ops;
+    int produced = 0;
+    int rc = ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, b->k, b->v,
+                          b->sk, b->sv, &produced);
+    size_t row = (size_t)b->width * sizeof(float);
+    float *gk = s->gk + (size_t)l * c->global_tokens * b->width;
+    float *gv = s->gv + (size_t)l * c->global_tokens * b->width;
+    for (int j = 0; j < produced && rc == SF_OK; j++) {
+        int slot;
+        if (s->g_count[l] < c->global_tokens) {
+            slot = (s->g_head[l] + s->g_count[l]) % c->global_tokens;
+            s->g_count[l]++;
+        } else {
+            slot = s->g_head[l];
+            s->g_head[l] = (s->g_head[l] + 1) % c->global_tokens;
+        }
+        rc = ops->copy(b->be, gk + (size_t)slot * b->width, b->sk + (size_t)j * b->width, row);
+        if (rc == SF_OK) rc = ops->copy(b->be, gv + (size_t)slot * b->width, b->sv + (size_t)j * b->width, row);
+    }
+    return rc;
+}
+
+static int layer_forward(block *b, stream_state *s, int l, int n, int commit)
+{
+    const sf_model_config *c = b->cfg;
+    const sf_backend_ops *ops = b->be->ops;
+    sf_backend *be = b->be;
+    const layer_weights *w = &b->weights[l];
+    const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden;
+    const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d;
+    int rc = ops->rmsnorm(be, n, D, b->x, w->attn_norm, c->norm_eps, b->u);
+    if (rc == SF_OK) rc = ops->matmul(be, n, D, W, b->u, D, w->wq, b->q, W, 0);
+    if (rc == SF_OK) rc = ops->matmul(be, n, D, W, b->u, D, w->wk, b->k, W, 0);
+    if (rc == SF_OK) rc = ops->matmul(be, n, D, W, b->u, D, w->wv, b->v, W, 0);
+    if (rc != SF_OK) return rc;
+    int G = c->global_tokens;
+    sf_attention_desc desc = {
+        .n = n, .segment = c->segment, .heads = H, .head_dim = d, .ld = W, .causal = c->causal,
+        .n_branches = c->n_branches, .branches = c->branches,
+        .n_global = G ? s->g_count[l] : 0, .global_ld = W,
+        .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
+        .scale = 1.0f / sqrtf((float)d)};
+    rc = ops->attention(be, &desc, b->q, b->k, b->v, b->a);
+    if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
+        rc = ops->memory_mix(be, n, H, d, W, b->q, s->M + l * hdd, s->z + l * hd, w->gate, b->a);
+    if (rc == SF_OK) rc = ops->matmul(be, n, W, D, b->a, W, w->wo, b->x, D, 1);
+    if (rc == SF_OK && F) {
+        rc = ops->rmsnorm(be, n, D, b->x, w->mlp_norm, c->norm_eps, b->u);
+        if (rc == SF_OK) rc = ops->matmul(be, n, D, F, b->u, D, w->w1, b->h1, F, 0);
+        if (rc == SF_OK) rc = ops->matmul(be, n, D, F, b->u, D, w->w3, b->h3, F, 0);
+        if (rc == SF_OK) rc = ops->swiglu(be, n, F, b->h1, b->h3);
+        if (rc == SF_OK) rc = ops->matmul(be, n, F, D, b->h1, F, w->w2, b->x, D, 1);
+    }
+    if (rc != SF_OK || !commit) return rc;
+    if (c->memory != SF_MEMORY_NONE)
+        rc = ops->memory_update(be, c->memory, n, H, d, W, b->k, b->v, s->M + l * hdd, s->z + l * hd);
+    if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_global_tokens(b, s, l, n);
+    return rc;
+}
+
+static int block_process(sf_stage *st, sf_packet *in)
+{
+    block *b = sf_stage_priv(st);
+    int rc = SF_OK;
+    if (in->kind != SF_PACKET_HIDDEN || in->width != (size_t)b->cfg->dim || in->n > (size_t)b->cfg->segment) {
+        sf_packet_free(in);
+        return sf_error(SF_E_INVAL, "block takes embedded segments of width %d (put 'embed' before it)", b->cfg->dim);
+    }
+    if (in->n > 0) {
+        stream_state *s = sf_stream_table_get(&b->streams, in->stream);
+        if (!s) rc = SF_E_NOMEM;
+        int commit = !(in->flags & SF_PACKET_PROVISIONAL);
+        size_t bytes = in->n * in->width * sizeof(float);
+        if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
+        for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, s, l, (int)in->n, commit);
+        if (rc == SF_OK) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
+    }
+    if (rc == SF_OK && (in->flags & SF_PACKET_FINAL)) sf_stream_table_remove(&b->streams, in->stream);
+    if (rc != SF_OK) {
+        sf_packet_free(in);
+        return rc;
+    }
+    return sf_stage_emit(st, in);
+}
+
+/* State: u32 streams, u32 first layer, u32 layer count; per stream: u64 id, then M, z,
+ * g_count, g_head, gk, gv of every layer (floats as stored). */
+static int block_save(sf_stage *st, sf_buffer *out)
+{
+    block *b = sf_stage_priv(st);
+    uint32_t head[3] = {(uint32_t)b->streams.count, (uint32_t)b->first, (uint32_t)b->count};
+    int rc = sf_buffer_append(out, head, sizeof head);
+    size_t nM = state_floats_M(b), nz = state_floats_z(b), ng = state_floats_g(b);
+    size_t biggest = nM > ng ? nM : ng;
+    float *tmp = malloc((biggest + 1) * sizeof(float));
+    if (!tmp) return sf_error(SF_E_NOMEM, "out of memory");
+    for (int i = 0; i < b->streams.count && rc == SF_OK; i++) {
+        stream_state *s = b->streams.states[i];
+        uint64_t id = b->streams.ids[i];
+        rc = sf_buffer_append(out, &id, sizeof id);
+        const float *parts[4] = {s->M, s->z, s->gk, s->gv};
+        size_t sizes[4] = {nM, nz, ng, ng};
+        for (int p = 0; p < 4 && rc == SF_OK; p++) {
+            rc = b->be->ops->download(b->be, tmp, parts[p], sizes[p] * sizeof(float));
+            if (rc == SF_OK) rc = sf_buffer_append(out, tmp, sizes[p] * sizeof(float));
+            if (p == 1 && rc == SF_OK) {
+                rc = sf_buffer_append(out, s->g_count, (size_t)b->count * sizeof(int));
+                if (rc == SF_OK) rc = sf_buffer_append(out, s->g_head, (size_t)b->count * sizeof(int));
+            }
+        }
+    }
+    free(tmp);
+    return rc;
+}
+
+static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
+{
+    block *b = sf_stage_priv(st);
+    uint32_t head[3];
+    if (len < sizeof head) return sf_error(SF_E_STATE, "block state is truncated");
+    memcpy(head, data, sizeof head);
+    if (head[1] != (uint32_t)b->first || head[2] != (uint32_t)b->count)
+        return sf_error(SF_E_STATE, "block state is for layers %u..%u, this stage runs %d..%d", head[1],
+                        head[1] + head[2] - 1, b->first, b->first + b->count - 1);
+    size_t nM = state_floats_M(b), nz = state_floats_z(b), ng = state_floats_g(b);
+    size_t per_stream = 8 + (nM + nz + 2 * ng) * sizeof(float) + 2 * (size_t)b->count * sizeof(int);
+    if ((len - sizeof head) / per_stream < head[0] || (len - sizeof head) != per_stream * head[0])
+        return sf_error(SF_E_STATE, "block state has the wrong size");
+    sf_stream_table_clear(&b->streams);
+    const uint8_t *at = data + sizeof head;
+    for (uint32_t i = 0; i < head[0]; i++) {
+        uint64_t id;
+        memcpy(&id, at, 8);
+        at += 8;
+        stream_state *s = sf_stream_table_get(&b->streams, id);
+        if (!s) return SF_E_NOMEM;
+        float *parts[4] = {s->M, s->z, s->gk, s->gv};
+        size_t sizes[4] = {nM, nz, ng, ng};
+        for (int p = 0; p < 4; p++) {
+            int rc = b->be->ops->upload(b->be, parts[p], at, sizes[p] * sizeof(float));
+            if (rc != SF_OK) return rc;
+            at += sizes[p] * sizeof(float);
+            if (p == 1) {
+                memcpy(s->g_count, at, (size_t)b->count * sizeof(int));
+                at += (size_t)b->count * sizeof(int);
+                memcpy(s->g_head, at, (size_t)b->count * sizeof(int));
+                at += (size_t)b->count * sizeof(int);
+                for (int l = 0; l < b->count; l++)
+                    if (s->g_count[l] < 0 || s->g_count[l] > b->cfg->global_tokens || s->g_head[l] < 0 ||
+                        s->g_head[l] >= (b->cfg->global_tokens ? b->cfg->global_tokens : 1))
+                        return sf_error(SF_E_STATE, "block state has an invalid global-token ring");
+            }
+        }
+    }
+    return SF_OK;
+}
+
+static void block_free(sf_stage *st)
+{
+    block *b = sf_stage_priv(st);
+    if (!b) return;
+    sf_stream_table_clear(&b->streams);
+    sf_backend *be = b->be;
+    for (int l = 0; b->weights && l < b->count; l++) {
+        float **w = (float **)&b->weights[l];
+        for (size_t i = 0; i < sizeof(layer_weights) / sizeof(float *); i++) be->ops->free(be, w[i]);
+    }
+    free(b->weights);
+    float *scratch[] = {b->x, b->u, b->q, b->k, b->v, b->a, b->h1, b->h3, b->sk, b->sv};
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) be->ops->free(be, scratch[i]);
+    free(b);
+}
+
+const sf_stage_class sf_block_stage = {
+    .name = "block",
+    .help = "attention blocks: dilated attention, compressive memory, global tokens, MLP",
+    .options = block_options,
+    .init = block_init,
+    .process = block_process,
+    .save = block_save,
+    .restore = block_restore,
+    .free = block_free,
+};

@@ -1,0 +1,179 @@
+/* sink: writes the committed hidden states of every segment, in arrival order (stream order
+ * for one stream), as raw little-endian float32, a .npy file, a digest line, or nowhere.
+ * Files are written under a temporary name and renamed only when the run succeeds, so a
+ * failed run never leaves partial output that looks complete. Provisional (flushed) segments
+ * are not written: the completed segment will carry the same positions. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "seqflow/stage.h"
+#include "stages/stages.h"
+
+typedef enum sink_format { SINK_RAW, SINK_NPY, SINK_DIGEST, SINK_NULL } sink_format;
+
+#define NPY_HEADER_BYTES 128
+
+typedef struct sink {
+    sink_format format;
+    const char *path;  /* NULL or "-" = standard output */
+    char *tmp_path;
+    FILE *file;
+    uint64_t rows;
+    size_t width;
+    uint64_t fnv;
+    double sum, sum_sq;
+    int finished;
+} sink;
+
+static const sf_option sink_options[] = {
+    {"out", SF_OPT_STRING, NULL, "output file ('-' = standard output); unset prints a digest"},
+    {"format", SF_OPT_STRING, "auto", "raw (float32), npy, digest, null, or auto (npy for *.npy, raw otherwise)"},
+    {NULL, 0, NULL, NULL}};
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static int sink_init(sf_stage *st)
+{
+    sink *k = calloc(1, sizeof *k);
+    if (!k) return sf_error(SF_E_NOMEM, "out of memory");
+    sf_stage_set_priv(st, k);
+    k->fnv = 0xcbf29ce484222325ull;
+    k->path = sf_stage_option(st, "out");
+    const char *format = sf_stage_option(st, "format");
+    int to_stdout = !k->path || strcmp(k->path, "-") == 0;
+    if (strcmp(format, "auto") == 0)
+        k->format = !k->path ? SINK_DIGEST : (ends_with(k->path, ".npy") ? SINK_NPY : SINK_RAW);
+    else if (strcmp(format, "raw") == 0) k->format = SINK_RAW;
+    else if (strcmp(format, "npy") == 0) k->format = SINK_NPY;
+    else if (strcmp(format, "digest") == 0) k->format = SINK_DIGEST;
+    else if (strcmp(format, "null") == 0) k->format = SINK_NULL;
+    else return sf_error(SF_E_OPTION, "sink: unknown format '%s' (raw, npy, digest, null, auto)", format);
+    if (k->format == SINK_NPY && to_stdout)
+        return sf_error(SF_E_OPTION, "sink: .npy output needs a file (its header is written last)");
+    if (k->format == SINK_NULL || k->format == SINK_DIGEST) return SF_OK;
+    if (to_stdout) {
+        k->file = stdout;
+        return SF_OK;
+    }
+    size_t len = strlen(k->path) + 32;
+    k->tmp_path = malloc(len);
+    if (!k->tmp_path) return sf_error(SF_E_NOMEM, "out of memory");
+    snprintf(k->tmp_path, len, "%s.partial-%d", k->path, (int)getpid());
+    k->file = fopen(k->tmp_path, "wb");
+    if (!k->file) return sf_error(SF_E_IO, "cannot write output '%s': %s", k->path, strerror(errno));
+    if (k->format == SINK_NPY) {
+        static const char zeros[NPY_HEADER_BYTES];
+        if (fwrite(zeros, 1, sizeof zeros, k->file) != sizeof zeros)
+            return sf_error(SF_E_IO, "cannot write output '%s': %s", k->path, strerror(errno));
+    }
+    return SF_OK;
+}
+
+static void digest_update(sink *k, const float *x, size_t count)
+{
+    const uint8_t *bytes = (const uint8_t *)x;
+    for (size_t i = 0; i < count * sizeof(float); i++) k->fnv = (k->fnv ^ bytes[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < count; i++) {
+        k->sum += x[i];
+        k->sum_sq += (double)x[i] * x[i];
+    }
+}
+
+static int sink_process(sf_stage *st, sf_packet *in)
+{
+    sink *k = sf_stage_priv(st);
+    int rc = SF_OK;
+    if (in->kind == SF_PACKET_HIDDEN && !(in->flags & SF_PACKET_PROVISIONAL) && in->n) {
+        if (k->width && k->width != in->width)
+            rc = sf_error(SF_E_INVAL, "sink: rows of width %zu after rows of width %zu", in->width, k->width);
+        k->width = in->width;
+        size_t count = in->n * in->width;
+        if (rc == SF_OK && k->file && fwrite(in->x, sizeof(float), count, k->file) != count)
+            rc = sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path ? k->path : "-", strerror(errno));
+        if (k->format == SINK_DIGEST) digest_update(k, in->x, count);
+        k->rows += in->n;
+    }
+    sf_packet_free(in);
+    return rc;
+}
+
+static int write_npy_header(sink *k)
+{
+    char header[NPY_HEADER_BYTES];
+    memset(header, ' ', sizeof header);
+    memcpy(header, "\x93NUMPY\x01\x00", 8);
+    uint16_t dict_len = NPY_HEADER_BYTES - 10;
+    header[8] = (char)(dict_len & 0xff);
+    header[9] = (char)(dict_len >> 8);
+    int n = snprintf(header + 10, dict_len, "{'descr': '<f4', 'fortran_order': False, 'shape': (%" PRIu64 ", %zu), }",
+                     k->rows, k->width);
+    header[10 + n] = ' ';
+    header[NPY_HEADER_BYTES - 1] = '\n';
+    if (fseek(k->file, 0, SEEK_SET) != 0 || fwrite(header, 1, sizeof header, k->file) != sizeof header)
+        return sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path, strerror(errno));
+    return SF_OK;
+}
+
+static int sink_flush(sf_stage *st)
+{
+    sink *k = sf_stage_priv(st);
+    int rc = SF_OK;
+    if (k->format == SINK_DIGEST) {
+        double count = (double)k->rows * (double)k->width;
+        FILE *out = stdout;
+        if (k->path && strcmp(k->path, "-") != 0) {
+            out = fopen(k->path, "w");
+            if (!out) return sf_error(SF_E_IO, "cannot write output '%s': %s", k->path, strerror(errno));
+        }
+        fprintf(out, "digest: rows=%" PRIu64 " width=%zu fnv1a64=%016" PRIx64 " mean=%.9g rms=%.9g\n", k->rows,
+                k->width, k->fnv, count ? k->sum / count : 0.0, count ? sqrt(k->sum_sq / count) : 0.0);
+        if (out != stdout && fclose(out) != 0) rc = sf_error(SF_E_IO, "writing '%s' failed", k->path);
+        else if (out == stdout) fflush(stdout);
+        k->finished = 1;
+        return rc;
+    }
+    if (!k->file) return SF_OK;
+    if (k->format == SINK_NPY) rc = write_npy_header(k);
+    if (k->file == stdout) {
+        if (fflush(stdout) != 0) rc = sf_error(SF_E_IO, "writing to standard output failed");
+        k->file = NULL;
+        return rc;
+    }
+    if (fflush(k->file) != 0 || fsync(fileno(k->file)) != 0)
+        rc = sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path, strerror(errno));
+    if (fclose(k->file) != 0 && rc == SF_OK) rc = sf_error(SF_E_IO, "writing output '%s' failed", k->path);
+    k->file = NULL;
+    if (rc == SF_OK && rename(k->tmp_path, k->path) != 0)
+        rc = sf_error(SF_E_IO, "cannot rename output into '%s': %s", k->path, strerror(errno));
+    if (rc == SF_OK) k->finished = 1;
+    return rc;
+}
+
+static void sink_free(sf_stage *st)
+{
+    sink *k = sf_stage_priv(st);
+    if (!k) return;
+    if (k->file && k->file != stdout) fclose(k->file);
+    if (k->tmp_path && !k->finished) unlink(k->tmp_path);
+    free(k->tmp_path);
+    free(k);
+}
+
+const sf_stage_class sf_sink_stage = {
+    .name = "sink",
+    .help = "write hidden states: raw float32, .npy, a digest line, or nothing",
+    .options = sink_options,
+    .init = sink_init,
+    .process = sink_process,
+    .flush = sink_flush,
+    .free = sink_free,
+};
