@@ -140,8 +140,8 @@ int sf_graph_start(sf_graph *g, int threaded)
         sf_stage *st = g->stages[i];
         sf_clear_error();
         int rc = st->cls->init ? st->cls->init(st) : SF_OK;
+        st->initialized = 1; /* free() runs even after a failed init, on whatever init set up */
         if (rc != SF_OK) return sf_error(rc, "%s: %s", st->cls->name, *sf_last_error() ? sf_last_error() : sf_strerror(rc));
-        st->initialized = 1;
         if (threaded && i + 1 < g->n_stages) {
             st->out = sf_queue_link_create(g->opts.queue_depth);
             if (!st->out) return sf_error(SF_E_NOMEM, "out of memory");

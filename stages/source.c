@@ -1,6 +1,9 @@
 /* source: reads token ids from a file, standard input or the built-in text and emits them in
  * chunks. The stream ends (a FINAL packet) at end of input or when the graph is interrupted. */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +14,8 @@
 #include "stages/token_reader.h"
 
 typedef struct source {
-    FILE *file;
-    int owns_file;
+    int fd;
+    int owns_fd;
     const uint8_t *builtin; /* when reading the built-in text */
     size_t builtin_len, builtin_at;
     uint8_t *bytes;
@@ -48,16 +51,16 @@ static int source_init(sf_stage *st)
         s->builtin = (const uint8_t *)sf_builtin_text();
         s->builtin_len = sf_builtin_text_length();
     } else if (strcmp(s->path, "-") == 0) {
-        s->file = stdin;
+        s->fd = STDIN_FILENO;
     } else {
-        s->file = fopen(s->path, "rb");
-        if (!s->file) return sf_error(SF_E_IO, "cannot open input '%s': %s", s->path, strerror(errno));
-        s->owns_file = 1;
+        s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
+        if (s->fd < 0) return sf_error(SF_E_IO, "cannot open input '%s': %s", s->path, strerror(errno));
+        s->owns_fd = 1;
     }
     return SF_OK;
 }
 
-static size_t read_bytes(source *s, int *err)
+static size_t read_bytes(sf_stage *st, source *s, int *err)
 {
     if (s->builtin) {
         size_t n = s->builtin_len - s->builtin_at;
@@ -66,10 +69,19 @@ static size_t read_bytes(source *s, int *err)
         s->builtin_at += n;
         return n;
     }
-    size_t n = fread(s->bytes, 1, s->chunk, s->file);
-    if (n == 0 && ferror(s->file))
+    /* poll with a timeout so an interrupt is seen even while a pipe or terminal is idle and the
+     * signal was delivered to another thread */
+    struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
+    for (;;) {
+        if (sf_stage_interrupted(st)) return 0;
+        int ready = poll(&pfd, 1, 100);
+        if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+        ssize_t n = read(s->fd, s->bytes, s->chunk);
+        if (n >= 0) return (size_t)n;
+        if (errno == EINTR || errno == EAGAIN) continue;
         *err = sf_error(SF_E_IO, "reading '%s' failed: %s", s->path, strerror(errno));
-    return n;
+        return 0;
+    }
 }
 
 static int source_generate(sf_stage *st)
@@ -77,7 +89,7 @@ static int source_generate(sf_stage *st)
     source *s = sf_stage_priv(st);
     if (s->done) return 0;
     int err = SF_OK;
-    size_t got = sf_stage_interrupted(st) ? 0 : read_bytes(s, &err);
+    size_t got = sf_stage_interrupted(st) ? 0 : read_bytes(st, s, &err);
     if (err != SF_OK) return err;
     sf_packet *p = sf_packet_new(SF_PACKET_TOKENS, got + 1, 0);
     if (!p) return sf_error(SF_E_NOMEM, "out of memory");
@@ -105,7 +117,7 @@ static void source_free(sf_stage *st)
 {
     source *s = sf_stage_priv(st);
     if (!s) return;
-    if (s->owns_file) fclose(s->file);
+    if (s->owns_fd) close(s->fd);
     free(s->bytes);
     free(s);
 }

@@ -57,6 +57,8 @@ typedef struct sf_stage_class {
      * stage holds no state. restore is called after init. */
     int (*save)(sf_stage *st, sf_buffer *out);
     int (*restore)(sf_stage *st, const uint8_t *data, size_t len);
+    /* Called once for every instance whose init was called, also when init failed: it must
+     * release whatever init managed to set up (priv may be NULL). May be NULL. */
     void (*free)(sf_stage *st);
 } sf_stage_class;
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds seqflow and runs every test (installing missing packages):
+#   1. a Release build (CUDA compiled when nvcc is present; GPU tests skip without a GPU),
+#   2. a build under AddressSanitizer + UndefinedBehaviorSanitizer, running the same tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j"$jobs")
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DSEQFLOW_SANITIZE=ON -DSEQFLOW_CUDA=OFF -DSEQFLOW_BUILD_BENCH=OFF
+cmake --build build-sanitize -j"$jobs"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+(cd build-sanitize && ctest --output-on-failure -j"$jobs")
