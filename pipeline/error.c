@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_message[512];
 
@@ -34,9 +35,12 @@ void sf_clear_error(void) { last_message[0] = '\0'; }
 
 int sf_error(int code, const char *fmt, ...)
 {
+    /* format aside first: callers often pass sf_last_error() itself as an argument */
+    char message[sizeof last_message];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_message, sizeof last_message, fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
+    memcpy(last_message, message, sizeof message);
     return code;
 }

@@ -1,0 +1,218 @@
+/* Dilated local attention, flash-style (SPEC 3 and 5).
+ *
+ * For head h, branch (w, r) with offset o = h mod r, the active rows of one window are
+ * o, o+r, o+2r, ... : gathered into contiguous [m, d] blocks they form an ordinary dense
+ * (causal) attention problem, because position order equals gathered order. Each is solved
+ * tile by tile: S = Q_t K_t^T on sgemm, an online softmax over key tiles, O += P V_t on sgemm,
+ * so no n x n or w x w matrix ever exists. Every (branch, window, query tile) leaves a partial
+ * result (O unnormalized, running max m, sum l) that is merged into per-position accumulators
+ * by their log-sum-exp; the global tokens are one more part. Merging partial softmaxes this way
+ * is exactly softmax over the union of the keys (a key reached twice counts twice).
+ * Heads run in parallel; each thread owns its head's accumulators. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/fast_exp.h"
+#include "seqflow/error.h"
+
+#define TILE 128
+
+typedef struct head_work {
+    /* per-position accumulators of this head */
+    float *acc;  /* [n, d] */
+    float *m, *l; /* [n] */
+    /* gathered rows of one window and tile scratch */
+    float *q, *k, *v;   /* [rows, d] */
+    float *s;           /* [TILE, TILE] */
+    float *o;           /* [TILE, d] */
+    float *tm, *tl;     /* [TILE] */
+    int *pos;           /* [rows] position of each gathered row */
+} head_work;
+
+static void gather(const float *src, int ld, const int *pos, int rows, int d, float *dst)
+{
+    for (int i = 0; i < rows; i++) memcpy(dst + (size_t)i * d, src + (size_t)pos[i] * ld, (size_t)d * sizeof *dst);
+}
+
+/* Merges a tile's partial softmax (o unnormalized, max tm, sum tl) into the accumulators. */
+static void merge_rows(head_work *w, const int *pos, int rows, int d)
+{
+    for (int a = 0; a < rows; a++) {
+        if (w->tl[a] == 0) continue;
+        int i = pos[a];
+        float *acc = w->acc + (size_t)i * d;
+        const float *o = w->o + (size_t)a * d;
+        if (w->l[i] == 0) {
+            memcpy(acc, o, (size_t)d * sizeof *acc);
+            w->m[i] = w->tm[a];
+            w->l[i] = w->tl[a];
+            continue;
+        }
+        float mn = w->m[i] > w->tm[a] ? w->m[i] : w->tm[a];
+        float ca = sf_fast_expf(w->m[i] - mn), cb = sf_fast_expf(w->tm[a] - mn);
+        for (int e = 0; e < d; e++) acc[e] = acc[e] * ca + o[e] * cb;
+        w->l[i] = w->l[i] * ca + w->tl[a] * cb;
+        w->m[i] = mn;
+    }
+}
+
+/* Dense attention of rows q[0..nq) against keys k/v[0..nk), causal on gathered order when
+ * `causal` (query a sees keys b <= a + diag, diag = offset of the query block in key order). */
+static void attend_block(head_work *w, const float *q, int nq, const float *k, const float *v, int nk, int d,
+                         float scale, int causal, int q_offset, const int *pos)
+{
+    for (int q0 = 0; q0 < nq; q0 += TILE) {
+        int tq = nq - q0 < TILE ? nq - q0 : TILE;
+        for (int a = 0; a < tq; a++) w->tm[a] = -INFINITY, w->tl[a] = 0;
+        memset(w->o, 0, (size_t)tq * d * sizeof *w->o);
+        int k_end = causal ? q_offset + q0 + tq : nk; /* keys past the last query are masked */
+        if (k_end > nk) k_end = nk;
+        for (int k0 = 0; k0 < k_end; k0 += TILE) {
+            int tk = k_end - k0 < TILE ? k_end - k0 : TILE;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, tk, d, scale, q + (size_t)q0 * d, d,
+                        k + (size_t)k0 * d, d, 0.0f, w->s, TILE);
+            int diagonal = causal && k0 + tk - 1 > q_offset + q0;
+            for (int a = 0; a < tq; a++) {
+                float *srow = w->s + (size_t)a * TILE;
+                int limit = tk;
+                if (diagonal) {
+                    limit = q_offset + q0 + a - k0 + 1;
+                    if (limit > tk) limit = tk;
+                    if (limit < 0) limit = 0;
+                }
+                float mx = w->tm[a];
+                for (int b = 0; b < limit; b++) mx = srow[b] > mx ? srow[b] : mx;
+                if (limit == 0 || mx == -INFINITY) {
+                    for (int b = 0; b < tk; b++) srow[b] = 0;
+                    continue;
+                }
+                float corr = sf_fast_expf(w->tm[a] - mx);
+                float sum = 0;
+                for (int b = 0; b < limit; b++) {
+                    float p = sf_fast_expf(srow[b] - mx);
+                    srow[b] = p;
+                    sum += p;
+                }
+                for (int b = limit; b < tk; b++) srow[b] = 0;
+                w->tl[a] = w->tl[a] * corr + sum;
+                w->tm[a] = mx;
+                if (corr != 1.0f) {
+                    float *o = w->o + (size_t)a * d;
+                    for (int e = 0; e < d; e++) o[e] *= corr;
+                }
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk, 1.0f, w->s, TILE,
+                        v + (size_t)k0 * d, d, 1.0f, w->o, d);
+        }
+        merge_rows(w, pos + q0, tq, d);
+    }
+}
+
+static int head_work_alloc(head_work *w, int n, int d)
+{
+    memset(w, 0, sizeof *w);
+    size_t nd = (size_t)n * d;
+    w->acc = malloc(nd * sizeof(float));
+    w->m = malloc((size_t)n * sizeof(float));
+    w->l = malloc((size_t)n * sizeof(float));
+    w->q = malloc(nd * sizeof(float));
+    w->k = malloc(nd * sizeof(float));
+    w->v = malloc(nd * sizeof(float));
+    w->s = malloc((size_t)TILE * TILE * sizeof(float));
+    w->o = malloc((size_t)TILE * d * sizeof(float));
+    w->tm = malloc(TILE * sizeof(float));
+    w->tl = malloc(TILE * sizeof(float));
+    w->pos = malloc((size_t)n * sizeof(int));
+    return w->acc && w->m && w->l && w->q && w->k && w->v && w->s && w->o && w->tm && w->tl && w->pos;
+}
+
+static void head_work_free(head_work *w)
+{
+    free(w->acc), free(w->m), free(w->l), free(w->q), free(w->k), free(w->v);
+    free(w->s), free(w->o), free(w->tm), free(w->tl), free(w->pos);
+}
+
+static void attend_head(head_work *w, const sf_attention_desc *dd, int h, const float *q, const float *k,
+                        const float *v, float *out)
+{
+    const int n = dd->n, d = dd->head_dim, ld = dd->ld;
+    const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d, *vh = v + (size_t)h * d;
+    for (int i = 0; i < n; i++) w->m[i] = -INFINITY, w->l[i] = 0;
+    for (int b = 0; b < dd->n_branches; b++) {
+        const int win = dd->branches[b].window, r = dd->branches[b].dilation, o = h % r;
+        for (int start = 0; start < n; start += win) {
+            int rows = 0;
+            for (int i = start + o; i < start + win && i < n; i += r) w->pos[rows++] = i;
+            if (!rows) continue;
+            gather(qh, ld, w->pos, rows, d, w->q);
+            gather(kh, ld, w->pos, rows, d, w->k);
+            gather(vh, ld, w->pos, rows, d, w->v);
+            attend_block(w, w->q, rows, w->k, w->v, rows, d, dd->scale, dd->causal, 0, w->pos);
+        }
+    }
+    if (dd->n_global > 0) {
+        for (int i = 0; i < n; i++) w->pos[i] = i;
+        gather(qh, ld, w->pos, n, d, w->q);
+        int g = dd->n_global;
+        for (int j = 0; j < g; j++) {
+            memcpy(w->k + (size_t)j * d, dd->gk + (size_t)j * dd->global_ld + (size_t)h * d, (size_t)d * sizeof(float));
+            memcpy(w->v + (size_t)j * d, dd->gv + (size_t)j * dd->global_ld + (size_t)h * d, (size_t)d * sizeof(float));
+        }
+        attend_block(w, w->q, n, w->k, w->v, g, d, dd->scale, 0, 0, w->pos);
+    }
+    for (int i = 0; i < n; i++) {
+        float *dst = out + (size_t)i * ld + (size_t)h * d;
+        if (w->l[i] == 0) {
+            memset(dst, 0, (size_t)d * sizeof *dst);
+            continue;
+        }
+        float inv = 1.0f / w->l[i];
+        const float *acc = w->acc + (size_t)i * d;
+        for (int e = 0; e < d; e++) dst[e] = acc[e] * inv;
+    }
+}
+
+int sf_cpu_attention(sf_backend *be, const sf_attention_desc *dd, const float *q, const float *k, const float *v,
+                     float *out)
+{
+    if (dd->n <= 0) return SF_OK;
+    /* the gathered K/V blocks also hold the global tokens */
+    int rows = dd->n > dd->n_global ? dd->n : dd->n_global;
+    int threads = sf_cpu_threads(be);
+    if (threads > dd->heads) threads = dd->heads;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        head_work w;
+        if (!head_work_alloc(&w, rows, dd->head_dim)) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int h = 0; h < dd->heads; h++)
+            if (w.acc && w.pos && w.s) attend_head(&w, dd, h, q, k, v, out);
+        head_work_free(&w);
+    }
+    return failed ? sf_error(SF_E_NOMEM, "out of memory in attention") : SF_OK;
+}
+
+double sf_attention_useful_flops(const sf_attention_desc *dd)
+{
+    double pairs = 0;
+    for (int h = 0; h < dd->heads; h++) {
+        for (int b = 0; b < dd->n_branches; b++) {
+            const int win = dd->branches[b].window, r = dd->branches[b].dilation, o = h % r;
+            for (int start = 0; start < dd->n; start += win) {
+                double rows = 0;
+                for (int i = start + o; i < start + win && i < dd->n; i += r) rows++;
+                pairs += dd->causal ? rows * (rows + 1) / 2 : rows * rows;
+            }
+        }
+        pairs += (double)dd->n * dd->n_global;
+    }
+    return 4.0 * dd->head_dim * pairs;
+}

@@ -1,0 +1,80 @@
+/* The CPU backend: host memory, OpenBLAS products and OpenMP parallel loops. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "seqflow/error.h"
+
+int sf_cpu_threads(const sf_backend *be)
+{
+    int t = be && be->threads > 0 ? be->threads : omp_get_num_procs();
+    return t > 0 ? t : 1;
+}
+
+static void *cpu_alloc(sf_backend *be, size_t bytes)
+{
+    (void)be;
+    /* 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+static void cpu_free(sf_backend *be, void *ptr)
+{
+    (void)be;
+    free(ptr);
+}
+
+static int cpu_copy(sf_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes) memmove(dst, src, bytes);
+    return SF_OK;
+}
+
+static int cpu_zero(sf_backend *be, void *dst, size_t bytes)
+{
+    (void)be;
+    if (bytes) memset(dst, 0, bytes);
+    return SF_OK;
+}
+
+static int cpu_sync(sf_backend *be)
+{
+    (void)be;
+    return SF_OK;
+}
+
+static void cpu_destroy(sf_backend *be) { (void)be; }
+
+const sf_backend_ops sf_cpu_backend_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .matmul = sf_cpu_matmul,
+    .rmsnorm = sf_cpu_rmsnorm,
+    .embed = sf_cpu_embed,
+    .swiglu = sf_cpu_swiglu,
+    .attention = sf_cpu_attention,
+    .memory_mix = sf_cpu_memory_mix,
+    .memory_update = sf_cpu_memory_update,
+    .summary = sf_cpu_summary,
+    .destroy = cpu_destroy,
+};
+
+int sf_cpu_backend_init(sf_backend *be)
+{
+    /* seqflow parallelizes with OpenMP itself (rows of a product, heads of attention) and
+     * stage threads run concurrently; OpenBLAS's own threads on top would oversubscribe. */
+    openblas_set_num_threads(1);
+    be->ops = &sf_cpu_backend_ops;
+    be->impl = NULL;
+    return SF_OK;
+}

@@ -1,0 +1,28 @@
+/* The CPU implementations of the backend ops (see seqflow/backend.h for their contracts). */
+#ifndef SEQFLOW_KERNELS_CPU_KERNELS_H
+#define SEQFLOW_KERNELS_CPU_KERNELS_H
+
+#include "seqflow/backend.h"
+
+/* The CPU backend's op table and its constructor (kernels/backend.c calls it). */
+extern const sf_backend_ops sf_cpu_backend_ops;
+int sf_cpu_backend_init(sf_backend *be);
+
+/* Worker threads an op may use: be->threads, or every core when 0. */
+int sf_cpu_threads(const sf_backend *be);
+
+int sf_cpu_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
+                  int ldy, int accumulate);
+int sf_cpu_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
+int sf_cpu_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y);
+int sf_cpu_swiglu(sf_backend *be, int n, int f, float *a, const float *b);
+int sf_cpu_attention(sf_backend *be, const sf_attention_desc *desc, const float *q, const float *k,
+                     const float *v, float *out);
+int sf_cpu_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M,
+                      const float *z, const float *gate, float *a);
+int sf_cpu_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
+                         const float *v, float *M, float *z);
+int sf_cpu_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, const float *k,
+                   const float *v, float *sk, float *sv, int *count);
+
+#endif

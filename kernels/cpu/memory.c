@@ -1,0 +1,94 @@
+/* Compressive memory (SPEC 4): retrieval mixed in by the gate, and the linear / delta updates.
+ * Per head: sigma(Q) and sigma(K) are gathered into contiguous [n, d] blocks so that the
+ * [n,d]x[d,d] and [d,n]x[n,d] products run on sgemm. M and z stay float32. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/fast_exp.h"
+#include "seqflow/error.h"
+
+static inline float sigma(float x) { return x > 0 ? x + 1.0f : sf_fast_expf(x); } /* ELU + 1 */
+
+/* dst[i, :] = sigma(src[i*ld + :d]) */
+static void gather_sigma(const float *src, int n, int d, int ld, float *dst)
+{
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < d; e++) dst[(size_t)i * d + e] = sigma(src[(size_t)i * ld + e]);
+}
+
+int sf_cpu_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M,
+                      const float *z, const float *gate, float *a)
+{
+    if (n <= 0) return SF_OK;
+    int failed = 0;
+#pragma omp parallel for num_threads(sf_cpu_threads(be)) schedule(dynamic, 1)
+    for (int h = 0; h < heads; h++) {
+        float *sq = malloc((size_t)n * d * sizeof *sq), *num = malloc((size_t)n * d * sizeof *num);
+        if (!sq || !num) {
+            failed = 1;
+        } else {
+            const float *Mh = M + (size_t)h * d * d, *zh = z + (size_t)h * d;
+            gather_sigma(q + (size_t)h * d, n, d, ld, sq);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, d, 1.0f, sq, d, Mh, d, 0.0f, num, d);
+            const float g = 1.0f / (1.0f + expf(-gate[h]));
+            for (int i = 0; i < n; i++) {
+                double den = 0;
+                for (int e = 0; e < d; e++) den += (double)sq[(size_t)i * d + e] * zh[e];
+                float inv = den != 0 ? (float)(1.0 / den) : 0.0f;
+                float *dst = a + (size_t)i * ld + (size_t)h * d;
+                for (int e = 0; e < d; e++) dst[e] = g * num[(size_t)i * d + e] * inv + (1.0f - g) * dst[e];
+            }
+        }
+        free(sq);
+        free(num);
+    }
+    return failed ? sf_error(SF_E_NOMEM, "out of memory in memory retrieval") : SF_OK;
+}
+
+int sf_cpu_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
+                         const float *v, float *M, float *z)
+{
+    if (kind == SF_MEMORY_NONE || n <= 0) return SF_OK;
+    int failed = 0;
+#pragma omp parallel for num_threads(sf_cpu_threads(be)) schedule(dynamic, 1)
+    for (int h = 0; h < heads; h++) {
+        float *sk = malloc((size_t)n * d * sizeof *sk), *target = malloc((size_t)n * d * sizeof *target);
+        if (!sk || !target) {
+            failed = 1;
+        } else {
+            float *Mh = M + (size_t)h * d * d, *zh = z + (size_t)h * d;
+            gather_sigma(k + (size_t)h * d, n, d, ld, sk);
+            for (int i = 0; i < n; i++)
+                for (int e = 0; e < d; e++) target[(size_t)i * d + e] = v[(size_t)i * ld + (size_t)h * d + e];
+            if (kind == SF_MEMORY_DELTA) {
+                /* target = V - sigma(K) M / (sigma(K) . z), all with the memory before the segment */
+                float *r = malloc((size_t)n * d * sizeof *r);
+                if (!r) {
+                    failed = 1;
+                } else {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, d, 1.0f, sk, d, Mh, d, 0.0f, r, d);
+                    for (int i = 0; i < n; i++) {
+                        double den = 0;
+                        for (int e = 0; e < d; e++) den += (double)sk[(size_t)i * d + e] * zh[e];
+                        if (den == 0) continue;
+                        float inv = (float)(1.0 / den);
+                        for (int e = 0; e < d; e++) target[(size_t)i * d + e] -= r[(size_t)i * d + e] * inv;
+                    }
+                    free(r);
+                }
+            }
+            /* M += sigma(K)^T target */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0f, sk, d, target, d, 1.0f, Mh, d);
+            for (int e = 0; e < d; e++) {
+                double s = 0;
+                for (int i = 0; i < n; i++) s += sk[(size_t)i * d + e];
+                zh[e] += (float)s;
+            }
+        }
+        free(sk);
+        free(target);
+    }
+    return failed ? sf_error(SF_E_NOMEM, "out of memory in the memory update") : SF_OK;
+}
