@@ -22,7 +22,7 @@ typedef struct collected {
 static void collect(sf_graph *g, collected *c, size_t n_streams, int dim)
 {
     for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
-        if (p->kind != SF_PACKET_HIDDEN || p->stream >= n_streams) continue;
+        if (p->kind != SF_PACKET_HIDDEN || p->stream >= n_streams || p->n == 0) continue;
         collected *s = &c[p->stream];
         if (p->flags & SF_PACKET_PROVISIONAL) {
             free(s->provisional);

@@ -1,0 +1,272 @@
+/* Every CPU backend op against naive double-precision loops on random inputs of several
+ * shapes; outputs are poisoned with NaN first so an unwritten element fails. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/fast_exp.h"
+#include "seqflow/seqflow.h"
+#include "support/check.h"
+
+static check_rng rng = {2024};
+
+static float *randoms(size_t n, double scale)
+{
+    float *x = malloc(n * sizeof *x + 4);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(check_rng_normal(&rng) * scale);
+    return x;
+}
+
+static float *poisoned(size_t n)
+{
+    float *x = malloc(n * sizeof *x + 4);
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    return x;
+}
+
+/* naive attention of one (head, query) over the union of keys, in double */
+static void naive_attention(const sf_attention_desc *dd, const float *q, const float *k, const float *v, int h, int i,
+                            double *out)
+{
+    const int d = dd->head_dim, ld = dd->ld, n = dd->n;
+    double *logit = malloc(((size_t)dd->n_branches * n + dd->n_global + 1) * sizeof *logit);
+    const float **val = malloc(((size_t)dd->n_branches * n + dd->n_global + 1) * sizeof *val);
+    int c = 0;
+    for (int b = 0; b < dd->n_branches; b++) {
+        int w = dd->branches[b].window, r = dd->branches[b].dilation, o = h % r;
+        if (i % r != o) continue;
+        for (int j = 0; j < n; j++) {
+            if (j % r != o || j / w != i / w || (dd->causal && j > i)) continue;
+            double s = 0;
+            for (int e = 0; e < d; e++) s += (double)q[(size_t)i * ld + h * d + e] * k[(size_t)j * ld + h * d + e];
+            logit[c] = s * dd->scale, val[c++] = v + (size_t)j * ld + h * d;
+        }
+    }
+    for (int g = 0; g < dd->n_global; g++) {
+        double s = 0;
+        for (int e = 0; e < d; e++) s += (double)q[(size_t)i * ld + h * d + e] * dd->gk[(size_t)g * dd->global_ld + h * d + e];
+        logit[c] = s * dd->scale, val[c++] = dd->gv + (size_t)g * dd->global_ld + h * d;
+    }
+    for (int e = 0; e < d; e++) out[e] = 0;
+    double mx = -INFINITY, sum = 0;
+    for (int t = 0; t < c; t++) mx = fmax(mx, logit[t]);
+    for (int t = 0; t < c; t++) sum += exp(logit[t] - mx);
+    for (int t = 0; t < c; t++)
+        for (int e = 0; e < d; e++) out[e] += exp(logit[t] - mx) / sum * val[t][e];
+    free(logit);
+    free(val);
+}
+
+static void check_attention(sf_backend *be, const char *branches, int heads, int d, int ld_extra, int segment, int n,
+                            int causal, int n_global)
+{
+    sf_model_config cfg = {0};
+    CHECK_OK(sf_branches_parse(branches, &cfg));
+    const int ld = heads * d + ld_extra;
+    float *q = randoms((size_t)n * ld, 1.0), *k = randoms((size_t)n * ld, 1.0), *v = randoms((size_t)n * ld, 1.0);
+    float *gk = randoms((size_t)(n_global + 1) * heads * d, 1.0), *gv = randoms((size_t)(n_global + 1) * heads * d, 1.0);
+    float *out = poisoned((size_t)n * ld);
+    sf_attention_desc dd = {.n = n, .segment = segment, .heads = heads, .head_dim = d, .ld = ld, .causal = causal,
+                            .n_branches = cfg.n_branches, .branches = cfg.branches, .n_global = n_global,
+                            .global_ld = heads * d, .gk = gk, .gv = gv, .scale = 1.0f / sqrtf((float)d)};
+    CHECK_OK(be->ops->attention(be, &dd, q, k, v, out));
+    double *want = calloc((size_t)n * heads * d, sizeof *want);
+    float *got = malloc((size_t)n * heads * d * sizeof *got);
+    int zero_rows_ok = 1;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < heads; h++) {
+            naive_attention(&dd, q, k, v, h, i, want + ((size_t)i * heads + h) * d);
+            memcpy(got + ((size_t)i * heads + h) * d, out + (size_t)i * ld + h * d, (size_t)d * sizeof *got);
+            int covered = n_global > 0;
+            for (int b = 0; b < cfg.n_branches; b++) covered |= i % cfg.branches[b].dilation == h % cfg.branches[b].dilation;
+            if (!covered)
+                for (int e = 0; e < d; e++) zero_rows_ok &= out[(size_t)i * ld + h * d + e] == 0.0f;
+        }
+    double err = check_rel_err_f32_f64(got, want, (size_t)n * heads * d);
+    CHECKF(err <= 1e-5, "attention %s H=%d d=%d N=%d n=%d causal=%d G=%d: rel err %.3g", branches, heads, d, segment, n,
+           causal, n_global, err);
+    CHECK(zero_rows_ok);
+    free(q), free(k), free(v), free(gk), free(gv), free(out), free(want), free(got);
+}
+
+static double sig(double x) { return x > 0 ? x + 1 : exp(x); }
+
+static void check_memory(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld_extra, int z_zero)
+{
+    const int ld = heads * d + ld_extra;
+    float *q = randoms((size_t)n * ld, 1.0), *k = randoms((size_t)n * ld, 1.0), *v = randoms((size_t)n * ld, 1.0);
+    float *M = randoms((size_t)heads * d * d, 0.3), *z = randoms((size_t)heads * d, 1.0), *gate = randoms((size_t)heads, 1.0);
+    for (int i = 0; i < heads * d; i++) z[i] = z_zero ? 0.0f : fabsf(z[i]) + 1.0f;
+    float *a = randoms((size_t)n * ld, 1.0), *a0 = malloc((size_t)n * ld * sizeof *a0);
+    memcpy(a0, a, (size_t)n * ld * sizeof *a0);
+    CHECK_OK(be->ops->memory_mix(be, n, heads, d, ld, q, M, z, gate, a));
+    double *want = malloc((size_t)n * heads * d * sizeof *want);
+    float *got = malloc((size_t)n * heads * d * sizeof *got);
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < heads; h++) {
+            double den = 0, g = 1 / (1 + exp(-(double)gate[h]));
+            for (int e = 0; e < d; e++) den += sig(q[(size_t)i * ld + h * d + e]) * z[h * d + e];
+            for (int e = 0; e < d; e++) {
+                double num = 0;
+                for (int f = 0; f < d; f++) num += sig(q[(size_t)i * ld + h * d + f]) * M[((size_t)h * d + f) * d + e];
+                double mem = den == 0 ? 0 : num / den;
+                want[((size_t)i * heads + h) * d + e] = g * mem + (1 - g) * a0[(size_t)i * ld + h * d + e];
+                got[((size_t)i * heads + h) * d + e] = a[(size_t)i * ld + h * d + e];
+            }
+        }
+    double err = check_rel_err_f32_f64(got, want, (size_t)n * heads * d);
+    CHECKF(err <= 1e-5, "memory_mix n=%d H=%d d=%d z_zero=%d: rel err %.3g", n, heads, d, z_zero, err);
+
+    double *Mw = malloc((size_t)heads * d * d * sizeof *Mw), *zw = malloc((size_t)heads * d * sizeof *zw);
+    for (int h = 0; h < heads; h++) {
+        for (int f = 0; f < d * d; f++) Mw[(size_t)h * d * d + f] = M[(size_t)h * d * d + f];
+        for (int f = 0; f < d; f++) zw[h * d + f] = z[h * d + f];
+        if (kind == SF_MEMORY_NONE) continue;
+        for (int t = 0; t < n; t++) {
+            const float *kt = k + (size_t)t * ld + h * d, *vt = v + (size_t)t * ld + h * d;
+            double den = 0;
+            for (int f = 0; f < d; f++) den += sig(kt[f]) * z[h * d + f];
+            for (int e = 0; e < d; e++) {
+                double target = vt[e];
+                if (kind == SF_MEMORY_DELTA && den != 0) {
+                    double num = 0;
+                    for (int f = 0; f < d; f++) num += sig(kt[f]) * M[((size_t)h * d + f) * d + e];
+                    target -= num / den;
+                }
+                for (int f = 0; f < d; f++) Mw[((size_t)h * d + f) * d + e] += sig(kt[f]) * target;
+            }
+            for (int f = 0; f < d; f++) zw[h * d + f] += sig(kt[f]);
+        }
+    }
+    CHECK_OK(be->ops->memory_update(be, kind, n, heads, d, ld, k, v, M, z));
+    double em = check_rel_err_f32_f64(M, Mw, (size_t)heads * d * d), ez = check_rel_err_f32_f64(z, zw, (size_t)heads * d);
+    CHECKF(em <= 1e-5 && ez <= 1e-6, "memory_update kind=%d n=%d H=%d d=%d: M %.3g z %.3g", kind, n, heads, d, em, ez);
+    free(q), free(k), free(v), free(M), free(z), free(gate), free(a), free(a0), free(want), free(got), free(Mw), free(zw);
+}
+
+static void check_dense_ops(sf_backend *be)
+{
+    const int n = 70, in = 33, out = 45, ldx = 40, ldy = 50;
+    float *x = randoms((size_t)n * ldx, 1.0), *w = randoms((size_t)out * in, 0.2), *y = randoms((size_t)n * ldy, 1.0);
+    float *y0 = malloc((size_t)n * ldy * sizeof *y0);
+    memcpy(y0, y, (size_t)n * ldy * sizeof *y0);
+    for (int accumulate = 0; accumulate <= 1; accumulate++) {
+        memcpy(y, y0, (size_t)n * ldy * sizeof *y);
+        CHECK_OK(be->ops->matmul(be, n, in, out, x, ldx, w, y, ldy, accumulate));
+        double worst = 0;
+        for (int i = 0; i < n; i++)
+            for (int o = 0; o < out; o++) {
+                double s = accumulate ? y0[(size_t)i * ldy + o] : 0;
+                for (int c = 0; c < in; c++) s += (double)x[(size_t)i * ldx + c] * w[(size_t)o * in + c];
+                worst = fmax(worst, fabs(s - y[(size_t)i * ldy + o]) / (1 + fabs(s)));
+            }
+        CHECKF(worst <= 1e-5, "matmul accumulate=%d: %.3g", accumulate, worst);
+        CHECK(y[ldy - 1] == y0[ldy - 1]); /* padding columns untouched */
+    }
+    float *nx = randoms((size_t)n * in, 3.0), *nw = randoms((size_t)in, 1.0), *ny = poisoned((size_t)n * in);
+    CHECK_OK(be->ops->rmsnorm(be, n, in, nx, nw, 1e-6f, ny));
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double ss = 0;
+        for (int c = 0; c < in; c++) ss += (double)nx[i * in + c] * nx[i * in + c];
+        for (int c = 0; c < in; c++) {
+            double want = nx[i * in + c] / sqrt(ss / in + 1e-6) * nw[c];
+            worst = fmax(worst, fabs(want - ny[i * in + c]) / (1 + fabs(want)));
+        }
+    }
+    CHECKF(worst <= 1e-6, "rmsnorm: %.3g", worst);
+    float *a = randoms(1000, 4.0), *b = randoms(1000, 1.0), *a0 = malloc(1000 * sizeof *a0);
+    memcpy(a0, a, 1000 * sizeof *a0);
+    CHECK_OK(be->ops->swiglu(be, 10, 100, a, b));
+    worst = 0;
+    for (int i = 0; i < 1000; i++) {
+        double want = a0[i] / (1 + exp(-(double)a0[i])) * b[i];
+        worst = fmax(worst, fabs(want - a[i]) / (1 + fabs(want)));
+    }
+    CHECKF(worst <= 1e-6, "swiglu: %.3g", worst);
+    uint32_t tokens[3] = {2, 0, 2};
+    float table[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, *e = poisoned(12);
+    CHECK_OK(be->ops->embed(be, 3, 4, tokens, table, e));
+    CHECK(e[0] == 8 && e[4] == 0 && e[11] == 11);
+    free(x), free(w), free(y), free(y0), free(nx), free(nw), free(ny), free(a), free(b), free(a0), free(e);
+}
+
+static void check_summary(sf_backend *be)
+{
+    const int width = 6, ld = 8, N = 10, S = 3;
+    float *k = randoms((size_t)N * ld, 1.0), *v = randoms((size_t)N * ld, 1.0);
+    float *sk = poisoned((size_t)S * width), *sv = poisoned((size_t)S * width);
+    for (int n = 1; n <= N; n++) {
+        int count = -1;
+        CHECK_OK(be->ops->summary(be, n, N, S, width, ld, k, v, sk, sv, &count));
+        int expect = 0, ok = 1;
+        for (int j = 0; j < S; j++) {
+            int lo = j * N / S, hi = (j + 1) * N / S < n ? (j + 1) * N / S : n;
+            if (lo >= hi) continue;
+            for (int f = 0; f < width; f++) {
+                double mk = 0, mv = 0;
+                for (int t = lo; t < hi; t++) mk += k[t * ld + f], mv += v[t * ld + f];
+                ok &= fabs(mk / (hi - lo) - sk[expect * width + f]) < 1e-6 && fabs(mv / (hi - lo) - sv[expect * width + f]) < 1e-6;
+            }
+            expect++;
+        }
+        CHECKF(count == expect && ok, "summary n=%d: %d tokens (want %d)", n, count, expect);
+    }
+    free(k), free(v), free(sk), free(sv);
+}
+
+static void check_flops(void)
+{
+    sf_model_config cfg = {0};
+    CHECK_OK(sf_branches_parse("4:1,8:2", &cfg));
+    for (int causal = 0; causal <= 1; causal++) {
+        sf_attention_desc dd = {.n = 13, .segment = 16, .heads = 3, .head_dim = 4, .causal = causal,
+                                .n_branches = cfg.n_branches, .branches = cfg.branches, .n_global = 2};
+        double pairs = 0;
+        for (int h = 0; h < 3; h++)
+            for (int i = 0; i < 13; i++) {
+                for (int b = 0; b < cfg.n_branches; b++) {
+                    int w = cfg.branches[b].window, r = cfg.branches[b].dilation;
+                    for (int j = 0; j < 13; j++)
+                        pairs += i % r == h % r && j % r == h % r && i / w == j / w && (!causal || j <= i);
+                }
+                pairs += 2;
+            }
+        CHECKF(sf_attention_useful_flops(&dd) == 4.0 * 4 * pairs, "flops causal=%d", causal);
+    }
+}
+
+int main(void)
+{
+    sf_backend *be;
+    CHECK_OK(sf_backend_create("cpu", 0, &be));
+    /* the vectorizable exp: relative error and the ends of its range */
+    double worst = 0;
+    for (double x = -80; x < 80; x += 0.0137) worst = fmax(worst, fabs(sf_fast_expf((float)x) / exp((double)(float)x) - 1));
+    CHECKF(worst < 5e-7, "fast exp relative error %.3g", worst);
+    CHECK(sf_fast_expf(-INFINITY) == 0.0f && sf_fast_expf(-200.0f) == 0.0f);
+
+    check_dense_ops(be);
+    check_summary(be);
+    check_flops();
+    for (int causal = 0; causal <= 1; causal++) {
+        check_attention(be, "8:1,16:2,32:4", 3, 8, 0, 32, 32, causal, 0);
+        check_attention(be, "8:1,16:2,32:4", 3, 8, 5, 32, 21, causal, 4);        /* partial, ld > H*d, globals */
+        check_attention(be, "16:2", 3, 16, 0, 32, 32, causal, 0);                  /* uncovered rows are 0 */
+        check_attention(be, "32:4", 4, 8, 0, 32, 1, causal, 3);                    /* one row */
+        check_attention(be, "256:1,512:2", 2, 32, 0, 512, 300, causal, 0);         /* several tiles */
+        check_attention(be, "512:1", 1, 64, 0, 512, 512, causal, 200);            /* many globals */
+    }
+    check_memory(be, SF_MEMORY_DELTA, 50, 3, 8, 2, 0);
+    check_memory(be, SF_MEMORY_LINEAR, 17, 2, 16, 0, 0);
+    check_memory(be, SF_MEMORY_DELTA, 9, 2, 4, 0, 1); /* z == 0: retrieval is 0 */
+    check_memory(be, SF_MEMORY_NONE, 9, 2, 4, 0, 0);
+
+    sf_backend *other;
+    CHECK(sf_backend_create("quantum", 0, &other) == SF_E_BACKEND && other == NULL);
+    CHECK(strstr(sf_last_error(), "quantum") != NULL);
+    sf_backend_free(be);
+    sf_backend_free(NULL);
+    return check_finish("test_kernels");
+}
