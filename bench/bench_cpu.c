@@ -3,7 +3,7 @@
  * over a long stream. Prints one line per measurement (machine, date and command go into
  * bench/RESULTS.md by hand).
  *
- *   bench_cpu [--rss-tokens N] [--segments N] [--skip-medium]
+ *   bench_cpu [--rss-tokens N] [--segments N] [--skip-medium] [--attention-only]
  */
 #include <cblas.h>
 #include <math.h>
@@ -139,13 +139,14 @@ static void model_config(sf_model_config *c, int medium)
 int main(int argc, char **argv)
 {
     size_t rss_tokens = 0;
-    int segments = 4, skip_medium = 0;
+    int segments = 4, skip_medium = 0, attention_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--rss-tokens") == 0 && i + 1 < argc) rss_tokens = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--segments") == 0 && i + 1 < argc) segments = atoi(argv[++i]);
         else if (strcmp(argv[i], "--skip-medium") == 0) skip_medium = 1;
+        else if (strcmp(argv[i], "--attention-only") == 0) attention_only = 1;
         else {
-            fprintf(stderr, "usage: bench_cpu [--rss-tokens N] [--segments N] [--skip-medium]\n");
+            fprintf(stderr, "usage: bench_cpu [--rss-tokens N] [--segments N] [--skip-medium] [--attention-only]\n");
             return 2;
         }
     }
@@ -165,6 +166,7 @@ int main(int argc, char **argv)
         double att = attention_gflops(be, &c, 3, &flops);
         printf("%s attention (H=%d d=%d N=%d branches %s causal): %.2f GFLOP useful per segment, %.1f GFLOP/s = %.0f%% of sgemm\n",
                medium ? "medium" : "small", c.heads, c.head_dim, c.segment, branches, flops / 1e9, att, 100 * att / gemm);
+        if (attention_only) continue;
         sf_model *m;
         if (sf_model_create_random(&c, 1, &m) != SF_OK) {
             fprintf(stderr, "bench: %s\n", sf_last_error());

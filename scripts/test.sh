@@ -6,10 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_EXAMPLES=ON
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DSEQFLOW_SANITIZE=ON -DSEQFLOW_CUDA=OFF -DSEQFLOW_BUILD_BENCH=OFF
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DSEQFLOW_SANITIZE=ON -DSEQFLOW_CUDA=OFF -DSEQFLOW_BUILD_BENCH=OFF -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_EXAMPLES=ON
 cmake --build build-sanitize -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd build-sanitize && ctest --output-on-failure -j"$jobs")
