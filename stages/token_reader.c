@@ -40,7 +40,7 @@ static int feed_text(sf_token_reader *r, const uint8_t *b, size_t len, uint32_t 
     while (i < len) {
         if (is_space(b[i])) {
             if (r->carry_len) {
-                uint32_t id;
+                uint32_t id = 0;
                 int rc = text_id(r, r->carry, r->carry_len, r->offset + i - r->carry_len, &id);
                 if (rc != SF_OK) return rc;
                 out[(*n)++] = id;
@@ -93,7 +93,7 @@ int sf_token_reader_finish(sf_token_reader *r, uint32_t *out, size_t *n_out)
                         "u32 input is %llu bytes long, not a multiple of 4 (the last %zu bytes are a partial id)",
                         (unsigned long long)r->offset, r->carry_len);
     if (r->format == SF_TOKENS_TEXT && r->carry_len) {
-        uint32_t id;
+        uint32_t id = 0;
         int rc = text_id(r, r->carry, r->carry_len, r->offset - r->carry_len, &id);
         if (rc != SF_OK) return rc;
         out[(*n_out)++] = id;
