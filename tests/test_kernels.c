@@ -1,6 +1,7 @@
 /* Every CPU backend op against naive double-precision loops on random inputs of several
  * shapes; outputs are poisoned with NaN first so an unwritten element fails. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,13 +59,16 @@ static void naive_attention(const sf_attention_desc *dd, const float *q, const f
     free(val);
 }
 
+/* Logits are q.k * scale with q scaled by attn_qscale (larger = peakier softmax). */
+static double attn_qscale = 1.0;
+
 static void check_attention(sf_backend *be, const char *branches, int heads, int d, int ld_extra, int segment, int n,
                             int causal, int n_global)
 {
     sf_model_config cfg = {0};
     CHECK_OK(sf_branches_parse(branches, &cfg));
     const int ld = heads * d + ld_extra;
-    float *q = randoms((size_t)n * ld, 1.0), *k = randoms((size_t)n * ld, 1.0), *v = randoms((size_t)n * ld, 1.0);
+    float *q = randoms((size_t)n * ld, attn_qscale), *k = randoms((size_t)n * ld, 1.0), *v = randoms((size_t)n * ld, 1.0);
     float *gk = randoms((size_t)(n_global + 1) * heads * d, 1.0), *gv = randoms((size_t)(n_global + 1) * heads * d, 1.0);
     float *out = poisoned((size_t)n * ld);
     sf_attention_desc dd = {.n = n, .segment = segment, .heads = heads, .head_dim = d, .ld = ld, .causal = causal,
@@ -237,16 +241,80 @@ static void check_flops(void)
     }
 }
 
+/* The result does not depend on the number of threads (each head is one thread's work). */
+static void check_attention_threads(void)
+{
+    sf_model_config cfg = {0};
+    CHECK_OK(sf_branches_parse("64:1,128:2,256:4", &cfg));
+    const int heads = 5, d = 16, n = 250, ld = heads * d;
+    float *q = randoms((size_t)n * ld, 1.0), *k = randoms((size_t)n * ld, 1.0), *v = randoms((size_t)n * ld, 1.0);
+    float *out[3];
+    sf_attention_desc dd = {.n = n, .segment = 256, .heads = heads, .head_dim = d, .ld = ld, .causal = 1,
+                            .n_branches = cfg.n_branches, .branches = cfg.branches, .scale = 0.25f};
+    const int threads[3] = {1, 2, 7};
+    for (int t = 0; t < 3; t++) {
+        sf_backend *be;
+        CHECK_OK(sf_backend_create("cpu", 0, &be));
+        be->threads = threads[t];
+        out[t] = poisoned((size_t)n * ld);
+        CHECK_OK(be->ops->attention(be, &dd, q, k, v, out[t]));
+        sf_backend_free(be);
+    }
+    CHECK(memcmp(out[0], out[1], (size_t)n * ld * sizeof(float)) == 0);
+    CHECK(memcmp(out[0], out[2], (size_t)n * ld * sizeof(float)) == 0);
+    free(q), free(k), free(v), free(out[0]), free(out[1]), free(out[2]);
+}
+
+static void check_buffers(sf_backend *be)
+{
+    float *a = be->ops->alloc(be, 100 * sizeof(float)), *b = be->ops->alloc(be, 100 * sizeof(float));
+    CHECK(a && b && ((uintptr_t)a & 63) == 0 && ((uintptr_t)b & 63) == 0);
+    float host[100], back[100];
+    for (int i = 0; i < 100; i++) host[i] = (float)i, back[i] = NAN;
+    CHECK_OK(be->ops->upload(be, a, host, sizeof host));
+    CHECK_OK(be->ops->copy(be, b, a, sizeof host));
+    CHECK_OK(be->ops->zero(be, a, sizeof host));
+    CHECK_OK(be->ops->sync(be));
+    CHECK_OK(be->ops->download(be, back, b, sizeof back));
+    CHECK(memcmp(back, host, sizeof host) == 0);
+    CHECK_OK(be->ops->download(be, back, a, sizeof back));
+    CHECK(back[0] == 0.0f && back[99] == 0.0f);
+    be->ops->free(be, a);
+    be->ops->free(be, b);
+    be->ops->free(be, NULL);
+    void *tiny = be->ops->alloc(be, 0);
+    be->ops->free(be, tiny);
+}
+
+static void check_fast_exp(void)
+{
+    double worst = 0;
+    for (double x = -87; x < 88; x += 0.0137)
+        worst = fmax(worst, fabs(sf_fast_expf((float)x) / exp((double)(float)x) - 1));
+    CHECKF(worst < 5e-7, "fast exp relative error %.3g", worst);
+    CHECK(sf_fast_expf(-INFINITY) == 0.0f && sf_fast_expf(-200.0f) == 0.0f);
+#ifdef SF_HAVE_AVX2_FMA
+    float in[8] = {-INFINITY, -200.0f, -87.5f, -20.25f, -1.0f, 0.0f, 0.3466f, 80.0f}, lanes[8];
+    _mm256_storeu_ps(lanes, sf_fast_exp8(_mm256_loadu_ps(in)));
+    int ok = lanes[0] == 0.0f && lanes[1] == 0.0f && lanes[2] == 0.0f;
+    for (int i = 3; i < 8; i++) ok &= fabs(lanes[i] / exp((double)in[i]) - 1) < 5e-7;
+    CHECKF(ok, "fast_exp8: %g %g %g %g %g %g %g %g", lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5],
+           lanes[6], lanes[7]);
+    worst = 0;
+    for (float x = -87.0f; x < 88.0f; x += 0.37f) {
+        _mm256_storeu_ps(lanes, sf_fast_exp8(_mm256_set1_ps(x)));
+        worst = fmax(worst, fabs(lanes[0] / exp((double)x) - 1));
+    }
+    CHECKF(worst < 5e-7, "fast_exp8 relative error %.3g", worst);
+#endif
+}
+
 int main(void)
 {
     sf_backend *be;
     CHECK_OK(sf_backend_create("cpu", 0, &be));
-    /* the vectorizable exp: relative error and the ends of its range */
-    double worst = 0;
-    for (double x = -80; x < 80; x += 0.0137) worst = fmax(worst, fabs(sf_fast_expf((float)x) / exp((double)(float)x) - 1));
-    CHECKF(worst < 5e-7, "fast exp relative error %.3g", worst);
-    CHECK(sf_fast_expf(-INFINITY) == 0.0f && sf_fast_expf(-200.0f) == 0.0f);
-
+    check_fast_exp();
+    check_buffers(be);
     check_dense_ops(be);
     check_summary(be);
     check_flops();
@@ -254,18 +322,35 @@ int main(void)
         check_attention(be, "8:1,16:2,32:4", 3, 8, 0, 32, 32, causal, 0);
         check_attention(be, "8:1,16:2,32:4", 3, 8, 5, 32, 21, causal, 4);        /* partial, ld > H*d, globals */
         check_attention(be, "16:2", 3, 16, 0, 32, 32, causal, 0);                  /* uncovered rows are 0 */
+        check_attention(be, "8:2", 3, 8, 3, 32, 27, causal, 0);                    /* uncovered, partial */
+        check_attention(be, "16:4", 2, 8, 0, 32, 19, causal, 2);                   /* uncovered but globals */
         check_attention(be, "32:4", 4, 8, 0, 32, 1, causal, 3);                    /* one row */
+        check_attention(be, "32:4", 4, 8, 0, 32, 1, causal, 0);                    /* one row, no globals */
         check_attention(be, "256:1,512:2", 2, 32, 0, 512, 300, causal, 0);         /* several tiles */
         check_attention(be, "512:1", 1, 64, 0, 512, 512, causal, 200);            /* many globals */
+        check_attention(be, "384:3,768:1", 4, 24, 8, 768, 701, causal, 5);         /* tails of every size */
+        check_attention(be, "128:1,128:1", 2, 16, 0, 128, 129 - 2, causal, 0);     /* a branch twice */
+        check_attention(be, "1:1,4:4", 4, 8, 0, 8, 8, causal, 0);                  /* one-key windows */
+        attn_qscale = 4.0; /* peaky softmax: the running max changes from tile to tile */
+        check_attention(be, "256:1", 2, 64, 0, 512, 512, causal, 3);
+        attn_qscale = 1.0;
     }
+    check_attention_threads();
     check_memory(be, SF_MEMORY_DELTA, 50, 3, 8, 2, 0);
     check_memory(be, SF_MEMORY_LINEAR, 17, 2, 16, 0, 0);
+    check_memory(be, SF_MEMORY_DELTA, 300, 2, 64, 16, 0);
+    check_memory(be, SF_MEMORY_LINEAR, 1, 4, 32, 0, 0);
     check_memory(be, SF_MEMORY_DELTA, 9, 2, 4, 0, 1); /* z == 0: retrieval is 0 */
     check_memory(be, SF_MEMORY_NONE, 9, 2, 4, 0, 0);
 
-    sf_backend *other;
+    sf_backend *other = (sf_backend *)1;
     CHECK(sf_backend_create("quantum", 0, &other) == SF_E_BACKEND && other == NULL);
-    CHECK(strstr(sf_last_error(), "quantum") != NULL);
+    CHECK(strstr(sf_last_error(), "quantum") != NULL && strstr(sf_last_error(), "cpu") != NULL);
+    other = (sf_backend *)1;
+    CHECK(sf_backend_create("cuda", 0, &other) == SF_E_BACKEND && other == NULL);
+    CHECK(strstr(sf_last_error(), "CUDA") != NULL);
+    const char *const *names = sf_backend_names();
+    CHECK(names && names[0] && strcmp(names[0], "cpu") == 0);
     sf_backend_free(be);
     sf_backend_free(NULL);
     return check_finish("test_kernels");

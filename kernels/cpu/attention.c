@@ -8,7 +8,9 @@
  * result (O unnormalized, running max m, sum l) that is merged into per-position accumulators
  * by their log-sum-exp; the global tokens are one more part. Merging partial softmaxes this way
  * is exactly softmax over the union of the keys (a key reached twice counts twice).
- * Heads run in parallel; each thread owns its head's accumulators. */
+ * The softmax rows run on AVX2 (sf_fast_exp8) when built for x86-64-v3, scalar otherwise.
+ * Heads run in parallel; each thread owns its head's accumulators and scratch:
+ * O(TILE_Q * TILE_K + n * d) floats per thread. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -19,7 +21,13 @@
 #include "kernels/cpu/fast_exp.h"
 #include "seqflow/error.h"
 
-#define TILE 128
+/* Query and key tile sizes: the score tile is TILE_Q x TILE_K floats. */
+#ifndef TILE_Q
+#define TILE_Q 128
+#endif
+#ifndef TILE_K
+#define TILE_K 128
+#endif
 
 typedef struct head_work {
     /* per-position accumulators of this head */
@@ -27,9 +35,9 @@ typedef struct head_work {
     float *m, *l; /* [n] */
     /* gathered rows of one window and tile scratch */
     float *q, *k, *v;   /* [rows, d] */
-    float *s;           /* [TILE, TILE] */
-    float *o;           /* [TILE, d] */
-    float *tm, *tl;     /* [TILE] */
+    float *s;           /* [TILE_Q, TILE_K] */
+    float *o;           /* [TILE_Q, d] */
+    float *tm, *tl;     /* [TILE_Q] */
     int *pos;           /* [rows] position of each gathered row */
 } head_work;
 
@@ -60,52 +68,92 @@ static void merge_rows(head_work *w, const int *pos, int rows, int d)
     }
 }
 
-/* Dense attention of rows q[0..nq) against keys k/v[0..nk), causal on gathered order when
- * `causal` (query a sees keys b <= a + diag, diag = offset of the query block in key order). */
+/* One online-softmax step for a row of a score tile: s[0..limit) are scaled logits, the rest
+ * of the tile row [limit, tk) is masked. Updates the row's running max *m and sum *l, turns s
+ * into probabilities (0 where masked) and returns the factor the row's output must be
+ * rescaled by. limit > 0. */
+static float softmax_row(float *s, int limit, int tk, float *m, float *l)
+{
+    int b = 0;
+    float mx = *m;
+#ifdef SF_HAVE_AVX2_FMA
+    if (limit >= 8) {
+        __m256 vm = _mm256_loadu_ps(s);
+        for (b = 8; b + 8 <= limit; b += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + b));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        float vmax = _mm_cvtss_f32(h);
+        mx = vmax > mx ? vmax : mx;
+    }
+#endif
+    for (; b < limit; b++) mx = s[b] > mx ? s[b] : mx;
+    float sum = 0;
+    b = 0;
+#ifdef SF_HAVE_AVX2_FMA
+    {
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 acc = _mm256_setzero_ps();
+        for (; b + 8 <= limit; b += 8) {
+            __m256 p = sf_fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + b), vmx));
+            _mm256_storeu_ps(s + b, p);
+            acc = _mm256_add_ps(acc, p);
+        }
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        sum = _mm_cvtss_f32(h);
+    }
+#endif
+    for (; b < limit; b++) {
+        float p = sf_fast_expf(s[b] - mx);
+        s[b] = p;
+        sum += p;
+    }
+    for (b = limit; b < tk; b++) s[b] = 0;
+    /* *m is -inf before the row's first key: exp(-inf) = 0 and l = 0 anyway */
+    float corr = sf_fast_expf(*m - mx);
+    *l = *l * corr + sum;
+    *m = mx;
+    return corr;
+}
+
+/* Dense attention of rows q[0..nq) against keys k/v[0..nk). When `causal`, query a sees the keys
+ * b <= a + q_offset (q_offset: position of the first query in key order); key tiles past a query
+ * tile's last query are skipped, and only tiles crossing the diagonal are masked. Each query
+ * tile's partial result is merged into the head's accumulators at positions pos[]. */
 static void attend_block(head_work *w, const float *q, int nq, const float *k, const float *v, int nk, int d,
                          float scale, int causal, int q_offset, const int *pos)
 {
-    for (int q0 = 0; q0 < nq; q0 += TILE) {
-        int tq = nq - q0 < TILE ? nq - q0 : TILE;
+    for (int q0 = 0; q0 < nq; q0 += TILE_Q) {
+        int tq = nq - q0 < TILE_Q ? nq - q0 : TILE_Q;
         for (int a = 0; a < tq; a++) w->tm[a] = -INFINITY, w->tl[a] = 0;
         memset(w->o, 0, (size_t)tq * d * sizeof *w->o);
         int k_end = causal ? q_offset + q0 + tq : nk; /* keys past the last query are masked */
         if (k_end > nk) k_end = nk;
-        for (int k0 = 0; k0 < k_end; k0 += TILE) {
-            int tk = k_end - k0 < TILE ? k_end - k0 : TILE;
+        for (int k0 = 0; k0 < k_end; k0 += TILE_K) {
+            int tk = k_end - k0 < TILE_K ? k_end - k0 : TILE_K;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, tk, d, scale, q + (size_t)q0 * d, d,
-                        k + (size_t)k0 * d, d, 0.0f, w->s, TILE);
+                        k + (size_t)k0 * d, d, 0.0f, w->s, TILE_K);
             int diagonal = causal && k0 + tk - 1 > q_offset + q0;
             for (int a = 0; a < tq; a++) {
-                float *srow = w->s + (size_t)a * TILE;
+                float *srow = w->s + (size_t)a * TILE_K;
                 int limit = tk;
                 if (diagonal) {
                     limit = q_offset + q0 + a - k0 + 1;
                     if (limit > tk) limit = tk;
-                    if (limit < 0) limit = 0;
                 }
-                float mx = w->tm[a];
-                for (int b = 0; b < limit; b++) mx = srow[b] > mx ? srow[b] : mx;
-                if (limit == 0 || mx == -INFINITY) {
-                    for (int b = 0; b < tk; b++) srow[b] = 0;
+                if (limit <= 0) { /* nothing of this tile for this row: p = 0, state unchanged */
+                    memset(srow, 0, (size_t)tk * sizeof *srow);
                     continue;
                 }
-                float corr = sf_fast_expf(w->tm[a] - mx);
-                float sum = 0;
-                for (int b = 0; b < limit; b++) {
-                    float p = sf_fast_expf(srow[b] - mx);
-                    srow[b] = p;
-                    sum += p;
-                }
-                for (int b = limit; b < tk; b++) srow[b] = 0;
-                w->tl[a] = w->tl[a] * corr + sum;
-                w->tm[a] = mx;
+                float corr = softmax_row(srow, limit, tk, &w->tm[a], &w->tl[a]);
                 if (corr != 1.0f) {
                     float *o = w->o + (size_t)a * d;
                     for (int e = 0; e < d; e++) o[e] *= corr;
                 }
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk, 1.0f, w->s, TILE,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk, 1.0f, w->s, TILE_K,
                         v + (size_t)k0 * d, d, 1.0f, w->o, d);
         }
         merge_rows(w, pos + q0, tq, d);
@@ -122,10 +170,10 @@ static int head_work_alloc(head_work *w, int n, int d)
     w->q = malloc(nd * sizeof(float));
     w->k = malloc(nd * sizeof(float));
     w->v = malloc(nd * sizeof(float));
-    w->s = malloc((size_t)TILE * TILE * sizeof(float));
-    w->o = malloc((size_t)TILE * d * sizeof(float));
-    w->tm = malloc(TILE * sizeof(float));
-    w->tl = malloc(TILE * sizeof(float));
+    w->s = malloc((size_t)TILE_Q * TILE_K * sizeof(float));
+    w->o = malloc((size_t)TILE_Q * d * sizeof(float));
+    w->tm = malloc(TILE_Q * sizeof(float));
+    w->tl = malloc(TILE_Q * sizeof(float));
     w->pos = malloc((size_t)n * sizeof(int));
     return w->acc && w->m && w->l && w->q && w->k && w->v && w->s && w->o && w->tm && w->tl && w->pos;
 }
@@ -188,13 +236,14 @@ int sf_cpu_attention(sf_backend *be, const sf_attention_desc *dd, const float *q
 #pragma omp parallel num_threads(threads)
     {
         head_work w;
-        if (!head_work_alloc(&w, rows, dd->head_dim)) {
+        int ok = head_work_alloc(&w, rows, dd->head_dim);
+        if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int h = 0; h < dd->heads; h++)
-            if (w.acc && w.pos && w.s) attend_head(&w, dd, h, q, k, v, out);
+            if (ok) attend_head(&w, dd, h, q, k, v, out);
         head_work_free(&w);
     }
     return failed ? sf_error(SF_E_NOMEM, "out of memory in attention") : SF_OK;

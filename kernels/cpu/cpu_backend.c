@@ -1,6 +1,7 @@
 /* The CPU backend: host memory, OpenBLAS products and OpenMP parallel loops. */
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,7 +10,7 @@
 
 int sf_cpu_threads(const sf_backend *be)
 {
-    int t = be && be->threads > 0 ? be->threads : omp_get_num_procs();
+    int t = be && be->threads > 0 ? be->threads : omp_get_max_threads();
     return t > 0 ? t : 1;
 }
 
@@ -69,11 +70,14 @@ const sf_backend_ops sf_cpu_backend_ops = {
     .destroy = cpu_destroy,
 };
 
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
 int sf_cpu_backend_init(sf_backend *be)
 {
     /* seqflow parallelizes with OpenMP itself (rows of a product, heads of attention) and
      * stage threads run concurrently; OpenBLAS's own threads on top would oversubscribe. */
-    openblas_set_num_threads(1);
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_single_thread);
     be->ops = &sf_cpu_backend_ops;
     be->impl = NULL;
     return SF_OK;

@@ -1,14 +1,11 @@
-/* The CPU implementations of the backend ops (see seqflow/backend.h for their contracts). */
+/* Internal: the CPU implementations of the backend ops (see seqflow/backend.h for their contracts). */
 #ifndef SEQFLOW_KERNELS_CPU_KERNELS_H
 #define SEQFLOW_KERNELS_CPU_KERNELS_H
 
+#include "kernels/cpu/cpu_backend.h"
 #include "seqflow/backend.h"
 
-/* The CPU backend's op table and its constructor (kernels/backend.c calls it). */
-extern const sf_backend_ops sf_cpu_backend_ops;
-int sf_cpu_backend_init(sf_backend *be);
-
-/* Worker threads an op may use: be->threads, or every core when 0. */
+/* Worker threads an op may use: be->threads, or omp_get_max_threads() when 0. */
 int sf_cpu_threads(const sf_backend *be);
 
 int sf_cpu_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,

@@ -27,6 +27,7 @@ int sf_cpu_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const flo
     for (int h = 0; h < heads; h++) {
         float *sq = malloc((size_t)n * d * sizeof *sq), *num = malloc((size_t)n * d * sizeof *num);
         if (!sq || !num) {
+#pragma omp atomic write
             failed = 1;
         } else {
             const float *Mh = M + (size_t)h * d * d, *zh = z + (size_t)h * d;
@@ -56,6 +57,7 @@ int sf_cpu_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, 
     for (int h = 0; h < heads; h++) {
         float *sk = malloc((size_t)n * d * sizeof *sk), *target = malloc((size_t)n * d * sizeof *target);
         if (!sk || !target) {
+#pragma omp atomic write
             failed = 1;
         } else {
             float *Mh = M + (size_t)h * d * d, *zh = z + (size_t)h * d;
@@ -66,6 +68,7 @@ int sf_cpu_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, 
                 /* target = V - sigma(K) M / (sigma(K) . z), all with the memory before the segment */
                 float *r = malloc((size_t)n * d * sizeof *r);
                 if (!r) {
+#pragma omp atomic write
                     failed = 1;
                 } else {
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, d, 1.0f, sk, d, Mh, d, 0.0f, r, d);

@@ -150,10 +150,9 @@ static void block_forward(const sf_model *m, ref_state *s, int l, double *x, int
     if (commit && c->memory != SF_MEMORY_NONE) {
         for (int h = 0; h < H; h++) {
             double *M = s->M + ((size_t)l * H + h) * d * d, *z = s->z + ((size_t)l * H + h) * d;
-            double *dM = calloc((size_t)d * d, sizeof *dM);
+            double *dM = calloc((size_t)d * d, sizeof *dM), *target = malloc((size_t)d * sizeof *target);
             for (int t = 0; t < n; t++) {
                 const double *k = K + t * W + h * d, *v = V + t * W + h * d;
-                double target[512];
                 for (int e = 0; e < d; e++) target[e] = v[e];
                 if (c->memory == SF_MEMORY_DELTA) {
                     retrieve(M, z, k, d, mem); /* R(t) with M and z before this segment */
@@ -165,7 +164,7 @@ static void block_forward(const sf_model *m, ref_state *s, int l, double *x, int
             for (int a = 0; a < d * d; a++) M[a] += dM[a];
             for (int t = 0; t < n; t++)
                 for (int a = 0; a < d; a++) z[a] += sigma(K[t * W + h * d + a]);
-            free(dM);
+            free(dM), free(target);
         }
     }
     if (commit && c->global_tokens > 0 && c->summary_tokens > 0) {
