@@ -15,24 +15,9 @@
 #include <unistd.h>
 
 #include "kernels/cpu/attention.h"
+#include "pipeline/process_stats.h"
 #include "seqflow/seqflow.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static size_t rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    unsigned long a = 0, b = 0;
-    if (!f) return 0;
-    if (fscanf(f, "%lu %lu", &a, &b) != 2) b = 0;
-    fclose(f);
-    return (size_t)b * (size_t)sysconf(_SC_PAGESIZE);
-}
 
 static float *random_floats(size_t n, unsigned seed)
 {
@@ -50,7 +35,7 @@ static double sgemm_gflops(int n)
     int threads = omp_get_max_threads();
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now();
+        double t0 = sf_monotonic_seconds();
 #pragma omp parallel num_threads(threads)
         {
             int id = omp_get_thread_num(), per = (n + threads - 1) / threads;
@@ -59,7 +44,7 @@ static double sgemm_gflops(int n)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, n, 1.0f, a + (size_t)r0 * n, n, b, n,
                             0.0f, c + (size_t)r0 * n, n);
         }
-        double rate = 2.0 * n * n * n / (now() - t0) / 1e9;
+        double rate = 2.0 * n * n * n / (sf_monotonic_seconds() - t0) / 1e9;
         if (rate > best) best = rate;
     }
     free(a), free(b), free(c);
@@ -76,9 +61,9 @@ static double attention_gflops(sf_backend *be, const sf_model_config *c, int rep
     double flops = sf_attention_useful_flops(&d), best = 1e30;
     be->ops->attention(be, &d, q, k, v, out); /* warm-up */
     for (int r = 0; r < reps; r++) {
-        double t0 = now();
+        double t0 = sf_monotonic_seconds();
         be->ops->attention(be, &d, q, k, v, out);
-        double t = now() - t0;
+        double t = sf_monotonic_seconds() - t0;
         if (t < best) best = t;
     }
     free(q), free(k), free(v), free(out);
@@ -98,7 +83,7 @@ static double pipeline_tokens_per_s(const sf_model *m, size_t tokens, size_t rss
     size_t chunk = (size_t)c->segment;
     uint32_t *t = malloc(chunk * sizeof *t);
     unsigned s = 9;
-    double t0 = now();
+    double t0 = sf_monotonic_seconds();
     size_t report = rss_at;
     for (size_t sent = 0; sent < tokens; sent += chunk) {
         for (size_t i = 0; i < chunk; i++) t[i] = (s = s * 1103515245u + 12345u) >> 16 & 0xff;
@@ -108,15 +93,15 @@ static double pipeline_tokens_per_s(const sf_model *m, size_t tokens, size_t rss
         }
         for (sf_packet *p; (p = sf_graph_pull(g));) sf_packet_free(p);
         if (rss_at && sent + chunk >= report) {
-            size_t r = rss_bytes();
+            size_t r = sf_resident_bytes();
             if (report == rss_at) *rss_first = r;
             *rss_last = r;
             fprintf(stderr, "  %zu tokens: resident %.1f MiB, %.0f tokens/s\n", sent + chunk, r / 1048576.0,
-                    (sent + chunk) / (now() - t0));
+                    (sent + chunk) / (sf_monotonic_seconds() - t0));
             report += rss_at;
         }
     }
-    double rate = tokens / (now() - t0);
+    double rate = tokens / (sf_monotonic_seconds() - t0);
     free(t);
     sf_graph_free(g);
     return rate;
@@ -163,7 +148,7 @@ int main(int argc, char **argv)
         char branches[128];
         sf_branches_format(&c, branches, sizeof branches);
         double flops;
-        double att = attention_gflops(be, &c, 3, &flops);
+        double att = attention_gflops(be, &c, medium ? 3 : 10, &flops);
         printf("%s attention (H=%d d=%d N=%d branches %s causal): %.2f GFLOP useful per segment, %.1f GFLOP/s = %.0f%% of sgemm\n",
                medium ? "medium" : "small", c.heads, c.head_dim, c.segment, branches, flops / 1e9, att, 100 * att / gemm);
         if (attention_only) continue;

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pipeline/process_stats.h"
 #include "seqflow/seqflow.h"
 
 #define DEFAULT_PIPELINE "segment ! embed ! block ! norm"
@@ -240,22 +241,6 @@ static void append_option(char *buf, size_t size, const char *key, const char *v
     snprintf(buf + used, size - used, " %s='%s'", key, value);
 }
 
-static size_t resident_bytes(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    unsigned long pages_total = 0, pages_rss = 0;
-    if (!f) return 0;
-    if (fscanf(f, "%lu %lu", &pages_total, &pages_rss) != 2) pages_rss = 0;
-    fclose(f);
-    return (size_t)pages_rss * (size_t)sysconf(_SC_PAGESIZE);
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 typedef struct progress {
     sf_graph *graph;
@@ -276,10 +261,10 @@ static void *progress_thread(void *arg)
         until.tv_sec += 1;
         pthread_cond_timedwait(&p->wake, &p->lock, &until);
         if (p->stop) break;
-        double elapsed = now_seconds() - p->start;
+        double elapsed = sf_monotonic_seconds() - p->start;
         uint64_t tokens = sf_graph_tokens_out(p->graph);
         fprintf(stderr, "\rseqflow: %" PRIu64 " tokens, %.0f tokens/s, %.1f MiB resident   ", tokens,
-                elapsed > 0 ? tokens / elapsed : 0.0, resident_bytes() / 1048576.0);
+                elapsed > 0 ? tokens / elapsed : 0.0, sf_resident_bytes() / 1048576.0);
         p->printed = 1;
     }
     pthread_mutex_unlock(&p->lock);
@@ -358,7 +343,7 @@ static int cmd_run(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    progress prog = {.graph = graph, .start = now_seconds()};
+    progress prog = {.graph = graph, .start = sf_monotonic_seconds()};
     pthread_t prog_thread;
     int have_progress = 0;
     if (a.progress) {
@@ -367,7 +352,7 @@ static int cmd_run(int argc, char **argv)
         have_progress = pthread_create(&prog_thread, NULL, progress_thread, &prog) == 0;
     }
     rc = sf_graph_run(graph);
-    double elapsed = now_seconds() - prog.start;
+    double elapsed = sf_monotonic_seconds() - prog.start;
     if (have_progress) {
         pthread_mutex_lock(&prog.lock);
         prog.stop = 1;
@@ -392,7 +377,7 @@ static int cmd_run(int argc, char **argv)
                     tokens, elapsed, elapsed > 0 ? tokens / elapsed : 0.0, opts.device, cfg->dim, cfg->heads,
                     cfg->head_dim, cfg->layers, cfg->segment, branches,
                     cfg->memory == SF_MEMORY_DELTA ? "delta" : cfg->memory == SF_MEMORY_LINEAR ? "linear" : "none",
-                    resident_bytes() / 1048576.0);
+                    sf_resident_bytes() / 1048576.0);
         }
         if (rc == SF_E_INTERRUPTED) {
             fprintf(stderr, "seqflow: interrupted; output flushed\n");

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pipeline/process_stats.h"
 #include "seqflow/error.h"
 
 int check_failures = 0;
@@ -94,12 +95,4 @@ const char *check_tmp_path(const char *name)
     return p;
 }
 
-size_t check_rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f) return 0;
-    unsigned long size = 0, rss = 0;
-    if (fscanf(f, "%lu %lu", &size, &rss) != 2) rss = 0;
-    fclose(f);
-    return (size_t)rss * (size_t)sysconf(_SC_PAGESIZE);
-}
+size_t check_rss_bytes(void) { return sf_resident_bytes(); }

@@ -29,6 +29,18 @@ static int exit_code_of(int status)
     return -1;
 }
 
+/* Replaces the child with the binary under test; argv[0] is replaced by its path. */
+static void exec_binary(const char *bin, const char *const *argv)
+{
+    int n = 0;
+    while (argv[n]) n++;
+    char **args = calloc((size_t)n + 1, sizeof *args);
+    args[0] = (char *)bin;
+    for (int i = 1; i < n; i++) args[i] = (char *)argv[i];
+    execv(bin, args);
+    _exit(127);
+}
+
 int spawn_run(const char *const *argv, const void *stdin_data, size_t stdin_len, spawn_result *r)
 {
     memset(r, 0, sizeof *r);
@@ -45,13 +57,7 @@ int spawn_run(const char *const *argv, const void *stdin_data, size_t stdin_len,
         dup2(fileno(in), 0);
         dup2(fileno(out), 1);
         dup2(fileno(err), 2);
-        int n = 0;
-        while (argv[n]) n++;
-        char **args = calloc((size_t)n + 1, sizeof *args);
-        args[0] = (char *)bin;
-        for (int i = 1; i < n; i++) args[i] = (char *)argv[i];
-        execv(bin, args);
-        _exit(127);
+        exec_binary(bin, argv);
     }
     int status;
     waitpid(pid, &status, 0);
@@ -77,13 +83,7 @@ int spawn_start(const char *const *argv, int *stdin_fd, const char *stderr_path)
         close(fds[1]);
         int e = open(stderr_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (e >= 0) dup2(e, 2);
-        int n = 0;
-        while (argv[n]) n++;
-        char **args = calloc((size_t)n + 1, sizeof *args);
-        args[0] = (char *)bin;
-        for (int i = 1; i < n; i++) args[i] = (char *)argv[i];
-        execv(bin, args);
-        _exit(127);
+        exec_binary(bin, argv);
     }
     close(fds[0]);
     *stdin_fd = fds[1];
