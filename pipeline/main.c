@@ -377,7 +377,7 @@ static int cmd_run(int argc, char **argv)
                     tokens, elapsed, elapsed > 0 ? tokens / elapsed : 0.0, opts.device, cfg->dim, cfg->heads,
                     cfg->head_dim, cfg->layers, cfg->segment, branches,
                     cfg->memory == SF_MEMORY_DELTA ? "delta" : cfg->memory == SF_MEMORY_LINEAR ? "linear" : "none",
-                    sf_resident_bytes() / 1048576.0);
+                    sf_peak_resident_bytes() / 1048576.0);
         }
         if (rc == SF_E_INTERRUPTED) {
             fprintf(stderr, "seqflow: interrupted; output flushed\n");

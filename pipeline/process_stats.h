@@ -7,6 +7,8 @@
 
 /* Resident set size in bytes (Linux /proc/self/statm); 0 when unavailable. */
 size_t sf_resident_bytes(void);
+/* The largest resident set size the process has had, in bytes; 0 when unavailable. */
+size_t sf_peak_resident_bytes(void);
 /* Seconds on a monotonic clock. */
 double sf_monotonic_seconds(void);
 
