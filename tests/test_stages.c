@@ -98,6 +98,21 @@ static void check_threaded_run(const sf_model *m)
     CHECK(strstr(line[0], "rows=1000") != NULL);
     CHECK(strcmp(line[0], line[1]) == 0);
 
+    /* one thread per layer gives the same bytes as one stage for every layer */
+    char split[256] = {0};
+    snprintf(pipeline, sizeof pipeline,
+             "source path=%s format=text chunk=50 ! segment ! embed ! block layers=0 ! block layers=1 ! norm ! "
+             "sink format=digest out=%s",
+             in, digest);
+    CHECK_OK(sf_graph_create(m, &(sf_graph_options){.queue_depth = 2}, &g));
+    CHECK_OK(sf_graph_parse(g, pipeline));
+    CHECK_OK(sf_graph_run(g));
+    sf_graph_free(g);
+    f = fopen(digest, "r");
+    CHECK(f && fgets(split, sizeof split, f));
+    if (f) fclose(f);
+    CHECKF(strcmp(line[0], split) == 0, "split layers: %s vs %s", split, line[0]);
+
     /* an error in the middle of a threaded run stops every stage and removes the output */
     f = fopen(in, "a");
     fprintf(f, " 5 6 %d 7\n", c->vocab + 3);
@@ -118,7 +133,7 @@ int main(void)
     check_segmenter();
     sf_model_config cfg;
     sf_model_config_default(&cfg);
-    cfg.segment = 64, cfg.layers = 1;
+    cfg.segment = 64, cfg.layers = 2;
     CHECK_OK(sf_branches_parse("16:1,64:4", &cfg));
     sf_model *m;
     CHECK_OK(sf_model_create_random(&cfg, 11, &m));
