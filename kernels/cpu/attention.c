@@ -23,7 +23,7 @@
 
 /* Query and key tile sizes: the score tile is TILE_Q x TILE_K floats. */
 #ifndef TILE_Q
-#define TILE_Q 128
+#define TILE_Q 64
 #endif
 #ifndef TILE_K
 #define TILE_K 128
