@@ -59,7 +59,7 @@ static void usage(FILE *f)
         "                          in stream order; FILE.npy writes NumPy; '-' is stdout\n"
         "      --sink-format FMT   raw, npy, digest, null or auto (default auto)\n"
         "execution:\n"
-        "  -d, --device NAME       cpu (default) or cuda\n"
+        "  -d, --device NAME       cpu (default); cuda is not implemented in this version yet\n"
         "  -t, --threads N         CPU compute threads (default: all cores)\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
         "      --progress          report tokens, tokens/s and memory on stderr every second\n"
