@@ -18,6 +18,18 @@ static void gather_sigma(const float *src, int n, int d, int ld, float *dst)
         for (int e = 0; e < d; e++) dst[(size_t)i * d + e] = sigma(src[(size_t)i * ld + e]);
 }
 
+/* Retrieve (SPEC 4) for n gathered rows: out[i] = sx[i] M / (sx[i] . z), 0 where sx[i] . z == 0. */
+static void retrieve(const float *sx, int n, int d, const float *Mh, const float *zh, float *out)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, d, 1.0f, sx, d, Mh, d, 0.0f, out, d);
+    for (int i = 0; i < n; i++) {
+        double den = 0;
+        for (int e = 0; e < d; e++) den += (double)sx[(size_t)i * d + e] * zh[e];
+        float inv = den != 0 ? (float)(1.0 / den) : 0.0f;
+        for (int e = 0; e < d; e++) out[(size_t)i * d + e] *= inv;
+    }
+}
+
 int sf_cpu_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M,
                       const float *z, const float *gate, float *a)
 {
@@ -32,14 +44,11 @@ int sf_cpu_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const flo
         } else {
             const float *Mh = M + (size_t)h * d * d, *zh = z + (size_t)h * d;
             gather_sigma(q + (size_t)h * d, n, d, ld, sq);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, d, 1.0f, sq, d, Mh, d, 0.0f, num, d);
+            retrieve(sq, n, d, Mh, zh, num);
             const float g = 1.0f / (1.0f + expf(-gate[h]));
             for (int i = 0; i < n; i++) {
-                double den = 0;
-                for (int e = 0; e < d; e++) den += (double)sq[(size_t)i * d + e] * zh[e];
-                float inv = den != 0 ? (float)(1.0 / den) : 0.0f;
                 float *dst = a + (size_t)i * ld + (size_t)h * d;
-                for (int e = 0; e < d; e++) dst[e] = g * num[(size_t)i * d + e] * inv + (1.0f - g) * dst[e];
+                for (int e = 0; e < d; e++) dst[e] = g * num[(size_t)i * d + e] + (1.0f - g) * dst[e];
             }
         }
         free(sq);
@@ -71,14 +80,8 @@ int sf_cpu_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, 
 #pragma omp atomic write
                     failed = 1;
                 } else {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, d, 1.0f, sk, d, Mh, d, 0.0f, r, d);
-                    for (int i = 0; i < n; i++) {
-                        double den = 0;
-                        for (int e = 0; e < d; e++) den += (double)sk[(size_t)i * d + e] * zh[e];
-                        if (den == 0) continue;
-                        float inv = (float)(1.0 / den);
-                        for (int e = 0; e < d; e++) target[(size_t)i * d + e] -= r[(size_t)i * d + e] * inv;
-                    }
+                    retrieve(sk, n, d, Mh, zh, r);
+                    for (size_t i = 0; i < (size_t)n * d; i++) target[i] -= r[i];
                     free(r);
                 }
             }
