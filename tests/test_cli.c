@@ -175,7 +175,13 @@ int main(void)
     char chunk[100];
     memset(chunk, 'a', sizeof chunk);
     CHECK(write(fd, chunk, sizeof chunk) == (ssize_t)sizeof chunk);
-    struct timespec pause = {0, 300 * 1000 * 1000};
+    /* the sink's temporary file appears once the graph runs (after the handler is installed);
+     * then give the source time to read what was written */
+    char partial[600];
+    snprintf(partial, sizeof partial, "%s.partial-%d", ctrlc_out, pid);
+    struct timespec tick = {0, 10 * 1000 * 1000}, pause = {0, 300 * 1000 * 1000};
+    for (int waited = 0; waited < 3000 && file_size(partial) < 0; waited++) nanosleep(&tick, NULL);
+    CHECKF(file_size(partial) >= 0, "the interrupted run never started its sink");
     nanosleep(&pause, NULL);
     kill(pid, SIGINT);
     nanosleep(&pause, NULL);
