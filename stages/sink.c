@@ -142,6 +142,8 @@ static int sink_flush(sf_stage *st)
         return rc;
     }
     if (!k->file) return SF_OK;
+    if (k->rows == 0 && sf_stage_model(st)) /* an empty stream still has the model's width */
+        k->width = (size_t)sf_model_get_config(sf_stage_model(st))->dim;
     if (k->format == SINK_NPY) rc = write_npy_header(k);
     if (k->file == stdout) {
         if (fflush(stdout) != 0) rc = sf_error(SF_E_IO, "writing to standard output failed");

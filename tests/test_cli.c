@@ -144,6 +144,16 @@ int main(void)
     CHECK(npy_len == raw_len + 128 && memcmp(npy_bytes + 128, raw_bytes, raw_len) == 0);
     free(npy_bytes);
 
+    /* an empty input gives an empty [0, D] array */
+    const char *empty = check_tmp_path("empty.npy");
+    CHECK(spawn_run((const char *[]){"seqflow", "run", "-i", "-", "-o", empty, "-q", NULL}, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 0, "%s", r.err);
+    size_t empty_len;
+    unsigned char *empty_bytes = read_all(empty, &empty_len);
+    snprintf(shape, sizeof shape, "'shape': (0, %d)", cfg.dim);
+    CHECK(empty_bytes && empty_len == 128 && strstr((const char *)empty_bytes + 10, shape) != NULL);
+    free(empty_bytes);
+
     /* the binary's output equals the library driven in push mode */
     sf_model *m;
     CHECK_OK(sf_model_create_random(&cfg, SF_DEFAULT_SEED, &m));
