@@ -25,6 +25,11 @@ const char *sf_strerror(int code)
     case SF_E_CLOSED: return "closed";
     case SF_E_UNSUPPORTED: return "unsupported";
     case SF_E_STATE: return "saved state does not match";
+    case SF_E_FRAME: return "malformed or corrupt frame";
+    case SF_E_FRAME_TRUNCATED: return "truncated frame";
+    case SF_E_FRAME_VERSION: return "unsupported frame version";
+    case SF_E_FRAME_TOO_LARGE: return "frame larger than allowed";
+    case SF_E_BUDGET: return "state budget exceeded";
     default: return "unknown error";
     }
 }

@@ -25,7 +25,12 @@ typedef enum sf_status {
     SF_E_INTERRUPTED = -12, /* the run was interrupted (SIGINT); output was flushed */
     SF_E_CLOSED = -13,      /* the graph or queue was closed */
     SF_E_UNSUPPORTED = -14, /* valid request this build cannot serve */
-    SF_E_STATE = -15        /* saved state does not match the stage or model */
+    SF_E_STATE = -15,       /* saved state does not match the stage or model */
+    SF_E_FRAME = -16,       /* a frame is malformed or fails its checksum */
+    SF_E_FRAME_TRUNCATED = -17, /* a frame ends before its header says it does */
+    SF_E_FRAME_VERSION = -18,   /* a frame of an unknown or newer format version */
+    SF_E_FRAME_TOO_LARGE = -19, /* a frame claims more bytes than the caller allows */
+    SF_E_BUDGET = -20       /* a state store cannot stay within its byte budget */
 } sf_status;
 
 /* Static description of a status code; never NULL, never to be freed. */

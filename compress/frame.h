@@ -1,0 +1,128 @@
+/* Frames: the one self-describing unit that crosses a process boundary or lands on disk
+ * (SPEC section 8): segments, hidden states, per-stream state and checkpoints.
+ *
+ * Layout (little-endian, SF_FRAME_HEADER_SIZE = 96 bytes, then payload_bytes of payload):
+ *   off size field
+ *     0    4 magic "SQF1"
+ *     4    2 version (SF_FRAME_VERSION)
+ *     6    2 kind (sf_frame_kind)
+ *     8    1 dtype (sf_dtype) of the decoded values
+ *     9    1 codec (sf_codec)
+ *    10    1 quantization (sf_quant_kind; SF_QUANT_F32 = none; only for dtype F32)
+ *    11    1 ndim (0..4)
+ *    12    4 quantization group (0 when not quantized)
+ *    16   32 shape[4] (u64; unused dimensions 0, used ones >= 1; product * dtype size =
+ *            decoded bytes)
+ *    48    8 stream id
+ *    56    8 segment index
+ *    64    8 encoded bytes (after quantization, before the codec)
+ *    72    8 payload bytes (after the codec: what follows the header)
+ *    80    4 flags (0; reserved, must be 0)
+ *    84    4 header checksum: CRC-32C of bytes [0, 84)
+ *    88    4 payload checksum: CRC-32C of the payload
+ *    92    4 reserved, must be 0
+ * The header has its own checksum so that a corrupt length is caught before anything is
+ * allocated; the payload checksum catches flipped payload bits before the codec runs.
+ *
+ * Decoding validates in this order and refuses with a message naming the field: buffer
+ * shorter than a header (SF_E_FRAME_TRUNCATED), magic, header checksum, version (newer or
+ * unknown: SF_E_FRAME_VERSION), kind/dtype/codec/quantization/ndim/flags values, shape
+ * consistency (no overflow; encoded bytes equal what the quantizer produces for the shape),
+ * the caller's size limit on decoded and encoded bytes (SF_E_FRAME_TOO_LARGE), payload
+ * shorter than payload_bytes (SF_E_FRAME_TRUNCATED), payload checksum, then the codec (its
+ * output must be exactly encoded bytes) and the dequantizer. All are SF_E_FRAME* codes (see
+ * seqflow/error.h); nothing is allocated before the header has passed every check, and never
+ * more than the caller's limit. */
+#ifndef SEQFLOW_COMPRESS_FRAME_H
+#define SEQFLOW_COMPRESS_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compress/quantize.h"
+#include "seqflow/stage.h" /* sf_buffer */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SF_FRAME_MAGIC "SQF1"
+#define SF_FRAME_VERSION 1
+#define SF_FRAME_HEADER_SIZE 96
+#define SF_FRAME_MAX_DIMS 4
+
+typedef enum sf_frame_kind {
+    SF_FRAME_TOKENS = 1,     /* a segment's token ids (u32) */
+    SF_FRAME_HIDDEN = 2,     /* hidden states [n, D] */
+    SF_FRAME_STATE = 3,      /* one stream's state (memory, global tokens, partial segment) */
+    SF_FRAME_CHECKPOINT = 4, /* a whole checkpoint (graph state + input position) */
+    SF_FRAME_BLOB = 5        /* opaque bytes (u8) */
+} sf_frame_kind;
+
+typedef enum sf_dtype { SF_DTYPE_U8 = 1, SF_DTYPE_U32 = 2, SF_DTYPE_F32 = 3 } sf_dtype;
+
+typedef enum sf_codec { SF_CODEC_RAW = 0, SF_CODEC_LZ4 = 1, SF_CODEC_ZSTD = 2 } sf_codec;
+
+/* What to encode. level: LZ4 1 = fast (default), 2..12 = LZ4-HC level; zstd 1..19
+ * (0 = 3). quant applies to dtype F32 only (kind F32 = lossless). */
+typedef struct sf_frame_desc {
+    sf_frame_kind kind;
+    sf_dtype dtype;
+    int ndim;
+    uint64_t shape[SF_FRAME_MAX_DIMS];
+    uint64_t stream, segment;
+    sf_codec codec;
+    int level;
+    sf_quant_params quant;
+} sf_frame_desc;
+
+/* A decoded header (host byte order). */
+typedef struct sf_frame_header {
+    uint16_t version;
+    sf_frame_kind kind;
+    sf_dtype dtype;
+    sf_codec codec;
+    sf_quant_params quant;
+    int ndim;
+    uint64_t shape[SF_FRAME_MAX_DIMS];
+    uint64_t stream, segment;
+    uint64_t encoded_bytes, payload_bytes;
+    size_t value_bytes; /* decoded bytes: product(shape) * dtype size */
+} sf_frame_header;
+
+/* Bytes of one value of dtype (1 or 4); 0 for an unknown dtype. */
+size_t sf_dtype_size(sf_dtype dtype);
+/* "raw", "lz4", "zstd"; and back (SF_E_INVAL naming the text). */
+const char *sf_codec_name(sf_codec codec);
+int sf_codec_parse(const char *text, sf_codec *out);
+
+/* Appends one frame holding data (product(shape) values of dtype, data_bytes must match) to
+ * out. feedback, when not NULL, turns on error feedback for a lossy quantization (its n must
+ * be the value count). Fails with SF_E_INVAL for an inconsistent desc, SF_E_NOMEM, or a
+ * quantizer/codec error; out is then unchanged (its length is restored). */
+int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_bytes,
+                    sf_quant_feedback *feedback, sf_buffer *out);
+
+/* Validates the header at buf (len bytes available, at least the header; the payload need not
+ * be there yet) against max_bytes (a bound on both decoded and payload bytes) and fills *h.
+ * For stream readers: read the header, peek, then read h->payload_bytes more. */
+int sf_frame_peek(const uint8_t *buf, size_t len, size_t max_bytes, sf_frame_header *h);
+
+/* Decodes the frame at buf[0..len) (len may exceed the frame; *used receives the frame's total
+ * size when not NULL) into dst, which must hold h.value_bytes (dst_size >= that). Validates
+ * everything first; dst is written only by the final codec/dequantize step. */
+int sf_frame_decode_into(const uint8_t *buf, size_t len, size_t max_bytes, sf_frame_header *h,
+                         void *dst, size_t dst_size, size_t *used);
+
+/* As sf_frame_decode_into, allocating the values (*out, malloc'd, owned by the caller who
+ * frees it with free(); at most max_bytes). */
+int sf_frame_decode(const uint8_t *buf, size_t len, size_t max_bytes, sf_frame_header *h,
+                    void **out, size_t *used);
+
+/* CRC-32C (Castagnoli) of data, continuing from crc (start with 0). */
+uint32_t sf_crc32c(uint32_t crc, const void *data, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
