@@ -23,6 +23,10 @@
  *    92    4 reserved, must be 0
  * The header has its own checksum so that a corrupt length is caught before anything is
  * allocated; the payload checksum catches flipped payload bits before the codec runs.
+ * Conventions (one valid encoding per content): ndim 0 is an empty frame (no values, encoded
+ * and payload bytes 0 whatever the codec); the group field is 0 for f32 and bf16, which have no
+ * scales (a decoded header then reports quant.group = 1, valid for compress/quantize.h); an
+ * LZ4 payload is one LZ4 block, a zstd payload one zstd frame.
  *
  * Decoding validates in this order and refuses with a message naming the field: buffer
  * shorter than a header (SF_E_FRAME_TRUNCATED), magic, header checksum, version (newer or
@@ -32,7 +36,9 @@
  * shorter than payload_bytes (SF_E_FRAME_TRUNCATED), payload checksum, then the codec (its
  * output must be exactly encoded bytes) and the dequantizer. All are SF_E_FRAME* codes (see
  * seqflow/error.h); nothing is allocated before the header has passed every check, and never
- * more than the caller's limit. */
+ * more than the caller's limit. Memory: sf_frame_decode allocates the values (value_bytes);
+ * a quantized frame under LZ4 or zstd also needs a scratch of encoded_bytes for the codec's
+ * output, freed before returning; each of these is <= max_bytes. */
 #ifndef SEQFLOW_COMPRESS_FRAME_H
 #define SEQFLOW_COMPRESS_FRAME_H
 
@@ -99,7 +105,9 @@ int sf_codec_parse(const char *text, sf_codec *out);
 /* Appends one frame holding data (product(shape) values of dtype, data_bytes must match) to
  * out. feedback, when not NULL, turns on error feedback for a lossy quantization (its n must
  * be the value count). Fails with SF_E_INVAL for an inconsistent desc, SF_E_NOMEM, or a
- * quantizer/codec error; out is then unchanged (its length is restored). */
+ * quantizer/codec error; out is then unchanged (its length is restored). Feedback on a
+ * lossless f32 frame is applied too (it sends x + residual, as sf_quantize_with_feedback does,
+ * and so refuses non-finite values); feedback on a u8/u32 frame is SF_E_INVAL. */
 int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_bytes,
                     sf_quant_feedback *feedback, sf_buffer *out);
 
