@@ -18,7 +18,7 @@ int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_grap
     g->model = model;
     pthread_mutex_init(&g->error_lock, NULL);
     atomic_init(&g->tokens_out, 0);
-    int rc = sf_backend_create(g->opts.device, g->opts.device_index, &g->backend);
+    int rc = sf_backend_create_ex(g->opts.device, g->opts.device_index, g->opts.precision, &g->backend);
     if (rc != SF_OK) {
         sf_graph_free(g);
         return rc;
@@ -48,6 +48,7 @@ void sf_graph_free(sf_graph *g)
         g->outputs.count--;
     }
     free(g->outputs.items);
+    sf_graph_checkpoint_free(g);
     sf_backend_free(g->backend);
     pthread_mutex_destroy(&g->error_lock);
     free(g);
@@ -160,6 +161,11 @@ const sf_model *sf_stage_model(const sf_stage *st) { return st->graph->model; }
 sf_backend *sf_stage_backend(const sf_stage *st) { return st->graph->backend; }
 const char *sf_stage_name(const sf_stage *st) { return st->cls->name; }
 int sf_stage_interrupted(const sf_stage *st) { return st->graph->interrupted != 0; }
+uint64_t sf_stage_checkpoint_every(const sf_stage *st)
+{
+    return st->graph->checkpoint && !st->graph->push_mode ? st->graph->checkpoint->opts.every : 0;
+}
+int sf_stage_resuming(const sf_stage *st) { return st->graph->checkpoint && st->graph->checkpoint->resuming; }
 
 void sf_graph_count_output(sf_graph *g, const sf_packet *p)
 {
@@ -274,34 +280,33 @@ sf_packet *sf_graph_pull(sf_graph *g)
 
 /* Blob: for each stateful stage, in graph order: u32 index, u32 name length, name,
  * u64 state length, state. Restore checks that the names line up. */
+int sf_graph_save_stage(sf_stage *st, sf_buffer *out)
+{
+    if (!st->cls->save) return SF_OK;
+    sf_buffer state = {0};
+    int rc = st->cls->save(st, &state);
+    uint32_t index = (uint32_t)st->index, name_len = (uint32_t)strlen(st->cls->name);
+    uint64_t len = state.len;
+    if (rc == SF_OK) rc = sf_buffer_append(out, &index, sizeof index);
+    if (rc == SF_OK) rc = sf_buffer_append(out, &name_len, sizeof name_len);
+    if (rc == SF_OK) rc = sf_buffer_append(out, st->cls->name, name_len);
+    if (rc == SF_OK) rc = sf_buffer_append(out, &len, sizeof len);
+    if (rc == SF_OK && state.len) rc = sf_buffer_append(out, state.data, state.len);
+    sf_buffer_release(&state);
+    return rc;
+}
+
 int sf_graph_save(sf_graph *g, sf_buffer *out)
 {
     if (!g || !out) return sf_error(SF_E_INVAL, "sf_graph_save: NULL argument");
     int rc = sf_graph_start(g, 0);
     if (rc != SF_OK) return rc;
-    for (int i = 0; i < g->n_stages; i++) {
-        sf_stage *st = g->stages[i];
-        if (!st->cls->save) continue;
-        sf_buffer state = {0};
-        rc = st->cls->save(st, &state);
-        uint32_t index = (uint32_t)i, name_len = (uint32_t)strlen(st->cls->name);
-        uint64_t len = state.len;
-        if (rc == SF_OK) rc = sf_buffer_append(out, &index, sizeof index);
-        if (rc == SF_OK) rc = sf_buffer_append(out, &name_len, sizeof name_len);
-        if (rc == SF_OK) rc = sf_buffer_append(out, st->cls->name, name_len);
-        if (rc == SF_OK) rc = sf_buffer_append(out, &len, sizeof len);
-        if (rc == SF_OK && state.len) rc = sf_buffer_append(out, state.data, state.len);
-        sf_buffer_release(&state);
-        if (rc != SF_OK) return rc;
-    }
-    return SF_OK;
+    for (int i = 0; i < g->n_stages && rc == SF_OK; i++) rc = sf_graph_save_stage(g->stages[i], out);
+    return rc;
 }
 
-int sf_graph_restore(sf_graph *g, const uint8_t *data, size_t len)
+int sf_graph_restore_stages(sf_graph *g, const uint8_t *data, size_t len)
 {
-    if (!g || (!data && len)) return sf_error(SF_E_INVAL, "sf_graph_restore: NULL argument");
-    int rc = sf_graph_start(g, 0);
-    if (rc != SF_OK) return rc;
     size_t at = 0;
     for (int i = 0; i < g->n_stages; i++) {
         sf_stage *st = g->stages[i];
@@ -322,12 +327,20 @@ int sf_graph_restore(sf_graph *g, const uint8_t *data, size_t len)
         if (state_len > len - at) return sf_error(SF_E_STATE, "state of stage %s is truncated", st->cls->name);
         if (!st->cls->restore)
             return sf_error(SF_E_STATE, "stage %s saves state but cannot restore it", st->cls->name);
-        rc = st->cls->restore(st, data + at, (size_t)state_len);
+        int rc = st->cls->restore(st, data + at, (size_t)state_len);
         if (rc != SF_OK) return rc;
         at += (size_t)state_len;
     }
     if (at != len) return sf_error(SF_E_STATE, "%zu bytes of state left over", len - at);
     return SF_OK;
+}
+
+int sf_graph_restore(sf_graph *g, const uint8_t *data, size_t len)
+{
+    if (!g || (!data && len)) return sf_error(SF_E_INVAL, "sf_graph_restore: NULL argument");
+    int rc = sf_graph_start(g, 0);
+    if (rc != SF_OK) return rc;
+    return sf_graph_restore_stages(g, data, len);
 }
 
 int sf_buffer_append(sf_buffer *b, const void *data, size_t len)

@@ -44,7 +44,31 @@ struct sf_graph {
     int error_code;
     char error_message[512];
     sf_packet_fifo outputs;       /* push mode: what left the last stage */
+    struct sf_graph_checkpointing *checkpoint; /* NULL when checkpoints are off */
 };
+
+/* Checkpoint state of a graph (pipeline/checkpointing.c). */
+typedef struct sf_graph_checkpointing {
+    sf_graph_checkpoint_options opts;
+    char *dir;
+    int resuming;                 /* a checkpoint was loaded: stages restore after init */
+    uint8_t *loaded;              /* the loaded checkpoint's stage states (until restored) */
+    size_t loaded_len;
+    uint64_t resumed_seq, next_seq, written_seq;
+} sf_graph_checkpointing;
+
+/* Called by sf_graph_run: before init, loads the newest checkpoint (resume) or clears the
+ * directory; after init, restores the stages. */
+int sf_graph_checkpoint_prepare(sf_graph *g);
+int sf_graph_checkpoint_restore_stages(sf_graph *g);
+/* The scheduler hands every marker to this: adds st's state, then forwards it or, past the
+ * last stage, writes the checkpoint. Takes ownership of p. */
+int sf_graph_checkpoint_pass(sf_stage *st, sf_packet *p);
+void sf_graph_checkpoint_free(sf_graph *g);
+/* The stage states of data[0..len) (sf_graph_save layout) into the started graph's stages. */
+int sf_graph_restore_stages(sf_graph *g, const uint8_t *data, size_t len);
+/* Appends one stage's entry (index, name, state) in the sf_graph_save layout. */
+int sf_graph_save_stage(sf_stage *st, sf_buffer *out);
 
 /* Records the first failure of the graph (thread-safe); returns code. */
 int sf_graph_fail(sf_graph *g, int code, const char *stage_name, const char *message);

@@ -18,6 +18,12 @@
 typedef struct run_args {
     const char *model_path, *input, *format, *out, *sink_format, *device, *pipeline;
     int threads, queue_depth, progress, quiet;
+    const char *checkpoint_dir;  /* --checkpoint */
+    long long checkpoint_every;  /* --checkpoint-every (segments), 0 = default */
+    int resume;                  /* --resume */
+    long long state_budget;      /* --state-budget (bytes, split over the block stages), 0 = none */
+    const char *spill_dir;       /* --spill-dir */
+    sf_precision precision;      /* --precision, AUTO when not given */
     uint64_t seed;
     sf_model_config cfg;         /* defaults, then the user's overrides */
     unsigned overrides;          /* which fields of cfg the user set */
@@ -59,13 +65,27 @@ static void usage(FILE *f)
         "                          in stream order; FILE.npy writes NumPy; '-' is stdout\n"
         "      --sink-format FMT   raw, npy, digest, null or auto (default auto)\n"
         "execution:\n"
-        "  -d, --device NAME       cpu (default); cuda is not implemented in this version yet\n"
+        "  -d, --device NAME       cpu (default) or cuda (when built with CUDA and a GPU is present)\n"
+        "      --precision P       bf16 or f32 products (default: bf16 on cuda, f32 on cpu)\n"
         "  -t, --threads N         CPU compute threads (default: all cores)\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
         "      --progress          report tokens, tokens/s and memory on stderr every second\n"
         "                          (default when stderr is a terminal)\n"
         "      --no-progress       never report progress\n"
         "  -q, --quiet             no summary line\n"
+        "checkpoints:\n"
+        "      --checkpoint DIR    save every stream's state and the input position in DIR\n"
+        "                          at segment boundaries (atomically; the newest 3 are kept)\n"
+        "      --checkpoint-every N  segments between checkpoints (default 16)\n"
+        "      --resume            continue from the newest valid checkpoint in DIR (a damaged\n"
+        "                          one is reported and the previous used; none: start fresh);\n"
+        "                          needs the same arguments, a file input and a file output\n"
+        "state budget:\n"
+        "      --state-budget BYTES  memory for the streams' state (split evenly over the block\n"
+        "                          stages); idle streams are compressed, then spilled (default:\n"
+        "                          unbounded, every stream stays live)\n"
+        "      --spill-dir DIR     where state beyond --state-budget goes, one file per stream\n"
+        "                          (without it, running out of budget is an error)\n"
         "model options (override the file's metadata or the built-in defaults):\n"
         "      --segment N         segment length N\n"
         "      --branches LIST     dilated branches window:dilation,... e.g. 64:1,128:2,256:4\n"
@@ -110,7 +130,8 @@ static int parse_args(int argc, char **argv, run_args *a)
 {
     enum { O_SINK_FORMAT = 1000, O_QUEUE, O_PROGRESS, O_NO_PROGRESS, O_SEGMENT, O_BRANCHES, O_CAUSAL,
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
-           O_FINAL_NORM, O_SEED };
+           O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
+           O_STATE_BUDGET, O_SPILL_DIR };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -127,7 +148,13 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"heads", required_argument, 0, O_HEADS},     {"head-dim", required_argument, 0, O_HEAD_DIM},
         {"layers", required_argument, 0, O_LAYERS},   {"mlp", required_argument, 0, O_MLP},
         {"vocab", required_argument, 0, O_VOCAB},     {"final-norm", required_argument, 0, O_FINAL_NORM},
-        {"seed", required_argument, 0, O_SEED},       {0, 0, 0, 0}};
+        {"seed", required_argument, 0, O_SEED},
+        {"checkpoint", required_argument, 0, O_CHECKPOINT},
+        {"checkpoint-every", required_argument, 0, O_CHECKPOINT_EVERY},
+        {"resume", no_argument, 0, O_RESUME},         {"precision", required_argument, 0, O_PRECISION},
+        {"state-budget", required_argument, 0, O_STATE_BUDGET},
+        {"spill-dir", required_argument, 0, O_SPILL_DIR},
+        {0, 0, 0, 0}};
     long long v;
     int c;
     while ((c = getopt_long(argc, argv, "m:i:f:o:d:t:qh", long_options, NULL)) != -1) {
@@ -175,12 +202,33 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_VOCAB: if (!parse_int_arg("--vocab", optarg, 1, 1 << 26, &v)) return 2; a->cfg.vocab = (int)v; a->overrides |= OV_VOCAB; break;
         case O_FINAL_NORM: if (!parse_int_arg("--final-norm", optarg, 0, 1, &v)) return 2; a->cfg.final_norm = (int)v; a->overrides |= OV_FINAL_NORM; break;
         case O_SEED: if (!parse_int_arg("--seed", optarg, 0, INT64_MAX, &v)) return 2; a->seed = (uint64_t)v; break;
+        case O_CHECKPOINT: a->checkpoint_dir = optarg; break;
+        case O_CHECKPOINT_EVERY: if (!parse_int_arg("--checkpoint-every", optarg, 1, 1LL << 40, &v)) return 2; a->checkpoint_every = v; break;
+        case O_RESUME: a->resume = 1; break;
+        case O_STATE_BUDGET: if (!parse_int_arg("--state-budget", optarg, 1, INT64_MAX, &v)) return 2; a->state_budget = v; break;
+        case O_SPILL_DIR: a->spill_dir = optarg; break;
+        case O_PRECISION:
+            if (strcmp(optarg, "bf16") == 0) a->precision = SF_PRECISION_BF16;
+            else if (strcmp(optarg, "f32") == 0) a->precision = SF_PRECISION_F32;
+            else {
+                fprintf(stderr, "seqflow: --precision expects bf16 or f32, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         default: fputs("Try 'seqflow --help'.\n", stderr); return 2;
         }
     }
     if (optind < argc) a->pipeline = argv[optind++];
     if (optind < argc) {
         fprintf(stderr, "seqflow: unexpected argument '%s' (quote the pipeline as one argument)\n", argv[optind]);
+        return 2;
+    }
+    if (a->spill_dir && !a->state_budget) {
+        fprintf(stderr, "seqflow: --spill-dir needs --state-budget BYTES\n");
+        return 2;
+    }
+    if ((a->resume || a->checkpoint_every) && !a->checkpoint_dir) {
+        fprintf(stderr, "seqflow: --resume and --checkpoint-every need --checkpoint DIR\n");
         return 2;
     }
     return 0;
@@ -241,6 +289,58 @@ static void append_option(char *buf, size_t size, const char *key, const char *v
     snprintf(buf + used, size - used, " %s='%s'", key, value);
 }
 
+/* The end of the stage starting at p: its unquoted '!' or the end of the string. */
+static const char *stage_end(const char *p)
+{
+    char quote = 0;
+    for (; *p; p++) {
+        if (quote) {
+            if (*p == quote) quote = 0;
+        } else if (*p == '\'' || *p == '"') {
+            quote = *p;
+        } else if (*p == '!') {
+            break;
+        }
+    }
+    return p;
+}
+
+static int count_stages(const char *body, const char *stage)
+{
+    int n = 0;
+    for (const char *p = body;; p++) {
+        n += starts_with_stage(p, stage);
+        p = stage_end(p);
+        if (!*p) return n;
+    }
+}
+
+/* Appends body to buf, giving every block stage its share of --state-budget and the
+ * --spill-dir (buf has room: see state_option_bytes). 0 after a usage error. */
+static int append_body(char *buf, size_t size, const char *body, const run_args *a)
+{
+    int blocks = a->state_budget ? count_stages(body, "block") : 0;
+    if (a->state_budget && (blocks == 0 || a->state_budget / blocks == 0)) {
+        fprintf(stderr, "seqflow: --state-budget needs a block stage and at least a byte for each\n");
+        return 0;
+    }
+    for (const char *p = body;;) {
+        const char *end = stage_end(p);
+        size_t used = strlen(buf);
+        snprintf(buf + used, size - used, "%.*s", (int)(end - p), p);
+        if (blocks && starts_with_stage(p, "block")) {
+            char budget[32];
+            snprintf(budget, sizeof budget, "%lld", a->state_budget / blocks);
+            append_option(buf, size, "state_budget", budget);
+            if (a->spill_dir) append_option(buf, size, "spill", a->spill_dir);
+            strcat(buf, " ");
+        }
+        if (!*end) return 1;
+        strcat(buf, "!");
+        p = end + 1;
+    }
+}
+
 
 typedef struct progress {
     sf_graph *graph;
@@ -294,6 +394,7 @@ static int cmd_run(int argc, char **argv)
 
     const char *body = a.pipeline ? a.pipeline : DEFAULT_PIPELINE;
     size_t size = strlen(body) + 4096 + (a.input ? strlen(a.input) : 0) + (a.out ? strlen(a.out) : 0);
+    if (a.state_budget) size += (size_t)count_stages(body, "block") * (64 + (a.spill_dir ? strlen(a.spill_dir) : 0));
     char *pipeline = calloc(1, size);
     if (!pipeline) {
         fprintf(stderr, "seqflow: out of memory\n");
@@ -311,7 +412,11 @@ static int cmd_run(int argc, char **argv)
         sf_model_free(model);
         return 2;
     }
-    strcat(pipeline, body);
+    if (!append_body(pipeline, size, body, &a)) {
+        free(pipeline);
+        sf_model_free(model);
+        return 2;
+    }
     if (!ends_with_stage(body, "sink")) {
         strcat(pipeline, " ! sink");
         if (a.out) append_option(pipeline, size, "out", a.out);
@@ -324,10 +429,18 @@ static int cmd_run(int argc, char **argv)
     }
 
     sf_graph_options opts = {.device = a.device ? a.device : "cpu", .threads = a.threads,
-                             .queue_depth = a.queue_depth};
+                             .queue_depth = a.queue_depth, .precision = a.precision};
     sf_graph *graph = NULL;
     int rc = sf_graph_create(model, &opts, &graph);
     if (rc == SF_OK) rc = sf_graph_parse(graph, pipeline);
+    if (rc == SF_OK && a.checkpoint_dir && a.input && strcmp(a.input, "-") == 0 && lseek(STDIN_FILENO, 0, SEEK_CUR) < 0)
+        rc = sf_error(SF_E_UNSUPPORTED, "standard input here is a pipe or terminal, which cannot be resumed; give the input as a file (-i FILE) to checkpoint");
+    if (rc == SF_OK && a.checkpoint_dir) {
+        long long segments = a.checkpoint_every ? a.checkpoint_every : 16;
+        sf_graph_checkpoint_options ck = {.dir = a.checkpoint_dir, .every = (uint64_t)segments * (uint64_t)cfg->segment,
+                                          .resume = a.resume};
+        rc = sf_graph_set_checkpoint(graph, &ck);
+    }
     if (rc != SF_OK) {
         fprintf(stderr, "seqflow: %s\n", sf_last_error());
         sf_graph_free(graph);

@@ -40,5 +40,6 @@ void sf_packet_free(sf_packet *p)
     if (!p) return;
     free(p->tokens);
     free(p->x);
+    free(p->state);
     free(p);
 }

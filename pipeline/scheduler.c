@@ -38,6 +38,11 @@ static void *stage_thread(void *arg)
     } else {
         sf_packet *p;
         while ((p = in->ops->pop(in))) {
+            if (p->kind == SF_PACKET_CHECKPOINT) { /* never seen by process() */
+                rc = sf_graph_checkpoint_pass(st, p);
+                if (rc != SF_OK) break;
+                continue;
+            }
             if (last) sf_graph_count_output(g, p);
             rc = st->cls->process(st, p);
             if (rc != SF_OK) break;
@@ -57,7 +62,9 @@ int sf_graph_run(sf_graph *g)
 {
     if (!g) return sf_error(SF_E_INVAL, "sf_graph_run: NULL graph");
     if (g->started) return sf_error(SF_E_INVAL, "a graph runs once");
-    int rc = sf_graph_start(g, 1);
+    int rc = g->checkpoint ? sf_graph_checkpoint_prepare(g) : SF_OK;
+    if (rc == SF_OK) rc = sf_graph_start(g, 1);
+    if (rc == SF_OK && g->checkpoint) rc = sf_graph_checkpoint_restore_stages(g);
     if (rc != SF_OK) {
         sf_graph_fail(g, rc, NULL, sf_last_error());
         return rc;

@@ -2,6 +2,8 @@
 # Installs the Debian packages seqflow builds against, when any is missing. Needs root (or sudo).
 set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-dev libzstd-dev libzmq3-dev)
+# clang with libFuzzer's runtime and OpenMP: the fuzz build (scripts/fuzz.sh).
+packages+=(clang libclang-rt-dev libomp-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,3 +13,4 @@ cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DSEQFLOW_SANITIZE=ON -DSE
 cmake --build build-sanitize -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd build-sanitize && ctest --output-on-failure -j"$jobs")
+scripts/fuzz.sh  # 3. every libFuzzer target of tests/fuzz for FUZZ_SECONDS (default 20) seconds

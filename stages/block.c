@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "memory/state_store.h"
 #include "seqflow/stage.h"
 #include "stages/stages.h"
 #include "stages/stream_table.h"
@@ -31,11 +32,22 @@ typedef struct block {
     layer_weights *weights; /* [count], backend memory */
     float *x, *u, *q, *k, *v, *a, *h1, *h3, *sk, *sv;
     sf_stream_table streams;
+    /* with state_budget: every stream's state lives in the store between packets, and the one
+     * being processed in work (see state_load) */
+    sf_state_store *store;
+    struct stream_state *work;
+    uint64_t work_stream;
+    int work_current; /* work already holds work_stream's stored state */
+    float *host;      /* M | z | gk | gv of one stream, on the host */
+    int *ring;        /* g_count | g_head of one stream */
 } block;
 
 static const sf_option block_options[] = {
     {"layers", SF_OPT_STRING, "all", "layers to run: all, K, or A-B (inclusive)"},
     {"max_streams", SF_OPT_INT, "1024", "streams that may be open at once"},
+    {"state_budget", SF_OPT_INT, "0", "bytes of memory for the streams' state; idle streams are compressed, then spilled (0 = no limit)"},
+    {"spill", SF_OPT_STRING, NULL, "directory for state beyond state_budget (unset: exceeding it is an error)"},
+    {"spill_sync", SF_OPT_BOOL, "0", "fsync each spill file (only needed if spills must survive a crash)"},
     {NULL, 0, NULL, NULL}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -114,6 +126,173 @@ static void *stream_create(void *ctx, uint64_t stream)
     return s;
 }
 
+/* ---- the state store (state_budget=): memory/state_store.h ---------------------------- */
+
+static size_t state_floats(const block *b)
+{
+    return state_floats_M(b) + state_floats_z(b) + 2 * state_floats_g(b);
+}
+
+static size_t ring_bytes(const block *b) { return 2 * (size_t)b->count * sizeof(int); }
+
+/* Copies between a stream's backend buffers and b->host (M | z | gk | gv). */
+static int state_transfer(block *b, stream_state *s, int to_host)
+{
+    const sf_backend_ops *ops = b->be->ops;
+    float *dev[4] = {s->M, s->z, s->gk, s->gv};
+    size_t n[4] = {state_floats_M(b), state_floats_z(b), state_floats_g(b), state_floats_g(b)};
+    float *host = b->host;
+    int rc = SF_OK;
+    for (int i = 0; i < 4 && rc == SF_OK; host += n[i], i++) {
+        if (!n[i]) continue;
+        rc = to_host ? ops->download(b->be, host, dev[i], n[i] * sizeof(float))
+                     : ops->upload(b->be, dev[i], host, n[i] * sizeof(float));
+    }
+    return rc;
+}
+
+/* Makes b->work hold stream's state: from the store, or zero for a stream it has not seen. */
+static int state_load(block *b, uint64_t stream)
+{
+    stream_state *s = b->work;
+    if (b->work_current && b->work_stream == stream) return SF_OK;
+    b->work_current = 0;
+    size_t rings = (size_t)b->count * sizeof(int);
+    if (!sf_state_store_contains(b->store, stream)) {
+        memset(s->g_count, 0, rings);
+        memset(s->g_head, 0, rings);
+        int rc = b->be->ops->zero(b->be, s->M, state_floats_M(b) * sizeof(float));
+        return rc == SF_OK ? b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float)) : rc;
+    }
+    sf_state_span span = {b->host, state_floats(b)};
+    int rc = sf_state_store_get(b->store, stream, &span, 1, b->ring, ring_bytes(b), NULL);
+    if (rc != SF_OK) return rc;
+    memcpy(s->g_count, b->ring, rings);
+    memcpy(s->g_head, b->ring + b->count, rings);
+    return state_transfer(b, s, 0);
+}
+
+/* Puts b->work back as stream's state after a committed segment. */
+static int state_put_back(block *b, uint64_t stream)
+{
+    stream_state *s = b->work;
+    size_t rings = (size_t)b->count * sizeof(int);
+    int rc = state_transfer(b, s, 1);
+    memcpy(b->ring, s->g_count, rings);
+    memcpy(b->ring + b->count, s->g_head, rings);
+    sf_state_span span = {b->host, state_floats(b)};
+    if (rc == SF_OK) rc = sf_state_store_put(b->store, stream, &span, 1, b->ring, ring_bytes(b));
+    b->work_stream = stream;
+    b->work_current = rc == SF_OK;
+    return rc;
+}
+
+static int store_init(sf_stage *st, block *b)
+{
+    long long budget = sf_stage_option_int(st, "state_budget", 0);
+    const char *spill = sf_stage_option(st, "spill");
+    if (budget < 0) return sf_error(SF_E_OPTION, "state_budget=%lld must be 0 or more bytes", budget);
+    if (budget == 0) {
+        if (spill && *spill) return sf_error(SF_E_OPTION, "spill=%s needs a state_budget", spill);
+        return SF_OK;
+    }
+    sf_state_store_config cfg;
+    sf_state_store_config_default(&cfg);
+    cfg.budget_bytes = (size_t)budget;
+    cfg.spill_dir = spill;
+    cfg.fsync = sf_stage_option_bool(st, "spill_sync", 0);
+    int rc = sf_state_store_create(&cfg, &b->store);
+    if (rc != SF_OK) return rc;
+    b->work = stream_create(b, 0);
+    b->host = malloc((state_floats(b) + 1) * sizeof(float));
+    b->ring = calloc(2 * (size_t)b->count, sizeof(int));
+    if (!b->work || !b->host || !b->ring) return sf_error(SF_E_NOMEM, "out of memory");
+    return SF_OK;
+}
+
+typedef struct store_save_ctx {
+    block *b;
+    sf_buffer *out;
+} store_save_ctx;
+
+/* One stream in block_save's layout: id, M, z, g_count, g_head, gk, gv. */
+static int save_stored_stream(void *ctx, uint64_t stream)
+{
+    store_save_ctx *c = ctx;
+    block *b = c->b;
+    sf_state_span span = {b->host, state_floats(b)};
+    size_t mz = state_floats_M(b) + state_floats_z(b);
+    int rc = sf_state_store_get(b->store, stream, &span, 1, b->ring, ring_bytes(b), NULL);
+    if (rc == SF_OK) rc = sf_buffer_append(c->out, &stream, sizeof stream);
+    if (rc == SF_OK) rc = sf_buffer_append(c->out, b->host, mz * sizeof(float));
+    if (rc == SF_OK) rc = sf_buffer_append(c->out, b->ring, ring_bytes(b));
+    if (rc == SF_OK)
+        rc = sf_buffer_append(c->out, b->host + mz, 2 * state_floats_g(b) * sizeof(float));
+    return rc;
+}
+
+static int save_store(block *b, sf_buffer *out)
+{
+    sf_state_store_stats stats;
+    sf_state_store_get_stats(b->store, &stats);
+    uint32_t head[3] = {(uint32_t)stats.streams, (uint32_t)b->first, (uint32_t)b->count};
+    int rc = sf_buffer_append(out, head, sizeof head);
+    store_save_ctx c = {b, out};
+    return rc == SF_OK ? sf_state_store_foreach(b->store, save_stored_stream, &c) : rc;
+}
+
+/* Streams of block_save's layout (already size-checked) into the store. */
+static int restore_store(block *b, uint32_t streams, const uint8_t *at)
+{
+    size_t mz = state_floats_M(b) + state_floats_z(b), g2 = 2 * state_floats_g(b);
+    sf_state_store_clear(b->store);
+    b->work_current = 0;
+    for (uint32_t i = 0; i < streams; i++) {
+        uint64_t id;
+        memcpy(&id, at, 8);
+        at += 8;
+        memcpy(b->host, at, mz * sizeof(float));
+        at += mz * sizeof(float);
+        memcpy(b->ring, at, ring_bytes(b));
+        at += ring_bytes(b);
+        memcpy(b->host + mz, at, g2 * sizeof(float));
+        at += g2 * sizeof(float);
+        int G = b->cfg->global_tokens;
+        for (int l = 0; l < b->count; l++)
+            if (b->ring[l] < 0 || b->ring[l] > G || b->ring[b->count + l] < 0 ||
+                b->ring[b->count + l] >= (G ? G : 1))
+                return sf_error(SF_E_STATE, "block state has an invalid global-token ring");
+        sf_state_span span = {b->host, state_floats(b)};
+        int rc = sf_state_store_put(b->store, id, &span, 1, b->ring, ring_bytes(b));
+        if (rc != SF_OK) return rc;
+    }
+    return SF_OK;
+}
+
+/* The backend's optional ops: weight copies (bf16 on the GPU) made once here, and scratch
+ * for the widest product of a full segment, so that no op allocates while streams run. */
+static int prepare_backend(block *b)
+{
+    const sf_backend_ops *ops = b->be->ops;
+    const sf_model_config *c = b->cfg;
+    const int D = c->dim, W = b->width, F = c->mlp_hidden;
+    int rc = SF_OK;
+    for (int l = 0; l < b->count && rc == SF_OK && ops->prepare_weight; l++) {
+        const layer_weights *w = &b->weights[l];
+        rc = ops->prepare_weight(b->be, w->wq, W, D);
+        if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wk, W, D);
+        if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wv, W, D);
+        if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wo, D, W);
+        if (rc == SF_OK && F) rc = ops->prepare_weight(b->be, w->w1, F, D);
+        if (rc == SF_OK && F) rc = ops->prepare_weight(b->be, w->w3, F, D);
+        if (rc == SF_OK && F) rc = ops->prepare_weight(b->be, w->w2, D, F);
+    }
+    int widest = D > W ? D : W;
+    if (F > widest) widest = F;
+    if (rc == SF_OK && ops->reserve) rc = ops->reserve(b->be, c->segment, widest);
+    return rc;
+}
+
 static int block_init(sf_stage *st)
 {
     const sf_model *m = sf_stage_model(st);
@@ -164,7 +343,8 @@ static int block_init(sf_stage *st)
         b->sk = upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
         b->sv = upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
     }
-    return rc;
+    if (rc == SF_OK) rc = store_init(st, b);
+    return rc == SF_OK ? prepare_backend(b) : rc;
 }
 
 /* Appends this segment's summary tokens to the layer's FIFO, evicting the oldest. */
@@ -240,15 +420,22 @@ static int block_process(sf_stage *st, sf_packet *in)
         return sf_error(SF_E_INVAL, "block takes embedded segments of width %d (put 'embed' before it)", b->cfg->dim);
     }
     if (in->n > 0) {
-        stream_state *s = sf_stream_table_get(&b->streams, in->stream);
+        stream_state *s = b->store ? b->work : sf_stream_table_get(&b->streams, in->stream);
         if (!s) rc = SF_E_NOMEM;
+        if (rc == SF_OK && b->store) rc = state_load(b, in->stream);
         int commit = !(in->flags & SF_PACKET_PROVISIONAL);
         size_t bytes = in->n * in->width * sizeof(float);
         if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
         for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, s, l, (int)in->n, commit);
         if (rc == SF_OK) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
+        if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
+            rc = state_put_back(b, in->stream);
     }
     if (rc == SF_OK && (in->flags & SF_PACKET_FINAL)) sf_stream_table_remove(&b->streams, in->stream);
+    if (rc == SF_OK && (in->flags & SF_PACKET_FINAL) && b->store) {
+        rc = sf_state_store_remove(b->store, in->stream);
+        if (b->work_stream == in->stream) b->work_current = 0;
+    }
     if (rc != SF_OK) {
         sf_packet_free(in);
         return rc;
@@ -261,6 +448,7 @@ static int block_process(sf_stage *st, sf_packet *in)
 static int block_save(sf_stage *st, sf_buffer *out)
 {
     block *b = sf_stage_priv(st);
+    if (b->store) return save_store(b, out);
     uint32_t head[3] = {(uint32_t)b->streams.count, (uint32_t)b->first, (uint32_t)b->count};
     int rc = sf_buffer_append(out, head, sizeof head);
     size_t nM = state_floats_M(b), nz = state_floats_z(b), ng = state_floats_g(b);
@@ -299,6 +487,7 @@ static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
     size_t per_stream = 8 + (nM + nz + 2 * ng) * sizeof(float) + 2 * (size_t)b->count * sizeof(int);
     if ((len - sizeof head) / per_stream < head[0] || (len - sizeof head) != per_stream * head[0])
         return sf_error(SF_E_STATE, "block state has the wrong size");
+    if (b->store) return restore_store(b, head[0], data + sizeof head);
     sf_stream_table_clear(&b->streams);
     const uint8_t *at = data + sizeof head;
     for (uint32_t i = 0; i < head[0]; i++) {
@@ -333,6 +522,10 @@ static void block_free(sf_stage *st)
     block *b = sf_stage_priv(st);
     if (!b) return;
     sf_stream_table_clear(&b->streams);
+    sf_state_store_free(b->store);
+    stream_destroy(b, b->work);
+    free(b->host);
+    free(b->ring);
     sf_backend *be = b->be;
     for (int l = 0; b->weights && l < b->count; l++) {
         float **w = (float **)&b->weights[l];

@@ -2,13 +2,17 @@
  * for one stream), as raw little-endian float32, a .npy file, a digest line, or nowhere.
  * Files are written under a temporary name and renamed only when the run succeeds, so a
  * failed run never leaves partial output that looks complete. Provisional (flushed) segments
- * are not written: the completed segment will carry the same positions. */
+ * are not written: the completed segment will carry the same positions.
+ * With checkpoints on, the temporary name is fixed (OUT.partial) and survives a failure; each
+ * checkpoint fsyncs it and records its length, and a resume truncates it to that length and
+ * appends (renaming a finished OUT back first, when the newest good checkpoint predates it). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "seqflow/stage.h"
@@ -28,6 +32,7 @@ typedef struct sink {
     uint64_t fnv;
     double sum, sum_sq;
     int finished;
+    int checkpointing;
 } sink;
 
 static const sf_option sink_options[] = {
@@ -59,15 +64,20 @@ static int sink_init(sf_stage *st)
     else return sf_error(SF_E_OPTION, "sink: unknown format '%s' (raw, npy, digest, null, auto)", format);
     if (k->format == SINK_NPY && to_stdout)
         return sf_error(SF_E_OPTION, "sink: .npy output needs a file (its header is written last)");
+    k->checkpointing = sf_stage_checkpoint_every(st) > 0;
     if (k->format == SINK_NULL || k->format == SINK_DIGEST) return SF_OK;
     if (to_stdout) {
+        if (k->checkpointing)
+            return sf_error(SF_E_OPTION, "output to standard output cannot be checkpointed (it cannot be taken back on resume); give a file");
         k->file = stdout;
         return SF_OK;
     }
     size_t len = strlen(k->path) + 32;
     k->tmp_path = malloc(len);
     if (!k->tmp_path) return sf_error(SF_E_NOMEM, "out of memory");
-    snprintf(k->tmp_path, len, "%s.partial-%d", k->path, (int)getpid());
+    if (k->checkpointing) snprintf(k->tmp_path, len, "%s.partial", k->path);
+    else snprintf(k->tmp_path, len, "%s.partial-%d", k->path, (int)getpid());
+    if (sf_stage_resuming(st)) return SF_OK; /* restore opens the partial output */
     k->file = fopen(k->tmp_path, "wb");
     if (!k->file) return sf_error(SF_E_IO, "cannot write output '%s': %s", k->path, strerror(errno));
     if (k->format == SINK_NPY) {
@@ -160,12 +170,68 @@ static int sink_flush(sf_stage *st)
     return rc;
 }
 
+/* State (only with checkpoints on; empty otherwise): u32 format, u32 zero, u64 rows, width,
+ * fnv, double sum, sum_sq, u64 output bytes. */
+typedef struct sink_state {
+    uint32_t format, zero;
+    uint64_t rows, width, fnv;
+    double sum, sum_sq;
+    uint64_t bytes;
+} sink_state;
+
+static int sink_save(sf_stage *st, sf_buffer *out)
+{
+    sink *k = sf_stage_priv(st);
+    if (!k->checkpointing) return SF_OK;
+    sink_state v = {(uint32_t)k->format, 0, k->rows, k->width, k->fnv, k->sum, k->sum_sq, 0};
+    if (k->file) {
+        /* the checkpoint may only name bytes that are on disk */
+        if (fflush(k->file) != 0 || fsync(fileno(k->file)) != 0)
+            return sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path, strerror(errno));
+        off_t end = ftello(k->file);
+        if (end < 0) return sf_error(SF_E_IO, "output '%s': %s", k->path, strerror(errno));
+        v.bytes = (uint64_t)end;
+    }
+    return sf_buffer_append(out, &v, sizeof v);
+}
+
+static int sink_restore(sf_stage *st, const uint8_t *data, size_t len)
+{
+    sink *k = sf_stage_priv(st);
+    if (len == 0) return SF_OK; /* saved without checkpoints: nothing was recorded */
+    sink_state v;
+    if (len != sizeof v) return sf_error(SF_E_STATE, "sink state has %zu bytes, expected %zu", len, sizeof v);
+    memcpy(&v, data, sizeof v);
+    if (v.format != (uint32_t)k->format) return sf_error(SF_E_STATE, "sink state is for another output format");
+    k->rows = v.rows;
+    k->width = (size_t)v.width;
+    k->fnv = v.fnv;
+    k->sum = v.sum;
+    k->sum_sq = v.sum_sq;
+    if (!k->tmp_path) return SF_OK;
+    if (k->file) { /* restoring into a sink that was not set up for a resume */
+        fclose(k->file);
+        k->file = NULL;
+    }
+    k->file = fopen(k->tmp_path, "r+b");
+    if (!k->file && errno == ENOENT && rename(k->path, k->tmp_path) == 0) k->file = fopen(k->tmp_path, "r+b");
+    if (!k->file)
+        return sf_error(SF_E_STATE, "cannot resume: partial output '%s' is missing or unreadable (%s)", k->tmp_path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(k->file), &sb) != 0 || (uint64_t)sb.st_size < v.bytes)
+        return sf_error(SF_E_STATE, "cannot resume: partial output '%s' is shorter than the checkpoint's %llu bytes",
+                        k->tmp_path, (unsigned long long)v.bytes);
+    if (ftruncate(fileno(k->file), (off_t)v.bytes) != 0 || fseeko(k->file, 0, SEEK_END) != 0)
+        return sf_error(SF_E_IO, "cannot resume output '%s': %s", k->tmp_path, strerror(errno));
+    return SF_OK;
+}
+
 static void sink_free(sf_stage *st)
 {
     sink *k = sf_stage_priv(st);
     if (!k) return;
     if (k->file && k->file != stdout) fclose(k->file);
-    if (k->tmp_path && !k->finished) unlink(k->tmp_path);
+    if (k->tmp_path && !k->finished && !k->checkpointing) unlink(k->tmp_path);
     free(k->tmp_path);
     free(k);
 }
@@ -177,5 +243,7 @@ const sf_stage_class sf_sink_stage = {
     .init = sink_init,
     .process = sink_process,
     .flush = sink_flush,
+    .save = sink_save,
+    .restore = sink_restore,
     .free = sink_free,
 };

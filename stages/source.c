@@ -1,8 +1,12 @@
 /* source: reads token ids from a file, standard input or the built-in text and emits them in
- * chunks. The stream ends (a FINAL packet) at end of input or when the graph is interrupted. */
+ * chunks. The stream ends (a FINAL packet) at end of input or when the graph is interrupted.
+ * With checkpoints on, reads stop at every multiple of the interval (exactly, for bytes and u32
+ * input; at the next chunk end for text) and a checkpoint marker follows; the saved state is the
+ * input byte offset and the reader's carry, so a resume seeks the input and goes on. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +28,8 @@ typedef struct source {
     uint64_t stream, position;
     const char *path;
     int done;
+    uint64_t consumed;       /* input bytes read so far (the resume offset) */
+    uint64_t next_checkpoint; /* position of the next marker (0 = not computed yet) */
 } source;
 
 static const sf_option source_options[] = {
@@ -60,11 +66,11 @@ static int source_init(sf_stage *st)
     return SF_OK;
 }
 
-static size_t read_bytes(sf_stage *st, source *s, int *err)
+static size_t read_bytes(sf_stage *st, source *s, size_t limit, int *err)
 {
     if (s->builtin) {
         size_t n = s->builtin_len - s->builtin_at;
-        if (n > s->chunk) n = s->chunk;
+        if (n > limit) n = limit;
         memcpy(s->bytes, s->builtin + s->builtin_at, n);
         s->builtin_at += n;
         return n;
@@ -76,7 +82,7 @@ static size_t read_bytes(sf_stage *st, source *s, int *err)
         if (sf_stage_interrupted(st)) return 0;
         int ready = poll(&pfd, 1, 100);
         if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
-        ssize_t n = read(s->fd, s->bytes, s->chunk);
+        ssize_t n = read(s->fd, s->bytes, limit);
         if (n >= 0) return (size_t)n;
         if (errno == EINTR || errno == EAGAIN) continue;
         *err = sf_error(SF_E_IO, "reading '%s' failed: %s", s->path, strerror(errno));
@@ -88,9 +94,21 @@ static int source_generate(sf_stage *st)
 {
     source *s = sf_stage_priv(st);
     if (s->done) return 0;
+    uint64_t every = sf_stage_checkpoint_every(st);
+    size_t limit = s->chunk;
+    if (every) {
+        if (!s->next_checkpoint) s->next_checkpoint = (s->position / every + 1) * every;
+        uint64_t left = s->next_checkpoint - s->position; /* tokens to the next marker, >= 1 */
+        uint64_t bytes = s->reader.format == SF_TOKENS_BYTES ? left
+                         : s->reader.format == SF_TOKENS_U32 ? left * 4 - s->reader.carry_len
+                                                              : limit;
+        if (bytes < limit) limit = (size_t)bytes;
+    }
     int err = SF_OK;
-    size_t got = sf_stage_interrupted(st) ? 0 : read_bytes(st, s, &err);
+    size_t got = sf_stage_interrupted(st) ? 0 : read_bytes(st, s, limit, &err);
     if (err != SF_OK) return err;
+    s->consumed += got;
+    int interrupted = got == 0 && sf_stage_interrupted(st);
     sf_packet *p = sf_packet_new(SF_PACKET_TOKENS, got + 1, 0);
     if (!p) return sf_error(SF_E_NOMEM, "out of memory");
     p->stream = s->stream;
@@ -110,7 +128,61 @@ static int source_generate(sf_stage *st)
     s->position += n;
     rc = sf_stage_emit(st, p);
     if (rc != SF_OK) return rc;
+    /* the marker after the FINAL packet records a finished run; an interrupted one gets none,
+     * so that a resume goes on from the last marker instead of from the cut-short end */
+    if (every && ((!s->done && s->position >= s->next_checkpoint) || (s->done && !interrupted))) {
+        s->next_checkpoint = (s->position / every + 1) * every;
+        rc = sf_stage_emit_checkpoint(st);
+        if (rc != SF_OK) return rc;
+    }
     return s->done ? 0 : 1;
+}
+
+/* State: u64 stream, position, consumed bytes, reader offset; u32 carry length, u32 done;
+ * 16 carry bytes. */
+typedef struct source_state {
+    uint64_t stream, position, consumed, reader_offset;
+    uint32_t carry_len, done;
+    uint8_t carry[16];
+} source_state;
+
+static int source_save(sf_stage *st, sf_buffer *out)
+{
+    source *s = sf_stage_priv(st);
+    source_state v = {s->stream, s->position, s->consumed, s->reader.offset, (uint32_t)s->reader.carry_len,
+                      (uint32_t)s->done, {0}};
+    memcpy(v.carry, s->reader.carry, sizeof v.carry);
+    return sf_buffer_append(out, &v, sizeof v);
+}
+
+static int source_restore(sf_stage *st, const uint8_t *data, size_t len)
+{
+    source *s = sf_stage_priv(st);
+    source_state v;
+    if (len != sizeof v) return sf_error(SF_E_STATE, "source state has %zu bytes, expected %zu", len, sizeof v);
+    memcpy(&v, data, sizeof v);
+    if (v.stream != s->stream || v.carry_len > sizeof v.carry || v.done > 1)
+        return sf_error(SF_E_STATE, "source state does not match this source (stream %llu)", (unsigned long long)s->stream);
+    if (s->builtin) {
+        if (v.consumed > s->builtin_len) return sf_error(SF_E_STATE, "the built-in text is shorter than the checkpoint's offset");
+        s->builtin_at = (size_t)v.consumed;
+    } else if (!v.done) { /* a finished input needs no seek (it may be a pipe) */
+        struct stat sb;
+        if (fstat(s->fd, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size < v.consumed)
+            return sf_error(SF_E_STATE, "input '%s' has %lld bytes, fewer than the %llu read before the checkpoint",
+                            s->path, (long long)sb.st_size, (unsigned long long)v.consumed);
+        if (lseek(s->fd, (off_t)v.consumed, SEEK_SET) < 0)
+            return sf_error(SF_E_UNSUPPORTED, "input '%s' cannot be resumed: it is not seekable (%s); give the input as a file",
+                            strcmp(s->path, "-") == 0 ? "standard input" : s->path, strerror(errno));
+    }
+    s->position = v.position;
+    s->consumed = v.consumed;
+    s->reader.offset = v.reader_offset;
+    s->reader.carry_len = v.carry_len;
+    memcpy(s->reader.carry, v.carry, sizeof v.carry);
+    s->done = (int)v.done;
+    s->next_checkpoint = 0;
+    return SF_OK;
 }
 
 static void source_free(sf_stage *st)
@@ -128,5 +200,7 @@ const sf_stage_class sf_source_stage = {
     .options = source_options,
     .init = source_init,
     .generate = source_generate,
+    .save = source_save,
+    .restore = source_restore,
     .free = source_free,
 };

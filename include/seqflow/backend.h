@@ -16,6 +16,15 @@ extern "C" {
 
 typedef struct sf_backend sf_backend;
 
+/* Arithmetic of the products: F32 is float32 throughout (no TF32); BF16 rounds the operands
+ * of products and attention to bfloat16 and accumulates in float32 (normalizations, softmax
+ * and the memory M, z stay float32). AUTO is BF16 on a GPU and F32 on the CPU. */
+typedef enum sf_precision {
+    SF_PRECISION_AUTO = 0,
+    SF_PRECISION_F32 = 1,
+    SF_PRECISION_BF16 = 2
+} sf_precision;
+
 /* Local dilated attention over one segment, with the global tokens as one more part
  * (SPEC sections 3 and 5). out[i, h*d + j] receives A_dot. */
 typedef struct sf_attention_desc {
@@ -71,18 +80,31 @@ typedef struct sf_backend_ops {
                    const float *k, const float *v, float *sk, float *sv, int *count);
     /* Frees the backend's own state. */
     void (*destroy)(sf_backend *be);
+
+    /* Optional (NULL when the backend needs neither; callers check).
+     * prepare_weight: w (backend memory, [out, in], as later passed to matmul) will not change
+     * until freed; the backend may keep a converted copy (bf16 on the GPU) made here, once,
+     * instead of per product. The copy is dropped when w is freed through ops->free.
+     * reserve: scratch for products and updates of up to `rows` rows of up to `width`
+     * columns, sized now so that no op allocates while a stream runs. */
+    int (*prepare_weight)(sf_backend *be, const float *w, int out, int in);
+    int (*reserve)(sf_backend *be, int rows, int width);
 } sf_backend_ops;
 
 struct sf_backend {
     const sf_backend_ops *ops;
     void *impl;
     int threads; /* CPU worker threads the backend may use (0 = all cores) */
+    sf_precision precision; /* resolved at creation: F32 or BF16, never AUTO */
 };
 
 /* Creates a backend by name: "cpu" (always) or "cuda" (when built with CUDA and a GPU is
  * present; SF_E_BACKEND otherwise, with the reason in sf_last_error()). The caller owns *out
  * and frees it with sf_backend_free. device selects the GPU ordinal where it applies. */
 int sf_backend_create(const char *name, int device, sf_backend **out);
+/* The same with a precision: AUTO picks the device's default; BF16 on the CPU is refused
+ * with SF_E_UNSUPPORTED (sf_backend_create is this with SF_PRECISION_AUTO). */
+int sf_backend_create_ex(const char *name, int device, sf_precision precision, sf_backend **out);
 void sf_backend_free(sf_backend *be);
 
 /* Names of the backends compiled into this build, NULL-terminated, static. */

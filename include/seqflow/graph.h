@@ -26,6 +26,7 @@ typedef struct sf_graph_options {
     int device_index;       /* GPU ordinal */
     int queue_depth;        /* packets per link, default 4 */
     int threads;            /* CPU compute threads, 0 = all cores */
+    sf_precision precision; /* AUTO (0): bf16 on a GPU, f32 on the CPU; see backend.h */
 } sf_graph_options;
 
 /* Creates an empty graph. model may be NULL for graphs whose stages need none. opts may be
@@ -72,6 +73,33 @@ sf_packet *sf_graph_pull(sf_graph *g);
  * called on a graph built from the same pipeline and model. */
 int sf_graph_save(sf_graph *g, sf_buffer *out);
 int sf_graph_restore(sf_graph *g, const uint8_t *data, size_t len);
+
+/* Checkpoint/resume for threaded runs (see README "Checkpoint and resume"). Every `every`
+ * tokens the source injects a marker; each stage adds its state as the marker passes (so the
+ * states are consistent along the chain) and the last stage writes the checkpoint atomically
+ * into dir (temp file, fsync, rename, fsync of dir), keeping the newest `keep`.
+ * With resume, sf_graph_run first loads the newest valid checkpoint of dir (each damaged one is
+ * reported through `report` and skipped; all damaged is an error) and restores every stage from
+ * it; when dir holds none the run starts from the beginning. Without resume, checkpoints left in
+ * dir are deleted when the run starts. */
+typedef struct sf_graph_checkpoint_options {
+    const char *dir;       /* created when missing; copied */
+    uint64_t every;        /* tokens between checkpoints (> 0) */
+    int keep;              /* checkpoints kept (0 = 3) */
+    int resume;            /* continue from the newest valid checkpoint */
+    int codec;             /* sf_codec of the checkpoint frames (0 = raw) */
+    /* One line per event worth telling (a damaged checkpoint, starting fresh); NULL prints
+     * "seqflow: LINE" on stderr. Called from the thread of sf_graph_run. */
+    void (*report)(void *user, const char *line);
+    void *user;
+} sf_graph_checkpoint_options;
+
+/* Before sf_graph_run. The graph keeps a copy of opts (and of dir). */
+int sf_graph_set_checkpoint(sf_graph *g, const sf_graph_checkpoint_options *opts);
+/* Sequence number of the checkpoint the run resumed from (0: started fresh) and of the last
+ * one written (0: none). */
+uint64_t sf_graph_checkpoint_resumed(const sf_graph *g);
+uint64_t sf_graph_checkpoint_written(const sf_graph *g);
 
 /* Tokens that left the last stage so far (for progress reports); thread-safe. */
 uint64_t sf_graph_tokens_out(const sf_graph *g);

@@ -15,7 +15,10 @@ typedef enum sf_packet_kind {
     SF_PACKET_TOKENS = 1, /* a chunk of token ids of any length, as a source read them */
     SF_PACKET_SEGMENT = 2, /* the tokens of one segment (n <= N) at positions segment*N.. */
     SF_PACKET_HIDDEN = 3, /* one segment's activations x[n, width] (tokens kept alongside) */
-    SF_PACKET_FLUSH = 4   /* a request to emit the pending partial segment provisionally */
+    SF_PACKET_FLUSH = 4,  /* a request to emit the pending partial segment provisionally */
+    /* A checkpoint marker (threaded runs with checkpoints on): the scheduler appends the state
+     * of each stage it passes to `state` and never hands it to process() */
+    SF_PACKET_CHECKPOINT = 5
 } sf_packet_kind;
 
 enum {
@@ -38,6 +41,8 @@ typedef struct sf_packet {
     uint32_t *tokens;  /* [n] (capacity cap_tokens) */
     float *x;          /* [n, width] row-major (capacity cap_x floats) */
     size_t cap_tokens, cap_x;
+    uint8_t *state;    /* CHECKPOINT: saved state of the stages passed so far (owned, may be NULL) */
+    size_t state_len, state_cap;
 } sf_packet;
 
 /* A new packet with room for cap_tokens token ids and cap_x floats (either may be 0).

@@ -80,6 +80,16 @@ const char *sf_stage_name(const sf_stage *st);
 /* Non-zero once the graph was interrupted: sources stop reading and end their stream. */
 int sf_stage_interrupted(const sf_stage *st);
 
+/* Checkpoints (sf_graph_set_checkpoint). Tokens between checkpoints, 0 when they are off. */
+uint64_t sf_stage_checkpoint_every(const sf_stage *st);
+/* Non-zero when the graph resumes from a checkpoint: restore() follows init(), so init must not
+ * discard what the checkpoint refers to (e.g. a sink's partial output). */
+int sf_stage_resuming(const sf_stage *st);
+/* Sources: injects a checkpoint marker after what was emitted so far. The source's own save()
+ * goes into it first; every later stage adds its state as the marker passes, and the graph
+ * writes the checkpoint when it leaves the last stage. Threaded runs only. */
+int sf_stage_emit_checkpoint(sf_stage *st);
+
 /* Hands a packet downstream. Blocks while the downstream queue is full (back-pressure).
  * Returns SF_E_CLOSED when the graph is shutting down. Takes ownership of p in every case. */
 int sf_stage_emit(sf_stage *st, sf_packet *p);

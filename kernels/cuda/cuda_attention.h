@@ -1,7 +1,7 @@
 /* Dilated local attention on the GPU (SPEC sections 3 and 5): the CUDA twins of
  * sf_cpu_attention (kernels/cpu/attention.c), which is their reference.
  *
- * Both entry points compute out[i, h*d + j] = A_dot for every row i < desc->n, every head and
+ * Every entry point computes out[i, h*d + j] = A_dot for every row i < desc->n, every head and
  * every component: all branches of a head and the desc->n_global global tokens are merged by
  * their log-sum-exp; a query active in no branch and with no global token gets 0. q, k, v, out
  * and desc->gk/gv are device pointers laid out as sf_attention_desc says; desc->branches is a
@@ -11,6 +11,7 @@
 #ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_H
 #define SEQFLOW_KERNELS_CUDA_ATTENTION_H
 
+#include <stddef.h>
 #include <cuda_runtime.h>
 
 #include "seqflow/backend.h"
@@ -23,9 +24,25 @@ extern "C" {
 int sf_cuda_attention_f32(const sf_attention_desc *desc, const float *q, const float *k,
                           const float *v, float *out, cudaStream_t stream);
 
-/* bf16 tensor-core kernel with float32 accumulation and softmax (precision mode bf16). */
+/* bf16 tensor-core kernel with float32 accumulation and softmax (precision mode bf16).
+ * Without a workspace this runs the slower kernel that converts K/V in its inner loop;
+ * prefer sf_cuda_attention_bf16_ws. */
 int sf_cuda_attention_bf16(const sf_attention_desc *desc, const float *q, const float *k,
                            const float *v, float *out, cudaStream_t stream);
+
+/* Device bytes the _ws entry needs for this desc: K and V of max(segment, n) rows and the
+ * n_global global tokens as bf16 (pass the largest n_global the stream will hold, i.e. G).
+ * Host-only arithmetic; never fails. */
+size_t sf_cuda_attention_workspace_bytes(const sf_attention_desc *desc);
+
+/* As sf_cuda_attention_bf16, fast path: a pre-pass on `stream` converts K, V and the global
+ * tokens to bf16 per head into `workspace` (device memory the caller owns, reused by the next
+ * call only after this call's work on `stream` has run, at least 256-byte aligned), then the
+ * main kernel streams them with cp.async. workspace NULL runs sf_cuda_attention_bf16; a
+ * non-NULL workspace smaller than sf_cuda_attention_workspace_bytes(desc) is SF_E_INVAL. */
+int sf_cuda_attention_bf16_ws(const sf_attention_desc *desc, const float *q, const float *k,
+                              const float *v, float *out, void *workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,241 @@
+/* Checks every variant of sf_cuda_attention_bf16 against the CPU twin sf_cpu_attention on
+ * random inputs, then times each on the reference shape (H=16, d=64, N=8192, branches
+ * 2048:1,4096:2,8192:4, causal, with and without 256 global tokens): median of many runs with
+ * CUDA events after warm-up, reported as useful TFLOP/s (sf_attention_useful_flops / time).
+ * Workspace variants get a workspace allocated once per shape (sf_cuda_attention_workspace_bytes),
+ * so their times include the bf16 pre-pass but no allocation.
+ * Exit status 1 when any check fails. Usage: bench_cuda_attention [reps] [variant] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+
+extern "C" { /* the CPU kernels' headers are plain C */
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_kernels.h"
+}
+#include "kernels/cuda/attention_bf16_variants.h"
+#include "kernels/cuda/cuda_attention.h"
+#include "seqflow/error.h"
+
+#define CUDA_OK(x)                                                                                  \
+    do {                                                                                            \
+        cudaError_t e_ = (x);                                                                       \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
+            exit(2);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+struct shape {
+    const char *name;
+    int heads, d, segment, n, causal, n_global;
+    int nb;
+    sf_branch br[4];
+};
+
+static unsigned long long rng_state = 88172645463325252ull;
+static float frand(void)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+struct problem {
+    sf_attention_desc desc;
+    std::vector<float> q, k, v, gk, gv;
+    float *dq, *dk, *dv, *dgk, *dgv, *dout;
+    void *ws;
+    size_t rows_bytes, ws_bytes;
+};
+
+static void problem_make(problem &p, const shape &s)
+{
+    const int ld = s.heads * s.d;
+    memset(&p.desc, 0, sizeof p.desc);
+    p.desc.n = s.n, p.desc.segment = s.segment, p.desc.heads = s.heads, p.desc.head_dim = s.d;
+    p.desc.ld = ld, p.desc.causal = s.causal, p.desc.n_branches = s.nb, p.desc.branches = s.br;
+    p.desc.n_global = s.n_global, p.desc.global_ld = ld, p.desc.scale = 1.0f / sqrtf((float)s.d);
+    size_t cnt = (size_t)s.n * ld, gcnt = (size_t)s.n_global * ld;
+    p.q.resize(cnt), p.k.resize(cnt), p.v.resize(cnt), p.gk.resize(gcnt), p.gv.resize(gcnt);
+    /* logits of a few units, like a trained model's, so the softmax is neither flat nor one-hot */
+    for (size_t i = 0; i < cnt; i++) p.q[i] = 2.0f * frand(), p.k[i] = 2.0f * frand(), p.v[i] = frand();
+    for (size_t i = 0; i < gcnt; i++) p.gk[i] = 2.0f * frand(), p.gv[i] = frand();
+    p.rows_bytes = cnt * sizeof(float);
+    CUDA_OK(cudaMalloc(&p.dq, p.rows_bytes));
+    CUDA_OK(cudaMalloc(&p.dk, p.rows_bytes));
+    CUDA_OK(cudaMalloc(&p.dv, p.rows_bytes));
+    CUDA_OK(cudaMalloc(&p.dout, p.rows_bytes));
+    CUDA_OK(cudaMemcpy(p.dq, p.q.data(), p.rows_bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(p.dk, p.k.data(), p.rows_bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(p.dv, p.v.data(), p.rows_bytes, cudaMemcpyHostToDevice));
+    p.ws_bytes = sf_cuda_attention_workspace_bytes(&p.desc);
+    CUDA_OK(cudaMalloc(&p.ws, p.ws_bytes));
+    p.dgk = p.dgv = NULL;
+    if (gcnt) {
+        CUDA_OK(cudaMalloc(&p.dgk, gcnt * sizeof(float)));
+        CUDA_OK(cudaMalloc(&p.dgv, gcnt * sizeof(float)));
+        CUDA_OK(cudaMemcpy(p.dgk, p.gk.data(), gcnt * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(p.dgv, p.gv.data(), gcnt * sizeof(float), cudaMemcpyHostToDevice));
+    }
+}
+
+static void problem_free(problem &p)
+{
+    cudaFree(p.dq), cudaFree(p.dk), cudaFree(p.dv), cudaFree(p.dout), cudaFree(p.dgk), cudaFree(p.dgv);
+    cudaFree(p.ws);
+}
+
+/* host copy of the descriptor for the CPU twin, device copy for the GPU */
+static sf_attention_desc host_desc(const problem &p)
+{
+    sf_attention_desc d = p.desc;
+    d.gk = p.gk.data(), d.gv = p.gv.data();
+    return d;
+}
+static sf_attention_desc dev_desc(const problem &p)
+{
+    sf_attention_desc d = p.desc;
+    d.gk = p.dgk, d.gv = p.dgv;
+    return d;
+}
+
+static const shape SHAPES[] = {
+    {"ref-branches causal", 4, 64, 1024, 1024, 1, 0, 3, {{256, 1}, {512, 2}, {1024, 4}}},
+    {"ref-branches non-causal G256", 4, 64, 1024, 1024, 0, 256, 3, {{256, 1}, {512, 2}, {1024, 4}}},
+    {"partial n=777 causal G16", 4, 64, 1024, 777, 1, 16, 3, {{256, 1}, {512, 2}, {1024, 4}}},
+    {"d=32 r=8 partial non-causal", 3, 32, 512, 300, 0, 0, 2, {{128, 1}, {512, 8}}},
+    {"d=128 small windows causal G7", 2, 128, 512, 512, 1, 7, 2, {{64, 2}, {512, 1}}},
+    {"uncovered rows (256:4 only)", 4, 64, 256, 256, 1, 0, 1, {{256, 4}}},
+    {"dilations 3 and 2, n=150", 6, 64, 192, 150, 1, 0, 2, {{96, 3}, {64, 2}}},
+    {"reference N=8192 causal G256", 16, 64, 8192, 8192, 1, 256, 3, {{2048, 1}, {4096, 2}, {8192, 4}}},
+};
+
+static int check_all(int only_variant)
+{
+    int failures = 0;
+    printf("%-32s %-8s %-40s %s\n", "shape", "variant", "", "rel.err");
+    for (const shape &s : SHAPES) {
+        problem p;
+        problem_make(p, s);
+        std::vector<float> ref((size_t)s.n * p.desc.ld), got(ref.size());
+        sf_attention_desc hd = host_desc(p);
+        if (sf_cpu_attention(NULL, &hd, p.q.data(), p.k.data(), p.v.data(), ref.data())) {
+            fprintf(stderr, "cpu attention failed: %s\n", sf_last_error());
+            exit(2);
+        }
+        for (int var = 0; var < SF_CUDA_ATTENTION_VARIANTS; var++) {
+            if (only_variant >= 0 && var != only_variant && var != 0) continue;
+            CUDA_OK(cudaMemset(p.dout, 0xff, p.rows_bytes)); /* NaN everywhere */
+            sf_attention_desc dd = dev_desc(p);
+            int rc = sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0);
+            if (rc) {
+                printf("%-32s %-8d FAILED to run: %s\n", s.name, var, sf_last_error());
+                failures++;
+                continue;
+            }
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(got.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            size_t nan = 0;
+            for (size_t i = 0; i < ref.size(); i++) {
+                if (!isfinite(got[i])) nan++;
+                double e = (double)got[i] - ref[i];
+                num += e * e, den += (double)ref[i] * ref[i];
+            }
+            double rel = sqrt(num / (den > 0 ? den : 1e-300));
+            int ok = nan == 0 && rel <= 2e-2;
+            failures += !ok;
+            printf("%-32s %-8d %-40s %.3e %s", s.name, var, sf_cuda_attention_bf16_variant_name(var), rel,
+                   ok ? "ok" : "FAIL");
+            if (nan) printf(" (%zu non-finite)", nan);
+            printf("\n");
+        }
+        /* the public entry with a workspace, and the default through the no-workspace entry */
+        for (int mode = 0; mode < 2; mode++) {
+            CUDA_OK(cudaMemset(p.dout, 0xff, p.rows_bytes));
+            sf_attention_desc dd = dev_desc(p);
+            int rc = mode ? sf_cuda_attention_bf16_variant(SF_CUDA_ATTENTION_DEFAULT_VARIANT, &dd, p.dq, p.dk, p.dv,
+                                                           p.dout, 0)
+                          : sf_cuda_attention_bf16_ws(&dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0);
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(got.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            size_t nan = 0;
+            for (size_t i = 0; i < ref.size(); i++) {
+                if (!isfinite(got[i])) nan++;
+                double e = (double)got[i] - ref[i];
+                num += e * e, den += (double)ref[i] * ref[i];
+            }
+            double rel = sqrt(num / (den > 0 ? den : 1e-300));
+            int ok = rc == 0 && nan == 0 && rel <= 2e-2;
+            failures += !ok;
+            printf("%-32s %-8s %-40s %.3e %s\n", s.name, mode ? "dflt" : "ws", mode ? "variant(default), own workspace" :
+                   "sf_cuda_attention_bf16_ws", rel, ok ? "ok" : "FAIL");
+        }
+        problem_free(p);
+    }
+    return failures;
+}
+
+static void time_all(int reps, int only_variant)
+{
+    printf("\n%-24s %-8s %-40s %10s %10s %10s\n", "shape", "variant", "", "median ms", "min ms", "TFLOP/s");
+    for (int g = 0; g < 2; g++) {
+        shape s = {g ? "ref causal G0" : "ref causal G256", 16, 64, 8192, 8192, 1, g ? 0 : 256, 3,
+                   {{2048, 1}, {4096, 2}, {8192, 4}}};
+        problem p;
+        problem_make(p, s);
+        sf_attention_desc dd = dev_desc(p);
+        const double flops = sf_attention_useful_flops(&dd);
+        cudaEvent_t a, b;
+        CUDA_OK(cudaEventCreate(&a));
+        CUDA_OK(cudaEventCreate(&b));
+        for (int var = 0; var < SF_CUDA_ATTENTION_VARIANTS; var++) {
+            if (only_variant >= 0 && var != only_variant) continue;
+            int n_reps = var == 0 ? 3 : reps;
+            for (int w = 0; w < 3; w++)
+                if (sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0)) {
+                    printf("variant %d failed: %s\n", var, sf_last_error());
+                    break;
+                }
+            CUDA_OK(cudaDeviceSynchronize());
+            std::vector<float> ms(n_reps);
+            for (int r = 0; r < n_reps; r++) {
+                CUDA_OK(cudaEventRecord(a));
+                sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0);
+                CUDA_OK(cudaEventRecord(b));
+                CUDA_OK(cudaEventSynchronize(b));
+                CUDA_OK(cudaGetLastError());
+                CUDA_OK(cudaEventElapsedTime(&ms[r], a, b));
+            }
+            std::sort(ms.begin(), ms.end());
+            float med = ms[n_reps / 2];
+            printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f\n", s.name, var, sf_cuda_attention_bf16_variant_name(var),
+                   med, ms[0], flops / (med * 1e-3) / 1e12);
+        }
+        printf("%-24s useful GFLOP per call: %.2f\n", s.name, flops / 1e9);
+        cudaEventDestroy(a), cudaEventDestroy(b);
+        problem_free(p);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int reps = argc > 1 ? atoi(argv[1]) : 50;
+    int only = argc > 2 ? atoi(argv[2]) : -1;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("skipped: no GPU\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    int failures = check_all(only);
+    printf("checks: %d failed\n", failures);
+    time_all(reps, only);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,98 @@
+// The GPU's bf16 matrix rate as cuBLAS delivers it: the ceiling the whole-pipeline benchmark
+// (bench_gpu_pipeline) reports its useful FLOP rate against. C = A B^T with A, B, C bf16,
+// float32 accumulation (CUBLAS_COMPUTE_32F), random operands (zeros run faster and would
+// flatter the ceiling), a few warm-up products, then the median of timed ones (CUDA events).
+//
+//   bench_gemm [--size 8192] [--reps 20]
+// Prints "RESULT gemm_tflops=..." last for bench/gpu_bench.sh.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CUDA_OK(call)                                                                           \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            std::fprintf(stderr, "bench_gemm: %s: %s\n", #call, cudaGetErrorString(e_));        \
+            std::exit(1);                                                                       \
+        }                                                                                       \
+    } while (0)
+#define CUBLAS_OK(call)                                                                         \
+    do {                                                                                        \
+        cublasStatus_t s_ = (call);                                                             \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+            std::fprintf(stderr, "bench_gemm: %s: status %d\n", #call, (int)s_);                \
+            std::exit(1);                                                                       \
+        }                                                                                       \
+    } while (0)
+
+__global__ void fill_random(__nv_bfloat16 *x, size_t n, unsigned long long seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned long long z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        x[i] = __float2bfloat16((float)(z >> 40) * (1.0f / 16777216.0f) - 0.5f);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int n = 8192, reps = 20;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!std::strcmp(argv[i], "--size")) n = std::atoi(argv[i + 1]);
+        else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+        else {
+            std::fprintf(stderr, "usage: bench_gemm [--size N] [--reps R]\n");
+            return 2;
+        }
+    }
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    const size_t elems = (size_t)n * n;
+    __nv_bfloat16 *a, *b, *c;
+    CUDA_OK(cudaMalloc(&a, elems * sizeof *a));
+    CUDA_OK(cudaMalloc(&b, elems * sizeof *b));
+    CUDA_OK(cudaMalloc(&c, elems * sizeof *c));
+    fill_random<<<1024, 256>>>(a, elems, 1);
+    fill_random<<<1024, 256>>>(b, elems, 2);
+    CUDA_OK(cudaGetLastError());
+    cublasHandle_t h;
+    CUBLAS_OK(cublasCreate(&h));
+    const float one = 1.0f, zero = 0.0f;
+    auto gemm = [&] {
+        CUBLAS_OK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, b, CUDA_R_16BF, n, a, CUDA_R_16BF, n, &zero, c,
+                               CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    for (int i = 0; i < 3; i++) gemm();
+    CUDA_OK(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    std::vector<double> tflops;
+    for (int r = 0; r < reps; r++) {
+        CUDA_OK(cudaEventRecord(e0));
+        gemm();
+        CUDA_OK(cudaEventRecord(e1));
+        CUDA_OK(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+        tflops.push_back(2.0 * n * (double)n * n / (ms * 1e-3) / 1e12);
+    }
+    std::sort(tflops.begin(), tflops.end());
+    double median = tflops[tflops.size() / 2];
+    std::printf("cuBLAS bf16 GEMM %d^3 on %s (float32 accumulation, random data): median %.1f TFLOP/s "
+                "(min %.1f, max %.1f, %d runs)\n",
+                n, prop.name, median, tflops.front(), tflops.back(), reps);
+    std::printf("RESULT gemm_tflops=%.1f\n", median);
+    cublasDestroy(h);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+    return 0;
+}

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The GPU benchmark of issue 3 in one command, on the GPU machine, in the project root:
+#
+#   source scripts/gpu-env.sh && bash bench/gpu_bench.sh
+#
+# 1. builds seqflow (Release, CUDA arch 90) into build-gpu;
+# 2. measures the cuBLAS bf16 GEMM rate (bench_gemm, 8192^3, median);
+# 3. checks the PyTorch peer (bench/peers/seqflow_torch.py) and seqflow on the GPU against the
+#    seqflow CPU pipeline on small models (float32 and bf16; causal and not; a partial segment);
+# 4. makes the reference model (D=1024 H=16 d=64 N=8192, branches 2048:1,4096:2,8192:4, causal,
+#    delta memory, 256 global tokens, 8 summary tokens, 4 layers, SwiGLU 4096, final norm) and
+#    its attention-only variant (1 layer, no MLP) and random tokens; runs seqflow
+#    (bench_gpu_pipeline, bf16) and the peer (bf16) on each, compares their outputs with each
+#    other and with seqflow's float32 CPU pipeline on the first segments;
+# 5. runs the attention-only model over a long stream and reports device memory;
+# 6. prints the table.
+# The log, the summary and the table go to $OUT (or /tmp/gpu_bench_out).
+# Knobs: GPU_BENCH_SEGMENTS (segments of each timed run, default 16), GPU_BENCH_MEM_SECONDS (the long run, default 60),
+# GPU_BENCH_CPU_SEGMENTS (segments checked against the CPU, default 1; 0 skips).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_bench_out}
+mkdir -p "$OUT"
+DATA=${GPU_BENCH_DATA:-/tmp/gpu_bench_data}
+LOGS=$DATA/logs   # per-step outputs; everything is also in $OUT/gpu_bench.log (the tool returns few files)
+mkdir -p "$DATA" "$LOGS"
+SEGMENTS=${GPU_BENCH_SEGMENTS:-16}
+MEM_SECONDS=${GPU_BENCH_MEM_SECONDS:-60}
+CPU_SEGMENTS=${GPU_BENCH_CPU_SEGMENTS:-1}
+BUILD=build-gpu
+PEER=bench/peers/seqflow_torch.py
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+exec > >(tee -a "$OUT/gpu_bench.log") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+# value KEY FILE: the KEY=value of the last RESULT line in FILE
+value() { grep '^RESULT' "$2" 2>/dev/null | tail -1 | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+# compare A B TOL TAG [ROWS]
+compare() {
+  python3 "$PEER" compare "$1" "$2" --tol "$3" --rows "${5:-0}" --json "$LOGS/cmp_$4.json" | tee -a "$SUMMARY"
+}
+
+echo "== machine"
+date -u
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
+nvcc --version | tail -2
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+git log -1 --format='commit %h %s' 2>/dev/null || true
+
+echo "== build"
+t0=$(date +%s)
+HAVE_CUDA=0
+if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSEQFLOW_BUILD_TESTS=OFF \
+      -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 &&
+   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm >"$OUT/build.log" 2>&1; then
+  HAVE_CUDA=1
+  BIN=$BUILD
+else
+  note "CUDA build FAILED (see build.log); falling back to a CPU-only build for the checks"
+  tail -30 "$OUT/build.log"
+  BIN=build-gpu-cpu
+  cmake -S . -B "$BIN" -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=OFF -DSEQFLOW_BUILD_TESTS=OFF \
+    -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/cmake-cpu.log" 2>&1 &&
+    cmake --build "$BIN" -j"$(nproc)" --target seqflow bench_gpu_pipeline >"$OUT/build-cpu.log" 2>&1 ||
+    { tail -30 "$OUT/build-cpu.log"; echo "CPU build failed too"; exit 1; }
+  mkdir -p "$BUILD/bench"
+  nvcc -O3 -arch=sm_90 -o "$BUILD/bench/bench_gemm" bench/bench_gemm.cu -lcublas || true
+fi
+echo "build took $(( $(date +%s) - t0 )) s (CUDA backend built: $HAVE_CUDA)"
+SEQFLOW=$BIN/seqflow
+BENCH=$BIN/bench/bench_gpu_pipeline
+# Does the CUDA backend run here? (built, and a GPU it can open)
+SF_GPU=0
+if [ "$HAVE_CUDA" = 1 ] && echo "hello" | "$SEQFLOW" run -d cuda -q >/dev/null 2>"$LOGS/cuda_probe.txt"; then SF_GPU=1; fi
+[ "$SF_GPU" = 1 ] || note "seqflow --device cuda unavailable: $(tail -1 "$LOGS/cuda_probe.txt" 2>/dev/null)"
+
+echo "== cuBLAS bf16 GEMM"
+GEMM=""
+if [ -x "$BUILD/bench/bench_gemm" ]; then
+  "$BUILD/bench/bench_gemm" --size 8192 --reps 30 | tee "$LOGS/gemm.txt"
+  GEMM=$(value gemm_tflops "$LOGS/gemm.txt")
+  note "GEMM: $(head -1 "$LOGS/gemm.txt")"
+fi
+
+echo "== small models: the peer and seqflow on the GPU against the seqflow CPU pipeline"
+for variant in "causal delta" "noncausal linear"; do
+  set -- $variant
+  causal=$([ "$1" = causal ] && echo 1 || echo 0)
+  tag="small_$1_$2"
+  "$BENCH" --make-model "$DATA/$tag.safetensors" --preset small --seed 11 --causal "$causal" --memory "$2"
+  "$BENCH" --make-tokens "$DATA/small.u32" --count 1664 --seed 5   # 6.5 segments of 256: a partial last one
+  "$SEQFLOW" run -d cpu -m "$DATA/$tag.safetensors" -i "$DATA/small.u32" -f u32 -o "$DATA/${tag}_cpu.npy" -q
+  note "-- $tag (D=128 H=4 d=32 N=256, 2 layers, 16 global tokens, 1664 tokens)"
+  python3 "$PEER" run --model "$DATA/$tag.safetensors" --tokens "$DATA/small.u32" --precision f32 --out "$DATA/${tag}_pt32.npy" --warmup-segments 1
+  compare "$DATA/${tag}_pt32.npy" "$DATA/${tag}_cpu.npy" 1e-4 "${tag}_pt32"
+  python3 "$PEER" run --model "$DATA/$tag.safetensors" --tokens "$DATA/small.u32" --precision bf16 --out "$DATA/${tag}_pt16.npy" --warmup-segments 1
+  compare "$DATA/${tag}_pt16.npy" "$DATA/${tag}_cpu.npy" 2e-2 "${tag}_pt16"
+  if [ "$SF_GPU" = 1 ]; then
+    for p in f32 bf16; do
+      tol=$([ $p = f32 ] && echo 1e-4 || echo 2e-2)
+      "$SEQFLOW" run -d cuda --precision $p -m "$DATA/$tag.safetensors" -i "$DATA/small.u32" -f u32 -o "$DATA/${tag}_sf_$p.npy" -q &&
+        compare "$DATA/${tag}_sf_$p.npy" "$DATA/${tag}_cpu.npy" "$tol" "${tag}_sf_$p"
+    done
+  fi
+done
+
+echo "== reference models"
+N=8192
+"$BENCH" --make-tokens "$DATA/tokens.u32" --count $((SEGMENTS * N)) --seed 3
+head -c $((CPU_SEGMENTS * N * 4)) "$DATA/tokens.u32" >"$DATA/tokens_head.u32"
+for model in reference attention; do
+  echo "-- $model"
+  M=$DATA/$model.safetensors
+  "$BENCH" --make-model "$M" --preset $model --seed 1
+  if [ "$SF_GPU" = 1 ]; then
+    "$BENCH" --model "$M" --tokens "$DATA/tokens.u32" --device cuda --precision bf16 --warmup-segments 2 \
+      --out "$DATA/${model}_sf.npy" ${GEMM:+--gemm-tflops $GEMM} | tee "$LOGS/${model}_seqflow.txt"
+  fi
+  python3 "$PEER" run --model "$M" --tokens "$DATA/tokens.u32" --precision bf16 --warmup-segments 2 \
+    --out "$DATA/${model}_pt.npy" --json "$LOGS/${model}_pytorch.json" | tee "$LOGS/${model}_pytorch.txt"
+  if [ "$CPU_SEGMENTS" -gt 0 ]; then
+    t1=$(date +%s)
+    "$SEQFLOW" run -d cpu -m "$M" -i "$DATA/tokens_head.u32" -f u32 -o "$DATA/${model}_cpu.npy" -q
+    echo "CPU float32 reference of $CPU_SEGMENTS segment(s): $(( $(date +%s) - t1 )) s"
+    compare "$DATA/${model}_pt.npy" "$DATA/${model}_cpu.npy" 2e-2 "${model}_pt_cpu" $((CPU_SEGMENTS * N))
+    [ "$SF_GPU" = 1 ] && compare "$DATA/${model}_sf.npy" "$DATA/${model}_cpu.npy" 2e-2 "${model}_sf_cpu" $((CPU_SEGMENTS * N))
+  fi
+  [ "$SF_GPU" = 1 ] && compare "$DATA/${model}_sf.npy" "$DATA/${model}_pt.npy" 2e-2 "${model}_sf_pt"
+  rm -f "$DATA/${model}_sf.npy" "$DATA/${model}_pt.npy" "$DATA/${model}_cpu.npy"
+done
+
+if [ "$SF_GPU" = 1 ] && [ "$MEM_SECONDS" != 0 ]; then
+  echo "== device memory over a long stream (attention-only model, at most $MEM_SECONDS s)"
+  "$BENCH" --model "$DATA/attention.safetensors" --device cuda --precision bf16 --memory-run 100000000 \
+    --memory-at 1048576 --memory-seconds "$MEM_SECONDS" | tee "$LOGS/memory.txt"
+fi
+
+echo "== table"
+{
+  echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); cuBLAS bf16 GEMM 8192^3: ${GEMM:-n/a} TFLOP/s"
+  printf '| model | useful MFLOP/token | seqflow tokens/s | useful TFLOP/s | %% of GEMM | PyTorch tokens/s | speedup | seqflow backend peak MiB | PyTorch peak MiB |\n'
+  printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+  for model in reference attention; do
+    sf=$LOGS/${model}_seqflow.txt
+    pt=$(python3 -c "import json;print('%.0f'%json.load(open('$LOGS/${model}_pytorch.json'))['tokens_per_s'])" 2>/dev/null)
+    ptm=$(python3 -c "import json;print('%.1f'%(json.load(open('$LOGS/${model}_pytorch.json'))['peak_memory_bytes']/2**20))" 2>/dev/null)
+    tps=$(value tokens_per_s "$sf"); tf=$(value tflops "$sf"); mf=$(value mflop_per_token "$sf"); pk=$(value peak_mib "$sf")
+    pct=$([ -n "$tf" ] && [ -n "$GEMM" ] && python3 -c "print('%.1f'%(100*$tf/$GEMM))")
+    spd=$([ -n "$tps" ] && [ -n "$pt" ] && python3 -c "print('%.2fx'%($tps/$pt))")
+    tps=${tps%.*}
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$model" "${mf:-n/a}" "${tps:-n/a}" "${tf:-n/a}" "${pct:-n/a}" \
+      "${pt:-n/a}" "${spd:-n/a}" "${pk:-n/a}" "${ptm:-n/a}"
+  done
+  [ -f "$LOGS/memory.txt" ] && grep '^memory run' "$LOGS/memory.txt"
+  echo "checks:"
+  grep -h '^compare' "$SUMMARY" | sed "s|$DATA/||g"
+} | tee "$OUT/table.md"

@@ -1,0 +1,438 @@
+/* Dilated local attention on bf16 tensor cores (SPEC 3 and 5); reference: sf_cpu_attention.
+ *
+ * One launch per segment. A block owns T consecutive positions of one head (T a multiple of
+ * every dilation, so each branch's active rows in it are one run of dilated indices) and
+ * visits, one after the other, every branch's query tiles of those positions and then the
+ * global tokens. In dilated index space (position = o + r*index) a branch is plain dense
+ * (causal) attention with windows of w/r rows, so a tile streams its keys straight from
+ * K/V with row stride r*ld: no gather copy. Keys are converted from float32 to bf16 as they are
+ * staged in shared memory (double buffered, the next tile's loads in flight in registers during
+ * the current tile's math); S = Q K^T and O += P V run on mma.sync m16n8k16 with float32
+ * accumulators, the online softmax in registers (log2 domain). A finished tile's partial
+ * state (O unnormalized, max, sum) is merged into `out` by log-sum-exp; out's rows belong to
+ * this block alone, so `out` itself is the accumulator and the per-position max and sum live
+ * in shared memory; a last pass divides by the sum (or writes 0 where nothing was attended).
+ * Variants (block rows, key tile) are template parameters; ATTENTION_NOTES.md says what each
+ * measured. */
+#include <math.h>
+#include <stdint.h>
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/attention_bf16_variants.h"
+#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/cuda_attention.h"
+#include "seqflow/error.h"
+
+/* ---- variant 0: one warp per (position, head), float32, no tensor cores (the check's twin) */
+template <int D>
+__global__ void attention_simple(sf_attention_desc dd, att_branches br, const float *q, const float *k,
+                                 const float *v, float *out)
+{
+    const int lane = threadIdx.x & 31;
+    const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, h = blockIdx.y;
+    if (i >= dd.n) return;
+    constexpr int E = D / 32;
+    float qi[E], acc[E];
+    for (int e = 0; e < E; e++) qi[e] = q[(size_t)i * dd.ld + h * D + lane + 32 * e], acc[e] = 0;
+    float m = -INFINITY, l = 0;
+    auto attend = [&](const float *kr, const float *vr) {
+        float s = 0;
+        for (int e = 0; e < E; e++) s += qi[e] * kr[lane + 32 * e];
+        for (int off = 16; off; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        s *= dd.scale;
+        float mn = fmaxf(m, s), c = expf(m - mn), p = expf(s - mn);
+        for (int e = 0; e < E; e++) acc[e] = acc[e] * c + p * vr[lane + 32 * e];
+        l = l * c + p;
+        m = mn;
+    };
+    for (int b = 0; b < br.count; b++) {
+        const int w = br.window[b], r = br.dilation[b], o = h % r;
+        if (i % r != o) continue;
+        const int start = i / w * w;
+        int end = dd.causal ? i + 1 : start + w;
+        if (end > dd.n) end = dd.n;
+        for (int j = start + o; j < end; j += r)
+            attend(k + (size_t)j * dd.ld + h * D, v + (size_t)j * dd.ld + h * D);
+    }
+    for (int j = 0; j < dd.n_global; j++)
+        attend(dd.gk + (size_t)j * dd.global_ld + h * D, dd.gv + (size_t)j * dd.global_ld + h * D);
+    const float inv = l > 0 ? 1.0f / l : 0.0f;
+    for (int e = 0; e < E; e++) out[(size_t)i * dd.ld + h * D + lane + 32 * e] = acc[e] * inv;
+}
+
+/* ---- the fused tensor-core kernel ------------------------------------------------------- */
+/* Where one tile's rows come from: dilated index x is row o + r*x of q/k/v (stride ld), or
+ * row x of the global tokens. Keys [kbeg, kend) are streamed; a key is masked for a query
+ * unless both sit in the same window of `win` dilated rows and (causal) key <= query. */
+struct tile_src {
+    const float *kbase, *vbase; /* row 0 of the key source, head column applied */
+    size_t kstride;             /* floats between consecutive keys */
+    int kbeg, kend, win, causal;
+};
+
+template <int D, int WARPS, int BN>
+struct fused_cfg {
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int BM = WARPS * 16;
+    static constexpr int PAD = D + 8; /* bf16 per staged row: +16 bytes keeps ldmatrix conflict-free */
+    static constexpr int LOADS = BN * D / 4 / THREADS; /* float4 per thread per tensor per key tile */
+    static constexpr size_t KV_BYTES = 2 * 2 * BN * PAD * sizeof(__nv_bfloat16);
+};
+
+template <int D, int WARPS, int BN>
+__device__ __forceinline__ void load_keys(const tile_src &src, int k0, float4 (&kr)[fused_cfg<D, WARPS, BN>::LOADS],
+                                          float4 (&vr)[fused_cfg<D, WARPS, BN>::LOADS])
+{
+    using C = fused_cfg<D, WARPS, BN>;
+#pragma unroll
+    for (int u = 0; u < C::LOADS; u++) {
+        int f = threadIdx.x + u * C::THREADS, key = f / (D / 4), c4 = f % (D / 4);
+        int x = k0 + key;
+        if (x < src.kend) {
+            kr[u] = __ldg(reinterpret_cast<const float4 *>(src.kbase + (size_t)x * src.kstride) + c4);
+            vr[u] = __ldg(reinterpret_cast<const float4 *>(src.vbase + (size_t)x * src.kstride) + c4);
+        } else { /* zeros, not garbage: P = 0 times a NaN would still be NaN */
+            kr[u] = make_float4(0, 0, 0, 0);
+            vr[u] = make_float4(0, 0, 0, 0);
+        }
+    }
+}
+
+template <int D, int WARPS, int BN>
+__device__ __forceinline__ void stage_keys(__nv_bfloat16 *ks, __nv_bfloat16 *vs,
+                                           const float4 (&kr)[fused_cfg<D, WARPS, BN>::LOADS],
+                                           const float4 (&vr)[fused_cfg<D, WARPS, BN>::LOADS])
+{
+    using C = fused_cfg<D, WARPS, BN>;
+#pragma unroll
+    for (int u = 0; u < C::LOADS; u++) {
+        int f = threadIdx.x + u * C::THREADS, key = f / (D / 4), c4 = f % (D / 4);
+        *reinterpret_cast<uint2 *>(ks + key * C::PAD + c4 * 4) =
+            make_uint2(pack_bf16(kr[u].x, kr[u].y), pack_bf16(kr[u].z, kr[u].w));
+        *reinterpret_cast<uint2 *>(vs + key * C::PAD + c4 * 4) =
+            make_uint2(pack_bf16(vr[u].x, vr[u].y), pack_bf16(vr[u].z, vr[u].w));
+    }
+}
+
+/* One query tile: dilated rows [qs, qe), query row x at qbase + x*qstride, output row at
+ * position opos0 + x*ostep. Merges its partial softmax into out / m_s / l_s (indexed by
+ * position - P). Every thread of the block calls it (it holds block barriers). */
+template <int D, int WARPS, int BN>
+__device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstride, int qs, int qe, int opos0,
+                            int ostep, int P, float *out, size_t ld, float c, __nv_bfloat16 *kv, float *m_s,
+                            float *l_s)
+{
+    using C = fused_cfg<D, WARPS, BN>;
+    const int nkt = (src.kend - src.kbeg + BN - 1) / BN;
+    if (nkt <= 0) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = qs + warp * 16 + g; /* this thread's rows: row0 and row0 + 8 */
+
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            int x = row0 + 8 * hr;
+            float2 lo = make_float2(0, 0), hi = make_float2(0, 0);
+            if (x < qe) {
+                const float *qr = qbase + (size_t)x * qstride + kc * 16 + 2 * t;
+                lo = __ldg(reinterpret_cast<const float2 *>(qr));
+                hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
+            }
+            qf[kc][hr] = pack_bf16(lo.x, lo.y);
+            qf[kc][2 + hr] = pack_bf16(hi.x, hi.y);
+        }
+    }
+    float acc[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0, 0};
+
+    /* whole-tile test for the mask: all queries in one window and no key tile past it */
+    const int qlast = qe - 1;
+    const int qwin_same = (qs / src.win) == (qlast / src.win);
+
+    float4 kr[C::LOADS], vr[C::LOADS];
+    load_keys<D, WARPS, BN>(src, src.kbeg, kr, vr);
+    stage_keys<D, WARPS, BN>(kv, kv + BN * C::PAD, kr, vr);
+    __syncthreads();
+
+    for (int it = 0; it < nkt; it++) {
+        const int k0 = src.kbeg + it * BN;
+        __nv_bfloat16 *ks = kv + (it & 1) * 2 * BN * C::PAD, *vs = ks + BN * C::PAD;
+        if (it + 1 < nkt) load_keys<D, WARPS, BN>(src, k0 + BN, kr, vr);
+
+        float s[BN / 8][4];
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) {
+#pragma unroll
+            for (int np = 0; np < BN / 16; np++) {
+                uint32_t b[4];
+                ldsm_x4(b, ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * C::PAD + kc * 16 + ((lane >> 3) & 1) * 8);
+                mma_bf16(s[2 * np], qf[kc], b[0], b[1]);
+                mma_bf16(s[2 * np + 1], qf[kc], b[2], b[3]);
+            }
+        }
+        const bool need_mask = !qwin_same || k0 + BN > src.kend || (src.causal && k0 + BN - 1 > qs) ||
+                               (k0 / src.win) != (qs / src.win) || ((k0 + BN - 1) / src.win) != (qs / src.win);
+        if (need_mask) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int x = row0 + 8 * (e >> 1), key = k0 + j * 8 + 2 * t + (e & 1);
+                    bool ok = key < src.kend && key / src.win == x / src.win && (!src.causal || key <= x);
+                    if (!ok) s[j][e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(mrow[hr], mx * c);
+            const float base = mnew == -INFINITY ? 0.0f : mnew;
+            const float corr = fast_exp2(mrow[hr] - base);
+            mrow[hr] = mnew;
+            float sum = 0;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                s[j][2 * hr] = fast_exp2(fmaf(s[j][2 * hr], c, -base));
+                s[j][2 * hr + 1] = fast_exp2(fmaf(s[j][2 * hr + 1], c, -base));
+                sum += s[j][2 * hr] + s[j][2 * hr + 1];
+            }
+            lrow[hr] = lrow[hr] * corr + sum;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) acc[j][2 * hr] *= corr, acc[j][2 * hr + 1] *= corr;
+        }
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; kc++) {
+            uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                             pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                             pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, vs + (kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * C::PAD + dp * 16 + (lane >> 4) * 8);
+                mma_bf16(acc[2 * dp], a, b[0], b[1]);
+                mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+            }
+        }
+        if (it + 1 < nkt) {
+            __nv_bfloat16 *kn = kv + ((it + 1) & 1) * 2 * BN * C::PAD;
+            stage_keys<D, WARPS, BN>(kn, kn + BN * C::PAD, kr, vr);
+        }
+        __syncthreads();
+    }
+
+    /* merge this tile's rows into the block's accumulators */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float l = lrow[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int x = row0 + 8 * hr;
+        const bool live = x < qe && l > 0;
+        const int li = opos0 + x * ostep - P;
+        float mold = 0, lold = 0;
+        if (live) mold = m_s[li], lold = l_s[li];
+        __syncwarp();
+        if (live) {
+            float *orow = out + (size_t)(li + P) * ld + t * 2;
+            if (lold == 0) {
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+                    *reinterpret_cast<float2 *>(orow + j * 8) = make_float2(acc[j][2 * hr], acc[j][2 * hr + 1]);
+                if (t == 0) m_s[li] = mrow[hr], l_s[li] = l;
+            } else {
+                const float mn = fmaxf(mold, mrow[hr]);
+                const float ca = fast_exp2(mold - mn), cb = fast_exp2(mrow[hr] - mn);
+#pragma unroll
+                for (int j = 0; j < D / 8; j++) {
+                    float2 o = *reinterpret_cast<float2 *>(orow + j * 8);
+                    o.x = o.x * ca + acc[j][2 * hr] * cb;
+                    o.y = o.y * ca + acc[j][2 * hr + 1] * cb;
+                    *reinterpret_cast<float2 *>(orow + j * 8) = o;
+                }
+                if (t == 0) m_s[li] = mn, l_s[li] = lold * ca + l * cb;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+template <int D, int WARPS, int BN>
+__global__ void __launch_bounds__(WARPS * 32) attention_fused(sf_attention_desc dd, att_branches br, int T,
+                                                              const float *q, const float *k, const float *v,
+                                                              float *out)
+{
+    using C = fused_cfg<D, WARPS, BN>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16 *kv = reinterpret_cast<__nv_bfloat16 *>(smem);
+    float *m_s = reinterpret_cast<float *>(smem + C::KV_BYTES), *l_s = m_s + T;
+    const int h = blockIdx.y;
+    /* the last positions of a causal window do the most work: start them first */
+    const int P = (gridDim.x - 1 - blockIdx.x) * T;
+    const int Pend = min(P + T, dd.n);
+    const size_t ld = dd.ld;
+    const float c = dd.scale * 1.4426950408889634f;
+    float *outh = out + h * D;
+    for (int i = threadIdx.x; i < T; i += C::THREADS) m_s[i] = -INFINITY, l_s[i] = 0;
+    __syncthreads();
+
+    for (int b = 0; b < br.count; b++) {
+        const int r = br.dilation[b], o = h % r;
+        const int nd = dd.n > o ? (dd.n - o + r - 1) / r : 0; /* active rows present */
+        const int win = br.window[b] / r;
+        const int qa1 = min((P + T) / r, nd);
+        for (int qs = P / r; qs < qa1; qs += C::BM) {
+            const int qe = min(qs + C::BM, qa1);
+            tile_src src;
+            src.kbase = k + (size_t)o * ld + h * D;
+            src.vbase = v + (size_t)o * ld + h * D;
+            src.kstride = (size_t)r * ld;
+            src.kbeg = qs / win * win;
+            src.kend = min(nd, ((qe - 1) / win + 1) * win);
+            if (dd.causal) src.kend = min(src.kend, qe);
+            src.win = win;
+            src.causal = dd.causal;
+            attend_tile<D, WARPS, BN>(src, q + (size_t)o * ld + h * D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c,
+                                      kv, m_s, l_s);
+        }
+    }
+    if (dd.n_global > 0) {
+        tile_src src;
+        src.kbase = dd.gk + h * D;
+        src.vbase = dd.gv + h * D;
+        src.kstride = dd.global_ld;
+        src.kbeg = 0;
+        src.kend = dd.n_global;
+        src.win = 1 << 30;
+        src.causal = 0;
+        for (int qs = P; qs < Pend; qs += C::BM)
+            attend_tile<D, WARPS, BN>(src, q + h * D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, kv, m_s,
+                                      l_s);
+    }
+    for (int f = threadIdx.x; f < (Pend - P) * (D / 4); f += C::THREADS) {
+        const int li = f / (D / 4), c4 = f % (D / 4);
+        float4 *dst = reinterpret_cast<float4 *>(outh + (size_t)(P + li) * ld) + c4;
+        const float l = l_s[li];
+        if (l == 0) {
+            *dst = make_float4(0, 0, 0, 0);
+        } else {
+            const float inv = 1.0f / l;
+            float4 o = *dst;
+            *dst = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        }
+    }
+}
+
+/* ---- host side -------------------------------------------------------------------------- */
+
+template <int D, int WARPS, int BN>
+static int launch_fused(const sf_attention_desc *desc, const att_branches &br, const float *q, const float *k,
+                        const float *v, float *out, cudaStream_t stream)
+{
+    using C = fused_cfg<D, WARPS, BN>;
+    if (desc->ld % 4 || (desc->n_global > 0 && desc->global_ld % 4))
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: row strides must be multiples of 4 floats (ld %d)",
+                        desc->ld);
+    /* T: a multiple of every dilation holding a full query tile of the most dilated branch */
+    long lcm = 1;
+    int rmax = 1;
+    for (int b = 0; b < br.count; b++) {
+        lcm = lcm / att_gcd((int)lcm, br.dilation[b]) * br.dilation[b];
+        if (lcm > (1 << 20)) return sf_error(SF_E_UNSUPPORTED, "cuda attention: dilations too varied");
+        if (br.dilation[b] > rmax) rmax = br.dilation[b];
+    }
+    long T = ((long)C::BM * rmax + lcm - 1) / lcm * lcm;
+    if (T > 8192 && lcm <= 8192) T = (8192 / lcm) * lcm;
+    size_t smem = C::KV_BYTES + 2 * (size_t)T * sizeof(float);
+    if (smem > 200 * 1024) return sf_error(SF_E_UNSUPPORTED, "cuda attention: block of %ld positions too large", T);
+    cudaError_t err = cudaFuncSetAttribute(attention_fused<D, WARPS, BN>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention: %s", cudaGetErrorString(err));
+    dim3 grid((unsigned)((desc->n + T - 1) / T), (unsigned)desc->heads);
+    attention_fused<D, WARPS, BN><<<grid, C::THREADS, smem, stream>>>(*desc, br, (int)T, q, k, v, out);
+    return SF_OK;
+}
+
+template <int D>
+static int launch_variant(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q,
+                          const float *k, const float *v, float *out, cudaStream_t stream)
+{
+    constexpr int BN_WIDE = D >= 128 ? 32 : 64;
+    switch (variant) {
+    case 0: {
+        dim3 grid((desc->n + 3) / 4, desc->heads);
+        attention_simple<D><<<grid, 128, 0, stream>>>(*desc, br, q, k, v, out);
+        return SF_OK;
+    }
+    case 1: return launch_fused<D, 4, BN_WIDE>(desc, br, q, k, v, out, stream);
+    case 2: return launch_fused<D, 8, BN_WIDE>(desc, br, q, k, v, out, stream);
+    case 3: return launch_fused<D, 4, 32>(desc, br, q, k, v, out, stream);
+    default: return sf_error(SF_E_INVAL, "cuda attention: no variant %d", variant);
+    }
+}
+
+extern "C" const char *sf_cuda_attention_bf16_variant_name(int variant)
+{
+    switch (variant) {
+    case 0: return "simple-f32 (warp per row)";
+    case 1: return "fused mma 4 warps, 64 rows, 64 keys";
+    case 2: return "fused mma 8 warps, 128 rows, 64 keys";
+    case 3: return "fused mma 4 warps, 64 rows, 32 keys";
+    case 4: return "staged bf16 K/V, cp.async x2, 4 warps, 128 regs";
+    case 5: return "staged bf16 K/V, cp.async x3, 4 warps, 128 regs";
+    case 6: return "staged bf16 K/V, cp.async x2, 4 warps, 168 regs";
+    default: return NULL;
+    }
+}
+
+extern "C" int sf_cuda_attention_bf16_variant(int variant, const sf_attention_desc *desc, const float *q,
+                                              const float *k, const float *v, float *out, cudaStream_t stream)
+{
+    if (variant >= SF_CUDA_ATTENTION_FIRST_WS_VARIANT && variant < SF_CUDA_ATTENTION_VARIANTS) {
+        /* the staged variants need a workspace; a stream-ordered one keeps this entry usable */
+        if (desc->n <= 0) return SF_OK;
+        const size_t bytes = sf_cuda_attention_workspace_bytes(desc);
+        void *ws = NULL;
+        cudaError_t err = cudaMallocAsync(&ws, bytes, stream);
+        if (err != cudaSuccess)
+            return sf_error(SF_E_BACKEND, "cuda attention: workspace of %zu bytes: %s", bytes, cudaGetErrorString(err));
+        int rc = sf_cuda_attention_bf16_variant_ws(variant, desc, q, k, v, out, ws, bytes, stream);
+        err = cudaFreeAsync(ws, stream);
+        if (rc) return rc;
+        if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention: %s", cudaGetErrorString(err));
+        return SF_OK;
+    }
+    if (desc->n <= 0) return SF_OK;
+    att_branches br;
+    int rc = att_fill_branches(desc, &br);
+    if (rc) return rc;
+    if (desc->n_global > 0 && (!desc->gk || !desc->gv))
+        return sf_error(SF_E_INVAL, "cuda attention: %d global tokens but no gk/gv", desc->n_global);
+    switch (desc->head_dim) {
+    case 32: rc = launch_variant<32>(variant, desc, br, q, k, v, out, stream); break;
+    case 64: rc = launch_variant<64>(variant, desc, br, q, k, v, out, stream); break;
+    case 128: rc = launch_variant<128>(variant, desc, br, q, k, v, out, stream); break;
+    default:
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: head width %d not built (32, 64, 128 are)",
+                        desc->head_dim);
+    }
+    if (rc) return rc;
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention launch: %s", cudaGetErrorString(err));
+    return SF_OK;
+}
+
+extern "C" int sf_cuda_attention_bf16(const sf_attention_desc *desc, const float *q, const float *k, const float *v,
+                                      float *out, cudaStream_t stream)
+{
+    return sf_cuda_attention_bf16_variant(SF_CUDA_ATTENTION_NO_WS_VARIANT, desc, q, k, v, out, stream);
+}

@@ -1,0 +1,94 @@
+/* Pieces shared by the bf16 attention kernels (attention_bf16.cu, attention_bf16_ws.cu): the
+ * branch table passed by value to the kernels, its validation, and the mma.sync / ldmatrix /
+ * cp.async wrappers. Header-only, static: each .cu gets its own copy. */
+#ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_MMA_CUH
+#define SEQFLOW_KERNELS_CUDA_ATTENTION_MMA_CUH
+
+#include <stdint.h>
+#include <cuda_bf16.h>
+
+#include "seqflow/backend.h"
+#include "seqflow/error.h"
+
+#define SF_ATT_MAX_BRANCHES 16
+
+struct att_branches {
+    int count;
+    int window[SF_ATT_MAX_BRANCHES], dilation[SF_ATT_MAX_BRANCHES];
+};
+
+static inline int att_fill_branches(const sf_attention_desc *desc, att_branches *br)
+{
+    if (desc->n_branches > SF_ATT_MAX_BRANCHES)
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: %d branches, at most %d supported", desc->n_branches,
+                        SF_ATT_MAX_BRANCHES);
+    br->count = desc->n_branches;
+    for (int b = 0; b < br->count; b++) {
+        br->window[b] = desc->branches[b].window;
+        br->dilation[b] = desc->branches[b].dilation;
+        if (br->window[b] <= 0 || br->dilation[b] <= 0 || br->window[b] % br->dilation[b])
+            return sf_error(SF_E_INVAL, "cuda attention: branch %d (%d:%d) is not a window with a dividing dilation",
+                            b, br->window[b], br->dilation[b]);
+    }
+    return SF_OK;
+}
+
+static inline int att_gcd(int a, int b)
+{
+    while (b) {
+        int t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&p);
+}
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const void *p)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+/* 16-byte asynchronous copy global -> shared; src_bytes 0 fills the 16 bytes with zeros
+ * (rows past the end of the keys must be zeros: P = 0 times garbage could be NaN). */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
+{
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+#endif

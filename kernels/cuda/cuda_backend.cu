@@ -1,0 +1,370 @@
+/* The CUDA backend's op table, buffers, lock and lifetime (see cuda_backend.h). */
+#include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/cuda_backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* cuBLAS wants 32 MiB of workspace on Hopper; handing it ours keeps it from allocating its own
+ * on first use, which would land in the middle of a stream. */
+#define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+int sf_cublas_status(cublasStatus_t st, const char *what)
+{
+    if (st == CUBLAS_STATUS_SUCCESS) return SF_OK;
+    return sf_error(SF_E_BACKEND, "cuBLAS: %s: %s", what, cublasGetStatusString(st));
+}
+
+int sf_cuda_enter(sf_cuda *c)
+{
+    pthread_mutex_lock(&c->lock);
+    /* the current device is per host thread, and stage threads come and go */
+    int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
+    if (rc != SF_OK) pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+void sf_cuda_leave(sf_cuda *c) { pthread_mutex_unlock(&c->lock); }
+
+static void count_bytes(sf_cuda *c, size_t add, size_t sub)
+{
+    c->allocated = c->allocated + add - sub;
+    if (c->allocated > c->peak) c->peak = c->allocated;
+}
+
+int sf_cuda_malloc_counted(sf_cuda *c, void **ptr, size_t bytes)
+{
+    *ptr = NULL;
+    int rc = sf_cuda_status(cudaMalloc(ptr, bytes ? bytes : 1), "cudaMalloc");
+    if (rc != SF_OK) {
+        *ptr = NULL;
+        return rc;
+    }
+    count_bytes(c, bytes, 0);
+    return SF_OK;
+}
+
+void sf_cuda_free_counted(sf_cuda *c, void *ptr, size_t bytes)
+{
+    if (!ptr) return;
+    cudaFree(ptr);
+    count_bytes(c, 0, bytes);
+}
+
+int sf_cuda_scratch(sf_cuda *c, size_t bytes)
+{
+    if (bytes <= c->scratch_bytes) return SF_OK;
+    /* cudaFree waits for the device, so no launch still reads the old scratch */
+    sf_cuda_free_counted(c, c->scratch, c->scratch_bytes);
+    c->scratch = NULL, c->scratch_bytes = 0;
+    int rc = sf_cuda_malloc_counted(c, &c->scratch, bytes);
+    if (rc == SF_OK) c->scratch_bytes = bytes;
+    return rc;
+}
+
+static void *cuda_alloc(sf_backend *be, size_t bytes)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    if (sf_cuda_enter(c) != SF_OK) return NULL;
+    void *ptr = NULL;
+    if (c->n_allocs == c->cap_allocs) {
+        int cap = c->cap_allocs ? 2 * c->cap_allocs : 64;
+        sf_cuda_alloc *grown = (sf_cuda_alloc *)realloc(c->allocs, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            sf_error(SF_E_NOMEM, "out of memory");
+            sf_cuda_leave(c);
+            return NULL;
+        }
+        c->allocs = grown, c->cap_allocs = cap;
+    }
+    if (sf_cuda_malloc_counted(c, &ptr, bytes) == SF_OK) {
+        c->allocs[c->n_allocs].ptr = ptr;
+        c->allocs[c->n_allocs].bytes = bytes;
+        c->n_allocs++;
+    }
+    sf_cuda_leave(c);
+    return ptr;
+}
+
+static void cuda_free(sf_backend *be, void *ptr)
+{
+    if (!ptr) return;
+    sf_cuda *c = sf_cuda_of(be);
+    if (sf_cuda_enter(c) != SF_OK) return;
+    sf_cuda_drop_weight(c, ptr);
+    for (int i = c->n_allocs - 1; i >= 0; i--) {
+        if (c->allocs[i].ptr != ptr) continue;
+        sf_cuda_free_counted(c, ptr, c->allocs[i].bytes);
+        c->allocs[i] = c->allocs[--c->n_allocs];
+        break;
+    }
+    sf_cuda_leave(c);
+}
+
+/* Uploads and downloads of up to the reserved size go through pinned, double-buffered staging
+ * on their own streams: the host never blocks on the compute stream to upload, and a download
+ * waits only for the work issued before it, not for what other stage threads queued since.
+ * Larger or unreserved transfers (weights at init) are plain pageable copies on the compute
+ * stream. Either way the copy is ordered after earlier ops and before later ones. */
+static int cuda_upload(sf_backend *be, void *dst, const void *host_src, size_t bytes)
+{
+    if (!bytes) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    sf_cuda_staging *slot = &c->up[c->up_next];
+    if (bytes > slot->bytes) {
+        /* from pageable memory this returns once the source is staged, so the caller may reuse it */
+        rc = sf_cuda_status(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream), "upload");
+        sf_cuda_leave(c);
+        return rc;
+    }
+    c->up_next = (c->up_next + 1) % SF_CUDA_STAGING_SLOTS;
+    /* the slot's previous upload must have left it before it is overwritten */
+    if (slot->pending) rc = sf_cuda_status(cudaEventSynchronize(slot->done), "upload (staging)");
+    if (rc == SF_OK) {
+        memcpy(slot->host, host_src, bytes);
+        rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "upload (order)");
+    }
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->copy_in, slot->ready, 0), "upload (order)");
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaMemcpyAsync(dst, slot->host, bytes, cudaMemcpyHostToDevice, c->copy_in), "upload");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(slot->done, c->copy_in), "upload (order)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->stream, slot->done, 0), "upload (order)");
+    slot->pending = 1;
+    sf_cuda_leave(c);
+    return rc;
+}
+
+static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t bytes)
+{
+    if (!bytes) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    sf_cuda_staging *slot = NULL;
+    for (int i = 0; i < SF_CUDA_STAGING_SLOTS && !slot; i++)
+        if (!c->down[i].busy && bytes <= c->down[i].bytes) slot = &c->down[i];
+    if (!slot) {
+        rc = sf_cuda_status(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "download");
+        sf_cuda_leave(c);
+        /* waiting outside the lock lets other stage threads keep issuing work meanwhile */
+        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(c->stream), "download (synchronize)");
+        return rc;
+    }
+    slot->busy = 1;
+    rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "download (order)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->copy_out, slot->ready, 0), "download (order)");
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaMemcpyAsync(slot->host, src, bytes, cudaMemcpyDeviceToHost, c->copy_out), "download");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(slot->done, c->copy_out), "download (order)");
+    sf_cuda_leave(c);
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventSynchronize(slot->done), "download (synchronize)");
+    if (rc == SF_OK) memcpy(host_dst, slot->host, bytes);
+    pthread_mutex_lock(&c->lock);
+    slot->busy = 0;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+/* Pinned staging of `bytes` per slot (host memory: not in the device byte count). */
+static int reserve_staging(sf_cuda *c, size_t bytes)
+{
+    sf_cuda_staging *all[2 * SF_CUDA_STAGING_SLOTS];
+    for (int i = 0; i < SF_CUDA_STAGING_SLOTS; i++) all[i] = &c->up[i], all[SF_CUDA_STAGING_SLOTS + i] = &c->down[i];
+    for (int i = 0; i < 2 * SF_CUDA_STAGING_SLOTS; i++) {
+        sf_cuda_staging *slot = all[i];
+        if (slot->bytes >= bytes || slot->busy) continue;
+        if (slot->pending) cudaEventSynchronize(slot->done);
+        cudaFreeHost(slot->host);
+        slot->host = NULL, slot->bytes = 0, slot->pending = 0;
+        int rc = sf_cuda_status(cudaHostAlloc(&slot->host, bytes, cudaHostAllocDefault), "pinned staging");
+        if (rc != SF_OK) {
+            slot->host = NULL;
+            return rc;
+        }
+        slot->bytes = bytes;
+    }
+    return SF_OK;
+}
+
+static int cuda_copy(sf_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream), "copy");
+    sf_cuda_leave(c);
+    return rc;
+}
+
+static int cuda_zero(sf_backend *be, void *dst, size_t bytes)
+{
+    if (!bytes) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaMemsetAsync(dst, 0, bytes, c->stream), "zero");
+    sf_cuda_leave(c);
+    return rc;
+}
+
+static int cuda_sync(sf_backend *be)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(c->stream), "synchronize");
+    return rc;
+}
+
+static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const float *q, const float *k,
+                          const float *v, float *out)
+{
+    if (desc->n <= 0) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = SF_E_UNSUPPORTED;
+    if (c->precision == SF_PRECISION_BF16) rc = sf_cuda_attention_bf16(desc, q, k, v, out, c->stream);
+    /* shapes the tensor-core kernel was not built for (head widths other than 32/64/128, odd
+     * strides) still run, in float32: slower, never less exact */
+    if (rc == SF_E_UNSUPPORTED) {
+        sf_clear_error();
+        rc = sf_cuda_attention_f32(desc, q, k, v, out, c->stream);
+    }
+    sf_cuda_leave(c);
+    return rc;
+}
+
+static int cuda_reserve(sf_backend *be, int rows, int width)
+{
+    if (rows <= 0 || width <= 0) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    /* the largest user: float32 delta targets [rows, width] (bf16 activations take half) */
+    rc = sf_cuda_scratch(c, (size_t)rows * (size_t)width * sizeof(float));
+    /* a block stage moves [segment, D] activations in and out: width >= D covers them */
+    if (rc == SF_OK) rc = reserve_staging(c, (size_t)rows * (size_t)width * sizeof(float));
+    sf_cuda_leave(c);
+    return rc;
+}
+
+static void release(sf_cuda *c)
+{
+    cudaSetDevice(c->device);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < c->n_weights; i++) cudaFree(c->weights[i].bf16);
+    for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].ptr);
+    cudaFree(c->scratch);
+    cudaFree(c->blas_workspace);
+    if (c->blas) cublasDestroy(c->blas);
+    for (int i = 0; i < SF_CUDA_STAGING_SLOTS; i++) {
+        sf_cuda_staging *slots[2] = {&c->up[i], &c->down[i]};
+        for (int j = 0; j < 2; j++) {
+            if (slots[j]->pending) cudaEventSynchronize(slots[j]->done);
+            cudaFreeHost(slots[j]->host);
+            if (slots[j]->ready) cudaEventDestroy(slots[j]->ready);
+            if (slots[j]->done) cudaEventDestroy(slots[j]->done);
+        }
+    }
+    if (c->copy_in) cudaStreamDestroy(c->copy_in);
+    if (c->copy_out) cudaStreamDestroy(c->copy_out);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c->weights);
+    free(c->allocs);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+static void cuda_destroy(sf_backend *be)
+{
+    if (!be->impl) return;
+    release(sf_cuda_of(be));
+    be->impl = NULL;
+}
+
+static const sf_backend_ops cuda_ops = {
+    /* .name */ "cuda",
+    /* .alloc */ cuda_alloc,
+    /* .free */ cuda_free,
+    /* .upload */ cuda_upload,
+    /* .download */ cuda_download,
+    /* .copy */ cuda_copy,
+    /* .zero */ cuda_zero,
+    /* .sync */ cuda_sync,
+    /* .matmul */ sf_cuda_matmul,
+    /* .rmsnorm */ sf_cuda_rmsnorm,
+    /* .embed */ sf_cuda_embed,
+    /* .swiglu */ sf_cuda_swiglu,
+    /* .attention */ cuda_attention,
+    /* .memory_mix */ sf_cuda_memory_mix,
+    /* .memory_update */ sf_cuda_memory_update,
+    /* .summary */ sf_cuda_summary,
+    /* .destroy */ cuda_destroy,
+    /* .prepare_weight */ sf_cuda_prepare_weight,
+    /* .reserve */ cuda_reserve,
+};
+
+extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
+{
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return sf_error(SF_E_BACKEND, "device 'cuda': no usable GPU (%s)", cudaGetErrorString(err));
+    }
+    if (count == 0) return sf_error(SF_E_BACKEND, "device 'cuda': no GPU found");
+    if (device < 0 || device >= count)
+        return sf_error(SF_E_BACKEND, "device 'cuda': GPU %d does not exist (%d present)", device, count);
+    sf_cuda *c = (sf_cuda *)calloc(1, sizeof *c);
+    if (!c) return sf_error(SF_E_NOMEM, "out of memory");
+    c->device = device;
+    c->precision = be->precision == SF_PRECISION_BF16 ? SF_PRECISION_BF16 : SF_PRECISION_F32;
+    pthread_mutex_init(&c->lock, NULL);
+    int rc = sf_cuda_status(cudaSetDevice(device), "cudaSetDevice");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->copy_in, cudaStreamNonBlocking), "stream");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->copy_out, cudaStreamNonBlocking), "stream");
+    for (int i = 0; i < SF_CUDA_STAGING_SLOTS && rc == SF_OK; i++) {
+        sf_cuda_staging *slots[2] = {&c->up[i], &c->down[i]};
+        for (int j = 0; j < 2 && rc == SF_OK; j++) {
+            rc = sf_cuda_status(cudaEventCreateWithFlags(&slots[j]->ready, cudaEventDisableTiming), "event");
+            if (rc == SF_OK)
+                rc = sf_cuda_status(cudaEventCreateWithFlags(&slots[j]->done, cudaEventDisableTiming), "event");
+        }
+    }
+    if (rc == SF_OK) rc = sf_cublas_status(cublasCreate(&c->blas), "cublasCreate");
+    if (rc == SF_OK) rc = sf_cublas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream");
+    /* DEFAULT math never rounds float32 products to TF32 (that takes TF32_TENSOR_OP_MATH) */
+    if (rc == SF_OK) rc = sf_cublas_status(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    if (rc == SF_OK) rc = sf_cuda_malloc_counted(c, &c->blas_workspace, BLAS_WORKSPACE_BYTES);
+    if (rc == SF_OK) {
+        c->blas_workspace_bytes = BLAS_WORKSPACE_BYTES;
+        rc = sf_cublas_status(cublasSetWorkspace(c->blas, c->blas_workspace, BLAS_WORKSPACE_BYTES),
+                              "cublasSetWorkspace");
+    }
+    if (rc != SF_OK) {
+        release(c);
+        return rc;
+    }
+    be->ops = &cuda_ops;
+    be->impl = c;
+    be->precision = c->precision;
+    return SF_OK;
+}
+
+extern "C" int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out)
+{
+    if (!be || !out || be->ops != &cuda_ops) return sf_error(SF_E_INVAL, "sf_cuda_backend_memory: not a cuda backend");
+    sf_cuda *c = (sf_cuda *)be->impl;
+    memset(out, 0, sizeof *out);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    out->allocated = c->allocated;
+    out->peak = c->peak;
+    rc = sf_cuda_status(cudaMemGetInfo(&out->device_free, &out->device_total), "cudaMemGetInfo");
+    sf_cuda_leave(c);
+    return rc;
+}

@@ -1,0 +1,138 @@
+/* The CUDA backend: device memory, one compute stream, cuBLAS products, hand-written kernels
+ * for the row-wise ops and the compressive memory, sf_cuda_attention_f32/_bf16 for attention.
+ * Host <-> device copies of activations go through pinned, double-buffered staging on two copy
+ * streams (sized by reserve), ordered against the compute stream by events.
+ * kernels/backend.c creates it by name ("cuda"). Built only when nvcc is present.
+ *
+ * Threads: the stages of one graph share its backend from several threads. Every op issues
+ * its launches under the backend's lock onto the one compute stream, so ops never interleave
+ * inside the stream and shared scratch is safe; download and sync wait outside the lock.
+ *
+ * Memory: ops->alloc is cudaMalloc (counted, see sf_cuda_backend_memory); the bf16 weight
+ * copies (prepare_weight) and the scratch (reserve) are counted too. Ops allocate nothing. */
+#ifndef SEQFLOW_KERNELS_CUDA_BACKEND_H
+#define SEQFLOW_KERNELS_CUDA_BACKEND_H
+
+#include <stddef.h>
+
+#include "seqflow/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fills *be (ops, impl) for GPU `device` with be->precision already resolved (F32 or BF16).
+ * Creates the stream, the cuBLAS handle and its workspace. Returns SF_OK, or SF_E_BACKEND
+ * naming the CUDA failure (no GPU, no driver, bad ordinal); nothing is left allocated then.
+ * ops->destroy releases everything (the caller frees *be itself, as sf_backend_free does). */
+int sf_cuda_backend_init(sf_backend *be, int device);
+
+typedef struct sf_cuda_memory {
+    size_t allocated;      /* bytes held now through this backend (buffers, bf16 weights, scratch, workspace) */
+    size_t peak;           /* the most `allocated` has been since creation */
+    size_t device_free;    /* cudaMemGetInfo: free bytes on the device (all processes) */
+    size_t device_total;   /* cudaMemGetInfo: the device's memory */
+} sf_cuda_memory;
+
+/* Memory figures of a CUDA backend (for benchmarks). be must be a "cuda" backend:
+ * SF_E_INVAL otherwise; SF_E_BACKEND when cudaMemGetInfo fails. */
+int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- internal, shared by the .cu files of kernels/cuda ------------------------------------- */
+#ifdef __CUDACC__
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+
+#include "seqflow/error.h"
+
+typedef struct sf_cuda_weight {
+    const float *f32;       /* the backend buffer as the stage passes it to matmul */
+    __nv_bfloat16 *bf16;    /* its copy, made once */
+    size_t count;
+} sf_cuda_weight;
+
+typedef struct sf_cuda_alloc {
+    void *ptr;
+    size_t bytes;
+} sf_cuda_alloc;
+
+/* A pinned host buffer for copies: `ready` orders the copy after the compute stream's prior
+ * work, `done` marks the copy finished. */
+typedef struct sf_cuda_staging {
+    void *host;
+    size_t bytes;
+    cudaEvent_t ready, done;
+    int pending; /* an upload from it may still be in flight */
+    int busy;    /* a download is using it (its thread copies out without the lock) */
+} sf_cuda_staging;
+
+#define SF_CUDA_STAGING_SLOTS 2
+
+typedef struct sf_cuda {
+    int device;
+    sf_precision precision;
+    cudaStream_t stream;
+    cudaStream_t copy_in, copy_out; /* host <-> device copies, off the compute stream */
+    sf_cuda_staging up[SF_CUDA_STAGING_SLOTS], down[SF_CUDA_STAGING_SLOTS];
+    int up_next;
+    cublasHandle_t blas;
+    void *blas_workspace;
+    size_t blas_workspace_bytes;
+    pthread_mutex_t lock;
+    sf_cuda_alloc *allocs; /* live ops->alloc buffers, for the byte count */
+    int n_allocs, cap_allocs;
+    sf_cuda_weight *weights;
+    int n_weights, cap_weights;
+    void *scratch; /* bf16 activations of a product, or the delta targets: reserve() */
+    size_t scratch_bytes;
+    size_t allocated, peak;
+} sf_cuda;
+
+static inline sf_cuda *sf_cuda_of(sf_backend *be) { return (sf_cuda *)be->impl; }
+
+/* Returns SF_E_BACKEND with the CUDA message when err is not cudaSuccess. */
+static inline int sf_cuda_status(cudaError_t err, const char *what)
+{
+    if (err == cudaSuccess) return SF_OK;
+    return sf_error(SF_E_BACKEND, "CUDA: %s: %s", what, cudaGetErrorString(err));
+}
+int sf_cublas_status(cublasStatus_t st, const char *what);
+/* Checks the last launch (configuration errors surface here, not at the call). */
+static inline int sf_cuda_launched(const char *kernel) { return sf_cuda_status(cudaGetLastError(), kernel); }
+
+/* Takes the backend's lock and makes its device current on this thread; unlock releases. */
+int sf_cuda_enter(sf_cuda *c);
+void sf_cuda_leave(sf_cuda *c);
+/* Grows the counted scratch to at least `bytes` (under the lock). */
+int sf_cuda_scratch(sf_cuda *c, size_t bytes);
+/* Counted device allocation / release for the backend's own buffers (under the lock). */
+int sf_cuda_malloc_counted(sf_cuda *c, void **ptr, size_t bytes);
+void sf_cuda_free_counted(sf_cuda *c, void *ptr, size_t bytes);
+
+/* Kernels launched on `stream` (elementwise.cu); they return launch status. */
+int sf_cuda_f32_to_bf16(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, cudaStream_t stream);
+int sf_cuda_bf16_to_f32(const __nv_bfloat16 *src, size_t count, float *dst, cudaStream_t stream);
+
+/* The ops of sf_backend_ops (contracts in seqflow/backend.h). */
+int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
+                   int ldy, int accumulate);
+int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in);
+void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
+int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
+int sf_cuda_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y);
+int sf_cuda_swiglu(sf_backend *be, int n, int f, float *a, const float *b);
+int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, const float *k,
+                    const float *v, float *sk, float *sv, int *count);
+int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M,
+                       const float *z, const float *gate, float *a);
+int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
+                          const float *v, float *M, float *z);
+#endif /* __CUDACC__ */
+
+#endif

@@ -1,0 +1,164 @@
+/* Compressive memory on the GPU (SPEC 4), the twin of kernels/cpu/memory.c. M and z stay
+ * float32 in every precision: they sum over the whole stream, and bf16 would lose it.
+ *
+ * memory_mix is one kernel: a block takes one head and ROW_TILE rows; sigma(q) of those rows
+ * sits in shared memory, thread e walks column e of M_h once for all of them, and the gate mix
+ * is written straight into a (no Retrieve buffer).
+ * memory_update is one kernel for both kinds: a block owns COL_TILE rows j of M_h (and z_h)
+ * and streams the segment through shared memory, M[j, e] += sum_i sigma(k_i)[j] target_i[e].
+ * The target is v (linear) or v - Retrieve(sigma(k)) (delta); the delta's Retrieve must see
+ * M before the update, so it runs first, into the reserved scratch. */
+#include "kernels/cuda/cuda_backend.h"
+
+#define ROW_TILE 16  /* rows of q or k per block of the retrieval */
+#define COL_TILE 8   /* rows of M_h per block of the update */
+#define SEG_TILE 32  /* segment rows staged in shared memory per step of the update */
+#define MAX_HEAD_DIM 256
+
+__device__ static inline float sigma(float x) { return x > 0 ? x + 1.0f : expf(x); } /* ELU + 1 */
+
+/* retrieve_kernel modes */
+#define RETRIEVE_MIX 0    /* a = g * Retrieve(q) + (1 - g) * a */
+#define RETRIEVE_DELTA 1  /* target = v - Retrieve(k) */
+
+/* grid (heads, row tiles), block >= d threads. src is q (mix) or k (delta). */
+__global__ static void retrieve_kernel(int mode, int n, int d, int ld, const float *src, const float *M,
+                                       const float *z, const float *gate, const float *v, float *dst, int dst_ld)
+{
+    extern __shared__ float shared[];
+    float *sx = shared;                 /* [ROW_TILE][d] */
+    float *inv = shared + ROW_TILE * d; /* [ROW_TILE] */
+    const int h = blockIdx.x, r0 = blockIdx.y * ROW_TILE, e = threadIdx.x;
+    const int rows = n - r0 < ROW_TILE ? n - r0 : ROW_TILE;
+    for (int idx = threadIdx.x; idx < ROW_TILE * d; idx += blockDim.x) {
+        int r = idx / d, col = idx % d;
+        sx[idx] = r < rows ? sigma(src[(size_t)(r0 + r) * ld + (size_t)h * d + col]) : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        double den = 0;
+        for (int j = 0; j < d; j++) den += (double)sx[threadIdx.x * d + j] * z[(size_t)h * d + j];
+        inv[threadIdx.x] = den != 0 ? (float)(1.0 / den) : 0.0f;
+    }
+    __syncthreads();
+    if (e >= d) return;
+    float acc[ROW_TILE];
+    for (int r = 0; r < ROW_TILE; r++) acc[r] = 0;
+    const float *Mh = M + (size_t)h * d * d;
+    for (int j = 0; j < d; j++) {
+        float m = Mh[(size_t)j * d + e];
+#pragma unroll
+        for (int r = 0; r < ROW_TILE; r++) acc[r] += sx[r * d + j] * m;
+    }
+    if (mode == RETRIEVE_MIX) {
+        const float g = 1.0f / (1.0f + expf(-gate[h]));
+        for (int r = 0; r < rows; r++) {
+            float *out = dst + (size_t)(r0 + r) * dst_ld + (size_t)h * d + e;
+            *out = g * (acc[r] * inv[r]) + (1.0f - g) * *out;
+        }
+    } else {
+        for (int r = 0; r < rows; r++)
+            dst[(size_t)(r0 + r) * dst_ld + (size_t)h * d + e] =
+                v[(size_t)(r0 + r) * ld + (size_t)h * d + e] - acc[r] * inv[r];
+    }
+}
+
+/* grid (heads, column tiles of M_h rows), block >= d threads. target has row stride target_ld. */
+__global__ static void update_kernel(int n, int d, int ld, const float *k, const float *target, int target_ld,
+                                     float *M, float *z)
+{
+    extern __shared__ float shared[];
+    float *sk = shared;                    /* [SEG_TILE][COL_TILE] */
+    float *tg = shared + SEG_TILE * COL_TILE; /* [SEG_TILE][d] */
+    const int h = blockIdx.x, j0 = blockIdx.y * COL_TILE, e = threadIdx.x;
+    const int cols = d - j0 < COL_TILE ? d - j0 : COL_TILE;
+    float acc[COL_TILE];
+    for (int jj = 0; jj < COL_TILE; jj++) acc[jj] = 0;
+    double zacc = 0; /* z sums positive terms over the segment: double, as on the CPU */
+    for (int i0 = 0; i0 < n; i0 += SEG_TILE) {
+        const int rows = n - i0 < SEG_TILE ? n - i0 : SEG_TILE;
+        for (int idx = threadIdx.x; idx < SEG_TILE * COL_TILE; idx += blockDim.x) {
+            int r = idx / COL_TILE, jj = idx % COL_TILE;
+            sk[idx] = r < rows && jj < cols ? sigma(k[(size_t)(i0 + r) * ld + (size_t)h * d + j0 + jj]) : 0.0f;
+        }
+        for (int idx = threadIdx.x; idx < rows * d; idx += blockDim.x) {
+            int r = idx / d, col = idx % d;
+            tg[idx] = target[(size_t)(i0 + r) * target_ld + (size_t)h * d + col];
+        }
+        __syncthreads();
+        if (e < d) {
+            for (int r = 0; r < rows; r++) {
+                float t = tg[r * d + e];
+#pragma unroll
+                for (int jj = 0; jj < COL_TILE; jj++) acc[jj] += sk[r * COL_TILE + jj] * t;
+            }
+        }
+        if (threadIdx.x < cols)
+            for (int r = 0; r < rows; r++) zacc += sk[r * COL_TILE + threadIdx.x];
+        __syncthreads();
+    }
+    float *Mh = M + (size_t)h * d * d;
+    if (e < d)
+        for (int jj = 0; jj < cols; jj++) Mh[(size_t)(j0 + jj) * d + e] += acc[jj];
+    if (threadIdx.x < cols) z[(size_t)h * d + j0 + threadIdx.x] += (float)zacc;
+}
+
+static int threads_for(int d) { return (d + 31) / 32 * 32; }
+
+static int check_head_dim(int d)
+{
+    if (d <= 0 || d > MAX_HEAD_DIM)
+        return sf_error(SF_E_UNSUPPORTED, "CUDA memory kernels take head_dim 1..%d, not %d", MAX_HEAD_DIM, d);
+    return SF_OK;
+}
+
+int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M,
+                       const float *z, const float *gate, float *a)
+{
+    if (n <= 0 || heads <= 0) return SF_OK;
+    int rc = check_head_dim(d);
+    if (rc != SF_OK) return rc;
+    sf_cuda *c = sf_cuda_of(be);
+    rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    dim3 grid((unsigned)heads, (unsigned)((n + ROW_TILE - 1) / ROW_TILE));
+    size_t shared = (size_t)ROW_TILE * (d + 1) * sizeof(float);
+    retrieve_kernel<<<grid, threads_for(d), shared, c->stream>>>(RETRIEVE_MIX, n, d, ld, q, M, z, gate, NULL, a, ld);
+    rc = sf_cuda_launched("memory_mix");
+    sf_cuda_leave(c);
+    return rc;
+}
+
+int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
+                          const float *v, float *M, float *z)
+{
+    if (kind == SF_MEMORY_NONE || n <= 0 || heads <= 0) return SF_OK;
+    int rc = check_head_dim(d);
+    if (rc != SF_OK) return rc;
+    sf_cuda *c = sf_cuda_of(be);
+    rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    const float *target = v;
+    int target_ld = ld;
+    if (kind == SF_MEMORY_DELTA) {
+        const int width = heads * d;
+        /* sized by reserve() in a pipeline; grows once otherwise */
+        rc = sf_cuda_scratch(c, (size_t)n * width * sizeof(float));
+        if (rc == SF_OK) {
+            dim3 grid((unsigned)heads, (unsigned)((n + ROW_TILE - 1) / ROW_TILE));
+            size_t shared = (size_t)ROW_TILE * (d + 1) * sizeof(float);
+            retrieve_kernel<<<grid, threads_for(d), shared, c->stream>>>(RETRIEVE_DELTA, n, d, ld, k, M, z, NULL, v,
+                                                                         (float *)c->scratch, width);
+            rc = sf_cuda_launched("memory_update (delta target)");
+            target = (const float *)c->scratch, target_ld = width;
+        }
+    }
+    if (rc == SF_OK) {
+        dim3 grid((unsigned)heads, (unsigned)((d + COL_TILE - 1) / COL_TILE));
+        size_t shared = ((size_t)SEG_TILE * COL_TILE + (size_t)SEG_TILE * d) * sizeof(float);
+        update_kernel<<<grid, threads_for(d), shared, c->stream>>>(n, d, ld, k, target, target_ld, M, z);
+        rc = sf_cuda_launched("memory_update");
+    }
+    sf_cuda_leave(c);
+    return rc;
+}

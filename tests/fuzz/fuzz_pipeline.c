@@ -1,0 +1,125 @@
+/* Fuzzes the textual pipeline form (sf_graph_parse, pipeline/parse.c) and stage options
+ * (pipeline/options.c). Input: the pipeline text (up to its first NUL). Stages are only added,
+ * never initialized, so no file is opened. Besides the built-in stages, a stage "fuzzopts"
+ * with one option of every type is registered, since no built-in takes floats or booleans.
+ * A pipeline that parses must have one stage per unquoted '!' plus one, and every typed option
+ * value it accepted must read back through the typed getter (not its fallback). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/graph_internal.h"
+#include "seqflow/error.h"
+#include "seqflow/graph.h"
+#include "seqflow/stage.h"
+
+#define FUZZ_CHECK(cond)                                                                     \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);         \
+            abort();                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static int fuzzopts_process(sf_stage *st, sf_packet *in)
+{
+    (void)st;
+    (void)in;
+    return SF_OK;
+}
+
+static const sf_option fuzzopts_options[] = {
+    {"i", SF_OPT_INT, "7", "an integer"},
+    {"f", SF_OPT_FLOAT, "0.5", "a number"},
+    {"b", SF_OPT_BOOL, "true", "a boolean"},
+    {"s", SF_OPT_STRING, NULL, "a string without a default"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const sf_stage_class fuzzopts_class = {
+    .name = "fuzzopts",
+    .help = "every option type, for the pipeline fuzzer",
+    .options = fuzzopts_options,
+    .process = fuzzopts_process,
+};
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    FUZZ_CHECK(sf_register_stage(&fuzzopts_class) == SF_OK);
+    return 0;
+}
+
+/* Stages the parser must produce: '!' outside quotes separates them. */
+static int expected_stages(const char *text)
+{
+    int n = 1;
+    char quote = 0;
+    for (const char *s = text; *s; s++) {
+        if (quote) {
+            if (*s == quote) quote = 0;
+        } else if (*s == '\'' || *s == '"') {
+            quote = *s;
+        } else if (*s == '!') {
+            n++;
+        }
+    }
+    return n;
+}
+
+static void check_options(const sf_stage *st)
+{
+    for (int i = 0; i < st->n_options; i++) {
+        const sf_option *opt = st->options[i].option;
+        const char *value = sf_stage_option(st, opt->name);
+        FUZZ_CHECK(value == st->options[i].value);
+        if (!value) {
+            FUZZ_CHECK(opt->default_value == NULL);
+            continue;
+        }
+        switch (opt->type) {
+        case SF_OPT_INT:
+            FUZZ_CHECK(sf_stage_option_int(st, opt->name, 1) == sf_stage_option_int(st, opt->name, 2));
+            break;
+        case SF_OPT_FLOAT: {
+            double a = sf_stage_option_float(st, opt->name, 1.5);
+            FUZZ_CHECK(isfinite(a) && a == sf_stage_option_float(st, opt->name, 2.5));
+            break;
+        }
+        case SF_OPT_BOOL: {
+            int a = sf_stage_option_bool(st, opt->name, 2);
+            FUZZ_CHECK((a == 0 || a == 1) && a == sf_stage_option_bool(st, opt->name, 3));
+            break;
+        }
+        case SF_OPT_STRING: break;
+        }
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char *text = malloc(size + 1);
+    FUZZ_CHECK(text);
+    memcpy(text, data, size);
+    text[size] = '\0';
+
+    sf_graph *g = NULL;
+    FUZZ_CHECK(sf_graph_create(NULL, NULL, &g) == SF_OK);
+    sf_clear_error();
+    int rc = sf_graph_parse(g, text);
+    FUZZ_CHECK(rc == SF_OK || rc == SF_E_PARSE || rc == SF_E_STAGE || rc == SF_E_OPTION);
+    if (rc == SF_OK) {
+        FUZZ_CHECK(sf_graph_size(g) == expected_stages(text));
+        for (int i = 0; i < sf_graph_size(g); i++) check_options(sf_graph_stage(g, i));
+    } else {
+        FUZZ_CHECK(sf_last_error()[0] != '\0');
+    }
+    sf_graph_free(g);
+    free(text);
+    return 0;
+}

@@ -1,0 +1,305 @@
+/* Checkpoint and resume through the binary: runs SIGKILLed at pseudo-random moments (fixed
+ * seed) and after a given number of checkpoints, then resumed until they finish, must leave
+ * output identical byte for byte to an uninterrupted run; a bit-flipped or truncated newest
+ * checkpoint is reported on one stderr line and the previous one used; --resume without any
+ * checkpoint starts fresh (and says so); every checkpoint damaged, a changed configuration, a
+ * pipe on stdin and stdout as output are refused with one line. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "memory/checkpoint.h"
+#include "seqflow/seqflow.h"
+#include "support/check.h"
+#include "support/spawn.h"
+
+/* A small built-in model so that a whole run takes about a second even under sanitizers. */
+#define MODEL_ARGS "--segment", "64", "--branches", "16:1,32:2,64:4", "--dim", "32", "--heads", "2", \
+                   "--head-dim", "16", "--layers", "2", "--mlp", "64", "--global-tokens", "8",       \
+                   "--summary-tokens", "2", "-t", "1", "-q"
+#define INPUT_BYTES 8192
+
+static char input_path[512], ref_path[512], out_path[512], ckpt_dir[512], err_path[512];
+
+static unsigned char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    unsigned char *buf = malloc((size_t)n + 1);
+    *len = fread(buf, 1, (size_t)n, f);
+    buf[*len] = 0; /* stderr files are searched as text */
+    fclose(f);
+    return buf;
+}
+
+static int exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static void remove_dir(const char *dir)
+{
+    sf_checkpoint_clear(dir);
+    rmdir(dir);
+}
+
+static void remove_outputs(void)
+{
+    char partial[600];
+    snprintf(partial, sizeof partial, "%s.partial", out_path);
+    unlink(out_path);
+    unlink(partial);
+}
+
+/* argv of a checkpointed run writing out_path; resume adds --resume. */
+#define CKPT_ARGV(resume_flag)                                                                              \
+    {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", out_path, "--checkpoint", ckpt_dir,             \
+     "--checkpoint-every", "4", resume_flag, NULL}
+
+static int run_to_end(int resume, spawn_result *r)
+{
+    const char *with[] = CKPT_ARGV("--resume");
+    const char *without[] = CKPT_ARGV(NULL);
+    return spawn_run(resume ? with : without, NULL, 0, r);
+}
+
+static uint64_t newest_checkpoint(void)
+{
+    uint64_t *seqs, newest = 0;
+    size_t n;
+    if (sf_checkpoint_list(ckpt_dir, &seqs, &n) == SF_OK && n) newest = seqs[n - 1];
+    free(seqs);
+    return newest;
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Starts a run, waits until checkpoint `after` exists (when after > 0), then delay_us more,
+ * and SIGKILLs it. Kill points are tied to progress rather than to wall time alone so that they
+ * land inside the run on fast and slow machines alike. Returns the exit code (137 when the kill
+ * landed, 0 when the run finished first). */
+static int run_and_kill(int resume, long delay_us, uint64_t after)
+{
+    const char *with[] = CKPT_ARGV("--resume");
+    const char *without[] = CKPT_ARGV(NULL);
+    int stdin_fd;
+    int pid = spawn_start(resume ? with : without, &stdin_fd, err_path);
+    if (pid < 0) return -1;
+    for (int waited = 0; after && waited < 40000 && newest_checkpoint() < after; waited++) sleep_us(250);
+    sleep_us(delay_us);
+    kill(pid, SIGKILL);
+    int code = spawn_wait(pid);
+    close(stdin_fd);
+    return code;
+}
+
+static int same_as_reference(void)
+{
+    size_t a_len = 0, b_len = 0;
+    unsigned char *a = read_all(ref_path, &a_len), *b = read_all(out_path, &b_len);
+    int same = a && b && a_len == b_len && memcmp(a, b, a_len) == 0;
+    free(a);
+    free(b);
+    return same;
+}
+
+static int count_lines_with(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *line = text; *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%.*s", (int)len, line);
+        n += strstr(buf, needle) != NULL;
+        line += len + (end != NULL);
+    }
+    return n;
+}
+
+/* Damages the newest checkpoint (flip one payload bit, or truncate), then resumes. */
+static void damaged_newest(int truncate_it, check_rng *rng)
+{
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    CHECK(run_and_kill(0, 0, 6) == 137);
+    uint64_t newest = newest_checkpoint();
+    CHECKF(newest >= 6, "newest checkpoint %llu", (unsigned long long)newest);
+    char path[1024];
+    CHECK_OK(sf_checkpoint_path(ckpt_dir, newest, path, sizeof path));
+    size_t len;
+    unsigned char *data = read_all(path, &len);
+    CHECK(data && len > SF_FRAME_HEADER_SIZE + 8);
+    if (!data) return;
+    FILE *f = fopen(path, "wb");
+    if (truncate_it) {
+        fwrite(data, 1, len / 2, f);
+    } else {
+        size_t at = SF_FRAME_HEADER_SIZE + check_rng_next(rng) % (len - SF_FRAME_HEADER_SIZE);
+        data[at] ^= (unsigned char)(1u << (check_rng_next(rng) % 8));
+        fwrite(data, 1, len, f);
+    }
+    fclose(f);
+    free(data);
+    spawn_result r;
+    CHECK(run_to_end(1, &r) == 0);
+    CHECKF(r.exit_code == 0, "resume after a damaged checkpoint: exit %d: %s", r.exit_code, r.err);
+    CHECKF(r.err_lines == 1 && count_lines_with(r.err, "damaged") == 1 && strstr(r.err, path),
+           "expected one line naming %s, got: %s", path, r.err);
+    CHECKF(same_as_reference(), "output after resuming past a %s checkpoint differs",
+           truncate_it ? "truncated" : "bit-flipped");
+}
+
+int main(void)
+{
+    if (!spawn_binary()) return check_skip("SEQFLOW_BIN is not set");
+    snprintf(input_path, sizeof input_path, "%s", check_tmp_path("ckpt_input.txt"));
+    snprintf(ref_path, sizeof ref_path, "%s", check_tmp_path("ckpt_ref.raw"));
+    snprintf(out_path, sizeof out_path, "%s", check_tmp_path("ckpt_out.raw"));
+    snprintf(ckpt_dir, sizeof ckpt_dir, "%s", check_tmp_path("ckpt_dir"));
+    snprintf(err_path, sizeof err_path, "%s", check_tmp_path("ckpt_stderr.txt"));
+
+    /* printable text with word structure, from a fixed seed */
+    check_rng rng = {20261122};
+    FILE *f = fopen(input_path, "wb");
+    for (int i = 0; i < INPUT_BYTES; i++) {
+        uint64_t v = check_rng_next(&rng) % 32;
+        fputc(v < 5 ? ' ' : v == 5 ? '\n' : 'a' + (int)(v - 6), f);
+    }
+    fclose(f);
+
+    spawn_result r;
+    const char *ref_argv[] = {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", ref_path, NULL};
+    CHECK(spawn_run(ref_argv, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 0, "reference run: %s", r.err);
+    size_t ref_len;
+    free(read_all(ref_path, &ref_len));
+    CHECKF(ref_len == (size_t)INPUT_BYTES * 32 * sizeof(float), "reference output has %zu bytes", ref_len);
+
+    /* checkpointing itself changes nothing; the directory keeps the newest 3 */
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    struct timespec start, end;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    CHECK(run_to_end(0, &r) == 0);
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    long run_us = (end.tv_sec - start.tv_sec) * 1000000L + (end.tv_nsec - start.tv_nsec) / 1000;
+    CHECKF(r.exit_code == 0, "checkpointed run: %s", r.err);
+    CHECK(same_as_reference());
+    uint64_t *seqs;
+    size_t n;
+    CHECK_OK(sf_checkpoint_list(ckpt_dir, &seqs, &n));
+    /* 8192 tokens / (4 x 64) = 32 interval markers, plus the one after the end of input */
+    CHECKF(n == 3 && seqs[2] == 33, "%zu checkpoints, newest %llu", n, n ? (unsigned long long)seqs[n - 1] : 0ull);
+    free(seqs);
+    char partial[600];
+    snprintf(partial, sizeof partial, "%s.partial", out_path);
+    CHECK(!exists(partial));
+
+    /* resuming a finished run changes nothing */
+    CHECK(run_to_end(1, &r) == 0);
+    CHECKF(r.exit_code == 0 && same_as_reference(), "resume of a finished run: %s", r.err);
+
+    /* SIGKILL at pseudo-random moments: after a random checkpoint plus a random part of one
+     * checkpoint interval (so inside segment processing, output writes and checkpoint writes
+     * alike), or early after the start (trial 0); resume, kill again, resume to the end: the
+     * same bytes every time */
+    long interval_us = run_us / 33;
+    int total_kills = 0;
+    for (int trial = 0; trial < 4; trial++) {
+        remove_dir(ckpt_dir);
+        remove_outputs();
+        int kills = 0;
+        uint64_t first = trial == 0 ? 0 : 1 + check_rng_next(&rng) % 15;
+        long delay = (long)(check_rng_uniform(&rng) * (double)interval_us * (trial == 0 ? 2 : 1));
+        int code = run_and_kill(0, delay, first);
+        kills += code == 137;
+        uint64_t second = newest_checkpoint() + 1 + check_rng_next(&rng) % 12;
+        code = run_and_kill(1, (long)(check_rng_uniform(&rng) * (double)interval_us), second);
+        kills += code == 137;
+        CHECK(code == 137 || code == 0);
+        CHECK(run_to_end(1, &r) == 0);
+        CHECKF(r.exit_code == 0, "trial %d: final resume exited %d: %s", trial, r.exit_code, r.err);
+        CHECKF(same_as_reference(), "trial %d (%d kills landed): output differs from the uninterrupted run", trial,
+               kills);
+        CHECK(!exists(partial));
+        total_kills += kills;
+    }
+    /* every kill point lies at least a few intervals before the end; allow for a stalled killer */
+    CHECKF(total_kills >= 6, "only %d of 8 kills landed before the run finished", total_kills);
+
+    damaged_newest(0, &rng);
+    damaged_newest(1, &rng);
+
+    /* every checkpoint damaged: refused, not silently restarted */
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    CHECK(run_and_kill(0, 0, 3) == 137);
+    CHECK_OK(sf_checkpoint_list(ckpt_dir, &seqs, &n));
+    for (size_t i = 0; i < n; i++) {
+        char path[1024];
+        sf_checkpoint_path(ckpt_dir, seqs[i], path, sizeof path);
+        CHECK(truncate(path, 10) == 0);
+    }
+    free(seqs);
+    CHECK(run_to_end(1, &r) == 0);
+    CHECKF(r.exit_code == 1 && count_lines_with(r.err, "no valid checkpoint") == 1,
+           "all damaged: exit %d: %s", r.exit_code, r.err);
+
+    /* --resume with no checkpoint: starts from the beginning and says so */
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    CHECK(run_to_end(1, &r) == 0);
+    CHECKF(r.exit_code == 0 && r.err_lines == 1 && strstr(r.err, "no checkpoint"), "fresh resume: %s", r.err);
+    CHECK(same_as_reference());
+
+    /* a different configuration is refused */
+    remove_outputs();
+    CHECK(run_and_kill(0, 0, 3) == 137);
+    const char *other[] = {"seqflow", "run", MODEL_ARGS, "--layers", "1", "-i", input_path, "-o", out_path,
+                           "--checkpoint", ckpt_dir, "--resume", NULL};
+    CHECK(spawn_run(other, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "different"), "changed config: %s", r.err);
+
+    /* stdin from a pipe cannot be resumed; stdout cannot be taken back */
+    const char *piped[] = {"seqflow", "run", MODEL_ARGS, "-i", "-", "-o", out_path, "--checkpoint", ckpt_dir, NULL};
+    int stdin_fd, pid = spawn_start(piped, &stdin_fd, err_path);
+    CHECK(pid > 0);
+    if (pid > 0) {
+        if (write(stdin_fd, "abc", 3) != 3) CHECK(0);
+        close(stdin_fd);
+        CHECK(spawn_wait(pid) == 1);
+        size_t len;
+        char *err = (char *)read_all(err_path, &len);
+        CHECKF(err && strstr(err, "standard input") && count_lines_with(err, "seqflow:") == 1, "pipe: %s",
+               err ? err : "");
+        free(err);
+    }
+    const char *to_stdout[] = {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", "-", "--checkpoint", ckpt_dir, NULL};
+    CHECK(spawn_run(to_stdout, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "standard output"), "stdout: %s", r.err);
+    const char *no_dir[] = {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", out_path, "--resume", NULL};
+    CHECK(spawn_run(no_dir, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 2 && r.err_lines == 1, "--resume without --checkpoint: %d %s", r.exit_code, r.err);
+
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    unlink(input_path);
+    unlink(ref_path);
+    unlink(err_path);
+    return check_finish("test_checkpoint_resume");
+}

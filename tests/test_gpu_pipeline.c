@@ -1,0 +1,224 @@
+/* The whole pipeline on the GPU against the same pipeline on the CPU, on small random models
+ * covering what test_pipeline_reference.c covers: branch sets (one leaving heads uncovered),
+ * causal and not, memory none/linear/delta, global tokens, several layers with and without
+ * MLP, head widths the bf16 attention kernel has (32, 64) and ones it has not (8, 12: they
+ * run the f32 kernel), partial segments, a provisional flush, two interleaved streams and
+ * one stage per layer. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
+ * Without a GPU this prints "skipped: no GPU" and exits 77. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "seqflow/seqflow.h"
+#include "support/check.h"
+#ifdef SEQFLOW_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_device.h"
+#endif
+
+#define TOL_F32 1e-4
+#define TOL_BF16 2e-2
+#define MAX_STREAMS 2
+
+typedef struct outputs {
+    float *x[MAX_STREAMS];  /* committed rows by position, NaN where nothing arrived */
+    float *provisional;     /* the last provisional packet of stream 0 */
+    size_t prov_pos, prov_n;
+} outputs;
+
+typedef struct scenario {
+    const char *pipeline;
+    int streams;
+    size_t tokens;       /* per stream */
+    size_t flush_at;     /* stream 0 is flushed after this many tokens (0: never) */
+} scenario;
+
+static void collect(sf_graph *g, outputs *o, size_t tokens, int dim)
+{
+    for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
+        if (p->kind != SF_PACKET_HIDDEN || p->stream >= MAX_STREAMS || p->n == 0) continue;
+        const size_t bytes = p->n * (size_t)dim * sizeof(float);
+        if (p->flags & SF_PACKET_PROVISIONAL) {
+            if (p->stream != 0) continue;
+            free(o->provisional);
+            o->provisional = malloc(bytes);
+            memcpy(o->provisional, p->x, bytes);
+            o->prov_pos = p->position, o->prov_n = p->n;
+            continue;
+        }
+        if (p->position + p->n <= tokens) memcpy(o->x[p->stream] + p->position * (size_t)dim, p->x, bytes);
+    }
+}
+
+/* Runs the scenario on one device; the chunking is fixed, so every device sees the same packets. */
+static int run(const sf_model *m, const char *device, sf_precision precision, const scenario *sc,
+               uint32_t *const *tokens, outputs *o)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t D = (size_t)c->dim;
+    memset(o, 0, sizeof *o);
+    for (int s = 0; s < sc->streams; s++) {
+        o->x[s] = malloc(sc->tokens * D * sizeof(float));
+        for (size_t i = 0; i < sc->tokens * D; i++) o->x[s][i] = NAN;
+    }
+    sf_graph_options opts = {.device = device, .precision = precision};
+    sf_graph *g = NULL;
+    int rc = sf_graph_create(m, &opts, &g);
+    CHECKF(rc == SF_OK, "graph on %s: %s", device, sf_last_error());
+    if (rc != SF_OK) return rc;
+    CHECK_OK(sf_graph_parse(g, sc->pipeline));
+    int flushed = 0;
+    for (size_t at = 0, step = 7; at < sc->tokens; at += step, step = step * 3 % 41 + 1) {
+        size_t take = sc->tokens - at < step ? sc->tokens - at : step;
+        for (int s = sc->streams - 1; s >= 0; s--) CHECK_OK(sf_graph_push(g, (uint64_t)s, tokens[s] + at, take));
+        if (sc->flush_at && !flushed && at + take >= sc->flush_at) {
+            CHECK_OK(sf_graph_flush(g, 0));
+            flushed = 1;
+        }
+        collect(g, o, sc->tokens, c->dim);
+    }
+    for (int s = 0; s < sc->streams; s++) CHECK_OK(sf_graph_end(g, (uint64_t)s));
+    collect(g, o, sc->tokens, c->dim);
+    sf_graph_free(g);
+    return SF_OK;
+}
+
+static void outputs_free(outputs *o)
+{
+    for (int s = 0; s < MAX_STREAMS; s++) free(o->x[s]);
+    free(o->provisional);
+}
+
+static void compare(const char *name, const sf_model *m, const scenario *sc, uint64_t seed)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t D = (size_t)c->dim;
+    uint32_t *tokens[MAX_STREAMS] = {0};
+    check_rng r = {seed};
+    for (int s = 0; s < sc->streams; s++) {
+        tokens[s] = malloc(sc->tokens * sizeof(uint32_t));
+        for (size_t i = 0; i < sc->tokens; i++) tokens[s][i] = (uint32_t)(check_rng_next(&r) % (uint64_t)c->vocab);
+    }
+    outputs want;
+    if (run(m, "cpu", SF_PRECISION_F32, sc, tokens, &want) == SF_OK) {
+        static const struct {
+            sf_precision p;
+            const char *label;
+            double tol;
+        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32}, {SF_PRECISION_BF16, "bf16", TOL_BF16}};
+        for (size_t mi = 0; mi < 2; mi++) {
+            outputs got;
+            if (run(m, "cuda", modes[mi].p, sc, tokens, &got) != SF_OK) continue;
+            double worst = 0;
+            for (int s = 0; s < sc->streams; s++) {
+                double err = check_rel_err_f32(got.x[s], want.x[s], sc->tokens * D);
+                CHECKF(err <= modes[mi].tol, "%s [%s] stream %d: relative error %.3g", name, modes[mi].label, s, err);
+                if (!(err <= worst)) worst = err;
+            }
+            if (sc->flush_at) {
+                int same = got.provisional && want.provisional && got.prov_pos == want.prov_pos &&
+                           got.prov_n == want.prov_n;
+                CHECKF(same, "%s [%s]: the flush emitted different rows than on the CPU", name, modes[mi].label);
+                if (same) {
+                    double err = check_rel_err_f32(got.provisional, want.provisional, got.prov_n * D);
+                    CHECKF(err <= modes[mi].tol, "%s [%s] flushed rows: relative error %.3g", name, modes[mi].label,
+                           err);
+                    if (!(err <= worst)) worst = err;
+                }
+            }
+            printf("  %-48s %-4s rel err %.2e\n", name, modes[mi].label, worst);
+            outputs_free(&got);
+        }
+        outputs_free(&want);
+    }
+    for (int s = 0; s < sc->streams; s++) free(tokens[s]);
+}
+
+#ifdef SEQFLOW_HAVE_CUDA
+/* Device memory is fixed once a stream is running: 40 more segments add no byte. */
+static void check_memory_flat(const sf_model *m)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t N = (size_t)c->segment;
+    uint32_t *tokens = malloc(N * sizeof *tokens);
+    for (size_t i = 0; i < N; i++) tokens[i] = (uint32_t)(i * 7 % (size_t)c->vocab);
+    sf_graph_options opts = {.device = "cuda"};
+    sf_graph *g = NULL;
+    CHECK_OK(sf_graph_create(m, &opts, &g));
+    CHECK_OK(sf_graph_parse(g, "segment ! embed ! block ! norm"));
+    sf_cuda_memory early = {0}, late = {0};
+    for (int seg = 0; seg < 42 && g; seg++) {
+        CHECK_OK(sf_graph_push(g, 0, tokens, N));
+        for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
+        }
+        if (seg == 1) CHECK_OK(sf_cuda_backend_memory(sf_stage_backend(sf_graph_stage(g, 0)), &early));
+    }
+    if (g) CHECK_OK(sf_cuda_backend_memory(sf_stage_backend(sf_graph_stage(g, 0)), &late));
+    CHECKF(early.peak > 0 && late.peak == early.peak && late.allocated == early.allocated,
+           "device bytes after 2 segments: %zu (peak %zu); after 42: %zu (peak %zu)", early.allocated, early.peak,
+           late.allocated, late.peak);
+    printf("  device memory: %zu bytes after 2 segments, %zu after 42 (peak %zu)\n", early.allocated, late.allocated,
+           late.peak);
+    sf_graph_free(g);
+    free(tokens);
+}
+#endif
+
+typedef struct variant {
+    const char *name, *branches;
+    int dim, heads, head_dim, layers, causal, mlp, global, summary, final_norm, segment;
+    sf_memory_kind memory;
+} variant;
+
+int main(void)
+{
+    int have_gpu = 0;
+#ifdef SEQFLOW_HAVE_CUDA
+    have_gpu = sf_cuda_device_count() > 0;
+#endif
+    if (!have_gpu) return check_skip("no GPU");
+    static const variant variants[] = {
+        {"3 branches causal delta", "8:1,16:2,32:4", 24, 3, 8, 1, 1, 0, 0, 0, 1, 32, SF_MEMORY_DELTA},
+        {"3 branches non-causal delta", "8:1,16:2,32:4", 24, 3, 8, 1, 0, 0, 0, 0, 1, 32, SF_MEMORY_DELTA},
+        {"linear memory, globals, 2 layers, MLP", "8:1,32:2", 24, 3, 8, 2, 1, 40, 6, 2, 1, 32, SF_MEMORY_LINEAR},
+        {"no memory, globals 4/4, MLP", "16:1,32:4", 16, 2, 8, 2, 1, 24, 4, 4, 0, 32, SF_MEMORY_NONE},
+        {"uncovered heads (16:2 over 3 heads)", "16:2", 24, 3, 8, 1, 1, 0, 0, 0, 1, 32, SF_MEMORY_DELTA},
+        {"uncovered heads with globals, non-causal", "32:4", 24, 3, 8, 2, 0, 32, 5, 3, 1, 32, SF_MEMORY_DELTA},
+        {"H*d != D, delta, globals, 3 layers", "8:1,16:2,32:4", 20, 2, 12, 3, 1, 28, 8, 4, 1, 32, SF_MEMORY_DELTA},
+        {"d=32 (bf16 kernel), delta, globals, MLP", "32:1,64:2,128:4", 96, 4, 32, 2, 1, 128, 8, 2, 1, 128,
+         SF_MEMORY_DELTA},
+        {"d=64 (bf16 kernel), linear, non-causal", "64:1,128:2", 128, 2, 64, 2, 0, 0, 4, 4, 1, 128,
+         SF_MEMORY_LINEAR},
+    };
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
+        const variant *v = &variants[i];
+        sf_model_config cfg;
+        sf_model_config_default(&cfg);
+        cfg.dim = v->dim, cfg.heads = v->heads, cfg.head_dim = v->head_dim, cfg.layers = v->layers;
+        cfg.vocab = 50, cfg.segment = v->segment, cfg.causal = v->causal, cfg.memory = v->memory;
+        cfg.mlp_hidden = v->mlp, cfg.global_tokens = v->global, cfg.summary_tokens = v->summary;
+        cfg.final_norm = v->final_norm;
+        CHECK_OK(sf_branches_parse(v->branches, &cfg));
+        sf_model *m = NULL;
+        CHECK_OK(sf_model_create_random(&cfg, 1000 + i, &m));
+        if (!m) continue;
+        const size_t N = (size_t)v->segment;
+        scenario one = {"segment ! embed ! block ! norm", 1, 3 * N + 19, N + N / 2 + 1};
+        compare(v->name, m, &one, i);
+        if (v->layers > 1) {
+            scenario split = {v->layers == 2 ? "segment ! embed ! block layers=0 ! block layers=1 ! norm"
+                                             : "segment ! embed ! block layers=0 ! block layers=1-2 ! norm",
+                              1, 2 * N + 3, 0};
+            compare("  same, one stage per layer", m, &split, i);
+        }
+#ifdef SEQFLOW_HAVE_CUDA
+        if (i == 7) check_memory_flat(m);
+#endif
+        if (i == 2 || i == 7) {
+            scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
+            compare("  two interleaved streams", m, &two, 100 + i);
+        }
+        sf_model_free(m);
+    }
+    return check_finish("test_gpu_pipeline");
+}
