@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds seqflow and runs every test (installing missing packages):
 #   1. a Release build (CUDA compiled when nvcc is present; GPU tests skip without a GPU),
-#   2. a build under AddressSanitizer + UndefinedBehaviorSanitizer, running the same tests.
+#   2. the libFuzzer targets (scripts/fuzz.sh, clang) for a bounded time each,
+#   3. a build under AddressSanitizer + UndefinedBehaviorSanitizer, running the same tests
+#      (last, so that ctest's summary line closes the output).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -9,8 +11,9 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_EXAMPLES=ON
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
+# every libFuzzer target of tests/fuzz for FUZZ_SECONDS (default 20) seconds each
+scripts/fuzz.sh
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DSEQFLOW_SANITIZE=ON -DSEQFLOW_CUDA=OFF -DSEQFLOW_BUILD_BENCH=OFF -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_EXAMPLES=ON
 cmake --build build-sanitize -j"$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd build-sanitize && ctest --output-on-failure -j"$jobs")
-scripts/fuzz.sh  # 3. every libFuzzer target of tests/fuzz for FUZZ_SECONDS (default 20) seconds

@@ -289,7 +289,8 @@ static int prepare_backend(block *b)
     }
     int widest = D > W ? D : W;
     if (F > widest) widest = F;
-    if (rc == SF_OK && ops->reserve) rc = ops->reserve(b->be, c->segment, widest);
+    /* + G rows: a GPU backend stages the segment's K/V and the global tokens there for attention */
+    if (rc == SF_OK && ops->reserve) rc = ops->reserve(b->be, c->segment + c->global_tokens, widest);
     return rc;
 }
 

@@ -390,6 +390,8 @@ extern "C" const char *sf_cuda_attention_bf16_variant_name(int variant)
     case 4: return "staged bf16 K/V, cp.async x2, 4 warps, 128 regs";
     case 5: return "staged bf16 K/V, cp.async x3, 4 warps, 128 regs";
     case 6: return "staged bf16 K/V, cp.async x2, 4 warps, 168 regs";
+    case 7: return "staged, 2 warps x 32 rows, 64 keys";
+    case 8: return "staged, 4 warps x 32 rows, 64 keys";
     default: return NULL;
     }
 }

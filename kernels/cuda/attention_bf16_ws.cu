@@ -64,10 +64,12 @@ struct kv_src {
     int kbeg, kend, win, causal;
 };
 
-template <int D, int WARPS, int BN, int STAGES>
+/* MT m16 row tiles per warp: each K/V fragment read from shared memory feeds MT products,
+ * so MT = 2 halves the shared-memory bytes per FLOP (ldmatrix traffic binds at MT = 1). */
+template <int D, int WARPS, int MT, int BN, int STAGES>
 struct staged_cfg {
     static constexpr int THREADS = WARPS * 32;
-    static constexpr int BM = WARPS * 16;
+    static constexpr int BM = WARPS * 16 * MT;
     static constexpr int PAD = D + 8; /* +16 bytes a row keeps ldmatrix conflict-free */
     static constexpr int CPR = D / 8; /* 16-byte chunks per row */
     static constexpr int PER_THREAD = BN * CPR / THREADS;
@@ -94,15 +96,15 @@ __device__ __forceinline__ void issue_tile(const kv_src &s, int k0, __nv_bfloat1
 /* One query tile: dilated rows [qs, qe), query row x at qbase + x*qstride (float32), output row
  * at position opos0 + x*ostep. Merges its partial softmax into out / m_s / l_s (indexed by
  * position - P). Every thread of the block calls it (it holds block barriers). */
-template <int D, int WARPS, int BN, int STAGES>
+template <int D, int WARPS, int MT, int BN, int STAGES>
 __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstride, int qs, int qe, int opos0, int ostep,
                             int P, float *out, size_t ld, float c, __nv_bfloat16 *kv, float *m_s, float *l_s)
 {
-    using C = staged_cfg<D, WARPS, BN, STAGES>;
+    using C = staged_cfg<D, WARPS, MT, BN, STAGES>;
     const int nkt = (src.kend - src.kbeg + BN - 1) / BN;
     if (nkt <= 0) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int row0 = qs + warp * 16 + g; /* this thread's rows: row0 and row0 + 8 */
+    const int wrow = qs + warp * 16 * MT + g; /* this thread's rows: wrow + 16*mt and + 8 */
 
     /* start the key stream first: its latency hides behind the query loads */
 #pragma unroll
@@ -111,26 +113,32 @@ __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstrid
         cp_async_commit();
     }
 
-    uint32_t qf[D / 16][4];
+    uint32_t qf[MT][D / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) {
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int x = row0 + 8 * hr;
-            float2 lo = make_float2(0, 0), hi = make_float2(0, 0);
-            if (x < qe) {
-                const float *qr = qbase + (size_t)x * qstride + kc * 16 + 2 * t;
-                lo = __ldg(reinterpret_cast<const float2 *>(qr));
-                hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
+        for (int kc = 0; kc < D / 16; kc++) {
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int x = wrow + 16 * mt + 8 * hr;
+                float2 lo = make_float2(0, 0), hi = make_float2(0, 0);
+                if (x < qe) {
+                    const float *qr = qbase + (size_t)x * qstride + kc * 16 + 2 * t;
+                    lo = __ldg(reinterpret_cast<const float2 *>(qr));
+                    hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
+                }
+                qf[mt][kc][hr] = pack_bf16(lo.x, lo.y);
+                qf[mt][kc][2 + hr] = pack_bf16(hi.x, hi.y);
             }
-            qf[kc][hr] = pack_bf16(lo.x, lo.y);
-            qf[kc][2 + hr] = pack_bf16(hi.x, hi.y);
         }
-    }
-    float acc[D / 8][4];
+    float acc[MT][D / 8][4];
 #pragma unroll
-    for (int j = 0; j < D / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0, 0};
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0;
+    float mrow[MT][2], lrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) mrow[mt][0] = mrow[mt][1] = -INFINITY, lrow[mt][0] = lrow[mt][1] = 0;
 
     const int qwin = qs / src.win;
     const bool qwin_same = qwin == (qe - 1) / src.win;
@@ -146,111 +154,132 @@ __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstrid
         const int k0 = src.kbeg + it * BN;
         const __nv_bfloat16 *ks = kv + (it % STAGES) * C::STAGE, *vs = ks + C::STAGE / 2;
 
-        float s[BN / 8][4];
+        float s[MT][BN / 8][4];
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0;
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++) {
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t b[4];
                 ldsm_x4(b, ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * C::PAD + kc * 16 + ((lane >> 3) & 1) * 8);
-                mma_bf16(s[2 * np], qf[kc], b[0], b[1]);
-                mma_bf16(s[2 * np + 1], qf[kc], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(s[mt][2 * np], qf[mt][kc], b[0], b[1]);
+                    mma_bf16(s[mt][2 * np + 1], qf[mt][kc], b[2], b[3]);
+                }
             }
         }
         const bool need_mask = !qwin_same || k0 + BN > src.kend || (src.causal && k0 + BN - 1 > qs) ||
                                k0 / src.win != qwin || (k0 + BN - 1) / src.win != qwin;
         if (need_mask) {
 #pragma unroll
-            for (int j = 0; j < BN / 8; j++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int x = row0 + 8 * (e >> 1), key = k0 + j * 8 + 2 * t + (e & 1);
-                    const bool ok = key < src.kend && key / src.win == x / src.win && (!src.causal || key <= x);
-                    if (!ok) s[j][e] = -INFINITY;
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int x = wrow + 16 * mt + 8 * (e >> 1), key = k0 + j * 8 + 2 * t + (e & 1);
+                        const bool ok = key < src.kend && key / src.win == x / src.win && (!src.causal || key <= x);
+                        if (!ok) s[mt][j][e] = -INFINITY;
+                    }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[mt][j][2 * hr], s[mt][j][2 * hr + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(mrow[mt][hr], mx * c);
+                const float base = mnew == -INFINITY ? 0.0f : mnew;
+                const float corr = fast_exp2(mrow[mt][hr] - base);
+                mrow[mt][hr] = mnew;
+                float sum = 0;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    s[mt][j][2 * hr] = fast_exp2(fmaf(s[mt][j][2 * hr], c, -base));
+                    s[mt][j][2 * hr + 1] = fast_exp2(fmaf(s[mt][j][2 * hr + 1], c, -base));
+                    sum += s[mt][j][2 * hr] + s[mt][j][2 * hr + 1];
                 }
-        }
+                lrow[mt][hr] = lrow[mt][hr] * corr + sum;
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(mrow[hr], mx * c);
-            const float base = mnew == -INFINITY ? 0.0f : mnew;
-            const float corr = fast_exp2(mrow[hr] - base);
-            mrow[hr] = mnew;
-            float sum = 0;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                s[j][2 * hr] = fast_exp2(fmaf(s[j][2 * hr], c, -base));
-                s[j][2 * hr + 1] = fast_exp2(fmaf(s[j][2 * hr + 1], c, -base));
-                sum += s[j][2 * hr] + s[j][2 * hr + 1];
+                for (int j = 0; j < D / 8; j++) acc[mt][j][2 * hr] *= corr, acc[mt][j][2 * hr + 1] *= corr;
             }
-            lrow[hr] = lrow[hr] * corr + sum;
-#pragma unroll
-            for (int j = 0; j < D / 8; j++) acc[j][2 * hr] *= corr, acc[j][2 * hr + 1] *= corr;
-        }
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
-            const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                                   pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                   pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = pack_bf16(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                a[mt][1] = pack_bf16(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                a[mt][2] = pack_bf16(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                a[mt][3] = pack_bf16(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t b[4];
                 ldsm_x4_t(b, vs + (kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * C::PAD + dp * 16 + (lane >> 4) * 8);
-                mma_bf16(acc[2 * dp], a, b[0], b[1]);
-                mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(acc[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma_bf16(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
             }
         }
     }
 
-    /* merge this tile's rows into the block's accumulators (out, m_s, l_s) */
+    /* merge this tile's rows into the block's accumulators (out, m_s, l_s); rows are distinct
+     * across threads, so only the quad's 4 threads share a row */
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float l = lrow[hr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int x = row0 + 8 * hr;
-        const bool live = x < qe && l > 0;
-        const int li = opos0 + x * ostep - P;
-        float mold = 0, lold = 0;
-        if (live) mold = m_s[li], lold = l_s[li];
-        __syncwarp();
-        if (live) {
-            float *orow = out + (size_t)(li + P) * ld + t * 2;
-            if (lold == 0) {
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int j = 0; j < D / 8; j++)
-                    *reinterpret_cast<float2 *>(orow + j * 8) = make_float2(acc[j][2 * hr], acc[j][2 * hr + 1]);
-                if (t == 0) m_s[li] = mrow[hr], l_s[li] = l;
-            } else {
-                const float mn = fmaxf(mold, mrow[hr]);
-                const float ca = fast_exp2(mold - mn), cb = fast_exp2(mrow[hr] - mn);
+        for (int hr = 0; hr < 2; hr++) {
+            float l = lrow[mt][hr];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int x = wrow + 16 * mt + 8 * hr;
+            const bool live = x < qe && l > 0;
+            const int li = opos0 + x * ostep - P;
+            float mold = 0, lold = 0;
+            if (live) mold = m_s[li], lold = l_s[li];
+            __syncwarp();
+            if (live) {
+                float *orow = out + (size_t)(li + P) * ld + t * 2;
+                if (lold == 0) {
 #pragma unroll
-                for (int j = 0; j < D / 8; j++) {
-                    float2 o = *reinterpret_cast<float2 *>(orow + j * 8);
-                    o.x = o.x * ca + acc[j][2 * hr] * cb;
-                    o.y = o.y * ca + acc[j][2 * hr + 1] * cb;
-                    *reinterpret_cast<float2 *>(orow + j * 8) = o;
+                    for (int j = 0; j < D / 8; j++)
+                        *reinterpret_cast<float2 *>(orow + j * 8) =
+                            make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]);
+                    if (t == 0) m_s[li] = mrow[mt][hr], l_s[li] = l;
+                } else {
+                    const float mn = fmaxf(mold, mrow[mt][hr]);
+                    const float ca = fast_exp2(mold - mn), cb = fast_exp2(mrow[mt][hr] - mn);
+#pragma unroll
+                    for (int j = 0; j < D / 8; j++) {
+                        float2 o = *reinterpret_cast<float2 *>(orow + j * 8);
+                        o.x = o.x * ca + acc[mt][j][2 * hr] * cb;
+                        o.y = o.y * ca + acc[mt][j][2 * hr + 1] * cb;
+                        *reinterpret_cast<float2 *>(orow + j * 8) = o;
+                    }
+                    if (t == 0) m_s[li] = mn, l_s[li] = lold * ca + l * cb;
                 }
-                if (t == 0) m_s[li] = mn, l_s[li] = lold * ca + l * cb;
             }
         }
-    }
     __syncthreads(); /* m_s/l_s and the key stages are shared with the next tile */
 }
 
-template <int D, int WARPS, int BN, int STAGES, int MINB>
+template <int D, int WARPS, int MT, int BN, int STAGES, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
     attention_staged(sf_attention_desc dd, att_branches br, int T, const float *q, const __nv_bfloat16 *kb,
                      const __nv_bfloat16 *vb, const __nv_bfloat16 *gkb, const __nv_bfloat16 *gvb, float *out,
                      const att_order ord)
 {
-    using C = staged_cfg<D, WARPS, BN, STAGES>;
+    using C = staged_cfg<D, WARPS, MT, BN, STAGES>;
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *kv = reinterpret_cast<__nv_bfloat16 *>(smem);
     float *m_s = reinterpret_cast<float *>(smem + C::KV_BYTES), *l_s = m_s + T;
@@ -280,7 +309,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             src.kbeg = qs / win * win;
             src.kend = min(nd, ((qe - 1) / win + 1) * win);
             if (dd.causal) src.kend = min(src.kend, qe);
-            staged_tile<D, WARPS, BN, STAGES>(src, q + (size_t)o * ld + h * D, (size_t)r * ld, qs, qe, o, r, P, outh,
+            staged_tile<D, WARPS, MT, BN, STAGES>(src, q + (size_t)o * ld + h * D, (size_t)r * ld, qs, qe, o, r, P, outh,
                                               ld, c, kv, m_s, l_s);
         }
     }
@@ -294,7 +323,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
         src.win = 1 << 30;
         src.causal = 0;
         for (int qs = P; qs < Pend; qs += C::BM)
-            staged_tile<D, WARPS, BN, STAGES>(src, q + h * D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, kv,
+            staged_tile<D, WARPS, MT, BN, STAGES>(src, q + h * D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, kv,
                                               m_s, l_s);
     }
     for (int f = threadIdx.x; f < (Pend - P) * (D / 4); f += C::THREADS) {
@@ -371,11 +400,11 @@ static int stage_inputs(int rows, int heads, int ld, const float *k, const float
     return SF_OK;
 }
 
-template <int D, int WARPS, int BN, int STAGES, int MINB>
+template <int D, int WARPS, int MT, int BN, int STAGES, int MINB>
 static int launch_staged(const sf_attention_desc *desc, const att_branches &br, const float *q, const float *k,
                          const float *v, float *out, unsigned char *ws, cudaStream_t stream)
 {
-    using C = staged_cfg<D, WARPS, BN, STAGES>;
+    using C = staged_cfg<D, WARPS, MT, BN, STAGES>;
     const int H = desc->heads, n = desc->n, G = desc->n_global;
     if (desc->ld % 4 || (G > 0 && desc->global_ld % 4) || !aligned16(k) || !aligned16(v) || !aligned16(q) ||
         (G > 0 && (!aligned16(desc->gk) || !aligned16(desc->gv))))
@@ -401,13 +430,13 @@ static int launch_staged(const sf_attention_desc *desc, const att_branches &br, 
     if (T > 8192 && lcm <= 8192) T = (8192 / lcm) * lcm;
     const size_t smem = C::KV_BYTES + 2 * (size_t)T * sizeof(float);
     if (smem > 200 * 1024) return sf_error(SF_E_UNSUPPORTED, "cuda attention: block of %ld positions too large", T);
-    cudaError_t err = cudaFuncSetAttribute(attention_staged<D, WARPS, BN, STAGES, MINB>,
+    cudaError_t err = cudaFuncSetAttribute(attention_staged<D, WARPS, MT, BN, STAGES, MINB>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention: %s", cudaGetErrorString(err));
     const int nblocks = (int)((n + T - 1) / T);
     att_order ord; /* copied into the launch parameters */
     heaviest_first(desc, br, (int)T, nblocks, &ord);
-    attention_staged<D, WARPS, BN, STAGES, MINB><<<(unsigned)nblocks * H, C::THREADS, smem, stream>>>(
+    attention_staged<D, WARPS, MT, BN, STAGES, MINB><<<(unsigned)nblocks * H, C::THREADS, smem, stream>>>(
         *desc, br, (int)T, q, kb, vb, gkb, gvb, out, ord);
     return SF_OK;
 }
@@ -420,9 +449,12 @@ static int launch_ws_variant(int variant, const sf_attention_desc *desc, const a
     /* resident blocks of 4 warps a multiprocessor: 4 caps registers at 128, 3 at 168 */
     constexpr int MINB4 = D >= 128 ? 2 : 4, MINB3 = D >= 128 ? 2 : 3;
     switch (variant) {
-    case 4: return launch_staged<D, 4, BN, 2, MINB4>(desc, br, q, k, v, out, ws, stream);
-    case 5: return launch_staged<D, 4, BN, 3, MINB4>(desc, br, q, k, v, out, ws, stream);
-    case 6: return launch_staged<D, 4, BN, 2, MINB3>(desc, br, q, k, v, out, ws, stream);
+    case 4: return launch_staged<D, 4, 1, BN, 2, MINB4>(desc, br, q, k, v, out, ws, stream);
+    case 5: return launch_staged<D, 4, 1, BN, 3, MINB4>(desc, br, q, k, v, out, ws, stream);
+    case 6: return launch_staged<D, 4, 1, BN, 2, MINB3>(desc, br, q, k, v, out, ws, stream);
+    /* 32 rows a warp: 2 warps keep a block at 64 rows (T, and so the causal balance, unchanged) */
+    case 7: return launch_staged<D, 2, 2, BN, 2, 4>(desc, br, q, k, v, out, ws, stream);
+    case 8: return launch_staged<D, 4, 2, BN, 2, 2>(desc, br, q, k, v, out, ws, stream);
     default: return sf_error(SF_E_INVAL, "cuda attention: no variant %d", variant);
     }
 }

@@ -226,7 +226,14 @@ static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const f
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     rc = SF_E_UNSUPPORTED;
-    if (c->precision == SF_PRECISION_BF16) rc = sf_cuda_attention_bf16(desc, q, k, v, out, c->stream);
+    if (c->precision == SF_PRECISION_BF16) {
+        /* the scratch (reserve) holds the bf16 K/V staging of the fast kernel; the slower kernel,
+         * which converts in its inner loop, only runs for callers that reserved too little */
+        if (sf_cuda_attention_workspace_bytes(desc) <= c->scratch_bytes)
+            rc = sf_cuda_attention_bf16_ws(desc, q, k, v, out, c->scratch, c->scratch_bytes, c->stream);
+        else
+            rc = sf_cuda_attention_bf16(desc, q, k, v, out, c->stream);
+    }
     /* shapes the tensor-core kernel was not built for (head widths other than 32/64/128, odd
      * strides) still run, in float32: slower, never less exact */
     if (rc == SF_E_UNSUPPORTED) {
@@ -243,8 +250,9 @@ static int cuda_reserve(sf_backend *be, int rows, int width)
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    /* the largest user: float32 delta targets [rows, width] (bf16 activations take half) */
-    rc = sf_cuda_scratch(c, (size_t)rows * (size_t)width * sizeof(float));
+    /* the largest users: float32 delta targets [rows, width] (bf16 activations take half), and
+     * attention's bf16 K and V of [rows, width], each part 256-byte aligned (hence the slack) */
+    rc = sf_cuda_scratch(c, (size_t)rows * (size_t)width * sizeof(float) + 4096);
     /* a block stage moves [segment, D] activations in and out: width >= D covers them */
     if (rc == SF_OK) rc = reserve_staging(c, (size_t)rows * (size_t)width * sizeof(float));
     sf_cuda_leave(c);

@@ -160,24 +160,29 @@ static void encode_and_decode(const uint8_t *data, size_t size, size_t limit)
     FUZZ_CHECK(values);
     memcpy(values, data, value_bytes);
 
+    /* Frames are appended to what the buffer holds, at any alignment. */
     sf_buffer frame = {0};
+    size_t prefix = d.stream % 4;
+    FUZZ_CHECK(sf_buffer_append(&frame, "seq", prefix) == SF_OK);
     sf_clear_error();
     int rc = sf_frame_encode(&d, values, value_bytes, NULL, &frame);
     if (rc != SF_OK) {
         /* Only a quantizer refusing a non-finite value may stop a valid description. */
         FUZZ_CHECK(rc == SF_E_INVAL && d.quant.kind >= SF_QUANT_INT8);
-        FUZZ_CHECK(frame.len == 0);
+        FUZZ_CHECK(frame.len == prefix);
         free(values);
         sf_buffer_release(&frame);
         return;
     }
     sf_frame_header h;
-    void *decoded = decode_checked(frame.data, frame.len, limit, &h);
+    const uint8_t *start = frame.data + prefix;
+    size_t frame_len = frame.len - prefix;
+    void *decoded = decode_checked(start, frame_len, limit, &h);
     if (!decoded) {
         FUZZ_CHECK(sf_last_error()[0] != '\0');
         /* A frame that we just encoded can only be refused for the limit. */
         void *again = NULL;
-        FUZZ_CHECK(sf_frame_decode(frame.data, frame.len, SIZE_MAX, &h, &again, NULL) == SF_OK);
+        FUZZ_CHECK(sf_frame_decode(start, frame_len, SIZE_MAX, &h, &again, NULL) == SF_OK);
         FUZZ_CHECK(h.value_bytes > limit || h.payload_bytes > limit || h.encoded_bytes > limit);
         decoded = again;
     }
@@ -216,13 +221,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         encode_and_decode(data, size, limit);
         return 0;
     }
-    /* A heap copy of exactly size bytes, so that any read past the end is reported. */
-    uint8_t *frame = malloc(size ? size : 1);
-    FUZZ_CHECK(frame);
+    /* A heap copy ending exactly at the input's end, so that any read past it is reported;
+     * frames follow each other in a stream, so the copy starts at any alignment. */
+    size_t shift = (data[-1] >> 3) & 3;
+    uint8_t *block = malloc(shift + size + 1);
+    FUZZ_CHECK(block);
+    uint8_t *frame = block + shift;
     memcpy(frame, data, size);
     if (mode == 1) fix_checksums(frame, size);
     sf_frame_header h;
     free(decode_checked(frame, size, limit, &h));
-    free(frame);
+    free(block);
     return 0;
 }
