@@ -235,16 +235,22 @@ static void run_tokens(const sf_model *m, const char *device, const char *tokens
     if ((size_t)warmup >= n_seg) warmup = (int)n_seg - 1;
     float *out = out_path ? malloc(count * (size_t)c->dim * sizeof *out) : NULL;
     if (out_path && !out) die("no memory for the output");
+    /* Fault the pages in now: first-touch faults of a fresh buffer (32 MiB a segment on the
+     * reference model) would otherwise be timed as pipeline work. */
+    if (out) memset(out, 0, count * (size_t)c->dim * sizeof *out);
     double t_setup = sf_monotonic_seconds();
     sf_graph *g = open_graph(m, device);
     device_memory mem_start = graph_device_memory(g);
     double used_peak = mem_start.device_used;
     size_t pulled = 0, pulled0 = 0;
-    double t0 = 0;
+    double t0 = 0, push_s = 0, drain_s = 0; /* host phases over the timed segments */
     for (size_t s = 0; s < n_seg; s++) {
         size_t n = count - s * N < N ? count - s * N : N;
+        double tp = sf_monotonic_seconds();
         if (sf_graph_push(g, 0, tokens + s * N, n) != SF_OK) die("push");
+        double td = sf_monotonic_seconds();
         pulled += drain(g, out, (size_t)c->dim);
+        if (s + 1 > (size_t)warmup) push_s += td - tp, drain_s += sf_monotonic_seconds() - td;
         device_memory now = graph_device_memory(g);
         if (now.device_used > used_peak) used_peak = now.device_used;
         if (s + 1 == (size_t)warmup) t0 = sf_monotonic_seconds(), pulled0 = pulled;
@@ -273,6 +279,9 @@ static void run_tokens(const sf_model *m, const char *device, const char *tokens
            per_token_steady / 1e6, flops / seconds / 1e12);
     if (gemm_tflops > 0) printf(" = %.1f%% of the bf16 GEMM rate (%.1f TFLOP/s)", 100 * flops / seconds / 1e12 / gemm_tflops, gemm_tflops);
     printf("\n");
+    printf("host phases over the timed segments: push (every stage, on this thread) %.1f ms/segment, "
+           "pull and copy to --out %.1f ms/segment (SEQFLOW_PROFILE=1 splits push by stage)\n",
+           1e3 * push_s / (double)(n_seg - (size_t)warmup), 1e3 * drain_s / (double)(n_seg - (size_t)warmup));
     device_memory mem_end = graph_device_memory(g);
     if (mem_end.peak >= 0)
         printf("device memory: backend holds %.1f MiB after graph creation, peak %.1f MiB over the run; "

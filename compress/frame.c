@@ -117,6 +117,22 @@ static uint64_t encoded_size_for(sf_dtype dtype, const sf_quant_params *q, uint6
     return sf_quant_encoded_size(q, (size_t)n);
 }
 
+/* The largest payload codec makes of encoded bytes (> 0); 0 when the codec cannot carry that
+ * many. Encoder and decoder share it so that they agree on which sizes are possible. */
+static size_t codec_bound(sf_codec codec, uint64_t encoded)
+{
+    switch (codec) {
+    case SF_CODEC_RAW: return (size_t)encoded;
+    case SF_CODEC_LZ4:
+        return encoded > LZ4_MAX_INPUT_SIZE ? 0 : (size_t)LZ4_compressBound((int)encoded);
+    case SF_CODEC_ZSTD: {
+        size_t bound = ZSTD_compressBound((size_t)encoded);
+        return ZSTD_isError(bound) ? 0 : bound;
+    }
+    }
+    return 0;
+}
+
 static int buffer_reserve(sf_buffer *b, size_t extra)
 {
     if (extra > SIZE_MAX - b->len) return sf_error(SF_E_NOMEM, "frame: output buffer too large");
@@ -195,22 +211,10 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
     uint64_t encoded = encoded_size_for(desc->dtype, &q, n, value_bytes);
     if (n && !encoded) return sf_error(SF_E_INVAL, "frame encode: quantized size does not fit");
 
-    size_t bound = 0;
-    if (n) {
-        switch (desc->codec) {
-        case SF_CODEC_RAW: bound = (size_t)encoded; break;
-        case SF_CODEC_LZ4:
-            if (encoded > LZ4_MAX_INPUT_SIZE)
-                return sf_error(SF_E_INVAL, "frame encode: %llu bytes exceed LZ4's limit of %d",
-                                (unsigned long long)encoded, LZ4_MAX_INPUT_SIZE);
-            bound = (size_t)LZ4_compressBound((int)encoded);
-            break;
-        case SF_CODEC_ZSTD:
-            bound = ZSTD_compressBound((size_t)encoded);
-            if (ZSTD_isError(bound)) return sf_error(SF_E_INVAL, "frame encode: too large for zstd");
-            break;
-        }
-    }
+    size_t bound = n ? codec_bound(desc->codec, encoded) : 0;
+    if (n && !bound)
+        return sf_error(SF_E_INVAL, "frame encode: %llu bytes are more than %s carries",
+                        (unsigned long long)encoded, sf_codec_name(desc->codec));
     if (bound > SIZE_MAX - SF_FRAME_HEADER_SIZE) return sf_error(SF_E_NOMEM, "frame encode: too large");
     if ((rc = buffer_reserve(out, SF_FRAME_HEADER_SIZE + bound))) return rc;
     uint8_t *header = out->data + out->len, *payload = header + SF_FRAME_HEADER_SIZE;
@@ -353,20 +357,10 @@ static int parse_header(const uint8_t *b, size_t len, size_t max_bytes, sf_frame
     if (encoded == 0 && payload != 0)
         return sf_error(SF_E_FRAME, "frame: payload bytes %llu for an empty frame", (unsigned long long)payload);
     if (encoded) {
-        size_t bound = 0;
-        switch (codec) {
-        case SF_CODEC_RAW: bound = (size_t)encoded; break;
-        case SF_CODEC_LZ4:
-            if (encoded > LZ4_MAX_INPUT_SIZE)
-                return sf_error(SF_E_FRAME, "frame: encoded bytes %llu exceed what LZ4 carries",
-                                (unsigned long long)encoded);
-            bound = (size_t)LZ4_compressBound((int)encoded);
-            break;
-        case SF_CODEC_ZSTD:
-            bound = ZSTD_compressBound((size_t)encoded);
-            if (ZSTD_isError(bound)) return sf_error(SF_E_FRAME, "frame: encoded bytes too large for zstd");
-            break;
-        }
+        size_t bound = codec_bound((sf_codec)codec, encoded);
+        if (!bound)
+            return sf_error(SF_E_FRAME, "frame: encoded bytes %llu are more than %s carries",
+                            (unsigned long long)encoded, sf_codec_name((sf_codec)codec));
         if (payload == 0 || payload > bound || (codec == SF_CODEC_RAW && payload != encoded))
             return sf_error(SF_E_FRAME, "frame: payload bytes %llu impossible for %llu encoded bytes under %s",
                             (unsigned long long)payload, (unsigned long long)encoded,

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "memory/checkpoint.h"
+#include "memory/file_io.h"
 #include "seqflow/error.h"
 
 #define CKPT_PREFIX "ckpt-"
@@ -31,20 +32,6 @@ int sf_checkpoint_dir_prepare(const char *dir)
         return sf_error(SF_E_IO, "checkpoint directory '%s' is not a directory", dir);
     }
     return sf_error(SF_E_IO, "cannot create checkpoint directory '%s': %s", dir, strerror(errno));
-}
-
-static int write_all(int fd, const uint8_t *p, size_t len)
-{
-    while (len) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
 }
 
 static int fsync_dir(const char *dir)
@@ -138,13 +125,12 @@ int sf_checkpoint_clear(const char *dir)
 int sf_checkpoint_write(const char *dir, uint64_t seq, const void *payload, size_t len, sf_codec codec, int keep)
 {
     if (!dir || (!payload && len) || keep < 1) return sf_error(SF_E_INVAL, "sf_checkpoint_write: invalid argument");
-    sf_frame_desc desc = {.kind = SF_FRAME_CHECKPOINT, .dtype = SF_DTYPE_U8, .ndim = 1, .segment = seq,
-                          .codec = codec};
-    desc.shape[0] = len ? len : 1; /* shapes are >= 1: an empty payload is stored as one byte */
+    /* shapes are >= 1, so an empty payload is the empty frame, ndim 0 */
+    sf_frame_desc desc = {.kind = SF_FRAME_CHECKPOINT, .dtype = SF_DTYPE_U8, .ndim = len ? 1 : 0,
+                          .shape = {len}, .segment = seq, .codec = codec};
     desc.quant.kind = SF_QUANT_F32;
-    static const uint8_t zero = 0;
     sf_buffer frame = {0};
-    int rc = sf_frame_encode(&desc, len ? payload : &zero, len ? len : 1, NULL, &frame);
+    int rc = sf_frame_encode(&desc, payload, len, NULL, &frame);
     if (rc != SF_OK) return rc;
     char final_path[4096], tmp_path[4096 + 16];
     rc = sf_checkpoint_path(dir, seq, final_path, sizeof final_path);
@@ -153,21 +139,9 @@ int sf_checkpoint_write(const char *dir, uint64_t seq, const void *payload, size
         return rc;
     }
     snprintf(tmp_path, sizeof tmp_path, "%s/." CKPT_PREFIX "%020" PRIu64 ".tmp", dir, seq);
-    int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        sf_buffer_release(&frame);
-        return sf_error(SF_E_IO, "cannot write checkpoint '%s': %s", tmp_path, strerror(errno));
-    }
-    if (write_all(fd, frame.data, frame.len) != 0 || fsync(fd) != 0)
-        rc = sf_error(SF_E_IO, "writing checkpoint '%s' failed: %s", tmp_path, strerror(errno));
-    if (close(fd) != 0 && rc == SF_OK) rc = sf_error(SF_E_IO, "writing checkpoint '%s' failed", tmp_path);
+    rc = sf_write_file_atomic(final_path, tmp_path, frame.data, frame.len, 1, 0666);
     sf_buffer_release(&frame);
-    if (rc == SF_OK && rename(tmp_path, final_path) != 0)
-        rc = sf_error(SF_E_IO, "cannot rename checkpoint into '%s': %s", final_path, strerror(errno));
-    if (rc != SF_OK) {
-        unlink(tmp_path);
-        return rc;
-    }
+    if (rc != SF_OK) return rc;
     rc = fsync_dir(dir);
     if (rc != SF_OK) return rc;
     /* Only now, with the new one durable, may old ones go. Files numbered above seq are damaged
@@ -189,37 +163,6 @@ int sf_checkpoint_write(const char *dir, uint64_t seq, const void *payload, size
     return rc;
 }
 
-/* Reads a whole file (at most limit bytes; more is reported as damage by the caller). */
-static int read_file(const char *path, size_t limit, uint8_t **data, size_t *len)
-{
-    *data = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sf_error(SF_E_IO, "cannot open: %s", strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 0 || (uint64_t)sb.st_size > limit) {
-        close(fd);
-        return sf_error(SF_E_FRAME_TOO_LARGE, "file of %lld bytes is over the limit", (long long)sb.st_size);
-    }
-    size_t size = (size_t)sb.st_size;
-    uint8_t *buf = malloc(size ? size : 1);
-    if (!buf) {
-        close(fd);
-        return sf_error(SF_E_NOMEM, "out of memory");
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    *data = buf;
-    *len = got;
-    return SF_OK;
-}
-
 int sf_checkpoint_load_newest(const char *dir, size_t max_bytes, sf_checkpoint_report_fn report, void *user,
                               uint64_t *seq, uint8_t **payload, size_t *len)
 {
@@ -239,10 +182,10 @@ int sf_checkpoint_load_newest(const char *dir, size_t max_bytes, sf_checkpoint_r
         sf_frame_header h;
         void *values = NULL;
         size_t used = 0;
-        rc = read_file(path, max_bytes + SF_FRAME_HEADER_SIZE, &file, &file_len);
+        rc = sf_read_file_alloc(path, max_bytes + SF_FRAME_HEADER_SIZE, &file, &file_len);
         if (rc == SF_OK) {
             rc = sf_frame_decode(file, file_len, max_bytes, &h, &values, &used);
-            if (rc == SF_OK && (h.kind != SF_FRAME_CHECKPOINT || h.dtype != SF_DTYPE_U8 || h.ndim != 1))
+            if (rc == SF_OK && (h.kind != SF_FRAME_CHECKPOINT || h.dtype != SF_DTYPE_U8 || h.ndim > 1))
                 rc = sf_error(SF_E_FRAME, "not a checkpoint frame");
             else if (rc == SF_OK && h.segment != seqs[i])
                 rc = sf_error(SF_E_FRAME, "holds checkpoint %" PRIu64 ", its name says %" PRIu64, h.segment, seqs[i]);

@@ -3,14 +3,13 @@
 #include "memory/state_store.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "memory/file_io.h"
 #include "seqflow/error.h"
 
 /* What malloc keeps beside each block (glibc: 8 to 16 bytes); counted so that the budget
@@ -42,11 +41,9 @@ typedef struct lru {
 
 struct sf_state_store {
     sf_state_store_config cfg;
-    char *spill_dir; /* owned copy, NULL when not spilling */
+    char *spill_dir; /* this store's own subdirectory (mkdtemp), NULL when not spilling */
     char *path, *tmp_path; /* room for one spill path and its temporary name */
     size_t path_cap;
-    unsigned long serial;
-    long pid;
     entry **slots; /* open addressing, linear probing, power-of-two size */
     size_t cap, count;
     lru hot, cold;
@@ -58,22 +55,29 @@ struct sf_state_store {
     uint64_t next_generation, compressions, spills, loads;
 };
 
-static atomic_ulong store_serial;
-
 static size_t raw_size(const entry *e) { return e->floats * sizeof(float) + e->meta_bytes; }
 static size_t block_cost(size_t bytes) { return bytes ? bytes + ALLOC_OVERHEAD : 0; }
 
-/* The frames of floats + meta never exceed this: two headers, the codecs' worst-case
- * expansion (LZ4 n/255 + 16, zstd n/256 + 64) with slack, and the meta blob raw. */
-static size_t frame_bound(size_t floats, size_t meta)
+/* The frames of floats + meta never exceed this: two headers, the quantized floats (which a
+ * small group makes larger than the floats themselves: int8 with group 1 is 5 bytes a value)
+ * or the raw ones (the lossless fallback for NaN and Inf), the codecs' worst-case expansion
+ * (LZ4 n/255 + 16, zstd n/256 + 64) with slack, and the meta blob raw. */
+static size_t frame_bound(const sf_state_store *s, size_t floats, size_t meta)
 {
     size_t v = floats * sizeof(float);
+    size_t quantized = floats ? sf_quant_encoded_size(&s->cfg.quant, floats) : 0;
+    if (quantized > v) v = quantized;
     return 2 * SF_FRAME_HEADER_SIZE + v + v / 128 + meta + 1024;
 }
 
 static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-static size_t frame_region(size_t floats, size_t meta) { return align16(frame_bound(floats, meta)); }
+/* The scratch holds the frames of the largest stream in [0, frame_region) and its floats
+ * decoded after that, so that a spill file read in never overlaps what is decoded from it. */
+static size_t frame_region(const sf_state_store *s, size_t floats, size_t meta)
+{
+    return align16(frame_bound(s, floats, meta));
+}
 
 static uint64_t mix(uint64_t x)
 {
@@ -188,70 +192,20 @@ static void table_delete(sf_state_store *s, size_t i)
 static const char *spill_path(sf_state_store *s, const entry *e, int tmp)
 {
     char *dst = tmp ? s->tmp_path : s->path;
-    snprintf(dst, s->path_cap, "%s/sf-state-%ld-%lu-%016llx.sqf%s", s->spill_dir, s->pid,
-             s->serial, (unsigned long long)e->id, tmp ? ".tmp" : "");
+    snprintf(dst, s->path_cap, "%s/%016llx.sqf%s", s->spill_dir, (unsigned long long)e->id,
+             tmp ? ".tmp" : "");
     return dst;
 }
 
 static int write_spill(sf_state_store *s, entry *e, const uint8_t *data, size_t len)
 {
-    const char *tmp = spill_path(s, e, 1);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return sf_error(SF_E_IO, "state store: cannot create %s: %s", tmp, strerror(errno));
-    size_t done = 0;
-    int err = 0;
-    while (done < len && !err) {
-        ssize_t w = write(fd, data + done, len - done);
-        if (w > 0) done += (size_t)w;
-        else if (w < 0 && errno != EINTR) err = errno;
-    }
-    if (!err && s->cfg.fsync && fsync(fd) != 0) err = errno;
-    if (close(fd) != 0 && !err) err = errno;
-    if (err) {
-        unlink(tmp);
-        return sf_error(SF_E_IO, "state store: writing %s: %s", tmp, strerror(err));
-    }
-    if (rename(tmp, spill_path(s, e, 0)) != 0) {
-        err = errno;
-        unlink(tmp);
-        return sf_error(SF_E_IO, "state store: renaming %s: %s", tmp, strerror(err));
-    }
-    return SF_OK;
+    return sf_write_file_atomic(spill_path(s, e, 0), spill_path(s, e, 1), data, len,
+                                s->cfg.fsync, 0600);
 }
 
 static int read_spill(sf_state_store *s, entry *e, uint8_t *dst)
 {
-    const char *path = spill_path(s, e, 0);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sf_error(SF_E_IO, "state store: cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int rc = sf_error(SF_E_IO, "state store: stat %s: %s", path, strerror(errno));
-        close(fd);
-        return rc;
-    }
-    if ((uint64_t)st.st_size != e->frame_bytes) {
-        int rc = sf_error(SF_E_FRAME_TRUNCATED,
-                          "state store: spill file %s of stream %llu has %lld bytes, expected %zu",
-                          path, (unsigned long long)e->id, (long long)st.st_size, e->frame_bytes);
-        close(fd);
-        return rc;
-    }
-    size_t done = 0;
-    while (done < e->frame_bytes) {
-        ssize_t r = read(fd, dst + done, e->frame_bytes - done);
-        if (r > 0) {
-            done += (size_t)r;
-        } else if (r == 0 || errno != EINTR) {
-            int rc = sf_error(r == 0 ? SF_E_FRAME_TRUNCATED : SF_E_IO,
-                              "state store: reading %s: %s", path,
-                              r == 0 ? "file shrank" : strerror(errno));
-            close(fd);
-            return rc;
-        }
-    }
-    close(fd);
-    return SF_OK;
+    return sf_read_file_exact(spill_path(s, e, 0), dst, e->frame_bytes);
 }
 
 /* ---- frames ---------------------------------------------------------------------------- */
@@ -499,18 +453,30 @@ int sf_state_store_create(const sf_state_store_config *c, sf_state_store **out)
     s->cfg.spill_dir = NULL;
     if (s->cfg.hot_bytes == 0 || s->cfg.hot_bytes > c->budget_bytes)
         s->cfg.hot_bytes = c->hot_bytes ? c->budget_bytes : c->budget_bytes / 2;
-    s->serial = atomic_fetch_add(&store_serial, 1);
-    s->pid = (long)getpid();
     s->cap = TABLE_MIN;
     s->slots = calloc(s->cap, sizeof *s->slots);
+    size_t dir_size = spilling ? strlen(c->spill_dir) + sizeof "/sf-state-XXXXXX" : 0;
     if (spilling) {
-        s->spill_dir = strdup(c->spill_dir);
-        s->path_cap = strlen(c->spill_dir) + 96;
+        s->path_cap = dir_size + sizeof "/0123456789abcdef.sqf.tmp";
         s->path = malloc(s->path_cap);
         s->tmp_path = malloc(s->path_cap);
+        char *sub = malloc(dir_size);
+        if (sub) {
+            /* a directory of its own: no other store or process (whatever its pid) can name
+             * the same files, and free removes the lot */
+            snprintf(sub, dir_size, "%s/sf-state-XXXXXX", c->spill_dir);
+            if (!mkdtemp(sub)) {
+                int rc = sf_error(SF_E_IO, "state store: cannot create a spill directory in %s: %s",
+                                  c->spill_dir, strerror(errno));
+                free(sub);
+                sf_state_store_free(s);
+                return rc;
+            }
+            s->spill_dir = sub;
+        }
     }
     charge(s, block_cost(sizeof *s) + block_cost(s->cap * sizeof *s->slots));
-    if (spilling) charge(s, block_cost(strlen(c->spill_dir) + 1) + 2 * block_cost(s->path_cap));
+    if (spilling) charge(s, block_cost(dir_size) + 2 * block_cost(s->path_cap));
     if (!s->slots || (spilling && (!s->spill_dir || !s->path || !s->tmp_path))) {
         sf_state_store_free(s);
         return sf_error(SF_E_NOMEM, "state store: out of memory");
@@ -525,7 +491,8 @@ int sf_state_store_create(const sf_state_store_config *c, sf_state_store **out)
     return SF_OK;
 }
 
-static void destroy_entry(sf_state_store *s, entry *e)
+/* Takes e out of its tier (deleting its spill file) and frees its data; the table keeps it. */
+static void detach_entry(sf_state_store *s, entry *e)
 {
     if (e->tier == TIER_SPILLED) {
         if (e->frame_bytes) unlink(spill_path(s, e, 0));
@@ -537,6 +504,11 @@ static void destroy_entry(sf_state_store *s, entry *e)
     }
     s->raw_total -= raw_size(e);
     drop_data(s, e);
+}
+
+static void destroy_entry(sf_state_store *s, entry *e)
+{
+    detach_entry(s, e);
     free(e);
     release(s, block_cost(sizeof *e));
     s->count--;
@@ -554,6 +526,7 @@ void sf_state_store_free(sf_state_store *s)
 {
     if (!s) return;
     sf_state_store_clear(s);
+    if (s->spill_dir) rmdir(s->spill_dir); /* empty now: clear deleted every file */
     free(s->slots);
     free(s->scratch);
     free(s->spill_dir);
@@ -582,7 +555,7 @@ int sf_state_store_put(sf_state_store *s, uint64_t stream, const sf_state_span *
 
     size_t max_floats = floats > s->max_floats ? floats : s->max_floats;
     size_t max_meta = meta_bytes > s->max_meta ? meta_bytes : s->max_meta;
-    size_t scratch_need = frame_region(max_floats, max_meta) + max_floats * sizeof(float);
+    size_t scratch_need = frame_region(s, max_floats, max_meta) + max_floats * sizeof(float);
     size_t scratch_more = scratch_need > s->scratch_cap ? block_cost(scratch_need) : 0;
     size_t added = block_cost(raw) + scratch_more;
     if (!e) added += block_cost(sizeof(entry)) + table_growth(s);
@@ -595,28 +568,20 @@ int sf_state_store_put(sf_state_store *s, uint64_t stream, const sf_state_span *
     /* From here the store changes; past this point only SF_E_NOMEM can fail, and then the
      * stream is dropped rather than left half-written. */
     if (e) {
-        if (e->tier == TIER_SPILLED) {
-            if (e->frame_bytes) unlink(spill_path(s, e, 0));
-            s->spilled--;
-            s->disk -= e->frame_bytes;
-        } else {
-            if (e->tier == TIER_HOT) s->hot_raw -= raw_size(e);
-            lru_unlink(list_of(s, e), e);
-        }
-        s->raw_total -= raw_size(e);
-        drop_data(s, e);
+        detach_entry(s, e);
         e->floats = e->meta_bytes = e->frame_bytes = 0;
         e->tier = TIER_HOT;
         lru_push_front(&s->hot, e);
     }
     if (scratch_more) {
-        free(s->scratch);
-        release(s, block_cost(s->scratch_cap));
-        s->scratch_cap = 0;
-        s->scratch = malloc(scratch_need);
-        if (!s->scratch) rc = sf_error(SF_E_NOMEM, "state store: out of memory");
+        /* realloc keeps the old scratch when it fails: compressed and spilled entries still
+         * need one of the old size */
+        uint8_t *grown = realloc(s->scratch, scratch_need);
+        if (!grown) rc = sf_error(SF_E_NOMEM, "state store: out of memory");
         else {
+            release(s, block_cost(s->scratch_cap));
             charge(s, block_cost(scratch_need));
+            s->scratch = grown;
             s->scratch_cap = scratch_need;
             s->max_floats = max_floats;
             s->max_meta = max_meta;
@@ -700,9 +665,16 @@ int sf_state_store_get(sf_state_store *s, uint64_t stream, const sf_state_span *
         return SF_OK;
     }
     /* one span: decode straight into it; several: into the scratch, then scatter */
-    float *dst = !e->floats ? NULL
-                 : nspans == 1 ? spans[0].data
-                               : (float *)(s->scratch + frame_region(s->max_floats, s->max_meta));
+    size_t region = frame_region(s, s->max_floats, s->max_meta);
+    int via_scratch = e->floats && nspans > 1;
+    if ((via_scratch || (e->tier == TIER_SPILLED && e->frame_bytes)) && !s->scratch)
+        return sf_error(SF_E_NOMEM, "state store: no scratch buffer to read stream %llu into",
+                        (unsigned long long)stream);
+    if (e->tier == TIER_SPILLED && e->frame_bytes > (via_scratch ? region : s->scratch_cap))
+        return sf_error(SF_E_STATE, "state store: stream %llu has %zu bytes of frames, more than "
+                        "the scratch holds (%zu)", (unsigned long long)stream, e->frame_bytes,
+                        via_scratch ? region : s->scratch_cap);
+    float *dst = !e->floats ? NULL : via_scratch ? (float *)(s->scratch + region) : spans[0].data;
     int rc;
     if (e->tier == TIER_COLD) {
         rc = decode_entry(e, e->data, dst, meta);
@@ -711,7 +683,7 @@ int sf_state_store_get(sf_state_store *s, uint64_t stream, const sf_state_span *
             lru_push_front(&s->cold, e);
         }
     } else {
-        rc = read_spill(s, e, s->scratch);
+        rc = e->frame_bytes ? read_spill(s, e, s->scratch) : SF_OK; /* empty: no file */
         if (rc == SF_OK) rc = decode_entry(e, s->scratch, dst, meta);
         if (rc == SF_OK) s->loads++;
         else if (rc != SF_E_IO) {

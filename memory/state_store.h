@@ -11,7 +11,9 @@
  *               lossless F32 by default) followed by one SF_FRAME_BLOB frame of the metadata
  *               (always lossless), in memory. When the hot bytes exceed hot_bytes, the least
  *               recently used hot entries are compressed.
- *   spilled     the same frames in one file per stream under spill_dir, written atomically
+ *   spilled     the same frames in one file per stream in the store's own subdirectory
+ *               spill_dir/sf-state-XXXXXX (made by mkdtemp at create, so that stores and
+ *               processes sharing spill_dir never name the same file), written atomically
  *               (temporary name, fsync, rename) and read back through the frame decoder with
  *               a size limit and a check that stream id, generation and shape are the ones
  *               written. When memory would exceed the budget, the least recently used
@@ -75,12 +77,15 @@ typedef struct sf_state_store_stats {
 void sf_state_store_config_default(sf_state_store_config *c);
 
 /* Creates a store; *out is owned by the caller and released with sf_state_store_free. The
- * config (spill_dir included) is copied. SF_E_INVAL for a zero budget, bad quantization or
- * codec, SF_E_IO when spill_dir cannot be created, SF_E_BUDGET when the budget cannot even
- * hold the store's own records. */
+ * config (spill_dir included) is copied. With a spill_dir, the store's subdirectory is made
+ * here. SF_E_INVAL for a zero budget, bad quantization or codec, SF_E_IO when spill_dir or the
+ * subdirectory cannot be created, SF_E_BUDGET when the budget cannot even hold the store's own
+ * records. */
 int sf_state_store_create(const sf_state_store_config *c, sf_state_store **out);
 
-/* Removes every spill file this store wrote and frees everything. NULL-safe. */
+/* Removes every spill file this store wrote and its subdirectory, and frees everything.
+ * NULL-safe. A process killed before this leaves the subdirectory behind: nothing reads it
+ * again, and it is safe to delete. */
 void sf_state_store_free(sf_state_store *s);
 
 /* Stores (replaces) stream's state: the floats of spans[0..nspans) in order, and meta_bytes
@@ -94,7 +99,8 @@ int sf_state_store_put(sf_state_store *s, uint64_t stream, const sf_state_span *
  * meta_size must be at least the stored metadata size (*meta_bytes, when not NULL, receives
  * it). The entry stays in its tier and becomes the most recently used. SF_E_INVAL for an
  * unknown stream or mismatched sizes; SF_E_FRAME* or SF_E_IO when a compressed or spilled
- * copy is damaged (the entry is kept, so that it can be removed). */
+ * copy is damaged (the entry is kept, so that it can be removed); SF_E_NOMEM when the
+ * store never got a scratch buffer to read it through. */
 int sf_state_store_get(sf_state_store *s, uint64_t stream, const sf_state_span *spans,
                        int nspans, void *meta, size_t meta_size, size_t *meta_bytes);
 

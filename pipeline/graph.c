@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "pipeline/graph_internal.h"
+#include "pipeline/process_stats.h"
 
 int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_graph **out)
 {
@@ -24,6 +25,8 @@ int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_grap
         return rc;
     }
     g->backend->threads = g->opts.threads;
+    const char *profile = getenv("SEQFLOW_PROFILE");
+    g->profile = profile && *profile && strcmp(profile, "0") != 0;
     *out = g;
     return SF_OK;
 }
@@ -37,9 +40,20 @@ static void stage_free(sf_stage *st)
     free(st);
 }
 
+static void print_profile(const sf_graph *g)
+{
+    if (!g->profile || !g->push_mode) return;
+    fprintf(stderr, "seqflow profile (push mode, host seconds in each stage alone):\n");
+    for (int i = 0; i < g->n_stages && i < SF_GRAPH_PROFILE_STAGES; i++)
+        fprintf(stderr, "  stage %d %-10s %6ld calls %9.3f s\n", i, g->stages[i]->cls->name, g->profile_calls[i],
+                g->profile_seconds[i]);
+    fprintf(stderr, "  device rows to host   %9.3f s\n", g->profile_to_host);
+}
+
 void sf_graph_free(sf_graph *g)
 {
     if (!g) return;
+    print_profile(g);
     for (int i = 0; i < g->n_stages; i++) stage_free(g->stages[i]);
     free(g->stages);
     while (g->outputs.count) {
@@ -190,16 +204,43 @@ static int fifo_push(sf_packet_fifo *f, sf_packet *p)
     return SF_OK;
 }
 
+/* Device rows stay on the device only for stages that take them (stage.h, device_rows);
+ * whatever leaves the graph is a host packet. Frees p on failure. */
+static int rows_for(sf_graph *g, int to, sf_packet *p)
+{
+    if (!p->dev || (to < g->n_stages && g->stages[to]->cls->device_rows)) return SF_OK;
+    double t0 = g->profile ? sf_monotonic_seconds() : 0;
+    int rc = sf_packet_to_host(p);
+    if (g->profile && g->push_mode) g->profile_to_host += sf_monotonic_seconds() - t0; /* one thread */
+    if (rc != SF_OK) sf_packet_free(p);
+    return rc;
+}
+
+static int process_timed(sf_graph *g, int to, sf_packet *p)
+{
+    sf_stage *next = g->stages[to];
+    if (!g->profile || to >= SF_GRAPH_PROFILE_STAGES) return next->cls->process(next, p);
+    double outer = g->profile_nested, t0 = sf_monotonic_seconds();
+    g->profile_nested = 0;
+    int rc = next->cls->process(next, p);
+    double inclusive = sf_monotonic_seconds() - t0;
+    g->profile_seconds[to] += inclusive - g->profile_nested;
+    g->profile_calls[to]++;
+    g->profile_nested = outer + inclusive;
+    return rc;
+}
+
 int sf_graph_deliver(sf_graph *g, int to, sf_packet *p)
 {
+    int rc = rows_for(g, to, p);
+    if (rc != SF_OK) return rc;
     if (to >= g->n_stages) {
         sf_graph_count_output(g, p);
-        int rc = fifo_push(&g->outputs, p);
+        rc = fifo_push(&g->outputs, p);
         if (rc != SF_OK) sf_packet_free(p);
         return rc;
     }
-    sf_stage *next = g->stages[to];
-    return next->cls->process(next, p);
+    return process_timed(g, to, p);
 }
 
 int sf_stage_emit(sf_stage *st, sf_packet *p)
@@ -211,7 +252,8 @@ int sf_stage_emit(sf_stage *st, sf_packet *p)
         sf_packet_free(p);
         return SF_OK;
     }
-    return st->out->ops->push(st->out, p);
+    int rc = rows_for(g, st->index + 1, p);
+    return rc == SF_OK ? st->out->ops->push(st->out, p) : rc;
 }
 
 /* ---- push mode ---------------------------------------------------------------------------- */

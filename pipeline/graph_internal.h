@@ -25,6 +25,8 @@ struct sf_stage {
     int initialized;
 };
 
+#define SF_GRAPH_PROFILE_STAGES 32
+
 typedef struct sf_packet_fifo {
     sf_packet **items;
     size_t head, count, cap;
@@ -45,6 +47,12 @@ struct sf_graph {
     char error_message[512];
     sf_packet_fifo outputs;       /* push mode: what left the last stage */
     struct sf_graph_checkpointing *checkpoint; /* NULL when checkpoints are off */
+    /* SEQFLOW_PROFILE=1, push mode: seconds spent in each stage's process() alone (the stages
+     * it delivers to subtracted) and in bringing device rows to the host; printed at free */
+    int profile;
+    double profile_nested;
+    double profile_seconds[SF_GRAPH_PROFILE_STAGES], profile_to_host;
+    long profile_calls[SF_GRAPH_PROFILE_STAGES];
 };
 
 /* Checkpoint state of a graph (pipeline/checkpointing.c). */

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "compress/frame.h"
 #include "pipeline/process_stats.h"
 #include "seqflow/seqflow.h"
 
@@ -23,6 +24,10 @@ typedef struct run_args {
     int resume;                  /* --resume */
     long long state_budget;      /* --state-budget (bytes, split over the block stages), 0 = none */
     const char *spill_dir;       /* --spill-dir */
+    const char *state_quant;     /* --state-quant KIND (validated), NULL = lossless */
+    long long state_group;       /* its :GROUP, 0 = the block stage's default */
+    const char *state_codec;     /* --state-codec (validated), NULL = the default */
+    const char *checkpoint_codec; /* --checkpoint-codec (validated), NULL = raw */
     sf_precision precision;      /* --precision, AUTO when not given */
     uint64_t seed;
     sf_model_config cfg;         /* defaults, then the user's overrides */
@@ -76,7 +81,9 @@ static void usage(FILE *f)
         "checkpoints:\n"
         "      --checkpoint DIR    save every stream's state and the input position in DIR\n"
         "                          at segment boundaries (atomically; the newest 3 are kept)\n"
-        "      --checkpoint-every N  segments between checkpoints (default 16)\n"
+        "      --checkpoint-every N  segments between checkpoints (default 16; segments of the\n"
+        "                          pipeline's segment stage, whose length= may differ from the model's)\n"
+        "      --checkpoint-codec C  raw (default), lz4 or zstd compression of checkpoint files\n"
         "      --resume            continue from the newest valid checkpoint in DIR (a damaged\n"
         "                          one is reported and the previous used; none: start fresh);\n"
         "                          needs the same arguments, a file input and a file output\n"
@@ -86,6 +93,9 @@ static void usage(FILE *f)
         "                          unbounded, every stream stays live)\n"
         "      --spill-dir DIR     where state beyond --state-budget goes, one file per stream\n"
         "                          (without it, running out of budget is an error)\n"
+        "      --state-quant Q[:G]  how idle state is stored: f32 (lossless, default), or lossy\n"
+        "                          bf16, int8, int4, fp8 with G values per scale (default 64)\n"
+        "      --state-codec C     zstd (default), lz4 or raw compression of idle state\n"
         "model options (override the file's metadata or the built-in defaults):\n"
         "      --segment N         segment length N\n"
         "      --branches LIST     dilated branches window:dilation,... e.g. 64:1,128:2,256:4\n"
@@ -125,13 +135,51 @@ static int parse_memory_kind(const char *s, sf_memory_kind *out)
     return 0;
 }
 
+static int parse_codec(const char *name, const char *s)
+{
+    sf_codec codec;
+    if (sf_codec_parse(s, &codec) == SF_OK) return 1;
+    fprintf(stderr, "seqflow: %s expects raw, lz4 or zstd, got '%s'\n", name, s);
+    return 0;
+}
+
+/* KIND or KIND:GROUP; sets a->state_quant (the kind alone) and a->state_group. */
+static int parse_state_quant(const char *s, run_args *a)
+{
+    static const char *const kinds[] = {"f32", "bf16", "int8", "int4", "fp8"};
+    static char kind[8];
+    const char *colon = strchr(s, ':');
+    size_t len = colon ? (size_t)(colon - s) : strlen(s);
+    int known = 0;
+    for (int i = 0; i < 5; i++) known |= strlen(kinds[i]) == len && strncmp(s, kinds[i], len) == 0;
+    if (!known) {
+        fprintf(stderr, "seqflow: --state-quant expects f32, bf16, int8, int4 or fp8 (int8/int4/fp8 may add :GROUP), got '%s'\n", s);
+        return 0;
+    }
+    memcpy(kind, s, len);
+    kind[len] = 0;
+    a->state_quant = kind;
+    a->state_group = 0;
+    if (!colon) return 1;
+    if (strcmp(kind, "int8") != 0 && strcmp(kind, "int4") != 0 && strcmp(kind, "fp8") != 0) {
+        fprintf(stderr, "seqflow: --state-quant %s takes no group size (only int8, int4 and fp8 do), got '%s'\n", kind, s);
+        return 0;
+    }
+    if (!parse_int_arg("--state-quant GROUP", colon + 1, 1, 1 << 24, &a->state_group)) return 0;
+    if (strcmp(kind, "int4") == 0 && a->state_group % 2) {
+        fprintf(stderr, "seqflow: --state-quant int4 needs an even group size, got %lld\n", a->state_group);
+        return 0;
+    }
+    return 1;
+}
+
 /* Returns 0 to go on, or the exit status. */
 static int parse_args(int argc, char **argv, run_args *a)
 {
     enum { O_SINK_FORMAT = 1000, O_QUEUE, O_PROGRESS, O_NO_PROGRESS, O_SEGMENT, O_BRANCHES, O_CAUSAL,
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
-           O_STATE_BUDGET, O_SPILL_DIR };
+           O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -154,6 +202,9 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"resume", no_argument, 0, O_RESUME},         {"precision", required_argument, 0, O_PRECISION},
         {"state-budget", required_argument, 0, O_STATE_BUDGET},
         {"spill-dir", required_argument, 0, O_SPILL_DIR},
+        {"state-quant", required_argument, 0, O_STATE_QUANT},
+        {"state-codec", required_argument, 0, O_STATE_CODEC},
+        {"checkpoint-codec", required_argument, 0, O_CHECKPOINT_CODEC},
         {0, 0, 0, 0}};
     long long v;
     int c;
@@ -207,6 +258,15 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_RESUME: a->resume = 1; break;
         case O_STATE_BUDGET: if (!parse_int_arg("--state-budget", optarg, 1, INT64_MAX, &v)) return 2; a->state_budget = v; break;
         case O_SPILL_DIR: a->spill_dir = optarg; break;
+        case O_STATE_QUANT: if (!parse_state_quant(optarg, a)) return 2; break;
+        case O_STATE_CODEC:
+            if (!parse_codec("--state-codec", optarg)) return 2;
+            a->state_codec = optarg;
+            break;
+        case O_CHECKPOINT_CODEC:
+            if (!parse_codec("--checkpoint-codec", optarg)) return 2;
+            a->checkpoint_codec = optarg;
+            break;
         case O_PRECISION:
             if (strcmp(optarg, "bf16") == 0) a->precision = SF_PRECISION_BF16;
             else if (strcmp(optarg, "f32") == 0) a->precision = SF_PRECISION_F32;
@@ -223,12 +283,12 @@ static int parse_args(int argc, char **argv, run_args *a)
         fprintf(stderr, "seqflow: unexpected argument '%s' (quote the pipeline as one argument)\n", argv[optind]);
         return 2;
     }
-    if (a->spill_dir && !a->state_budget) {
-        fprintf(stderr, "seqflow: --spill-dir needs --state-budget BYTES\n");
+    if ((a->spill_dir || a->state_quant || a->state_codec) && !a->state_budget) {
+        fprintf(stderr, "seqflow: --spill-dir, --state-quant and --state-codec need --state-budget BYTES\n");
         return 2;
     }
-    if ((a->resume || a->checkpoint_every) && !a->checkpoint_dir) {
-        fprintf(stderr, "seqflow: --resume and --checkpoint-every need --checkpoint DIR\n");
+    if ((a->resume || a->checkpoint_every || a->checkpoint_codec) && !a->checkpoint_dir) {
+        fprintf(stderr, "seqflow: --resume, --checkpoint-every and --checkpoint-codec need --checkpoint DIR\n");
         return 2;
     }
     return 0;
@@ -333,6 +393,12 @@ static int append_body(char *buf, size_t size, const char *body, const run_args 
             snprintf(budget, sizeof budget, "%lld", a->state_budget / blocks);
             append_option(buf, size, "state_budget", budget);
             if (a->spill_dir) append_option(buf, size, "spill", a->spill_dir);
+            if (a->state_quant) append_option(buf, size, "state_quant", a->state_quant);
+            if (a->state_group) {
+                snprintf(budget, sizeof budget, "%lld", a->state_group);
+                append_option(buf, size, "state_group", budget);
+            }
+            if (a->state_codec) append_option(buf, size, "state_codec", a->state_codec);
             strcat(buf, " ");
         }
         if (!*end) return 1;
@@ -341,6 +407,25 @@ static int append_body(char *buf, size_t size, const char *body, const run_args 
     }
 }
 
+
+/* The length of the segments the pipeline cuts: its segment stage's length= (0 or unset: the
+ * model's), so that checkpoint markers fall on that stage's segment boundaries. */
+static int checkpoint_segment_length(const sf_graph *g, const sf_model_config *cfg, long long *out)
+{
+    *out = 0;
+    for (int i = 0; i < sf_graph_size(g); i++) {
+        sf_stage *st = sf_graph_stage(g, i);
+        if (strcmp(sf_stage_name(st), "segment") != 0) continue;
+        long long length = sf_stage_option_int(st, "length", 0);
+        if (length <= 0) length = cfg->segment;
+        if (*out && *out != length)
+            return sf_error(SF_E_UNSUPPORTED, "--checkpoint: the pipeline's segment stages cut segments of %lld and %lld tokens; "
+                            "checkpoints need one segment length", *out, length);
+        *out = length;
+    }
+    if (!*out) *out = cfg->segment;
+    return SF_OK;
+}
 
 typedef struct progress {
     sf_graph *graph;
@@ -394,7 +479,7 @@ static int cmd_run(int argc, char **argv)
 
     const char *body = a.pipeline ? a.pipeline : DEFAULT_PIPELINE;
     size_t size = strlen(body) + 4096 + (a.input ? strlen(a.input) : 0) + (a.out ? strlen(a.out) : 0);
-    if (a.state_budget) size += (size_t)count_stages(body, "block") * (64 + (a.spill_dir ? strlen(a.spill_dir) : 0));
+    if (a.state_budget) size += (size_t)count_stages(body, "block") * (160 + (a.spill_dir ? strlen(a.spill_dir) : 0));
     char *pipeline = calloc(1, size);
     if (!pipeline) {
         fprintf(stderr, "seqflow: out of memory\n");
@@ -436,10 +521,15 @@ static int cmd_run(int argc, char **argv)
     if (rc == SF_OK && a.checkpoint_dir && a.input && strcmp(a.input, "-") == 0 && lseek(STDIN_FILENO, 0, SEEK_CUR) < 0)
         rc = sf_error(SF_E_UNSUPPORTED, "standard input here is a pipe or terminal, which cannot be resumed; give the input as a file (-i FILE) to checkpoint");
     if (rc == SF_OK && a.checkpoint_dir) {
-        long long segments = a.checkpoint_every ? a.checkpoint_every : 16;
-        sf_graph_checkpoint_options ck = {.dir = a.checkpoint_dir, .every = (uint64_t)segments * (uint64_t)cfg->segment,
-                                          .resume = a.resume};
-        rc = sf_graph_set_checkpoint(graph, &ck);
+        long long segments = a.checkpoint_every ? a.checkpoint_every : 16, length = 0;
+        rc = checkpoint_segment_length(graph, cfg, &length);
+        sf_codec codec = SF_CODEC_RAW;
+        if (a.checkpoint_codec) sf_codec_parse(a.checkpoint_codec, &codec); /* validated by parse_codec */
+        /* a product past 2^64 tokens means "only at the end", not a wrapped-around interval */
+        uint64_t every = length && (uint64_t)segments > UINT64_MAX / (uint64_t)length ? UINT64_MAX
+                                                                                      : (uint64_t)segments * (uint64_t)length;
+        sf_graph_checkpoint_options ck = {.dir = a.checkpoint_dir, .every = every, .resume = a.resume, .codec = codec};
+        if (rc == SF_OK) rc = sf_graph_set_checkpoint(graph, &ck);
     }
     if (rc != SF_OK) {
         fprintf(stderr, "seqflow: %s\n", sf_last_error());

@@ -48,6 +48,9 @@ static const sf_option block_options[] = {
     {"state_budget", SF_OPT_INT, "0", "bytes of memory for the streams' state; idle streams are compressed, then spilled (0 = no limit)"},
     {"spill", SF_OPT_STRING, NULL, "directory for state beyond state_budget (unset: exceeding it is an error)"},
     {"spill_sync", SF_OPT_BOOL, "0", "fsync each spill file (only needed if spills must survive a crash)"},
+    {"state_quant", SF_OPT_STRING, "f32", "how idle state is quantized: f32 (lossless), bf16, int8, int4 or fp8 (lossy)"},
+    {"state_group", SF_OPT_INT, "64", "values sharing one scale for int8/int4/fp8 state (even for int4)"},
+    {"state_codec", SF_OPT_STRING, "zstd", "codec of idle state: zstd, lz4 or raw"},
     {NULL, 0, NULL, NULL}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -119,6 +122,9 @@ static void *stream_create(void *ctx, uint64_t stream)
     if (rc == SF_OK && (!s->g_count || !s->g_head)) rc = sf_error(SF_E_NOMEM, "out of memory");
     if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->M, state_floats_M(b) * sizeof(float));
     if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float));
+    /* FIFO slots not filled yet are never read, but saved and quantized: zero, not garbage */
+    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gk, state_floats_g(b) * sizeof(float));
+    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gv, state_floats_g(b) * sizeof(float));
     if (rc != SF_OK) {
         stream_destroy(b, s);
         return NULL;
@@ -162,7 +168,9 @@ static int state_load(block *b, uint64_t stream)
         memset(s->g_count, 0, rings);
         memset(s->g_head, 0, rings);
         int rc = b->be->ops->zero(b->be, s->M, state_floats_M(b) * sizeof(float));
-        return rc == SF_OK ? b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float)) : rc;
+        if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float));
+        if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gk, state_floats_g(b) * sizeof(float));
+        return rc == SF_OK ? b->be->ops->zero(b->be, s->gv, state_floats_g(b) * sizeof(float)) : rc;
     }
     sf_state_span span = {b->host, state_floats(b)};
     int rc = sf_state_store_get(b->store, stream, &span, 1, b->ring, ring_bytes(b), NULL);
@@ -187,21 +195,49 @@ static int state_put_back(block *b, uint64_t stream)
     return rc;
 }
 
+static int parse_state_quant(const char *text, long long group, sf_quant_params *out)
+{
+    static const char *const names[] = {"f32", "bf16", "int8", "int4", "fp8"};
+    static const sf_quant_kind kinds[] = {SF_QUANT_F32, SF_QUANT_BF16, SF_QUANT_INT8, SF_QUANT_INT4,
+                                          SF_QUANT_FP8_E4M3};
+    int found = -1;
+    for (int i = 0; i < 5; i++)
+        if (text && strcmp(text, names[i]) == 0) found = i;
+    if (found < 0) return sf_error(SF_E_OPTION, "state_quant=%s: expected f32, bf16, int8, int4 or fp8", text ? text : "");
+    if (group < 1 || group > (1 << 24))
+        return sf_error(SF_E_OPTION, "state_group=%lld is outside 1..%d", group, 1 << 24);
+    if (kinds[found] == SF_QUANT_INT4 && group % 2)
+        return sf_error(SF_E_OPTION, "state_group=%lld must be even for int4", group);
+    *out = (sf_quant_params){kinds[found], (int)group};
+    return SF_OK;
+}
+
 static int store_init(sf_stage *st, block *b)
 {
     long long budget = sf_stage_option_int(st, "state_budget", 0);
     const char *spill = sf_stage_option(st, "spill");
+    const char *quant = sf_stage_option(st, "state_quant"), *codec = sf_stage_option(st, "state_codec");
+    sf_quant_params qp;
+    sf_codec cp;
+    int rc = parse_state_quant(quant, sf_stage_option_int(st, "state_group", 64), &qp);
+    if (rc != SF_OK) return rc;
+    if (sf_codec_parse(codec, &cp) != SF_OK)
+        return sf_error(SF_E_OPTION, "state_codec=%s: expected zstd, lz4 or raw", codec ? codec : "");
     if (budget < 0) return sf_error(SF_E_OPTION, "state_budget=%lld must be 0 or more bytes", budget);
     if (budget == 0) {
         if (spill && *spill) return sf_error(SF_E_OPTION, "spill=%s needs a state_budget", spill);
+        /* without a store every state stays live and exact: a lossy request would be ignored */
+        if (qp.kind != SF_QUANT_F32) return sf_error(SF_E_OPTION, "state_quant=%s needs a state_budget", quant);
         return SF_OK;
     }
     sf_state_store_config cfg;
     sf_state_store_config_default(&cfg);
     cfg.budget_bytes = (size_t)budget;
     cfg.spill_dir = spill;
+    cfg.quant = qp;
+    cfg.codec = cp;
     cfg.fsync = sf_stage_option_bool(st, "spill_sync", 0);
-    int rc = sf_state_store_create(&cfg, &b->store);
+    rc = sf_state_store_create(&cfg, &b->store);
     if (rc != SF_OK) return rc;
     b->work = stream_create(b, 0);
     b->host = malloc((state_floats(b) + 1) * sizeof(float));
@@ -426,9 +462,13 @@ static int block_process(sf_stage *st, sf_packet *in)
         if (rc == SF_OK && b->store) rc = state_load(b, in->stream);
         int commit = !(in->flags & SF_PACKET_PROVISIONAL);
         size_t bytes = in->n * in->width * sizeof(float);
-        if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
+        /* rows already on the device (packet.h, dev) are computed in place and stay there */
+        float *host_rows_x = b->x;
+        if (in->dev) b->x = in->dev;
+        else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
         for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, s, l, (int)in->n, commit);
-        if (rc == SF_OK) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
+        if (rc == SF_OK && !in->dev) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
+        b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
             rc = state_put_back(b, in->stream);
     }
@@ -547,4 +587,5 @@ const sf_stage_class sf_block_stage = {
     .save = block_save,
     .restore = block_restore,
     .free = block_free,
+    .device_rows = 1,
 };

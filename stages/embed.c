@@ -1,14 +1,64 @@
 /* embed: x = embed.weight[token] for every token of a segment (SPEC 2). This is where token ids
- * meet the vocabulary, so an out-of-range id is refused here with its stream position. */
+ * meet the vocabulary, so an out-of-range id is refused here with its stream position.
+ * On a GPU graph the table lives on the device and the rows are gathered there into a pooled
+ * device buffer (packet.h, dev): only the token ids (4 bytes a row) cross the bus, and the
+ * rows stay on the device until the final norm. When the pool is dry (every buffer still in
+ * flight downstream) the packet takes the host path, which is slower but the same. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "seqflow/stage.h"
+#include "stages/device_rows.h"
 #include "stages/stages.h"
+
+/* Device buffers in flight at once: a few queued between stages plus one in each of them. */
+#define ROW_BUFFERS 6
+
+typedef struct embed {
+    sf_backend *be;
+    sf_device_rows *pool; /* NULL: the host path */
+    float *table;         /* [vocab, dim] on the device */
+    uint32_t *tokens;     /* [segment] on the device */
+} embed;
 
 static int embed_init(sf_stage *st)
 {
-    if (!sf_stage_model(st)) return sf_error(SF_E_INVAL, "embed needs a model");
-    return SF_OK;
+    const sf_model *m = sf_stage_model(st);
+    if (!m) return sf_error(SF_E_INVAL, "embed needs a model");
+    sf_backend *be = sf_stage_backend(st);
+    if (!sf_device_rows_wanted(be)) return SF_OK;
+    embed *e = calloc(1, sizeof *e);
+    if (!e) return sf_error(SF_E_NOMEM, "out of memory");
+    sf_stage_set_priv(st, e);
+    e->be = be;
+    const sf_model_config *cfg = sf_model_get_config(m);
+    size_t table_bytes = (size_t)cfg->vocab * cfg->dim * sizeof(float);
+    e->table = be->ops->alloc(be, table_bytes);
+    e->tokens = be->ops->alloc(be, (size_t)cfg->segment * sizeof(uint32_t));
+    if (!e->table || !e->tokens) return sf_error(SF_E_NOMEM, "no device memory for the embedding table");
+    int rc = be->ops->upload(be, e->table, sf_model_embedding(m), table_bytes);
+    if (rc == SF_OK) rc = sf_device_rows_create(be, ROW_BUFFERS, (size_t)cfg->segment * cfg->dim, &e->pool);
+    return rc;
+}
+
+static void embed_free(sf_stage *st)
+{
+    embed *e = sf_stage_priv(st);
+    if (!e) return;
+    sf_device_rows_free(e->pool);
+    e->be->ops->free(e->be, e->table);
+    e->be->ops->free(e->be, e->tokens);
+    free(e);
+}
+
+/* The rows of `in` gathered on the device: 1 when done, 0 when no buffer was free. */
+static int embed_on_device(embed *e, sf_packet *in, int dim, int *rc)
+{
+    if (!e || !e->pool || in->n == 0 || !sf_device_rows_lend(e->pool, in)) return 0;
+    const sf_backend_ops *ops = e->be->ops;
+    *rc = ops->upload(e->be, e->tokens, in->tokens, in->n * sizeof(uint32_t));
+    if (*rc == SF_OK) *rc = ops->embed(e->be, (int)in->n, dim, e->tokens, e->table, in->dev);
+    return 1;
 }
 
 static int embed_process(sf_stage *st, sf_packet *in)
@@ -29,14 +79,19 @@ static int embed_process(sf_stage *st, sf_packet *in)
             return rc;
         }
     }
-    int rc = sf_packet_reserve(in, 0, in->n * dim);
+    int rc = SF_OK;
+    if (!embed_on_device(sf_stage_priv(st), in, (int)dim, &rc)) {
+        rc = sf_packet_reserve(in, 0, in->n * dim);
+        if (rc == SF_OK) {
+            const float *table = sf_model_embedding(m);
+            for (size_t i = 0; i < in->n; i++)
+                memcpy(in->x + i * dim, table + (size_t)in->tokens[i] * dim, dim * sizeof(float));
+        }
+    }
     if (rc != SF_OK) {
         sf_packet_free(in);
         return rc;
     }
-    const float *table = sf_model_embedding(m);
-    for (size_t i = 0; i < in->n; i++)
-        memcpy(in->x + i * dim, table + (size_t)in->tokens[i] * dim, dim * sizeof(float));
     in->kind = SF_PACKET_HIDDEN;
     in->width = dim;
     return sf_stage_emit(st, in);
@@ -47,4 +102,5 @@ const sf_stage_class sf_embed_stage = {
     .help = "look token ids up in the embedding table",
     .init = embed_init,
     .process = embed_process,
+    .free = embed_free,
 };

@@ -14,14 +14,21 @@
 
 enum { STREAMS = 200, ROUNDS = 5 };
 
+/* Spill files under dir: each state store spills into a subdirectory of its own
+ * (sf-state-XXXXXX), so those are counted through. */
 static int files_in(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) return -1;
     int n = 0;
     struct dirent *de;
-    while ((de = readdir(d)))
-        if (de->d_name[0] != '.') n++;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char sub[1024];
+        snprintf(sub, sizeof sub, "%s/%s", dir, de->d_name);
+        int inner = strncmp(de->d_name, "sf-state-", 9) == 0 ? files_in(sub) : -1;
+        n += inner >= 0 ? inner : 1;
+    }
     closedir(d);
     return n;
 }

@@ -296,6 +296,43 @@ int main(void)
     CHECK(spawn_run(no_dir, NULL, 0, &r) == 0);
     CHECKF(r.exit_code == 2 && r.err_lines == 1, "--resume without --checkpoint: %d %s", r.exit_code, r.err);
 
+    /* a segment stage with its own length: markers fall on its boundaries (every 4 x 32 tokens,
+     * not 4 x the model's 64), zstd checkpoint frames, and a kill + resume still loses nothing */
+    const char *seg32_ref[] = {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", ref_path,
+                               "segment length=32 ! embed ! block ! norm", NULL};
+    CHECK(spawn_run(seg32_ref, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 0, "segment length=32 reference: %s", r.err);
+#define SEG32_ARGV(resume_flag)                                                                          \
+    {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", out_path, "--checkpoint", ckpt_dir,         \
+     "--checkpoint-every", "4", "--checkpoint-codec", "zstd", "segment length=32 ! embed ! block ! norm", \
+     resume_flag, NULL}
+    const char *seg32[] = SEG32_ARGV(NULL), *seg32_resume[] = SEG32_ARGV("--resume");
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    CHECK(spawn_run(seg32, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 0 && same_as_reference(), "segment length=32 checkpointed: %s", r.err);
+    uint64_t newest = newest_checkpoint();
+    CHECKF(newest == 8192 / (4 * 32) + 1, "segment length=32: newest checkpoint %llu", (unsigned long long)newest);
+    char newest_path[1024];
+    CHECK_OK(sf_checkpoint_path(ckpt_dir, newest, newest_path, sizeof newest_path));
+    size_t newest_len;
+    unsigned char *frame = read_all(newest_path, &newest_len);
+    CHECKF(frame && newest_len > SF_FRAME_HEADER_SIZE && frame[9] == SF_CODEC_ZSTD, "checkpoint codec byte %d",
+           frame && newest_len > 9 ? frame[9] : -1);
+    free(frame);
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    int seg32_pid = spawn_start(seg32, &stdin_fd, err_path);
+    CHECK(seg32_pid > 0);
+    if (seg32_pid > 0) {
+        for (int waited = 0; waited < 40000 && newest_checkpoint() < 20; waited++) sleep_us(250);
+        kill(seg32_pid, SIGKILL);
+        CHECK(spawn_wait(seg32_pid) == 137);
+        close(stdin_fd);
+    }
+    CHECK(spawn_run(seg32_resume, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 0 && same_as_reference(), "segment length=32 resumed: %s", r.err);
+
     remove_dir(ckpt_dir);
     remove_outputs();
     unlink(input_path);

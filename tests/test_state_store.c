@@ -123,6 +123,20 @@ static int file_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+/* The directory a store spills into: the one holding stream's spill file ("" when it has none). */
+static const char *spill_dir_of(sf_state_store *st, uint64_t stream, char *buf, size_t size)
+{
+    const char *p = sf_state_store_spill_path(st, stream);
+    const char *slash = p ? strrchr(p, '/') : NULL;
+    snprintf(buf, size, "%.*s", slash ? (int)(slash - p) : 0, p ? p : "");
+    return buf;
+}
+
+/* A failed allocation must come back as NULL under AddressSanitizer too, as it does without
+ * (test_scratch_failure). */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 static void test_many_streams(void)
 {
     const char *env = getenv("SEQFLOW_STATE_STORE_STREAMS");
@@ -154,7 +168,9 @@ static void test_many_streams(void)
     CHECK(s.raw_bytes == raw_total);
     CHECKF(s.peak_bytes <= cfg.budget_bytes, "peak %zu > budget %zu", s.peak_bytes,
            cfg.budget_bytes);
-    CHECK(s.bytes_on_disk > 0 && files_in(dir) == (int)s.spilled);
+    char sub[1024] = "";
+    for (int i = 0; i < n && !sub[0]; i++) spill_dir_of(st, (uint64_t)i * 7919u + 3, sub, sizeof sub);
+    CHECK(s.bytes_on_disk > 0 && files_in(sub) == (int)s.spilled);
     printf("%d streams, %zu raw bytes, budget %zu: %zu hot, %zu compressed, %zu spilled; "
            "%zu bytes in memory (peak %zu), %zu on disk\n",
            n, raw_total, cfg.budget_bytes, s.hot, s.compressed, s.spilled, s.bytes_in_memory,
@@ -183,10 +199,11 @@ static void test_many_streams(void)
     sf_state_store_get_stats(st, &s);
     CHECK(s.streams == (size_t)(n - n / 2));
     CHECK(removed_path[0] && !file_exists(removed_path));
-    CHECKF(files_in(dir) == (int)s.spilled, "%d files, %zu spilled", files_in(dir), s.spilled);
+    CHECKF(files_in(sub) == (int)s.spilled, "%d files, %zu spilled", files_in(sub), s.spilled);
     CHECK(s.peak_bytes <= cfg.budget_bytes);
     sf_state_store_free(st);
     CHECKF(files_in(dir) == 0, "%d spill files left after free", files_in(dir));
+    CHECK(!file_exists(sub));
     rmdir(dir);
 }
 
@@ -438,6 +455,136 @@ static void test_small_budgets(void)
     sf_state_store_free(st);
 }
 
+/* int8 and fp8 with group 1 take 5 bytes a value, more than the floats themselves: a spilled
+ * stream read back with several spans must still decode exactly what was put (its frames, read
+ * into the scratch, must not overlap the region they are decoded into). */
+static void test_wide_frames(sf_quant_kind kind)
+{
+    const char *dir = check_tmp_path("state-wide");
+    sf_state_store_config cfg;
+    sf_state_store_config_default(&cfg);
+    cfg.budget_bytes = 120000;
+    cfg.quant = (sf_quant_params){kind, 1};
+    cfg.codec = SF_CODEC_RAW;
+    cfg.spill_dir = dir;
+    cfg.fsync = 0;
+    sf_state_store *st = NULL;
+    CHECK_OK(sf_state_store_create(&cfg, &st));
+    if (!st) return;
+    enum { N = 4096, STREAMS = 40 };
+    float *want = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
+    for (uint64_t id = 1; id <= STREAMS; id++) {
+        check_rng r = {id * 0x9e3779b97f4a7c15ULL};
+        for (int i = 0; i < N; i++) want[i] = (float)(100.0 * check_rng_normal(&r));
+        sf_state_span one = {want, N};
+        CHECK_OK(sf_state_store_put(st, id, &one, 1, NULL, 0));
+    }
+    CHECK(sf_state_store_tier(st, 1) == SF_STATE_SPILLED);
+    int outside = 0;
+    for (uint64_t id = 1; id <= STREAMS; id++) {
+        check_rng r = {id * 0x9e3779b97f4a7c15ULL};
+        for (int i = 0; i < N; i++) want[i] = (float)(100.0 * check_rng_normal(&r));
+        memset(got, 0, N * sizeof(float));
+        sf_state_span two[2] = {{got, N / 3}, {got + N / 3, N - N / 3}};
+        CHECK_OK(sf_state_store_get(st, id, two, 2, NULL, 0, NULL));
+        double bound = sf_quant_error_bound(&cfg.quant, want, N);
+        for (int i = 0; i < N; i++) outside += !(fabs((double)want[i] - (double)got[i]) <= bound);
+    }
+    CHECKF(outside == 0, "quant %d group 1: %d values outside the bound", (int)kind, outside);
+    free(want);
+    free(got);
+    sf_state_store_free(st);
+    rmdir(dir);
+}
+
+/* A stream with no floats and no metadata has no spill file; it still comes back when spilled. */
+static void test_empty_spilled(void)
+{
+    const char *dir = check_tmp_path("state-empty");
+    sf_state_store_config cfg;
+    sf_state_store_config_default(&cfg);
+    cfg.budget_bytes = 6 * raw_bytes(9) + 64 * 1024;
+    cfg.spill_dir = dir;
+    cfg.fsync = 0;
+    sf_state_store *st = NULL;
+    CHECK_OK(sf_state_store_create(&cfg, &st));
+    if (!st) return;
+    CHECK_OK(sf_state_store_put(st, 1000, NULL, 0, NULL, 0));
+    for (uint64_t id = 1; id <= 60; id++) CHECK_OK(put_state(st, id, 0));
+    CHECK(sf_state_store_tier(st, 1000) == SF_STATE_SPILLED);
+    size_t meta_bytes = 99;
+    int rc = sf_state_store_get(st, 1000, NULL, 0, NULL, 0, &meta_bytes);
+    CHECKF(rc == SF_OK && meta_bytes == 0, "empty spilled stream: rc %d (%s)", rc, sf_last_error());
+    CHECK_OK(sf_state_store_take(st, 1000, NULL, 0, NULL, 0, NULL));
+    CHECK(!sf_state_store_contains(st, 1000) && state_exact(st, 60, 0));
+    sf_state_store_free(st);
+    rmdir(dir);
+}
+
+/* A put whose larger scratch cannot be allocated fails with SF_E_NOMEM and leaves the other
+ * streams readable (the old scratch is kept). */
+static void test_scratch_failure(void)
+{
+    sf_state_store_config cfg;
+    sf_state_store_config_default(&cfg);
+    cfg.budget_bytes = SIZE_MAX / 2; /* the budget lets the allocation be tried */
+    cfg.hot_bytes = 1;
+    sf_state_store *st = NULL;
+    CHECK_OK(sf_state_store_create(&cfg, &st));
+    if (!st) return;
+    for (uint64_t id = 1; id <= 4; id++) CHECK_OK(put_state(st, id, 0));
+    CHECK(sf_state_store_tier(st, 1) == SF_STATE_COMPRESSED);
+    float one = 1;
+    /* never read: the scratch for 2^56 floats is allocated (and fails) before the data is copied */
+    sf_state_span huge = {&one, (size_t)1 << 56};
+    int rc = sf_state_store_put(st, 99, &huge, 1, NULL, 0);
+    CHECKF(rc == SF_E_NOMEM, "huge put: rc %d (%s)", rc, sf_last_error());
+    CHECK(!sf_state_store_contains(st, 99));
+    int wrong = 0;
+    for (uint64_t id = 1; id <= 4; id++) wrong += !state_exact(st, id, 0);
+    CHECK(wrong == 0);
+    sf_state_store_free(st);
+}
+
+/* Each store spills into a subdirectory of its own (sf-state-XXXXXX), so that two stores, or
+ * two processes whose pids coincide, sharing a spill directory never read each other's files;
+ * free removes it. */
+static void test_spill_subdirectory(void)
+{
+    const char *dir = check_tmp_path("state-subdir");
+    sf_state_store_config cfg;
+    sf_state_store_config_default(&cfg);
+    cfg.budget_bytes = 6 * raw_bytes(9) + 64 * 1024;
+    cfg.spill_dir = dir;
+    cfg.fsync = 0;
+    sf_state_store *a = NULL, *b = NULL;
+    CHECK_OK(sf_state_store_create(&cfg, &a));
+    CHECK_OK(sf_state_store_create(&cfg, &b));
+    if (!a || !b) {
+        sf_state_store_free(a);
+        sf_state_store_free(b);
+        return;
+    }
+    for (uint64_t id = 1; id <= 60; id++) {
+        CHECK_OK(put_state(a, id, 0));
+        CHECK_OK(put_state(b, id, 1));
+    }
+    char da[1024], db[1024];
+    spill_dir_of(a, 1, da, sizeof da);
+    spill_dir_of(b, 1, db, sizeof db);
+    size_t len = strlen(dir);
+    CHECKF(strncmp(da, dir, len) == 0 && da[len] == '/' && strncmp(da + len + 1, "sf-state-", 9) == 0,
+           "spill directory %s is not a sf-state- subdirectory of %s", da, dir);
+    CHECKF(strcmp(da, db) != 0, "two stores spill into the same directory %s", da);
+    CHECK(state_exact(a, 1, 0) && state_exact(b, 1, 1));
+    sf_state_store_free(a);
+    CHECK(da[0] && !file_exists(da) && file_exists(db));
+    CHECK(state_exact(b, 2, 1));
+    sf_state_store_free(b);
+    CHECK(files_in(dir) == 0);
+    rmdir(dir);
+}
+
 int main(void)
 {
     test_small_budgets();
@@ -447,6 +594,11 @@ int main(void)
     test_lossy(SF_QUANT_FP8_E4M3, 64);
     test_lossy(SF_QUANT_BF16, 1);
     test_damaged_spill();
+    test_wide_frames(SF_QUANT_INT8);
+    test_wide_frames(SF_QUANT_FP8_E4M3);
+    test_empty_spilled();
+    test_scratch_failure();
+    test_spill_subdirectory();
     test_many_streams();
     return check_finish("test_state_store");
 }

@@ -87,7 +87,7 @@ typedef struct sf_graph_checkpoint_options {
     uint64_t every;        /* tokens between checkpoints (> 0) */
     int keep;              /* checkpoints kept (0 = 3) */
     int resume;            /* continue from the newest valid checkpoint */
-    int codec;             /* sf_codec of the checkpoint frames (0 = raw) */
+    int codec;             /* checkpoint frames: 0 raw, 1 LZ4, 2 zstd (compress/frame.h sf_codec) */
     /* One line per event worth telling (a damaged checkpoint, starting fresh); NULL prints
      * "seqflow: LINE" on stderr. Called from the thread of sf_graph_run. */
     void (*report)(void *user, const char *line);

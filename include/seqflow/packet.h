@@ -43,7 +43,25 @@ typedef struct sf_packet {
     size_t cap_tokens, cap_x;
     uint8_t *state;    /* CHECKPOINT: saved state of the stages passed so far (owned, may be NULL) */
     size_t state_len, state_cap;
+    /* Device rows (graphs on a GPU backend): when dev is non-NULL the activations x[n, width]
+     * live in dev, backend memory of the graph's backend lent by a bounded pool, and x holds
+     * nothing meaningful. The packet owns the loan: sf_packet_free (or sf_packet_to_host)
+     * returns dev to its pool through dev_ops. Only stages whose class sets device_rows see
+     * such packets; the graph brings the rows to host memory before any other stage, and
+     * before a packet leaves the graph (sf_graph_pull, the last stage), so callers and sinks
+     * only ever get host packets. */
+    float *dev;
+    const struct sf_packet_device *dev_ops;
+    void *dev_pool;
 } sf_packet;
+
+/* How device rows go back to host memory and back to their pool (set by whoever lends dev). */
+typedef struct sf_packet_device {
+    /* copies bytes of dev into host (waits for the copy) */
+    int (*download)(void *pool, void *host, const float *dev, size_t bytes);
+    /* returns dev to the pool */
+    void (*release)(void *pool, float *dev);
+} sf_packet_device;
 
 /* A new packet with room for cap_tokens token ids and cap_x floats (either may be 0).
  * Returns NULL when out of memory. */
@@ -51,6 +69,9 @@ sf_packet *sf_packet_new(sf_packet_kind kind, size_t cap_tokens, size_t cap_x);
 /* Grows the packet's buffers to at least these capacities, keeping their contents. */
 int sf_packet_reserve(sf_packet *p, size_t cap_tokens, size_t cap_x);
 void sf_packet_free(sf_packet *p);
+/* Brings device rows (dev) into x, grown as needed, and returns dev to its pool; SF_OK and
+ * nothing done when the packet has none. On failure dev is released all the same. */
+int sf_packet_to_host(sf_packet *p);
 
 #ifdef __cplusplus
 }

@@ -60,6 +60,9 @@ typedef struct sf_stage_class {
     /* Called once for every instance whose init was called, also when init failed: it must
      * release whatever init managed to set up (priv may be NULL). May be NULL. */
     void (*free)(sf_stage *st);
+    /* Non-zero: process() also takes packets whose rows live on the graph's backend (packet.h,
+     * dev). Other stages are handed host packets: the graph downloads the rows first. */
+    int device_rows;
 } sf_stage_class;
 
 /* Options, as given in the pipeline (or the class default). Values are validated against the

@@ -1,6 +1,7 @@
 /* The CUDA backend's op table, buffers, lock and lifetime (see cuda_backend.h). */
 #include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/profile.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -251,7 +252,8 @@ static int cuda_reserve(sf_backend *be, int rows, int width)
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     /* the largest users: float32 delta targets [rows, width] (bf16 activations take half), and
-     * attention's bf16 K and V of [rows, width], each part 256-byte aligned (hence the slack) */
+     * attention's bf16 K and V of [rows, width], each part 256-byte aligned (hence the slack);
+     * the memory update grows it once more when its sigma(K) does not fit beside the target */
     rc = sf_cuda_scratch(c, (size_t)rows * (size_t)width * sizeof(float) + 4096);
     /* a block stage moves [segment, D] activations in and out: width >= D covers them */
     if (rc == SF_OK) rc = reserve_staging(c, (size_t)rows * (size_t)width * sizeof(float));
@@ -360,12 +362,14 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
     be->ops = &cuda_ops;
     be->impl = c;
     be->precision = c->precision;
+    /* a profile that cannot start leaves the backend unprofiled, never broken */
+    if (sf_cuda_profile_wanted() && sf_cuda_profile_attach(be) != SF_OK) sf_clear_error();
     return SF_OK;
 }
 
 extern "C" int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out)
 {
-    if (!be || !out || be->ops != &cuda_ops) return sf_error(SF_E_INVAL, "sf_cuda_backend_memory: not a cuda backend");
+    if (!be || !out || strcmp(be->ops->name, "cuda") != 0) return sf_error(SF_E_INVAL, "sf_cuda_backend_memory: not a cuda backend");
     sf_cuda *c = (sf_cuda *)be->impl;
     memset(out, 0, sizeof *out);
     int rc = sf_cuda_enter(c);

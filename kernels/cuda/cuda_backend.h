@@ -74,6 +74,8 @@ typedef struct sf_cuda_staging {
 
 #define SF_CUDA_STAGING_SLOTS 2
 
+typedef struct sf_cuda_profile sf_cuda_profile; /* profile.cu */
+
 typedef struct sf_cuda {
     int device;
     sf_precision precision;
@@ -92,6 +94,7 @@ typedef struct sf_cuda {
     void *scratch; /* bf16 activations of a product, or the delta targets: reserve() */
     size_t scratch_bytes;
     size_t allocated, peak;
+    sf_cuda_profile *profile; /* SEQFLOW_CUDA_PROFILE=1 only */
 } sf_cuda;
 
 static inline sf_cuda *sf_cuda_of(sf_backend *be) { return (sf_cuda *)be->impl; }

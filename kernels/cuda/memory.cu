@@ -103,6 +103,18 @@ __global__ static void update_kernel(int n, int d, int ld, const float *k, const
     if (threadIdx.x < cols) z[(size_t)h * d + j0 + threadIdx.x] += (float)zacc;
 }
 
+/* sk = sigma(k) over [n, width] (row stride ld for k, width for sk); ones[i] = 1 for the
+ * column sums of z. */
+__global__ static void sigma_rows_kernel(int n, int width, int ld, const float *k, float *sk, float *ones)
+{
+    const size_t count = (size_t)n * width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / width, col = i % width;
+        sk[i] = sigma(k[r * ld + col]);
+        if (col == 0) ones[r] = 1.0f;
+    }
+}
+
 static int threads_for(int d) { return (d + 31) / 32 * 32; }
 
 static int check_head_dim(int d)
@@ -129,6 +141,41 @@ int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const fl
     return rc;
 }
 
+#define SF_UNSUPPORTED_LAYOUT 1 /* batched_update: take the one-kernel update instead */
+
+static size_t update_part_bytes(int n, int width) { return ((size_t)n * width * sizeof(float) + 255) / 256 * 256; }
+
+/* The update as cuBLAS products, which is what it is: per head M_h += sigma(K_h)^T T_h, one
+ * strided-batched SGEMM over the heads (float32, DEFAULT math: no TF32), and z += the column
+ * sums of sigma(K) as one SGEMV against a vector of ones. Read column-major, row-major
+ * M_h[j][e] is C = M_h^T (d x d), T_h is (d x n) with ld target_ld and sigma(K_h) (d x n) with
+ * ld width, so C += T_h * sigma(K_h)^T. sigma(K) and the ones go to the scratch after the
+ * delta target (reserve sizes it); without room, the one-kernel update runs. */
+static int batched_update(sf_cuda *c, int n, int heads, int d, int ld, const float *k, const float *target,
+                          int target_ld, float *M, float *z)
+{
+    const int width = heads * d;
+    /* the delta target sits at the start of the scratch; sigma(K) and the ones follow it */
+    size_t offset = (target == (const float *)c->scratch) ? update_part_bytes(n, width) : 0;
+    if (offset + update_part_bytes(n, width) + (size_t)n * sizeof(float) > c->scratch_bytes) return SF_UNSUPPORTED_LAYOUT;
+    float *sk = (float *)((char *)c->scratch + offset);
+    float *ones = (float *)((char *)sk + update_part_bytes(n, width));
+    size_t count = (size_t)n * width;
+    unsigned blocks = (unsigned)((count + 255) / 256 < 4096 ? (count + 255) / 256 : 4096);
+    sigma_rows_kernel<<<blocks, 256, 0, c->stream>>>(n, width, ld, k, sk, ones);
+    int rc = sf_cuda_launched("memory_update (sigma)");
+    const float one = 1.0f;
+    if (rc == SF_OK)
+        rc = sf_cublas_status(cublasSgemmStridedBatched(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, d, d, n, &one, target,
+                                                        target_ld, d, sk, width, d, &one, M, d, (long long)d * d,
+                                                        heads),
+                              "memory_update (batched SGEMM)");
+    if (rc == SF_OK)
+        rc = sf_cublas_status(cublasSgemv(c->blas, CUBLAS_OP_N, width, n, &one, sk, width, ones, 1, &one, z, 1),
+                              "memory_update (z)");
+    return rc;
+}
+
 int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
                           const float *v, float *M, float *z)
 {
@@ -140,10 +187,11 @@ int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads,
     if (rc != SF_OK) return rc;
     const float *target = v;
     int target_ld = ld;
+    const int width = heads * d;
+    /* [delta target] [sigma(K)] [ones]: reserve() sizes most of it; the first segment grows the
+     * rest once (never again, and before the target is written into it) */
+    rc = sf_cuda_scratch(c, (kind == SF_MEMORY_DELTA ? 2 : 1) * update_part_bytes(n, width) + (size_t)n * sizeof(float));
     if (kind == SF_MEMORY_DELTA) {
-        const int width = heads * d;
-        /* sized by reserve() in a pipeline; grows once otherwise */
-        rc = sf_cuda_scratch(c, (size_t)n * width * sizeof(float));
         if (rc == SF_OK) {
             dim3 grid((unsigned)heads, (unsigned)((n + ROW_TILE - 1) / ROW_TILE));
             size_t shared = (size_t)ROW_TILE * (d + 1) * sizeof(float);
@@ -153,7 +201,8 @@ int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads,
             target = (const float *)c->scratch, target_ld = width;
         }
     }
-    if (rc == SF_OK) {
+    if (rc == SF_OK) rc = batched_update(c, n, heads, d, ld, k, target, target_ld, M, z);
+    if (rc == SF_UNSUPPORTED_LAYOUT) {
         dim3 grid((unsigned)heads, (unsigned)((d + COL_TILE - 1) / COL_TILE));
         size_t shared = ((size_t)SEG_TILE * COL_TILE + (size_t)SEG_TILE * d) * sizeof(float);
         update_kernel<<<grid, threads_for(d), shared, c->stream>>>(n, d, ld, k, target, target_ld, M, z);
