@@ -410,6 +410,17 @@ static int push_global_tokens(block *b, stream_state *s, int l, int n)
     return rc;
 }
 
+/* y[i] = x w[i]^T for products that share x (contiguous [n, in], outputs [n, out]): one
+ * matmul_shared where the backend has it (the GPU rounds x to bf16 once), else one matmul each. */
+static int shared_products(sf_backend *be, int n, int in, int out, const float *x, int count, const float *const *w,
+                           float *const *y)
+{
+    if (be->ops->matmul_shared) return be->ops->matmul_shared(be, n, in, out, x, in, count, w, y, out);
+    int rc = SF_OK;
+    for (int i = 0; i < count && rc == SF_OK; i++) rc = be->ops->matmul(be, n, in, out, x, in, w[i], y[i], out, 0);
+    return rc;
+}
+
 static int layer_forward(block *b, stream_state *s, int l, int n, int commit)
 {
     const sf_model_config *c = b->cfg;
@@ -419,9 +430,9 @@ static int layer_forward(block *b, stream_state *s, int l, int n, int commit)
     const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden;
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d;
     int rc = ops->rmsnorm(be, n, D, b->x, w->attn_norm, c->norm_eps, b->u);
-    if (rc == SF_OK) rc = ops->matmul(be, n, D, W, b->u, D, w->wq, b->q, W, 0);
-    if (rc == SF_OK) rc = ops->matmul(be, n, D, W, b->u, D, w->wk, b->k, W, 0);
-    if (rc == SF_OK) rc = ops->matmul(be, n, D, W, b->u, D, w->wv, b->v, W, 0);
+    const float *qkv_w[3] = {w->wq, w->wk, w->wv};
+    float *qkv[3] = {b->q, b->k, b->v};
+    if (rc == SF_OK) rc = shared_products(be, n, D, W, b->u, 3, qkv_w, qkv);
     if (rc != SF_OK) return rc;
     int G = c->global_tokens;
     sf_attention_desc desc = {
@@ -436,8 +447,9 @@ static int layer_forward(block *b, stream_state *s, int l, int n, int commit)
     if (rc == SF_OK) rc = ops->matmul(be, n, W, D, b->a, W, w->wo, b->x, D, 1);
     if (rc == SF_OK && F) {
         rc = ops->rmsnorm(be, n, D, b->x, w->mlp_norm, c->norm_eps, b->u);
-        if (rc == SF_OK) rc = ops->matmul(be, n, D, F, b->u, D, w->w1, b->h1, F, 0);
-        if (rc == SF_OK) rc = ops->matmul(be, n, D, F, b->u, D, w->w3, b->h3, F, 0);
+        const float *gate_w[2] = {w->w1, w->w3};
+        float *gate_y[2] = {b->h1, b->h3};
+        if (rc == SF_OK) rc = shared_products(be, n, D, F, b->u, 2, gate_w, gate_y);
         if (rc == SF_OK) rc = ops->swiglu(be, n, F, b->h1, b->h3);
         if (rc == SF_OK) rc = ops->matmul(be, n, F, D, b->h1, F, w->w2, b->x, D, 1);
     }

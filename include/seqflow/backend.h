@@ -89,6 +89,11 @@ typedef struct sf_backend_ops {
      * columns, sized now so that no op allocates while a stream runs. */
     int (*prepare_weight)(sf_backend *be, const float *w, int out, int in);
     int (*reserve)(sf_backend *be, int rows, int width);
+    /* matmul_shared: y[i][n, out] = x[n, in] w[i]^T for i < count (no accumulate): products
+     * that share their input (Q/K/V, the two SwiGLU inputs). The same result as count matmul
+     * calls, which callers make instead when this is NULL; a GPU backend converts x once. */
+    int (*matmul_shared)(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
+                         const float *const *w, float *const *y, int ldy);
 } sf_backend_ops;
 
 struct sf_backend {

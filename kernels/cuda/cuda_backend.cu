@@ -315,6 +315,7 @@ static const sf_backend_ops cuda_ops = {
     /* .destroy */ cuda_destroy,
     /* .prepare_weight */ sf_cuda_prepare_weight,
     /* .reserve */ cuda_reserve,
+    /* .matmul_shared */ sf_cuda_matmul_shared,
 };
 
 extern "C" int sf_cuda_backend_init(sf_backend *be, int device)

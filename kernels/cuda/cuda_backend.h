@@ -125,6 +125,8 @@ int sf_cuda_bf16_to_f32(const __nv_bfloat16 *src, size_t count, float *dst, cuda
 /* The ops of sf_backend_ops (contracts in seqflow/backend.h). */
 int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
                    int ldy, int accumulate);
+int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
+                          const float *const *w, float *const *y, int ldy);
 int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);

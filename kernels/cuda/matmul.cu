@@ -88,3 +88,36 @@ int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int l
     sf_cuda_leave(c);
     return rc;
 }
+
+/* matmul_shared (seqflow/backend.h): in bf16, x is rounded into the scratch once for all the
+ * products (Q/K/V: 3 conversions become 1); each product is then the GEMM of sf_cuda_matmul.
+ * In f32, or for a weight never prepared, it is exactly sf_cuda_matmul per weight. */
+int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
+                          const float *const *w, float *const *y, int ldy)
+{
+    if (n <= 0 || out <= 0 || count <= 0) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int all_bf16 = c->precision == SF_PRECISION_BF16;
+    for (int i = 0; i < count && all_bf16; i++) {
+        const sf_cuda_weight *wb = find_weight(c, w[i]);
+        all_bf16 = wb && wb->count == (size_t)out * in;
+    }
+    if (!all_bf16) {
+        int rc = SF_OK;
+        for (int i = 0; i < count && rc == SF_OK; i++) rc = sf_cuda_matmul(be, n, in, out, x, ldx, w[i], y[i], ldy, 0);
+        return rc;
+    }
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    const float alpha = 1.0f, beta = 0.0f;
+    rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
+    if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
+    for (int i = 0; i < count && rc == SF_OK; i++)
+        rc = sf_cublas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha,
+                                           find_weight(c, w[i])->bf16, CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &beta,
+                                           y[i], CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                              "bf16 GEMM (shared input)");
+    sf_cuda_leave(c);
+    return rc;
+}

@@ -7,7 +7,9 @@
  * memory_update is one kernel for both kinds: a block owns COL_TILE rows j of M_h (and z_h)
  * and streams the segment through shared memory, M[j, e] += sum_i sigma(k_i)[j] target_i[e].
  * The target is v (linear) or v - Retrieve(sigma(k)) (delta); the delta's Retrieve must see
- * M before the update, so it runs first, into the reserved scratch. */
+ * M before the update, so it runs first, into the reserved scratch.
+ * For d = 32, 64, 128 the update itself is split over row chunks (split_update, below); other
+ * head sizes take the cuBLAS products (batched_update), and without scratch the one kernel. */
 #include "kernels/cuda/cuda_backend.h"
 
 #define ROW_TILE 16  /* rows of q or k per block of the retrieval */
@@ -143,6 +145,125 @@ int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const fl
 
 #define SF_UNSUPPORTED_LAYOUT 1 /* batched_update: take the one-kernel update instead */
 
+/* The split update (issue 3, gpuperf2). The products sigma(K_h)^T T_h are d x d with n-deep
+ * sums; as one GEMM per head they ran on ~one CTA per head (16 of 132 SMs, ~3 ms a layer).
+ * Here the segment rows are cut into chunks: block (chunk, head) sums its chunk into a d x d
+ * partial (and the chunk's column sums of sigma(K) for z) in float32 registers, each thread a
+ * (d/16) x (d/16) tile; a second kernel adds the partials to M and z in chunk order, so the
+ * result is deterministic. sigma is applied while staging, so sigma(K) is never stored. */
+#define SPLIT_THREADS 256
+#define SPLIT_SEG 32          /* rows staged in shared memory per step */
+#define SPLIT_MIN_ROWS 256    /* rows per chunk at least (fewer chunks for short segments) */
+#define SPLIT_MAX_CHUNKS 64
+
+template <int D>
+__global__ static void __launch_bounds__(SPLIT_THREADS)
+    split_partial_kernel(int n, int rows_per_chunk, int heads, int ld, const float *k, const float *target,
+                         int target_ld, float *partM, float *partz)
+{
+    constexpr int T = D / 16; /* thread tile: rows j = tj + 16*a, columns e = te + 16*b */
+    __shared__ float sk[SPLIT_SEG][D];
+    __shared__ float tg[SPLIT_SEG][D];
+    const int chunk = blockIdx.x, h = blockIdx.y;
+    const int tj = threadIdx.x / 16, te = threadIdx.x % 16;
+    const int r_begin = chunk * rows_per_chunk;
+    const int r_end = min(n, r_begin + rows_per_chunk);
+    float acc[T][T];
+#pragma unroll
+    for (int a = 0; a < T; a++)
+#pragma unroll
+        for (int b = 0; b < T; b++) acc[a][b] = 0;
+    float zacc = 0;
+    for (int i0 = r_begin; i0 < r_end; i0 += SPLIT_SEG) {
+        const int rows = min(SPLIT_SEG, r_end - i0);
+        for (int idx = threadIdx.x; idx < SPLIT_SEG * D; idx += SPLIT_THREADS) {
+            const int r = idx / D, col = idx % D;
+            const bool in = r < rows;
+            sk[r][col] = in ? sigma(k[(size_t)(i0 + r) * ld + (size_t)h * D + col]) : 0.0f;
+            tg[r][col] = in ? target[(size_t)(i0 + r) * target_ld + (size_t)h * D + col] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int r = 0; r < SPLIT_SEG; r++) {
+            float x[T], y[T];
+#pragma unroll
+            for (int a = 0; a < T; a++) x[a] = sk[r][tj + 16 * a];
+#pragma unroll
+            for (int b = 0; b < T; b++) y[b] = tg[r][te + 16 * b];
+#pragma unroll
+            for (int a = 0; a < T; a++)
+#pragma unroll
+                for (int b = 0; b < T; b++) acc[a][b] += x[a] * y[b];
+        }
+        if (threadIdx.x < D)
+            for (int r = 0; r < rows; r++) zacc += sk[r][threadIdx.x];
+        __syncthreads();
+    }
+    float *P = partM + ((size_t)chunk * heads + h) * D * D;
+#pragma unroll
+    for (int a = 0; a < T; a++)
+#pragma unroll
+        for (int b = 0; b < T; b++) P[(size_t)(tj + 16 * a) * D + te + 16 * b] = acc[a][b];
+    if (threadIdx.x < D) partz[((size_t)chunk * heads + h) * D + threadIdx.x] = zacc;
+}
+
+/* M[i] += sum over chunks of partM[chunk][i] (i over heads*d*d), then z likewise. */
+__global__ static void split_reduce_kernel(int chunks, size_t m_count, size_t z_count, const float *partM,
+                                           const float *partz, float *M, float *z)
+{
+    const size_t total = m_count + z_count;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        if (i < m_count) {
+            float s = 0;
+            for (int c = 0; c < chunks; c++) s += partM[(size_t)c * m_count + i];
+            M[i] += s;
+        } else {
+            const size_t j = i - m_count;
+            double s = 0; /* z sums positive terms over the whole stream: double here, as on the CPU */
+            for (int c = 0; c < chunks; c++) s += partz[(size_t)c * z_count + j];
+            z[j] += (float)s;
+        }
+    }
+}
+
+static int split_chunks(int n)
+{
+    int chunks = (n + SPLIT_MIN_ROWS - 1) / SPLIT_MIN_ROWS;
+    return chunks > SPLIT_MAX_CHUNKS ? SPLIT_MAX_CHUNKS : chunks;
+}
+
+/* bytes of the partials of split_update (0 when d has no split kernel) */
+static size_t split_bytes(int n, int heads, int d)
+{
+    if (d != 32 && d != 64 && d != 128) return 0;
+    return (size_t)split_chunks(n) * heads * ((size_t)d * d + d) * sizeof(float);
+}
+
+static int split_update(sf_cuda *c, void *part, int n, int heads, int d, int ld, const float *k, const float *target,
+                        int target_ld, float *M, float *z)
+{
+    const int chunks = split_chunks(n);
+    int rows = (n + chunks - 1) / chunks;
+    rows = (rows + SPLIT_SEG - 1) / SPLIT_SEG * SPLIT_SEG;
+    const int used = (n + rows - 1) / rows; /* rounding the chunk up can leave the last ones empty */
+    float *partM = (float *)part;
+    float *partz = partM + (size_t)used * heads * d * d;
+    dim3 grid((unsigned)used, (unsigned)heads);
+    if (d == 32)
+        split_partial_kernel<32><<<grid, SPLIT_THREADS, 0, c->stream>>>(n, rows, heads, ld, k, target, target_ld, partM, partz);
+    else if (d == 64)
+        split_partial_kernel<64><<<grid, SPLIT_THREADS, 0, c->stream>>>(n, rows, heads, ld, k, target, target_ld, partM, partz);
+    else
+        split_partial_kernel<128><<<grid, SPLIT_THREADS, 0, c->stream>>>(n, rows, heads, ld, k, target, target_ld, partM, partz);
+    int rc = sf_cuda_launched("memory_update (split partials)");
+    if (rc != SF_OK) return rc;
+    const size_t m_count = (size_t)heads * d * d, z_count = (size_t)heads * d;
+    const size_t total = m_count + z_count;
+    unsigned blocks = (unsigned)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);
+    split_reduce_kernel<<<blocks, 256, 0, c->stream>>>(used, m_count, z_count, partM, partz, M, z);
+    return sf_cuda_launched("memory_update (split reduce)");
+}
+
 static size_t update_part_bytes(int n, int width) { return ((size_t)n * width * sizeof(float) + 255) / 256 * 256; }
 
 /* The update as cuBLAS products, which is what it is: per head M_h += sigma(K_h)^T T_h, one
@@ -190,7 +311,10 @@ int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads,
     const int width = heads * d;
     /* [delta target] [sigma(K)] [ones]: reserve() sizes most of it; the first segment grows the
      * rest once (never again, and before the target is written into it) */
-    rc = sf_cuda_scratch(c, (kind == SF_MEMORY_DELTA ? 2 : 1) * update_part_bytes(n, width) + (size_t)n * sizeof(float));
+    const size_t split = split_bytes(n, heads, d);
+    const size_t target_bytes = kind == SF_MEMORY_DELTA ? update_part_bytes(n, width) : 0;
+    rc = sf_cuda_scratch(c, split ? target_bytes + split
+                                  : target_bytes + update_part_bytes(n, width) + (size_t)n * sizeof(float));
     if (kind == SF_MEMORY_DELTA) {
         if (rc == SF_OK) {
             dim3 grid((unsigned)heads, (unsigned)((n + ROW_TILE - 1) / ROW_TILE));
@@ -201,7 +325,10 @@ int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads,
             target = (const float *)c->scratch, target_ld = width;
         }
     }
-    if (rc == SF_OK) rc = batched_update(c, n, heads, d, ld, k, target, target_ld, M, z);
+    if (rc == SF_OK && split)
+        rc = split_update(c, (char *)c->scratch + target_bytes, n, heads, d, ld, k, target, target_ld, M, z);
+    else if (rc == SF_OK)
+        rc = batched_update(c, n, heads, d, ld, k, target, target_ld, M, z);
     if (rc == SF_UNSUPPORTED_LAYOUT) {
         dim3 grid((unsigned)heads, (unsigned)((d + COL_TILE - 1) / COL_TILE));
         size_t shared = ((size_t)SEG_TILE * COL_TILE + (size_t)SEG_TILE * d) * sizeof(float);

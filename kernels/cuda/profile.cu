@@ -24,6 +24,7 @@ struct sf_cuda_profile {
     cudaEvent_t start, end;
     long calls[OP_COUNT];
     double device_ms[OP_COUNT], host_ms[OP_COUNT];
+    double max_ms[OP_COUNT]; /* the slowest single call: one-off costs (first-call loading, scratch growth) show here */
     double host_t0;
 };
 
@@ -55,6 +56,7 @@ static int end(sf_backend *be, sf_cuda_profile *p, int op, int rc)
         cudaEventElapsedTime(&ms, p->start, p->end);
     p->calls[op]++;
     p->device_ms[op] += ms;
+    if (ms > p->max_ms[op]) p->max_ms[op] = ms;
     p->host_ms[op] += now_ms() - p->host_t0;
     pthread_mutex_unlock(&p->lock);
     return rc;
@@ -75,6 +77,11 @@ static int p_matmul(sf_backend *be, int n, int in, int out, const float *x, int 
                     int acc)
 {
     PROFILED(OP_MATMUL, matmul(be, n, in, out, x, ldx, w, y, ldy, acc));
+}
+static int p_matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
+                           const float *const *w, float *const *y, int ldy)
+{
+    PROFILED(OP_MATMUL, matmul_shared(be, n, in, out, x, ldx, count, w, y, ldy));
 }
 static int p_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *w, float eps, float *y)
 {
@@ -114,11 +121,12 @@ static void p_destroy(sf_backend *be)
         double dev = 0, host = 0;
         for (int i = 0; i < OP_COUNT; i++) dev += p->device_ms[i], host += p->host_ms[i];
         fprintf(stderr, "seqflow CUDA profile (each op waited for; device = between events, host = wall):\n"
-                        "  %-14s %8s %12s %12s %10s\n", "op", "calls", "device ms", "host ms", "device %");
+                        "  %-14s %8s %12s %12s %10s %12s\n", "op", "calls", "device ms", "host ms", "device %",
+                "max call ms");
         for (int i = 0; i < OP_COUNT; i++)
             if (p->calls[i])
-                fprintf(stderr, "  %-14s %8ld %12.2f %12.2f %9.1f%%\n", op_names[i], p->calls[i], p->device_ms[i],
-                        p->host_ms[i], dev > 0 ? 100 * p->device_ms[i] / dev : 0);
+                fprintf(stderr, "  %-14s %8ld %12.2f %12.2f %9.1f%% %12.3f\n", op_names[i], p->calls[i], p->device_ms[i],
+                        p->host_ms[i], dev > 0 ? 100 * p->device_ms[i] / dev : 0, p->max_ms[i]);
         fprintf(stderr, "  %-14s %8s %12.2f %12.2f\n", "total", "", dev, host);
         cudaEventDestroy(p->start);
         cudaEventDestroy(p->end);
@@ -157,6 +165,7 @@ int sf_cuda_profile_attach(sf_backend *be)
         profiled.sync = p_sync, profiled.matmul = p_matmul, profiled.rmsnorm = p_rmsnorm, profiled.embed = p_embed;
         profiled.swiglu = p_swiglu, profiled.attention = p_attention, profiled.memory_mix = p_memory_mix;
         profiled.memory_update = p_memory_update, profiled.summary = p_summary, profiled.destroy = p_destroy;
+        if (inner->matmul_shared) profiled.matmul_shared = p_matmul_shared;
     }
     c->profile = p;
     be->ops = &profiled;
