@@ -120,6 +120,18 @@ for model in reference attention; do
     # writing the output for the comparisons: its host copy is not pipeline work.
     "$BENCH" --model "$M" --tokens "$DATA/tokens.u32" --device cuda --precision bf16 --warmup-segments 2 \
       ${GEMM:+--gemm-tflops $GEMM} | tee "$LOGS/${model}_seqflow.txt"
+    # The threaded binary (one thread per stage, so the output download overlaps the next
+    # segment's compute), null sink: two runs of different lengths, so that start-up (model
+    # load, weight upload, cuBLAS init) cancels out of the rate.
+    for segs in 64 192; do
+      [ -f "$DATA/long$segs.u32" ] || "$BENCH" --make-tokens "$DATA/long$segs.u32" --count $((segs * N)) --seed 4
+      t0=$(date +%s.%N)
+      "$SEQFLOW" run -d cuda -m "$M" -i "$DATA/long$segs.u32" -f u32 --sink-format null -q --no-progress
+      python3 -c "print($(date +%s.%N) - $t0)" >"$LOGS/${model}_binary_$segs.txt"
+    done
+    bin_tps=$(python3 -c "print('%.0f' % (128*$N / ($(cat "$LOGS/${model}_binary_192.txt") - $(cat "$LOGS/${model}_binary_64.txt"))))")
+    note "$model: seqflow binary (threaded, null sink), steady state from 64 vs 192 segments: $bin_tps tokens/s"
+    echo "RESULT binary_tokens_per_s=$bin_tps" >"$LOGS/${model}_binary.txt"
     echo "(again, writing the output)"
     "$BENCH" --model "$M" --tokens "$DATA/tokens.u32" --device cuda --precision bf16 --warmup-segments 2 \
       --out "$DATA/${model}_sf.npy" | tee "$LOGS/${model}_seqflow_out.txt"
@@ -146,8 +158,8 @@ fi
 echo "== table"
 {
   echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); cuBLAS bf16 GEMM 8192^3: ${GEMM:-n/a} TFLOP/s"
-  printf '| model | useful MFLOP/token | seqflow tokens/s | useful TFLOP/s | %% of GEMM | PyTorch tokens/s | speedup | seqflow backend peak MiB | PyTorch peak MiB |\n'
-  printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+  printf '| model | useful MFLOP/token | seqflow tokens/s | useful TFLOP/s | %% of GEMM | PyTorch tokens/s | speedup | seqflow binary tokens/s (threaded) | binary %% of GEMM | seqflow backend peak MiB | PyTorch peak MiB |\n'
+  printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
   for model in reference attention; do
     sf=$LOGS/${model}_seqflow.txt
     pt=$(python3 -c "import json;print('%.0f'%json.load(open('$LOGS/${model}_pytorch.json'))['tokens_per_s'])" 2>/dev/null)
@@ -156,8 +168,10 @@ echo "== table"
     pct=$([ -n "$tf" ] && [ -n "$GEMM" ] && python3 -c "print('%.1f'%(100*$tf/$GEMM))")
     spd=$([ -n "$tps" ] && [ -n "$pt" ] && python3 -c "print('%.2fx'%($tps/$pt))")
     tps=${tps%.*}
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$model" "${mf:-n/a}" "${tps:-n/a}" "${tf:-n/a}" "${pct:-n/a}" \
-      "${pt:-n/a}" "${spd:-n/a}" "${pk:-n/a}" "${ptm:-n/a}"
+    btps=$(value binary_tokens_per_s "$LOGS/${model}_binary.txt")
+    bpct=$([ -n "$btps" ] && [ -n "$mf" ] && [ -n "$GEMM" ] && python3 -c "print('%.1f'%(100*$btps*$mf*1e6/1e12/$GEMM))")
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$model" "${mf:-n/a}" "${tps:-n/a}" "${tf:-n/a}" "${pct:-n/a}" \
+      "${pt:-n/a}" "${spd:-n/a}" "${btps:-n/a}" "${bpct:-n/a}" "${pk:-n/a}" "${ptm:-n/a}"
   done
   [ -f "$LOGS/memory.txt" ] && grep '^memory run' "$LOGS/memory.txt"
   echo "checks:"
