@@ -326,7 +326,7 @@ static int prepare_backend(block *b)
     int widest = D > W ? D : W;
     if (F > widest) widest = F;
     /* + G rows: a GPU backend stages the segment's K/V and the global tokens there for attention */
-    if (rc == SF_OK && ops->reserve) rc = ops->reserve(b->be, c->segment + c->global_tokens, widest);
+    if (rc == SF_OK && ops->reserve) rc = ops->reserve(b->be, c->segment + c->global_tokens, widest, c->heads, c->head_dim);
     return rc;
 }
 

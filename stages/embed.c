@@ -11,15 +11,20 @@
 #include "stages/device_rows.h"
 #include "stages/stages.h"
 
-/* Device buffers in flight at once: a few queued between stages plus one in each of them. */
-#define ROW_BUFFERS 6
-
 typedef struct embed {
     sf_backend *be;
     sf_device_rows *pool; /* NULL: the host path */
     float *table;         /* [vocab, dim] on the device */
     uint32_t *tokens;     /* [segment] on the device */
+    size_t rows;          /* rows a pool buffer holds: the model's segment */
 } embed;
+
+/* The default covers `embed ! block ! norm` at the default queue depth: two links of 4 packets
+ * plus one packet inside each of the three stages, and one spare. */
+static const sf_option embed_options[] = {
+    {"device_rows", SF_OPT_INT, "12",
+     "GPU graphs: device buffers of rows in flight at once (a packet finding none free takes the host path)"},
+    {NULL, 0, NULL, NULL}};
 
 static int embed_init(sf_stage *st)
 {
@@ -32,12 +37,15 @@ static int embed_init(sf_stage *st)
     sf_stage_set_priv(st, e);
     e->be = be;
     const sf_model_config *cfg = sf_model_get_config(m);
+    long long buffers = sf_stage_option_int(st, "device_rows", 12);
+    if (buffers < 1 || buffers > 1024) return sf_error(SF_E_OPTION, "device_rows=%lld is outside 1..1024", buffers);
+    e->rows = (size_t)cfg->segment;
     size_t table_bytes = (size_t)cfg->vocab * cfg->dim * sizeof(float);
     e->table = be->ops->alloc(be, table_bytes);
     e->tokens = be->ops->alloc(be, (size_t)cfg->segment * sizeof(uint32_t));
     if (!e->table || !e->tokens) return sf_error(SF_E_NOMEM, "no device memory for the embedding table");
     int rc = be->ops->upload(be, e->table, sf_model_embedding(m), table_bytes);
-    if (rc == SF_OK) rc = sf_device_rows_create(be, ROW_BUFFERS, (size_t)cfg->segment * cfg->dim, &e->pool);
+    if (rc == SF_OK) rc = sf_device_rows_create(be, (int)buffers, e->rows * cfg->dim, &e->pool);
     return rc;
 }
 
@@ -54,7 +62,9 @@ static void embed_free(sf_stage *st)
 /* The rows of `in` gathered on the device: 1 when done, 0 when no buffer was free. */
 static int embed_on_device(embed *e, sf_packet *in, int dim, int *rc)
 {
-    if (!e || !e->pool || in->n == 0 || !sf_device_rows_lend(e->pool, in)) return 0;
+    /* a `segment length=` longer than the model's does not fit a pool buffer: host path (the
+     * block stage then refuses it with a message, as on the CPU) */
+    if (!e || !e->pool || in->n == 0 || in->n > e->rows || !sf_device_rows_lend(e->pool, in)) return 0;
     const sf_backend_ops *ops = e->be->ops;
     *rc = ops->upload(e->be, e->tokens, in->tokens, in->n * sizeof(uint32_t));
     if (*rc == SF_OK) *rc = ops->embed(e->be, (int)in->n, dim, e->tokens, e->table, in->dev);
@@ -100,6 +110,7 @@ static int embed_process(sf_stage *st, sf_packet *in)
 const sf_stage_class sf_embed_stage = {
     .name = "embed",
     .help = "look token ids up in the embedding table",
+    .options = embed_options,
     .init = embed_init,
     .process = embed_process,
     .free = embed_free,

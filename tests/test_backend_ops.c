@@ -10,6 +10,7 @@
 
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/gpu.h"
 #ifdef SEQFLOW_HAVE_CUDA
 #include "kernels/cuda/cuda_device.h"
 #endif
@@ -29,7 +30,7 @@ typedef struct target {
 static float *random_host(size_t count, double scale)
 {
     float *h = malloc(count * sizeof *h + sizeof *h);
-    for (size_t i = 0; i < count; i++) h[i] = (float)(check_rng_normal(&rng) * scale);
+    check_fill_normal(&rng, h, count, scale);
     return h;
 }
 
@@ -327,11 +328,7 @@ static void test_attention(const target *t)
 
 int main(void)
 {
-    int have_gpu = 0;
-#ifdef SEQFLOW_HAVE_CUDA
-    have_gpu = sf_cuda_device_count() > 0;
-#endif
-    if (!have_gpu) return check_skip("no GPU");
+    if (!check_have_gpu()) return check_skip("no GPU");
     CHECK_OK(sf_backend_create("cpu", 0, &cpu));
     static const struct {
         sf_precision precision;
@@ -343,7 +340,7 @@ int main(void)
         CHECK_OK(sf_backend_create_ex("cuda", 0, modes[m].precision, &t.be));
         if (!t.be) continue;
         CHECK(t.be->precision == modes[m].precision);
-        if (t.be->ops->reserve) CHECK_OK(t.be->ops->reserve(t.be, 256, 384));
+        if (t.be->ops->reserve) CHECK_OK(t.be->ops->reserve(t.be, 256, 384, 6, 64));
         test_buffers(&t);
         test_matmul(&t);
         test_rowwise(&t);

@@ -2,7 +2,6 @@
  * state store between packets (compressed, then spilled, far beyond the budget) give output
  * identical, bit for bit, to a run that keeps every stream live; a save/restore through the
  * store continues identically; no spill directory and too small a budget fail cleanly. */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,27 +10,14 @@
 
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/files.h"
+#include "support/small_model.h"
 
 enum { STREAMS = 200, ROUNDS = 5 };
 
 /* Spill files under dir: each state store spills into a subdirectory of its own
  * (sf-state-XXXXXX), so those are counted through. */
-static int files_in(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        char sub[1024];
-        snprintf(sub, sizeof sub, "%s/%s", dir, de->d_name);
-        int inner = strncmp(de->d_name, "sf-state-", 9) == 0 ? files_in(sub) : -1;
-        n += inner >= 0 ? inner : 1;
-    }
-    closedir(d);
-    return n;
-}
+static int spill_files(const char *dir) { return check_count_files(dir, "sf-state-"); }
 
 /* Appends every waiting output packet (stream, position, rows, flags, values) to out. */
 static int drain(sf_graph *g, sf_buffer *out)
@@ -79,20 +65,6 @@ static int run_binary(const char *args)
     return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
 }
 
-static int same_file(const char *a, const char *b)
-{
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    int same = fa && fb;
-    while (same) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        same = ca == cb;
-        if (ca == EOF) break;
-    }
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
-}
-
 /* seqflow run --state-budget/--spill-dir: the same output as without, and a clean failure
  * (exit 1) for a budget below one stream's state. */
 static void test_binary(void)
@@ -107,7 +79,7 @@ static void test_binary(void)
     snprintf(args, sizeof args, "--state-budget 400000 --spill-dir '%s' -o '%s' "
              "'segment ! embed ! block layers=0 ! block layers=1 ! norm'", dir, out);
     CHECK(run_binary(args) == 0);
-    CHECK(same_file(ref, out));
+    CHECK(check_same_file(ref, out));
     CHECK(run_binary("--state-budget 1000 --sink-format null") == 1);
     CHECK(run_binary("--spill-dir /tmp --sink-format null") == 2);
     unlink(ref);
@@ -115,24 +87,10 @@ static void test_binary(void)
     rmdir(dir);
 }
 
-static sf_graph *make_graph(const sf_model *m, const char *pipeline)
-{
-    sf_graph *g = NULL;
-    if (sf_graph_create(m, &(sf_graph_options){.threads = 1}, &g) != SF_OK) return NULL;
-    if (sf_graph_parse(g, pipeline) != SF_OK) {
-        fprintf(stderr, "%s: %s\n", pipeline, sf_last_error());
-        sf_graph_free(g);
-        return NULL;
-    }
-    return g;
-}
-
 int main(void)
 {
     sf_model_config cfg;
-    sf_model_config_default(&cfg);
-    cfg.dim = 32, cfg.heads = 2, cfg.head_dim = 16, cfg.layers = 2, cfg.segment = 16;
-    cfg.mlp_hidden = 64, cfg.global_tokens = 4, cfg.summary_tokens = 2;
+    check_small_model_config(&cfg, 2, 16, 4);
     CHECK_OK(sf_branches_parse("8:1,16:2", &cfg));
     sf_model *m = NULL;
     CHECK_OK(sf_model_create_random(&cfg, 11, &m));
@@ -140,7 +98,7 @@ int main(void)
 
     /* the reference: every stream's state stays live in the block stages */
     sf_buffer want = {0};
-    sf_graph *g = make_graph(m, "segment ! embed ! block layers=0 ! block layers=1 ! norm");
+    sf_graph *g = check_graph(m, "segment ! embed ! block layers=0 ! block layers=1 ! norm");
     CHECK(g != NULL);
     if (g) CHECK_OK(feed(g, 0, ROUNDS, &want));
     sf_graph_free(g);
@@ -155,14 +113,14 @@ int main(void)
              "block layers=1 state_budget=49152 spill=%s ! norm",
              dir, dir);
     sf_buffer got = {0};
-    g = make_graph(m, pipeline);
+    g = check_graph(m, pipeline);
     CHECK(g != NULL);
     if (g) {
         CHECK_OK(feed(g, 0, ROUNDS - 1, &got));
-        CHECKF(files_in(dir) > STREAMS, "%d spill files for 2 x %d streams", files_in(dir),
+        CHECKF(spill_files(dir) > STREAMS, "%d spill files for 2 x %d streams", spill_files(dir),
                STREAMS);
         CHECK_OK(feed(g, ROUNDS - 1, ROUNDS, &got));
-        CHECKF(files_in(dir) == 0, "%d spill files left after every stream ended", files_in(dir));
+        CHECKF(spill_files(dir) == 0, "%d spill files left after every stream ended", spill_files(dir));
     }
     sf_graph_free(g);
     CHECKF(got.len == want.len && memcmp(got.data, want.data, want.len) == 0,
@@ -170,15 +128,15 @@ int main(void)
 
     /* save midway (streams spread over all tiers), restore into a fresh graph, finish there */
     sf_buffer resumed = {0}, saved = {0};
-    g = make_graph(m, pipeline);
+    g = check_graph(m, pipeline);
     CHECK(g != NULL);
     if (g) {
         CHECK_OK(feed(g, 0, 3, &resumed));
         CHECK_OK(sf_graph_save(g, &saved));
     }
     sf_graph_free(g);
-    CHECK(files_in(dir) == 0);
-    g = make_graph(m, pipeline);
+    CHECK(spill_files(dir) == 0);
+    g = check_graph(m, pipeline);
     CHECK(g != NULL);
     if (g) {
         CHECK_OK(sf_graph_restore(g, saved.data, saved.len));
@@ -193,7 +151,7 @@ int main(void)
 
     /* no spill directory: the budget runs out and the run fails with a clear message */
     sf_buffer junk = {0};
-    g = make_graph(m, "segment ! embed ! block state_budget=49152 ! norm");
+    g = check_graph(m, "segment ! embed ! block state_budget=49152 ! norm");
     CHECK(g != NULL);
     if (g) {
         int rc = feed(g, 0, ROUNDS, &junk);

@@ -13,6 +13,7 @@
 #include "compress/quantize.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/small_model.h"
 #include "support/spawn.h"
 
 enum { STREAMS = 64, SEGMENT = 16 };
@@ -20,24 +21,10 @@ enum { STREAMS = 64, SEGMENT = 16 };
 static sf_model *make_model(void)
 {
     sf_model_config cfg;
-    sf_model_config_default(&cfg);
-    cfg.dim = 32, cfg.heads = 2, cfg.head_dim = 16, cfg.layers = 2, cfg.segment = SEGMENT;
-    cfg.mlp_hidden = 64, cfg.global_tokens = 4, cfg.summary_tokens = 2;
+    check_small_model_config(&cfg, 2, SEGMENT, 4);
     if (sf_branches_parse("8:1,16:2", &cfg) != SF_OK) return NULL;
     sf_model *m = NULL;
     return sf_model_create_random(&cfg, 7, &m) == SF_OK ? m : NULL;
-}
-
-static sf_graph *make_graph(const sf_model *m, const char *pipeline)
-{
-    sf_graph *g = NULL;
-    if (sf_graph_create(m, &(sf_graph_options){.threads = 1}, &g) != SF_OK) return NULL;
-    if (sf_graph_parse(g, pipeline) != SF_OK) {
-        fprintf(stderr, "%s: %s\n", pipeline, sf_last_error());
-        sf_graph_free(g);
-        return NULL;
-    }
-    return g;
 }
 
 /* Pushes one full segment per stream for `rounds` rounds, appending every output float. */
@@ -137,7 +124,7 @@ static void check_mode(const sf_model *m, const mode *md, const sf_buffer *want_
     /* 64 streams of 6.4 KB: most are compressed or spilled under a 120 KB budget */
     snprintf(pipeline, sizeof pipeline, "segment ! embed ! block state_budget=120000 spill=%s %s ! norm",
              check_tmp_path("quant-spill"), md->options);
-    sf_graph *gr = make_graph(m, pipeline);
+    sf_graph *gr = check_graph(m, pipeline);
     CHECK(gr != NULL);
     if (!gr) return;
     sf_buffer out1 = {0}, out2 = {0}, saved = {0};
@@ -185,7 +172,7 @@ static void refused(const sf_model *m, const char *block_options, const char *ne
 {
     char pipeline[256];
     snprintf(pipeline, sizeof pipeline, "segment ! embed ! block %s ! norm", block_options);
-    sf_graph *g = make_graph(m, pipeline);
+    sf_graph *g = check_graph(m, pipeline);
     CHECK(g != NULL);
     if (!g) return;
     int rc = sf_graph_push(g, 1, (const uint32_t[]){1}, 1);
@@ -234,7 +221,7 @@ int main(void)
     size_t g = (size_t)c->layers * c->global_tokens * c->heads * c->head_dim;
 
     /* the reference: every stream live and exact */
-    sf_graph *ref = make_graph(m, "segment ! embed ! block ! norm");
+    sf_graph *ref = check_graph(m, "segment ! embed ! block ! norm");
     sf_buffer want1 = {0}, want2 = {0}, saved = {0};
     CHECK(ref != NULL);
     if (ref) {

@@ -16,6 +16,7 @@
 #include "memory/checkpoint.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/files.h"
 #include "support/spawn.h"
 
 /* A small built-in model so that a whole run takes about a second even under sanitizers. */
@@ -25,26 +26,6 @@
 #define INPUT_BYTES 8192
 
 static char input_path[512], ref_path[512], out_path[512], ckpt_dir[512], err_path[512];
-
-static unsigned char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    unsigned char *buf = malloc((size_t)n + 1);
-    *len = fread(buf, 1, (size_t)n, f);
-    buf[*len] = 0; /* stderr files are searched as text */
-    fclose(f);
-    return buf;
-}
-
-static int exists(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
 
 static void remove_dir(const char *dir)
 {
@@ -110,7 +91,7 @@ static int run_and_kill(int resume, long delay_us, uint64_t after)
 static int same_as_reference(void)
 {
     size_t a_len = 0, b_len = 0;
-    unsigned char *a = read_all(ref_path, &a_len), *b = read_all(out_path, &b_len);
+    unsigned char *a = check_read_file(ref_path, &a_len), *b = check_read_file(out_path, &b_len);
     int same = a && b && a_len == b_len && memcmp(a, b, a_len) == 0;
     free(a);
     free(b);
@@ -142,7 +123,7 @@ static void damaged_newest(int truncate_it, check_rng *rng)
     char path[1024];
     CHECK_OK(sf_checkpoint_path(ckpt_dir, newest, path, sizeof path));
     size_t len;
-    unsigned char *data = read_all(path, &len);
+    unsigned char *data = check_read_file(path, &len);
     CHECK(data && len > SF_FRAME_HEADER_SIZE + 8);
     if (!data) return;
     FILE *f = fopen(path, "wb");
@@ -187,7 +168,7 @@ int main(void)
     CHECK(spawn_run(ref_argv, NULL, 0, &r) == 0);
     CHECKF(r.exit_code == 0, "reference run: %s", r.err);
     size_t ref_len;
-    free(read_all(ref_path, &ref_len));
+    free(check_read_file(ref_path, &ref_len));
     CHECKF(ref_len == (size_t)INPUT_BYTES * 32 * sizeof(float), "reference output has %zu bytes", ref_len);
 
     /* checkpointing itself changes nothing; the directory keeps the newest 3 */
@@ -208,7 +189,7 @@ int main(void)
     free(seqs);
     char partial[600];
     snprintf(partial, sizeof partial, "%s.partial", out_path);
-    CHECK(!exists(partial));
+    CHECK(!check_path_exists(partial));
 
     /* resuming a finished run changes nothing */
     CHECK(run_to_end(1, &r) == 0);
@@ -236,7 +217,7 @@ int main(void)
         CHECKF(r.exit_code == 0, "trial %d: final resume exited %d: %s", trial, r.exit_code, r.err);
         CHECKF(same_as_reference(), "trial %d (%d kills landed): output differs from the uninterrupted run", trial,
                kills);
-        CHECK(!exists(partial));
+        CHECK(!check_path_exists(partial));
         total_kills += kills;
     }
     /* every kill point lies at least a few intervals before the end; allow for a stalled killer */
@@ -284,7 +265,7 @@ int main(void)
         close(stdin_fd);
         CHECK(spawn_wait(pid) == 1);
         size_t len;
-        char *err = (char *)read_all(err_path, &len);
+        char *err = (char *)check_read_file(err_path, &len);
         CHECKF(err && strstr(err, "standard input") && count_lines_with(err, "seqflow:") == 1, "pipe: %s",
                err ? err : "");
         free(err);
@@ -316,7 +297,7 @@ int main(void)
     char newest_path[1024];
     CHECK_OK(sf_checkpoint_path(ckpt_dir, newest, newest_path, sizeof newest_path));
     size_t newest_len;
-    unsigned char *frame = read_all(newest_path, &newest_len);
+    unsigned char *frame = check_read_file(newest_path, &newest_len);
     CHECKF(frame && newest_len > SF_FRAME_HEADER_SIZE && frame[9] == SF_CODEC_ZSTD, "checkpoint codec byte %d",
            frame && newest_len > 9 ? frame[9] : -1);
     free(frame);

@@ -11,25 +11,13 @@
 
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/files.h"
 #include "support/spawn.h"
 
 static long file_size(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 ? (long)st.st_size : -1;
-}
-
-static unsigned char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    unsigned char *buf = malloc((size_t)n + 1);
-    *len = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    return buf;
 }
 
 static void write_all(const char *path, const void *data, size_t len)
@@ -44,7 +32,7 @@ typedef void (*header_mutation)(cJSON *header);
 static void write_mutated(const char *src, const char *dst, header_mutation mutate)
 {
     size_t len;
-    unsigned char *file = read_all(src, &len);
+    unsigned char *file = check_read_file(src, &len);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | file[i];
     char *json = strndup((const char *)file + 8, (size_t)hlen);
@@ -136,7 +124,7 @@ int main(void)
     CHECK(file_size(raw) == (long)(n * (size_t)cfg.dim * 4));
     CHECK(spawn_run((const char *[]){"seqflow", "run", "-i", "-", "-o", npy, "-q", NULL}, text, n, &r) == 0);
     size_t npy_len, raw_len;
-    unsigned char *npy_bytes = read_all(npy, &npy_len), *raw_bytes = read_all(raw, &raw_len);
+    unsigned char *npy_bytes = check_read_file(npy, &npy_len), *raw_bytes = check_read_file(raw, &raw_len);
     CHECK(npy_bytes && memcmp(npy_bytes, "\x93NUMPY", 6) == 0);
     char shape[64];
     snprintf(shape, sizeof shape, "'shape': (%zu, %d)", n, cfg.dim);
@@ -149,7 +137,7 @@ int main(void)
     CHECK(spawn_run((const char *[]){"seqflow", "run", "-i", "-", "-o", empty, "-q", NULL}, NULL, 0, &r) == 0);
     CHECKF(r.exit_code == 0, "%s", r.err);
     size_t empty_len;
-    unsigned char *empty_bytes = read_all(empty, &empty_len);
+    unsigned char *empty_bytes = check_read_file(empty, &empty_len);
     snprintf(shape, sizeof shape, "'shape': (0, %d)", cfg.dim);
     CHECK(empty_bytes && empty_len == 128 && strstr((const char *)empty_bytes + 10, shape) != NULL);
     free(empty_bytes);
@@ -215,7 +203,7 @@ int main(void)
     CHECKF(r.exit_code == 0, "a saved model runs: %s", r.err);
 
     size_t good_len;
-    unsigned char *good_bytes = read_all(good, &good_len);
+    unsigned char *good_bytes = check_read_file(good, &good_len);
     const char *bad = check_tmp_path("bad.safetensors");
     write_all(bad, good_bytes, good_len / 2);
     expect_failure("truncated model", (const char *[]){"seqflow", "run", "-m", bad, "-o", out, NULL}, NULL, 0, bad, out);

@@ -11,6 +11,7 @@
 
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/gpu.h"
 #ifdef SEQFLOW_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_device.h"
@@ -172,11 +173,7 @@ typedef struct variant {
 
 int main(void)
 {
-    int have_gpu = 0;
-#ifdef SEQFLOW_HAVE_CUDA
-    have_gpu = sf_cuda_device_count() > 0;
-#endif
-    if (!have_gpu) return check_skip("no GPU");
+    if (!check_have_gpu()) return check_skip("no GPU");
     static const variant variants[] = {
         {"3 branches causal delta", "8:1,16:2,32:4", 24, 3, 8, 1, 1, 0, 0, 0, 1, 32, SF_MEMORY_DELTA},
         {"3 branches non-causal delta", "8:1,16:2,32:4", 24, 3, 8, 1, 0, 0, 0, 0, 1, 32, SF_MEMORY_DELTA},

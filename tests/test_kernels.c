@@ -15,7 +15,7 @@ static check_rng rng = {2024};
 static float *randoms(size_t n, double scale)
 {
     float *x = malloc(n * sizeof *x + 4);
-    for (size_t i = 0; i < n; i++) x[i] = (float)(check_rng_normal(&rng) * scale);
+    check_fill_normal(&rng, x, n, scale);
     return x;
 }
 

@@ -4,7 +4,6 @@
  * within the quantizer's bound; removing streams deletes their files; damaged spill files and
  * budgets too small for one stream fail cleanly.
  * SEQFLOW_STATE_STORE_STREAMS overrides the stream count (for slow sanitizer runs). */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 #include "memory/state_store.h"
 #include "seqflow/error.h"
 #include "support/check.h"
+#include "support/files.h"
 
 /* A small model: 1 layer, H=2, d=16, G=4 global tokens, D=32, segments of 8 tokens. */
 enum { L = 1, H = 2, HD = 16, G = 4, D = 32, SEG = 8 };
@@ -105,24 +105,6 @@ static int state_exact(sf_state_store *st, uint64_t id, uint32_t version)
            !memcmp(want.meta, got.meta, sizeof want.meta);
 }
 
-static int files_in(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        if (de->d_name[0] != '.') n++;
-    closedir(d);
-    return n;
-}
-
-static int file_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
 /* The directory a store spills into: the one holding stream's spill file ("" when it has none). */
 static const char *spill_dir_of(sf_state_store *st, uint64_t stream, char *buf, size_t size)
 {
@@ -130,6 +112,19 @@ static const char *spill_dir_of(sf_state_store *st, uint64_t stream, char *buf, 
     const char *slash = p ? strrchr(p, '/') : NULL;
     snprintf(buf, size, "%.*s", slash ? (int)(slash - p) : 0, p ? p : "");
     return buf;
+}
+
+/* A store whose budget holds about six streams, so that 60 of them spill into dir. */
+static sf_state_store *create_spilling_store(const char *dir, int fsync)
+{
+    sf_state_store_config cfg;
+    sf_state_store_config_default(&cfg);
+    cfg.budget_bytes = 6 * raw_bytes(9) + 64 * 1024;
+    cfg.spill_dir = dir;
+    cfg.fsync = fsync;
+    sf_state_store *st = NULL;
+    CHECK_OK(sf_state_store_create(&cfg, &st));
+    return st;
 }
 
 /* A failed allocation must come back as NULL under AddressSanitizer too, as it does without
@@ -170,7 +165,7 @@ static void test_many_streams(void)
            cfg.budget_bytes);
     char sub[1024] = "";
     for (int i = 0; i < n && !sub[0]; i++) spill_dir_of(st, (uint64_t)i * 7919u + 3, sub, sizeof sub);
-    CHECK(s.bytes_on_disk > 0 && files_in(sub) == (int)s.spilled);
+    CHECK(s.bytes_on_disk > 0 && check_count_files(sub, NULL) == (int)s.spilled);
     printf("%d streams, %zu raw bytes, budget %zu: %zu hot, %zu compressed, %zu spilled; "
            "%zu bytes in memory (peak %zu), %zu on disk\n",
            n, raw_total, cfg.budget_bytes, s.hot, s.compressed, s.spilled, s.bytes_in_memory,
@@ -198,12 +193,14 @@ static void test_many_streams(void)
     }
     sf_state_store_get_stats(st, &s);
     CHECK(s.streams == (size_t)(n - n / 2));
-    CHECK(removed_path[0] && !file_exists(removed_path));
-    CHECKF(files_in(sub) == (int)s.spilled, "%d files, %zu spilled", files_in(sub), s.spilled);
+    CHECK(removed_path[0] && !check_path_exists(removed_path));
+    CHECKF(check_count_files(sub, NULL) == (int)s.spilled, "%d files, %zu spilled",
+           check_count_files(sub, NULL), s.spilled);
     CHECK(s.peak_bytes <= cfg.budget_bytes);
     sf_state_store_free(st);
-    CHECKF(files_in(dir) == 0, "%d spill files left after free", files_in(dir));
-    CHECK(!file_exists(sub));
+    CHECKF(check_count_files(dir, NULL) == 0, "%d spill files left after free",
+           check_count_files(dir, NULL));
+    CHECK(!check_path_exists(sub));
     rmdir(dir);
 }
 
@@ -252,7 +249,7 @@ static void test_lru(void)
     sf_state_store_get_stats(st, &s);
     CHECK(s.peak_bytes <= cfg.budget_bytes);
     sf_state_store_free(st);
-    CHECK(files_in(dir) == 0);
+    CHECK(check_count_files(dir, NULL) == 0);
     rmdir(dir);
 }
 
@@ -333,12 +330,7 @@ static void test_lossy(sf_quant_kind kind, int group)
 static void test_damaged_spill(void)
 {
     const char *dir = check_tmp_path("state-damage");
-    sf_state_store_config cfg;
-    sf_state_store_config_default(&cfg);
-    cfg.budget_bytes = 6 * raw_bytes(9) + 64 * 1024;
-    cfg.spill_dir = dir;
-    sf_state_store *st = NULL;
-    CHECK_OK(sf_state_store_create(&cfg, &st));
+    sf_state_store *st = create_spilling_store(dir, 1); /* the fsync path, once */
     if (!st) return;
     for (uint64_t id = 1; id <= 60; id++) CHECK_OK(put_state(st, id, 0));
     CHECK(sf_state_store_tier(st, 1) == SF_STATE_SPILLED);
@@ -388,7 +380,7 @@ static void test_damaged_spill(void)
     for (uint64_t id = 1; id <= 3; id++) CHECK_OK(sf_state_store_remove(st, id));
     CHECK(!sf_state_store_contains(st, 1) && sf_state_store_contains(st, 4));
     sf_state_store_free(st);
-    CHECK(files_in(dir) == 0);
+    CHECK(check_count_files(dir, NULL) == 0);
     rmdir(dir);
 }
 
@@ -475,7 +467,7 @@ static void test_wide_frames(sf_quant_kind kind)
     float *want = malloc(N * sizeof(float)), *got = malloc(N * sizeof(float));
     for (uint64_t id = 1; id <= STREAMS; id++) {
         check_rng r = {id * 0x9e3779b97f4a7c15ULL};
-        for (int i = 0; i < N; i++) want[i] = (float)(100.0 * check_rng_normal(&r));
+        check_fill_normal(&r, want, N, 100.0);
         sf_state_span one = {want, N};
         CHECK_OK(sf_state_store_put(st, id, &one, 1, NULL, 0));
     }
@@ -483,7 +475,7 @@ static void test_wide_frames(sf_quant_kind kind)
     int outside = 0;
     for (uint64_t id = 1; id <= STREAMS; id++) {
         check_rng r = {id * 0x9e3779b97f4a7c15ULL};
-        for (int i = 0; i < N; i++) want[i] = (float)(100.0 * check_rng_normal(&r));
+        check_fill_normal(&r, want, N, 100.0);
         memset(got, 0, N * sizeof(float));
         sf_state_span two[2] = {{got, N / 3}, {got + N / 3, N - N / 3}};
         CHECK_OK(sf_state_store_get(st, id, two, 2, NULL, 0, NULL));
@@ -501,13 +493,7 @@ static void test_wide_frames(sf_quant_kind kind)
 static void test_empty_spilled(void)
 {
     const char *dir = check_tmp_path("state-empty");
-    sf_state_store_config cfg;
-    sf_state_store_config_default(&cfg);
-    cfg.budget_bytes = 6 * raw_bytes(9) + 64 * 1024;
-    cfg.spill_dir = dir;
-    cfg.fsync = 0;
-    sf_state_store *st = NULL;
-    CHECK_OK(sf_state_store_create(&cfg, &st));
+    sf_state_store *st = create_spilling_store(dir, 0);
     if (!st) return;
     CHECK_OK(sf_state_store_put(st, 1000, NULL, 0, NULL, 0));
     for (uint64_t id = 1; id <= 60; id++) CHECK_OK(put_state(st, id, 0));
@@ -552,14 +538,7 @@ static void test_scratch_failure(void)
 static void test_spill_subdirectory(void)
 {
     const char *dir = check_tmp_path("state-subdir");
-    sf_state_store_config cfg;
-    sf_state_store_config_default(&cfg);
-    cfg.budget_bytes = 6 * raw_bytes(9) + 64 * 1024;
-    cfg.spill_dir = dir;
-    cfg.fsync = 0;
-    sf_state_store *a = NULL, *b = NULL;
-    CHECK_OK(sf_state_store_create(&cfg, &a));
-    CHECK_OK(sf_state_store_create(&cfg, &b));
+    sf_state_store *a = create_spilling_store(dir, 0), *b = create_spilling_store(dir, 0);
     if (!a || !b) {
         sf_state_store_free(a);
         sf_state_store_free(b);
@@ -578,10 +557,10 @@ static void test_spill_subdirectory(void)
     CHECKF(strcmp(da, db) != 0, "two stores spill into the same directory %s", da);
     CHECK(state_exact(a, 1, 0) && state_exact(b, 1, 1));
     sf_state_store_free(a);
-    CHECK(da[0] && !file_exists(da) && file_exists(db));
+    CHECK(da[0] && !check_path_exists(da) && check_path_exists(db));
     CHECK(state_exact(b, 2, 1));
     sf_state_store_free(b);
-    CHECK(files_in(dir) == 0);
+    CHECK(check_count_files(dir, NULL) == 0);
     rmdir(dir);
 }
 

@@ -5,6 +5,7 @@
 
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/small_model.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -17,9 +18,7 @@
 int main(void)
 {
     sf_model_config cfg;
-    sf_model_config_default(&cfg);
-    cfg.dim = 32, cfg.heads = 2, cfg.head_dim = 16, cfg.layers = 1, cfg.segment = 128;
-    cfg.mlp_hidden = 64, cfg.global_tokens = 8, cfg.summary_tokens = 2;
+    check_small_model_config(&cfg, 1, 128, 8);
     CHECK_OK(sf_branches_parse("32:1,128:2", &cfg));
     sf_model *m;
     CHECK_OK(sf_model_create_random(&cfg, 7, &m));

@@ -415,10 +415,8 @@ static int launch_staged(const sf_attention_desc *desc, const att_branches &br, 
     __nv_bfloat16 *vb = reinterpret_cast<__nv_bfloat16 *>(ws + kv_bytes(n, H, D));
     __nv_bfloat16 *gkb = reinterpret_cast<__nv_bfloat16 *>(ws + 2 * kv_bytes(n, H, D));
     __nv_bfloat16 *gvb = reinterpret_cast<__nv_bfloat16 *>(ws + 2 * kv_bytes(n, H, D) + kv_bytes(G, H, D));
-    stage_inputs<D>(n, H, desc->ld, k, v, kb, vb, stream);
-    if (G > 0) stage_inputs<D>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, stream);
-
-    /* T: a multiple of every dilation holding a full query tile of the most dilated branch */
+    /* T: a multiple of every dilation holding a full query tile of the most dilated branch
+     * (checked before the pre-pass, so that an unsupported shape launches nothing) */
     long lcm = 1;
     int rmax = 1;
     for (int b = 0; b < br.count; b++) {
@@ -433,6 +431,8 @@ static int launch_staged(const sf_attention_desc *desc, const att_branches &br, 
     cudaError_t err = cudaFuncSetAttribute(attention_staged<D, WARPS, MT, BN, STAGES, MINB>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention: %s", cudaGetErrorString(err));
+    stage_inputs<D>(n, H, desc->ld, k, v, kb, vb, stream);
+    if (G > 0) stage_inputs<D>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, stream);
     const int nblocks = (int)((n + T - 1) / T);
     att_order ord; /* copied into the launch parameters */
     heaviest_first(desc, br, (int)T, nblocks, &ord);

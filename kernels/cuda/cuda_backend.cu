@@ -245,7 +245,7 @@ static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const f
     return rc;
 }
 
-static int cuda_reserve(sf_backend *be, int rows, int width)
+static int cuda_reserve(sf_backend *be, int rows, int width, int heads, int head_dim)
 {
     if (rows <= 0 || width <= 0) return SF_OK;
     sf_cuda *c = sf_cuda_of(be);
@@ -253,8 +253,10 @@ static int cuda_reserve(sf_backend *be, int rows, int width)
     if (rc != SF_OK) return rc;
     /* the largest users: float32 delta targets [rows, width] (bf16 activations take half), and
      * attention's bf16 K and V of [rows, width], each part 256-byte aligned (hence the slack);
-     * the memory update grows it once more when its sigma(K) does not fit beside the target */
-    rc = sf_cuda_scratch(c, (size_t)rows * (size_t)width * sizeof(float) + 4096);
+     * and the memory update's delta target beside its partial sums */
+    size_t bytes = (size_t)rows * (size_t)width * sizeof(float) + 4096;
+    size_t update = sf_cuda_memory_update_scratch_bytes(rows, heads, head_dim);
+    rc = sf_cuda_scratch(c, bytes > update ? bytes : update);
     /* a block stage moves [segment, D] activations in and out: width >= D covers them */
     if (rc == SF_OK) rc = reserve_staging(c, (size_t)rows * (size_t)width * sizeof(float));
     sf_cuda_leave(c);

@@ -55,6 +55,7 @@ typedef struct sf_cuda_weight {
     const float *f32;       /* the backend buffer as the stage passes it to matmul */
     __nv_bfloat16 *bf16;    /* its copy, made once */
     size_t count;
+    int out, in;            /* its shape: a product of another shape must not use the copy */
 } sf_cuda_weight;
 
 typedef struct sf_cuda_alloc {
@@ -136,6 +137,8 @@ int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int 
                     const float *v, float *sk, float *sv, int *count);
 int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M,
                        const float *z, const float *gate, float *a);
+/* Scratch bytes sf_cuda_memory_update needs for n rows (either kind), for reserve(). */
+size_t sf_cuda_memory_update_scratch_bytes(int n, int heads, int d);
 int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
                           const float *v, float *M, float *z);
 #endif /* __CUDACC__ */

@@ -24,7 +24,7 @@ int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in)
     if (rc != SF_OK) return rc;
     size_t count = (size_t)out * in;
     const sf_cuda_weight *known = find_weight(c, w);
-    if (known && known->count == count) {
+    if (known && known->out == out && known->in == in) {
         sf_cuda_leave(c);
         return SF_OK;
     }
@@ -44,6 +44,7 @@ int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in)
     if (rc == SF_OK) {
         sf_cuda_weight *slot = &c->weights[c->n_weights++];
         slot->f32 = w, slot->bf16 = (__nv_bfloat16 *)copy, slot->count = count;
+        slot->out = out, slot->in = in;
     } else {
         sf_cuda_free_counted(c, copy, count * sizeof(__nv_bfloat16));
     }
@@ -70,7 +71,7 @@ int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int l
     if (rc != SF_OK) return rc;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const sf_cuda_weight *wb = c->precision == SF_PRECISION_BF16 ? find_weight(c, w) : NULL;
-    if (wb && wb->count == (size_t)out * in) {
+    if (wb && wb->out == out && wb->in == in) {
         /* without reserve() the scratch grows here: one allocation, never per segment again */
         rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
         __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
@@ -97,18 +98,18 @@ int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x
 {
     if (n <= 0 || out <= 0 || count <= 0) return SF_OK;
     sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c); /* the weight table is read under the lock, like every op's state */
+    if (rc != SF_OK) return rc;
     int all_bf16 = c->precision == SF_PRECISION_BF16;
     for (int i = 0; i < count && all_bf16; i++) {
         const sf_cuda_weight *wb = find_weight(c, w[i]);
-        all_bf16 = wb && wb->count == (size_t)out * in;
+        all_bf16 = wb && wb->out == out && wb->in == in;
     }
     if (!all_bf16) {
-        int rc = SF_OK;
+        sf_cuda_leave(c);
         for (int i = 0; i < count && rc == SF_OK; i++) rc = sf_cuda_matmul(be, n, in, out, x, ldx, w[i], y[i], ldy, 0);
         return rc;
     }
-    int rc = sf_cuda_enter(c);
-    if (rc != SF_OK) return rc;
     const float alpha = 1.0f, beta = 0.0f;
     rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
     __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;

@@ -297,6 +297,15 @@ static int batched_update(sf_cuda *c, int n, int heads, int d, int ld, const flo
     return rc;
 }
 
+/* [delta target] then [partial sums] (split) or [sigma(K)][ones] (batched): as laid out below */
+size_t sf_cuda_memory_update_scratch_bytes(int n, int heads, int d)
+{
+    if (n <= 0 || heads <= 0 || d <= 0) return 0;
+    const size_t part = update_part_bytes(n, heads * d), split = split_bytes(n, heads, d);
+    const size_t rest = split ? split : part + (size_t)n * sizeof(float);
+    return part + rest;
+}
+
 int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
                           const float *v, float *M, float *z)
 {
@@ -309,8 +318,8 @@ int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads,
     const float *target = v;
     int target_ld = ld;
     const int width = heads * d;
-    /* [delta target] [sigma(K)] [ones]: reserve() sizes most of it; the first segment grows the
-     * rest once (never again, and before the target is written into it) */
+    /* [delta target] [sigma(K)] [ones] or [delta target] [partial sums]: reserve() sized it
+     * (sf_cuda_memory_update_scratch_bytes); a caller that did not reserve grows it here, once */
     const size_t split = split_bytes(n, heads, d);
     const size_t target_bytes = kind == SF_MEMORY_DELTA ? update_part_bytes(n, width) : 0;
     rc = sf_cuda_scratch(c, split ? target_bytes + split

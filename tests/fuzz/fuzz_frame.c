@@ -20,14 +20,7 @@
 #include "compress/quantize.h"
 #include "seqflow/error.h"
 
-#define FUZZ_CHECK(cond)                                                                     \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond,    \
-                    sf_last_error());                                                        \
-            abort();                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "tests/fuzz/fuzz_support.h"
 
 static const size_t limits[] = {0, 1, 4, 64, 1024, 1u << 16, 1u << 20, SIZE_MAX};
 

@@ -15,13 +15,7 @@
 #include "seqflow/graph.h"
 #include "seqflow/stage.h"
 
-#define FUZZ_CHECK(cond)                                                                     \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);         \
-            abort();                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "tests/fuzz/fuzz_support.h"
 
 static int fuzzopts_process(sf_stage *st, sf_packet *in)
 {

@@ -17,14 +17,7 @@
 #include "seqflow/error.h"
 #include "seqflow/model.h"
 
-#define FUZZ_CHECK(cond)                                                                     \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond,    \
-                    sf_last_error());                                                        \
-            abort();                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "tests/fuzz/fuzz_support.h"
 
 static int input_fd = -1;
 static char input_path[64];

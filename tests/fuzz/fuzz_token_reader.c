@@ -11,13 +11,7 @@
 #include "seqflow/error.h"
 #include "stages/token_reader.h"
 
-#define FUZZ_CHECK(cond)                                                                     \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);         \
-            abort();                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "tests/fuzz/fuzz_support.h"
 
 typedef struct decoded {
     int rc;

@@ -60,6 +60,11 @@ double check_rng_normal(check_rng *r)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+void check_fill_normal(check_rng *r, float *x, size_t n, double scale)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (float)(check_rng_normal(r) * scale);
+}
+
 double check_rel_err_f32_f64(const float *a, const double *b, size_t n)
 {
     double num = 0, den = 0;

@@ -36,6 +36,8 @@ typedef struct check_rng { uint64_t s; } check_rng;
 uint64_t check_rng_next(check_rng *r);
 double check_rng_uniform(check_rng *r); /* [0, 1) */
 double check_rng_normal(check_rng *r);
+/* x[i] = scale * a standard normal draw, for i < n. */
+void check_fill_normal(check_rng *r, float *x, size_t n, double scale);
 
 /* ||a - b||_2 / max(||b||_2, tiny) over n values. */
 double check_rel_err_f32_f64(const float *a, const double *b, size_t n);

@@ -1,0 +1,22 @@
+#include "support/small_model.h"
+
+#include <stdio.h>
+
+void check_small_model_config(sf_model_config *cfg, int layers, int segment, int global_tokens)
+{
+    sf_model_config_default(cfg);
+    cfg->dim = 32, cfg->heads = 2, cfg->head_dim = 16, cfg->layers = layers, cfg->segment = segment;
+    cfg->mlp_hidden = 64, cfg->global_tokens = global_tokens, cfg->summary_tokens = 2;
+}
+
+sf_graph *check_graph(const sf_model *m, const char *pipeline)
+{
+    sf_graph *g = NULL;
+    if (sf_graph_create(m, &(sf_graph_options){.threads = 1}, &g) != SF_OK) return NULL;
+    if (sf_graph_parse(g, pipeline) != SF_OK) {
+        fprintf(stderr, "%s: %s\n", pipeline, sf_last_error());
+        sf_graph_free(g);
+        return NULL;
+    }
+    return g;
+}
