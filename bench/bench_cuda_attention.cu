@@ -113,6 +113,22 @@ static const shape SHAPES[] = {
     {"reference N=8192 causal G256", 16, 64, 8192, 8192, 1, 256, 3, {{2048, 1}, {4096, 2}, {8192, 4}}},
 };
 
+
+/* Downloads the poisoned-then-written output and returns ||got - ref|| / ||ref||; *nan counts
+ * the non-finite elements (an element the kernel never wrote stays NaN). */
+static double compare_output(const problem &p, const std::vector<float> &ref, std::vector<float> &got, size_t *nan)
+{
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(got.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        if (!isfinite(got[i])) (*nan)++;
+        double e = (double)got[i] - ref[i];
+        num += e * e, den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1e-300));
+}
+
 static int check_all(int only_variant)
 {
     int failures = 0;
@@ -136,16 +152,8 @@ static int check_all(int only_variant)
                 failures++;
                 continue;
             }
-            CUDA_OK(cudaDeviceSynchronize());
-            CUDA_OK(cudaMemcpy(got.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
-            double num = 0, den = 0;
             size_t nan = 0;
-            for (size_t i = 0; i < ref.size(); i++) {
-                if (!isfinite(got[i])) nan++;
-                double e = (double)got[i] - ref[i];
-                num += e * e, den += (double)ref[i] * ref[i];
-            }
-            double rel = sqrt(num / (den > 0 ? den : 1e-300));
+            double rel = compare_output(p, ref, got, &nan);
             int ok = nan == 0 && rel <= 2e-2;
             failures += !ok;
             printf("%-32s %-8d %-40s %.3e %s", s.name, var, sf_cuda_attention_bf16_variant_name(var), rel,
@@ -160,16 +168,8 @@ static int check_all(int only_variant)
             int rc = mode ? sf_cuda_attention_bf16_variant(SF_CUDA_ATTENTION_DEFAULT_VARIANT, &dd, p.dq, p.dk, p.dv,
                                                            p.dout, 0)
                           : sf_cuda_attention_bf16_ws(&dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0);
-            CUDA_OK(cudaDeviceSynchronize());
-            CUDA_OK(cudaMemcpy(got.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
-            double num = 0, den = 0;
             size_t nan = 0;
-            for (size_t i = 0; i < ref.size(); i++) {
-                if (!isfinite(got[i])) nan++;
-                double e = (double)got[i] - ref[i];
-                num += e * e, den += (double)ref[i] * ref[i];
-            }
-            double rel = sqrt(num / (den > 0 ? den : 1e-300));
+            double rel = compare_output(p, ref, got, &nan);
             int ok = rc == 0 && nan == 0 && rel <= 2e-2;
             failures += !ok;
             printf("%-32s %-8s %-40s %.3e %s\n", s.name, mode ? "dflt" : "ws", mode ? "variant(default), own workspace" :
