@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-20}
 jobs=$(nproc)
-command -v clang >/dev/null || { echo "fuzz: clang is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
+command -v clang >/dev/null || { echo "fuzz: clang is missing (scripts/install-deps.sh --fuzz installs it)" >&2; exit 1; }
 
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSEQFLOW_FUZZ=ON \
       -DSEQFLOW_CUDA=OFF -DSEQFLOW_BUILD_TESTS=OFF -DSEQFLOW_BUILD_BENCH=OFF -DSEQFLOW_BUILD_EXAMPLES=OFF >/dev/null

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages seqflow builds against, when any is missing. Needs root (or sudo).
+#   scripts/install-deps.sh          what building and running needs
+#   scripts/install-deps.sh --fuzz   also clang, libFuzzer's runtime and OpenMP for clang
+#                                    (the fuzz build of scripts/fuzz.sh; scripts/test.sh asks)
 set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-dev libzstd-dev libzmq3-dev)
-# clang with libFuzzer's runtime and OpenMP: the fuzz build (scripts/fuzz.sh).
-packages+=(clang libclang-rt-dev libomp-dev)
+[ "${1:-}" = --fuzz ] && packages+=(clang libclang-rt-dev libomp-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,7 +6,7 @@
 #      (last, so that ctest's summary line closes the output).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --fuzz
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_EXAMPLES=ON
 cmake --build build -j"$jobs"
