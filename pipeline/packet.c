@@ -7,9 +7,11 @@
 
 /* Large activation buffers are kept for reuse when packets are freed: a segment's rows are
  * tens of MiB, which malloc serves with fresh mappings, and first-touching those pages cost
- * more than the GPU's whole compute of a segment (issue 3). A few are kept, so the cache
- * holds at most CACHE_SLOTS buffers (the process's, until it exits). */
+ * more than the GPU's whole compute of a segment (issue 3). A few are kept: the cache holds at
+ * most CACHE_SLOTS buffers of at most CACHE_MAX_FLOATS each, 1 GiB in all (the process's, until
+ * it exits). */
 #define CACHE_MIN_FLOATS ((size_t)1 << 18) /* 1 MiB */
+#define CACHE_MAX_FLOATS ((size_t)1 << 26) /* 256 MiB: larger buffers go back to malloc */
 #define CACHE_SLOTS 4
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static float *cache_x[CACHE_SLOTS];
@@ -32,7 +34,7 @@ static float *cache_take(size_t cap, size_t *got)
 /* Keeps x for reuse, or frees it when the cache is full (or x is small). */
 static void cache_give(float *x, size_t cap)
 {
-    if (x && cap >= CACHE_MIN_FLOATS) {
+    if (x && cap >= CACHE_MIN_FLOATS && cap <= CACHE_MAX_FLOATS) {
         pthread_mutex_lock(&cache_lock);
         for (int i = 0; i < CACHE_SLOTS && x; i++)
             if (!cache_x[i]) cache_x[i] = x, cache_cap[i] = cap, x = NULL;
