@@ -40,6 +40,10 @@ typedef struct block {
     int work_current; /* work already holds work_stream's stored state */
     float *host;      /* M | z | gk | gv of one stream, on the host */
     int *ring;        /* g_count | g_head of one stream */
+    /* states of ended streams, kept for the next new ones: on a GPU, allocating and freeing
+     * device memory per stream would synchronize the device at every stream boundary */
+    struct stream_state *spare[4];
+    int n_spare;
 } block;
 
 static const sf_option block_options[] = {
@@ -103,10 +107,39 @@ static void stream_destroy(void *ctx, void *state)
     free(s);
 }
 
+/* A new stream's state: memory zero, global-token FIFO empty (SPEC 4 and 5). */
+static int stream_reset(block *b, stream_state *s)
+{
+    memset(s->g_count, 0, (size_t)b->count * sizeof(int));
+    memset(s->g_head, 0, (size_t)b->count * sizeof(int));
+    int rc = b->be->ops->zero(b->be, s->M, state_floats_M(b) * sizeof(float));
+    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float));
+    /* FIFO slots not filled yet are never read, but saved and quantized: zero, not garbage */
+    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gk, state_floats_g(b) * sizeof(float));
+    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gv, state_floats_g(b) * sizeof(float));
+    return rc;
+}
+
+/* The stream table's destroy: keeps a few states for reuse (see block.spare). */
+static void stream_release(void *ctx, void *state)
+{
+    block *b = ctx;
+    if (state && b->n_spare < (int)(sizeof b->spare / sizeof *b->spare))
+        b->spare[b->n_spare++] = state;
+    else
+        stream_destroy(b, state);
+}
+
 static void *stream_create(void *ctx, uint64_t stream)
 {
     block *b = ctx;
     (void)stream;
+    if (b->n_spare > 0) {
+        stream_state *s = b->spare[--b->n_spare];
+        if (stream_reset(b, s) == SF_OK) return s;
+        stream_destroy(b, s);
+        return NULL;
+    }
     stream_state *s = calloc(1, sizeof *s);
     if (!s) {
         sf_error(SF_E_NOMEM, "out of memory");
@@ -120,11 +153,7 @@ static void *stream_create(void *ctx, uint64_t stream)
     s->g_count = calloc((size_t)b->count, sizeof(int));
     s->g_head = calloc((size_t)b->count, sizeof(int));
     if (rc == SF_OK && (!s->g_count || !s->g_head)) rc = sf_error(SF_E_NOMEM, "out of memory");
-    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->M, state_floats_M(b) * sizeof(float));
-    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float));
-    /* FIFO slots not filled yet are never read, but saved and quantized: zero, not garbage */
-    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gk, state_floats_g(b) * sizeof(float));
-    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gv, state_floats_g(b) * sizeof(float));
+    if (rc == SF_OK) rc = stream_reset(b, s);
     if (rc != SF_OK) {
         stream_destroy(b, s);
         return NULL;
@@ -345,7 +374,7 @@ static int block_init(sf_stage *st)
     long long max_streams = sf_stage_option_int(st, "max_streams", 1024);
     if (max_streams < 1 || max_streams > (1 << 20))
         return sf_error(SF_E_OPTION, "max_streams=%lld is outside 1..%d", max_streams, 1 << 20);
-    sf_stream_table_init(&b->streams, (int)max_streams, stream_create, stream_destroy, b);
+    sf_stream_table_init(&b->streams, (int)max_streams, stream_create, stream_release, b);
     b->width = c->heads * c->head_dim;
     size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment;
     b->weights = calloc((size_t)b->count, sizeof *b->weights);
@@ -575,6 +604,7 @@ static void block_free(sf_stage *st)
     block *b = sf_stage_priv(st);
     if (!b) return;
     sf_stream_table_clear(&b->streams);
+    while (b->n_spare > 0) stream_destroy(b, b->spare[--b->n_spare]);
     sf_state_store_free(b->store);
     stream_destroy(b, b->work);
     free(b->host);

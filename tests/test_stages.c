@@ -128,6 +128,51 @@ static void check_threaded_run(const sf_model *m)
     sf_graph_free(g);
 }
 
+/* The hidden states of one whole stream of n tokens pushed as stream `id` (all packets pulled
+ * into out, n * D floats). */
+static void run_stream(sf_graph *g, uint64_t id, const uint32_t *t, size_t n, float *out, size_t dim)
+{
+    CHECK_OK(sf_graph_push(g, id, t, n));
+    CHECK_OK(sf_graph_end(g, id));
+    size_t rows = 0;
+    for (sf_packet *p; (p = sf_graph_pull(g)) != NULL; sf_packet_free(p)) {
+        CHECK(p->stream == id && rows + p->n <= n);
+        if (p->stream == id && rows + p->n <= n) memcpy(out + rows * dim, p->x, p->n * dim * sizeof(float));
+        rows += p->n;
+    }
+    CHECK(rows == n);
+}
+
+/* A block keeps the states of ended streams for new ones: a stream started after others ended
+ * must see fresh memory and an empty global-token FIFO, exactly as the first stream did. */
+static void check_stream_reuse(const sf_model *m)
+{
+    const sf_model_config *cfg = sf_model_get_config(m);
+    const size_t n = 3 * (size_t)cfg->segment + 5, dim = (size_t)cfg->dim;
+    uint32_t *t = malloc(n * sizeof *t);
+    float *first = malloc(n * dim * sizeof *first), *later = malloc(n * dim * sizeof *later);
+    CHECK(t && first && later);
+    if (!t || !first || !later) goto done;
+    for (size_t i = 0; i < n; i++) t[i] = (uint32_t)((i * 7 + 3) % 251);
+    sf_graph *g;
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECK_OK(sf_graph_parse(g, "segment ! embed ! block ! norm"));
+    run_stream(g, 1, t, n, first, dim);
+    for (uint64_t id = 2; id < 8; id++) {
+        /* other content in between, so that a reused state is dirty */
+        for (size_t i = 0; i < n; i++) t[i] = (uint32_t)((i * 13 + id) % 251);
+        run_stream(g, id, t, n, later, dim);
+    }
+    for (size_t i = 0; i < n; i++) t[i] = (uint32_t)((i * 7 + 3) % 251);
+    run_stream(g, 9, t, n, later, dim);
+    CHECK(memcmp(first, later, n * dim * sizeof(float)) == 0);
+    sf_graph_free(g);
+done:
+    free(t);
+    free(first);
+    free(later);
+}
+
 int main(void)
 {
     check_segmenter();
@@ -148,6 +193,11 @@ int main(void)
     CHECK(sf_graph_push(g, 0, bad, 1) == SF_E_TOKEN); /* a failed graph stays failed */
     sf_graph_free(g);
     check_threaded_run(m);
+    cfg.global_tokens = 4, cfg.summary_tokens = 2;
+    sf_model *mg;
+    CHECK_OK(sf_model_create_random(&cfg, 12, &mg));
+    check_stream_reuse(mg);
+    sf_model_free(mg);
     sf_model_free(m);
     return check_finish("test_stages");
 }
