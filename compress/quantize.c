@@ -24,6 +24,18 @@ static const char *kind_name(sf_quant_kind k)
     return "?";
 }
 
+int sf_quant_kind_parse(const char *text, sf_quant_kind *out)
+{
+    static const sf_quant_kind all[] = {SF_QUANT_F32, SF_QUANT_BF16, SF_QUANT_INT8, SF_QUANT_INT4,
+                                        SF_QUANT_FP8_E4M3};
+    for (size_t i = 0; text && out && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(text, kind_name(all[i])) == 0 || (all[i] == SF_QUANT_FP8_E4M3 && strcmp(text, "fp8") == 0)) {
+            *out = all[i];
+            return SF_OK;
+        }
+    return sf_error(SF_E_INVAL, "quantizer '%s' unknown (expected f32, bf16, int8, int4 or fp8)", text ? text : "(null)");
+}
+
 static int check_params(const sf_quant_params *p)
 {
     if (!p) return sf_error(SF_E_INVAL, "quantize: NULL parameters");

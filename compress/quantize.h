@@ -65,6 +65,10 @@ typedef struct {
     int group;
 } sf_quant_params;
 
+/* "f32", "bf16", "int8", "int4", "fp8" (or "fp8_e4m3") to its kind; SF_E_INVAL naming the
+ * text otherwise. */
+int sf_quant_kind_parse(const char *text, sf_quant_kind *out);
+
 /* Bytes of the encoding of n floats, scales included; 0 for invalid parameters or a size that
  * does not fit in size_t (and for n = 0). */
 size_t sf_quant_encoded_size(const sf_quant_params *p, size_t n);

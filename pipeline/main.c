@@ -146,27 +146,24 @@ static int parse_codec(const char *name, const char *s)
 /* KIND or KIND:GROUP; sets a->state_quant (the kind alone) and a->state_group. */
 static int parse_state_quant(const char *s, run_args *a)
 {
-    static const char *const kinds[] = {"f32", "bf16", "int8", "int4", "fp8"};
-    static char kind[8];
+    static char kind[16];
     const char *colon = strchr(s, ':');
     size_t len = colon ? (size_t)(colon - s) : strlen(s);
-    int known = 0;
-    for (int i = 0; i < 5; i++) known |= strlen(kinds[i]) == len && strncmp(s, kinds[i], len) == 0;
-    if (!known) {
+    sf_quant_kind parsed;
+    if (len < sizeof kind) memcpy(kind, s, len), kind[len] = 0;
+    if (len >= sizeof kind || sf_quant_kind_parse(kind, &parsed) != SF_OK) {
         fprintf(stderr, "seqflow: --state-quant expects f32, bf16, int8, int4 or fp8 (int8/int4/fp8 may add :GROUP), got '%s'\n", s);
         return 0;
     }
-    memcpy(kind, s, len);
-    kind[len] = 0;
     a->state_quant = kind;
     a->state_group = 0;
     if (!colon) return 1;
-    if (strcmp(kind, "int8") != 0 && strcmp(kind, "int4") != 0 && strcmp(kind, "fp8") != 0) {
+    if (parsed == SF_QUANT_F32 || parsed == SF_QUANT_BF16) {
         fprintf(stderr, "seqflow: --state-quant %s takes no group size (only int8, int4 and fp8 do), got '%s'\n", kind, s);
         return 0;
     }
     if (!parse_int_arg("--state-quant GROUP", colon + 1, 1, 1 << 24, &a->state_group)) return 0;
-    if (strcmp(kind, "int4") == 0 && a->state_group % 2) {
+    if (parsed == SF_QUANT_INT4 && a->state_group % 2) {
         fprintf(stderr, "seqflow: --state-quant int4 needs an even group size, got %lld\n", a->state_group);
         return 0;
     }

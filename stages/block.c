@@ -107,6 +107,16 @@ static void stream_destroy(void *ctx, void *state)
     free(s);
 }
 
+/* A saved global-token ring (count and head per layer) that fits this block's FIFO. */
+static int check_ring(const block *b, const int *count, const int *head)
+{
+    const int G = b->cfg->global_tokens;
+    for (int l = 0; l < b->count; l++)
+        if (count[l] < 0 || count[l] > G || head[l] < 0 || head[l] >= (G ? G : 1))
+            return sf_error(SF_E_STATE, "block state has an invalid global-token ring");
+    return SF_OK;
+}
+
 /* A new stream's state: memory zero, global-token FIFO empty (SPEC 4 and 5). */
 static int stream_reset(block *b, stream_state *s)
 {
@@ -193,14 +203,7 @@ static int state_load(block *b, uint64_t stream)
     if (b->work_current && b->work_stream == stream) return SF_OK;
     b->work_current = 0;
     size_t rings = (size_t)b->count * sizeof(int);
-    if (!sf_state_store_contains(b->store, stream)) {
-        memset(s->g_count, 0, rings);
-        memset(s->g_head, 0, rings);
-        int rc = b->be->ops->zero(b->be, s->M, state_floats_M(b) * sizeof(float));
-        if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float));
-        if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gk, state_floats_g(b) * sizeof(float));
-        return rc == SF_OK ? b->be->ops->zero(b->be, s->gv, state_floats_g(b) * sizeof(float)) : rc;
-    }
+    if (!sf_state_store_contains(b->store, stream)) return stream_reset(b, s);
     sf_state_span span = {b->host, state_floats(b)};
     int rc = sf_state_store_get(b->store, stream, &span, 1, b->ring, ring_bytes(b), NULL);
     if (rc != SF_OK) return rc;
@@ -226,18 +229,14 @@ static int state_put_back(block *b, uint64_t stream)
 
 static int parse_state_quant(const char *text, long long group, sf_quant_params *out)
 {
-    static const char *const names[] = {"f32", "bf16", "int8", "int4", "fp8"};
-    static const sf_quant_kind kinds[] = {SF_QUANT_F32, SF_QUANT_BF16, SF_QUANT_INT8, SF_QUANT_INT4,
-                                          SF_QUANT_FP8_E4M3};
-    int found = -1;
-    for (int i = 0; i < 5; i++)
-        if (text && strcmp(text, names[i]) == 0) found = i;
-    if (found < 0) return sf_error(SF_E_OPTION, "state_quant=%s: expected f32, bf16, int8, int4 or fp8", text ? text : "");
+    sf_quant_kind kind;
+    if (sf_quant_kind_parse(text, &kind) != SF_OK)
+        return sf_error(SF_E_OPTION, "state_quant=%s: expected f32, bf16, int8, int4 or fp8", text ? text : "");
     if (group < 1 || group > (1 << 24))
         return sf_error(SF_E_OPTION, "state_group=%lld is outside 1..%d", group, 1 << 24);
-    if (kinds[found] == SF_QUANT_INT4 && group % 2)
+    if (kind == SF_QUANT_INT4 && group % 2)
         return sf_error(SF_E_OPTION, "state_group=%lld must be even for int4", group);
-    *out = (sf_quant_params){kinds[found], (int)group};
+    *out = (sf_quant_params){kind, (int)group};
     return SF_OK;
 }
 
@@ -322,13 +321,10 @@ static int restore_store(block *b, uint32_t streams, const uint8_t *at)
         at += ring_bytes(b);
         memcpy(b->host + mz, at, g2 * sizeof(float));
         at += g2 * sizeof(float);
-        int G = b->cfg->global_tokens;
-        for (int l = 0; l < b->count; l++)
-            if (b->ring[l] < 0 || b->ring[l] > G || b->ring[b->count + l] < 0 ||
-                b->ring[b->count + l] >= (G ? G : 1))
-                return sf_error(SF_E_STATE, "block state has an invalid global-token ring");
+        int rc = check_ring(b, b->ring, b->ring + b->count);
+        if (rc != SF_OK) return rc;
         sf_state_span span = {b->host, state_floats(b)};
-        int rc = sf_state_store_put(b->store, id, &span, 1, b->ring, ring_bytes(b));
+        rc = sf_state_store_put(b->store, id, &span, 1, b->ring, ring_bytes(b));
         if (rc != SF_OK) return rc;
     }
     return SF_OK;
@@ -589,10 +585,8 @@ static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
                 at += (size_t)b->count * sizeof(int);
                 memcpy(s->g_head, at, (size_t)b->count * sizeof(int));
                 at += (size_t)b->count * sizeof(int);
-                for (int l = 0; l < b->count; l++)
-                    if (s->g_count[l] < 0 || s->g_count[l] > b->cfg->global_tokens || s->g_head[l] < 0 ||
-                        s->g_head[l] >= (b->cfg->global_tokens ? b->cfg->global_tokens : 1))
-                        return sf_error(SF_E_STATE, "block state has an invalid global-token ring");
+                rc = check_ring(b, s->g_count, s->g_head);
+                if (rc != SF_OK) return rc;
             }
         }
     }
