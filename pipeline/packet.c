@@ -7,20 +7,61 @@
 
 /* Large activation buffers are kept for reuse when packets are freed: a segment's rows are
  * tens of MiB, which malloc serves with fresh mappings, and first-touching those pages cost
- * more than the GPU's whole compute of a segment (issue 3). A few are kept: the cache holds at
- * most CACHE_SLOTS buffers of at most CACHE_MAX_FLOATS each, 1 GiB in all (the process's, until
- * it exits). */
+ * more than the GPU's whole compute of a segment (issue 3); page-locked buffers (a GPU
+ * backend's allocator) cost even more to make and to free. A few are kept: the cache holds at
+ * most CACHE_SLOTS buffers of at most CACHE_MAX_FLOATS each and CACHE_MAX_TOTAL floats in all
+ * (1 GiB, the process's, until it exits). A threaded GPU graph has up to a link's depth of
+ * host packets in flight between its last stage and the sink, so the slots cover that. */
 #define CACHE_MIN_FLOATS ((size_t)1 << 18) /* 1 MiB */
-#define CACHE_MAX_FLOATS ((size_t)1 << 26) /* 256 MiB: larger buffers go back to malloc */
-#define CACHE_SLOTS 4
+#define CACHE_MAX_FLOATS ((size_t)1 << 26) /* 256 MiB: larger buffers go back to their allocator */
+#define CACHE_MAX_TOTAL ((size_t)1 << 28)
+#define CACHE_SLOTS 8
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static float *cache_x[CACHE_SLOTS];
 static size_t cache_cap[CACHE_SLOTS];
 
+/* Large buffers: malloc, or the installed allocator (page-locked memory of a GPU backend).
+ * Each large buffer remembers its allocator in a small header (the buffer stays 64-byte
+ * aligned after it), so buffers made before an allocator was installed are freed right. */
+static sf_host_allocator large_alloc;
+
+typedef struct large_header {
+    void (*free)(void *ptr);
+    size_t cap;
+    char pad[64 - sizeof(void (*)(void *)) - sizeof(size_t)];
+} large_header;
+
+void sf_packet_set_host_allocator(const sf_host_allocator *allocator)
+{
+    if (!allocator || !allocator->alloc || !allocator->free) return;
+    pthread_mutex_lock(&cache_lock);
+    if (!large_alloc.alloc) large_alloc = *allocator;
+    pthread_mutex_unlock(&cache_lock);
+}
+
+static float *large_new(size_t cap)
+{
+    size_t bytes = sizeof(large_header) + cap * sizeof(float);
+    pthread_mutex_lock(&cache_lock);
+    sf_host_allocator a = large_alloc;
+    pthread_mutex_unlock(&cache_lock);
+    large_header *h = a.alloc ? a.alloc(bytes) : malloc(bytes);
+    if (!h) return NULL;
+    h->free = a.alloc ? a.free : free;
+    h->cap = cap;
+    return (float *)(h + 1);
+}
+
+static void large_free(float *x)
+{
+    if (!x) return;
+    large_header *h = (large_header *)x - 1;
+    h->free(h);
+}
+
 /* A cached buffer of at least cap floats (the smallest that fits), or NULL. */
 static float *cache_take(size_t cap, size_t *got)
 {
-    if (cap < CACHE_MIN_FLOATS) return NULL;
     float *x = NULL;
     pthread_mutex_lock(&cache_lock);
     int best = -1;
@@ -31,16 +72,27 @@ static float *cache_take(size_t cap, size_t *got)
     return x;
 }
 
-/* Keeps x for reuse, or frees it when the cache is full (or x is small). */
+/* Keeps a large buffer for reuse, or frees it when the cache is full. */
 static void cache_give(float *x, size_t cap)
 {
-    if (x && cap >= CACHE_MIN_FLOATS && cap <= CACHE_MAX_FLOATS) {
+    if (x && cap <= CACHE_MAX_FLOATS) {
         pthread_mutex_lock(&cache_lock);
-        for (int i = 0; i < CACHE_SLOTS && x; i++)
+        size_t total = cap;
+        for (int i = 0; i < CACHE_SLOTS; i++) total += cache_x[i] ? cache_cap[i] : 0;
+        for (int i = 0; i < CACHE_SLOTS && x && total <= CACHE_MAX_TOTAL; i++)
             if (!cache_x[i]) cache_x[i] = x, cache_cap[i] = cap, x = NULL;
         pthread_mutex_unlock(&cache_lock);
     }
-    free(x);
+    large_free(x);
+}
+
+/* Packet activations: small ones on the plain heap, large ones through the cache. */
+static int is_large(size_t cap) { return cap >= CACHE_MIN_FLOATS; }
+
+static void x_free(float *x, size_t cap)
+{
+    if (is_large(cap)) cache_give(x, cap);
+    else free(x);
 }
 
 sf_packet *sf_packet_new(sf_packet_kind kind, size_t cap_tokens, size_t cap_x)
@@ -65,18 +117,21 @@ int sf_packet_reserve(sf_packet *p, size_t cap_tokens, size_t cap_x)
         p->cap_tokens = cap_tokens;
     }
     if (cap_x > p->cap_x) {
-        if (cap_x > SIZE_MAX / sizeof(float)) return sf_error(SF_E_NOMEM, "packet too large");
-        size_t cached = 0;
-        float *x = p->cap_x == 0 ? cache_take(cap_x, &cached) : NULL;
-        if (x) {
-            p->x = x;
-            p->cap_x = cached;
-            return SF_OK;
+        if (cap_x > (SIZE_MAX - sizeof(large_header)) / sizeof(float)) return sf_error(SF_E_NOMEM, "packet too large");
+        float *x;
+        size_t got = cap_x;
+        if (!is_large(cap_x)) {
+            x = realloc(p->x, cap_x * sizeof *x);
+            if (!x) return sf_error(SF_E_NOMEM, "out of memory for %zu activations", cap_x);
+        } else {
+            x = cache_take(cap_x, &got);
+            if (!x) x = large_new(cap_x);
+            if (!x) return sf_error(SF_E_NOMEM, "out of memory for %zu activations", cap_x);
+            if (p->cap_x) memcpy(x, p->x, p->cap_x * sizeof *x);
+            x_free(p->x, p->cap_x);
         }
-        x = realloc(p->x, cap_x * sizeof *x);
-        if (!x) return sf_error(SF_E_NOMEM, "out of memory for %zu activations", cap_x);
         p->x = x;
-        p->cap_x = cap_x;
+        p->cap_x = got;
     }
     return SF_OK;
 }
@@ -102,7 +157,7 @@ void sf_packet_free(sf_packet *p)
     if (!p) return;
     release_device_rows(p);
     free(p->tokens);
-    cache_give(p->x, p->cap_x);
+    x_free(p->x, p->cap_x);
     free(p->state);
     free(p);
 }

@@ -344,8 +344,12 @@ static int prepare_backend(block *b)
         if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wk, W, D);
         if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wv, W, D);
         if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wo, D, W);
-        if (rc == SF_OK && F) rc = ops->prepare_weight(b->be, w->w1, F, D);
-        if (rc == SF_OK && F) rc = ops->prepare_weight(b->be, w->w3, F, D);
+        const float *w13[2] = {w->w1, w->w3};
+        if (rc == SF_OK && F && ops->prepare_weight_group) rc = ops->prepare_weight_group(b->be, 2, w13, F, D);
+        else if (rc == SF_OK && F) {
+            rc = ops->prepare_weight(b->be, w->w1, F, D);
+            if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->w3, F, D);
+        }
         if (rc == SF_OK && F) rc = ops->prepare_weight(b->be, w->w2, D, F);
     }
     int widest = D > W ? D : W;
@@ -420,17 +424,20 @@ static int push_global_tokens(block *b, stream_state *s, int l, int n)
     size_t row = (size_t)b->width * sizeof(float);
     float *gk = s->gk + (size_t)l * c->global_tokens * b->width;
     float *gv = s->gv + (size_t)l * c->global_tokens * b->width;
+    /* token j goes to slot first + j (mod G): one copy per run of consecutive slots, so
+     * usually one per segment instead of one per token (each copy is a device launch) */
+    int first = (s->g_head[l] + s->g_count[l]) % c->global_tokens;
+    for (int j = 0; j < produced && rc == SF_OK;) {
+        int slot = (first + j) % c->global_tokens;
+        int run = produced - j < c->global_tokens - slot ? produced - j : c->global_tokens - slot;
+        rc = ops->copy(b->be, gk + (size_t)slot * b->width, b->sk + (size_t)j * b->width, run * row);
+        if (rc == SF_OK) rc = ops->copy(b->be, gv + (size_t)slot * b->width, b->sv + (size_t)j * b->width, run * row);
+        j += run;
+    }
+    /* the FIFO fills up, then each new token evicts the oldest */
     for (int j = 0; j < produced && rc == SF_OK; j++) {
-        int slot;
-        if (s->g_count[l] < c->global_tokens) {
-            slot = (s->g_head[l] + s->g_count[l]) % c->global_tokens;
-            s->g_count[l]++;
-        } else {
-            slot = s->g_head[l];
-            s->g_head[l] = (s->g_head[l] + 1) % c->global_tokens;
-        }
-        rc = ops->copy(b->be, gk + (size_t)slot * b->width, b->sk + (size_t)j * b->width, row);
-        if (rc == SF_OK) rc = ops->copy(b->be, gv + (size_t)slot * b->width, b->sv + (size_t)j * b->width, row);
+        if (s->g_count[l] < c->global_tokens) s->g_count[l]++;
+        else s->g_head[l] = (s->g_head[l] + 1) % c->global_tokens;
     }
     return rc;
 }
@@ -454,10 +461,15 @@ static int layer_forward(block *b, stream_state *s, int l, int n, int commit)
     const layer_weights *w = &b->weights[l];
     const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden;
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d;
-    int rc = ops->rmsnorm(be, n, D, b->x, w->attn_norm, c->norm_eps, b->u);
-    const float *qkv_w[3] = {w->wq, w->wk, w->wv};
-    float *qkv[3] = {b->q, b->k, b->v};
-    if (rc == SF_OK) rc = shared_products(be, n, D, W, b->u, 3, qkv_w, qkv);
+    int rc;
+    if (ops->qkv) {
+        rc = ops->qkv(be, n, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->q, b->k, b->v, b->u);
+    } else {
+        const float *qkv_w[3] = {w->wq, w->wk, w->wv};
+        float *qkv[3] = {b->q, b->k, b->v};
+        rc = ops->rmsnorm(be, n, D, b->x, w->attn_norm, c->norm_eps, b->u);
+        if (rc == SF_OK) rc = shared_products(be, n, D, W, b->u, 3, qkv_w, qkv);
+    }
     if (rc != SF_OK) return rc;
     int G = c->global_tokens;
     sf_attention_desc desc = {
@@ -470,7 +482,9 @@ static int layer_forward(block *b, stream_state *s, int l, int n, int commit)
     if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
         rc = ops->memory_mix(be, n, H, d, W, b->q, s->M + l * hdd, s->z + l * hd, w->gate, b->a);
     if (rc == SF_OK) rc = ops->matmul(be, n, W, D, b->a, W, w->wo, b->x, D, 1);
-    if (rc == SF_OK && F) {
+    if (rc == SF_OK && F && ops->ffn) {
+        rc = ops->ffn(be, n, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->u, b->h1, b->h3);
+    } else if (rc == SF_OK && F) {
         rc = ops->rmsnorm(be, n, D, b->x, w->mlp_norm, c->norm_eps, b->u);
         const float *gate_w[2] = {w->w1, w->w3};
         float *gate_y[2] = {b->h1, b->h3};

@@ -160,6 +160,85 @@ static void test_matmul(const target *t)
     }
 }
 
+/* The fused products against the CPU composed from plain ops: matmul_shared, qkv (rmsnorm, then
+ * three products) and ffn (x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x)), which the CPU backend
+ * leaves NULL. */
+static void test_fused_products(const target *t)
+{
+    static const int shapes[][3] = {/* n, dim, hidden */ {1, 8, 16},     {37, 24, 40}, {128, 64, 256},
+                                    {200, 96, 384}, {50, 32, 72}, {5, 16, 20}};
+    char what[96];
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int n = shapes[s][0], dim = shapes[s][1], hidden = shapes[s][2];
+        const size_t nx = (size_t)n * dim, nh = (size_t)n * hidden;
+        float *hx = random_host(nx, 1), *hn = random_host((size_t)dim, 1);
+        float *hw[3], *hw2 = random_host((size_t)dim * hidden, 1.0 / sqrt(hidden));
+        for (int i = 0; i < 3; i++) hw[i] = random_host((size_t)hidden * dim, 1.0 / sqrt(dim));
+        pair x = both(t, hx, nx * 4), norm = both(t, hn, (size_t)dim * 4), w2 = both(t, hw2, (size_t)dim * hidden * 4);
+        pair w[3], y[3];
+        for (int i = 0; i < 3; i++) {
+            w[i] = both(t, hw[i], (size_t)hidden * dim * 4), y[i] = both(t, NULL, nh * 4);
+            both_poison(t, y[i], nh);
+        }
+        /* every other shape prepares the first two as a group (ffn's W1|W3: one product) */
+        const float *group[2] = {w[0].g, w[1].g};
+        int grouped = (s % 2 == 1) && t->be->ops->prepare_weight_group;
+        if (grouped) CHECK_OK(t->be->ops->prepare_weight_group(t->be, 2, group, hidden, dim));
+        for (int i = grouped ? 2 : 0; i < 3; i++)
+            if (t->be->ops->prepare_weight) CHECK_OK(t->be->ops->prepare_weight(t->be, w[i].g, hidden, dim));
+        if (t->be->ops->prepare_weight) CHECK_OK(t->be->ops->prepare_weight(t->be, w2.g, dim, hidden));
+        if (t->be->ops->matmul_shared) {
+            const float *wg[3] = {w[0].g, w[1].g, w[2].g};
+            float *yg[3] = {y[0].g, y[1].g, y[2].g};
+            CHECK_OK(t->be->ops->matmul_shared(t->be, n, dim, hidden, x.g, dim, 3, wg, yg, hidden));
+            for (int i = 0; i < 3; i++) {
+                CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, x.c, dim, w[i].c, y[i].c, hidden, 0));
+                snprintf(what, sizeof what, "matmul_shared n=%d in=%d out=%d product %d", n, dim, hidden, i);
+                compare(what, t, y[i].g, y[i].c, nh, t->tol_products);
+            }
+        }
+        if (t->be->ops->qkv) {
+            pair u = both(t, NULL, nx * 4);
+            for (int i = 0; i < 3; i++) both_poison(t, y[i], nh);
+            CHECK_OK(t->be->ops->qkv(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, y[0].g, y[1].g,
+                                     y[2].g, u.g));
+            CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, norm.c, 1e-6f, u.c));
+            for (int i = 0; i < 3; i++) {
+                CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, u.c, dim, w[i].c, y[i].c, hidden, 0));
+                snprintf(what, sizeof what, "qkv n=%d dim=%d width=%d product %d", n, dim, hidden, i);
+                compare(what, t, y[i].g, y[i].c, nh, t->tol_products);
+            }
+            both_free(t, u);
+        }
+        if (t->be->ops->ffn) {
+            pair u = both(t, NULL, nx * 4);
+            for (int i = 0; i < 2; i++) both_poison(t, y[i], nh);
+            CHECK_OK(t->be->ops->ffn(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g, y[0].g,
+                                     y[1].g));
+            CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, norm.c, 1e-6f, u.c));
+            CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, u.c, dim, w[0].c, y[0].c, hidden, 0));
+            CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, u.c, dim, w[1].c, y[1].c, hidden, 0));
+            CHECK_OK(cpu->ops->swiglu(cpu, n, hidden, y[0].c, y[1].c));
+            CHECK_OK(cpu->ops->matmul(cpu, n, hidden, dim, y[0].c, hidden, w2.c, x.c, dim, 1));
+            snprintf(what, sizeof what, "ffn n=%d dim=%d hidden=%d (x after the residual)", n, dim, hidden);
+            compare(what, t, x.g, x.c, nx, t->tol_products);
+            /* the residual alone would pass a loose check: the MLP's own contribution must match too */
+            float *gx = to_host(t->be, x.g, nx), *cx = to_host(cpu, x.c, nx);
+            for (size_t i = 0; i < nx; i++) gx[i] -= hx[i], cx[i] -= hx[i];
+            double err = check_rel_err_f32(gx, cx, nx);
+            CHECKF(err <= t->tol_products, "%s ffn n=%d dim=%d hidden=%d: MLP output rel err %.3g", t->label, n, dim,
+                   hidden, err);
+            printf("  %-5s ffn n=%3d dim=%3d hidden=%3d %s MLP output rel err %.2e\n", t->label, n, dim, hidden,
+                   grouped ? "W1|W3 grouped " : "W1, W3 apart  ", err);
+            free(gx), free(cx);
+            both_free(t, u);
+        }
+        for (int i = 0; i < 3; i++) both_free(t, w[i]), both_free(t, y[i]), free(hw[i]);
+        both_free(t, x), both_free(t, norm), both_free(t, w2);
+        free(hx), free(hn), free(hw2);
+    }
+}
+
 static void test_rowwise(const target *t)
 {
     static const int shapes[][2] = {{1, 7}, {33, 64}, {100, 300}, {5, 1030}};
@@ -343,6 +422,7 @@ int main(void)
         if (t.be->ops->reserve) CHECK_OK(t.be->ops->reserve(t.be, 256, 384, 6, 64));
         test_buffers(&t);
         test_matmul(&t);
+        test_fused_products(&t);
         test_rowwise(&t);
         test_summary(&t);
         test_memory(&t);

@@ -95,6 +95,23 @@ typedef struct sf_backend_ops {
      * calls, which callers make instead when this is NULL; a GPU backend converts x once. */
     int (*matmul_shared)(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
                          const float *const *w, float *const *y, int ldy);
+    /* qkv: q, k, v [n, width] = u wq^T, u wk^T, u wv^T with u = rmsnorm(x; norm, eps), the
+     * attention's input products (x [n, dim] contiguous, weights [width, dim]); u ([n, dim]) is
+     * the caller's scratch. NULL: callers compose rmsnorm and matmul_shared (same function). */
+    int (*qkv)(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
+               const float *wq, const float *wk, const float *wv, float *q, float *k, float *v, float *u);
+    /* ffn: x += W2 (silu(W1 u) * (W3 u)) with u = rmsnorm(x; norm, eps): SPEC 2's SwiGLU MLP
+     * with its residual, as one op so that a GPU keeps its intermediates in bf16 (no float32
+     * [n, hidden] round trips). x is [n, dim] contiguous; w1, w3 are [hidden, dim], w2 is
+     * [dim, hidden]. u ([n, dim]) and h1, h3 ([n, hidden]) are the caller's scratch, which the
+     * op may overwrite in any layout. When NULL, callers compose rmsnorm, matmul_shared, swiglu
+     * and matmul: the same function, with at most the extra rounding of the precision mode. */
+    int (*ffn)(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
+               const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
+    /* prepare_weight_group: prepare_weight for count weights of one shape that are multiplied
+     * with the same input (ffn's W1 and W3): the backend may keep one concatenated copy, so
+     * the products become one. Callers use prepare_weight per weight when NULL. */
+    int (*prepare_weight_group)(sf_backend *be, int count, const float *const *w, int out, int in);
 } sf_backend_ops;
 
 struct sf_backend {

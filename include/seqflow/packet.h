@@ -69,6 +69,17 @@ sf_packet *sf_packet_new(sf_packet_kind kind, size_t cap_tokens, size_t cap_x);
 /* Grows the packet's buffers to at least these capacities, keeping their contents. */
 int sf_packet_reserve(sf_packet *p, size_t cap_tokens, size_t cap_x);
 void sf_packet_free(sf_packet *p);
+/* Where large activation buffers (x of 1 MiB and more) come from. A GPU backend installs
+ * page-locked memory here so that device rows are copied straight into packets (no staging
+ * copy on the host). alloc returns NULL on failure; free accepts NULL. Process-wide: the first
+ * call wins and stays for the life of the process (buffers already handed out keep the
+ * allocator that made them). Not for stages: backends call it. */
+typedef struct sf_host_allocator {
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *ptr);
+} sf_host_allocator;
+void sf_packet_set_host_allocator(const sf_host_allocator *allocator);
+
 /* Brings device rows (dev) into x, grown as needed, and returns dev to its pool; SF_OK and
  * nothing done when the packet has none. On failure dev is released all the same. */
 int sf_packet_to_host(sf_packet *p);

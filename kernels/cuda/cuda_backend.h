@@ -56,6 +56,8 @@ typedef struct sf_cuda_weight {
     __nv_bfloat16 *bf16;    /* its copy, made once */
     size_t count;
     int out, in;            /* its shape: a product of another shape must not use the copy */
+    size_t owned;           /* elements of the allocation starting at bf16 this entry frees (0: a
+                               later member of a group, whose first entry owns the memory) */
 } sf_cuda_weight;
 
 typedef struct sf_cuda_alloc {
@@ -122,6 +124,13 @@ void sf_cuda_free_counted(sf_cuda *c, void *ptr, size_t bytes);
 /* Kernels launched on `stream` (elementwise.cu); they return launch status. */
 int sf_cuda_f32_to_bf16(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, cudaStream_t stream);
 int sf_cuda_bf16_to_f32(const __nv_bfloat16 *src, size_t count, float *dst, cudaStream_t stream);
+/* y = rmsnorm(x) rounded to bf16, [n, dim] contiguous both (the input of a bf16 product). */
+int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight, float eps, __nv_bfloat16 *y,
+                            cudaStream_t stream);
+/* a = silu(a) * b over `count` bf16 values, float32 arithmetic. */
+int sf_cuda_swiglu_bf16(size_t count, __nv_bfloat16 *a, const __nv_bfloat16 *b, cudaStream_t stream);
+/* g[i, j] = silu(h[i, j]) * h[i, f + j] for h [n, 2f] and g [n, f], bf16, float32 arithmetic. */
+int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g, cudaStream_t stream);
 
 /* The ops of sf_backend_ops (contracts in seqflow/backend.h). */
 int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
@@ -129,6 +138,11 @@ int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int l
 int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
                           const float *const *w, float *const *y, int ldy);
 int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in);
+int sf_cuda_prepare_weight_group(sf_backend *be, int count, const float *const *w, int out, int in);
+int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
+                const float *wq, const float *wk, const float *wv, float *q, float *k, float *v, float *u);
+int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
+                const float *w3, const float *w2, float *u, float *h1, float *h3);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
 int sf_cuda_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y);

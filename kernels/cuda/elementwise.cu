@@ -3,6 +3,8 @@
  * means accumulate in double, as the CPU twins (kernels/cpu/elementwise.c, summary.c) do. */
 #include "kernels/cuda/cuda_backend.h"
 
+#include <stdint.h>
+
 #define ROW_THREADS 256
 
 /* Block-wide sum; every thread gets the total. `shared` holds one slot per warp. */
@@ -18,17 +20,63 @@ __device__ static double block_sum(double v, double *shared)
     return total;
 }
 
-__global__ static void rmsnorm_kernel(int dim, const float *x, const float *weight, float eps, float *y)
+__device__ static inline void store_row(float *dst, int j, float v) { dst[j] = v; }
+__device__ static inline void store_row(__nv_bfloat16 *dst, int j, float v) { dst[j] = __float2bfloat16_rn(v); }
+__device__ static inline void store4(float *dst, int j, float4 v) { *reinterpret_cast<float4 *>(dst + j) = v; }
+__device__ static inline void store4(__nv_bfloat16 *dst, int j, float4 v)
+{
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    *reinterpret_cast<uint2 *>(dst + j) = make_uint2(*reinterpret_cast<unsigned *>(&lo), *reinterpret_cast<unsigned *>(&hi));
+}
+
+#define ROW_VEC 4 /* float4 loads a thread keeps in registers: rows up to 4 * 4 * ROW_THREADS wide */
+
+/* One block a row. OUT float: the op (y may alias x: every read of the row happens before
+ * block_sum's barrier). OUT bf16: the same float32 value rounded once, as the products then
+ * take it (qkv, ffn), so the result is bit-identical to rmsnorm followed by sf_cuda_f32_to_bf16.
+ * Rows of a multiple of 4 floats (16-byte aligned) are read once, 16 bytes a load, and kept in
+ * registers for the scaling; others take the scalar loop, which reads the row twice. */
+template <typename OUT>
+__global__ static void rmsnorm_kernel(int dim, const float *x, const float *weight, float eps, OUT *y)
 {
     __shared__ double partial[ROW_THREADS / 32];
     const float *row = x + (size_t)blockIdx.x * dim;
-    float *dst = y + (size_t)blockIdx.x * dim;
+    OUT *dst = y + (size_t)blockIdx.x * dim;
+    const bool vec = (dim & 3) == 0 && dim <= 4 * ROW_VEC * ROW_THREADS &&
+                     (((uintptr_t)x | (uintptr_t)weight | (uintptr_t)y) & 15) == 0;
     double ss = 0;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)row[j] * row[j];
+    float4 v[ROW_VEC];
+    if (vec) {
+#pragma unroll
+        for (int p = 0; p < ROW_VEC; p++) {
+            int j = 4 * (threadIdx.x + p * ROW_THREADS);
+            v[p] = j < dim ? *reinterpret_cast<const float4 *>(row + j) : make_float4(0, 0, 0, 0);
+            ss += (double)v[p].x * v[p].x + (double)v[p].y * v[p].y + (double)v[p].z * v[p].z + (double)v[p].w * v[p].w;
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)row[j] * row[j];
+    }
     ss = block_sum(ss, partial);
     float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
-    /* y may alias x: every read of the row happened before block_sum's barrier */
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = row[j] * r * weight[j];
+    if (vec) {
+#pragma unroll
+        for (int p = 0; p < ROW_VEC; p++) {
+            int j = 4 * (threadIdx.x + p * ROW_THREADS);
+            if (j >= dim) continue;
+            float4 w = *reinterpret_cast<const float4 *>(weight + j);
+            store4(dst, j, make_float4(v[p].x * r * w.x, v[p].y * r * w.y, v[p].z * r * w.z, v[p].w * r * w.w));
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) store_row(dst, j, row[j] * r * weight[j]);
+    }
+}
+
+int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight, float eps, __nv_bfloat16 *y,
+                            cudaStream_t stream)
+{
+    if (n <= 0 || dim <= 0) return SF_OK;
+    rmsnorm_kernel<__nv_bfloat16><<<n, ROW_THREADS, 0, stream>>>(dim, x, weight, eps, y);
+    return sf_cuda_launched("rmsnorm to bf16");
 }
 
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y)
@@ -37,7 +85,7 @@ int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float 
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    rmsnorm_kernel<<<n, ROW_THREADS, 0, c->stream>>>(dim, x, weight, eps, y);
+    rmsnorm_kernel<float><<<n, ROW_THREADS, 0, c->stream>>>(dim, x, weight, eps, y);
     rc = sf_cuda_launched("rmsnorm");
     sf_cuda_leave(c);
     return rc;
@@ -62,12 +110,24 @@ int sf_cuda_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const 
     return rc;
 }
 
+__device__ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* Four elements a thread when the buffers allow 16-byte accesses (count % 4 == 0 and aligned
+ * pointers: every buffer the stages pass), else one. */
 __global__ static void swiglu_kernel(size_t count, float *a, const float *b)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        float x = a[i];
-        a[i] = x / (1.0f + expf(-x)) * b[i];
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if ((count & 3) == 0 && (((uintptr_t)a | (uintptr_t)b) & 15) == 0) {
+        float4 *a4 = reinterpret_cast<float4 *>(a);
+        const float4 *b4 = reinterpret_cast<const float4 *>(b);
+        for (; i < count / 4; i += stride) {
+            float4 x = a4[i], y = b4[i];
+            a4[i] = make_float4(silu(x.x) * y.x, silu(x.y) * y.y, silu(x.z) * y.z, silu(x.w) * y.w);
+        }
+        return;
     }
+    for (; i < count; i += stride) a[i] = silu(a[i]) * b[i];
 }
 
 static unsigned grid_for(size_t count)
@@ -83,10 +143,79 @@ int sf_cuda_swiglu(sf_backend *be, int n, int f, float *a, const float *b)
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    swiglu_kernel<<<grid_for(count), 256, 0, c->stream>>>(count, a, b);
+    swiglu_kernel<<<grid_for(count / 4 + 1), 256, 0, c->stream>>>(count, a, b);
     rc = sf_cuda_launched("swiglu");
     sf_cuda_leave(c);
     return rc;
+}
+
+/* a = silu(a) * b on bf16 values, float32 arithmetic, rounded once; 8 elements a thread when
+ * 16-byte accesses are possible. */
+__global__ static void swiglu_bf16_kernel(size_t count, __nv_bfloat16 *a, const __nv_bfloat16 *b)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if ((count & 7) == 0 && (((uintptr_t)a | (uintptr_t)b) & 15) == 0) {
+        uint4 *a8 = reinterpret_cast<uint4 *>(a);
+        const uint4 *b8 = reinterpret_cast<const uint4 *>(b);
+        for (; i < count / 8; i += stride) {
+            uint4 x = a8[i], y = b8[i];
+            __nv_bfloat162 *xs = reinterpret_cast<__nv_bfloat162 *>(&x);
+            const __nv_bfloat162 *ys = reinterpret_cast<const __nv_bfloat162 *>(&y);
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                float2 u = __bfloat1622float2(xs[p]), w = __bfloat1622float2(ys[p]);
+                xs[p] = __floats2bfloat162_rn(silu(u.x) * w.x, silu(u.y) * w.y);
+            }
+            a8[i] = x;
+        }
+        return;
+    }
+    for (; i < count; i += stride)
+        a[i] = __float2bfloat16_rn(silu(__bfloat162float(a[i])) * __bfloat162float(b[i]));
+}
+
+int sf_cuda_swiglu_bf16(size_t count, __nv_bfloat16 *a, const __nv_bfloat16 *b, cudaStream_t stream)
+{
+    if (!count) return SF_OK;
+    swiglu_bf16_kernel<<<grid_for(count / 8 + 1), 256, 0, stream>>>(count, a, b);
+    return sf_cuda_launched("swiglu (bf16)");
+}
+
+/* blockIdx.y strides over rows; 8 outputs a thread when f % 8 == 0 and rows are 16-byte
+ * aligned (every shape the reference model has), else one. */
+__global__ static void swiglu_rows_bf16_kernel(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g)
+{
+    const int vec = (f & 7) == 0 && (((uintptr_t)h | (uintptr_t)g) & 15) == 0;
+    for (int r = blockIdx.y; r < n; r += gridDim.y) {
+        const __nv_bfloat16 *a = h + (size_t)r * 2 * f, *b = a + f;
+        __nv_bfloat16 *out = g + (size_t)r * f;
+        if (vec) {
+            for (int j = (blockIdx.x * blockDim.x + threadIdx.x) * 8; j < f; j += gridDim.x * blockDim.x * 8) {
+                uint4 x = *reinterpret_cast<const uint4 *>(a + j), y = *reinterpret_cast<const uint4 *>(b + j);
+                __nv_bfloat162 *xs = reinterpret_cast<__nv_bfloat162 *>(&x);
+                const __nv_bfloat162 *ys = reinterpret_cast<const __nv_bfloat162 *>(&y);
+#pragma unroll
+                for (int p = 0; p < 4; p++) {
+                    float2 u = __bfloat1622float2(xs[p]), w = __bfloat1622float2(ys[p]);
+                    xs[p] = __floats2bfloat162_rn(silu(u.x) * w.x, silu(u.y) * w.y);
+                }
+                *reinterpret_cast<uint4 *>(out + j) = x;
+            }
+        } else {
+            for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < f; j += gridDim.x * blockDim.x)
+                out[j] = __float2bfloat16_rn(silu(__bfloat162float(a[j])) * __bfloat162float(b[j]));
+        }
+    }
+}
+
+int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g, cudaStream_t stream)
+{
+    if (n <= 0 || f <= 0) return SF_OK;
+    unsigned x = (unsigned)((f / 8 + 255) / 256);
+    dim3 grid(x ? x : 1, n < 65535 ? (unsigned)n : 65535u);
+    swiglu_rows_bf16_kernel<<<grid, 256, 0, stream>>>(n, f, h, g);
+    return sf_cuda_launched("swiglu (bf16 rows)");
 }
 
 /* blockIdx.x = chunk j; chunk j lands at row "non-empty chunks before j" of sk/sv.
@@ -146,20 +275,34 @@ int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int 
     return rc;
 }
 
+/* blockIdx.y strides over rows, threads over columns: no index division (the flat version
+ * divided by cols per element in 64 bits). 4 columns a thread when rows start 16-byte aligned. */
 __global__ static void f32_to_bf16_kernel(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst)
 {
-    size_t count = (size_t)rows * cols;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / cols, col = i % cols;
-        dst[i] = __float2bfloat16_rn(src[r * ld + col]);
+    const int vec = (cols & 3) == 0 && (ld & 3) == 0 && ((uintptr_t)src & 15) == 0 && ((uintptr_t)dst & 7) == 0;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float *s = src + (size_t)r * ld;
+        __nv_bfloat16 *d = dst + (size_t)r * cols;
+        if (vec) {
+            for (int j = (blockIdx.x * blockDim.x + threadIdx.x) * 4; j < cols; j += gridDim.x * blockDim.x * 4) {
+                float4 v = *reinterpret_cast<const float4 *>(s + j);
+                __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+                uint2 packed = make_uint2(*reinterpret_cast<unsigned *>(&lo), *reinterpret_cast<unsigned *>(&hi));
+                *reinterpret_cast<uint2 *>(d + j) = packed;
+            }
+        } else {
+            for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < cols; j += gridDim.x * blockDim.x)
+                d[j] = __float2bfloat16_rn(s[j]);
+        }
     }
 }
 
 int sf_cuda_f32_to_bf16(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, cudaStream_t stream)
 {
-    size_t count = (size_t)rows * cols;
-    if (!count) return SF_OK;
-    f32_to_bf16_kernel<<<grid_for(count), 256, 0, stream>>>(src, rows, cols, ld, dst);
+    if (rows <= 0 || cols <= 0) return SF_OK;
+    unsigned x = (unsigned)((cols / 4 + 255) / 256);
+    dim3 grid(x ? x : 1, rows < 65535 ? (unsigned)rows : 65535u);
+    f32_to_bf16_kernel<<<grid, 256, 0, stream>>>(src, rows, cols, ld, dst);
     return sf_cuda_launched("f32 to bf16");
 }
 

@@ -16,48 +16,93 @@ static const sf_cuda_weight *find_weight(const sf_cuda *c, const float *w)
     return NULL;
 }
 
+/* One bf16 GEMM y[n, out] = x[n, in] w^T (+ beta y) with x, w already bf16 (contiguous) and y
+ * of type `ytype` (bf16 or float32), rows ldy elements apart. */
+static int gemm_bf16(sf_cuda *c, int n, int in, int out, const __nv_bfloat16 *x, const __nv_bfloat16 *w, void *y,
+                     int ldy, cudaDataType ytype, float beta, const char *what)
+{
+    const float alpha = 1.0f;
+    return sf_cublas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, CUDA_R_16BF, in, x,
+                                         CUDA_R_16BF, in, &beta, y, ytype, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            what);
+}
+
+static int grow_weight_table(sf_cuda *c, int more)
+{
+    if (c->n_weights + more <= c->cap_weights) return SF_OK;
+    int cap = c->cap_weights ? 2 * c->cap_weights : 32;
+    while (cap < c->n_weights + more) cap *= 2;
+    sf_cuda_weight *grown = (sf_cuda_weight *)realloc(c->weights, (size_t)cap * sizeof *grown);
+    if (!grown) return sf_error(SF_E_NOMEM, "out of memory");
+    c->weights = grown, c->cap_weights = cap;
+    return SF_OK;
+}
+
+/* bf16 copies of count weights of one shape in one allocation, in order: a product with all
+ * of them is then one GEMM over the concatenation (ffn's W1|W3). Entry 0 owns the memory. */
+static int prepare_group(sf_cuda *c, int count, const float *const *w, int out, int in)
+{
+    int fresh = 0;
+    for (int i = 0; i < count; i++) {
+        const sf_cuda_weight *known = find_weight(c, w[i]);
+        fresh |= !known || known->out != out || known->in != in;
+        /* already prepared together, in this order? then there is nothing to do */
+        if (known && i > 0 && find_weight(c, w[0]) && known->bf16 != find_weight(c, w[0])->bf16 + (size_t)i * out * in)
+            fresh = 1;
+    }
+    if (!fresh) return SF_OK;
+    for (int i = 0; i < count; i++) sf_cuda_drop_weight(c, w[i]);
+    int rc = grow_weight_table(c, count);
+    if (rc != SF_OK) return rc;
+    const size_t each = (size_t)out * in;
+    void *copy = NULL;
+    rc = sf_cuda_malloc_counted(c, &copy, (size_t)count * each * sizeof(__nv_bfloat16));
+    for (int i = 0; i < count && rc == SF_OK; i++)
+        rc = sf_cuda_f32_to_bf16(w[i], out, in, in, (__nv_bfloat16 *)copy + i * each, c->stream);
+    if (rc != SF_OK) {
+        sf_cuda_free_counted(c, copy, (size_t)count * each * sizeof(__nv_bfloat16));
+        return rc;
+    }
+    for (int i = 0; i < count; i++) {
+        sf_cuda_weight *slot = &c->weights[c->n_weights++];
+        slot->f32 = w[i], slot->bf16 = (__nv_bfloat16 *)copy + i * each, slot->count = each;
+        slot->out = out, slot->in = in;
+        slot->owned = i == 0 ? count * each : 0;
+    }
+    return SF_OK;
+}
+
 int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in)
 {
+    return w ? sf_cuda_prepare_weight_group(be, 1, &w, out, in) : SF_OK;
+}
+
+int sf_cuda_prepare_weight_group(sf_backend *be, int count, const float *const *w, int out, int in)
+{
     sf_cuda *c = sf_cuda_of(be);
-    if (c->precision != SF_PRECISION_BF16 || !w || out <= 0 || in <= 0) return SF_OK;
+    if (c->precision != SF_PRECISION_BF16 || count <= 0 || out <= 0 || in <= 0) return SF_OK;
+    for (int i = 0; i < count; i++)
+        if (!w[i]) return sf_error(SF_E_INVAL, "prepare_weight_group: weight %d is NULL", i);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    size_t count = (size_t)out * in;
-    const sf_cuda_weight *known = find_weight(c, w);
-    if (known && known->out == out && known->in == in) {
-        sf_cuda_leave(c);
-        return SF_OK;
-    }
-    if (known) sf_cuda_drop_weight(c, w);
-    if (c->n_weights == c->cap_weights) {
-        int cap = c->cap_weights ? 2 * c->cap_weights : 32;
-        sf_cuda_weight *grown = (sf_cuda_weight *)realloc(c->weights, (size_t)cap * sizeof *grown);
-        if (!grown) {
-            sf_cuda_leave(c);
-            return sf_error(SF_E_NOMEM, "out of memory");
-        }
-        c->weights = grown, c->cap_weights = cap;
-    }
-    void *copy = NULL;
-    rc = sf_cuda_malloc_counted(c, &copy, count * sizeof(__nv_bfloat16));
-    if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(w, out, in, in, (__nv_bfloat16 *)copy, c->stream);
-    if (rc == SF_OK) {
-        sf_cuda_weight *slot = &c->weights[c->n_weights++];
-        slot->f32 = w, slot->bf16 = (__nv_bfloat16 *)copy, slot->count = count;
-        slot->out = out, slot->in = in;
-    } else {
-        sf_cuda_free_counted(c, copy, count * sizeof(__nv_bfloat16));
-    }
+    rc = prepare_group(c, count, w, out, in);
     sf_cuda_leave(c);
     return rc;
 }
 
+/* Drops w's entry; the owner of a group's memory takes the whole group with it. */
 void sf_cuda_drop_weight(sf_cuda *c, const void *w)
 {
     for (int i = 0; i < c->n_weights; i++) {
         if ((const void *)c->weights[i].f32 != w) continue;
-        sf_cuda_free_counted(c, c->weights[i].bf16, c->weights[i].count * sizeof(__nv_bfloat16));
+        sf_cuda_weight gone = c->weights[i];
         c->weights[i] = c->weights[--c->n_weights];
+        if (!gone.owned) return;
+        const __nv_bfloat16 *lo = gone.bf16, *hi = gone.bf16 + gone.owned;
+        for (int j = 0; j < c->n_weights;)
+            if (c->weights[j].bf16 >= lo && c->weights[j].bf16 < hi) c->weights[j] = c->weights[--c->n_weights];
+            else j++;
+        sf_cuda_free_counted(c, gone.bf16, gone.owned * sizeof(__nv_bfloat16));
         return;
     }
 }
@@ -76,11 +121,7 @@ int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int l
         rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
         __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
         if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
-        if (rc == SF_OK)
-            rc = sf_cublas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, wb->bf16,
-                                               CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &beta, y, CUDA_R_32F, ldy,
-                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                                  "bf16 GEMM");
+        if (rc == SF_OK) rc = gemm_bf16(c, n, in, out, xb, wb->bf16, y, ldy, CUDA_R_32F, beta, "bf16 GEMM");
     } else {
         rc = sf_cublas_status(
             cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in, x, ldx, &beta, y, ldy),
@@ -110,15 +151,97 @@ int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x
         for (int i = 0; i < count && rc == SF_OK; i++) rc = sf_cuda_matmul(be, n, in, out, x, ldx, w[i], y[i], ldy, 0);
         return rc;
     }
-    const float alpha = 1.0f, beta = 0.0f;
     rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
     __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
     if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
     for (int i = 0; i < count && rc == SF_OK; i++)
-        rc = sf_cublas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha,
-                                           find_weight(c, w[i])->bf16, CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &beta,
-                                           y[i], CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                              "bf16 GEMM (shared input)");
+        rc = gemm_bf16(c, n, in, out, xb, find_weight(c, w[i])->bf16, y[i], ldy, CUDA_R_32F, 0.0f,
+                       "bf16 GEMM (shared input)");
+    sf_cuda_leave(c);
+    return rc;
+}
+
+/* ffn (seqflow/backend.h). In bf16 with prepared weights the intermediates never exist in
+ * float32: the norm writes bf16 straight into the scratch, W1 and W3 write bf16 into the
+ * caller's h1 and h3 (half of each is used), SwiGLU runs on bf16 in place, and W2 accumulates
+ * into x in float32 (beta = 1, the residual). Against the float32 composition this saves the
+ * [n, hidden] float32 writes and reads of W1/W3, SwiGLU and W2's input conversion: about
+ * 10 n*hidden bytes of the 24 n*hidden it moved. The only new rounding is of W1 u and W3 u to
+ * bf16 before SwiGLU. Otherwise (f32, unprepared weights) it is the composed sequence. */
+int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
+                const float *w3, const float *w2, float *u, float *h1, float *h3)
+{
+    if (n <= 0 || dim <= 0 || hidden <= 0) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    const sf_cuda_weight *b1 = NULL, *b3 = NULL, *b2 = NULL;
+    if (c->precision == SF_PRECISION_BF16) {
+        b1 = find_weight(c, w1), b3 = find_weight(c, w3), b2 = find_weight(c, w2);
+        if (b1 && !(b1->out == hidden && b1->in == dim)) b1 = NULL;
+        if (b3 && !(b3->out == hidden && b3->in == dim)) b3 = NULL;
+        if (b2 && !(b2->out == dim && b2->in == hidden)) b2 = NULL;
+    }
+    if (!b1 || !b3 || !b2) {
+        sf_cuda_leave(c);
+        const float *w13[2] = {w1, w3};
+        float *y13[2] = {h1, h3};
+        rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
+        if (rc == SF_OK) rc = sf_cuda_matmul_shared(be, n, dim, hidden, u, dim, 2, w13, y13, hidden);
+        if (rc == SF_OK) rc = sf_cuda_swiglu(be, n, hidden, h1, h3);
+        if (rc == SF_OK) rc = sf_cuda_matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 1);
+        return rc;
+    }
+    __nv_bfloat16 *g1 = (__nv_bfloat16 *)h1, *g3 = (__nv_bfloat16 *)h3;
+    rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
+    __nv_bfloat16 *ub = (__nv_bfloat16 *)c->scratch;
+    if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
+    if (b3->bf16 == b1->bf16 + (size_t)hidden * dim) {
+        /* W1|W3 prepared as one group: one GEMM of twice the width into h1 ([n, 2 hidden] bf16
+         * fills it exactly), then SwiGLU pairs each row's halves into h3 */
+        if (rc == SF_OK)
+            rc = gemm_bf16(c, n, dim, 2 * hidden, ub, b1->bf16, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1|W3)");
+        if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
+        if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+    } else {
+        if (rc == SF_OK) rc = gemm_bf16(c, n, dim, hidden, ub, b1->bf16, g1, hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1)");
+        if (rc == SF_OK) rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g3, hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
+        if (rc == SF_OK) rc = sf_cuda_swiglu_bf16((size_t)n * hidden, g1, g3, c->stream);
+        if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g1, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+    }
+    sf_cuda_leave(c);
+    return rc;
+}
+
+/* qkv (seqflow/backend.h): in bf16 with prepared weights the norm writes bf16 straight into the
+ * scratch (no float32 u written and read back for the conversion); bit-identical to the
+ * composition, since that rounds the same float32 norm once. */
+int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
+                const float *wq, const float *wk, const float *wv, float *q, float *k, float *v, float *u)
+{
+    if (n <= 0 || dim <= 0 || width <= 0) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    const float *w[3] = {wq, wk, wv};
+    float *y[3] = {q, k, v};
+    const sf_cuda_weight *wb[3] = {NULL, NULL, NULL};
+    int all_bf16 = c->precision == SF_PRECISION_BF16;
+    for (int i = 0; i < 3 && all_bf16; i++) {
+        wb[i] = find_weight(c, w[i]);
+        all_bf16 = wb[i] && wb[i]->out == width && wb[i]->in == dim;
+    }
+    if (!all_bf16) {
+        sf_cuda_leave(c);
+        rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
+        if (rc == SF_OK) rc = sf_cuda_matmul_shared(be, n, dim, width, u, dim, 3, w, y, width);
+        return rc;
+    }
+    rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
+    __nv_bfloat16 *ub = (__nv_bfloat16 *)c->scratch;
+    if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
+    for (int i = 0; i < 3 && rc == SF_OK; i++)
+        rc = gemm_bf16(c, n, dim, width, ub, wb[i]->bf16, y[i], width, CUDA_R_32F, 0.0f, "bf16 GEMM (qkv)");
     sf_cuda_leave(c);
     return rc;
 }

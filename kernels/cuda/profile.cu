@@ -13,11 +13,11 @@
 
 enum {
     OP_UPLOAD, OP_DOWNLOAD, OP_COPY, OP_ZERO, OP_SYNC, OP_MATMUL, OP_RMSNORM, OP_EMBED, OP_SWIGLU,
-    OP_ATTENTION, OP_MEMORY_MIX, OP_MEMORY_UPDATE, OP_SUMMARY, OP_COUNT
+    OP_ATTENTION, OP_MEMORY_MIX, OP_MEMORY_UPDATE, OP_SUMMARY, OP_QKV, OP_FFN, OP_COUNT
 };
 static const char *const op_names[OP_COUNT] = {"upload", "download", "copy", "zero", "sync", "matmul",
                                                "rmsnorm", "embed", "swiglu", "attention", "memory_mix",
-                                               "memory_update", "summary"};
+                                               "memory_update", "summary", "qkv", "ffn"};
 
 struct sf_cuda_profile {
     pthread_mutex_t lock; /* one op at a time between the events */
@@ -113,6 +113,17 @@ static int p_summary(sf_backend *be, int n, int segment, int s, int width, int l
     PROFILED(OP_SUMMARY, summary(be, n, segment, s, width, ld, k, v, sk, sv, count));
 }
 
+static int p_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
+                 const float *wq, const float *wk, const float *wv, float *q, float *k, float *v, float *u)
+{
+    PROFILED(OP_QKV, qkv(be, n, dim, width, x, norm, eps, wq, wk, wv, q, k, v, u));
+}
+static int p_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
+                 const float *w3, const float *w2, float *u, float *h1, float *h3)
+{
+    PROFILED(OP_FFN, ffn(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3));
+}
+
 static void p_destroy(sf_backend *be)
 {
     sf_cuda *c = be->impl ? sf_cuda_of(be) : NULL;
@@ -166,6 +177,8 @@ int sf_cuda_profile_attach(sf_backend *be)
         profiled.swiglu = p_swiglu, profiled.attention = p_attention, profiled.memory_mix = p_memory_mix;
         profiled.memory_update = p_memory_update, profiled.summary = p_summary, profiled.destroy = p_destroy;
         if (inner->matmul_shared) profiled.matmul_shared = p_matmul_shared;
+        if (inner->ffn) profiled.ffn = p_ffn;
+        if (inner->qkv) profiled.qkv = p_qkv;
     }
     c->profile = p;
     be->ops = &profiled;
