@@ -75,7 +75,8 @@ static int preset_config(const char *preset, sf_model_config *c)
 }
 
 /* causal < 0 and memory NULL keep the preset's. */
-static void make_model(const char *path, const char *preset, unsigned long long seed, int causal, const char *memory)
+static void make_model(const char *path, const char *preset, unsigned long long seed, int causal, const char *memory,
+                       int segment, const char *branches)
 {
     sf_model_config c;
     if (preset_config(preset, &c) != 0) {
@@ -83,6 +84,8 @@ static void make_model(const char *path, const char *preset, unsigned long long 
         exit(2);
     }
     if (causal >= 0) c.causal = causal;
+    if (segment > 0) c.segment = segment;
+    if (branches && sf_branches_parse(branches, &c) != SF_OK) die(branches);
     if (memory) {
         if (strcmp(memory, "none") == 0) c.memory = SF_MEMORY_NONE;
         else if (strcmp(memory, "linear") == 0) c.memory = SF_MEMORY_LINEAR;
@@ -200,12 +203,16 @@ static double segment_useful_flops(const sf_model_config *c, int n, int n_global
 
 static sf_precision precision = SF_PRECISION_AUTO; /* --precision */
 
+static int block_batch = 1; /* --batch: block batch= */
+
 static sf_graph *open_graph(const sf_model *m, const char *device)
 {
     sf_graph_options o = {.device = device, .queue_depth = 4, .precision = precision};
     sf_graph *g;
+    char pipeline[96];
+    snprintf(pipeline, sizeof pipeline, "segment ! embed ! block batch=%d ! norm", block_batch);
     if (sf_graph_create(m, &o, &g) != SF_OK) die("creating the graph");
-    if (sf_graph_parse(g, "segment ! embed ! block ! norm") != SF_OK) die("building the pipeline");
+    if (sf_graph_parse(g, pipeline) != SF_OK) die("building the pipeline");
     return g;
 }
 
@@ -296,6 +303,49 @@ static void run_tokens(const sf_model *m, const char *device, const char *tokens
     free(tokens);
 }
 
+/* --streams S: the tokens split into S streams of whole segments, pushed round-robin one
+ * segment of each stream per round (so block batch=B can take B streams' segments at once);
+ * rounds after the warm-up are timed. */
+static void run_streams(const sf_model *m, const char *device, const char *tokens_path, int streams, int warmup,
+                        double gemm_tflops)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    size_t count;
+    uint32_t *tokens = read_tokens(tokens_path, &count);
+    const size_t N = (size_t)c->segment, rounds = count / N / (size_t)streams;
+    if (rounds < 2 || (size_t)warmup >= rounds) {
+        fprintf(stderr, "bench_gpu_pipeline: %s holds %zu rounds of %d streams x %zu tokens; need more than the %d warm-up\n",
+                tokens_path, rounds, streams, N, warmup);
+        exit(1);
+    }
+    sf_graph *g = open_graph(m, device);
+    double t0 = sf_monotonic_seconds();
+    size_t pulled = 0, pulled0 = 0;
+    for (size_t r = 0; r < rounds; r++) {
+        if (r == (size_t)warmup) t0 = sf_monotonic_seconds(), pulled0 = pulled;
+        for (int s = 0; s < streams; s++)
+            if (sf_graph_push(g, (uint64_t)s, tokens + ((size_t)s * rounds + r) * N, N) != SF_OK) die("push");
+        pulled += drain(g, NULL, (size_t)c->dim);
+    }
+    for (int s = 0; s < streams; s++)
+        if (sf_graph_end(g, (uint64_t)s) != SF_OK) die("end");
+    pulled += drain(g, NULL, (size_t)c->dim);
+    double t1 = sf_monotonic_seconds();
+    if (pulled != rounds * N * (size_t)streams) {
+        fprintf(stderr, "bench_gpu_pipeline: %zu rows came out for %zu tokens\n", pulled, rounds * N * (size_t)streams);
+        exit(1);
+    }
+    double flops = 0;
+    for (size_t r = (size_t)warmup; r < rounds; r++) flops += streams * segment_useful_flops(c, (int)N, globals_at(c, r));
+    const double timed = (double)(pulled - pulled0), seconds = t1 - t0;
+    printf("seqflow %s, %d streams, block batch=%d, segment %zu: %.0f tokens/s over %zu timed rounds, %.1f useful TFLOP/s",
+           device, streams, block_batch, N, timed / seconds, rounds - (size_t)warmup, flops / seconds / 1e12);
+    if (gemm_tflops > 0) printf(" = %.1f%% of the bf16 GEMM rate", 100 * flops / seconds / 1e12 / gemm_tflops);
+    printf("\nRESULT tokens_per_s=%.1f tflops=%.3f\n", timed / seconds, flops / seconds / 1e12);
+    sf_graph_free(g);
+    free(tokens);
+}
+
 /* Random tokens for as long as asked (or until the time limit); device memory sampled after
  * every segment. Reports the peak up to `at` tokens and the peak over the whole run. */
 static void memory_run(const sf_model *m, const char *device, size_t total, size_t at, double max_seconds)
@@ -345,10 +395,11 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_gpu_pipeline --make-model PATH --preset reference|attention|small [--seed S]\n"
-            "                          [--causal 0|1] [--memory none|linear|delta]\n"
+            "                          [--causal 0|1] [--memory none|linear|delta] [--segment N --branches W:R,...]\n"
             "       bench_gpu_pipeline --make-tokens PATH --count N [--vocab V] [--seed S]\n"
             "       bench_gpu_pipeline --model PATH --tokens PATH [--device cuda|cpu] [--precision bf16|f32]\n"
-            "                          [--warmup-segments W]\n"
+            "                          [--warmup-segments W] [--batch B (block batch=)]\n"
+            "                          [--streams S (S streams of whole segments, round-robin; no --out)]\n"
             "                          [--out H.npy] [--gemm-tflops R]\n"
             "       bench_gpu_pipeline --model PATH --memory-run TOKENS [--memory-at X] [--memory-seconds S]\n");
     exit(2);
@@ -358,7 +409,8 @@ int main(int argc, char **argv)
 {
     const char *make_model_path = NULL, *preset = "reference", *make_tokens_path = NULL, *model_path = NULL;
     const char *tokens_path = NULL, *device = "cuda", *out_path = NULL, *memory = NULL;
-    int causal = -1;
+    int causal = -1, segment = 0, streams = 0;
+    const char *branches = NULL;
     unsigned long long seed = 1;
     size_t count = 0, mem_total = 0, mem_at = 1u << 20;
     unsigned vocab = 256;
@@ -371,6 +423,10 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--preset") == 0) preset = v;
         else if (strcmp(a, "--causal") == 0) causal = atoi(v);
         else if (strcmp(a, "--memory") == 0) memory = v;
+        else if (strcmp(a, "--segment") == 0) segment = atoi(v);
+        else if (strcmp(a, "--branches") == 0) branches = v;
+        else if (strcmp(a, "--batch") == 0) block_batch = atoi(v);
+        else if (strcmp(a, "--streams") == 0) streams = atoi(v);
         else if (strcmp(a, "--precision") == 0) {
             if (strcmp(v, "bf16") == 0) precision = SF_PRECISION_BF16;
             else if (strcmp(v, "f32") == 0) precision = SF_PRECISION_F32;
@@ -393,7 +449,7 @@ int main(int argc, char **argv)
         i++;
     }
     if (make_model_path) {
-        make_model(make_model_path, preset, seed, causal, memory);
+        make_model(make_model_path, preset, seed, causal, memory, segment, branches);
         return 0;
     }
     if (make_tokens_path) {
@@ -404,7 +460,12 @@ int main(int argc, char **argv)
     if (!model_path || (!tokens_path && !mem_total)) usage();
     sf_model *m;
     if (sf_model_load(model_path, &m) != SF_OK) die(model_path);
-    if (tokens_path) run_tokens(m, device, tokens_path, warmup, out_path, gemm);
+    if (tokens_path && streams > 0) {
+        if (out_path) usage();
+        run_streams(m, device, tokens_path, streams, warmup, gemm);
+    } else if (tokens_path) {
+        run_tokens(m, device, tokens_path, warmup, out_path, gemm);
+    }
     if (mem_total) memory_run(m, device, mem_total, mem_at, mem_seconds);
     sf_model_free(m);
     return 0;

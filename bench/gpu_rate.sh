@@ -9,7 +9,8 @@
 # time of a 64- and a 320-segment run (1344 for the attention-only model), 3 repetitions each,
 # steady-state rate = (320 - 64) x 8192 tokens / (t320 - t64) so start-up cancels out; median
 # reported. RATE_UNPINNED=1 (default) adds one repetition with SEQFLOW_PINNED_PACKETS=0;
-# RATE_NCU=1 adds an ncu run (device time per kernel, bench/ncu_summary.py). Last, one push-mode
+# RATE_NCU=1 adds an ncu run (device time per kernel, bench/ncu_summary.py); RATE_BATCH=1
+# (default) times several streams with block batch=1 against batch=B. Last, one push-mode
 # run of the reference model with the per-op profile (SEQFLOW_CUDA_PROFILE=1).
 # Knobs: RATE_REPS (3), RATE_MODELS ("reference attention"). Logs: $OUT (or /tmp/gpu_rate_out).
 set -uo pipefail
@@ -89,6 +90,23 @@ if [ "${RATE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   ncu --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" $B/bench/bench_gpu_pipeline --model "$D/reference.st" \
     --tokens "$D/t4.u32" --device cuda --precision bf16 --warmup-segments 2 >/dev/null 2>"$OUT/ncu.err" || tail -5 "$OUT/ncu.err"
   python3 bench/ncu_summary.py "$OUT/ncu.csv" 4 | tee "$OUT/ncu_summary.txt"
+fi
+if [ "${RATE_BATCH:-1}" = 1 ]; then
+  echo "== several streams: block batch=1 vs batch=B (push mode, one segment of each stream per round)"
+  # reference layers with short segments (1024: branches 256:1,512:2,1024:4), where one
+  # stream's products are small, and the reference model itself
+  $B/bench/bench_gpu_pipeline --make-model "$D/ref1k.st" --preset reference --seed 1 --segment 1024 \
+    --branches 256:1,512:2,1024:4 >/dev/null
+  $B/bench/bench_gpu_pipeline --make-tokens "$D/s8.u32" --count $((8 * 40 * 1024)) --seed 6 >/dev/null
+  $B/bench/bench_gpu_pipeline --make-tokens "$D/s4.u32" --count $((4 * 8 * N)) --seed 6 >/dev/null
+  for b in 1 8; do
+    $B/bench/bench_gpu_pipeline --model "$D/ref1k.st" --tokens "$D/s8.u32" --streams 8 --batch $b --warmup-segments 4 \
+      --precision bf16 ${GEMM:+--gemm-tflops $GEMM} | grep -v RESULT | tee -a "$OUT/rates.txt"
+  done
+  for b in 1 4; do
+    $B/bench/bench_gpu_pipeline --model "$D/reference.st" --tokens "$D/s4.u32" --streams 4 --batch $b --warmup-segments 2 \
+      --precision bf16 ${GEMM:+--gemm-tflops $GEMM} | grep -v RESULT | tee -a "$OUT/rates.txt"
+  done
 fi
 echo "== profile (reference, push mode, per-op waits)"
 SEQFLOW_CUDA_PROFILE=1 $B/bench/bench_gpu_pipeline --model "$D/reference.st" --tokens "$D/t12.u32" --device cuda \

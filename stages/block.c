@@ -14,6 +14,8 @@
 #include "stages/stages.h"
 #include "stages/stream_table.h"
 
+#define SF_BLOCK_MAX_BATCH 16
+
 typedef struct layer_weights {
     float *attn_norm, *wq, *wk, *wv, *wo, *gate, *mlp_norm, *w1, *w3, *w2;
 } layer_weights;
@@ -44,6 +46,14 @@ typedef struct block {
      * device memory per stream would synchronize the device at every stream boundary */
     struct stream_state *spare[4];
     int n_spare;
+    /* batch > 1: full segments of distinct streams wait in pending until `batch` of them are
+     * in, then their rows run through the products, norms and MLP as one [batch * N, D] block
+     * (one launch each); attention and memory stay per stream. Anything else (a partial,
+     * provisional or final segment, a second segment of a waiting stream, a checkpoint, the
+     * end of input) first runs what waits, so packets leave in the order they came. */
+    int batch;
+    sf_packet *pending[SF_BLOCK_MAX_BATCH];
+    int n_pending;
 } block;
 
 static const sf_option block_options[] = {
@@ -55,6 +65,7 @@ static const sf_option block_options[] = {
     {"state_quant", SF_OPT_STRING, "f32", "how idle state is quantized: f32 (lossless), bf16, int8, int4 or fp8 (lossy)"},
     {"state_group", SF_OPT_INT, "64", "values sharing one scale for int8/int4/fp8 state (even for int4)"},
     {"state_codec", SF_OPT_STRING, "zstd", "codec of idle state: zstd, lz4 or raw"},
+    {"batch", SF_OPT_INT, "1", "full segments of up to this many streams computed together (1-16): one product launch for all of them, batch times the activation memory"},
     {NULL, 0, NULL, NULL}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -356,6 +367,8 @@ static int prepare_backend(block *b)
     if (F > widest) widest = F;
     /* + G rows: a GPU backend stages the segment's K/V and the global tokens there for attention */
     if (rc == SF_OK && ops->reserve) rc = ops->reserve(b->be, c->segment + c->global_tokens, widest, c->heads, c->head_dim);
+    /* batched products take batch * N rows of at most D or W columns (no attention, no memory) */
+    if (rc == SF_OK && ops->reserve && b->batch > 1) rc = ops->reserve(b->be, c->segment * b->batch, D > W ? D : W, 0, 0);
     return rc;
 }
 
@@ -375,8 +388,12 @@ static int block_init(sf_stage *st)
     if (max_streams < 1 || max_streams > (1 << 20))
         return sf_error(SF_E_OPTION, "max_streams=%lld is outside 1..%d", max_streams, 1 << 20);
     sf_stream_table_init(&b->streams, (int)max_streams, stream_create, stream_release, b);
+    long long batch = sf_stage_option_int(st, "batch", 1);
+    if (batch < 1 || batch > SF_BLOCK_MAX_BATCH)
+        return sf_error(SF_E_OPTION, "batch=%lld is outside 1..%d", batch, SF_BLOCK_MAX_BATCH);
+    b->batch = (int)batch;
     b->width = c->heads * c->head_dim;
-    size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment;
+    size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment * b->batch;
     b->weights = calloc((size_t)b->count, sizeof *b->weights);
     if (!b->weights) return sf_error(SF_E_NOMEM, "out of memory");
     for (int l = 0; l < b->count && rc == SF_OK; l++) {
@@ -414,13 +431,12 @@ static int block_init(sf_stage *st)
 }
 
 /* Appends this segment's summary tokens to the layer's FIFO, evicting the oldest. */
-static int push_global_tokens(block *b, stream_state *s, int l, int n)
+static int push_global_tokens(block *b, stream_state *s, int l, int n, const float *k, const float *v)
 {
     const sf_model_config *c = b->cfg;
     const sf_backend_ops *ops = b->be->ops;
     int produced = 0;
-    int rc = ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, b->k, b->v,
-                          b->sk, b->sv, &produced);
+    int rc = ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, k, v, b->sk, b->sv, &produced);
     size_t row = (size_t)b->width * sizeof(float);
     float *gk = s->gk + (size_t)l * c->global_tokens * b->width;
     float *gv = s->gv + (size_t)l * c->global_tokens * b->width;
@@ -453,56 +469,117 @@ static int shared_products(sf_backend *be, int n, int in, int out, const float *
     return rc;
 }
 
-static int layer_forward(block *b, stream_state *s, int l, int n, int commit)
+/* One layer over `count` streams' segments of n rows each, stacked in b->x (count > 1 only for
+ * full segments): the products, norms and MLP see all count * n rows at once. */
+static int layer_forward(block *b, stream_state *const *states, int count, int l, int n, int commit)
 {
     const sf_model_config *c = b->cfg;
     const sf_backend_ops *ops = b->be->ops;
     sf_backend *be = b->be;
     const layer_weights *w = &b->weights[l];
-    const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden;
-    const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d;
+    const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden, rows = count * n;
+    const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part = (size_t)n * W;
     int rc;
     if (ops->qkv) {
-        rc = ops->qkv(be, n, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->q, b->k, b->v, b->u);
+        rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->q, b->k, b->v, b->u);
     } else {
         const float *qkv_w[3] = {w->wq, w->wk, w->wv};
         float *qkv[3] = {b->q, b->k, b->v};
-        rc = ops->rmsnorm(be, n, D, b->x, w->attn_norm, c->norm_eps, b->u);
-        if (rc == SF_OK) rc = shared_products(be, n, D, W, b->u, 3, qkv_w, qkv);
+        rc = ops->rmsnorm(be, rows, D, b->x, w->attn_norm, c->norm_eps, b->u);
+        if (rc == SF_OK) rc = shared_products(be, rows, D, W, b->u, 3, qkv_w, qkv);
     }
-    if (rc != SF_OK) return rc;
-    int G = c->global_tokens;
-    sf_attention_desc desc = {
-        .n = n, .segment = c->segment, .heads = H, .head_dim = d, .ld = W, .causal = c->causal,
-        .n_branches = c->n_branches, .branches = c->branches,
-        .n_global = G ? s->g_count[l] : 0, .global_ld = W,
-        .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
-        .scale = 1.0f / sqrtf((float)d)};
-    rc = ops->attention(be, &desc, b->q, b->k, b->v, b->a);
-    if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
-        rc = ops->memory_mix(be, n, H, d, W, b->q, s->M + l * hdd, s->z + l * hd, w->gate, b->a);
-    if (rc == SF_OK) rc = ops->matmul(be, n, W, D, b->a, W, w->wo, b->x, D, 1);
+    const int G = c->global_tokens;
+    for (int i = 0; i < count && rc == SF_OK; i++) {
+        stream_state *s = states[i];
+        const float *q = b->q + i * part, *k = b->k + i * part, *v = b->v + i * part;
+        float *a = b->a + i * part;
+        sf_attention_desc desc = {
+            .n = n, .segment = c->segment, .heads = H, .head_dim = d, .ld = W, .causal = c->causal,
+            .n_branches = c->n_branches, .branches = c->branches,
+            .n_global = G ? s->g_count[l] : 0, .global_ld = W,
+            .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
+            .scale = 1.0f / sqrtf((float)d)};
+        rc = ops->attention(be, &desc, q, k, v, a);
+        if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
+            rc = ops->memory_mix(be, n, H, d, W, q, s->M + l * hdd, s->z + l * hd, w->gate, a);
+    }
+    if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->a, W, w->wo, b->x, D, 1);
     if (rc == SF_OK && F && ops->ffn) {
-        rc = ops->ffn(be, n, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->u, b->h1, b->h3);
+        rc = ops->ffn(be, rows, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->u, b->h1, b->h3);
     } else if (rc == SF_OK && F) {
-        rc = ops->rmsnorm(be, n, D, b->x, w->mlp_norm, c->norm_eps, b->u);
+        rc = ops->rmsnorm(be, rows, D, b->x, w->mlp_norm, c->norm_eps, b->u);
         const float *gate_w[2] = {w->w1, w->w3};
         float *gate_y[2] = {b->h1, b->h3};
-        if (rc == SF_OK) rc = shared_products(be, n, D, F, b->u, 2, gate_w, gate_y);
-        if (rc == SF_OK) rc = ops->swiglu(be, n, F, b->h1, b->h3);
-        if (rc == SF_OK) rc = ops->matmul(be, n, F, D, b->h1, F, w->w2, b->x, D, 1);
+        if (rc == SF_OK) rc = shared_products(be, rows, D, F, b->u, 2, gate_w, gate_y);
+        if (rc == SF_OK) rc = ops->swiglu(be, rows, F, b->h1, b->h3);
+        if (rc == SF_OK) rc = ops->matmul(be, rows, F, D, b->h1, F, w->w2, b->x, D, 1);
     }
-    if (rc != SF_OK || !commit) return rc;
-    if (c->memory != SF_MEMORY_NONE)
-        rc = ops->memory_update(be, c->memory, n, H, d, W, b->k, b->v, s->M + l * hdd, s->z + l * hd);
-    if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_global_tokens(b, s, l, n);
+    for (int i = 0; i < count && rc == SF_OK && commit; i++) {
+        stream_state *s = states[i];
+        const float *k = b->k + i * part, *v = b->v + i * part;
+        if (c->memory != SF_MEMORY_NONE)
+            rc = ops->memory_update(be, c->memory, n, H, d, W, k, v, s->M + l * hdd, s->z + l * hd);
+        if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_global_tokens(b, s, l, n, k, v);
+    }
     return rc;
 }
+
+static int batchable(const block *b, const sf_packet *p)
+{
+    if (b->batch <= 1 || b->store || p->kind != SF_PACKET_HIDDEN || p->n != (size_t)b->cfg->segment ||
+        p->width != (size_t)b->cfg->dim || (p->flags & (SF_PACKET_PROVISIONAL | SF_PACKET_FINAL)))
+        return 0;
+    for (int i = 0; i < b->n_pending; i++)
+        if (b->pending[i]->stream == p->stream) return 0;
+    return 1;
+}
+
+/* Runs the waiting segments as one batch and emits them in arrival order. */
+static int run_pending(sf_stage *st)
+{
+    block *b = sf_stage_priv(st);
+    const int count = b->n_pending;
+    if (count == 0) return SF_OK;
+    b->n_pending = 0;
+    const sf_backend_ops *ops = b->be->ops;
+    const size_t rows = (size_t)b->cfg->segment, floats = rows * (size_t)b->cfg->dim;
+    stream_state *states[SF_BLOCK_MAX_BATCH];
+    int rc = SF_OK;
+    for (int i = 0; i < count && rc == SF_OK; i++) {
+        sf_packet *p = b->pending[i];
+        states[i] = sf_stream_table_get(&b->streams, p->stream);
+        if (!states[i]) rc = SF_E_NOMEM;
+        float *dst = b->x + i * floats;
+        if (rc == SF_OK) rc = p->dev ? ops->copy(b->be, dst, p->dev, floats * sizeof(float))
+                                     : ops->upload(b->be, dst, p->x, floats * sizeof(float));
+    }
+    for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, states, count, l, (int)rows, 1);
+    for (int i = 0; i < count && rc == SF_OK; i++) {
+        sf_packet *p = b->pending[i];
+        const float *src = b->x + i * floats;
+        rc = p->dev ? ops->copy(b->be, p->dev, src, floats * sizeof(float))
+                    : ops->download(b->be, p->x, src, floats * sizeof(float));
+    }
+    int i = 0;
+    for (; i < count && rc == SF_OK; i++) rc = sf_stage_emit(st, b->pending[i]);
+    for (; i < count; i++) sf_packet_free(b->pending[i]);
+    return rc;
+}
+
+static int block_flush(sf_stage *st) { return run_pending(st); }
 
 static int block_process(sf_stage *st, sf_packet *in)
 {
     block *b = sf_stage_priv(st);
-    int rc = SF_OK;
+    if (batchable(b, in)) {
+        b->pending[b->n_pending++] = in;
+        return b->n_pending == b->batch ? run_pending(st) : SF_OK;
+    }
+    int rc = run_pending(st);
+    if (rc != SF_OK) {
+        sf_packet_free(in);
+        return rc;
+    }
     if (in->kind != SF_PACKET_HIDDEN || in->width != (size_t)b->cfg->dim || in->n > (size_t)b->cfg->segment) {
         sf_packet_free(in);
         return sf_error(SF_E_INVAL, "block takes embedded segments of width %d (put 'embed' before it)", b->cfg->dim);
@@ -517,7 +594,7 @@ static int block_process(sf_stage *st, sf_packet *in)
         float *host_rows_x = b->x;
         if (in->dev) b->x = in->dev;
         else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
-        for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, s, l, (int)in->n, commit);
+        for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, &s, 1, l, (int)in->n, commit);
         if (rc == SF_OK && !in->dev) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
@@ -540,6 +617,10 @@ static int block_process(sf_stage *st, sf_packet *in)
 static int block_save(sf_stage *st, sf_buffer *out)
 {
     block *b = sf_stage_priv(st);
+    /* a state must include every segment that came before the save: run the waiting ones
+     * (they are emitted ahead of the checkpoint marker) */
+    int pending_rc = run_pending(st);
+    if (pending_rc != SF_OK) return pending_rc;
     if (b->store) return save_store(b, out);
     uint32_t head[3] = {(uint32_t)b->streams.count, (uint32_t)b->first, (uint32_t)b->count};
     int rc = sf_buffer_append(out, head, sizeof head);
@@ -611,6 +692,7 @@ static void block_free(sf_stage *st)
 {
     block *b = sf_stage_priv(st);
     if (!b) return;
+    for (int i = 0; i < b->n_pending; i++) sf_packet_free(b->pending[i]);
     sf_stream_table_clear(&b->streams);
     while (b->n_spare > 0) stream_destroy(b, b->spare[--b->n_spare]);
     sf_state_store_free(b->store);
@@ -634,6 +716,7 @@ const sf_stage_class sf_block_stage = {
     .options = block_options,
     .init = block_init,
     .process = block_process,
+    .flush = block_flush,
     .save = block_save,
     .restore = block_restore,
     .free = block_free,

@@ -2,8 +2,8 @@
  * covering what test_pipeline_reference.c covers: branch sets (one leaving heads uncovered),
  * causal and not, memory none/linear/delta, global tokens, several layers with and without
  * MLP, head widths the bf16 attention kernel has (32, 64) and ones it has not (8, 12: they
- * run the f32 kernel), partial segments, a provisional flush, two interleaved streams and
- * one stage per layer. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
+ * run the f32 kernel), partial segments, a provisional flush, two interleaved streams, three
+ * streams batched through one set of products (block batch=3) and one stage per layer. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
 #include <stdlib.h>
@@ -19,7 +19,7 @@
 
 #define TOL_F32 1e-4
 #define TOL_BF16 2e-2
-#define MAX_STREAMS 2
+#define MAX_STREAMS 3
 
 typedef struct outputs {
     float *x[MAX_STREAMS];  /* committed rows by position, NaN where nothing arrived */
@@ -214,6 +214,9 @@ int main(void)
         if (i == 2 || i == 7) {
             scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
             compare("  two interleaved streams", m, &two, 100 + i);
+            /* three streams' full segments through one batch of products (block batch=) */
+            scenario batched = {"segment ! embed ! block batch=3 ! norm", 3, 3 * N + 5, 0};
+            compare("  three streams, block batch=3", m, &batched, 200 + i);
         }
         sf_model_free(m);
     }

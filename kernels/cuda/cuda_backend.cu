@@ -186,6 +186,8 @@ static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t
 }
 
 /* Pinned staging of `bytes` per slot (host memory: not in the device byte count). */
+#define STAGING_MAX_BYTES ((size_t)64 << 20) /* per slot; 4 slots */
+
 static int reserve_staging(sf_cuda *c, size_t bytes)
 {
     sf_cuda_staging *all[2 * SF_CUDA_STAGING_SLOTS];
@@ -272,10 +274,13 @@ static int cuda_reserve(sf_backend *be, int rows, int width, int heads, int head
      * attention's bf16 K and V of [rows, width], each part 256-byte aligned (hence the slack);
      * and the memory update's delta target beside its partial sums */
     size_t bytes = (size_t)rows * (size_t)width * sizeof(float) + 4096;
-    size_t update = sf_cuda_memory_update_scratch_bytes(rows, heads, head_dim);
+    size_t update = heads > 0 && head_dim > 0 ? sf_cuda_memory_update_scratch_bytes(rows, heads, head_dim) : 0;
     rc = sf_cuda_scratch(c, bytes > update ? bytes : update);
-    /* a block stage moves [segment, D] activations in and out: width >= D covers them */
-    if (rc == SF_OK) rc = reserve_staging(c, (size_t)rows * (size_t)width * sizeof(float));
+    /* a block stage moves [segment, D] activations in and out (width >= D covers them); with
+     * device rows and page-locked packets no activation goes through staging at all, so it is
+     * capped: a larger copy is a plain one, slower but never wrong */
+    size_t staging = (size_t)rows * (size_t)width * sizeof(float);
+    if (rc == SF_OK) rc = reserve_staging(c, staging < STAGING_MAX_BYTES ? staging : STAGING_MAX_BYTES);
     sf_cuda_leave(c);
     return rc;
 }
