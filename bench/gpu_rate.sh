@@ -107,6 +107,17 @@ if [ "${RATE_BATCH:-1}" = 1 ]; then
     $B/bench/bench_gpu_pipeline --model "$D/reference.st" --tokens "$D/s4.u32" --streams 4 --batch $b --warmup-segments 2 \
       --precision bf16 ${GEMM:+--gemm-tflops $GEMM} | grep -v RESULT | tee -a "$OUT/rates.txt"
   done
+  if [ "${RATE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+    # device time against wall time at segment 1024: does launch overhead show?
+    $B/bench/bench_gpu_pipeline --make-tokens "$D/s8short.u32" --count $((8 * 10 * 1024)) --seed 6 >/dev/null
+    for b in 1 8; do
+      ncu --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu_1k_b$b.csv" $B/bench/bench_gpu_pipeline \
+        --model "$D/ref1k.st" --tokens "$D/s8short.u32" --streams 8 --batch $b --warmup-segments 2 --precision bf16 \
+        >/dev/null 2>>"$OUT/ncu.err" || tail -3 "$OUT/ncu.err"
+      echo "-- ncu, segment 1024, 8 streams, batch=$b: device ms per stream-segment (80 segments, warm-up included)"
+      python3 bench/ncu_summary.py "$OUT/ncu_1k_b$b.csv" 80 | tail -1 | tee -a "$OUT/rates.txt"
+    done
+  fi
 fi
 echo "== profile (reference, push mode, per-op waits)"
 SEQFLOW_CUDA_PROFILE=1 $B/bench/bench_gpu_pipeline --model "$D/reference.st" --tokens "$D/t12.u32" --device cuda \
