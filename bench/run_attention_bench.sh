@@ -2,6 +2,7 @@
 # Builds the attention kernels, their checker/timer and tests/test_cuda_attention straight with
 # nvcc (independent of the rest of the tree's build state), then checks and times every variant.
 # On the GPU machine, repo root: source scripts/gpu-env.sh && bash bench/run_attention_bench.sh [reps]
+# (ATT_VARIANTS="6 9" checks and times only those, each in its own process).
 # Logs go to $OUT when set (the device tool), else /tmp.
 set -euo pipefail
 reps=${1:-50}
@@ -9,15 +10,30 @@ out=${OUT:-/tmp}
 b=/tmp/attbuild
 mkdir -p "$b"
 flags="-O3 -arch=sm_90 -I. -Iinclude"
+# wgmma and setmaxnreg need the sm_90a target, and only the -gencode form of it (HOPPER.md)
+flags90a="-O3 -gencode=arch=compute_90a,code=sm_90a -I. -Iinclude"
 nvcc $flags -Xptxas -v -c -o $b/ws.o kernels/cuda/attention_bf16_ws.cu 2> $out/ptxas_ws.txt
+nvcc $flags90a -Xptxas -v -c -o $b/wg.o kernels/cuda/attention_wgmma.cu 2> $out/ptxas_wgmma.txt
 nvcc $flags -c -o $b/k.o kernels/cuda/attention_bf16.cu
 nvcc $flags -c -o $b/bench.o bench/bench_cuda_attention.cu
-nvcc -arch=sm_90 -o $b/bench_att $b/bench.o $b/k.o $b/ws.o kernels/cpu/*.c pipeline/error.c -I. -Iinclude \
+nvcc $flags90a -o $b/wgmma_probe bench/wgmma_probe.cu
+nvcc -arch=sm_90 -o $b/bench_att $b/bench.o $b/k.o $b/ws.o $b/wg.o kernels/cpu/*.c pipeline/error.c -I. -Iinclude \
   -lopenblas -Xcompiler -fopenmp
 gcc -O2 -DSEQFLOW_HAVE_CUDA=1 -I. -Iinclude -Itests -I/usr/local/cuda/include -c -o $b/t.o tests/test_cuda_attention.c
-nvcc -o $b/test_att $b/t.o tests/support/check.c pipeline/process_stats.c $b/k.o $b/ws.o kernels/cpu/*.c \
+nvcc -o $b/test_att $b/t.o tests/support/check.c pipeline/process_stats.c $b/k.o $b/ws.o $b/wg.o kernels/cpu/*.c \
   pipeline/error.c -I. -Iinclude -Itests -lopenblas -Xcompiler -fopenmp
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $out/gpu.txt
+grep -E "registers|spill|C75" $out/ptxas_wgmma.txt || true
+echo "HGMMA in attention_wgmma SASS: $(cuobjdump -sass $b/wg.o 2>/dev/null | grep -c HGMMA)"
 set +e
-$b/test_att 2>&1 | tail -5 | tee $out/test.txt
-OPENBLAS_NUM_THREADS=1 $b/bench_att "$reps" 2>&1 | tee $out/bench.txt
+$b/wgmma_probe 2>&1 | tee $out/probe.txt
+# line-buffered, so that a kernel fault still shows which variant it hit
+stdbuf -oL $b/test_att 2>&1 | tee $out/test_full.txt | grep -E "FAIL|passed" | head -20 | tee $out/test.txt
+if [ -n "${ATT_VARIANTS:-}" ]; then
+  # one process a variant (ATT_VARIANTS="6 9 12"): a fault in one cannot hide the others' numbers
+  for var in $ATT_VARIANTS; do
+    OPENBLAS_NUM_THREADS=1 stdbuf -oL $b/bench_att "$reps" "$var" 2>&1 | tee -a $out/bench.txt
+  done
+else
+  OPENBLAS_NUM_THREADS=1 stdbuf -oL $b/bench_att "$reps" 2>&1 | tee $out/bench.txt
+fi

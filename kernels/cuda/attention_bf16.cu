@@ -392,6 +392,17 @@ extern "C" const char *sf_cuda_attention_bf16_variant_name(int variant)
     case 6: return "staged bf16 K/V, cp.async x2, 4 warps, 168 regs";
     case 7: return "staged, 2 warps x 32 rows, 64 keys";
     case 8: return "staged, 4 warps x 32 rows, 64 keys";
+    case 9: return "wgmma 64 rows, 64 keys x2, Q in smem, 4 blk/SM";
+    case 10: return "wgmma 64 rows, 128 keys x2, Q in regs, 3 blk/SM";
+    case 11: return "wgmma 64 keys x3, next S under softmax, 3 blk";
+    case 12: return "wgmma 64 rows, 64 keys x2, Q in smem, 3 blk/SM";
+    case 13: return "as 11, Q in smem";
+    case 14: return "wgmma 2 warpgroups x 64 rows share K/V, x2";
+    case 15: return "as 12, 64 keys x3";
+    case 16: return "as 15, heavy+light block pairs a CTA";
+    case 17: return "as 9, heavy+light block pairs a CTA";
+    case 18: return "as 15, streaming (evict-first) f32 traffic";
+    case 19: return "as 12, streaming (evict-first) f32 traffic";
     default: return NULL;
     }
 }

@@ -22,18 +22,14 @@
 
 #include "kernels/cuda/attention_bf16_variants.h"
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/cuda_attention.h"
 #include "seqflow/error.h"
 
-#define SF_ATT_ORDER_MAX 1024 /* position blocks the heaviest-first order covers */
-
-struct att_order {
-    int count; /* 0: plain order, last positions first */
-    unsigned short block[SF_ATT_ORDER_MAX];
-};
-
 /* ---- pre-pass: float32 [rows, ld] -> bf16 [heads][rows][D] ------------------------------ */
-template <int D>
+/* STREAM: read K/V as evict-first (ld.global.cs), so that the float32 inputs, read once, do not
+ * push the bf16 copies the main kernel re-reads out of L2. */
+template <int D, bool STREAM>
 __global__ void stage_kv(int rows, int heads, int ld, const float *k, const float *v, __nv_bfloat16 *kb,
                          __nv_bfloat16 *vb)
 {
@@ -45,7 +41,8 @@ __global__ void stage_kv(int rows, int heads, int ld, const float *k, const floa
         const size_t i = rh / heads;
         const size_t src = i * ld + (size_t)h * D + c8 * 8, dst = ((size_t)h * rows + i) * D + c8 * 8;
         const float4 *ks = reinterpret_cast<const float4 *>(k + src), *vs = reinterpret_cast<const float4 *>(v + src);
-        const float4 a = __ldg(ks), b = __ldg(ks + 1), c = __ldg(vs), d = __ldg(vs + 1);
+        const float4 a = STREAM ? __ldcs(ks) : __ldg(ks), b = STREAM ? __ldcs(ks + 1) : __ldg(ks + 1);
+        const float4 c = STREAM ? __ldcs(vs) : __ldg(vs), d = STREAM ? __ldcs(vs + 1) : __ldg(vs + 1);
         *reinterpret_cast<uint4 *>(kb + dst) =
             make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
         *reinterpret_cast<uint4 *>(vb + dst) =
@@ -373,7 +370,7 @@ static double block_pairs(const sf_attention_desc *d, const att_branches &br, in
     return pairs;
 }
 
-static void heaviest_first(const sf_attention_desc *d, const att_branches &br, int T, int nblocks, att_order *ord)
+void att_heaviest_first(const sf_attention_desc *d, const att_branches &br, int T, int nblocks, att_order *ord)
 {
     ord->count = 0;
     if (nblocks > SF_ATT_ORDER_MAX) return;
@@ -390,13 +387,67 @@ static void heaviest_first(const sf_attention_desc *d, const att_branches &br, i
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 template <int D>
-static int stage_inputs(int rows, int heads, int ld, const float *k, const float *v, __nv_bfloat16 *kb,
-                        __nv_bfloat16 *vb, cudaStream_t stream)
+static void stage_inputs(int rows, int heads, int ld, const float *k, const float *v, __nv_bfloat16 *kb,
+                         __nv_bfloat16 *vb, bool streaming, cudaStream_t stream)
 {
     const size_t total = (size_t)rows * heads * (D / 8);
-    if (total == 0) return SF_OK;
+    if (total == 0) return;
     const unsigned grid = (unsigned)std::min<size_t>((total + 255) / 256, 8192);
-    stage_kv<D><<<grid, 256, 0, stream>>>(rows, heads, ld, k, v, kb, vb);
+    if (streaming)
+        stage_kv<D, true><<<grid, 256, 0, stream>>>(rows, heads, ld, k, v, kb, vb);
+    else
+        stage_kv<D, false><<<grid, 256, 0, stream>>>(rows, heads, ld, k, v, kb, vb);
+}
+
+int att_check_staged_inputs(const sf_attention_desc *desc, const float *q, const float *k, const float *v)
+{
+    const int G = desc->n_global;
+    if (desc->ld % 4 || (G > 0 && desc->global_ld % 4) || !aligned16(k) || !aligned16(v) || !aligned16(q) ||
+        (G > 0 && (!aligned16(desc->gk) || !aligned16(desc->gv))))
+        return sf_error(SF_E_UNSUPPORTED,
+                        "cuda attention: q/k/v need 16-byte alignment and row strides a multiple of 4 floats (ld %d)",
+                        desc->ld);
+    return SF_OK;
+}
+
+int att_block_positions(const att_branches &br, int bm, long *T)
+{
+    long lcm = 1;
+    int rmax = 1;
+    for (int b = 0; b < br.count; b++) {
+        lcm = lcm / att_gcd((int)lcm, br.dilation[b]) * br.dilation[b];
+        if (lcm > (1 << 20)) return sf_error(SF_E_UNSUPPORTED, "cuda attention: dilations too varied");
+        if (br.dilation[b] > rmax) rmax = br.dilation[b];
+    }
+    *T = ((long)bm * rmax + lcm - 1) / lcm * lcm;
+    if (*T > 8192 && lcm <= 8192) *T = (8192 / lcm) * lcm;
+    return SF_OK;
+}
+
+int att_stage_workspace(const sf_attention_desc *desc, const float *k, const float *v, unsigned char *ws,
+                        att_staged *staged, cudaStream_t stream, bool streaming)
+{
+    const int H = desc->heads, n = desc->n, G = desc->n_global > 0 ? desc->n_global : 0, D = desc->head_dim;
+    __nv_bfloat16 *kb = reinterpret_cast<__nv_bfloat16 *>(ws);
+    __nv_bfloat16 *vb = reinterpret_cast<__nv_bfloat16 *>(ws + kv_bytes(n, H, D));
+    __nv_bfloat16 *gkb = reinterpret_cast<__nv_bfloat16 *>(ws + 2 * kv_bytes(n, H, D));
+    __nv_bfloat16 *gvb = reinterpret_cast<__nv_bfloat16 *>(ws + 2 * kv_bytes(n, H, D) + kv_bytes(G, H, D));
+    switch (D) {
+    case 32:
+        stage_inputs<32>(n, H, desc->ld, k, v, kb, vb, streaming, stream);
+        if (G > 0) stage_inputs<32>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, streaming, stream);
+        break;
+    case 64:
+        stage_inputs<64>(n, H, desc->ld, k, v, kb, vb, streaming, stream);
+        if (G > 0) stage_inputs<64>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, streaming, stream);
+        break;
+    case 128:
+        stage_inputs<128>(n, H, desc->ld, k, v, kb, vb, streaming, stream);
+        if (G > 0) stage_inputs<128>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, streaming, stream);
+        break;
+    default: return sf_error(SF_E_UNSUPPORTED, "cuda attention: head width %d not built (32, 64, 128 are)", D);
+    }
+    staged->kb = kb, staged->vb = vb, staged->gkb = gkb, staged->gvb = gvb;
     return SF_OK;
 }
 
@@ -405,39 +456,25 @@ static int launch_staged(const sf_attention_desc *desc, const att_branches &br, 
                          const float *v, float *out, unsigned char *ws, cudaStream_t stream)
 {
     using C = staged_cfg<D, WARPS, MT, BN, STAGES>;
-    const int H = desc->heads, n = desc->n, G = desc->n_global;
-    if (desc->ld % 4 || (G > 0 && desc->global_ld % 4) || !aligned16(k) || !aligned16(v) || !aligned16(q) ||
-        (G > 0 && (!aligned16(desc->gk) || !aligned16(desc->gv))))
-        return sf_error(SF_E_UNSUPPORTED,
-                        "cuda attention: q/k/v need 16-byte alignment and row strides a multiple of 4 floats (ld %d)",
-                        desc->ld);
-    __nv_bfloat16 *kb = reinterpret_cast<__nv_bfloat16 *>(ws);
-    __nv_bfloat16 *vb = reinterpret_cast<__nv_bfloat16 *>(ws + kv_bytes(n, H, D));
-    __nv_bfloat16 *gkb = reinterpret_cast<__nv_bfloat16 *>(ws + 2 * kv_bytes(n, H, D));
-    __nv_bfloat16 *gvb = reinterpret_cast<__nv_bfloat16 *>(ws + 2 * kv_bytes(n, H, D) + kv_bytes(G, H, D));
-    /* T: a multiple of every dilation holding a full query tile of the most dilated branch
-     * (checked before the pre-pass, so that an unsupported shape launches nothing) */
-    long lcm = 1;
-    int rmax = 1;
-    for (int b = 0; b < br.count; b++) {
-        lcm = lcm / att_gcd((int)lcm, br.dilation[b]) * br.dilation[b];
-        if (lcm > (1 << 20)) return sf_error(SF_E_UNSUPPORTED, "cuda attention: dilations too varied");
-        if (br.dilation[b] > rmax) rmax = br.dilation[b];
-    }
-    long T = ((long)C::BM * rmax + lcm - 1) / lcm * lcm;
-    if (T > 8192 && lcm <= 8192) T = (8192 / lcm) * lcm;
+    int rc = att_check_staged_inputs(desc, q, k, v);
+    if (rc) return rc;
+    /* checked before the pre-pass, so that an unsupported shape launches nothing */
+    long T;
+    rc = att_block_positions(br, C::BM, &T);
+    if (rc) return rc;
     const size_t smem = C::KV_BYTES + 2 * (size_t)T * sizeof(float);
     if (smem > 200 * 1024) return sf_error(SF_E_UNSUPPORTED, "cuda attention: block of %ld positions too large", T);
     cudaError_t err = cudaFuncSetAttribute(attention_staged<D, WARPS, MT, BN, STAGES, MINB>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention: %s", cudaGetErrorString(err));
-    stage_inputs<D>(n, H, desc->ld, k, v, kb, vb, stream);
-    if (G > 0) stage_inputs<D>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, stream);
-    const int nblocks = (int)((n + T - 1) / T);
+    att_staged st;
+    rc = att_stage_workspace(desc, k, v, ws, &st, stream);
+    if (rc) return rc;
+    const int nblocks = (int)((desc->n + T - 1) / T);
     att_order ord; /* copied into the launch parameters */
-    heaviest_first(desc, br, (int)T, nblocks, &ord);
-    attention_staged<D, WARPS, MT, BN, STAGES, MINB><<<(unsigned)nblocks * H, C::THREADS, smem, stream>>>(
-        *desc, br, (int)T, q, kb, vb, gkb, gvb, out, ord);
+    att_heaviest_first(desc, br, (int)T, nblocks, &ord);
+    attention_staged<D, WARPS, MT, BN, STAGES, MINB><<<(unsigned)nblocks * desc->heads, C::THREADS, smem, stream>>>(
+        *desc, br, (int)T, q, st.kb, st.vb, st.gkb, st.gvb, out, ord);
     return SF_OK;
 }
 
@@ -477,6 +514,17 @@ extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention
         return sf_error(SF_E_INVAL, "cuda attention: workspace %p of %zu bytes, need %zu bytes 256-byte aligned",
                         workspace, workspace_bytes, need);
     unsigned char *ws = static_cast<unsigned char *>(workspace);
+    if (variant >= SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT && variant < SF_CUDA_ATTENTION_VARIANTS) {
+        /* Hopper-only kernels, d = 64: elsewhere the best portable variant computes the same */
+        if (att_wgmma_usable(desc)) {
+            rc = att_wgmma_launch(variant, desc, br, q, k, v, out, ws, stream);
+            if (rc) return rc;
+            cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention launch: %s", cudaGetErrorString(err));
+            return SF_OK;
+        }
+        variant = SF_CUDA_ATTENTION_PORTABLE_VARIANT;
+    }
     switch (desc->head_dim) {
     case 32: rc = launch_ws_variant<32>(variant, desc, br, q, k, v, out, ws, stream); break;
     case 64: rc = launch_ws_variant<64>(variant, desc, br, q, k, v, out, ws, stream); break;

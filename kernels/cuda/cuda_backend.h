@@ -127,8 +127,6 @@ int sf_cuda_bf16_to_f32(const __nv_bfloat16 *src, size_t count, float *dst, cuda
 /* y = rmsnorm(x) rounded to bf16, [n, dim] contiguous both (the input of a bf16 product). */
 int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight, float eps, __nv_bfloat16 *y,
                             cudaStream_t stream);
-/* a = silu(a) * b over `count` bf16 values, float32 arithmetic. */
-int sf_cuda_swiglu_bf16(size_t count, __nv_bfloat16 *a, const __nv_bfloat16 *b, cudaStream_t stream);
 /* g[i, j] = silu(h[i, j]) * h[i, f + j] for h [n, 2f] and g [n, f], bf16, float32 arithmetic. */
 int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g, cudaStream_t stream);
 

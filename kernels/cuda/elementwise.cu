@@ -149,39 +149,6 @@ int sf_cuda_swiglu(sf_backend *be, int n, int f, float *a, const float *b)
     return rc;
 }
 
-/* a = silu(a) * b on bf16 values, float32 arithmetic, rounded once; 8 elements a thread when
- * 16-byte accesses are possible. */
-__global__ static void swiglu_bf16_kernel(size_t count, __nv_bfloat16 *a, const __nv_bfloat16 *b)
-{
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if ((count & 7) == 0 && (((uintptr_t)a | (uintptr_t)b) & 15) == 0) {
-        uint4 *a8 = reinterpret_cast<uint4 *>(a);
-        const uint4 *b8 = reinterpret_cast<const uint4 *>(b);
-        for (; i < count / 8; i += stride) {
-            uint4 x = a8[i], y = b8[i];
-            __nv_bfloat162 *xs = reinterpret_cast<__nv_bfloat162 *>(&x);
-            const __nv_bfloat162 *ys = reinterpret_cast<const __nv_bfloat162 *>(&y);
-#pragma unroll
-            for (int p = 0; p < 4; p++) {
-                float2 u = __bfloat1622float2(xs[p]), w = __bfloat1622float2(ys[p]);
-                xs[p] = __floats2bfloat162_rn(silu(u.x) * w.x, silu(u.y) * w.y);
-            }
-            a8[i] = x;
-        }
-        return;
-    }
-    for (; i < count; i += stride)
-        a[i] = __float2bfloat16_rn(silu(__bfloat162float(a[i])) * __bfloat162float(b[i]));
-}
-
-int sf_cuda_swiglu_bf16(size_t count, __nv_bfloat16 *a, const __nv_bfloat16 *b, cudaStream_t stream)
-{
-    if (!count) return SF_OK;
-    swiglu_bf16_kernel<<<grid_for(count / 8 + 1), 256, 0, stream>>>(count, a, b);
-    return sf_cuda_launched("swiglu (bf16)");
-}
-
 /* blockIdx.y strides over rows; 8 outputs a thread when f % 8 == 0 and rows are 16-byte
  * aligned (every shape the reference model has), else one. */
 __global__ static void swiglu_rows_bf16_kernel(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g)
@@ -200,7 +167,7 @@ __global__ static void swiglu_rows_bf16_kernel(int n, int f, const __nv_bfloat16
                     float2 u = __bfloat1622float2(xs[p]), w = __bfloat1622float2(ys[p]);
                     xs[p] = __floats2bfloat162_rn(silu(u.x) * w.x, silu(u.y) * w.y);
                 }
-                *reinterpret_cast<uint4 *>(out + j) = x;
+                *reinterpret_cast<uint4 *>(out + j) = x; /* 8 bf16 at once */
             }
         } else {
             for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < f; j += gridDim.x * blockDim.x)

@@ -196,19 +196,18 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
     __nv_bfloat16 *ub = (__nv_bfloat16 *)c->scratch;
     if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
-    if (b3->bf16 == b1->bf16 + (size_t)hidden * dim) {
-        /* W1|W3 prepared as one group: one GEMM of twice the width into h1 ([n, 2 hidden] bf16
-         * fills it exactly), then SwiGLU pairs each row's halves into h3 */
+    /* W1 u | W3 u side by side in h1 ([n, 2 hidden] bf16 fills it exactly): one GEMM of twice
+     * the width when W1|W3 were prepared as one group, else two into the halves of each row;
+     * SwiGLU pairs each row's halves into h3, which W2 reads */
+    if (rc == SF_OK && b3->bf16 == b1->bf16 + (size_t)hidden * dim)
+        rc = gemm_bf16(c, n, dim, 2 * hidden, ub, b1->bf16, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1|W3)");
+    else if (rc == SF_OK) {
+        rc = gemm_bf16(c, n, dim, hidden, ub, b1->bf16, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1)");
         if (rc == SF_OK)
-            rc = gemm_bf16(c, n, dim, 2 * hidden, ub, b1->bf16, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1|W3)");
-        if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
-        if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
-    } else {
-        if (rc == SF_OK) rc = gemm_bf16(c, n, dim, hidden, ub, b1->bf16, g1, hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1)");
-        if (rc == SF_OK) rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g3, hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
-        if (rc == SF_OK) rc = sf_cuda_swiglu_bf16((size_t)n * hidden, g1, g3, c->stream);
-        if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g1, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+            rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
     }
+    if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
+    if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
     sf_cuda_leave(c);
     return rc;
 }

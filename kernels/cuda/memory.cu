@@ -1,123 +1,362 @@
 /* Compressive memory on the GPU (SPEC 4), the twin of kernels/cpu/memory.c. M and z stay
  * float32 in every precision: they sum over the whole stream, and bf16 would lose it.
  *
- * memory_mix is one kernel: a block takes one head and ROW_TILE rows; sigma(q) of those rows
- * sits in shared memory, thread e walks column e of M_h once for all of them, and the gate mix
- * is written straight into a (no Retrieve buffer).
- * memory_update is one kernel for both kinds: a block owns COL_TILE rows j of M_h (and z_h)
- * and streams the segment through shared memory, M[j, e] += sum_i sigma(k_i)[j] target_i[e].
- * The target is v (linear) or v - Retrieve(sigma(k)) (delta); the delta's Retrieve must see
- * M before the update, so it runs first, into the reserved scratch.
- * For d = 32, 64, 128 the update itself is split over row chunks (split_update, below); other
- * head sizes take the cuBLAS products (batched_update), and without scratch the one kernel. */
+ * Head sizes 32, 64 and 128 (with 16-byte aligned rows) take the tiled kernels here: a block of
+ * 256 threads owns one head and a chunk of consecutive rows, stages M_h and z_h in shared memory
+ * once, and walks its chunk in tiles of 64 rows. Each tile is read from device memory once, by
+ * 16-byte asynchronous copies into shared memory issued a tile (or two) ahead, so the loads of
+ * the next tiles are in flight while the current one is computed; sigma and the denominators
+ * sigma(x) . z (in double, as on the CPU) are computed once per element. The products are
+ * float32 FMAs on 4x4 register tiles (bench/MEMORY_NOTES.md: what bounds them, what was tried).
+ *   mix:    a = g * (sigma(q) M / den) + (1 - g) * a, written straight into a.
+ *   update: per chunk, P = sigma(K)^T T with T = v (linear) or v - sigma(K) M / den (delta,
+ *           computed in the same tile, so k and v are read once), and the chunk's column sums of
+ *           sigma(K) (double); a second kernel adds the partials to M and z in chunk order, so
+ *           the result is the same bits on every run (the chunking depends on n, heads, d only).
+ * Other head sizes, or unaligned rows, take the general kernels of memory_general.cu. */
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/memory_general.h"
 
-#define ROW_TILE 16  /* rows of q or k per block of the retrieval */
-#define COL_TILE 8   /* rows of M_h per block of the update */
-#define SEG_TILE 32  /* segment rows staged in shared memory per step of the update */
 #define MAX_HEAD_DIM 256
 
 __device__ static inline float sigma(float x) { return x > 0 ? x + 1.0f : expf(x); } /* ELU + 1 */
 
-/* retrieve_kernel modes */
-#define RETRIEVE_MIX 0    /* a = g * Retrieve(q) + (1 - g) * a */
-#define RETRIEVE_DELTA 1  /* target = v - Retrieve(k) */
+/* ---- the tiled kernels (d = 32, 64, 128) ---------------------------------------------------- */
 
-/* grid (heads, row tiles), block >= d threads. src is q (mix) or k (delta). */
-__global__ static void retrieve_kernel(int mode, int n, int d, int ld, const float *src, const float *M,
-                                       const float *z, const float *gate, const float *v, float *dst, int dst_ld)
+#define TILE_THREADS 256
+#define TILE_ROWS 64
+/* blocks of a launch: about one wave on an H100 (132 SMs) at the blocks an SM holds */
+#define TARGET_BLOCKS(d) ((d) <= 64 ? 256 : 128)
+
+/* Thread layouts of one tile, all from D. Copies: thread t moves float4 units t + 256p of the
+ * tile (VEC of them a row), so it always holds the same 4 columns. Retrieval: thread (ry, rx)
+ * computes rows ry*RR.. and columns rx*4..rx*4+3. Update: thread (uy, ux) owns rows uy*UJ.. of
+ * M_h and columns ux*4..ux*4+3. */
+template <int D>
+struct tile_shape {
+    static constexpr int VEC = D / 4;
+    static constexpr int LOADS = TILE_ROWS * VEC / TILE_THREADS;
+    static constexpr int RX = D / 4, RY = TILE_THREADS / RX, RR = TILE_ROWS / RY;
+    static constexpr int UX = D / 4, UY = TILE_THREADS / UX, UJ = D / UY;
+    static constexpr int LDX = D + 4; /* padded row of sigma(x): rows 4 apart fall in other banks */
+    static constexpr int RAW = TILE_ROWS * D; /* one raw tile (q, a, k or v) as copied */
+    static constexpr int MIN_BLOCKS = D <= 64 ? 2 : 1;
+};
+
+/* Shared memory of a tile kernel: [M_h] z_h 1/den sigma(x) and two stages of two raw tiles
+ * (q and a, or k and v): the next tile is copied in while the current one is computed. */
+template <int D>
+static size_t tile_shared_bytes(bool with_m)
 {
-    extern __shared__ float shared[];
-    float *sx = shared;                 /* [ROW_TILE][d] */
-    float *inv = shared + ROW_TILE * d; /* [ROW_TILE] */
-    const int h = blockIdx.x, r0 = blockIdx.y * ROW_TILE, e = threadIdx.x;
-    const int rows = n - r0 < ROW_TILE ? n - r0 : ROW_TILE;
-    for (int idx = threadIdx.x; idx < ROW_TILE * d; idx += blockDim.x) {
-        int r = idx / d, col = idx % d;
-        sx[idx] = r < rows ? sigma(src[(size_t)(r0 + r) * ld + (size_t)h * d + col]) : 0.0f;
-    }
-    __syncthreads();
-    if (threadIdx.x < rows) {
-        double den = 0;
-        for (int j = 0; j < d; j++) den += (double)sx[threadIdx.x * d + j] * z[(size_t)h * d + j];
-        inv[threadIdx.x] = den != 0 ? (float)(1.0 / den) : 0.0f;
-    }
-    __syncthreads();
-    if (e >= d) return;
-    float acc[ROW_TILE];
-    for (int r = 0; r < ROW_TILE; r++) acc[r] = 0;
-    const float *Mh = M + (size_t)h * d * d;
-    for (int j = 0; j < d; j++) {
-        float m = Mh[(size_t)j * d + e];
+    typedef tile_shape<D> S;
+    return sizeof(float) *
+           ((with_m ? (size_t)D * D : 0) + D + TILE_ROWS + (size_t)TILE_ROWS * S::LDX + 4 * (size_t)S::RAW);
+}
+
+__device__ static inline void copy16_async(float *dst, const float *src, bool valid)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ static inline void copy_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ static inline void copy_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+/* Starts copying rows [i0, i0 + 64) of head h of x and y into raw tiles (zeros at or past end). */
+template <int D>
+__device__ static inline void tile_copy(float *rx_, float *ry_, const float *x, const float *y, int ld, int h,
+                                        int i0, int end)
+{
+    typedef tile_shape<D> S;
 #pragma unroll
-        for (int r = 0; r < ROW_TILE; r++) acc[r] += sx[r * d + j] * m;
+    for (int p = 0; p < S::LOADS; p++) {
+        const int u = threadIdx.x + p * TILE_THREADS, r = u / S::VEC, col = (u % S::VEC) * 4;
+        const bool in = i0 + r < end;
+        const size_t at = in ? (size_t)(i0 + r) * ld + (size_t)h * D + col : 0;
+        copy16_async(rx_ + r * D + col, x + at, in);
+        copy16_async(ry_ + r * D + col, y + at, in);
     }
-    if (mode == RETRIEVE_MIX) {
-        const float g = 1.0f / (1.0f + expf(-gate[h]));
-        for (int r = 0; r < rows; r++) {
-            float *out = dst + (size_t)(r0 + r) * dst_ld + (size_t)h * d + e;
-            *out = g * (acc[r] * inv[r]) + (1.0f - g) * *out;
+    copy_commit();
+}
+
+/* sx = sigma(raw x) (0 past `end`) from this thread's own copies; with DEN sinv[r] =
+ * 1 / (sigma(x_r) . z) (0 where that is 0), the dot product in double as on the CPU; with Z
+ * zacc[c] += the column sums of sigma(x) over this thread's rows (its columns are fixed). */
+template <int D, bool DEN, bool Z>
+__device__ static inline void tile_sigma(const float *raw, int i0, int end, const float *sz, float *sx, float *sinv,
+                                         double (&zacc)[4])
+{
+    typedef tile_shape<D> S;
+#pragma unroll
+    for (int p = 0; p < S::LOADS; p++) {
+        const int u = threadIdx.x + p * TILE_THREADS, r = u / S::VEC, col = (u % S::VEC) * 4;
+        const bool in = i0 + r < end;
+        float4 s = *(const float4 *)(raw + r * D + col);
+        s.x = in ? sigma(s.x) : 0.0f, s.y = in ? sigma(s.y) : 0.0f;
+        s.z = in ? sigma(s.z) : 0.0f, s.w = in ? sigma(s.w) : 0.0f;
+        *(float4 *)(sx + r * S::LDX + col) = s;
+        if (Z) zacc[0] += s.x, zacc[1] += s.y, zacc[2] += s.z, zacc[3] += s.w;
+        if (DEN) {
+            double den = (double)s.x * sz[col] + (double)s.y * sz[col + 1] + (double)s.z * sz[col + 2] +
+                         (double)s.w * sz[col + 3];
+            /* the VEC lanes of a row are consecutive and aligned within the warp */
+#pragma unroll
+            for (int off = S::VEC / 2; off > 0; off /= 2) den += __shfl_xor_sync(0xffffffffu, den, off);
+            if (u % S::VEC == 0) sinv[r] = den != 0 ? (float)(1.0 / den) : 0.0f;
         }
-    } else {
-        for (int r = 0; r < rows; r++)
-            dst[(size_t)(r0 + r) * dst_ld + (size_t)h * d + e] =
-                v[(size_t)(r0 + r) * ld + (size_t)h * d + e] - acc[r] * inv[r];
     }
 }
 
-/* grid (heads, column tiles of M_h rows), block >= d threads. target has row stride target_ld. */
-__global__ static void update_kernel(int n, int d, int ld, const float *k, const float *target, int target_ld,
-                                     float *M, float *z)
+/* acc[i][c] = sum_j sx[ry*RR + i][j] * M[j][rx*4 + c], j in order */
+template <int D>
+__device__ static inline void tile_retrieve(const float *sx, const float *sM, float (&acc)[tile_shape<D>::RR][4])
 {
-    extern __shared__ float shared[];
-    float *sk = shared;                    /* [SEG_TILE][COL_TILE] */
-    float *tg = shared + SEG_TILE * COL_TILE; /* [SEG_TILE][d] */
-    const int h = blockIdx.x, j0 = blockIdx.y * COL_TILE, e = threadIdx.x;
-    const int cols = d - j0 < COL_TILE ? d - j0 : COL_TILE;
-    float acc[COL_TILE];
-    for (int jj = 0; jj < COL_TILE; jj++) acc[jj] = 0;
-    double zacc = 0; /* z sums positive terms over the segment: double, as on the CPU */
-    for (int i0 = 0; i0 < n; i0 += SEG_TILE) {
-        const int rows = n - i0 < SEG_TILE ? n - i0 : SEG_TILE;
-        for (int idx = threadIdx.x; idx < SEG_TILE * COL_TILE; idx += blockDim.x) {
-            int r = idx / COL_TILE, jj = idx % COL_TILE;
-            sk[idx] = r < rows && jj < cols ? sigma(k[(size_t)(i0 + r) * ld + (size_t)h * d + j0 + jj]) : 0.0f;
-        }
-        for (int idx = threadIdx.x; idx < rows * d; idx += blockDim.x) {
-            int r = idx / d, col = idx % d;
-            tg[idx] = target[(size_t)(i0 + r) * target_ld + (size_t)h * d + col];
-        }
-        __syncthreads();
-        if (e < d) {
-            for (int r = 0; r < rows; r++) {
-                float t = tg[r * d + e];
+    typedef tile_shape<D> S;
+    const int rx = threadIdx.x % S::RX, ry = threadIdx.x / S::RX;
 #pragma unroll
-                for (int jj = 0; jj < COL_TILE; jj++) acc[jj] += sk[r * COL_TILE + jj] * t;
+    for (int i = 0; i < S::RR; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0;
+#pragma unroll 2
+    for (int j = 0; j < D; j += 4) {
+        float4 m[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) m[jj] = *(const float4 *)(sM + (j + jj) * D + rx * 4);
+#pragma unroll
+        for (int i = 0; i < S::RR; i++) {
+            const float4 xv = *(const float4 *)(sx + (ry * S::RR + i) * S::LDX + j);
+            const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                acc[i][0] += xs[jj] * m[jj].x, acc[i][1] += xs[jj] * m[jj].y;
+                acc[i][2] += xs[jj] * m[jj].z, acc[i][3] += xs[jj] * m[jj].w;
             }
         }
-        if (threadIdx.x < cols)
-            for (int r = 0; r < rows; r++) zacc += sk[r * COL_TILE + threadIdx.x];
-        __syncthreads();
     }
-    float *Mh = M + (size_t)h * d * d;
-    if (e < d)
-        for (int jj = 0; jj < cols; jj++) Mh[(size_t)(j0 + jj) * d + e] += acc[jj];
-    if (threadIdx.x < cols) z[(size_t)h * d + j0 + threadIdx.x] += (float)zacc;
 }
 
-/* sk = sigma(k) over [n, width] (row stride ld for k, width for sk); ones[i] = 1 for the
- * column sums of z. */
-__global__ static void sigma_rows_kernel(int n, int width, int ld, const float *k, float *sk, float *ones)
+/* Copies M_h (with_m) and z_h into shared memory. */
+template <int D>
+__device__ static inline void stage_memory(const float *M, const float *z, int h, bool with_m, float *sM, float *sz)
 {
-    const size_t count = (size_t)n * width;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / width, col = i % width;
-        sk[i] = sigma(k[r * ld + col]);
-        if (col == 0) ones[r] = 1.0f;
+    if (with_m)
+        for (int u = threadIdx.x; u < D * D / 4; u += TILE_THREADS)
+            ((float4 *)sM)[u] = __ldg((const float4 *)(M + (size_t)h * D * D) + u);
+    for (int u = threadIdx.x; u < D; u += TILE_THREADS) sz[u] = z[(size_t)h * D + u];
+}
+
+/* grid (chunks, heads): a = g * (sigma(q) M / den) + (1 - g) * a over the block's rows */
+template <int D>
+__global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS)
+    tiled_mix_kernel(int n, int rows_per_chunk, int ld, const float *__restrict__ q, const float *__restrict__ M,
+                     const float *__restrict__ z, const float *__restrict__ gate, float *a)
+{
+    typedef tile_shape<D> S;
+    extern __shared__ float4 shared4[];
+    float *sM = (float *)shared4, *sz = sM + D * D, *sinv = sz + D, *sx = sinv + TILE_ROWS;
+    float *raw = sx + TILE_ROWS * S::LDX; /* stage s: q at raw + 2s RAW, a after it */
+    const int h = blockIdx.y, begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
+    const int rx = threadIdx.x % S::RX, ry = threadIdx.x / S::RX;
+    const float g = 1.0f / (1.0f + expf(-gate[h]));
+    double unused[4];
+    tile_copy<D>(raw, raw + S::RAW, q, a, ld, h, begin, end);
+    stage_memory<D>(M, z, h, true, sM, sz);
+    for (int i0 = begin, s = 0; i0 < end; i0 += TILE_ROWS, s ^= 1) {
+        float *rq = raw + 2 * s * S::RAW, *ra = rq + S::RAW;
+        copy_wait_all();
+        __syncthreads(); /* this tile's copies are visible; the previous tile's readers are done */
+        if (i0 + TILE_ROWS < end)
+            tile_copy<D>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, q, a, ld, h, i0 + TILE_ROWS,
+                         end);
+        tile_sigma<D, true, false>(rq, i0, end, sz, sx, sinv, unused);
+        __syncthreads();
+        float acc[S::RR][4];
+        tile_retrieve<D>(sx, sM, acc);
+#pragma unroll
+        for (int i = 0; i < S::RR; i++) {
+            const int r = ry * S::RR + i, row = i0 + r;
+            if (row >= end) continue;
+            const float inv = sinv[r];
+            float4 o = *(const float4 *)(ra + r * D + rx * 4);
+            o.x = g * (acc[i][0] * inv) + (1.0f - g) * o.x, o.y = g * (acc[i][1] * inv) + (1.0f - g) * o.y;
+            o.z = g * (acc[i][2] * inv) + (1.0f - g) * o.z, o.w = g * (acc[i][3] * inv) + (1.0f - g) * o.w;
+            *(float4 *)(a + (size_t)row * ld + (size_t)h * D + rx * 4) = o;
+        }
     }
 }
 
-static int threads_for(int d) { return (d + 31) / 32 * 32; }
+/* grid (chunks, heads): partM[chunk][h] = sigma(K)^T T over the chunk's rows, T = v (linear) or
+ * v - sigma(K) M / den (delta); partz[chunk][h] = the chunk's column sums of sigma(K). */
+template <int D, bool DELTA>
+__global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS)
+    tiled_update_kernel(int n, int rows_per_chunk, int heads, int ld, const float *__restrict__ k,
+                        const float *__restrict__ v, const float *__restrict__ M, const float *__restrict__ z,
+                        float *__restrict__ partM, double *__restrict__ partz)
+{
+    typedef tile_shape<D> S;
+    extern __shared__ float4 shared4[];
+    float *sM = (float *)shared4, *sz = sM + (DELTA ? D * D : 0), *sinv = sz + D, *sx = sinv + TILE_ROWS;
+    float *raw = sx + TILE_ROWS * S::LDX; /* stage s: k at raw + 2s RAW, v (then the target) after it */
+    const int chunk = blockIdx.x, h = blockIdx.y;
+    const int begin = chunk * rows_per_chunk, end = min(n, begin + rows_per_chunk);
+    const int ux = threadIdx.x % S::UX, uy = threadIdx.x / S::UX;
+    tile_copy<D>(raw, raw + S::RAW, k, v, ld, h, begin, end);
+    stage_memory<D>(M, z, h, DELTA, sM, sz);
+    float acc[S::UJ][4];
+#pragma unroll
+    for (int a = 0; a < S::UJ; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0;
+    double zacc[4] = {0, 0, 0, 0}; /* z sums positive terms over the whole stream: double, as on the CPU */
+    for (int i0 = begin, s = 0; i0 < end; i0 += TILE_ROWS, s ^= 1) {
+        float *rk = raw + 2 * s * S::RAW, *sv = rk + S::RAW;
+        copy_wait_all();
+        __syncthreads();
+        if (i0 + TILE_ROWS < end)
+            tile_copy<D>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, k, v, ld, h, i0 + TILE_ROWS,
+                         end);
+        tile_sigma<D, DELTA, true>(rk, i0, end, sz, sx, sinv, zacc);
+        __syncthreads();
+        if (DELTA) { /* the target replaces v in place: each thread rewrites only its own outputs */
+            const int rx = threadIdx.x % S::RX, ry = threadIdx.x / S::RX;
+            float r[S::RR][4];
+            tile_retrieve<D>(sx, sM, r);
+#pragma unroll
+            for (int i = 0; i < S::RR; i++) {
+                const float inv = sinv[ry * S::RR + i];
+                float4 *t = (float4 *)(sv + (ry * S::RR + i) * D + rx * 4);
+                float4 tv = *t;
+                tv.x -= r[i][0] * inv, tv.y -= r[i][1] * inv, tv.z -= r[i][2] * inv, tv.w -= r[i][3] * inv;
+                *t = tv;
+            }
+            __syncthreads();
+        }
+#pragma unroll 4
+        for (int r = 0; r < TILE_ROWS; r++) {
+            const float4 t = *(const float4 *)(sv + r * D + ux * 4);
+            float s[S::UJ];
+            if constexpr (S::UJ % 4 == 0) {
+#pragma unroll
+                for (int a = 0; a < S::UJ; a += 4) {
+                    const float4 s4 = *(const float4 *)(sx + r * S::LDX + uy * S::UJ + a);
+                    s[a] = s4.x, s[a + 1] = s4.y, s[a + 2] = s4.z, s[a + 3] = s4.w;
+                }
+            } else {
+#pragma unroll
+                for (int a = 0; a < S::UJ; a++) s[a] = sx[r * S::LDX + uy * S::UJ + a];
+            }
+#pragma unroll
+            for (int a = 0; a < S::UJ; a++) {
+                acc[a][0] += s[a] * t.x, acc[a][1] += s[a] * t.y;
+                acc[a][2] += s[a] * t.z, acc[a][3] += s[a] * t.w;
+            }
+        }
+    }
+    float *P = partM + ((size_t)chunk * heads + h) * D * D;
+#pragma unroll
+    for (int a = 0; a < S::UJ; a++)
+        *(float4 *)(P + (size_t)(uy * S::UJ + a) * D + ux * 4) = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
+    /* z: the threads holding the same 4 columns, added in thread order */
+    __syncthreads(); /* the raw stages are free: the sums go there */
+    double *zred = (double *)raw;
+#pragma unroll
+    for (int c = 0; c < 4; c++) zred[threadIdx.x * 4 + c] = zacc[c];
+    __syncthreads();
+    if (threadIdx.x < D) {
+        const int col = threadIdx.x;
+        double sum = 0;
+        for (int t = col / 4; t < TILE_THREADS; t += S::VEC) sum += zred[t * 4 + col % 4];
+        partz[((size_t)chunk * heads + h) * D + col] = sum;
+    }
+}
+
+/* M[i] += sum over chunks of partM[chunk][i] (i over heads*d*d), then z likewise, chunks in order. */
+__global__ static void chunk_reduce_kernel(int chunks, size_t m_count, size_t z_count, const float *__restrict__ partM,
+                                           const double *__restrict__ partz, float *M, float *z)
+{
+    const size_t total = m_count + z_count;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        if (i < m_count) {
+            float s = 0;
+            for (int c = 0; c < chunks; c++) s += partM[(size_t)c * m_count + i];
+            M[i] += s;
+        } else {
+            const size_t j = i - m_count;
+            double s = 0;
+            for (int c = 0; c < chunks; c++) s += partz[(size_t)c * z_count + j];
+            z[j] += (float)s;
+        }
+    }
+}
+
+/* Rows a chunk (a whole number of tiles) and the chunk count: about TARGET_BLOCKS blocks in all.
+ * A function of n, heads and d alone, so the update's summation order is the same on any GPU. */
+static void tile_chunks(int n, int heads, int d, int *rows_per_chunk, int *chunks)
+{
+    const int tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
+    int want = TARGET_BLOCKS(d) / heads;
+    want = want < 1 ? 1 : want > tiles ? tiles : want;
+    *rows_per_chunk = (tiles + want - 1) / want * TILE_ROWS;
+    *chunks = (n + *rows_per_chunk - 1) / *rows_per_chunk;
+}
+
+static bool tiled_head_dim(int d) { return d == 32 || d == 64 || d == 128; }
+
+/* 16-byte copies need 16-byte aligned rows */
+static bool tiled_layout(int d, int ld, const void *p, const void *r)
+{
+    return tiled_head_dim(d) && ld % 4 == 0 && (uintptr_t)p % 16 == 0 && (uintptr_t)r % 16 == 0;
+}
+
+static size_t tiled_update_bytes(int n, int heads, int d)
+{
+    int rows, chunks;
+    tile_chunks(n, heads, d, &rows, &chunks);
+    return (size_t)chunks * heads * ((size_t)d * d * sizeof(float) + (size_t)d * sizeof(double));
+}
+
+template <int D>
+static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const float *q, const float *M, const float *z,
+                     const float *gate, float *a)
+{
+    int rows, chunks;
+    tile_chunks(n, heads, D, &rows, &chunks);
+    const size_t shared = tile_shared_bytes<D>(true);
+    int rc = sf_cuda_status(cudaFuncSetAttribute(tiled_mix_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)shared),
+                            "memory_mix (shared memory limit)");
+    if (rc != SF_OK) return rc;
+    tiled_mix_kernel<D><<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(
+        n, rows, ld, q, M, z, gate, a);
+    return sf_cuda_launched("memory_mix");
+}
+
+template <int D, bool DELTA>
+static int tiled_update(sf_cuda *c, int n, int heads, int ld, const float *k, const float *v, float *M, float *z)
+{
+    int rows, chunks;
+    tile_chunks(n, heads, D, &rows, &chunks);
+    float *partM = (float *)c->scratch;
+    double *partz = (double *)(partM + (size_t)chunks * heads * D * D);
+    const size_t shared = tile_shared_bytes<D>(DELTA);
+    int rc = sf_cuda_status(cudaFuncSetAttribute(tiled_update_kernel<D, DELTA>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
+                            "memory_update (shared memory limit)");
+    if (rc != SF_OK) return rc;
+    tiled_update_kernel<D, DELTA><<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(
+        n, rows, heads, ld, k, v, M, z, partM, partz);
+    rc = sf_cuda_launched("memory_update (chunk partials)");
+    if (rc != SF_OK) return rc;
+    const size_t m_count = (size_t)heads * D * D, z_count = (size_t)heads * D, total = m_count + z_count;
+    const unsigned blocks = (unsigned)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);
+    chunk_reduce_kernel<<<blocks, 256, 0, c->stream>>>(chunks, m_count, z_count, partM, partz, M, z);
+    return sf_cuda_launched("memory_update (chunk reduce)");
+}
+
+template <int D>
+static int tiled_update_kind(sf_cuda *c, sf_memory_kind kind, int n, int heads, int ld, const float *k,
+                             const float *v, float *M, float *z)
+{
+    return kind == SF_MEMORY_DELTA ? tiled_update<D, true>(c, n, heads, ld, k, v, M, z)
+                                   : tiled_update<D, false>(c, n, heads, ld, k, v, M, z);
+}
+
+/* ---- entry points ------------------------------------------------------------------------ */
 
 static int check_head_dim(int d)
 {
@@ -135,175 +374,22 @@ int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const fl
     sf_cuda *c = sf_cuda_of(be);
     rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    dim3 grid((unsigned)heads, (unsigned)((n + ROW_TILE - 1) / ROW_TILE));
-    size_t shared = (size_t)ROW_TILE * (d + 1) * sizeof(float);
-    retrieve_kernel<<<grid, threads_for(d), shared, c->stream>>>(RETRIEVE_MIX, n, d, ld, q, M, z, gate, NULL, a, ld);
-    rc = sf_cuda_launched("memory_mix");
+    if (tiled_layout(d, ld, q, a) && (uintptr_t)M % 16 == 0) {
+        rc = d == 32    ? tiled_mix<32>(c, n, heads, ld, q, M, z, gate, a)
+             : d == 64 ? tiled_mix<64>(c, n, heads, ld, q, M, z, gate, a)
+                       : tiled_mix<128>(c, n, heads, ld, q, M, z, gate, a);
+    } else {
+        rc = sf_cuda_memory_mix_general(c, n, heads, d, ld, q, M, z, gate, a);
+    }
     sf_cuda_leave(c);
     return rc;
 }
 
-#define SF_UNSUPPORTED_LAYOUT 1 /* batched_update: take the one-kernel update instead */
-
-/* The split update (issue 3, gpuperf2). The products sigma(K_h)^T T_h are d x d with n-deep
- * sums; as one GEMM per head they ran on ~one CTA per head (16 of 132 SMs, ~3 ms a layer).
- * Here the segment rows are cut into chunks: block (chunk, head) sums its chunk into a d x d
- * partial (and the chunk's column sums of sigma(K) for z) in float32 registers, each thread a
- * (d/16) x (d/16) tile; a second kernel adds the partials to M and z in chunk order, so the
- * result is deterministic. sigma is applied while staging, so sigma(K) is never stored. */
-#define SPLIT_THREADS 256
-#define SPLIT_SEG 32          /* rows staged in shared memory per step */
-#define SPLIT_MIN_ROWS 256    /* rows per chunk at least (fewer chunks for short segments) */
-#define SPLIT_MAX_CHUNKS 64
-
-template <int D>
-__global__ static void __launch_bounds__(SPLIT_THREADS)
-    split_partial_kernel(int n, int rows_per_chunk, int heads, int ld, const float *k, const float *target,
-                         int target_ld, float *partM, float *partz)
-{
-    constexpr int T = D / 16; /* thread tile: rows j = tj + 16*a, columns e = te + 16*b */
-    __shared__ float sk[SPLIT_SEG][D];
-    __shared__ float tg[SPLIT_SEG][D];
-    const int chunk = blockIdx.x, h = blockIdx.y;
-    const int tj = threadIdx.x / 16, te = threadIdx.x % 16;
-    const int r_begin = chunk * rows_per_chunk;
-    const int r_end = min(n, r_begin + rows_per_chunk);
-    float acc[T][T];
-#pragma unroll
-    for (int a = 0; a < T; a++)
-#pragma unroll
-        for (int b = 0; b < T; b++) acc[a][b] = 0;
-    float zacc = 0;
-    for (int i0 = r_begin; i0 < r_end; i0 += SPLIT_SEG) {
-        const int rows = min(SPLIT_SEG, r_end - i0);
-        for (int idx = threadIdx.x; idx < SPLIT_SEG * D; idx += SPLIT_THREADS) {
-            const int r = idx / D, col = idx % D;
-            const bool in = r < rows;
-            sk[r][col] = in ? sigma(k[(size_t)(i0 + r) * ld + (size_t)h * D + col]) : 0.0f;
-            tg[r][col] = in ? target[(size_t)(i0 + r) * target_ld + (size_t)h * D + col] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll 4
-        for (int r = 0; r < SPLIT_SEG; r++) {
-            float x[T], y[T];
-#pragma unroll
-            for (int a = 0; a < T; a++) x[a] = sk[r][tj + 16 * a];
-#pragma unroll
-            for (int b = 0; b < T; b++) y[b] = tg[r][te + 16 * b];
-#pragma unroll
-            for (int a = 0; a < T; a++)
-#pragma unroll
-                for (int b = 0; b < T; b++) acc[a][b] += x[a] * y[b];
-        }
-        if (threadIdx.x < D)
-            for (int r = 0; r < rows; r++) zacc += sk[r][threadIdx.x];
-        __syncthreads();
-    }
-    float *P = partM + ((size_t)chunk * heads + h) * D * D;
-#pragma unroll
-    for (int a = 0; a < T; a++)
-#pragma unroll
-        for (int b = 0; b < T; b++) P[(size_t)(tj + 16 * a) * D + te + 16 * b] = acc[a][b];
-    if (threadIdx.x < D) partz[((size_t)chunk * heads + h) * D + threadIdx.x] = zacc;
-}
-
-/* M[i] += sum over chunks of partM[chunk][i] (i over heads*d*d), then z likewise. */
-__global__ static void split_reduce_kernel(int chunks, size_t m_count, size_t z_count, const float *partM,
-                                           const float *partz, float *M, float *z)
-{
-    const size_t total = m_count + z_count;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        if (i < m_count) {
-            float s = 0;
-            for (int c = 0; c < chunks; c++) s += partM[(size_t)c * m_count + i];
-            M[i] += s;
-        } else {
-            const size_t j = i - m_count;
-            double s = 0; /* z sums positive terms over the whole stream: double here, as on the CPU */
-            for (int c = 0; c < chunks; c++) s += partz[(size_t)c * z_count + j];
-            z[j] += (float)s;
-        }
-    }
-}
-
-static int split_chunks(int n)
-{
-    int chunks = (n + SPLIT_MIN_ROWS - 1) / SPLIT_MIN_ROWS;
-    return chunks > SPLIT_MAX_CHUNKS ? SPLIT_MAX_CHUNKS : chunks;
-}
-
-/* bytes of the partials of split_update (0 when d has no split kernel) */
-static size_t split_bytes(int n, int heads, int d)
-{
-    if (d != 32 && d != 64 && d != 128) return 0;
-    return (size_t)split_chunks(n) * heads * ((size_t)d * d + d) * sizeof(float);
-}
-
-static int split_update(sf_cuda *c, void *part, int n, int heads, int d, int ld, const float *k, const float *target,
-                        int target_ld, float *M, float *z)
-{
-    const int chunks = split_chunks(n);
-    int rows = (n + chunks - 1) / chunks;
-    rows = (rows + SPLIT_SEG - 1) / SPLIT_SEG * SPLIT_SEG;
-    const int used = (n + rows - 1) / rows; /* rounding the chunk up can leave the last ones empty */
-    float *partM = (float *)part;
-    float *partz = partM + (size_t)used * heads * d * d;
-    dim3 grid((unsigned)used, (unsigned)heads);
-    if (d == 32)
-        split_partial_kernel<32><<<grid, SPLIT_THREADS, 0, c->stream>>>(n, rows, heads, ld, k, target, target_ld, partM, partz);
-    else if (d == 64)
-        split_partial_kernel<64><<<grid, SPLIT_THREADS, 0, c->stream>>>(n, rows, heads, ld, k, target, target_ld, partM, partz);
-    else
-        split_partial_kernel<128><<<grid, SPLIT_THREADS, 0, c->stream>>>(n, rows, heads, ld, k, target, target_ld, partM, partz);
-    int rc = sf_cuda_launched("memory_update (split partials)");
-    if (rc != SF_OK) return rc;
-    const size_t m_count = (size_t)heads * d * d, z_count = (size_t)heads * d;
-    const size_t total = m_count + z_count;
-    unsigned blocks = (unsigned)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);
-    split_reduce_kernel<<<blocks, 256, 0, c->stream>>>(used, m_count, z_count, partM, partz, M, z);
-    return sf_cuda_launched("memory_update (split reduce)");
-}
-
-static size_t update_part_bytes(int n, int width) { return ((size_t)n * width * sizeof(float) + 255) / 256 * 256; }
-
-/* The update as cuBLAS products, which is what it is: per head M_h += sigma(K_h)^T T_h, one
- * strided-batched SGEMM over the heads (float32, DEFAULT math: no TF32), and z += the column
- * sums of sigma(K) as one SGEMV against a vector of ones. Read column-major, row-major
- * M_h[j][e] is C = M_h^T (d x d), T_h is (d x n) with ld target_ld and sigma(K_h) (d x n) with
- * ld width, so C += T_h * sigma(K_h)^T. sigma(K) and the ones go to the scratch after the
- * delta target (reserve sizes it); without room, the one-kernel update runs. */
-static int batched_update(sf_cuda *c, int n, int heads, int d, int ld, const float *k, const float *target,
-                          int target_ld, float *M, float *z)
-{
-    const int width = heads * d;
-    /* the delta target sits at the start of the scratch; sigma(K) and the ones follow it */
-    size_t offset = (target == (const float *)c->scratch) ? update_part_bytes(n, width) : 0;
-    if (offset + update_part_bytes(n, width) + (size_t)n * sizeof(float) > c->scratch_bytes) return SF_UNSUPPORTED_LAYOUT;
-    float *sk = (float *)((char *)c->scratch + offset);
-    float *ones = (float *)((char *)sk + update_part_bytes(n, width));
-    size_t count = (size_t)n * width;
-    unsigned blocks = (unsigned)((count + 255) / 256 < 4096 ? (count + 255) / 256 : 4096);
-    sigma_rows_kernel<<<blocks, 256, 0, c->stream>>>(n, width, ld, k, sk, ones);
-    int rc = sf_cuda_launched("memory_update (sigma)");
-    const float one = 1.0f;
-    if (rc == SF_OK)
-        rc = sf_cublas_status(cublasSgemmStridedBatched(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, d, d, n, &one, target,
-                                                        target_ld, d, sk, width, d, &one, M, d, (long long)d * d,
-                                                        heads),
-                              "memory_update (batched SGEMM)");
-    if (rc == SF_OK)
-        rc = sf_cublas_status(cublasSgemv(c->blas, CUBLAS_OP_N, width, n, &one, sk, width, ones, 1, &one, z, 1),
-                              "memory_update (z)");
-    return rc;
-}
-
-/* [delta target] then [partial sums] (split) or [sigma(K)][ones] (batched): as laid out below */
+/* the tiled update's partial sums, or the general update's buffers (the sizes reserve() asks for) */
 size_t sf_cuda_memory_update_scratch_bytes(int n, int heads, int d)
 {
     if (n <= 0 || heads <= 0 || d <= 0) return 0;
-    const size_t part = update_part_bytes(n, heads * d), split = split_bytes(n, heads, d);
-    const size_t rest = split ? split : part + (size_t)n * sizeof(float);
-    return part + rest;
+    return tiled_head_dim(d) ? tiled_update_bytes(n, heads, d) : sf_cuda_memory_general_bytes(n, heads, d, 1);
 }
 
 int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
@@ -315,34 +401,16 @@ int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads,
     sf_cuda *c = sf_cuda_of(be);
     rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    const float *target = v;
-    int target_ld = ld;
-    const int width = heads * d;
-    /* [delta target] [sigma(K)] [ones] or [delta target] [partial sums]: reserve() sized it
-     * (sf_cuda_memory_update_scratch_bytes); a caller that did not reserve grows it here, once */
-    const size_t split = split_bytes(n, heads, d);
-    const size_t target_bytes = kind == SF_MEMORY_DELTA ? update_part_bytes(n, width) : 0;
-    rc = sf_cuda_scratch(c, split ? target_bytes + split
-                                  : target_bytes + update_part_bytes(n, width) + (size_t)n * sizeof(float));
-    if (kind == SF_MEMORY_DELTA) {
-        if (rc == SF_OK) {
-            dim3 grid((unsigned)heads, (unsigned)((n + ROW_TILE - 1) / ROW_TILE));
-            size_t shared = (size_t)ROW_TILE * (d + 1) * sizeof(float);
-            retrieve_kernel<<<grid, threads_for(d), shared, c->stream>>>(RETRIEVE_DELTA, n, d, ld, k, M, z, NULL, v,
-                                                                         (float *)c->scratch, width);
-            rc = sf_cuda_launched("memory_update (delta target)");
-            target = (const float *)c->scratch, target_ld = width;
-        }
-    }
-    if (rc == SF_OK && split)
-        rc = split_update(c, (char *)c->scratch + target_bytes, n, heads, d, ld, k, target, target_ld, M, z);
-    else if (rc == SF_OK)
-        rc = batched_update(c, n, heads, d, ld, k, target, target_ld, M, z);
-    if (rc == SF_UNSUPPORTED_LAYOUT) {
-        dim3 grid((unsigned)heads, (unsigned)((d + COL_TILE - 1) / COL_TILE));
-        size_t shared = ((size_t)SEG_TILE * COL_TILE + (size_t)SEG_TILE * d) * sizeof(float);
-        update_kernel<<<grid, threads_for(d), shared, c->stream>>>(n, d, ld, k, target, target_ld, M, z);
-        rc = sf_cuda_launched("memory_update");
+    if (tiled_layout(d, ld, k, v) && (uintptr_t)M % 16 == 0) {
+        /* reserve() sized the partials (sf_cuda_memory_update_scratch_bytes); a caller that did
+         * not reserve grows the scratch here, once */
+        rc = sf_cuda_scratch(c, tiled_update_bytes(n, heads, d));
+        if (rc == SF_OK)
+            rc = d == 32    ? tiled_update_kind<32>(c, kind, n, heads, ld, k, v, M, z)
+                 : d == 64 ? tiled_update_kind<64>(c, kind, n, heads, ld, k, v, M, z)
+                           : tiled_update_kind<128>(c, kind, n, heads, ld, k, v, M, z);
+    } else {
+        rc = sf_cuda_memory_update_general(c, kind, n, heads, d, ld, k, v, M, z);
     }
     sf_cuda_leave(c);
     return rc;

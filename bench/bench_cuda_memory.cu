@@ -1,0 +1,256 @@
+/* Checks the CUDA compressive-memory ops (memory_mix, memory_update linear and delta) against
+ * the CPU twin kernels/cpu/memory.c on fresh random inputs of several shapes, then times them at
+ * the reference shape (n=8192 rows, H=16 heads, d=64, ld=1024): median of many runs with CUDA
+ * events after warm-up, against the bytes floor (each input row read once, a written once) at
+ * 3.0 TB/s. (The kernels before the tiled rewrite, memory.cu at commit e0d1bbe, were timed
+ * beside these by the same program; their numbers are in bench/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
+ * call, so partials it fails to write show up as NaN; the delta update runs twice on the same
+ * inputs and must give the same bits. Exit status 1 when any check fails.
+ * Usage: bench_cuda_memory [reps] (0: the checks alone) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "seqflow/seqflow.h"
+
+#define CUDA_OK(x)                                                                                  \
+    do {                                                                                            \
+        cudaError_t e_ = (x);                                                                       \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
+            exit(2);                                                                                \
+        }                                                                                           \
+    } while (0)
+#define SF_OK_OR_DIE(x)                                                                             \
+    do {                                                                                            \
+        int rc_ = (x);                                                                              \
+        if (rc_ != SF_OK) {                                                                         \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, sf_last_error());             \
+            exit(2);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+#define TOL 1e-4
+#define FLOOR_TBS 3.0
+
+static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
+static double uniform01(void)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return ((rng_state >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+static void fill_normal(std::vector<float> &x, double scale)
+{
+    for (size_t i = 0; i < x.size(); i++)
+        x[i] = (float)(scale * sqrt(-2.0 * log(uniform01())) * cos(6.283185307179586 * uniform01()));
+}
+static void fill_uniform(std::vector<float> &x, double lo, double hi)
+{
+    for (size_t i = 0; i < x.size(); i++) x[i] = (float)(lo + (hi - lo) * uniform01());
+}
+
+static double rel_err(const std::vector<float> &got, const std::vector<float> &want)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d, den += (double)want[i] * want[i];
+    }
+    return sqrt(num) / (den > 0 ? sqrt(den) : 1.0); /* NaN in got stays NaN */
+}
+
+static float *upload(const std::vector<float> &h)
+{
+    float *d;
+    CUDA_OK(cudaMalloc(&d, h.size() * sizeof(float) + 16));
+    CUDA_OK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+static std::vector<float> download(const float *d, size_t count)
+{
+    std::vector<float> h(count);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(h.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+typedef int (*mix_fn)(sf_backend *, int, int, int, int, const float *, const float *, const float *, const float *,
+                      float *);
+typedef int (*update_fn)(sf_backend *, sf_memory_kind, int, int, int, int, const float *, const float *, float *,
+                         float *);
+
+struct impl {
+    const char *name;
+    mix_fn mix;
+    update_fn update;
+};
+static const impl impls[] = {{"tiled", sf_cuda_memory_mix, sf_cuda_memory_update}};
+
+static sf_backend *cpu, *gpu;
+static int failures;
+
+static void poison_scratch(void)
+{
+    sf_cuda *c = sf_cuda_of(gpu);
+    if (c->scratch) CUDA_OK(cudaMemsetAsync(c->scratch, 0xff, c->scratch_bytes, c->stream)); /* NaN floats and doubles */
+}
+
+static void report(const char *impl_name, const char *what, int n, int H, int d, int ld, double err)
+{
+    const bool ok = err <= TOL; /* NaN fails */
+    printf("  %-3s %-22s n=%5d H=%2d d=%3d ld=%4d  rel err %.3e  %s\n", impl_name, what, n, H, d, ld, err,
+           ok ? "ok" : "FAIL");
+    if (!ok) failures++;
+}
+
+/* One shape: the CPU twin once, then every implementation on the same inputs. */
+static void check_shape(int n, int H, int d, int ld, int ld_offset)
+{
+    const size_t rows = (size_t)n * ld + ld_offset, hdd = (size_t)H * d * d, hd = (size_t)H * d;
+    std::vector<float> q(rows), k(rows), v(rows), a(rows), M(hdd), z(hd), g(H);
+    fill_normal(q, 1), fill_normal(k, 1), fill_normal(v, 1), fill_normal(a, 1);
+    /* a memory that has seen a few segments: z positive and large, M of matching scale */
+    fill_normal(M, 3), fill_uniform(z, 20, 60), fill_normal(g, 1);
+    const float *cq = q.data() + ld_offset, *ck = k.data() + ld_offset, *cv = v.data() + ld_offset;
+    std::vector<float> want_a = a;
+    SF_OK_OR_DIE(cpu->ops->memory_mix(cpu, n, H, d, ld, cq, M.data(), z.data(), g.data(), want_a.data() + ld_offset));
+    std::vector<float> want_M[2] = {M, M}, want_z[2] = {z, z};
+    for (int kind = 0; kind < 2; kind++)
+        SF_OK_OR_DIE(cpu->ops->memory_update(cpu, kind ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR, n, H, d, ld, ck, cv,
+                                             want_M[kind].data(), want_z[kind].data()));
+    float *dq = upload(q), *dk = upload(k), *dv = upload(v), *dg = upload(g), *dM = upload(M), *dz = upload(z);
+    for (const impl &im : impls) {
+        float *da = upload(a);
+        poison_scratch();
+        SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, dq + ld_offset, dM, dz, dg, da + ld_offset));
+        report(im.name, "memory_mix", n, H, d, ld, rel_err(download(da, rows), want_a));
+        CUDA_OK(cudaFree(da));
+        for (int kind = 0; kind < 2; kind++) {
+            const sf_memory_kind mk = kind ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR;
+            std::vector<float> first_M, first_z;
+            for (int rep = 0; rep < 2; rep++) { /* twice on the same inputs: the same bits */
+                float *uM = upload(M), *uz = upload(z);
+                poison_scratch();
+                SF_OK_OR_DIE(im.update(gpu, mk, n, H, d, ld, dk + ld_offset, dv + ld_offset, uM, uz));
+                std::vector<float> got_M = download(uM, hdd), got_z = download(uz, hd);
+                CUDA_OK(cudaFree(uM));
+                CUDA_OK(cudaFree(uz));
+                if (rep == 0) {
+                    report(im.name, kind ? "memory_update delta: M" : "memory_update linear: M", n, H, d, ld,
+                           rel_err(got_M, want_M[kind]));
+                    report(im.name, kind ? "memory_update delta: z" : "memory_update linear: z", n, H, d, ld,
+                           rel_err(got_z, want_z[kind]));
+                    first_M = got_M, first_z = got_z;
+                } else if (memcmp(first_M.data(), got_M.data(), hdd * 4) || memcmp(first_z.data(), got_z.data(), hd * 4)) {
+                    printf("  %-3s memory_update %s n=%d H=%d d=%d: two runs differ  FAIL\n", im.name,
+                           kind ? "delta" : "linear", n, H, d);
+                    failures++;
+                }
+            }
+        }
+    }
+    for (float *p : {dq, dk, dv, dg, dM, dz}) CUDA_OK(cudaFree(p));
+}
+
+static double median(std::vector<float> t)
+{
+    std::sort(t.begin(), t.end());
+    return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+}
+
+/* Times op (0 mix, 1 linear, 2 delta) of one implementation: `sets` input sets in rotation (more
+ * than L2 holds), M and z restored before each run outside the timed region. */
+static void time_op(const impl &im, int op, int reps, int n, int H, int d, int sets, float *const *x,
+                    float *const *y, float *const *a, const float *M0, const float *z0, float *M, float *z,
+                    const float *gate)
+{
+    sf_cuda *c = sf_cuda_of(gpu);
+    const int ld = H * d, warm = 5;
+    const size_t mbytes = (size_t)H * d * d * 4, zbytes = (size_t)H * d * 4;
+    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
+    for (cudaEvent_t &e : ev) CUDA_OK(cudaEventCreate(&e));
+    for (int r = -warm; r < reps; r++) {
+        const int s = (r + warm) % sets;
+        if (op) {
+            CUDA_OK(cudaMemcpyAsync(M, M0, mbytes, cudaMemcpyDeviceToDevice, c->stream));
+            CUDA_OK(cudaMemcpyAsync(z, z0, zbytes, cudaMemcpyDeviceToDevice, c->stream));
+        }
+        if (r >= 0) CUDA_OK(cudaEventRecord(ev[2 * r], c->stream));
+        if (op == 0)
+            SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, x[s], M0, z0, gate, a[s]));
+        else
+            SF_OK_OR_DIE(im.update(gpu, op == 2 ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR, n, H, d, ld, x[s], y[s], M, z));
+        if (r >= 0) CUDA_OK(cudaEventRecord(ev[2 * r + 1], c->stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(c->stream));
+    std::vector<float> ms(reps);
+    for (int r = 0; r < reps; r++) CUDA_OK(cudaEventElapsedTime(&ms[r], ev[2 * r], ev[2 * r + 1]));
+    for (cudaEvent_t &e : ev) CUDA_OK(cudaEventDestroy(e));
+    const double med = median(ms), lo = *std::min_element(ms.begin(), ms.end());
+    const double rows_bytes = (double)n * ld * 4, bytes = (op == 0 ? 3 : 2) * rows_bytes;
+    const double flops = (op == 2 ? 4.0 : 2.0) * n * H * (double)d * d;
+    const double gbs = bytes / (med * 1e-3) / 1e9;
+    printf("| %-13s | %-3s | %8.4f | %8.4f | %7.1f | %5.1f%% | %7.4f | %6.1f |\n",
+           op == 0 ? "memory_mix" : op == 1 ? "update linear" : "update delta", im.name, med, lo, gbs,
+           100 * gbs / (FLOOR_TBS * 1000), bytes / (FLOOR_TBS * 1e12) * 1e3, flops / (med * 1e-3) / 1e12);
+}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 50;
+    SF_OK_OR_DIE(sf_backend_create("cpu", 0, &cpu));
+    SF_OK_OR_DIE(sf_backend_create_ex("cuda", 0, SF_PRECISION_F32, &gpu));
+    const int n = 8192, H = 16, d = 64, ld = H * d, sets = 3;
+    /* as the pipeline does: reserve sizes the scratch for the reference shape */
+    if (gpu->ops->reserve) SF_OK_OR_DIE(gpu->ops->reserve(gpu, n, ld, H, d));
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+    printf("checks against the CPU twin (tolerance %.0e):\n", TOL);
+    check_shape(n, H, d, ld, 0);          /* the reference shape */
+    check_shape(256, 4, 64, 260, 0);      /* test_backend_ops's d=64 shape */
+    check_shape(5000, 16, 64, 1028, 0);   /* d=64 chunks of several tiles, the last ones partial */
+    check_shape(1000, 5, 64, 324, 0);
+    check_shape(1, 3, 64, 196, 0);
+    check_shape(1000, 3, 128, 388, 0);
+    check_shape(77, 5, 32, 164, 0);
+    check_shape(3000, 32, 32, 1024, 0);
+    check_shape(300, 4, 48, 196, 0);      /* a general head size */
+    check_shape(100, 2, 64, 129, 0);      /* rows not 16-byte aligned: the general kernels */
+    check_shape(100, 2, 64, 128, 1);      /* base not 16-byte aligned: the general kernels */
+
+    if (reps <= 0) { /* checks only (e.g. under a profiler) */
+        sf_backend_free(gpu);
+        sf_backend_free(cpu);
+        printf("\nbench_cuda_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
+        return failures ? 1 : 0;
+    }
+    /* timing: `sets` input sets of q/k (x), v (y) and a, 32 MiB each */
+    std::vector<float> h((size_t)n * ld), M0h((size_t)H * d * d), z0h((size_t)H * d), gh(H);
+    float *x[sets], *y[sets], *a[sets];
+    for (int s = 0; s < sets; s++) {
+        fill_normal(h, 1), x[s] = upload(h);
+        fill_normal(h, 1), y[s] = upload(h);
+        fill_normal(h, 1), a[s] = upload(h);
+    }
+    fill_normal(M0h, 3), fill_uniform(z0h, 20, 60), fill_normal(gh, 1);
+    float *M0 = upload(M0h), *z0 = upload(z0h), *M = upload(M0h), *z = upload(z0h), *gate = upload(gh);
+    printf("\ntimes at n=%d H=%d d=%d ld=%d, median of %d after 5 warm-up, %d input sets in rotation\n", n, H, d, ld,
+           reps, sets);
+    printf("| op            | ver | median ms | min ms | GB/s | of %.1f TB/s | floor ms | TFLOP/s |\n", FLOOR_TBS);
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (int op = 0; op < 3; op++)
+        for (const impl &im : impls) time_op(im, op, reps, n, H, d, sets, x, y, a, M0, z0, M, z, gate);
+    for (int s = 0; s < sets; s++)
+        for (float *p : {x[s], y[s], a[s]}) CUDA_OK(cudaFree(p));
+    for (float *p : {M0, z0, M, z, gate}) CUDA_OK(cudaFree(p));
+    sf_backend_free(gpu);
+    sf_backend_free(cpu);
+    printf("\nbench_cuda_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,50 @@
+/* What the workspace kernels of sf_cuda_attention_bf16 share (attention_bf16_ws.cu, which
+ * defines these, and attention_wgmma.cu): the bf16 K/V pre-pass into the workspace, the block
+ * size T, and the heaviest-first order of (position block, head) items. C++ only. */
+#ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_STAGING_H
+#define SEQFLOW_KERNELS_CUDA_ATTENTION_STAGING_H
+
+#include <stddef.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attention_mma.cuh"
+#include "seqflow/backend.h"
+
+#define SF_ATT_ORDER_MAX 1024 /* position blocks the heaviest-first order covers */
+
+struct att_order {
+    int count; /* 0: plain order, last positions first */
+    unsigned short block[SF_ATT_ORDER_MAX];
+};
+
+/* The workspace's bf16 copies, head-major [head][row][d]: kb/vb of desc->n rows, gkb/gvb of
+ * desc->n_global rows. */
+struct att_staged {
+    const __nv_bfloat16 *kb, *vb, *gkb, *gvb;
+};
+
+/* Checks the alignment the staged kernels need (SF_E_UNSUPPORTED otherwise, nothing launched). */
+int att_check_staged_inputs(const sf_attention_desc *desc, const float *q, const float *k, const float *v);
+
+/* Positions per block for query tiles of `bm` dilated rows: a multiple of every dilation that
+ * holds one full tile of the most dilated branch. SF_E_UNSUPPORTED for dilations too varied. */
+int att_block_positions(const att_branches &br, int bm, long *T);
+
+/* Launches the pre-pass on `stream`: K, V and the global tokens to bf16 in `ws` (laid out as
+ * sf_cuda_attention_workspace_bytes says); fills *staged with where they are. `streaming`
+ * reads the float32 inputs as evict-first in L2. */
+int att_stage_workspace(const sf_attention_desc *desc, const float *k, const float *v, unsigned char *ws,
+                        att_staged *staged, cudaStream_t stream, bool streaming = false);
+
+/* Orders the position blocks of T positions by their query-key pairs, heaviest first. */
+void att_heaviest_first(const sf_attention_desc *d, const att_branches &br, int T, int nblocks, att_order *ord);
+
+/* The Hopper wgmma kernels (attention_wgmma.cu, variants >= SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT):
+ * whether they can run this desc on the current device (compute capability 9.0, d = 64), and
+ * their launcher (workspace already validated). */
+bool att_wgmma_usable(const sf_attention_desc *desc);
+int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q,
+                     const float *k, const float *v, float *out, unsigned char *ws, cudaStream_t stream);
+
+#endif

@@ -1,0 +1,545 @@
+/* Dilated local attention on Hopper warpgroup MMA (wgmma, sm_90a), d = 64 (SPEC 3 and 5);
+ * reference: sf_cpu_attention. Variants >= SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT of
+ * sf_cuda_attention_bf16 (bench/ATTENTION_NOTES.md says what each measured).
+ *
+ * Same contract, workspace and block structure as the staged kernels (attention_bf16_ws.cu):
+ * the shared pre-pass stages K/V/globals as bf16 [head][row][64]; a block of one warpgroup owns
+ * T positions of one head, walks every branch's query tiles of 64 dilated rows and then the
+ * global tokens, and merges each finished tile into `out` by log-sum-exp; heaviest blocks first.
+ *
+ * What changes is the inner loop. mma.sync needs every B fragment brought to registers by
+ * ldmatrix and issues 16x8x16 products per warp; wgmma reads K and V straight from shared memory
+ * (128-byte-swizzled tiles, so no padding and no bank conflicts) and computes 64 x N x 16 per
+ * instruction for the whole warpgroup, asynchronously. S = Q K^T takes Q as a swizzled
+ * shared-memory tile (or bf16 register fragments) and K as a K-major operand; P stays in
+ * registers (the accumulator layout of S is the A-fragment layout of P V) and V, stored
+ * [keys][d], is the MN-major ("transposed") B operand, so nothing is transposed or copied. K/V
+ * tiles arrive by 16-byte cp.async (zero-fill past the end of the keys, as the staged kernels
+ * do). The softmax (float32, exp2 domain, masks only on tiles that need them) is the staged
+ * kernels' own.
+ *
+ * Overlap: several blocks share a multiprocessor, so one block's softmax runs while another's
+ * products occupy the tensor cores. The OVERLAP variants also issue the next tile's S = Q K^T
+ * before this tile's exps, inside one warpgroup (FlashAttention-3's intra-warpgroup pipe); it
+ * measured no faster (bench/ATTENTION_NOTES.md). The default, variant 18, is the plain loop
+ * with Q in shared memory, three K/V stages, three blocks a multiprocessor and evict-first
+ * float32 traffic. */
+#include <math.h>
+#include <stdint.h>
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/attention_bf16_variants.h"
+#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_staging.h"
+#include "kernels/cuda/attention_wgmma.cuh"
+#include "kernels/cuda/cuda_attention.h"
+#include "seqflow/error.h"
+
+#define WG_D 64 /* head width: one 128-byte swizzle row a key */
+
+/* One tile's keys, as kv_src of attention_bf16_ws.cu: dilated key x is row x of k/v (already
+ * offset to the head and row o, `stride` bf16 apart); a key is masked for a query unless both
+ * sit in the same window of `win` dilated rows and (causal) key <= query. */
+struct wg_src {
+    const __nv_bfloat16 *k, *v;
+    size_t stride;
+    int kbeg, kend, win, causal;
+};
+
+/* A variant: BN keys a tile, STAGES tiles in flight, OVERLAP (next S issued under the softmax),
+ * QS (Q as a shared-memory operand instead of registers), NWG consumer warpgroups of 64 query
+ * rows each sharing every K/V tile, STREAM (float32 data read or written once, Q and the
+ * pre-pass's K/V reads and the final output stores, go evict-first, so that L2 keeps the bf16
+ * K/V tiles that every query tile re-reads). */
+template <int BN_, int STAGES_, bool OVERLAP_, bool QS_, int NWG_, bool STREAM_ = false>
+struct wg_cfg {
+    static constexpr int BN = BN_, STAGES = STAGES_, NWG = NWG_;
+    static constexpr bool OVERLAP = OVERLAP_, QS = QS_, STREAM = STREAM_;
+    static constexpr int THREADS = 128 * NWG, BM = 64 * NWG; /* BM: query rows a tile */
+    static constexpr int TILE = BN * WG_D * 2;  /* bytes of a K or a V tile */
+    static constexpr int STAGE = 2 * TILE;      /* K tile then V tile, each 1024-byte aligned */
+    static constexpr int KV_BYTES = STAGES * STAGE;
+    static constexpr int Q_BYTES = 64 * WG_D * 2; /* a warpgroup's Q tile when QS */
+    static constexpr int PER_THREAD = BN * 8 / THREADS; /* 16-byte chunks of a tile a thread */
+    static_assert(BN == 64 || BN == 128, "S = Q K^T is one m64n64 or m64n128 product a k-step");
+    static_assert(!OVERLAP || (STAGES >= 3 && NWG == 1), "the next tile's K is read while this tile's V is");
+    static_assert(NWG == 1 || QS, "two warpgroups run under the 128-register cap: Q in shared memory");
+};
+
+#if SF_WGMMA_ENABLED
+__device__ __forceinline__ void cp_async16_sh(uint32_t saddr, const void *gmem, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
+/* K and V rows [k0, k0 + BN) into the stage at shared address `stage`, swizzled. */
+template <class C>
+__device__ __forceinline__ void wg_issue_tile(const wg_src &s, int k0, uint32_t stage)
+{
+#pragma unroll
+    for (int u = 0; u < C::PER_THREAD; u++) {
+        const int f = threadIdx.x + u * C::THREADS, key = f / 8, c8 = f % 8;
+        const int x = k0 + key;
+        const bool ok = x < s.kend;
+        const size_t off = (ok ? (size_t)x * s.stride : 0) + c8 * 8;
+        const uint32_t dst = sw128_offset(key, c8);
+        cp_async16_sh(stage + dst, s.k + off, ok ? 16 : 0);
+        cp_async16_sh(stage + C::TILE + dst, s.v + off, ok ? 16 : 0);
+    }
+}
+
+/* S[64 x BN] = Q K^T: Q from registers (QS false) or from the swizzled Q tile at shared
+ * address qaddr (QS true), K K-major (a k16 step is 32 bytes along the row). */
+template <int BN, bool QS>
+__device__ __forceinline__ void wg_qk(float *s, const uint32_t (*qf)[4], uint32_t qaddr, uint32_t kaddr)
+{
+#pragma unroll
+    for (int kc = 0; kc < WG_D / 16; kc++) {
+        const uint64_t desc = sw128_desc(kaddr + kc * 32, 16, 1024);
+        if constexpr (QS) {
+            const uint64_t qdesc = sw128_desc(qaddr + kc * 32, 16, 1024);
+            if constexpr (BN == 64)
+                wgmma_m64n64k16_ss<0>(s, qdesc, desc, kc > 0);
+            else
+                wgmma_m64n128k16_ss<0>(s, qdesc, desc, kc > 0);
+        } else {
+            if constexpr (BN == 64)
+                wgmma_m64n64k16_rs<0>(s, qf[kc], desc, kc > 0);
+            else
+                wgmma_m64n128k16_rs<0>(s, qf[kc], desc, kc > 0);
+        }
+    }
+}
+
+/* O[64 x 64] += P V: P from registers, V MN-major (a k16 step is 16 key rows = 2048 bytes). */
+template <int BN>
+__device__ __forceinline__ void wg_pv(float *acc, const uint32_t (*pa)[4], uint32_t vaddr)
+{
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; kc++) wgmma_m64n64k16_rs<1>(acc, pa[kc], sw128_desc(vaddr + kc * 2048, 16, 1024), 1);
+}
+
+/* The softmax of one S tile, in two halves so that the next tile's S = Q K^T can be issued
+ * between them (after the first half has rescaled O, which the tensor cores must not see
+ * change while products are in flight). s[4j + 2h + e] is row wrow + 8h, key k0 + 8j + 2t + e
+ * (the wgmma accumulator layout). First half: masks S when the tile needs it, updates the
+ * running max of this thread's two rows (wrow, wrow + 8), rescales O and the running sums;
+ * leaves in base[] what the second half subtracts. */
+template <int BN>
+__device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &src, int wrow, bool need_mask, float c,
+                                               float *mrow, float *lrow, float *acc, float *base)
+{
+    const int t = threadIdx.x & 3;
+    if (need_mask) {
+        /* row wrow + 8h takes keys [klo[h], khi[h]): its window, cut at the end of the keys and
+         * (causal) at the row */
+        int klo[2], khi[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int x = wrow + 8 * hr;
+            klo[hr] = x / src.win * src.win;
+            khi[hr] = min(klo[hr] + src.win, src.kend);
+            if (src.causal) khi[hr] = min(khi[hr], x + 1);
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + j * 8 + 2 * t + (e & 1);
+                if (key < klo[e >> 1] || key >= khi[e >> 1]) s[4 * j + e] = -INFINITY;
+            }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(mrow[hr], mx * c);
+        base[hr] = mnew == -INFINITY ? 0.0f : mnew;
+        const float corr = fast_exp2(mrow[hr] - base[hr]);
+        mrow[hr] = mnew;
+        lrow[hr] *= corr;
+#pragma unroll
+        for (int j = 0; j < WG_D / 8; j++) acc[4 * j + 2 * hr] *= corr, acc[4 * j + 2 * hr + 1] *= corr;
+    }
+}
+
+/* Second half: P = exp2(S c - base), the running sums, and P packed as the A fragments of P V.
+ * P goes to fresh registers, not over S: writing into a wgmma accumulator's registers while the
+ * other S set is in flight makes ptxas serialize the wgmmas (warning C7515). */
+template <int BN>
+__device__ __forceinline__ void wg_softmax_exp(const float *s, float c, const float *base, float *lrow, uint32_t (*pa)[4])
+{
+    float p[BN / 2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float sum = 0;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            p[4 * j + 2 * hr] = fast_exp2(fmaf(s[4 * j + 2 * hr], c, -base[hr]));
+            p[4 * j + 2 * hr + 1] = fast_exp2(fmaf(s[4 * j + 2 * hr + 1], c, -base[hr]));
+            sum += p[4 * j + 2 * hr] + p[4 * j + 2 * hr + 1];
+        }
+        lrow[hr] += sum;
+    }
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; kc++) {
+        pa[kc][0] = pack_bf16(p[8 * kc + 0], p[8 * kc + 1]);
+        pa[kc][1] = pack_bf16(p[8 * kc + 2], p[8 * kc + 3]);
+        pa[kc][2] = pack_bf16(p[8 * kc + 4], p[8 * kc + 5]);
+        pa[kc][3] = pack_bf16(p[8 * kc + 6], p[8 * kc + 7]);
+    }
+}
+
+/* One query tile: dilated rows [qs, qe), query row x at qbase + x*qstride (float32), output row
+ * at position opos0 + x*ostep; merges into out / m_s / l_s (indexed by position - P). Every
+ * thread of the block calls it (it holds block barriers). `kv`: shared address of the stages. */
+template <class C>
+__device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, int qs, int qe, int opos0, int ostep,
+                        int P, float *out, size_t ld, float c, uint32_t qaddr, uint32_t kv, float *m_s, float *l_s)
+{
+    constexpr int BN = C::BN, STAGES = C::STAGES;
+    constexpr bool QS = C::QS;
+    const int nkt = (src.kend - src.kbeg + BN - 1) / BN;
+    if (nkt <= 0) return;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int warp = tid / 32, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    /* this warpgroup's rows [qs_w, qe_w) (none when qe_w <= qs_w); this thread's: wrow, wrow + 8 */
+    const int qs_w = qs + 64 * wg, qe_w = min(qe, qs_w + 64);
+    const int wrow = qs_w + warp * 16 + g;
+    qaddr += wg * C::Q_BYTES;
+
+#pragma unroll
+    for (int p = 0; p < STAGES - 1; p++) {
+        if (p < nkt) wg_issue_tile<C>(src, src.kbeg + p * BN, kv + p * C::STAGE);
+        cp_async_commit();
+    }
+    uint32_t qf[WG_D / 16][4]; /* unused when QS */
+    if constexpr (QS) {
+        /* Q tile to shared memory, swizzled like K: rows past qe are zeros. The previous tile's
+         * products are done with it (each thread waited, then a barrier). */
+#pragma unroll
+        for (int u = 0; u < 64 * 8 / 128; u++) {
+            const int f = tid + u * 128, row = f / 8, c8 = f % 8, x = qs_w + row;
+            float4 a = make_float4(0, 0, 0, 0), b = a;
+            if (x < qe_w) {
+                const float4 *qr = reinterpret_cast<const float4 *>(qbase + (size_t)x * qstride + c8 * 8);
+                a = C::STREAM ? __ldcs(qr) : __ldg(qr), b = C::STREAM ? __ldcs(qr + 1) : __ldg(qr + 1);
+            }
+            const uint32_t dst = qaddr + sw128_offset(row, c8);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_bf16(a.x, a.y)),
+                         "r"(pack_bf16(a.z, a.w)), "r"(pack_bf16(b.x, b.y)), "r"(pack_bf16(b.z, b.w))
+                         : "memory");
+        }
+        fence_proxy_async(); /* the first key tile's barrier then publishes it */
+    } else {
+        /* Q as A fragments: register r of k-step kc holds row wrow + 8(r&1), columns 16kc + 2t
+         * + 8(r>>1) and the next (the mma.sync m16n8k16 layout, warp w on rows 16w..16w+15) */
+#pragma unroll
+        for (int kc = 0; kc < WG_D / 16; kc++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int x = wrow + 8 * hr;
+                float2 lo = make_float2(0, 0), hi = make_float2(0, 0);
+                if (x < qe) {
+                    const float *qr = qbase + (size_t)x * qstride + kc * 16 + 2 * t;
+                    lo = __ldg(reinterpret_cast<const float2 *>(qr));
+                    hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
+                }
+                qf[kc][hr] = pack_bf16(lo.x, lo.y);
+                qf[kc][2 + hr] = pack_bf16(hi.x, hi.y);
+            }
+    }
+    float acc[WG_D / 2];
+#pragma unroll
+    for (int i = 0; i < WG_D / 2; i++) acc[i] = 0;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0, 0};
+    /* tiles wholly inside the keys every row of the warpgroup may see skip the mask; tiles
+     * wholly outside them (a second warpgroup's rows end earlier or start a new window) skip
+     * the products */
+    const int qwin = qs_w / src.win, qlast = max(qe_w, qs_w + 1) - 1;
+    const bool qwin_same = qwin == qlast / src.win;
+    const int wlo = qwin * src.win, whi = min(wlo + src.win, src.kend);
+    const int seen_hi = min(min(src.kend, (qlast / src.win + 1) * src.win), src.causal ? qlast + 1 : src.kend);
+    float s[BN / 2];
+    uint32_t pa[BN / 16][4];
+
+    if constexpr (!C::OVERLAP) {
+        for (int it = 0; it < nkt; it++) {
+            cp_async_wait<STAGES - 2>(); /* this thread's part of tile `it` has landed */
+            fence_proxy_async();         /* ... and is visible to the tensor cores */
+            __syncthreads();             /* everyone's has, and tile it-1 is done with */
+            {
+                const int nt = it + STAGES - 1;
+                if (nt < nkt) wg_issue_tile<C>(src, src.kbeg + nt * BN, kv + (nt % STAGES) * C::STAGE);
+                cp_async_commit();
+            }
+            const int k0 = src.kbeg + it * BN;
+            const uint32_t kaddr = kv + (it % STAGES) * C::STAGE;
+            if (C::NWG > 1 && (qe_w <= qs_w || k0 >= seen_hi || k0 + BN <= wlo)) continue;
+            wgmma_fence();
+            wg_qk<BN, C::QS>(s, qf, qaddr, kaddr);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence<BN / 2>(s);
+            const bool need_mask = !qwin_same || k0 < wlo || k0 + BN > whi || (src.causal && k0 + BN - 1 > qs_w);
+            float base[2];
+            wg_softmax_max<BN>(s, k0, src, wrow, need_mask, c, mrow, lrow, acc, base);
+            wg_softmax_exp<BN>(s, c, base, lrow, pa);
+            wgmma_fence();
+            wg_pv<BN>(acc, pa, kaddr + C::TILE);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence<WG_D / 2>(acc);
+        }
+    } else {
+        /* S of tiles it and it+1 in two register sets used in turn (unrolled by 2): with one set
+         * and a copy, ptxas may give both the same registers and then serializes the wgmma */
+        float s_odd[BN / 2];
+        cp_async_wait<STAGES - 2>(); /* tile 0 */
+        fence_proxy_async();
+        __syncthreads();
+        wgmma_fence();
+        wg_qk<BN, C::QS>(s, qf, qaddr, kv);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence<BN / 2>(s);
+        /* cur holds S of tile it; tiles up to it+1 are requested. Everyone is done with tile
+         * it-1, so its stage takes tile it+STAGES-1. */
+        auto step = [&](float *cur, float *next, int it) {
+            __syncthreads();
+            {
+                const int nt = it + STAGES - 1;
+                if (nt < nkt) wg_issue_tile<C>(src, src.kbeg + nt * BN, kv + (nt % STAGES) * C::STAGE);
+                cp_async_commit();
+            }
+            cp_async_wait<STAGES - 2>(); /* tile it+1 */
+            fence_proxy_async();
+            __syncthreads();
+            const int k0 = src.kbeg + it * BN;
+            const uint32_t kaddr = kv + (it % STAGES) * C::STAGE;
+            const bool need_mask = !qwin_same || k0 < wlo || k0 + BN > whi || (src.causal && k0 + BN - 1 > qs_w);
+            float base[2];
+            wg_softmax_max<BN>(cur, k0, src, wrow, need_mask, c, mrow, lrow, acc, base);
+            if (it + 1 < nkt) { /* the tensor cores compute the next S while this thread does the exps */
+                wgmma_fence();
+                wg_qk<BN, C::QS>(next, qf, qaddr, kv + ((it + 1) % STAGES) * C::STAGE);
+                wgmma_commit();
+            }
+            wg_softmax_exp<BN>(cur, c, base, lrow, pa);
+            wgmma_fence();
+            wg_pv<BN>(acc, pa, kaddr + C::TILE);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence<WG_D / 2>(acc);
+            reg_fence<BN / 2>(next);
+        };
+        for (int it = 0; it < nkt; it += 2) {
+            step(s, s_odd, it);
+            if (it + 1 < nkt) step(s_odd, s, it + 1);
+        }
+    }
+
+    /* merge this tile's rows into the block's accumulators (out, m_s, l_s); only a quad's 4
+     * threads share a row */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float l = lrow[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int x = wrow + 8 * hr;
+        const bool live = x < qe && l > 0;
+        const int li = opos0 + x * ostep - P;
+        float mold = 0, lold = 0;
+        if (live) mold = m_s[li], lold = l_s[li];
+        __syncwarp();
+        if (live) {
+            float *orow = out + (size_t)(li + P) * ld + t * 2;
+            if (lold == 0) {
+#pragma unroll
+                for (int j = 0; j < WG_D / 8; j++)
+                    *reinterpret_cast<float2 *>(orow + j * 8) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+                if (t == 0) m_s[li] = mrow[hr], l_s[li] = l;
+            } else {
+                const float mn = fmaxf(mold, mrow[hr]);
+                const float ca = fast_exp2(mold - mn), cb = fast_exp2(mrow[hr] - mn);
+#pragma unroll
+                for (int j = 0; j < WG_D / 8; j++) {
+                    float2 o = *reinterpret_cast<float2 *>(orow + j * 8);
+                    o.x = o.x * ca + acc[4 * j + 2 * hr] * cb;
+                    o.y = o.y * ca + acc[4 * j + 2 * hr + 1] * cb;
+                    *reinterpret_cast<float2 *>(orow + j * 8) = o;
+                }
+                if (t == 0) m_s[li] = mn, l_s[li] = lold * ca + l * cb;
+            }
+        }
+    }
+    __syncthreads(); /* m_s/l_s and the key stages are shared with the next tile */
+}
+#endif /* SF_WGMMA_ENABLED */
+
+template <class C, int MINB>
+__global__ void __launch_bounds__(C::THREADS, MINB)
+    attention_wgmma(sf_attention_desc dd, att_branches br, int T, const float *q, att_staged st, float *out,
+                    const att_order ord, int per_cta)
+{
+#if SF_WGMMA_ENABLED
+    extern __shared__ __align__(1024) unsigned char smem[];
+    /* swizzled tiles must start 1024-byte aligned; the launch adds 1 KiB of slack */
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t qaddr = (base + 1023) & ~1023u, kv = qaddr + (C::QS ? C::NWG * C::Q_BYTES : 0);
+    float *m_s = reinterpret_cast<float *>(smem + (kv - base) + C::KV_BYTES), *l_s = m_s + T;
+    const int h = blockIdx.x % dd.heads, item = blockIdx.x / dd.heads;
+    const int nblocks = (dd.n + T - 1) / T;
+    const size_t ld = dd.ld;
+    const float c = dd.scale * 1.4426950408889634f;
+    float *outh = out + h * WG_D;
+    /* per_cta position blocks one after the other (a heavy and a light one: see launch_wgmma) */
+    for (int sub = 0; sub < per_cta; sub++) {
+        const int e = item * per_cta + sub;
+        if (ord.count ? e >= ord.count || ord.block[e] == 0xFFFF : e >= nblocks) break;
+        const int P = (ord.count ? ord.block[e] : nblocks - 1 - e) * T;
+        const int Pend = min(P + T, dd.n);
+        for (int i = threadIdx.x; i < T; i += C::THREADS) m_s[i] = -INFINITY, l_s[i] = 0;
+        __syncthreads();
+
+        for (int b = 0; b < br.count; b++) {
+            const int r = br.dilation[b], o = h % r;
+            const int nd = dd.n > o ? (dd.n - o + r - 1) / r : 0; /* active rows present */
+            const int win = br.window[b] / r;
+            const int qa1 = min((P + T) / r, nd);
+            wg_src src;
+            src.k = st.kb + ((size_t)h * dd.n + o) * WG_D;
+            src.v = st.vb + ((size_t)h * dd.n + o) * WG_D;
+            src.stride = (size_t)r * WG_D;
+            src.win = win;
+            src.causal = dd.causal;
+            for (int qs = P / r; qs < qa1; qs += C::BM) {
+                const int qe = min(qs + C::BM, qa1);
+                src.kbeg = qs / win * win;
+                src.kend = min(nd, ((qe - 1) / win + 1) * win);
+                if (dd.causal) src.kend = min(src.kend, qe);
+                wg_tile<C>(src, q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c, qaddr, kv,
+                           m_s, l_s);
+            }
+        }
+        if (dd.n_global > 0) {
+            wg_src src;
+            src.k = st.gkb + (size_t)h * dd.n_global * WG_D;
+            src.v = st.gvb + (size_t)h * dd.n_global * WG_D;
+            src.stride = WG_D;
+            src.kbeg = 0;
+            src.kend = dd.n_global;
+            src.win = 1 << 30;
+            src.causal = 0;
+            for (int qs = P; qs < Pend; qs += C::BM)
+                wg_tile<C>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s);
+        }
+        for (int f = threadIdx.x; f < (Pend - P) * (WG_D / 4); f += C::THREADS) {
+            const int li = f / (WG_D / 4), c4 = f % (WG_D / 4);
+            float4 *dst = reinterpret_cast<float4 *>(outh + (size_t)(P + li) * ld) + c4;
+            const float l = l_s[li];
+            if (l == 0) {
+                if (C::STREAM)
+                    __stcs(dst, make_float4(0, 0, 0, 0));
+                else
+                    *dst = make_float4(0, 0, 0, 0);
+            } else {
+                const float inv = 1.0f / l;
+                float4 o = *dst;
+                o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+                if (C::STREAM)
+                    __stcs(dst, o);
+                else
+                    *dst = o;
+            }
+        }
+        __syncthreads(); /* l_s is read above and reset for the next block */
+    }
+#endif
+}
+
+/* ---- host side -------------------------------------------------------------------------- */
+
+/* PAIR: a block (CTA) takes two position blocks, the heaviest left with the lightest left, so
+ * that items cost about the same; otherwise one each, heaviest first. With every item resident
+ * at once (one wave), heaviest-first cannot balance: the heaviest item (1.4-2x the mean load of
+ * a slot at the reference shape) sets the end. */
+template <class C, int MINB, bool PAIR = false>
+static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, const float *q, const float *k,
+                        const float *v, float *out, unsigned char *ws, cudaStream_t stream)
+{
+    int rc = att_check_staged_inputs(desc, q, k, v);
+    if (rc) return rc;
+    long T;
+    rc = att_block_positions(br, C::BM, &T);
+    if (rc) return rc;
+    const size_t smem = 1024 + (C::QS ? C::NWG * C::Q_BYTES : 0) + C::KV_BYTES + 2 * (size_t)T * sizeof(float);
+    if (smem > 200 * 1024) return sf_error(SF_E_UNSUPPORTED, "cuda attention: block of %ld positions too large", T);
+    cudaError_t err = cudaFuncSetAttribute(attention_wgmma<C, MINB>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
+    att_staged st;
+    rc = att_stage_workspace(desc, k, v, ws, &st, stream, C::STREAM);
+    if (rc) return rc;
+    const int nblocks = (int)((desc->n + T - 1) / T);
+    att_order ord; /* copied into the launch parameters */
+    att_heaviest_first(desc, br, (int)T, nblocks, &ord);
+    int per_cta = 1, items = nblocks;
+    if (PAIR && ord.count) {
+        att_order sorted = ord;
+        ord.count = 0;
+        for (int i = 0, j = nblocks - 1; i <= j; i++, j--) {
+            ord.block[ord.count++] = sorted.block[i];
+            ord.block[ord.count++] = i < j ? sorted.block[j] : (unsigned short)0xFFFF;
+        }
+        per_cta = 2, items = (nblocks + 1) / 2;
+    }
+    attention_wgmma<C, MINB><<<(unsigned)items * desc->heads, C::THREADS, smem, stream>>>(
+        *desc, br, (int)T, q, st, out, ord, per_cta);
+    return SF_OK;
+}
+
+bool att_wgmma_usable(const sf_attention_desc *desc)
+{
+    if (desc->head_dim != WG_D) return false;
+    /* per device: compute capability 9.0 and an sm_90a image of the kernels in this binary */
+    static signed char known[64]; /* 0 unknown, 1 usable, -1 not; a benign race fills it */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (!known[dev]) {
+        int major = 0, minor = 0;
+        cudaFuncAttributes fa;
+        const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                        major == 9 && minor == 0 &&
+                        cudaFuncGetAttributes(&fa, attention_wgmma<wg_cfg<64, 2, false, true, 1>, 4>) == cudaSuccess;
+        cudaGetLastError(); /* a missing image must not linger as the next launch's error */
+        known[dev] = ok ? 1 : -1;
+    }
+    return known[dev] > 0;
+}
+
+int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q,
+                     const float *k, const float *v, float *out, unsigned char *ws, cudaStream_t stream)
+{
+    switch (variant) {
+    /* Q from shared memory in 9: with Q in registers under the 128-register cap of 4 blocks a
+     * multiprocessor, ptxas 13.0 gave P V's A fragments Q's registers (wrong results) */
+    /*                               BN STAGES OVERLAP QS  NWG   blocks/SM */
+    case 9: return launch_wgmma<wg_cfg<64, 2, false, true, 1>, 4>(desc, br, q, k, v, out, ws, stream);
+    case 10: return launch_wgmma<wg_cfg<128, 2, false, false, 1>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 11: return launch_wgmma<wg_cfg<64, 3, true, false, 1>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 12: return launch_wgmma<wg_cfg<64, 2, false, true, 1>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 13: return launch_wgmma<wg_cfg<64, 3, true, true, 1>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 14: return launch_wgmma<wg_cfg<64, 2, false, true, 2>, 2>(desc, br, q, k, v, out, ws, stream);
+    case 15: return launch_wgmma<wg_cfg<64, 3, false, true, 1>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 16: return launch_wgmma<wg_cfg<64, 3, false, true, 1>, 3, true>(desc, br, q, k, v, out, ws, stream);
+    case 17: return launch_wgmma<wg_cfg<64, 2, false, true, 1>, 4, true>(desc, br, q, k, v, out, ws, stream);
+    case 18: return launch_wgmma<wg_cfg<64, 3, false, true, 1, true>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 19: return launch_wgmma<wg_cfg<64, 2, false, true, 1, true>, 3>(desc, br, q, k, v, out, ws, stream);
+    default: return sf_error(SF_E_INVAL, "cuda attention: no wgmma variant %d", variant);
+    }
+}
