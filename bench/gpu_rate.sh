@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_rate.log") 2>&1
 REPS=${RATE_REPS:-3}
 MODELS=${RATE_MODELS:-reference attention}
-B=build-rate
+B=${RATE_BUILD:-build-rate}
 D=/tmp/gpu_rate_data
 mkdir -p "$D"
 date -u
