@@ -241,7 +241,9 @@ static void test_fused_products(const target *t)
 
 static void test_rowwise(const target *t)
 {
-    static const int shapes[][2] = {{1, 7}, {33, 64}, {100, 300}, {5, 1030}};
+    /* widths for every rmsnorm path: scalar (7, 1030), one warp a row (64, 300; 1500), one block
+     * a row with 16-byte loads (3000) */
+    static const int shapes[][2] = {{1, 7}, {33, 64}, {100, 300}, {5, 1030}, {9, 1500}, {3, 3000}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int n = shapes[s][0], dim = shapes[s][1];
         const size_t count = (size_t)n * dim;

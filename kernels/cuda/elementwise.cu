@@ -71,12 +71,56 @@ __global__ static void rmsnorm_kernel(int dim, const float *x, const float *weig
     }
 }
 
+/* One warp a row, for rows of a multiple of 4 floats up to 4 * 32 * VECS wide, 16-byte
+ * aligned (the model widths): each lane holds VECS float4 loads in flight and the sum needs
+ * only shuffles, no block barrier. One block a row left each thread one 16-byte load and two
+ * barriers, ~1.7 TB/s on [8192, 1024]. Same contract as rmsnorm_kernel. */
+template <typename OUT, int VECS>
+__global__ static void rmsnorm_warp_kernel(int n, int dim, const float *x, const float *weight, float eps, OUT *y)
+{
+    const int lane = threadIdx.x % 32;
+    const size_t row_index = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row_index >= (size_t)n) return;
+    const float *row = x + row_index * dim;
+    OUT *dst = y + row_index * dim;
+    float4 v[VECS];
+    double ss = 0;
+#pragma unroll
+    for (int p = 0; p < VECS; p++) {
+        int j = 4 * (lane + 32 * p);
+        v[p] = j < dim ? *reinterpret_cast<const float4 *>(row + j) : make_float4(0, 0, 0, 0);
+        ss += (double)v[p].x * v[p].x + (double)v[p].y * v[p].y + (double)v[p].z * v[p].z + (double)v[p].w * v[p].w;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
+#pragma unroll
+    for (int p = 0; p < VECS; p++) {
+        int j = 4 * (lane + 32 * p);
+        if (j >= dim) continue;
+        float4 w = *reinterpret_cast<const float4 *>(weight + j);
+        store4(dst, j, make_float4(v[p].x * r * w.x, v[p].y * r * w.y, v[p].z * r * w.z, v[p].w * r * w.w));
+    }
+}
+
+template <typename OUT>
+static int launch_rmsnorm(int n, int dim, const float *x, const float *weight, float eps, OUT *y, cudaStream_t stream)
+{
+    const bool aligned = (dim & 3) == 0 && (((uintptr_t)x | (uintptr_t)weight | (uintptr_t)y) & 15) == 0;
+    const unsigned warp_blocks = (unsigned)((n + ROW_THREADS / 32 - 1) / (ROW_THREADS / 32));
+    if (aligned && dim <= 4 * 32 * 8)
+        rmsnorm_warp_kernel<OUT, 8><<<warp_blocks, ROW_THREADS, 0, stream>>>(n, dim, x, weight, eps, y);
+    else if (aligned && dim <= 4 * 32 * 16)
+        rmsnorm_warp_kernel<OUT, 16><<<warp_blocks, ROW_THREADS, 0, stream>>>(n, dim, x, weight, eps, y);
+    else
+        rmsnorm_kernel<OUT><<<n, ROW_THREADS, 0, stream>>>(dim, x, weight, eps, y);
+    return sf_cuda_launched("rmsnorm");
+}
+
 int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight, float eps, __nv_bfloat16 *y,
                             cudaStream_t stream)
 {
     if (n <= 0 || dim <= 0) return SF_OK;
-    rmsnorm_kernel<__nv_bfloat16><<<n, ROW_THREADS, 0, stream>>>(dim, x, weight, eps, y);
-    return sf_cuda_launched("rmsnorm to bf16");
+    return launch_rmsnorm(n, dim, x, weight, eps, y, stream);
 }
 
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y)
@@ -85,8 +129,7 @@ int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float 
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    rmsnorm_kernel<float><<<n, ROW_THREADS, 0, c->stream>>>(dim, x, weight, eps, y);
-    rc = sf_cuda_launched("rmsnorm");
+    rc = launch_rmsnorm(n, dim, x, weight, eps, y, c->stream);
     sf_cuda_leave(c);
     return rc;
 }
