@@ -233,35 +233,9 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
     /* merge this tile's rows into the block's accumulators */
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
-        float l = lrow[hr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
         const int x = row0 + 8 * hr;
-        const bool live = x < qe && l > 0;
-        const int li = opos0 + x * ostep - P;
-        float mold = 0, lold = 0;
-        if (live) mold = m_s[li], lold = l_s[li];
-        __syncwarp();
-        if (live) {
-            float *orow = out + (size_t)(li + P) * ld + t * 2;
-            if (lold == 0) {
-#pragma unroll
-                for (int j = 0; j < D / 8; j++)
-                    *reinterpret_cast<float2 *>(orow + j * 8) = make_float2(acc[j][2 * hr], acc[j][2 * hr + 1]);
-                if (t == 0) m_s[li] = mrow[hr], l_s[li] = l;
-            } else {
-                const float mn = fmaxf(mold, mrow[hr]);
-                const float ca = fast_exp2(mold - mn), cb = fast_exp2(mrow[hr] - mn);
-#pragma unroll
-                for (int j = 0; j < D / 8; j++) {
-                    float2 o = *reinterpret_cast<float2 *>(orow + j * 8);
-                    o.x = o.x * ca + acc[j][2 * hr] * cb;
-                    o.y = o.y * ca + acc[j][2 * hr + 1] * cb;
-                    *reinterpret_cast<float2 *>(orow + j * 8) = o;
-                }
-                if (t == 0) m_s[li] = mn, l_s[li] = lold * ca + l * cb;
-            }
-        }
+        merge_tile_row<D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[hr], lrow[hr],
+                          [&](int j) { return make_float2(acc[j][2 * hr], acc[j][2 * hr + 1]); });
     }
     __syncthreads();
 }

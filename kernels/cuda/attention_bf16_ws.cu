@@ -230,42 +230,14 @@ __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstrid
         }
     }
 
-    /* merge this tile's rows into the block's accumulators (out, m_s, l_s); rows are distinct
-     * across threads, so only the quad's 4 threads share a row */
+    /* merge this tile's rows into the block's accumulators (out, m_s, l_s) */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            float l = lrow[mt][hr];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
             const int x = wrow + 16 * mt + 8 * hr;
-            const bool live = x < qe && l > 0;
-            const int li = opos0 + x * ostep - P;
-            float mold = 0, lold = 0;
-            if (live) mold = m_s[li], lold = l_s[li];
-            __syncwarp();
-            if (live) {
-                float *orow = out + (size_t)(li + P) * ld + t * 2;
-                if (lold == 0) {
-#pragma unroll
-                    for (int j = 0; j < D / 8; j++)
-                        *reinterpret_cast<float2 *>(orow + j * 8) =
-                            make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]);
-                    if (t == 0) m_s[li] = mrow[mt][hr], l_s[li] = l;
-                } else {
-                    const float mn = fmaxf(mold, mrow[mt][hr]);
-                    const float ca = fast_exp2(mold - mn), cb = fast_exp2(mrow[mt][hr] - mn);
-#pragma unroll
-                    for (int j = 0; j < D / 8; j++) {
-                        float2 o = *reinterpret_cast<float2 *>(orow + j * 8);
-                        o.x = o.x * ca + acc[mt][j][2 * hr] * cb;
-                        o.y = o.y * ca + acc[mt][j][2 * hr + 1] * cb;
-                        *reinterpret_cast<float2 *>(orow + j * 8) = o;
-                    }
-                    if (t == 0) m_s[li] = mn, l_s[li] = lold * ca + l * cb;
-                }
-            }
+            merge_tile_row<D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[mt][hr], lrow[mt][hr],
+                              [&](int j) { return make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]); });
         }
     __syncthreads(); /* m_s/l_s and the key stages are shared with the next tile */
 }

@@ -91,4 +91,41 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+
+/* Merges one query row of a finished tile into the block's accumulator row (SPEC 3's
+ * log-sum-exp merge): the row of `out` at li + P (columns from 2t, the thread's pairs) and the
+ * row's running max and sum in m_s[li], l_s[li]. Every thread of the warp calls it (it
+ * synchronizes the warp); the quad of 4 threads sharing the row adds its partial sums l.
+ * pair(j) is the thread's two output values of column block j (columns 8j + 2t, + 1). */
+template <int D, typename Pair>
+__device__ __forceinline__ void merge_tile_row(float *out, size_t ld, int t, float *m_s, float *l_s, bool row_valid,
+                                               int li, int P, float m, float l, Pair pair)
+{
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const bool live = row_valid && l > 0;
+    float mold = 0, lold = 0;
+    if (live) mold = m_s[li], lold = l_s[li];
+    __syncwarp();
+    if (!live) return;
+    float *orow = out + (size_t)(li + P) * ld + t * 2;
+    if (lold == 0) {
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) *reinterpret_cast<float2 *>(orow + j * 8) = pair(j);
+        if (t == 0) m_s[li] = m, l_s[li] = l;
+        return;
+    }
+    const float mn = fmaxf(mold, m);
+    const float ca = fast_exp2(mold - mn), cb = fast_exp2(m - mn);
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        float2 o = *reinterpret_cast<float2 *>(orow + j * 8);
+        const float2 a = pair(j);
+        o.x = o.x * ca + a.x * cb;
+        o.y = o.y * ca + a.y * cb;
+        *reinterpret_cast<float2 *>(orow + j * 8) = o;
+    }
+    if (t == 0) m_s[li] = mn, l_s[li] = lold * ca + l * cb;
+}
+
 #endif
