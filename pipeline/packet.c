@@ -45,9 +45,14 @@ static float *large_new(size_t cap)
     pthread_mutex_lock(&cache_lock);
     sf_host_allocator a = large_alloc;
     pthread_mutex_unlock(&cache_lock);
-    large_header *h = a.alloc ? a.alloc(bytes) : malloc(bytes);
+    large_header *h = a.alloc ? a.alloc(bytes) : NULL;
+    void (*release)(void *) = a.free;
+    if (!h) { /* no allocator, or it ran out (page-locked memory is scarcer): the plain heap */
+        h = malloc(bytes);
+        release = free;
+    }
     if (!h) return NULL;
-    h->free = a.alloc ? a.free : free;
+    h->free = release;
     h->cap = cap;
     return (float *)(h + 1);
 }
