@@ -594,11 +594,13 @@ static void print_stage(const sf_stage_class *cls, void *user)
 {
     (void)user;
     printf("%-10s %s\n", cls->name, cls->help ? cls->help : "");
-    for (const sf_option *o = cls->options; o && o->name; o++)
-        printf("    %s=%-10s %s%s%s%s\n", o->name,
-               o->type == SF_OPT_INT ? "INT" : o->type == SF_OPT_FLOAT ? "NUMBER" : o->type == SF_OPT_BOOL ? "BOOL" : "TEXT",
-               o->help, o->default_value ? " (default " : "", o->default_value ? o->default_value : "",
-               o->default_value ? ")" : "");
+    for (const sf_option *o = cls->options; o && o->name; o++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s=%s", o->name,
+                 o->type == SF_OPT_INT ? "INT" : o->type == SF_OPT_FLOAT ? "NUMBER" : o->type == SF_OPT_BOOL ? "BOOL" : "TEXT");
+        printf("    %-22s %s%s%s%s\n", key, o->help, o->default_value ? " (default " : "",
+               o->default_value ? o->default_value : "", o->default_value ? ")" : "");
+    }
 }
 
 static int cmd_info(int argc, char **argv)
