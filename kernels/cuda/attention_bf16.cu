@@ -377,6 +377,17 @@ extern "C" const char *sf_cuda_attention_bf16_variant_name(int variant)
     case 17: return "as 9, heavy+light block pairs a CTA";
     case 18: return "as 15, streaming (evict-first) f32 traffic";
     case 19: return "as 12, streaming (evict-first) f32 traffic";
+    case 20: return "warp-specialized: producer warp, 2 WG x 64 rows, 64 keys x4";
+    case 21: return "as 20, next S under softmax";
+    case 22: return "as 20, 128 keys x3";
+    case 23: return "as 21, producer warpgroup, setmaxnreg 232";
+    case 24: return "as 22, 3 WG x 64 rows, setmaxnreg 160/24";
+    case 25: return "as 20, 3 WG x 64 rows, setmaxnreg 160/24";
+    case 26: return "as 20, FA3 order (softmax under previous P V)";
+    case 27: return "as 22, FA3 order, setmaxnreg 232";
+    case 28: return "as 25, FA3 order";
+    case 29: return "as 18, FA3 order, 64 keys x4, 2 blk/SM";
+    case 30: return "as 18, FA3 order, 64 keys x3, 3 blk/SM";
     default: return NULL;
     }
 }

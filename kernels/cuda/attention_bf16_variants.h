@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define SF_CUDA_ATTENTION_VARIANTS 20
+#define SF_CUDA_ATTENTION_VARIANTS 31
 /* Variants from this one on stage K/V as bf16 in a workspace (attention_bf16_ws.cu). */
 #define SF_CUDA_ATTENTION_FIRST_WS_VARIANT 4
 /* Variants from this one on use Hopper wgmma (attention_wgmma.cu, sm_90a, d = 64); on another

@@ -21,7 +21,9 @@
  * Overlap: several blocks share a multiprocessor, so one block's softmax runs while another's
  * products occupy the tensor cores. The OVERLAP variants also issue the next tile's S = Q K^T
  * before this tile's exps, inside one warpgroup (FlashAttention-3's intra-warpgroup pipe); it
- * measured no faster (bench/ATTENTION_NOTES.md). The default, variant 18, is the plain loop
+ * measured no faster (bench/ATTENTION_NOTES.md), nor did FlashAttention-3's own order (FA3: this
+ * tile's softmax under the previous tile's P V), nor warp specialization (attention_wgmma_ws.cu,
+ * variants 20-28). The default, variant 18, is the plain loop
  * with Q in shared memory, three K/V stages, three blocks a multiprocessor and evict-first
  * float32 traffic. */
 #include <math.h>
@@ -32,29 +34,24 @@
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_wgmma.cuh"
+#include "kernels/cuda/attention_wgmma_tile.cuh"
 #include "kernels/cuda/cuda_attention.h"
 #include "seqflow/error.h"
-
-#define WG_D 64 /* head width: one 128-byte swizzle row a key */
-
-/* One tile's keys, as kv_src of attention_bf16_ws.cu: dilated key x is row x of k/v (already
- * offset to the head and row o, `stride` bf16 apart); a key is masked for a query unless both
- * sit in the same window of `win` dilated rows and (causal) key <= query. */
-struct wg_src {
-    const __nv_bfloat16 *k, *v;
-    size_t stride;
-    int kbeg, kend, win, causal;
-};
 
 /* A variant: BN keys a tile, STAGES tiles in flight, OVERLAP (next S issued under the softmax),
  * QS (Q as a shared-memory operand instead of registers), NWG consumer warpgroups of 64 query
  * rows each sharing every K/V tile, STREAM (float32 data read or written once, Q and the
  * pre-pass's K/V reads and the final output stores, go evict-first, so that L2 keeps the bf16
  * K/V tiles that every query tile re-reads). */
-template <int BN_, int STAGES_, bool OVERLAP_, bool QS_, int NWG_, bool STREAM_ = false>
+template <int BN_, int STAGES_, bool OVERLAP_, bool QS_, int NWG_, bool STREAM_ = false, bool FA3_ = false>
 struct wg_cfg {
     static constexpr int BN = BN_, STAGES = STAGES_, NWG = NWG_;
     static constexpr bool OVERLAP = OVERLAP_, QS = QS_, STREAM = STREAM_;
+    /* FA3: FlashAttention-3's order, S of tile it and P V of tile it-1 in flight together; tile
+     * it-1's slot is still read while tile it is, so loads run STAGES - 2 tiles ahead */
+    static constexpr bool FA3 = FA3_;
+    static constexpr int AHEAD = FA3 ? STAGES - 2 : STAGES - 1;
+    static_assert(!FA3 || (STAGES >= 3 && NWG == 1 && QS && !OVERLAP), "FA3 order: one warpgroup, Q in smem");
     static constexpr int THREADS = 128 * NWG, BM = 64 * NWG; /* BM: query rows a tile */
     static constexpr int TILE = BN * WG_D * 2;  /* bytes of a K or a V tile */
     static constexpr int STAGE = 2 * TILE;      /* K tile then V tile, each 1024-byte aligned */
@@ -67,11 +64,6 @@ struct wg_cfg {
 };
 
 #if SF_WGMMA_ENABLED
-__device__ __forceinline__ void cp_async16_sh(uint32_t saddr, const void *gmem, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(src_bytes) : "memory");
-}
-
 /* K and V rows [k0, k0 + BN) into the stage at shared address `stage`, swizzled. */
 template <class C>
 __device__ __forceinline__ void wg_issue_tile(const wg_src &s, int k0, uint32_t stage)
@@ -85,111 +77,6 @@ __device__ __forceinline__ void wg_issue_tile(const wg_src &s, int k0, uint32_t 
         const uint32_t dst = sw128_offset(key, c8);
         cp_async16_sh(stage + dst, s.k + off, ok ? 16 : 0);
         cp_async16_sh(stage + C::TILE + dst, s.v + off, ok ? 16 : 0);
-    }
-}
-
-/* S[64 x BN] = Q K^T: Q from registers (QS false) or from the swizzled Q tile at shared
- * address qaddr (QS true), K K-major (a k16 step is 32 bytes along the row). */
-template <int BN, bool QS>
-__device__ __forceinline__ void wg_qk(float *s, const uint32_t (*qf)[4], uint32_t qaddr, uint32_t kaddr)
-{
-#pragma unroll
-    for (int kc = 0; kc < WG_D / 16; kc++) {
-        const uint64_t desc = sw128_desc(kaddr + kc * 32, 16, 1024);
-        if constexpr (QS) {
-            const uint64_t qdesc = sw128_desc(qaddr + kc * 32, 16, 1024);
-            if constexpr (BN == 64)
-                wgmma_m64n64k16_ss<0>(s, qdesc, desc, kc > 0);
-            else
-                wgmma_m64n128k16_ss<0>(s, qdesc, desc, kc > 0);
-        } else {
-            if constexpr (BN == 64)
-                wgmma_m64n64k16_rs<0>(s, qf[kc], desc, kc > 0);
-            else
-                wgmma_m64n128k16_rs<0>(s, qf[kc], desc, kc > 0);
-        }
-    }
-}
-
-/* O[64 x 64] += P V: P from registers, V MN-major (a k16 step is 16 key rows = 2048 bytes). */
-template <int BN>
-__device__ __forceinline__ void wg_pv(float *acc, const uint32_t (*pa)[4], uint32_t vaddr)
-{
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; kc++) wgmma_m64n64k16_rs<1>(acc, pa[kc], sw128_desc(vaddr + kc * 2048, 16, 1024), 1);
-}
-
-/* The softmax of one S tile, in two halves so that the next tile's S = Q K^T can be issued
- * between them (after the first half has rescaled O, which the tensor cores must not see
- * change while products are in flight). s[4j + 2h + e] is row wrow + 8h, key k0 + 8j + 2t + e
- * (the wgmma accumulator layout). First half: masks S when the tile needs it, updates the
- * running max of this thread's two rows (wrow, wrow + 8), rescales O and the running sums;
- * leaves in base[] what the second half subtracts. */
-template <int BN>
-__device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &src, int wrow, bool need_mask, float c,
-                                               float *mrow, float *lrow, float *acc, float *base)
-{
-    const int t = threadIdx.x & 3;
-    if (need_mask) {
-        /* row wrow + 8h takes keys [klo[h], khi[h]): its window, cut at the end of the keys and
-         * (causal) at the row */
-        int klo[2], khi[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int x = wrow + 8 * hr;
-            klo[hr] = x / src.win * src.win;
-            khi[hr] = min(klo[hr] + src.win, src.kend);
-            if (src.causal) khi[hr] = min(khi[hr], x + 1);
-        }
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + j * 8 + 2 * t + (e & 1);
-                if (key < klo[e >> 1] || key >= khi[e >> 1]) s[4 * j + e] = -INFINITY;
-            }
-    }
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(mrow[hr], mx * c);
-        base[hr] = mnew == -INFINITY ? 0.0f : mnew;
-        const float corr = fast_exp2(mrow[hr] - base[hr]);
-        mrow[hr] = mnew;
-        lrow[hr] *= corr;
-#pragma unroll
-        for (int j = 0; j < WG_D / 8; j++) acc[4 * j + 2 * hr] *= corr, acc[4 * j + 2 * hr + 1] *= corr;
-    }
-}
-
-/* Second half: P = exp2(S c - base), the running sums, and P packed as the A fragments of P V.
- * P goes to fresh registers, not over S: writing into a wgmma accumulator's registers while the
- * other S set is in flight makes ptxas serialize the wgmmas (warning C7515). */
-template <int BN>
-__device__ __forceinline__ void wg_softmax_exp(const float *s, float c, const float *base, float *lrow, uint32_t (*pa)[4])
-{
-    float p[BN / 2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float sum = 0;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            p[4 * j + 2 * hr] = fast_exp2(fmaf(s[4 * j + 2 * hr], c, -base[hr]));
-            p[4 * j + 2 * hr + 1] = fast_exp2(fmaf(s[4 * j + 2 * hr + 1], c, -base[hr]));
-            sum += p[4 * j + 2 * hr] + p[4 * j + 2 * hr + 1];
-        }
-        lrow[hr] += sum;
-    }
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; kc++) {
-        pa[kc][0] = pack_bf16(p[8 * kc + 0], p[8 * kc + 1]);
-        pa[kc][1] = pack_bf16(p[8 * kc + 2], p[8 * kc + 3]);
-        pa[kc][2] = pack_bf16(p[8 * kc + 4], p[8 * kc + 5]);
-        pa[kc][3] = pack_bf16(p[8 * kc + 6], p[8 * kc + 7]);
     }
 }
 
@@ -212,7 +99,7 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
     qaddr += wg * C::Q_BYTES;
 
 #pragma unroll
-    for (int p = 0; p < STAGES - 1; p++) {
+    for (int p = 0; p < C::AHEAD; p++) {
         if (p < nkt) wg_issue_tile<C>(src, src.kbeg + p * BN, kv + p * C::STAGE);
         cp_async_commit();
     }
@@ -266,7 +153,70 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
     float s[BN / 2];
     uint32_t pa[BN / 16][4];
 
-    if constexpr (!C::OVERLAP) {
+    if constexpr (C::FA3) {
+        uint32_t pb[BN / 16][4];
+        const uint32_t(*no_qf)[4] = qf;
+        /* tile it landed and everyone is done with tile it-2 (its P V waited in iteration it-1):
+         * its slot takes tile it + AHEAD */
+        auto arrive = [&](int it) {
+            cp_async_wait<C::AHEAD - 1>();
+            fence_proxy_async();
+            __syncthreads();
+            const int nt = it + C::AHEAD;
+            if (nt < nkt) wg_issue_tile<C>(src, src.kbeg + nt * BN, kv + (nt % STAGES) * C::STAGE);
+            cp_async_commit();
+        };
+        auto softmax = [&](uint32_t(*pcur)[4], int it, bool pv_pending) {
+            const int k0 = src.kbeg + it * BN;
+            const bool need_mask = !qwin_same || k0 < wlo || k0 + BN > whi || (src.causal && k0 + BN - 1 > qs_w);
+            float base[2], corr[2];
+            wg_softmax_max<BN, false>(s, k0, src, wrow, need_mask, c, mrow, lrow, acc, base, corr);
+            wg_softmax_exp<BN>(s, c, base, lrow, pcur);
+            if (pv_pending) {
+                wgmma_wait<0>(); /* P V of tile it-1 */
+                reg_fence<WG_D / 2>(acc);
+            }
+#pragma unroll
+            for (int j = 0; j < WG_D / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[4 * j + e] *= corr[e >> 1];
+        };
+        auto step = [&](uint32_t(*pcur)[4], uint32_t(*pprev)[4], int it) {
+            arrive(it);
+            wgmma_fence();
+            wg_qk<BN, true>(s, no_qf, qaddr, kv + (it % STAGES) * C::STAGE);
+            wgmma_commit();
+            wg_pv<BN>(acc, pprev, kv + ((it - 1) % STAGES) * C::STAGE + C::TILE);
+            wgmma_commit();
+            wgmma_wait<1>(); /* S of tile it */
+            reg_fence<BN / 2>(s);
+            softmax(pcur, it, true);
+        };
+        arrive(0);
+        wgmma_fence();
+        wg_qk<BN, true>(s, no_qf, qaddr, kv);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence<BN / 2>(s);
+        softmax(pa, 0, false);
+        int it = 1;
+        for (; it + 1 < nkt; it += 2) {
+            step(pb, pa, it);
+            step(pa, pb, it + 1);
+        }
+        const uint32_t vlast = kv + ((nkt - 1) % STAGES) * C::STAGE + C::TILE;
+        if (it < nkt) {
+            step(pb, pa, it);
+            wgmma_fence();
+            wg_pv<BN>(acc, pb, vlast);
+        } else {
+            wgmma_fence();
+            wg_pv<BN>(acc, pa, vlast);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence<WG_D / 2>(acc);
+    } else if constexpr (!C::OVERLAP) {
         for (int it = 0; it < nkt; it++) {
             cp_async_wait<STAGES - 2>(); /* this thread's part of tile `it` has landed */
             fence_proxy_async();         /* ... and is visible to the tensor cores */
@@ -351,6 +301,7 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
     }
     __syncthreads(); /* m_s/l_s and the key stages are shared with the next tile */
 }
+
 #endif /* SF_WGMMA_ENABLED */
 
 template <class C, int MINB>
@@ -513,6 +464,18 @@ int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branc
     case 17: return launch_wgmma<wg_cfg<64, 2, false, true, 1>, 4, true>(desc, br, q, k, v, out, ws, stream);
     case 18: return launch_wgmma<wg_cfg<64, 3, false, true, 1, true>, 3>(desc, br, q, k, v, out, ws, stream);
     case 19: return launch_wgmma<wg_cfg<64, 2, false, true, 1, true>, 3>(desc, br, q, k, v, out, ws, stream);
+    /* as 18 in FlashAttention-3's order (softmax of tile it under P V of tile it-1) */
+    case 29: return launch_wgmma<wg_cfg<64, 4, false, true, 1, true, true>, 2>(desc, br, q, k, v, out, ws, stream);
+    case 30: return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, true>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 20:
+    case 21:
+    case 22:
+    case 23:
+    case 24:
+    case 25:
+    case 26:
+    case 27:
+    case 28: return att_wgmma_ws_launch(variant, desc, br, q, k, v, out, ws, stream);
     default: return sf_error(SF_E_INVAL, "cuda attention: no wgmma variant %d", variant);
     }
 }

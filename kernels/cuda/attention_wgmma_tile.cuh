@@ -1,0 +1,148 @@
+/* The tile pieces shared by the Hopper wgmma attention kernels (attention_wgmma.cu: one
+ * warpgroup a block, variants 9-19; attention_wgmma_ws.cu: warp-specialized, 20+): the keys of a
+ * tile, S = Q K^T and O += P V on swizzled shared-memory tiles, and the two halves of the online
+ * softmax. sm_90a device code only under SF_WGMMA_ENABLED. C++ (CUDA) only. */
+#ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_TILE_CUH
+#define SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_TILE_CUH
+
+#include <math.h>
+#include <stdint.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_staging.h"
+#include "kernels/cuda/attention_wgmma.cuh"
+
+#define WG_D 64 /* head width: one 128-byte swizzle row a key */
+
+/* One tile's keys, as kv_src of attention_bf16_ws.cu: dilated key x is row x of k/v (already
+ * offset to the head and row o, `stride` bf16 apart); a key is masked for a query unless both
+ * sit in the same window of `win` dilated rows and (causal) key <= query. */
+struct wg_src {
+    const __nv_bfloat16 *k, *v;
+    size_t stride;
+    int kbeg, kend, win, causal;
+};
+
+#if SF_WGMMA_ENABLED
+__device__ __forceinline__ void cp_async16_sh(uint32_t saddr, const void *gmem, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
+/* S[64 x BN] = Q K^T: Q from registers (QS false) or from the swizzled Q tile at shared
+ * address qaddr (QS true), K K-major (a k16 step is 32 bytes along the row). */
+template <int BN, bool QS>
+__device__ __forceinline__ void wg_qk(float *s, const uint32_t (*qf)[4], uint32_t qaddr, uint32_t kaddr)
+{
+#pragma unroll
+    for (int kc = 0; kc < WG_D / 16; kc++) {
+        const uint64_t desc = sw128_desc(kaddr + kc * 32, 16, 1024);
+        if constexpr (QS) {
+            const uint64_t qdesc = sw128_desc(qaddr + kc * 32, 16, 1024);
+            if constexpr (BN == 64)
+                wgmma_m64n64k16_ss<0>(s, qdesc, desc, kc > 0);
+            else
+                wgmma_m64n128k16_ss<0>(s, qdesc, desc, kc > 0);
+        } else {
+            if constexpr (BN == 64)
+                wgmma_m64n64k16_rs<0>(s, qf[kc], desc, kc > 0);
+            else
+                wgmma_m64n128k16_rs<0>(s, qf[kc], desc, kc > 0);
+        }
+    }
+}
+
+/* O[64 x 64] += P V: P from registers, V MN-major (a k16 step is 16 key rows = 2048 bytes). */
+template <int BN>
+__device__ __forceinline__ void wg_pv(float *acc, const uint32_t (*pa)[4], uint32_t vaddr)
+{
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; kc++) wgmma_m64n64k16_rs<1>(acc, pa[kc], sw128_desc(vaddr + kc * 2048, 16, 1024), 1);
+}
+
+/* The softmax of one S tile, in two halves so that the next tile's S = Q K^T can be issued
+ * between them (after the first half has rescaled O, which the tensor cores must not see
+ * change while products are in flight). s[4j + 2h + e] is row wrow + 8h, key k0 + 8j + 2t + e
+ * (the wgmma accumulator layout). First half: masks S when the tile needs it, updates the
+ * running max of this thread's two rows (wrow, wrow + 8), rescales O and the running sums;
+ * leaves in base[] what the second half subtracts. */
+template <int BN, bool RESCALE = true>
+__device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &src, int wrow, bool need_mask, float c,
+                                               float *mrow, float *lrow, float *acc, float *base, float *corr_out = nullptr)
+{
+    const int t = threadIdx.x & 3;
+    if (need_mask) {
+        /* row wrow + 8h takes keys [klo[h], khi[h]): its window, cut at the end of the keys and
+         * (causal) at the row */
+        int klo[2], khi[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int x = wrow + 8 * hr;
+            klo[hr] = x / src.win * src.win;
+            khi[hr] = min(klo[hr] + src.win, src.kend);
+            if (src.causal) khi[hr] = min(khi[hr], x + 1);
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + j * 8 + 2 * t + (e & 1);
+                if (key < klo[e >> 1] || key >= khi[e >> 1]) s[4 * j + e] = -INFINITY;
+            }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(mrow[hr], mx * c);
+        base[hr] = mnew == -INFINITY ? 0.0f : mnew;
+        const float corr = fast_exp2(mrow[hr] - base[hr]);
+        mrow[hr] = mnew;
+        lrow[hr] *= corr;
+        if constexpr (!RESCALE) { /* the caller rescales O once the products still adding to it are done */
+            corr_out[hr] = corr;
+        } else {
+#pragma unroll
+            for (int j = 0; j < WG_D / 8; j++) acc[4 * j + 2 * hr] *= corr, acc[4 * j + 2 * hr + 1] *= corr;
+        }
+    }
+}
+
+/* Second half: P = exp2(S c - base), the running sums, and P packed as the A fragments of P V.
+ * P goes to fresh registers, not over S: writing into a wgmma accumulator's registers while the
+ * other S set is in flight makes ptxas serialize the wgmmas (warning C7515). */
+template <int BN>
+__device__ __forceinline__ void wg_softmax_exp(const float *s, float c, const float *base, float *lrow, uint32_t (*pa)[4])
+{
+    float p[BN / 2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float sum = 0;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            p[4 * j + 2 * hr] = fast_exp2(fmaf(s[4 * j + 2 * hr], c, -base[hr]));
+            p[4 * j + 2 * hr + 1] = fast_exp2(fmaf(s[4 * j + 2 * hr + 1], c, -base[hr]));
+            sum += p[4 * j + 2 * hr] + p[4 * j + 2 * hr + 1];
+        }
+        lrow[hr] += sum;
+    }
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; kc++) {
+        pa[kc][0] = pack_bf16(p[8 * kc + 0], p[8 * kc + 1]);
+        pa[kc][1] = pack_bf16(p[8 * kc + 2], p[8 * kc + 3]);
+        pa[kc][2] = pack_bf16(p[8 * kc + 4], p[8 * kc + 5]);
+        pa[kc][3] = pack_bf16(p[8 * kc + 6], p[8 * kc + 7]);
+    }
+}
+#endif /* SF_WGMMA_ENABLED */
+
+/* The warp-specialized variants' launcher (attention_wgmma_ws.cu), for att_wgmma_launch. */
+int att_wgmma_ws_launch(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q,
+                        const float *k, const float *v, float *out, unsigned char *ws, cudaStream_t stream);
+
+#endif
