@@ -18,16 +18,9 @@ extern "C" { /* the CPU kernels' headers are plain C */
 }
 #include "kernels/cuda/attention_bf16_variants.h"
 #include "kernels/cuda/cuda_attention.h"
+#include "bench/cuda_check.h"
 #include "seqflow/error.h"
 
-#define CUDA_OK(x)                                                                                  \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-            exit(2);                                                                                \
-        }                                                                                           \
-    } while (0)
 
 struct shape {
     const char *name;

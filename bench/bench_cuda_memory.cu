@@ -15,16 +15,9 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "bench/cuda_check.h"
 #include "seqflow/seqflow.h"
 
-#define CUDA_OK(x)                                                                                  \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-            exit(2);                                                                                \
-        }                                                                                           \
-    } while (0)
 #define SF_OK_OR_DIE(x)                                                                             \
     do {                                                                                            \
         int rc_ = (x);                                                                              \

@@ -14,16 +14,9 @@
 #include <stdlib.h>
 #include <cuda_bf16.h>
 
+#include "bench/cuda_check.h"
 #include "kernels/cuda/attention_wgmma.cuh"
 
-#define CUDA_OK(x)                                                                                  \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-            exit(2);                                                                                \
-        }                                                                                           \
-    } while (0)
 
 /* a: [64][64] row-major (M x K); b: mode 2 -> [64 keys (K)][64 (N)], else [N][64 (K)]; d: [64][N] */
 template <int N>
