@@ -21,14 +21,14 @@ static float *cache_x[CACHE_SLOTS];
 static size_t cache_cap[CACHE_SLOTS];
 
 /* Large buffers: malloc, or the installed allocator (page-locked memory of a GPU backend).
- * Each large buffer remembers its allocator in a small header (the buffer stays 64-byte
- * aligned after it), so buffers made before an allocator was installed are freed right. */
+ * Each large buffer remembers its allocator's free in a 64-byte header (so the buffer keeps
+ * the allocation's alignment), so buffers made before an allocator was installed, or on the
+ * heap after it refused, are freed right. */
 static sf_host_allocator large_alloc;
 
 typedef struct large_header {
     void (*free)(void *ptr);
-    size_t cap;
-    char pad[64 - sizeof(void (*)(void *)) - sizeof(size_t)];
+    char pad[64 - sizeof(void (*)(void *))];
 } large_header;
 
 void sf_packet_set_host_allocator(const sf_host_allocator *allocator)
@@ -53,7 +53,6 @@ static float *large_new(size_t cap)
     }
     if (!h) return NULL;
     h->free = release;
-    h->cap = cap;
     return (float *)(h + 1);
 }
 

@@ -534,13 +534,17 @@ static int batchable(const block *b, const sf_packet *p)
     return 1;
 }
 
-/* Runs the waiting segments as one batch and emits them in arrival order. */
+static int run_one(sf_stage *st, sf_packet *in);
+
+/* Runs the waiting segments as one batch and emits them in arrival order. A lone segment runs
+ * as any other, in place: stacking it would only add two copies of its rows. */
 static int run_pending(sf_stage *st)
 {
     block *b = sf_stage_priv(st);
     const int count = b->n_pending;
     if (count == 0) return SF_OK;
     b->n_pending = 0;
+    if (count == 1) return run_one(st, b->pending[0]);
     const sf_backend_ops *ops = b->be->ops;
     const size_t rows = (size_t)b->cfg->segment, floats = rows * (size_t)b->cfg->dim;
     stream_state *states[SF_BLOCK_MAX_BATCH];
@@ -580,6 +584,14 @@ static int block_process(sf_stage *st, sf_packet *in)
         sf_packet_free(in);
         return rc;
     }
+    return run_one(st, in);
+}
+
+/* One packet through every layer, then on downstream (takes ownership of in). */
+static int run_one(sf_stage *st, sf_packet *in)
+{
+    block *b = sf_stage_priv(st);
+    int rc = SF_OK;
     if (in->kind != SF_PACKET_HIDDEN || in->width != (size_t)b->cfg->dim || in->n > (size_t)b->cfg->segment) {
         sf_packet_free(in);
         return sf_error(SF_E_INVAL, "block takes embedded segments of width %d (put 'embed' before it)", b->cfg->dim);

@@ -86,8 +86,8 @@ typedef struct sf_backend_ops {
      * until freed; the backend may keep a converted copy (bf16 on the GPU) made here, once,
      * instead of per product. The copy is dropped when w is freed through ops->free.
      * reserve: scratch for products and updates of up to `rows` rows of up to `width`
-     * columns, with attention and memory of `heads` heads of `head_dim`, sized now so that no
-     * op allocates while a stream runs. */
+     * columns, with attention and memory of `heads` heads of `head_dim` (0 and 0: products
+     * only), sized now so that no op allocates while a stream runs. Calls only ever grow it. */
     int (*prepare_weight)(sf_backend *be, const float *w, int out, int in);
     int (*reserve)(sf_backend *be, int rows, int width, int heads, int head_dim);
     /* matmul_shared: y[i][n, out] = x[n, in] w[i]^T for i < count (no accumulate): products

@@ -4,7 +4,8 @@
  * Precision f32: cublasSgemm in DEFAULT math (no TF32). Precision bf16: weights get a bf16
  * copy once (prepare_weight), x is rounded into the reserved scratch, and cublasGemmEx
  * multiplies bf16 operands with float32 accumulation into the float32 y. A weight that was
- * never prepared is multiplied in f32, which is slower but exact. */
+ * never prepared is multiplied in f32, which is slower but exact. qkv and ffn (below) fuse the
+ * norms and SwiGLU with the products so their intermediates stay bf16. */
 #include "kernels/cuda/cuda_backend.h"
 
 #include <stdlib.h>
@@ -25,6 +26,29 @@ static int gemm_bf16(sf_cuda *c, int n, int in, int out, const __nv_bfloat16 *x,
     return sf_cublas_status(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, CUDA_R_16BF, in, x,
                                          CUDA_R_16BF, in, &beta, y, ytype, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                             what);
+}
+
+/* w's bf16 copy when this backend multiplies in bf16 and w was prepared with this shape (a
+ * weight of another shape must not use it); NULL means the product runs in float32. */
+static const sf_cuda_weight *bf16_weight(const sf_cuda *c, const float *w, int out, int in)
+{
+    if (c->precision != SF_PRECISION_BF16) return NULL;
+    const sf_cuda_weight *wb = find_weight(c, w);
+    return wb && wb->out == out && wb->in == in ? wb : NULL;
+}
+
+/* Rounds x once into the scratch, then one bf16 GEMM y[i] = x w[i]^T per weight (all prepared). */
+#define SHARED_MAX 8 /* products matmul_shared takes in one pass (Q/K/V: 3) */
+
+static int shared_input_gemms(sf_cuda *c, int n, int in, int out, const float *x, int ldx, int count,
+                              const sf_cuda_weight *const *wb, float *const *y, int ldy, const char *what)
+{
+    int rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
+    if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
+    for (int i = 0; i < count && rc == SF_OK; i++)
+        rc = gemm_bf16(c, n, in, out, xb, wb[i]->bf16, y[i], ldy, CUDA_R_32F, 0.0f, what);
+    return rc;
 }
 
 static int grow_weight_table(sf_cuda *c, int more)
@@ -115,8 +139,8 @@ int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int l
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const sf_cuda_weight *wb = c->precision == SF_PRECISION_BF16 ? find_weight(c, w) : NULL;
-    if (wb && wb->out == out && wb->in == in) {
+    const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
+    if (wb) {
         /* without reserve() the scratch grows here: one allocation, never per segment again */
         rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
         __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
@@ -141,30 +165,23 @@ int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c); /* the weight table is read under the lock, like every op's state */
     if (rc != SF_OK) return rc;
-    int all_bf16 = c->precision == SF_PRECISION_BF16;
-    for (int i = 0; i < count && all_bf16; i++) {
-        const sf_cuda_weight *wb = find_weight(c, w[i]);
-        all_bf16 = wb && wb->out == out && wb->in == in;
-    }
+    const sf_cuda_weight *wb[SHARED_MAX];
+    int all_bf16 = count <= SHARED_MAX;
+    for (int i = 0; i < count && all_bf16; i++) all_bf16 = (wb[i] = bf16_weight(c, w[i], out, in)) != NULL;
     if (!all_bf16) {
         sf_cuda_leave(c);
         for (int i = 0; i < count && rc == SF_OK; i++) rc = sf_cuda_matmul(be, n, in, out, x, ldx, w[i], y[i], ldy, 0);
         return rc;
     }
-    rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
-    if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
-    for (int i = 0; i < count && rc == SF_OK; i++)
-        rc = gemm_bf16(c, n, in, out, xb, find_weight(c, w[i])->bf16, y[i], ldy, CUDA_R_32F, 0.0f,
-                       "bf16 GEMM (shared input)");
+    rc = shared_input_gemms(c, n, in, out, x, ldx, count, wb, y, ldy, "bf16 GEMM (shared input)");
     sf_cuda_leave(c);
     return rc;
 }
 
 /* ffn (seqflow/backend.h). In bf16 with prepared weights the intermediates never exist in
- * float32: the norm writes bf16 straight into the scratch, W1 and W3 write bf16 into the
- * caller's h1 and h3 (half of each is used), SwiGLU runs on bf16 in place, and W2 accumulates
- * into x in float32 (beta = 1, the residual). Against the float32 composition this saves the
+ * float32: the norm writes bf16 straight into the scratch, W1 and W3 write bf16 side by side
+ * into the caller's h1, SwiGLU writes bf16 into h3, and W2 accumulates into x in float32
+ * (beta = 1, the residual). Against the float32 composition this saves the
  * [n, hidden] float32 writes and reads of W1/W3, SwiGLU and W2's input conversion: about
  * 10 n*hidden bytes of the 24 n*hidden it moved. The only new rounding is of W1 u and W3 u to
  * bf16 before SwiGLU. Otherwise (f32, unprepared weights) it is the composed sequence. */
@@ -175,13 +192,8 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    const sf_cuda_weight *b1 = NULL, *b3 = NULL, *b2 = NULL;
-    if (c->precision == SF_PRECISION_BF16) {
-        b1 = find_weight(c, w1), b3 = find_weight(c, w3), b2 = find_weight(c, w2);
-        if (b1 && !(b1->out == hidden && b1->in == dim)) b1 = NULL;
-        if (b3 && !(b3->out == hidden && b3->in == dim)) b3 = NULL;
-        if (b2 && !(b2->out == dim && b2->in == hidden)) b2 = NULL;
-    }
+    const sf_cuda_weight *b1 = bf16_weight(c, w1, hidden, dim), *b3 = bf16_weight(c, w3, hidden, dim);
+    const sf_cuda_weight *b2 = bf16_weight(c, w2, dim, hidden);
     if (!b1 || !b3 || !b2) {
         sf_cuda_leave(c);
         const float *w13[2] = {w1, w3};
@@ -224,12 +236,9 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
     if (rc != SF_OK) return rc;
     const float *w[3] = {wq, wk, wv};
     float *y[3] = {q, k, v};
-    const sf_cuda_weight *wb[3] = {NULL, NULL, NULL};
-    int all_bf16 = c->precision == SF_PRECISION_BF16;
-    for (int i = 0; i < 3 && all_bf16; i++) {
-        wb[i] = find_weight(c, w[i]);
-        all_bf16 = wb[i] && wb[i]->out == width && wb[i]->in == dim;
-    }
+    const sf_cuda_weight *wb[3];
+    int all_bf16 = 1;
+    for (int i = 0; i < 3 && all_bf16; i++) all_bf16 = (wb[i] = bf16_weight(c, w[i], width, dim)) != NULL;
     if (!all_bf16) {
         sf_cuda_leave(c);
         rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
