@@ -2,8 +2,8 @@
  * the CPU twin kernels/cpu/memory.c on fresh random inputs of several shapes, then times them at
  * the reference shape (n=8192 rows, H=16 heads, d=64, ld=1024): median of many runs with CUDA
  * events after warm-up, against the bytes floor (each input row read once, a written once) at
- * 3.0 TB/s. (The kernels before the tiled rewrite, memory.cu at commit e0d1bbe, were timed
- * beside these by the same program; their numbers are in bench/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
+ * 3.0 TB/s, twice each, with the tiled kernels' products on FP32 FMAs ("fma") and on the tensor
+ * cores ("mma", 3xTF32). (Earlier versions' numbers are in bench/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
  * call, so partials it fails to write show up as NaN; the delta update runs twice on the same
  * inputs and must give the same bits. Exit status 1 when any check fails.
  * Usage: bench_cuda_memory [reps] (0: the checks alone) */
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/memory_general.h"
 #include "bench/cuda_check.h"
 #include "seqflow/seqflow.h"
 
@@ -76,12 +77,17 @@ typedef int (*mix_fn)(sf_backend *, int, int, int, int, const float *, const flo
 typedef int (*update_fn)(sf_backend *, sf_memory_kind, int, int, int, int, const float *, const float *, float *,
                          float *);
 
+/* the tiled kernels with their products on FP32 FMAs and on the tensor cores (3xTF32), switched
+ * through sf_cuda_memory_set_tensor_cores before each use (d = 128 and the general head sizes run
+ * the same kernels under both names) */
 struct impl {
     const char *name;
+    int tensor_cores;
     mix_fn mix;
     update_fn update;
 };
-static const impl impls[] = {{"tiled", sf_cuda_memory_mix, sf_cuda_memory_update}};
+static const impl impls[] = {{"fma", 0, sf_cuda_memory_mix, sf_cuda_memory_update},
+                             {"mma", 1, sf_cuda_memory_mix, sf_cuda_memory_update}};
 
 static sf_backend *cpu, *gpu;
 static int failures;
@@ -117,6 +123,7 @@ static void check_shape(int n, int H, int d, int ld, int ld_offset)
                                              want_M[kind].data(), want_z[kind].data()));
     float *dq = upload(q), *dk = upload(k), *dv = upload(v), *dg = upload(g), *dM = upload(M), *dz = upload(z);
     for (const impl &im : impls) {
+        sf_cuda_memory_set_tensor_cores(im.tensor_cores);
         float *da = upload(a);
         poison_scratch();
         SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, dq + ld_offset, dM, dz, dg, da + ld_offset));
@@ -164,6 +171,7 @@ static void time_op(const impl &im, int op, int reps, int n, int H, int d, int s
     sf_cuda *c = sf_cuda_of(gpu);
     const int ld = H * d, warm = 5;
     const size_t mbytes = (size_t)H * d * d * 4, zbytes = (size_t)H * d * 4;
+    sf_cuda_memory_set_tensor_cores(im.tensor_cores);
     std::vector<cudaEvent_t> ev(2 * (size_t)reps);
     for (cudaEvent_t &e : ev) CUDA_OK(cudaEventCreate(&e));
     for (int r = -warm; r < reps; r++) {
@@ -237,8 +245,10 @@ int main(int argc, char **argv)
            reps, sets);
     printf("| op            | ver | median ms | min ms | GB/s | of %.1f TB/s | floor ms | TFLOP/s |\n", FLOOR_TBS);
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    /* two rounds: the spread between a version's two rows is the noise a difference must exceed */
     for (int op = 0; op < 3; op++)
-        for (const impl &im : impls) time_op(im, op, reps, n, H, d, sets, x, y, a, M0, z0, M, z, gate);
+        for (int round = 0; round < 2; round++)
+            for (const impl &im : impls) time_op(im, op, reps, n, H, d, sets, x, y, a, M0, z0, M, z, gate);
     for (int s = 0; s < sets; s++)
         for (float *p : {x[s], y[s], a[s]}) CUDA_OK(cudaFree(p));
     for (float *p : {M0, z0, M, z, gate}) CUDA_OK(cudaFree(p));

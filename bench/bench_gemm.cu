@@ -15,33 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#define CUDA_OK(call)                                                                           \
-    do {                                                                                        \
-        cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess) {                                                                \
-            std::fprintf(stderr, "bench_gemm: %s: %s\n", #call, cudaGetErrorString(e_));        \
-            std::exit(1);                                                                       \
-        }                                                                                       \
-    } while (0)
-#define CUBLAS_OK(call)                                                                         \
-    do {                                                                                        \
-        cublasStatus_t s_ = (call);                                                             \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
-            std::fprintf(stderr, "bench_gemm: %s: status %d\n", #call, (int)s_);                \
-            std::exit(1);                                                                       \
-        }                                                                                       \
-    } while (0)
-
-__global__ void fill_random(__nv_bfloat16 *x, size_t n, unsigned long long seed)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        unsigned long long z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        x[i] = __float2bfloat16((float)(z >> 40) * (1.0f / 16777216.0f) - 0.5f);
-    }
-}
+#include "gemm_bench_common.cuh"
 
 int main(int argc, char **argv)
 {
@@ -61,8 +35,8 @@ int main(int argc, char **argv)
     CUDA_OK(cudaMalloc(&a, elems * sizeof *a));
     CUDA_OK(cudaMalloc(&b, elems * sizeof *b));
     CUDA_OK(cudaMalloc(&c, elems * sizeof *c));
-    fill_random<<<1024, 256>>>(a, elems, 1);
-    fill_random<<<1024, 256>>>(b, elems, 2);
+    fill_random_bf16<<<1024, 256>>>(a, elems, 1);
+    fill_random_bf16<<<1024, 256>>>(b, elems, 2);
     CUDA_OK(cudaGetLastError());
     cublasHandle_t h;
     CUBLAS_OK(cublasCreate(&h));

@@ -6,13 +6,14 @@
 # Builds build-rate (Release, CUDA arch 90), runs the GPU tests test_backend_ops and
 # test_gpu_pipeline, measures the cuBLAS bf16 GEMM rate, then times the threaded binary
 # (`seqflow run -d cuda --sink-format null`) on the reference and attention-only models: wall
-# time of a 64- and a 320-segment run (1344 for the attention-only model), 3 repetitions each,
+# time of a 64- and a 320-segment run (1344 for the attention-only model), 3 rounds,
 # steady-state rate = (320 - 64) x 8192 tokens / (t320 - t64) so start-up cancels out; median
-# reported. RATE_UNPINNED=1 (default) adds one repetition with SEQFLOW_PINNED_PACKETS=0;
+# reported. RATE_UNPINNED=1 (default) adds SEQFLOW_PINNED_PACKETS=0 to each round;
 # RATE_NCU=1 adds an ncu run (device time per kernel, bench/ncu_summary.py); RATE_BATCH=1
 # (default) times several streams with block batch=1 against batch=B. Last, one push-mode
 # run of the reference model with the per-op profile (SEQFLOW_CUDA_PROFILE=1).
-# Knobs: RATE_REPS (3), RATE_MODELS ("reference attention"). Logs: $OUT (or /tmp/gpu_rate_out).
+# Knobs: RATE_REPS (3), RATE_MODELS ("reference attention"), RATE_SIDE ("0 low": the binary
+# again with SEQFLOW_CUDA_SIDE_QUEUE set to each). Logs: $OUT (or /tmp/gpu_rate_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_rate_out}
@@ -28,10 +29,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null; git status --short 2>/dev/null | head -20
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSEQFLOW_BUILD_TESTS=ON \
   -DSEQFLOW_BUILD_BENCH=ON -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build $B -j16 --target seqflow bench_gpu_pipeline bench_gemm test_backend_ops test_gpu_pipeline \
+cmake --build $B -j16 --target seqflow bench_gpu_pipeline bench_gemm test_backend_ops test_gpu_pipeline test_side_queue \
   >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "build ok"
-for t in test_backend_ops test_gpu_pipeline; do
+for t in test_backend_ops test_gpu_pipeline test_side_queue; do
   (cd $B/tests && OPENBLAS_NUM_THREADS=1 ./$t) >"$OUT/$t.log" 2>&1
   echo "$t: exit $? $(grep -E 'passed|failed' "$OUT/$t.log" | tail -1)"
   grep -E "FAIL" "$OUT/$t.log" | head -20
@@ -44,52 +45,58 @@ for segs in 64 320 1344; do
   [ -f "$D/long$segs.u32" ] || $B/bench/bench_gpu_pipeline --make-tokens "$D/long$segs.u32" --count $((segs * N)) --seed 4 >/dev/null
 done
 $B/bench/bench_gpu_pipeline --make-tokens "$D/t12.u32" --count $((12 * N)) --seed 3 >/dev/null
-for model in $MODELS; do
-  [ -f "$D/$model.st" ] || $B/bench/bench_gpu_pipeline --make-model "$D/$model.st" --preset $model --seed 1 >/dev/null
-  mf=$($B/bench/bench_gpu_pipeline --model "$D/$model.st" --tokens "$D/t12.u32" --device cuda --precision bf16 \
-        --warmup-segments 2 ${GEMM:+--gemm-tflops $GEMM} | tee "$OUT/${model}_push.txt" | grep '^RESULT' | tail -1 |
-        tr ' ' '\n' | sed -n 's/^mflop_per_token=//p')
-  rates=""
+# binary_rates MODEL CONFIG...: REPS rounds; each round times every CONFIG once, in turn, so that
+# drift over the call (clocks, temperature) falls on all of them alike. A CONFIG is a label, or
+# label|VAR=VALUE to run under that environment. One run = the 64- and the long-segment run;
+# the rate of each is (long - 64) x N / (t_long - t_64). Prints and records each median.
+binary_rates() {
+  local model=$1 long=320 r segs t0 t1 t_64 t_long rate cfg label envs med tf pct
+  shift
   # the attention-only model runs ~5x faster: a longer second run keeps the difference well
   # above the start-up's jitter
-  long=320; [ "$model" = attention ] && long=1344
+  [ "$model" = attention ] && long=1344
+  declare -A rates
   for r in $(seq "$REPS"); do
-    for segs in 64 $long; do
-      t0=$(date +%s.%N)
-      $B/seqflow run -d cuda -m "$D/$model.st" -i "$D/long$segs.u32" -f u32 --sink-format null -q --no-progress || echo "run failed"
-      t1=$(date +%s.%N)
-      eval "t_$segs=\$(python3 -c \"print($t1 - $t0)\")"
+    for cfg in "$@"; do
+      label=${cfg%%|*}
+      envs=""; [ "$cfg" != "$label" ] && envs=${cfg#*|}
+      for segs in 64 $long; do
+        t0=$(date +%s.%N)
+        env $envs $B/seqflow run -d cuda -m "$D/$model.st" -i "$D/long$segs.u32" -f u32 --sink-format null -q --no-progress || echo "run failed"
+        t1=$(date +%s.%N)
+        if [ "$segs" = 64 ]; then t_64=$(python3 -c "print($t1 - $t0)"); else t_long=$(python3 -c "print($t1 - $t0)"); fi
+      done
+      rate=$(python3 -c "print('%.0f' % (($long - 64) * $N / ($t_long - $t_64)))")
+      rates[$label]="${rates[$label]:-} $rate"
+      echo "$model $label round $r: t64 $t_64 s, t$long $t_long s, $rate tokens/s"
     done
-    eval "t_long=\$t_$long"
-    rate=$(python3 -c "print('%.0f' % (($long - 64) * $N / ($t_long - $t_64)))")
-    rates="$rates $rate"
-    echo "$model rep $r: t64 $t_64 s, t$long $t_long s, $rate tokens/s"
   done
-  med=$(python3 -c "import statistics; print('%.0f' % statistics.median([float(x) for x in '$rates'.split()]))")
-  tf=$(python3 -c "print('%.1f' % ($med * $mf / 1e6))")
-  pct=$(python3 -c "print('%.1f' % (100 * $med * $mf / 1e6 / $GEMM))" 2>/dev/null)
-  echo "RATE $model: tokens/s$rates; median $med = $tf useful TFLOP/s = $pct% of GEMM $GEMM ($mf MFLOP/token)" | tee -a "$OUT/rates.txt"
+  for cfg in "$@"; do
+    label=${cfg%%|*}
+    med=$(python3 -c "import statistics; print('%.0f' % statistics.median([float(x) for x in '${rates[$label]}'.split()]))")
+    tf=$(python3 -c "print('%.1f' % ($med * ${MF[$model]} / 1e6))")
+    pct=$(python3 -c "print('%.1f' % (100 * $med * ${MF[$model]} / 1e6 / $GEMM))" 2>/dev/null)
+    echo "RATE $model $label: tokens/s${rates[$label]}; median $med = $tf useful TFLOP/s = $pct% of GEMM $GEMM (${MF[$model]} MFLOP/token)" | tee -a "$OUT/rates.txt"
+  done
+}
+declare -A MF
+for model in $MODELS; do
+  [ -f "$D/$model.st" ] || $B/bench/bench_gpu_pipeline --make-model "$D/$model.st" --preset $model --seed 1 >/dev/null
+  MF[$model]=$($B/bench/bench_gpu_pipeline --model "$D/$model.st" --tokens "$D/t12.u32" --device cuda --precision bf16 \
+        --warmup-segments 2 ${GEMM:+--gemm-tflops $GEMM} | tee "$OUT/${model}_push.txt" | grep '^RESULT' | tail -1 |
+        tr ' ' '\n' | sed -n 's/^mflop_per_token=//p')
+  # RATE_SIDE="0 high": the same binary with SEQFLOW_CUDA_SIDE_QUEUE set to each, interleaved
+  configs=(default)
+  for mode in ${RATE_SIDE:-}; do configs+=("side_queue=$mode|SEQFLOW_CUDA_SIDE_QUEUE=$mode"); done
+  [ "${RATE_UNPINNED:-1}" = 1 ] && configs+=("unpinned packets|SEQFLOW_PINNED_PACKETS=0")
+  binary_rates $model "${configs[@]}"
 done
-if [ "${RATE_UNPINNED:-1}" = 1 ]; then
-  # the same binary runs with packets in pageable memory (downloads through the staging copy)
-  for model in $MODELS; do
-    long=320; [ "$model" = attention ] && long=1344
-    for segs in 64 $long; do
-      t0=$(date +%s.%N)
-      SEQFLOW_PINNED_PACKETS=0 $B/seqflow run -d cuda -m "$D/$model.st" -i "$D/long$segs.u32" -f u32 --sink-format null -q --no-progress
-      t1=$(date +%s.%N)
-      eval "t_$segs=\$(python3 -c \"print($t1 - $t0)\")"
-    done
-    eval "t_long=\$t_$long"
-    echo "RATE $model unpinned packets (1 rep): $(python3 -c "print('%.0f' % (($long - 64) * $N / ($t_long - $t_64)))") tokens/s" | tee -a "$OUT/rates.txt"
-  done
-fi
 if [ "${RATE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
-  echo "== ncu: device time per kernel (reference, push mode, 4 segments with 2 warm-up; every kernel counted, divided by 4)"
-  $B/bench/bench_gpu_pipeline --make-tokens "$D/t4.u32" --count $((4 * N)) --seed 3 >/dev/null
+  echo "== ncu: device time per kernel (reference, push mode, 6 segments; the first 2, with the one-off work, left out)"
+  $B/bench/bench_gpu_pipeline --make-tokens "$D/t6.u32" --count $((6 * N)) --seed 3 >/dev/null
   ncu --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" $B/bench/bench_gpu_pipeline --model "$D/reference.st" \
-    --tokens "$D/t4.u32" --device cuda --precision bf16 --warmup-segments 2 >/dev/null 2>"$OUT/ncu.err" || tail -5 "$OUT/ncu.err"
-  python3 bench/ncu_summary.py "$OUT/ncu.csv" 4 | tee "$OUT/ncu_summary.txt"
+    --tokens "$D/t6.u32" --device cuda --precision bf16 --warmup-segments 2 >/dev/null 2>"$OUT/ncu.err" || tail -5 "$OUT/ncu.err"
+  python3 bench/ncu_summary.py "$OUT/ncu.csv" 6 2 | tee "$OUT/ncu_summary.txt"
 fi
 if [ "${RATE_BATCH:-1}" = 1 ]; then
   echo "== several streams: block batch=1 vs batch=B (push mode, one segment of each stream per round)"

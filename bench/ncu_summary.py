@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Sums `ncu --metrics gpu__time_duration.sum --csv` output per kernel name.
 
-usage: ncu_summary.py NCU_CSV SEGMENTS
-Prints each kernel's total device time divided by SEGMENTS (ms per segment), largest first,
-and the sum. Kernels of graph creation (weight conversion, cuBLAS warm-up) are included, so
-run enough segments for them to be small, or read the per-kernel rows."""
+usage: ncu_summary.py NCU_CSV SEGMENTS [SKIP]
+Prints each kernel's total device time divided by SEGMENTS - SKIP (ms per segment), largest
+first, and the sum. SKIP > 0 leaves out every kernel launched before the (SKIP+1)-th
+embed_kernel (one a segment), so the one-off work of the first segments (weight conversions,
+the products' first-use algorithm timing) does not count; with SKIP = 0 it does."""
 import csv
 import sys
 from collections import defaultdict
@@ -12,7 +13,8 @@ from collections import defaultdict
 
 def main():
     path, segments = sys.argv[1], float(sys.argv[2])
-    rows = []
+    skip = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    embeds = 0
     with open(path) as f:
         lines = [l for l in f if l.startswith('"')]
     total = defaultdict(float)
@@ -22,11 +24,16 @@ def main():
             continue
         name = row["Kernel Name"]
         short = name.split("(")[0][:90]
+        if short == "embed_kernel":
+            embeds += 1
+        if embeds <= skip:
+            continue
         value = float(row["Metric Value"].replace(",", ""))
         unit = row.get("Metric Unit", "nsecond")
         scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(unit, 1e-6)
         total[short] += value * scale
         calls[short] += 1
+    segments -= skip
     grand = sum(total.values())
     print(f"{'kernel':92s} {'calls':>6s} {'ms/segment':>11s} {'share':>7s}")
     for name, ms in sorted(total.items(), key=lambda kv: -kv[1]):

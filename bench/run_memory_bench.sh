@@ -82,7 +82,7 @@ pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 while read -r o; do [ -n "$o" ] && objs+=("$o"); done < $b/wgmma.objs
 cp $b/memory.cu.err "$out/ptxas_memory.txt"
-libs="-lcublas -lopenblas -Xcompiler -fopenmp"
+libs="-lcublas -lcublasLt -lopenblas -Xcompiler -fopenmp"
 cmake_done=0
 wait_cmake() {
   if [ -n "${cmake_pid:-}" ] && [ $cmake_done = 0 ]; then
@@ -96,7 +96,7 @@ link_bench() {
   nvcc -arch=sm_90 -o $b/$name $b/bench.o $mem $rest $libs 2>/tmp/link_$name.err && return 0
   echo "note: $name: plain link failed ($(grep -m1 -o 'undefined reference to .*' /tmp/link_$name.err)); using the CMake library"
   wait_cmake
-  nvcc -arch=sm_90 -o $b/$name $b/bench.o $mem build-gpu/libseqflow.a -lcublas \
+  nvcc -arch=sm_90 -o $b/$name $b/bench.o $mem build-gpu/libseqflow.a -lcublas -lcublasLt \
     $(pkg-config --libs openblas libcjson liblz4 libzstd) -Xcompiler -fopenmp
 }
 link_bench bench_mem
@@ -109,14 +109,22 @@ date -u | tee -a "$out/gpu.txt"
 # what the tiled kernels compile to: FMAs, 16-byte shared loads, local memory (spills)
 if command -v cuobjdump >/dev/null; then
   cuobjdump -sass $b/memory.cu.o | awk '/Function :/ {f=$3} /FFMA/ {ffma[f]++} /LDS.128/ {lds[f]++}
-    /LDG.E.128/ {ldg[f]++} /LDL|STL/ {loc[f]++}
-    END {for (f in ffma) printf "%s FFMA %d LDS.128 %d LDG.128 %d local %d\n", f, ffma[f], lds[f], ldg[f], loc[f]}' \
+    /LDG.E.128/ {ldg[f]++} /LDL|STL/ {loc[f]++} /HMMA/ {hmma[f]++}
+    END {for (f in ffma) printf "%s FFMA %d HMMA %d LDS.128 %d LDG.128 %d local %d\n", f, ffma[f], hmma[f], lds[f],
+      ldg[f], loc[f]}' \
     > "$out/sass_memory.txt" || true
 fi
 set +e
+# once with the default products, then with each of the tiled kernels' products forced
 (cd /tmp && OPENBLAS_NUM_THREADS=4 $test_bin) > "$out/test_backend_ops.txt" 2>&1
 echo "test_backend_ops: exit $?"
 grep -E "FAIL|passed|failed" "$out/test_backend_ops.txt" | tail -30
+for products in ${MEM_TEST_PRODUCTS:-mma fma}; do
+  (cd /tmp && SEQFLOW_CUDA_MEMORY=$products OPENBLAS_NUM_THREADS=4 $test_bin) > /tmp/test_backend_ops_$products.txt 2>&1
+  echo "test_backend_ops SEQFLOW_CUDA_MEMORY=$products: exit $? $(grep -E 'passed|failed' /tmp/test_backend_ops_$products.txt | tail -1)" |
+    tee -a "$out/test_backend_ops.txt"
+  grep -E "FAIL" /tmp/test_backend_ops_$products.txt | head -20 | tee -a "$out/test_backend_ops.txt"
+done
 wait_cmake
 OPENBLAS_NUM_THREADS=4 $b/bench_mem "$reps" 2>&1 | tee "$out/bench_memory.txt"
 # the CMake build fails when another engineer's sm_90a file does not build: test_gpu_pipeline is
@@ -136,9 +144,12 @@ if [ "${MEM_PIPELINE_TEST:-1}" = 1 ]; then
   [ -x build-gpu/tests/test_gpu_pipeline ] || pipeline_fallback || echo "test_gpu_pipeline: not built"
 fi
 if [ -x build-gpu/tests/test_gpu_pipeline ]; then
+  # (MEM_PIPELINE_PRODUCTS=mma or fma: the memory kernels' products there; default: memory.cu's)
   (cd build-gpu/tests && mkdir -p tmp && SEQFLOW_TEST_TMP=$PWD/tmp OPENBLAS_NUM_THREADS=1 \
-     timeout 60 ./test_gpu_pipeline) > "$out/test_gpu_pipeline.txt" 2>&1
-  echo "test_gpu_pipeline: exit $?"; grep -E "FAIL|passed|failed|skipped" "$out/test_gpu_pipeline.txt" | tail -15
+     env ${MEM_PIPELINE_PRODUCTS:+SEQFLOW_CUDA_MEMORY=$MEM_PIPELINE_PRODUCTS} timeout 60 ./test_gpu_pipeline) \
+     > "$out/test_gpu_pipeline.txt" 2>&1
+  echo "test_gpu_pipeline (${MEM_PIPELINE_PRODUCTS:-default} products): exit $?"
+  grep -E "FAIL|passed|failed|skipped" "$out/test_gpu_pipeline.txt" | tail -15
 fi
 # variants of memory.cu carried in build-memvar/ (outside the tree): the benchmark (its checks and
 # times) and test_backend_ops, each linked with the variant
@@ -169,6 +180,6 @@ echo "== summary"
 grep -E "FAIL|checks passed|FAILED" "$out/bench_memory.txt" | tail -3
 grep -E "^\| " "$out/bench_memory.txt"
 [ -f "$out/bench_variants.txt" ] && grep -E "^\| (memory|update)|variant|FAIL" "$out/bench_variants.txt"
-grep -E "passed|failed" "$out/test_backend_ops.txt" | tail -1
+grep -E "passed|failed" "$out/test_backend_ops.txt" | tail -3
 [ -f "$out/test_gpu_pipeline.txt" ] && grep -E "passed|failed" "$out/test_gpu_pipeline.txt" | tail -1
 exit 0

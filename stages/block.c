@@ -351,9 +351,11 @@ static int prepare_backend(block *b)
     int rc = SF_OK;
     for (int l = 0; l < b->count && rc == SF_OK && ops->prepare_weight; l++) {
         const layer_weights *w = &b->weights[l];
-        rc = ops->prepare_weight(b->be, w->wq, W, D);
-        if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wk, W, D);
-        if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wv, W, D);
+        /* Q, K, V as one group: with q, k, v one buffer apart (block_init) a GPU may run the
+         * three products as one batched launch */
+        const float *wqkv[3] = {w->wq, w->wk, w->wv};
+        if (ops->prepare_weight_group) rc = ops->prepare_weight_group(b->be, 3, wqkv, W, D);
+        for (int i = 0; i < 3 && rc == SF_OK && !ops->prepare_weight_group; i++) rc = ops->prepare_weight(b->be, wqkv[i], W, D);
         if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wo, D, W);
         const float *w13[2] = {w->w1, w->w3};
         if (rc == SF_OK && F && ops->prepare_weight_group) rc = ops->prepare_weight_group(b->be, 2, w13, F, D);
@@ -414,9 +416,9 @@ static int block_init(sf_stage *st)
     }
     b->x = upload(b, NULL, N * D, &rc);
     b->u = upload(b, NULL, N * D, &rc);
-    b->q = upload(b, NULL, N * W, &rc);
-    b->k = upload(b, NULL, N * W, &rc);
-    b->v = upload(b, NULL, N * W, &rc);
+    /* q, k, v: three equal parts of one buffer (see prepare_backend) */
+    b->q = upload(b, NULL, 3 * N * W, &rc);
+    if (b->q) b->k = b->q + N * W, b->v = b->k + N * W;
     b->a = upload(b, NULL, N * W, &rc);
     if (F) {
         b->h1 = upload(b, NULL, N * F, &rc);
@@ -479,7 +481,9 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     const layer_weights *w = &b->weights[l];
     const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden, rows = count * n;
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part = (size_t)n * W;
-    int rc;
+    /* the previous layer's commit may still read k and v on the side queue */
+    int rc = ops->side_join ? ops->side_join(be) : SF_OK;
+    if (rc != SF_OK) return rc;
     if (ops->qkv) {
         rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->q, b->k, b->v, b->u);
     } else {
@@ -503,6 +507,26 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
         if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
             rc = ops->memory_mix(be, n, H, d, W, q, s->M + l * hdd, s->z + l * hd, w->gate, a);
     }
+    /* The commit reads k and v and writes the memory and the global tokens, which only the
+     * next segment reads: on a side queue it runs beside the output product and the MLP issued
+     * after it. The attention and the retrieval above read the old memory and tokens; they were
+     * issued first, so the side starts after them. The next layer's qkv, which overwrites k and
+     * v, joins the side first (top of this function). Without an MLP there is too little to
+     * run beside it, and the cross-stream waits cost more than they hide (bench/RESULTS.md,
+     * run 9: attention-only model 5-11% slower with the side queue, reference model 6% faster). */
+    const int side = rc == SF_OK && commit && F > 0 && ops->side_begin && ops->side_end;
+    if (side) rc = ops->side_begin(be);
+    for (int i = 0; i < count && rc == SF_OK && commit; i++) {
+        stream_state *s = states[i];
+        const float *k = b->k + i * part, *v = b->v + i * part;
+        if (c->memory != SF_MEMORY_NONE)
+            rc = ops->memory_update(be, c->memory, n, H, d, W, k, v, s->M + l * hdd, s->z + l * hd);
+        if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_global_tokens(b, s, l, n, k, v);
+    }
+    if (side) {
+        int end_rc = ops->side_end(be);
+        if (rc == SF_OK) rc = end_rc;
+    }
     if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->a, W, w->wo, b->x, D, 1);
     if (rc == SF_OK && F && ops->ffn) {
         rc = ops->ffn(be, rows, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->u, b->h1, b->h3);
@@ -514,12 +538,18 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
         if (rc == SF_OK) rc = ops->swiglu(be, rows, F, b->h1, b->h3);
         if (rc == SF_OK) rc = ops->matmul(be, rows, F, D, b->h1, F, w->w2, b->x, D, 1);
     }
-    for (int i = 0; i < count && rc == SF_OK && commit; i++) {
-        stream_state *s = states[i];
-        const float *k = b->k + i * part, *v = b->v + i * part;
-        if (c->memory != SF_MEMORY_NONE)
-            rc = ops->memory_update(be, c->memory, n, H, d, W, k, v, s->M + l * hdd, s->z + l * hd);
-        if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_global_tokens(b, s, l, n, k, v);
+    return rc;
+}
+
+/* Every layer over the stacked segments, then the side queue joined: what follows (the
+ * download, the next stage, a save) may read anything the layers wrote. */
+static int layers_forward(block *b, stream_state *const *states, int count, int n, int commit)
+{
+    int rc = SF_OK;
+    for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, states, count, l, n, commit);
+    if (b->be->ops->side_join) {
+        int join_rc = b->be->ops->side_join(b->be);
+        if (rc == SF_OK) rc = join_rc;
     }
     return rc;
 }
@@ -557,7 +587,7 @@ static int run_pending(sf_stage *st)
         if (rc == SF_OK) rc = p->dev ? ops->copy(b->be, dst, p->dev, floats * sizeof(float))
                                      : ops->upload(b->be, dst, p->x, floats * sizeof(float));
     }
-    for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, states, count, l, (int)rows, 1);
+    if (rc == SF_OK) rc = layers_forward(b, states, count, (int)rows, 1);
     for (int i = 0; i < count && rc == SF_OK; i++) {
         sf_packet *p = b->pending[i];
         const float *src = b->x + i * floats;
@@ -606,7 +636,7 @@ static int run_one(sf_stage *st, sf_packet *in)
         float *host_rows_x = b->x;
         if (in->dev) b->x = in->dev;
         else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
-        for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, &s, 1, l, (int)in->n, commit);
+        if (rc == SF_OK) rc = layers_forward(b, &s, 1, (int)in->n, commit);
         if (rc == SF_OK && !in->dev) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
@@ -717,7 +747,7 @@ static void block_free(sf_stage *st)
         for (size_t i = 0; i < sizeof(layer_weights) / sizeof(float *); i++) be->ops->free(be, w[i]);
     }
     free(b->weights);
-    float *scratch[] = {b->x, b->u, b->q, b->k, b->v, b->a, b->h1, b->h3, b->sk, b->sv};
+    float *scratch[] = {b->x, b->u, b->q /* and k, v */, b->a, b->h1, b->h3, b->sk, b->sv};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) be->ops->free(be, scratch[i]);
     free(b);
 }

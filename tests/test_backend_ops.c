@@ -1,4 +1,5 @@
-/* Every op of sf_backend_ops on every non-CPU backend (today: cuda in f32 and in bf16) against
+/* Every op of sf_backend_ops on every non-CPU backend (today: cuda in f32, in bf16, and in bf16
+ * with every product forced through cuBLASLt, SEQFLOW_CUDA_GEMM=lt) against
  * the CPU backend, on random inputs of several shapes. Outputs are poisoned with NaN before
  * each run, so an element an op fails to write fails the comparison. Relative error (L2) at
  * most 1e-4 in f32; in bf16 the products and attention may reach 2e-2, the other ops (memory,
@@ -239,6 +240,64 @@ static void test_fused_products(const target *t)
     }
 }
 
+/* Q/K/V as stages/block.c lays them out: wq, wk, wv prepared as one group of 3, and q, k, v
+ * slices of one allocation n_max*W apart (n_max > n, so a stride of n*W would be wrong). The
+ * CUDA backend issues one strided-batched product for exactly this case; the whole buffer is
+ * poisoned, each slice must match the CPU and the rows between slices must stay untouched. */
+static void test_qkv_grouped(const target *t)
+{
+    static const int shapes[][4] = {/* n, n_max, dim, width */ {64, 80, 32, 48}, {200, 256, 96, 128},
+                                    {37, 40, 24, 40}, {1, 3, 16, 8}};
+    if (!t->be->ops->prepare_weight_group || !t->be->ops->qkv) return;
+    char what[112];
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int n = shapes[s][0], n_max = shapes[s][1], dim = shapes[s][2], width = shapes[s][3];
+        const size_t nx = (size_t)n * dim, nh = (size_t)n * width, slice = (size_t)n_max * width;
+        float *hx = random_host(nx, 1), *hn = random_host((size_t)dim, 1);
+        float *hw = random_host(3 * (size_t)width * dim, 1.0 / sqrt(dim));
+        pair x = both(t, hx, nx * 4), norm = both(t, hn, (size_t)dim * 4), u = both(t, NULL, nx * 4);
+        pair w[3], want[3];
+        for (int i = 0; i < 3; i++) {
+            w[i] = both(t, hw + (size_t)i * width * dim, (size_t)width * dim * 4);
+            want[i] = both(t, NULL, nh * 4);
+        }
+        const float *group[3] = {w[0].g, w[1].g, w[2].g};
+        CHECK_OK(t->be->ops->prepare_weight_group(t->be, 3, group, width, dim));
+        float *qkv = to_backend(t->be, NULL, 3 * slice * 4);
+        float *gy[3] = {qkv, qkv + slice, qkv + 2 * slice};
+        for (int pass = 0; pass < 2; pass++) { /* qkv, then matmul_shared on the same layout */
+            poison(t->be, qkv, 3 * slice);
+            CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, norm.c, 1e-6f, u.c));
+            if (pass == 0) {
+                CHECK_OK(t->be->ops->qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, gy[0],
+                                         gy[1], gy[2], u.g));
+            } else {
+                if (!t->be->ops->matmul_shared) break;
+                CHECK_OK(t->be->ops->rmsnorm(t->be, n, dim, x.g, norm.g, 1e-6f, u.g));
+                CHECK_OK(t->be->ops->matmul_shared(t->be, n, dim, width, u.g, dim, 3, group, gy, width));
+            }
+            for (int i = 0; i < 3; i++) {
+                CHECK_OK(cpu->ops->matmul(cpu, n, dim, width, u.c, dim, w[i].c, want[i].c, width, 0));
+                snprintf(what, sizeof what, "%s grouped n=%d (slices %d rows apart) dim=%d width=%d product %d",
+                         pass ? "matmul_shared" : "qkv", n, n_max, dim, width, i);
+                compare(what, t, gy[i], want[i].c, nh, t->tol_products);
+            }
+            float *all = to_host(t->be, qkv, 3 * slice);
+            size_t written = 0;
+            for (size_t i = 0; i < 3 * slice; i++) written += !isnan(all[i]) && i % slice >= nh;
+            CHECKF(written == 0, "%s %s grouped n=%d n_max=%d: %zu elements written past the slices' n rows",
+                   t->label, pass ? "matmul_shared" : "qkv", n, n_max, written);
+            free(all);
+        }
+        printf("  %-5s qkv n=%3d dim=%3d width=%3d grouped wq|wk|wv, q|k|v %d rows apart\n", t->label, n, dim, width,
+               n_max);
+        t->be->ops->free(t->be, qkv);
+        for (int i = 0; i < 3; i++) both_free(t, w[i]), both_free(t, want[i]);
+        both_free(t, x), both_free(t, norm), both_free(t, u);
+        free(hx), free(hn), free(hw);
+    }
+}
+
 static void test_rowwise(const target *t)
 {
     /* widths for every rmsnorm path: scalar (7, 1030), one warp a row (64, 300; 1500), one block
@@ -415,9 +474,15 @@ int main(void)
         sf_precision precision;
         const char *label;
         double tol;
-    } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32}, {SF_PRECISION_BF16, "bf16", TOL_BF16}};
+        int force_lt; /* SEQFLOW_CUDA_GEMM=lt: every bf16 product through cuBLASLt (matmul.cu) */
+    } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, 0},
+                 {SF_PRECISION_BF16, "bf16", TOL_BF16, 0},
+                 {SF_PRECISION_BF16, "bf16lt", TOL_BF16, 1}};
     for (size_t m = 0; m < sizeof modes / sizeof *modes && cpu; m++) {
         target t = {NULL, modes[m].label, modes[m].tol};
+        /* read when a product shape is first planned, i.e. during this mode's tests only */
+        if (modes[m].force_lt) setenv("SEQFLOW_CUDA_GEMM", "lt", 1);
+        else unsetenv("SEQFLOW_CUDA_GEMM");
         CHECK_OK(sf_backend_create_ex("cuda", 0, modes[m].precision, &t.be));
         if (!t.be) continue;
         CHECK(t.be->precision == modes[m].precision);
@@ -425,6 +490,7 @@ int main(void)
         test_buffers(&t);
         test_matmul(&t);
         test_fused_products(&t);
+        test_qkv_grouped(&t);
         test_rowwise(&t);
         test_summary(&t);
         test_memory(&t);
@@ -432,6 +498,7 @@ int main(void)
         CHECK_OK(t.be->ops->sync(t.be));
         sf_backend_free(t.be);
     }
+    unsetenv("SEQFLOW_CUDA_GEMM");
     /* bf16 is a GPU precision: the CPU refuses it rather than silently computing in f32 */
     sf_backend *refused = NULL;
     CHECK(sf_backend_create_ex("cpu", 0, SF_PRECISION_BF16, &refused) == SF_E_UNSUPPORTED && refused == NULL);

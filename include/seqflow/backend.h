@@ -112,6 +112,18 @@ typedef struct sf_backend_ops {
      * with the same input (ffn's W1 and W3): the backend may keep one concatenated copy, so
      * the products become one. Callers use prepare_weight per weight when NULL. */
     int (*prepare_weight_group)(sf_backend *be, int count, const float *const *w, int out, int in);
+    /* The side queue: work whose result nothing needs soon (a layer's memory update and
+     * global tokens, read only by the next segment) runs beside the work issued after it.
+     * side_begin: the ops this thread issues from now on go to the side queue, where they start
+     * after everything issued so far (on both queues). side_end: this thread's ops go to the
+     * main queue again, and do not wait for the side. side_join: ops issued after it (on
+     * either queue) start after everything issued to the side before it. Between begin and
+     * join the caller must keep main-queue ops off the buffers the side reads or writes; side
+     * ops are device work only (no upload or download). All three NULL (the CPU): ops run in
+     * the order issued, which is what they would have joined to. */
+    int (*side_begin)(sf_backend *be);
+    int (*side_end)(sf_backend *be);
+    int (*side_join)(sf_backend *be);
 } sf_backend_ops;
 
 struct sf_backend {

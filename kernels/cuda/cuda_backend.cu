@@ -17,16 +17,43 @@ int sf_cublas_status(cublasStatus_t st, const char *what)
     return sf_error(SF_E_BACKEND, "cuBLAS: %s: %s", what, cublasGetStatusString(st));
 }
 
+/* The backend whose side queue this thread issues to (side_begin .. side_end), if any. */
+static thread_local sf_cuda *side_of_thread;
+
+/* Exchanges the main and the side queue's stream, scratch and cuBLAS workspace (under the
+ * lock). cublasSetStream drops the handle's workspace, so it is set again right after. */
+static int swap_queue(sf_cuda *c)
+{
+    sf_cuda_queue main_q = {c->stream, c->scratch, c->scratch_bytes, c->blas_workspace, c->blas_workspace_bytes};
+    c->stream = c->side.stream, c->scratch = c->side.scratch, c->scratch_bytes = c->side.scratch_bytes;
+    c->blas_workspace = c->side.blas_workspace, c->blas_workspace_bytes = c->side.blas_workspace_bytes;
+    c->side = main_q;
+    c->on_side = !c->on_side;
+    int rc = sf_cublas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream");
+    if (rc == SF_OK)
+        rc = sf_cublas_status(cublasSetWorkspace(c->blas, c->blas_workspace, c->blas_workspace_bytes),
+                              "cublasSetWorkspace");
+    return rc;
+}
+
 int sf_cuda_enter(sf_cuda *c)
 {
     pthread_mutex_lock(&c->lock);
     /* the current device is per host thread, and stage threads come and go */
     int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
-    if (rc != SF_OK) pthread_mutex_unlock(&c->lock);
+    if (rc == SF_OK && side_of_thread == c) rc = swap_queue(c);
+    if (rc != SF_OK) {
+        if (c->on_side) swap_queue(c);
+        pthread_mutex_unlock(&c->lock);
+    }
     return rc;
 }
 
-void sf_cuda_leave(sf_cuda *c) { pthread_mutex_unlock(&c->lock); }
+void sf_cuda_leave(sf_cuda *c)
+{
+    if (c->on_side) swap_queue(c);
+    pthread_mutex_unlock(&c->lock);
+}
 
 static void count_bytes(sf_cuda *c, size_t add, size_t sub)
 {
@@ -53,16 +80,18 @@ void sf_cuda_free_counted(sf_cuda *c, void *ptr, size_t bytes)
     count_bytes(c, 0, bytes);
 }
 
-int sf_cuda_scratch(sf_cuda *c, size_t bytes)
+static int grow_scratch(sf_cuda *c, void **scratch, size_t *have, size_t bytes)
 {
-    if (bytes <= c->scratch_bytes) return SF_OK;
+    if (bytes <= *have) return SF_OK;
     /* cudaFree waits for the device, so no launch still reads the old scratch */
-    sf_cuda_free_counted(c, c->scratch, c->scratch_bytes);
-    c->scratch = NULL, c->scratch_bytes = 0;
-    int rc = sf_cuda_malloc_counted(c, &c->scratch, bytes);
-    if (rc == SF_OK) c->scratch_bytes = bytes;
+    sf_cuda_free_counted(c, *scratch, *have);
+    *scratch = NULL, *have = 0;
+    int rc = sf_cuda_malloc_counted(c, scratch, bytes);
+    if (rc == SF_OK) *have = bytes;
     return rc;
 }
+
+int sf_cuda_scratch(sf_cuda *c, size_t bytes) { return grow_scratch(c, &c->scratch, &c->scratch_bytes, bytes); }
 
 static void *cuda_alloc(sf_backend *be, size_t bytes)
 {
@@ -235,6 +264,49 @@ static int cuda_sync(sf_backend *be)
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(c->stream), "synchronize");
+    if (rc == SF_OK && c->side.stream) rc = sf_cuda_status(cudaStreamSynchronize(c->side.stream), "synchronize (side)");
+    return rc;
+}
+
+/* The side queue (seqflow/backend.h). begin and end mark the boundaries with events under the
+ * lock, so another thread's work cannot slip between the record and the wait. When disabled
+ * all three do nothing and every op stays on the one stream, in the order issued. */
+static int cuda_side_begin(sf_backend *be)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    if (!c->side.stream || side_of_thread == c) return SF_OK;
+    if (side_of_thread) return sf_error(SF_E_INVAL, "side_begin: this thread is on another backend's side queue");
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaEventRecord(c->side_start, c->stream), "side_begin (record)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->side.stream, c->side_start, 0), "side_begin (wait)");
+    sf_cuda_leave(c);
+    if (rc == SF_OK) side_of_thread = c;
+    return rc;
+}
+
+static int cuda_side_end(sf_backend *be)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    if (side_of_thread != c) return SF_OK;
+    int rc = sf_cuda_enter(c); /* on the side: c->stream is the side stream here */
+    side_of_thread = NULL;
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaEventRecord(c->side_done, c->stream), "side_end (record)");
+    sf_cuda_leave(c);
+    return rc;
+}
+
+static int cuda_side_join(sf_backend *be)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    if (!c->side.stream) return SF_OK;
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    /* side_done was last recorded at the latest side_end of any thread: waiting on it covers
+     * every side op issued before, since the side stream runs them in order */
+    rc = sf_cuda_status(cudaStreamWaitEvent(c->stream, c->side_done, 0), "side_join (wait)");
+    sf_cuda_leave(c);
     return rc;
 }
 
@@ -276,6 +348,8 @@ static int cuda_reserve(sf_backend *be, int rows, int width, int heads, int head
     size_t bytes = (size_t)rows * (size_t)width * sizeof(float) + 4096;
     size_t update = heads > 0 && head_dim > 0 ? sf_cuda_memory_update_scratch_bytes(rows, heads, head_dim) : 0;
     rc = sf_cuda_scratch(c, bytes > update ? bytes : update);
+    /* the side queue runs the memory updates (and the summaries, which need no scratch) */
+    if (rc == SF_OK && c->side.stream) rc = grow_scratch(c, &c->side.scratch, &c->side.scratch_bytes, update);
     /* a block stage moves [segment, D] activations in and out (width >= D covers them); with
      * device rows and page-locked packets no activation goes through staging at all, so it is
      * capped: a larger copy is a plain one, slower but never wrong */
@@ -292,8 +366,14 @@ static void release(sf_cuda *c)
     for (int i = 0; i < c->n_weights; i++)
         if (c->weights[i].owned) cudaFree(c->weights[i].bf16);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].ptr);
+    if (c->side.stream) cudaStreamSynchronize(c->side.stream);
     cudaFree(c->scratch);
     cudaFree(c->blas_workspace);
+    cudaFree(c->side.scratch);
+    cudaFree(c->side.blas_workspace);
+    if (c->side.stream) cudaStreamDestroy(c->side.stream);
+    if (c->side_start) cudaEventDestroy(c->side_start);
+    if (c->side_done) cudaEventDestroy(c->side_done);
     if (c->blas) cublasDestroy(c->blas);
     for (int i = 0; i < SF_CUDA_STAGING_SLOTS; i++) {
         sf_cuda_staging *slots[2] = {&c->up[i], &c->down[i]};
@@ -344,6 +424,9 @@ static const sf_backend_ops cuda_ops = {
     /* .qkv */ sf_cuda_qkv,
     /* .ffn */ sf_cuda_ffn,
     /* .prepare_weight_group */ sf_cuda_prepare_weight_group,
+    /* .side_begin */ cuda_side_begin,
+    /* .side_end */ cuda_side_end,
+    /* .side_join */ cuda_side_join,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */
@@ -363,6 +446,52 @@ static void pinned_free(void *p)
 }
 
 static const sf_host_allocator pinned_packets = {pinned_alloc, pinned_free};
+
+/* cuBLAS workspace of the side queue: its products (none in the block stage today) must not
+ * share the main queue's, and fall back to algorithms that need less when it is too small. */
+#define SIDE_BLAS_WORKSPACE_BYTES ((size_t)4 << 20)
+
+/* The side queue, unless SEQFLOW_CUDA_SIDE_QUEUE=0 or the per-op profile is on (it times each
+ * op alone on the main stream). SEQFLOW_CUDA_SIDE_QUEUE=low gives the side stream the lowest
+ * priority and the main stream the highest, so side work only fills what the main leaves idle;
+ * =high the reverse, so side work takes multiprocessors as soon as main-stream blocks retire. */
+static int create_side_queue(sf_cuda *c)
+{
+    const char *mode = getenv("SEQFLOW_CUDA_SIDE_QUEUE");
+    if ((mode && strcmp(mode, "0") == 0) || sf_cuda_profile_wanted()) return SF_OK;
+    int rc = SF_OK;
+    if (mode && strcmp(mode, "high") == 0) {
+        int least = 0, greatest = 0;
+        rc = sf_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities");
+        if (rc == SF_OK)
+            rc = sf_cuda_status(cudaStreamCreateWithPriority(&c->side.stream, cudaStreamNonBlocking, greatest), "stream");
+    } else if (mode && strcmp(mode, "low") == 0) {
+        int least = 0, greatest = 0;
+        rc = sf_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities");
+        cudaStream_t high = NULL;
+        if (rc == SF_OK)
+            rc = sf_cuda_status(cudaStreamCreateWithPriority(&high, cudaStreamNonBlocking, greatest), "stream");
+        if (rc == SF_OK) {
+            cudaStreamDestroy(c->stream);
+            c->stream = high;
+            rc = sf_cublas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream");
+        }
+        if (rc == SF_OK)
+            rc = sf_cublas_status(cublasSetWorkspace(c->blas, c->blas_workspace, c->blas_workspace_bytes),
+                                  "cublasSetWorkspace");
+        if (rc == SF_OK)
+            rc = sf_cuda_status(cudaStreamCreateWithPriority(&c->side.stream, cudaStreamNonBlocking, least), "stream");
+    } else {
+        rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->side.stream, cudaStreamNonBlocking), "stream");
+    }
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&c->side_start, cudaEventDisableTiming), "event");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming), "event");
+    if (rc == SF_OK) rc = sf_cuda_malloc_counted(c, &c->side.blas_workspace, SIDE_BLAS_WORKSPACE_BYTES);
+    if (rc == SF_OK) c->side.blas_workspace_bytes = SIDE_BLAS_WORKSPACE_BYTES;
+    /* until the first side_end, joining must not wait on a never-recorded event: record it now */
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(c->side_done, c->side.stream), "event");
+    return rc;
+}
 
 extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
 {
@@ -402,6 +531,7 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
         rc = sf_cublas_status(cublasSetWorkspace(c->blas, c->blas_workspace, BLAS_WORKSPACE_BYTES),
                               "cublasSetWorkspace");
     }
+    if (rc == SF_OK) rc = create_side_queue(c);
     if (rc != SF_OK) {
         release(c);
         return rc;

@@ -44,6 +44,7 @@ int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
 
 /* ---- internal, shared by the .cu files of kernels/cuda ------------------------------------- */
 #ifdef __CUDACC__
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -79,6 +80,31 @@ typedef struct sf_cuda_staging {
 
 typedef struct sf_cuda_profile sf_cuda_profile; /* profile.cu */
 
+/* One product shape's way through cuBLAS (matmul.cu): the cuBLASLt algorithm timed fastest at
+ * the shape's first use, or cublasGemmEx. Descriptors live inside (Init, no heap), so the
+ * table needs no teardown. */
+typedef struct sf_cuda_gemm_plan {
+    int n, in, out, ldy, batch, accumulate, align;
+    long long stride_w, stride_y;
+    cudaDataType ytype;
+    int use_lt; /* 0: cublasGemmEx was as fast, or Lt offered no algorithm */
+    cublasLtMatmulAlgo_t algo;
+    size_t workspace_bytes;
+    cublasLtMatmulDescOpaque_t op;
+    cublasLtMatrixLayoutOpaque_t a, b, c;
+} sf_cuda_gemm_plan;
+
+#define SF_CUDA_GEMM_PLANS 32 /* shapes planned; later ones take cublasGemmEx untimed */
+
+/* What an op issues to: the stream, the scratch and the cuBLAS workspace it may use. */
+typedef struct sf_cuda_queue {
+    cudaStream_t stream;
+    void *scratch;
+    size_t scratch_bytes;
+    void *blas_workspace;
+    size_t blas_workspace_bytes;
+} sf_cuda_queue;
+
 typedef struct sf_cuda {
     int device;
     sf_precision precision;
@@ -98,6 +124,15 @@ typedef struct sf_cuda {
     size_t scratch_bytes;
     size_t allocated, peak;
     sf_cuda_profile *profile; /* SEQFLOW_CUDA_PROFILE=1 only */
+    sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* matmul.cu, under the lock */
+    int n_gemm_plans;
+    /* The side queue (ops side_begin/end/join). While a thread is on it, sf_cuda_enter swaps
+     * `side` with the fields above (stream, scratch, cuBLAS stream and workspace), so every op
+     * issues to it unchanged and never shares scratch with the main queue; leave swaps back.
+     * side.stream is NULL when disabled (SEQFLOW_CUDA_SIDE_QUEUE=0, or profiling). */
+    sf_cuda_queue side;
+    int on_side; /* the swap is in effect (inside enter/leave of a side thread) */
+    cudaEvent_t side_start, side_done;
 } sf_cuda;
 
 static inline sf_cuda *sf_cuda_of(sf_backend *be) { return (sf_cuda *)be->impl; }

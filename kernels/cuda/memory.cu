@@ -7,13 +7,19 @@
  * 16-byte asynchronous copies into shared memory issued a tile (or two) ahead, so the loads of
  * the next tiles are in flight while the current one is computed; sigma and the denominators
  * sigma(x) . z (in double, as on the CPU) are computed once per element. The products are
- * float32 FMAs on 4x4 register tiles (bench/MEMORY_NOTES.md: what bounds them, what was tried).
+ * float32 FMAs on 4x4 register tiles (bench/MEMORY_NOTES.md: what bounds them, what was tried),
+ * or, for d = 32 and 64, 3xTF32 products on the tensor cores (mma_*_kernel below; the default for
+ * the updates, see use_tensor_cores).
  *   mix:    a = g * (sigma(q) M / den) + (1 - g) * a, written straight into a.
  *   update: per chunk, P = sigma(K)^T T with T = v (linear) or v - sigma(K) M / den (delta,
  *           computed in the same tile, so k and v are read once), and the chunk's column sums of
  *           sigma(K) (double); a second kernel adds the partials to M and z in chunk order, so
  *           the result is the same bits on every run (the chunking depends on n, heads, d only).
  * Other head sizes, or unaligned rows, take the general kernels of memory_general.cu. */
+#include <atomic>
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/memory_general.h"
 
@@ -62,7 +68,7 @@ __device__ static inline void copy_commit(void) { asm volatile("cp.async.commit_
 __device__ static inline void copy_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 /* Starts copying rows [i0, i0 + 64) of head h of x and y into raw tiles (zeros at or past end). */
-template <int D>
+template <int D, int RS = D> /* RS: row stride of the raw tiles in shared memory */
 __device__ static inline void tile_copy(float *rx_, float *ry_, const float *x, const float *y, int ld, int h,
                                         int i0, int end)
 {
@@ -72,8 +78,8 @@ __device__ static inline void tile_copy(float *rx_, float *ry_, const float *x, 
         const int u = threadIdx.x + p * TILE_THREADS, r = u / S::VEC, col = (u % S::VEC) * 4;
         const bool in = i0 + r < end;
         const size_t at = in ? (size_t)(i0 + r) * ld + (size_t)h * D + col : 0;
-        copy16_async(rx_ + r * D + col, x + at, in);
-        copy16_async(ry_ + r * D + col, y + at, in);
+        copy16_async(rx_ + r * RS + col, x + at, in);
+        copy16_async(ry_ + r * RS + col, y + at, in);
     }
     copy_commit();
 }
@@ -81,7 +87,7 @@ __device__ static inline void tile_copy(float *rx_, float *ry_, const float *x, 
 /* sx = sigma(raw x) (0 past `end`) from this thread's own copies; with DEN sinv[r] =
  * 1 / (sigma(x_r) . z) (0 where that is 0), the dot product in double as on the CPU; with Z
  * zacc[c] += the column sums of sigma(x) over this thread's rows (its columns are fixed). */
-template <int D, bool DEN, bool Z>
+template <int D, bool DEN, bool Z, int RS = D>
 __device__ static inline void tile_sigma(const float *raw, int i0, int end, const float *sz, float *sx, float *sinv,
                                          double (&zacc)[4])
 {
@@ -90,7 +96,7 @@ __device__ static inline void tile_sigma(const float *raw, int i0, int end, cons
     for (int p = 0; p < S::LOADS; p++) {
         const int u = threadIdx.x + p * TILE_THREADS, r = u / S::VEC, col = (u % S::VEC) * 4;
         const bool in = i0 + r < end;
-        float4 s = *(const float4 *)(raw + r * D + col);
+        float4 s = *(const float4 *)(raw + r * RS + col);
         s.x = in ? sigma(s.x) : 0.0f, s.y = in ? sigma(s.y) : 0.0f;
         s.z = in ? sigma(s.z) : 0.0f, s.w = in ? sigma(s.w) : 0.0f;
         *(float4 *)(sx + r * S::LDX + col) = s;
@@ -182,6 +188,26 @@ __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS
     }
 }
 
+/* The chunk's z partial: each thread holds the column sums of sigma(K) for its 4 columns
+ * (col = 4 * (t % (D / 4)) + c); the threads holding the same columns are added in thread
+ * order, so the result is the same bits on every run. `raw` (the tile stages, free by now)
+ * holds the exchange. */
+template <int D>
+__device__ static void store_chunk_z(const double (&zacc)[4], float *raw, double *partz_chunk)
+{
+    __syncthreads();
+    double *zred = (double *)raw;
+#pragma unroll
+    for (int c = 0; c < 4; c++) zred[threadIdx.x * 4 + c] = zacc[c];
+    __syncthreads();
+    if (threadIdx.x < D) {
+        const int col = threadIdx.x;
+        double sum = 0;
+        for (int t = col / 4; t < TILE_THREADS; t += D / 4) sum += zred[t * 4 + col % 4];
+        partz_chunk[col] = sum;
+    }
+}
+
 /* grid (chunks, heads): partM[chunk][h] = sigma(K)^T T over the chunk's rows, T = v (linear) or
  * v - sigma(K) M / den (delta); partz[chunk][h] = the chunk's column sums of sigma(K). */
 template <int D, bool DELTA>
@@ -251,18 +277,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS
 #pragma unroll
     for (int a = 0; a < S::UJ; a++)
         *(float4 *)(P + (size_t)(uy * S::UJ + a) * D + ux * 4) = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
-    /* z: the threads holding the same 4 columns, added in thread order */
-    __syncthreads(); /* the raw stages are free: the sums go there */
-    double *zred = (double *)raw;
-#pragma unroll
-    for (int c = 0; c < 4; c++) zred[threadIdx.x * 4 + c] = zacc[c];
-    __syncthreads();
-    if (threadIdx.x < D) {
-        const int col = threadIdx.x;
-        double sum = 0;
-        for (int t = col / 4; t < TILE_THREADS; t += S::VEC) sum += zred[t * 4 + col % 4];
-        partz[((size_t)chunk * heads + h) * D + col] = sum;
-    }
+    store_chunk_z<D>(zacc, raw, partz + ((size_t)chunk * heads + h) * D);
 }
 
 /* M[i] += sum over chunks of partM[chunk][i] (i over heads*d*d), then z likewise, chunks in order. */
@@ -282,6 +297,223 @@ __global__ static void chunk_reduce_kernel(int chunks, size_t m_count, size_t z_
             z[j] += (float)s;
         }
     }
+}
+
+/* ---- the same kernels with the products on the tensor cores (d = 32, 64) -------------------
+ * 3xTF32 on mma.sync m16n8k8: x = big + small with big = tf32(x), small = tf32(x - big), and
+ * a b ~ big_a big_b + big_a small_b + small_a big_b, accumulated in float32; the dropped
+ * small_a small_b is 2^-22 of the product, so the results keep float32 accuracy (plain TF32
+ * would be ~1e-3 off, over the backend's 1e-4). Everything around the products (copies, sigma,
+ * the double denominators, the z sums, the chunk partials and their reduce) is as above.
+ * Fragment loads read shared memory without bank conflicts: raw tiles and sigma(x) rows are
+ * D + 4 floats apart, M_h rows D + 8. The retrieval's warp w computes rows 16 (w % 4).. and
+ * columns (D / 2)(w / 4).. of the tile; the update's warp w owns rows 16 (w % UM).. and columns
+ * UW (w / UM).. of the chunk's partial. */
+
+template <int D>
+struct mma_shape {
+    static constexpr int LDR = D + 4; /* raw tiles and sigma(x) */
+    static constexpr int LDM = D + 8; /* M_h */
+    static constexpr int RAW = TILE_ROWS * LDR;
+    static constexpr int RN = D / 16;               /* retrieval: n-tiles of 8 columns a warp */
+    static constexpr int UM = D / 16, UW = D * D / 128, UN = UW / 8; /* update: m-tiles, columns, n-tiles */
+    static_assert(TILE_THREADS == 256 && TILE_ROWS == 64 && (D == 32 || D == 64), "warp layout of 8 warps");
+    static_assert(LDR == tile_shape<D>::LDX, "tile_sigma writes sigma(x) rows LDX apart");
+};
+
+template <int D>
+static size_t mma_shared_bytes(bool with_m)
+{
+    typedef mma_shape<D> S;
+    return sizeof(float) * ((with_m ? (size_t)D * S::LDM : 0) + D + TILE_ROWS + (size_t)TILE_ROWS * S::LDR +
+                            4 * (size_t)S::RAW);
+}
+
+__device__ static inline unsigned to_tf32(float x)
+{
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ static inline void split_tf32(float x, unsigned &big, unsigned &small)
+{
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big)); /* x - big is exact */
+}
+__device__ static inline void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* c += a b for one k-step, a already split; the small terms first, while c is smallest */
+__device__ static inline void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4], const unsigned (&as)[4], float b0,
+                                         float b1)
+{
+    unsigned bb0, bs0, bb1, bs1;
+    split_tf32(b0, bb0, bs0), split_tf32(b1, bb1, bs1);
+    mma_tf32(c, as, bb0, bb1);
+    mma_tf32(c, ab, bs0, bs1);
+    mma_tf32(c, ab, bb0, bb1);
+}
+
+/* acc[nt] = the C fragments (rows g, g + 8; columns 2t, 2t + 1 of n-tile nt) of this warp's
+ * part of sigma(X) M: A[r][j] = sx[r][j], B[j][c] = M[j][c] */
+template <int D>
+__device__ static inline void mma_retrieve(const float *sx, const float *sM, float (&acc)[mma_shape<D>::RN][4])
+{
+    typedef mma_shape<D> S;
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const float *x0 = sx + (16 * (w % 4) + g) * S::LDR, *x1 = x0 + 8 * S::LDR;
+    const float *m = sM + t * S::LDM + (D / 2) * (w / 4) + g;
+#pragma unroll
+    for (int nt = 0; nt < S::RN; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
+#pragma unroll
+    for (int j0 = 0; j0 < D; j0 += 8) {
+        unsigned ab[4], as[4];
+        split_tf32(x0[j0 + t], ab[0], as[0]), split_tf32(x1[j0 + t], ab[1], as[1]);
+        split_tf32(x0[j0 + t + 4], ab[2], as[2]), split_tf32(x1[j0 + t + 4], ab[3], as[3]);
+#pragma unroll
+        for (int nt = 0; nt < S::RN; nt++)
+            mma_3xtf32(acc[nt], ab, as, m[j0 * S::LDM + 8 * nt], m[(j0 + 4) * S::LDM + 8 * nt]);
+    }
+}
+
+/* acc += this warp's part of sigma(X)^T T over the tile's 64 rows: A[j][r] = sx[r][j],
+ * B[r][c] = T[r][c]. Lane t takes tile rows r0 + 2t and r0 + 2t + 1 as the k-step's k = t and
+ * t + 4 in A and B alike (the order of a sum's terms is free), which keeps the loads of both
+ * free of bank conflicts. */
+template <int D>
+__device__ static inline void mma_accumulate(const float *sx, const float *sT, float (&acc)[mma_shape<D>::UN][4])
+{
+    typedef mma_shape<D> S;
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const float *x = sx + 2 * t * S::LDR + 16 * (w % S::UM) + g;
+    const float *b = sT + 2 * t * S::LDR + S::UW * (w / S::UM) + g;
+#pragma unroll 2
+    for (int r0 = 0; r0 < TILE_ROWS; r0 += 8) {
+        const float *x0 = x + r0 * S::LDR, *x1 = x0 + S::LDR;
+        unsigned ab[4], as[4];
+        split_tf32(x0[0], ab[0], as[0]), split_tf32(x0[8], ab[1], as[1]);
+        split_tf32(x1[0], ab[2], as[2]), split_tf32(x1[8], ab[3], as[3]);
+#pragma unroll
+        for (int nt = 0; nt < S::UN; nt++)
+            mma_3xtf32(acc[nt], ab, as, b[r0 * S::LDR + 8 * nt], b[(r0 + 1) * S::LDR + 8 * nt]);
+    }
+}
+
+template <int D>
+__device__ static inline void stage_memory_padded(const float *M, const float *z, int h, bool with_m, float *sM,
+                                                  float *sz)
+{
+    if (with_m)
+        for (int u = threadIdx.x; u < D * D / 4; u += TILE_THREADS)
+            *(float4 *)(sM + (u / (D / 4)) * mma_shape<D>::LDM + (u % (D / 4)) * 4) =
+                __ldg((const float4 *)(M + (size_t)h * D * D) + u);
+    for (int u = threadIdx.x; u < D; u += TILE_THREADS) sz[u] = z[(size_t)h * D + u];
+}
+
+/* tiled_mix_kernel with the retrieval on the tensor cores */
+template <int D>
+__global__ static void __launch_bounds__(TILE_THREADS, 2)
+    mma_mix_kernel(int n, int rows_per_chunk, int ld, const float *__restrict__ q, const float *__restrict__ M,
+                   const float *__restrict__ z, const float *__restrict__ gate, float *a)
+{
+    typedef mma_shape<D> S;
+    extern __shared__ float4 shared4[];
+    float *sM = (float *)shared4, *sz = sM + D * S::LDM, *sinv = sz + D, *sx = sinv + TILE_ROWS;
+    float *raw = sx + TILE_ROWS * S::LDR; /* stage s: q at raw + 2s RAW, a after it */
+    const int h = blockIdx.y, begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const int r_lo = 16 * (w % 4) + lane / 4, c0 = (D / 2) * (w / 4) + 2 * (lane % 4);
+    const float wg = 1.0f / (1.0f + expf(-gate[h]));
+    double unused[4];
+    tile_copy<D, S::LDR>(raw, raw + S::RAW, q, a, ld, h, begin, end);
+    stage_memory_padded<D>(M, z, h, true, sM, sz);
+    for (int i0 = begin, s = 0; i0 < end; i0 += TILE_ROWS, s ^= 1) {
+        float *rq = raw + 2 * s * S::RAW, *ra = rq + S::RAW;
+        copy_wait_all();
+        __syncthreads(); /* this tile's copies are visible; the previous tile's readers are done */
+        if (i0 + TILE_ROWS < end)
+            tile_copy<D, S::LDR>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, q, a, ld, h,
+                                 i0 + TILE_ROWS, end);
+        tile_sigma<D, true, false, S::LDR>(rq, i0, end, sz, sx, sinv, unused);
+        __syncthreads();
+        float acc[S::RN][4];
+        mma_retrieve<D>(sx, sM, acc);
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = r_lo + 8 * half, row = i0 + r;
+            if (row >= end) continue;
+            const float inv = sinv[r];
+#pragma unroll
+            for (int nt = 0; nt < S::RN; nt++) {
+                const int col = c0 + 8 * nt;
+                float2 o = *(const float2 *)(ra + r * S::LDR + col);
+                o.x = wg * (acc[nt][2 * half] * inv) + (1.0f - wg) * o.x;
+                o.y = wg * (acc[nt][2 * half + 1] * inv) + (1.0f - wg) * o.y;
+                *(float2 *)(a + (size_t)row * ld + (size_t)h * D + col) = o;
+            }
+        }
+    }
+}
+
+/* tiled_update_kernel with both products on the tensor cores */
+template <int D, bool DELTA>
+__global__ static void __launch_bounds__(TILE_THREADS, 2)
+    mma_update_kernel(int n, int rows_per_chunk, int heads, int ld, const float *__restrict__ k,
+                      const float *__restrict__ v, const float *__restrict__ M, const float *__restrict__ z,
+                      float *__restrict__ partM, double *__restrict__ partz)
+{
+    typedef mma_shape<D> S;
+    extern __shared__ float4 shared4[];
+    float *sM = (float *)shared4, *sz = sM + (DELTA ? D * S::LDM : 0), *sinv = sz + D, *sx = sinv + TILE_ROWS;
+    float *raw = sx + TILE_ROWS * S::LDR; /* stage s: k at raw + 2s RAW, v (then the target) after it */
+    const int chunk = blockIdx.x, h = blockIdx.y;
+    const int begin = chunk * rows_per_chunk, end = min(n, begin + rows_per_chunk);
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    tile_copy<D, S::LDR>(raw, raw + S::RAW, k, v, ld, h, begin, end);
+    stage_memory_padded<D>(M, z, h, DELTA, sM, sz);
+    float acc[S::UN][4];
+#pragma unroll
+    for (int nt = 0; nt < S::UN; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
+    double zacc[4] = {0, 0, 0, 0};
+    for (int i0 = begin, s = 0; i0 < end; i0 += TILE_ROWS, s ^= 1) {
+        float *rk = raw + 2 * s * S::RAW, *sv = rk + S::RAW;
+        copy_wait_all();
+        __syncthreads();
+        if (i0 + TILE_ROWS < end)
+            tile_copy<D, S::LDR>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, k, v, ld, h,
+                                 i0 + TILE_ROWS, end);
+        tile_sigma<D, DELTA, true, S::LDR>(rk, i0, end, sz, sx, sinv, zacc);
+        __syncthreads();
+        if (DELTA) { /* the target replaces v in place: each thread rewrites only its own outputs */
+            const int r_lo = 16 * (w % 4) + lane / 4, c0 = (D / 2) * (w / 4) + 2 * (lane % 4);
+            float r[S::RN][4];
+            mma_retrieve<D>(sx, sM, r);
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const float inv = sinv[r_lo + 8 * half];
+#pragma unroll
+                for (int nt = 0; nt < S::RN; nt++) {
+                    float2 *tp = (float2 *)(sv + (r_lo + 8 * half) * S::LDR + c0 + 8 * nt);
+                    float2 tv = *tp;
+                    tv.x -= r[nt][2 * half] * inv, tv.y -= r[nt][2 * half + 1] * inv;
+                    *tp = tv;
+                }
+            }
+            __syncthreads();
+        }
+        mma_accumulate<D>(sx, sv, acc);
+    }
+    float *P = partM + ((size_t)chunk * heads + h) * D * D;
+    const int j_lo = 16 * (w % S::UM) + lane / 4, c0 = S::UW * (w / S::UM) + 2 * (lane % 4);
+#pragma unroll
+    for (int nt = 0; nt < S::UN; nt++) {
+        *(float2 *)(P + (size_t)j_lo * D + c0 + 8 * nt) = make_float2(acc[nt][0], acc[nt][1]);
+        *(float2 *)(P + (size_t)(j_lo + 8) * D + c0 + 8 * nt) = make_float2(acc[nt][2], acc[nt][3]);
+    }
+    store_chunk_z<D>(zacc, raw, partz + ((size_t)chunk * heads + h) * D);
 }
 
 /* Rows a chunk (a whole number of tiles) and the chunk count: about TARGET_BLOCKS blocks in all.
@@ -310,19 +542,43 @@ static size_t tiled_update_bytes(int n, int heads, int d)
     return (size_t)chunks * heads * ((size_t)d * d * sizeof(float) + (size_t)d * sizeof(double));
 }
 
+/* Where the products of d = 32 and 64 run: on the tensor cores (3xTF32) or on FP32 FMAs. By
+ * default the updates take the tensor cores and the mix the FMAs, the faster of the two for each
+ * on the H100 (bench/MEMORY_NOTES.md, session 3). SEQFLOW_CUDA_MEMORY=mma or fma in the
+ * environment puts both on one (to test and time either in any program), and
+ * sf_cuda_memory_set_tensor_cores (the benchmark) overrides that. */
+#define MIX_TENSOR_CORES 0
+#define UPDATE_TENSOR_CORES 1
+static std::atomic<int> tensor_cores_forced(-1);
+
+void sf_cuda_memory_set_tensor_cores(int on) { tensor_cores_forced = on < 0 ? -1 : on != 0; }
+
+static bool use_tensor_cores(int d, bool update)
+{
+    static const int from_env = [] {
+        const char *m = getenv("SEQFLOW_CUDA_MEMORY");
+        return m && !strcmp(m, "mma") ? 1 : m && !strcmp(m, "fma") ? 0 : -1;
+    }();
+    const int forced = tensor_cores_forced, chosen = forced >= 0 ? forced : from_env;
+    return (d == 32 || d == 64) && (chosen >= 0 ? chosen : update ? UPDATE_TENSOR_CORES : MIX_TENSOR_CORES);
+}
+
 template <int D>
 static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const float *q, const float *M, const float *z,
                      const float *gate, float *a)
 {
     int rows, chunks;
     tile_chunks(n, heads, D, &rows, &chunks);
-    const size_t shared = tile_shared_bytes<D>(true);
-    int rc = sf_cuda_status(cudaFuncSetAttribute(tiled_mix_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)shared),
+    size_t shared = tile_shared_bytes<D>(true);
+    void (*kernel)(int, int, int, const float *, const float *, const float *, const float *, float *) =
+        tiled_mix_kernel<D>;
+    if constexpr (D <= 64)
+        if (use_tensor_cores(D, false)) kernel = mma_mix_kernel<D>, shared = mma_shared_bytes<D>(true);
+    int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_mix (shared memory limit)");
     if (rc != SF_OK) return rc;
-    tiled_mix_kernel<D><<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(
-        n, rows, ld, q, M, z, gate, a);
+    kernel<<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(n, rows, ld, q, M, z, gate,
+                                                                                          a);
     return sf_cuda_launched("memory_mix");
 }
 
@@ -333,13 +589,16 @@ static int tiled_update(sf_cuda *c, int n, int heads, int ld, const float *k, co
     tile_chunks(n, heads, D, &rows, &chunks);
     float *partM = (float *)c->scratch;
     double *partz = (double *)(partM + (size_t)chunks * heads * D * D);
-    const size_t shared = tile_shared_bytes<D>(DELTA);
-    int rc = sf_cuda_status(cudaFuncSetAttribute(tiled_update_kernel<D, DELTA>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
+    size_t shared = tile_shared_bytes<D>(DELTA);
+    void (*kernel)(int, int, int, int, const float *, const float *, const float *, const float *, float *,
+                   double *) = tiled_update_kernel<D, DELTA>;
+    if constexpr (D <= 64)
+        if (use_tensor_cores(D, true)) kernel = mma_update_kernel<D, DELTA>, shared = mma_shared_bytes<D>(DELTA);
+    int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_update (shared memory limit)");
     if (rc != SF_OK) return rc;
-    tiled_update_kernel<D, DELTA><<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(
-        n, rows, heads, ld, k, v, M, z, partM, partz);
+    kernel<<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(n, rows, heads, ld, k, v, M,
+                                                                                          z, partM, partz);
     rc = sf_cuda_launched("memory_update (chunk partials)");
     if (rc != SF_OK) return rc;
     const size_t m_count = (size_t)heads * D * D, z_count = (size_t)heads * D, total = m_count + z_count;

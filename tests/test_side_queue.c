@@ -1,0 +1,137 @@
+/* The backend's side queue (side_begin / side_end / side_join, seqflow/backend.h) on the GPU:
+ * side work starts after what the main queue issued before it, the main queue's work after a
+ * join sees everything the side wrote, and both queues compute what the CPU computes in order.
+ * Each ordering is checked where breaking it shows: the side reads k that a long main-queue
+ * product delays (k is NaN until then), and the retrieval after the join reads M that several
+ * memory updates on the side are still writing. Run with the side queue on (default), at low
+ * priority and off (SEQFLOW_CUDA_SIDE_QUEUE=low, =0): every mode must give the same result.
+ * Without a GPU this prints "skipped: no GPU" and exits 77. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "seqflow/seqflow.h"
+#include "support/check.h"
+#include "support/gpu.h"
+
+enum { N = 4096, H = 16, D = 64, W = H * D, UPDATES = 4, BIG = 3072 };
+
+static check_rng rng = {777};
+
+static float *random_host(size_t count, double scale)
+{
+    float *h = malloc(count * sizeof *h + sizeof *h);
+    check_fill_normal(&rng, h, count, scale);
+    return h;
+}
+
+static void *on(sf_backend *be, const float *host, size_t count)
+{
+    void *d = be->ops->alloc(be, count * sizeof(float));
+    CHECKF(d != NULL, "%s alloc: %s", be->ops->name, sf_last_error());
+    if (d && host) CHECK_OK(be->ops->upload(be, d, host, count * sizeof(float)));
+    return d;
+}
+
+static float *back(sf_backend *be, const void *d, size_t count)
+{
+    float *h = malloc(count * sizeof *h + 4);
+    CHECK_OK(be->ops->download(be, h, d, count * sizeof(float)));
+    return h;
+}
+
+typedef struct inputs {
+    float *k, *v, *q, *a, *M, *z, *gate, *x, *w, *big_x, *big_w;
+} inputs;
+
+/* The sequence of a block layer, in the order it issues it: a long product on the main queue
+ * (BIG^3 in float32), then k from a copy; on the side, UPDATES delta updates of M, z from k, v;
+ * on the main queue meanwhile a bf16 product (its own scratch); then the join and the
+ * retrieval of a from the updated memory. Writes a, M and the product y back to the host. */
+static void run(sf_backend *be, const inputs *in, int use_side, float **a_out, float **M_out, float **y_out)
+{
+    const sf_backend_ops *ops = be->ops;
+    const size_t rows = (size_t)N * W;
+    float *k_src = on(be, in->k, rows), *k = on(be, NULL, rows), *v = on(be, in->v, rows);
+    float *q = on(be, in->q, rows), *a = on(be, in->a, rows);
+    float *M = on(be, in->M, (size_t)H * D * D), *z = on(be, in->z, (size_t)H * D), *gate = on(be, in->gate, H);
+    float *x = on(be, in->x, rows), *w = on(be, in->w, (size_t)W * W), *y = on(be, NULL, rows);
+    float *big_x = on(be, in->big_x, (size_t)BIG * BIG), *big_w = on(be, in->big_w, (size_t)BIG * BIG);
+    float *big_y = on(be, NULL, (size_t)BIG * BIG);
+    float *nan = malloc(rows * sizeof *nan);
+    for (size_t i = 0; i < rows; i++) nan[i] = NAN;
+    CHECK_OK(ops->upload(be, k, nan, rows * sizeof(float)));
+    if (ops->prepare_weight) CHECK_OK(ops->prepare_weight(be, w, W, W));
+    CHECK_OK(ops->sync(be));
+
+    CHECK_OK(ops->matmul(be, BIG, BIG, BIG, big_x, BIG, big_w, big_y, BIG, 0));
+    CHECK_OK(ops->copy(be, k, k_src, rows * sizeof(float)));
+    if (use_side) {
+        CHECK_OK(ops->side_begin(be));
+        CHECK_OK(ops->side_begin(be)); /* again: still on the side, nothing else changes */
+    }
+    for (int i = 0; i < UPDATES; i++) CHECK_OK(ops->memory_update(be, SF_MEMORY_DELTA, N, H, D, W, k, v, M, z));
+    if (use_side) {
+        CHECK_OK(ops->side_end(be));
+        CHECK_OK(ops->side_end(be)); /* not on the side any more: nothing to do */
+    }
+    CHECK_OK(ops->matmul(be, N, W, W, x, W, w, y, W, 0));
+    if (use_side) CHECK_OK(ops->side_join(be));
+    CHECK_OK(ops->memory_mix(be, N, H, D, W, q, M, z, gate, a));
+    *a_out = back(be, a, rows);
+    *M_out = back(be, M, (size_t)H * D * D);
+    *y_out = back(be, y, rows);
+    void *all[] = {k_src, k, v, q, a, M, z, gate, x, w, y, big_x, big_w, big_y};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) ops->free(be, all[i]);
+    free(nan);
+}
+
+int main(void)
+{
+    if (!check_have_gpu()) return check_skip("no GPU");
+    inputs in;
+    const size_t rows = (size_t)N * W;
+    in.k = random_host(rows, 1), in.v = random_host(rows, 1), in.q = random_host(rows, 1);
+    in.a = random_host(rows, 1), in.x = random_host(rows, 1), in.w = random_host((size_t)W * W, 0.03);
+    in.M = random_host((size_t)H * D * D, 3), in.gate = random_host(H, 1);
+    in.big_x = random_host((size_t)BIG * BIG, 1), in.big_w = random_host((size_t)BIG * BIG, 1);
+    in.z = malloc((size_t)H * D * sizeof(float));
+    for (int i = 0; i < H * D; i++) in.z[i] = (float)(20 + 40 * check_rng_uniform(&rng));
+
+    sf_backend *cpu = NULL;
+    CHECK_OK(sf_backend_create("cpu", 0, &cpu));
+    if (!cpu) return check_finish("test_side_queue");
+    CHECK(cpu->ops->side_begin == NULL && cpu->ops->side_end == NULL && cpu->ops->side_join == NULL);
+    float *want_a, *want_M, *want_y;
+    run(cpu, &in, 0, &want_a, &want_M, &want_y);
+
+    static const char *const modes[] = {"1", "low", "high", "0"};
+    for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+        setenv("SEQFLOW_CUDA_SIDE_QUEUE", modes[m], 1);
+        sf_backend *gpu = NULL;
+        CHECK_OK(sf_backend_create("cuda", 0, &gpu)); /* bf16 */
+        if (!gpu) continue;
+        CHECK(gpu->ops->side_begin && gpu->ops->side_end && gpu->ops->side_join);
+        CHECK_OK(gpu->ops->reserve(gpu, N, W, H, D));
+        float *a, *M, *y;
+        run(gpu, &in, 1, &a, &M, &y);
+        /* the memory is float32 in every precision; the product and the retrieval's input mix
+         * are bf16 products where they are products */
+        double err_M = check_rel_err_f32(M, want_M, (size_t)H * D * D);
+        double err_a = check_rel_err_f32(a, want_a, rows);
+        double err_y = check_rel_err_f32(y, want_y, rows);
+        CHECKF(err_M <= 1e-4, "SEQFLOW_CUDA_SIDE_QUEUE=%s: M after the side's updates, relative error %.3g", modes[m], err_M);
+        CHECKF(err_a <= 1e-4, "SEQFLOW_CUDA_SIDE_QUEUE=%s: retrieval after the join, relative error %.3g", modes[m], err_a);
+        CHECKF(err_y <= 2e-2, "SEQFLOW_CUDA_SIDE_QUEUE=%s: main-queue product beside the side, relative error %.3g",
+               modes[m], err_y);
+        printf("SEQFLOW_CUDA_SIDE_QUEUE=%s: M %.2e, a %.2e, product %.2e\n", modes[m], err_M, err_a, err_y);
+        free(a), free(M), free(y);
+        sf_backend_free(gpu);
+    }
+    unsetenv("SEQFLOW_CUDA_SIDE_QUEUE");
+    free(want_a), free(want_M), free(want_y);
+    sf_backend_free(cpu);
+    float *all[] = {in.k, in.v, in.q, in.a, in.M, in.z, in.gate, in.x, in.w, in.big_x, in.big_w};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+    return check_finish("test_side_queue");
+}
