@@ -26,6 +26,12 @@ nvcc -o $b/test_att $b/t.o tests/support/check.c pipeline/process_stats.c $b/k.o
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $out/gpu.txt
 grep -E "registers|spill|C75" $out/ptxas_wgmma.txt || true
 echo "HGMMA in attention_wgmma SASS: $(cuobjdump -sass $b/wg.o 2>/dev/null | grep -c HGMMA), _ws: $(cuobjdump -sass $b/wgws.o 2>/dev/null | grep -c HGMMA)"
+# per kernel of attention_wgmma.cu: instructions, MUFU (exp2: one a element, or a pair with
+# ex2.bf16x2), FMUL (O rescale), HGMMA; appended to the ptxas report
+cuobjdump -sass $b/wg.o 2>/dev/null | awk '/Function :/ {f=$3} /\/\*[0-9a-f]+\*\// {n[f]++}
+  /MUFU/ {m[f]++} /FMUL/ {u[f]++} /HGMMA/ {g[f]++}
+  END {for (f in n) printf "sass %s: %d instr, %d MUFU, %d FMUL, %d HGMMA\n", f, n[f], m[f], u[f], g[f]}' \
+  | sort | tee -a $out/ptxas_wgmma.txt | cut -c1-60,150- || true
 set +e
 $b/wgmma_probe 2>&1 | tee $out/probe.txt
 # line-buffered, so that a kernel fault still shows which variant it hit

@@ -388,6 +388,20 @@ extern "C" const char *sf_cuda_attention_bf16_variant_name(int variant)
     case 28: return "as 25, FA3 order";
     case 29: return "as 18, FA3 order, 64 keys x4, 2 blk/SM";
     case 30: return "as 18, FA3 order, 64 keys x3, 3 blk/SM";
+    case 31: return "as 18, lazy O rescale (max +8 before it moves)";
+    case 32: return "as 31, row sums on the tensor cores";
+    case 33: return "as 32, ex2.bf16x2 (two exps an instruction)";
+    case 34: return "as 33 without the lazy rescale";
+    case 35: return "as 33, 64 keys x2, 4 blk/SM (128 regs)";
+    case 36: return "as 18, next copies issued under Q K^T";
+    case 37: return "as 18, next copies issued under P V";
+    case 38: return "as 36 with the lazy rescale of 31";
+    case 39: return "as 36, copies and Q loads run ahead across query tiles";
+    case 40: return "as 39, 64 keys x4";
+    case 41: return "as 39, Q loaded after the merge";
+    case 42: return "as 39, copies only within a query tile";
+    case 43: return "as 36 alongside its pre-pass, waits per branch";
+    case 44: return "as 36 alongside its pre-pass, waits for all first";
     default: return NULL;
     }
 }

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define SF_CUDA_ATTENTION_VARIANTS 31
+#define SF_CUDA_ATTENTION_VARIANTS 45
 /* Variants from this one on stage K/V as bf16 in a workspace (attention_bf16_ws.cu). */
 #define SF_CUDA_ATTENTION_FIRST_WS_VARIANT 4
 /* Variants from this one on use Hopper wgmma (attention_wgmma.cu, sm_90a, d = 64); on another
@@ -20,7 +20,7 @@ extern "C" {
 #define SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT 9
 #define SF_CUDA_ATTENTION_PORTABLE_VARIANT 6
 /* What sf_cuda_attention_bf16_ws runs given a workspace, and what runs without one. */
-#define SF_CUDA_ATTENTION_DEFAULT_VARIANT 18
+#define SF_CUDA_ATTENTION_DEFAULT_VARIANT 36
 #define SF_CUDA_ATTENTION_NO_WS_VARIANT 1
 
 /* Same contract as sf_cuda_attention_bf16 with variant 0..SF_CUDA_ATTENTION_VARIANTS-1

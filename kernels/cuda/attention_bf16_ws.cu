@@ -50,6 +50,59 @@ __global__ void stage_kv(int rows, int heads, int ld, const float *k, const floa
     }
 }
 
+/* The overlapped pre-pass (att_stage_workspace_overlapped): block c stages chunk c of
+ * SF_ATT_CHUNK_ROWS rows, sequence chunks last first, then the globals', and raises ready[chunk]. */
+template <int D>
+__global__ void __launch_bounds__(256) stage_kv_flagged(int rows, int grows, int heads, int ld, int gld, const float *k,
+                                                        const float *v, const float *gk, const float *gv,
+                                                        __nv_bfloat16 *kb, __nv_bfloat16 *vb, __nv_bfloat16 *gkb,
+                                                        __nv_bfloat16 *gvb, unsigned *ready)
+{
+    /* every block of this grid is running or done once all have passed this point, and none waits
+     * on anything, so the main kernel's blocks, which wait on these flags, cannot starve it */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const int nch = (rows + SF_ATT_CHUNK_ROWS - 1) / SF_ATT_CHUNK_ROWS;
+    const bool glob = (int)blockIdx.x >= nch;
+    const int chunk = glob ? (int)blockIdx.x - nch : nch - 1 - (int)blockIdx.x;
+    const int all = glob ? grows : rows, stride = glob ? gld : ld, r0 = chunk * SF_ATT_CHUNK_ROWS;
+    const float *ksrc = glob ? gk : k, *vsrc = glob ? gv : v;
+    __nv_bfloat16 *kdst = glob ? gkb : kb, *vdst = glob ? gvb : vb;
+    const int units = min(SF_ATT_CHUNK_ROWS, all - r0) * heads * (D / 8);
+    /* UNROLL units' loads before their stores: the inputs may alias nothing here, but the
+     * compiler cannot know, and one unit's loads in flight a thread leave DRAM idle */
+    constexpr int UNROLL = 2;
+    for (int f0 = threadIdx.x; f0 < units; f0 += UNROLL * blockDim.x) {
+        float4 a[UNROLL][4];
+        size_t dst[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int f = f0 + u * blockDim.x;
+            dst[u] = ~(size_t)0;
+            if (f < units) {
+                const int c8 = f % (D / 8), rh = f / (D / 8), h = rh % heads, i = r0 + rh / heads;
+                const size_t src = (size_t)i * stride + (size_t)h * D + c8 * 8;
+                dst[u] = ((size_t)h * all + i) * D + c8 * 8;
+                const float4 *ks = reinterpret_cast<const float4 *>(ksrc + src), *vs = reinterpret_cast<const float4 *>(vsrc + src);
+                a[u][0] = __ldcs(ks), a[u][1] = __ldcs(ks + 1), a[u][2] = __ldcs(vs), a[u][3] = __ldcs(vs + 1);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            if (dst[u] == ~(size_t)0) continue;
+            const float4 *x = a[u];
+            *reinterpret_cast<uint4 *>(kdst + dst[u]) =
+                make_uint4(pack_bf16(x[0].x, x[0].y), pack_bf16(x[0].z, x[0].w), pack_bf16(x[1].x, x[1].y), pack_bf16(x[1].z, x[1].w));
+            *reinterpret_cast<uint4 *>(vdst + dst[u]) =
+                make_uint4(pack_bf16(x[2].x, x[2].y), pack_bf16(x[2].z, x[2].w), pack_bf16(x[3].x, x[3].y), pack_bf16(x[3].z, x[3].w));
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("st.release.gpu.global.u32 [%0], 1;" ::"l"(ready + (glob ? nch : 0) + chunk) : "memory");
+    }
+}
+
 /* ---- main kernel ------------------------------------------------------------------------ */
 
 /* One tile's keys: dilated index x is row x of k/v (already offset to the head and to row o,
@@ -315,11 +368,24 @@ static size_t round_up_256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 static size_t kv_bytes(int rows, int heads, int d) { return round_up_256((size_t)rows * heads * d * 2); }
 
+/* the overlapped pre-pass's ready flags, after the bf16 copies */
+static size_t ready_bytes(int rows, int g)
+{
+    const size_t chunks = (size_t)(rows + SF_ATT_CHUNK_ROWS - 1) / SF_ATT_CHUNK_ROWS +
+                          (size_t)(g + SF_ATT_CHUNK_ROWS - 1) / SF_ATT_CHUNK_ROWS;
+    return round_up_256(chunks * sizeof(unsigned));
+}
+
+static size_t workspace_need(int rows, int g, int heads, int d)
+{
+    return 2 * kv_bytes(rows, heads, d) + 2 * kv_bytes(g, heads, d) + ready_bytes(rows, g);
+}
+
 extern "C" size_t sf_cuda_attention_workspace_bytes(const sf_attention_desc *desc)
 {
     const int rows = desc->segment > desc->n ? desc->segment : desc->n;
     const int g = desc->n_global > 0 ? desc->n_global : 0;
-    return 2 * kv_bytes(rows, desc->heads, desc->head_dim) + 2 * kv_bytes(g, desc->heads, desc->head_dim);
+    return workspace_need(rows, g, desc->heads, desc->head_dim);
 }
 
 /* Query-key pairs a block of positions [P, Pend) attends to (offset 0 stands for every head):
@@ -420,6 +486,28 @@ int att_stage_workspace(const sf_attention_desc *desc, const float *k, const flo
     default: return sf_error(SF_E_UNSUPPORTED, "cuda attention: head width %d not built (32, 64, 128 are)", D);
     }
     staged->kb = kb, staged->vb = vb, staged->gkb = gkb, staged->gvb = gvb;
+    staged->ready = nullptr, staged->nchunks = 0;
+    return SF_OK;
+}
+
+int att_stage_workspace_overlapped(const sf_attention_desc *desc, const float *k, const float *v, unsigned char *ws,
+                                   att_staged *staged, cudaStream_t stream)
+{
+    const int H = desc->heads, n = desc->n, G = desc->n_global > 0 ? desc->n_global : 0, D = desc->head_dim;
+    if (D != 64) return sf_error(SF_E_UNSUPPORTED, "cuda attention: overlapped pre-pass built for d = 64, not %d", D);
+    __nv_bfloat16 *kb = reinterpret_cast<__nv_bfloat16 *>(ws);
+    __nv_bfloat16 *vb = reinterpret_cast<__nv_bfloat16 *>(ws + kv_bytes(n, H, D));
+    __nv_bfloat16 *gkb = reinterpret_cast<__nv_bfloat16 *>(ws + 2 * kv_bytes(n, H, D));
+    __nv_bfloat16 *gvb = reinterpret_cast<__nv_bfloat16 *>(ws + 2 * kv_bytes(n, H, D) + kv_bytes(G, H, D));
+    unsigned *ready = reinterpret_cast<unsigned *>(ws + 2 * kv_bytes(n, H, D) + 2 * kv_bytes(G, H, D));
+    const int nch = (n + SF_ATT_CHUNK_ROWS - 1) / SF_ATT_CHUNK_ROWS, gch = (G + SF_ATT_CHUNK_ROWS - 1) / SF_ATT_CHUNK_ROWS;
+    cudaError_t err = cudaMemsetAsync(ready, 0, ready_bytes(n, G), stream);
+    if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention: clearing ready flags: %s", cudaGetErrorString(err));
+    if (nch + gch > 0)
+        stage_kv_flagged<64><<<nch + gch, 256, 0, stream>>>(n, G, H, desc->ld, desc->global_ld, k, v, desc->gk, desc->gv,
+                                                            kb, vb, gkb, gvb, ready);
+    staged->kb = kb, staged->vb = vb, staged->gkb = gkb, staged->gvb = gvb;
+    staged->ready = ready, staged->nchunks = nch;
     return SF_OK;
 }
 
@@ -480,8 +568,8 @@ extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention
     if (rc) return rc;
     if (desc->n_global > 0 && (!desc->gk || !desc->gv))
         return sf_error(SF_E_INVAL, "cuda attention: %d global tokens but no gk/gv", desc->n_global);
-    const size_t need = 2 * kv_bytes(desc->n, desc->heads, desc->head_dim) +
-                        2 * kv_bytes(desc->n_global > 0 ? desc->n_global : 0, desc->heads, desc->head_dim);
+    const size_t need =
+        workspace_need(desc->n, desc->n_global > 0 ? desc->n_global : 0, desc->heads, desc->head_dim);
     if (!workspace || workspace_bytes < need || ((uintptr_t)workspace & 255))
         return sf_error(SF_E_INVAL, "cuda attention: workspace %p of %zu bytes, need %zu bytes 256-byte aligned",
                         workspace, workspace_bytes, need);

@@ -22,7 +22,15 @@ struct att_order {
  * desc->n_global rows. */
 struct att_staged {
     const __nv_bfloat16 *kb, *vb, *gkb, *gvb;
+    /* overlapped pre-pass only (att_stage_workspace_overlapped), else NULL: ready[c] != 0 once
+     * rows [c, c+1) * SF_ATT_CHUNK_ROWS of kb/vb (every head) are staged; the globals' chunks
+     * follow at ready[nchunks] */
+    const unsigned *ready;
+    int nchunks;
 };
+
+/* Rows of kb/vb (all heads) the overlapped pre-pass stages and flags together. */
+#define SF_ATT_CHUNK_ROWS 64
 
 /* Checks the alignment the staged kernels need (SF_E_UNSUPPORTED otherwise, nothing launched). */
 int att_check_staged_inputs(const sf_attention_desc *desc, const float *q, const float *k, const float *v);
@@ -36,6 +44,14 @@ int att_block_positions(const att_branches &br, int bm, long *T);
  * reads the float32 inputs as evict-first in L2. */
 int att_stage_workspace(const sf_attention_desc *desc, const float *k, const float *v, unsigned char *ws,
                         att_staged *staged, cudaStream_t stream, bool streaming = false);
+
+/* As att_stage_workspace (streaming reads), but the main kernel may run alongside it: zeroes
+ * the ready flags in `ws`, then stages K/V in chunks of SF_ATT_CHUNK_ROWS rows, last rows first
+ * (the heaviest blocks' first keys), then the globals, each block raising its chunk's flag. The
+ * kernel triggers its dependents at once, so a main kernel launched next with programmatic
+ * stream serialization starts while it runs and must wait on staged->ready before reading. */
+int att_stage_workspace_overlapped(const sf_attention_desc *desc, const float *k, const float *v, unsigned char *ws,
+                                   att_staged *staged, cudaStream_t stream);
 
 /* Orders the position blocks of T positions by their query-key pairs, heaviest first. */
 void att_heaviest_first(const sf_attention_desc *d, const att_branches &br, int T, int nblocks, att_order *ord);

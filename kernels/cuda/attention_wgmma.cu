@@ -18,14 +18,13 @@
  * do). The softmax (float32, exp2 domain, masks only on tiles that need them) is the staged
  * kernels' own.
  *
- * Overlap: several blocks share a multiprocessor, so one block's softmax runs while another's
- * products occupy the tensor cores. The OVERLAP variants also issue the next tile's S = Q K^T
- * before this tile's exps, inside one warpgroup (FlashAttention-3's intra-warpgroup pipe); it
- * measured no faster (bench/ATTENTION_NOTES.md), nor did FlashAttention-3's own order (FA3: this
- * tile's softmax under the previous tile's P V), nor warp specialization (attention_wgmma_ws.cu,
- * variants 20-28). The default, variant 18, is the plain loop
- * with Q in shared memory, three K/V stages, three blocks a multiprocessor and evict-first
- * float32 traffic. */
+ * Several blocks share a multiprocessor, so one block's softmax runs under another's products.
+ * The default, 36, is the plain loop (Q in shared memory, 3 K/V stages, 3 blocks a multiprocessor,
+ * evict-first float32 traffic) with the next tile's copies issued under S = Q K^T. Measured no
+ * faster (bench/ATTENTION_NOTES.md): the in-warpgroup overlap (OVERLAP), FlashAttention-3's order,
+ * warp specialization (attention_wgmma_ws.cu), a leaner softmax (attention_wgmma_softmax.cuh),
+ * the flow kernel (copies and Q loads ahead across query tiles, 39-42) and the kernel running
+ * alongside its pre-pass (PRE, attention_wgmma_overlap.cuh, 43-44). */
 #include <math.h>
 #include <stdint.h>
 #include <cuda_bf16.h>
@@ -34,6 +33,8 @@
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_wgmma.cuh"
+#include "kernels/cuda/attention_wgmma_overlap.cuh"
+#include "kernels/cuda/attention_wgmma_softmax.cuh"
 #include "kernels/cuda/attention_wgmma_tile.cuh"
 #include "kernels/cuda/cuda_attention.h"
 #include "seqflow/error.h"
@@ -42,8 +43,13 @@
  * QS (Q as a shared-memory operand instead of registers), NWG consumer warpgroups of 64 query
  * rows each sharing every K/V tile, STREAM (float32 data read or written once, Q and the
  * pre-pass's K/V reads and the final output stores, go evict-first, so that L2 keeps the bf16
- * K/V tiles that every query tile re-reads). */
-template <int BN_, int STAGES_, bool OVERLAP_, bool QS_, int NWG_, bool STREAM_ = false, bool FA3_ = false>
+ * K/V tiles that every query tile re-reads). SOFTMAX: options of the lean softmax (SM_* of
+ * attention_wgmma_softmax.cuh; 0: the staged kernels' own). ISSUE: where the plain loop issues the
+ * next tile's copies: 0 between the tile barrier and S = Q K^T, on the path to the tensor cores
+ * (~90 address instructions a thread in SASS); 1 once S = Q K^T is issued, 2 once P V is, both
+ * under the products' latency and from pointers kept per thread (wg_stream). */
+template <int BN_, int STAGES_, bool OVERLAP_, bool QS_, int NWG_, bool STREAM_ = false, bool FA3_ = false,
+          int SOFTMAX_ = 0, int ISSUE_ = 0>
 struct wg_cfg {
     static constexpr int BN = BN_, STAGES = STAGES_, NWG = NWG_;
     static constexpr bool OVERLAP = OVERLAP_, QS = QS_, STREAM = STREAM_;
@@ -51,6 +57,12 @@ struct wg_cfg {
      * it-1's slot is still read while tile it is, so loads run STAGES - 2 tiles ahead */
     static constexpr bool FA3 = FA3_;
     static constexpr int AHEAD = FA3 ? STAGES - 2 : STAGES - 1;
+    static constexpr int SOFTMAX = SOFTMAX_;
+    static constexpr bool TCSUM = (SOFTMAX & SM_TCSUM) != 0;
+    static constexpr int ONES_BYTES = TCSUM ? SM_ONES_BYTES : 0; /* after the K/V stages */
+    static_assert(!SOFTMAX || (!FA3 && !OVERLAP && NWG == 1), "the lean softmax is written for the plain loop");
+    static constexpr int ISSUE = ISSUE_;
+    static_assert(!ISSUE || (!FA3 && !OVERLAP && NWG == 1), "late copies are written for the plain loop");
     static_assert(!FA3 || (STAGES >= 3 && NWG == 1 && QS && !OVERLAP), "FA3 order: one warpgroup, Q in smem");
     static constexpr int THREADS = 128 * NWG, BM = 64 * NWG; /* BM: query rows a tile */
     static constexpr int TILE = BN * WG_D * 2;  /* bytes of a K or a V tile */
@@ -80,12 +92,47 @@ __device__ __forceinline__ void wg_issue_tile(const wg_src &s, int k0, uint32_t 
     }
 }
 
+/* This thread's share of the copies of every key tile of one query tile: its chunks are key rows
+ * tid/8 + 16u (u < PER_THREAD) at column chunk tid%8, so the shared offsets are one base plus
+ * u * 2048 bytes and the global addresses advance by a fixed step a tile. Keys past the end are
+ * zero-filled with the source ignored (ignore-src), so no address select is needed. */
+template <class C>
+struct wg_stream {
+    const __nv_bfloat16 *k, *v; /* chunk u = 0 of key tile 0 */
+    size_t row16, tile;          /* elements between chunks u and u+1, and between tiles */
+    int key0, kend;              /* key of chunk u = 0 in tile 0, end of the keys */
+    uint32_t dst0;               /* shared offset of chunk u = 0 in a stage */
+
+    __device__ __forceinline__ wg_stream(const wg_src &s)
+    {
+        const int row = threadIdx.x / 8, c8 = threadIdx.x % 8;
+        key0 = s.kbeg + row, kend = s.kend;
+        const size_t off = (size_t)key0 * s.stride + c8 * 8;
+        k = s.k + off, v = s.v + off;
+        row16 = 16 * s.stride, tile = (size_t)C::BN * s.stride;
+        dst0 = sw128_offset(row, c8);
+    }
+    __device__ __forceinline__ void issue(int nt, uint32_t stage) const
+    {
+        static_assert(C::THREADS % 8 == 0 && C::THREADS / 8 == 16, "chunk u is 16 key rows below chunk u - 1");
+        const size_t t0 = (size_t)nt * tile;
+#pragma unroll
+        for (int u = 0; u < C::PER_THREAD; u++) {
+            const bool skip = key0 + nt * C::BN + 16 * u >= kend;
+            const uint32_t dst = stage + dst0 + u * 2048;
+            cp_async16_zfill(dst, k + t0 + u * row16, skip);
+            cp_async16_zfill(dst + C::TILE, v + t0 + u * row16, skip);
+        }
+    }
+};
+
 /* One query tile: dilated rows [qs, qe), query row x at qbase + x*qstride (float32), output row
  * at position opos0 + x*ostep; merges into out / m_s / l_s (indexed by position - P). Every
  * thread of the block calls it (it holds block barriers). `kv`: shared address of the stages. */
 template <class C>
 __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, int qs, int qe, int opos0, int ostep,
-                        int P, float *out, size_t ld, float c, uint32_t qaddr, uint32_t kv, float *m_s, float *l_s)
+                        int P, float *out, size_t ld, float c, uint32_t qaddr, uint32_t kv, float *m_s, float *l_s,
+                        uint32_t ones)
 {
     constexpr int BN = C::BN, STAGES = C::STAGES;
     constexpr bool QS = C::QS;
@@ -143,6 +190,7 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
 #pragma unroll
     for (int i = 0; i < WG_D / 2; i++) acc[i] = 0;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0, 0};
+    float lacc[4] = {0, 0, 0, 0}; /* SM_TCSUM: the row-sum product's accumulator */
     /* tiles wholly inside the keys every row of the warpgroup may see skip the mask; tiles
      * wholly outside them (a second warpgroup's rows end earlier or start a new window) skip
      * the products */
@@ -217,32 +265,48 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
         wgmma_wait<0>();
         reg_fence<WG_D / 2>(acc);
     } else if constexpr (!C::OVERLAP) {
+        const wg_stream<C> copies(src);
+        /* tile it + STAGES - 1 into the stage of tile it-1, which everyone is done with */
+        auto issue_next = [&](int it) {
+            const int nt = it + STAGES - 1;
+            if (nt < nkt) {
+                if constexpr (C::ISSUE != 0)
+                    copies.issue(nt, kv + (nt % STAGES) * C::STAGE);
+                else
+                    wg_issue_tile<C>(src, src.kbeg + nt * BN, kv + (nt % STAGES) * C::STAGE);
+            }
+            cp_async_commit();
+        };
         for (int it = 0; it < nkt; it++) {
             cp_async_wait<STAGES - 2>(); /* this thread's part of tile `it` has landed */
             fence_proxy_async();         /* ... and is visible to the tensor cores */
             __syncthreads();             /* everyone's has, and tile it-1 is done with */
-            {
-                const int nt = it + STAGES - 1;
-                if (nt < nkt) wg_issue_tile<C>(src, src.kbeg + nt * BN, kv + (nt % STAGES) * C::STAGE);
-                cp_async_commit();
-            }
+            if constexpr (C::ISSUE == 0) issue_next(it);
             const int k0 = src.kbeg + it * BN;
             const uint32_t kaddr = kv + (it % STAGES) * C::STAGE;
             if (C::NWG > 1 && (qe_w <= qs_w || k0 >= seen_hi || k0 + BN <= wlo)) continue;
             wgmma_fence();
             wg_qk<BN, C::QS>(s, qf, qaddr, kaddr);
             wgmma_commit();
+            if constexpr (C::ISSUE == 1) issue_next(it);
             wgmma_wait<0>();
             reg_fence<BN / 2>(s);
             const bool need_mask = !qwin_same || k0 < wlo || k0 + BN > whi || (src.causal && k0 + BN - 1 > qs_w);
-            float base[2];
-            wg_softmax_max<BN>(s, k0, src, wrow, need_mask, c, mrow, lrow, acc, base);
-            wg_softmax_exp<BN>(s, c, base, lrow, pa);
+            if constexpr (C::SOFTMAX != 0) {
+                wg_softmax_lean<BN, C::SOFTMAX>(s, k0, src, wrow, need_mask, c, mrow, C::TCSUM ? lacc : lrow, acc, pa);
+            } else {
+                float base[2];
+                wg_softmax_max<BN>(s, k0, src, wrow, need_mask, c, mrow, lrow, acc, base);
+                wg_softmax_exp<BN>(s, c, base, lrow, pa);
+            }
             wgmma_fence();
             wg_pv<BN>(acc, pa, kaddr + C::TILE);
+            if constexpr (C::TCSUM) wg_rowsum<BN>(lacc, pa, ones);
             wgmma_commit();
+            if constexpr (C::ISSUE == 2) issue_next(it);
             wgmma_wait<0>();
             reg_fence<WG_D / 2>(acc);
+            if constexpr (C::TCSUM) reg_fence<4>(lacc);
         }
     } else {
         /* S of tiles it and it+1 in two register sets used in turn (unrolled by 2): with one set
@@ -292,7 +356,9 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
         }
     }
 
-    /* merge this tile's rows into the block's accumulators (out, m_s, l_s) */
+    /* merge this tile's rows into the block's accumulators (out, m_s, l_s); the merge adds the
+     * quad's partial sums, and with SM_TCSUM each thread holds the whole sum: one lane gives it */
+    if constexpr (C::TCSUM) lrow[0] = t == 0 ? lacc[0] : 0.0f, lrow[1] = t == 0 ? lacc[2] : 0.0f;
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int x = wrow + 8 * hr;
@@ -304,7 +370,8 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
 
 #endif /* SF_WGMMA_ENABLED */
 
-template <class C, int MINB>
+/* PRE: how it meets the pre-pass (PRE_* of attention_wgmma_overlap.cuh) */
+template <class C, int MINB, int PRE = PRE_NONE>
 __global__ void __launch_bounds__(C::THREADS, MINB)
     attention_wgmma(sf_attention_desc dd, att_branches br, int T, const float *q, att_staged st, float *out,
                     const att_order ord, int per_cta)
@@ -314,12 +381,16 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
     /* swizzled tiles must start 1024-byte aligned; the launch adds 1 KiB of slack */
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t qaddr = (base + 1023) & ~1023u, kv = qaddr + (C::QS ? C::NWG * C::Q_BYTES : 0);
-    float *m_s = reinterpret_cast<float *>(smem + (kv - base) + C::KV_BYTES), *l_s = m_s + T;
+    const uint32_t ones = kv + C::KV_BYTES;
+    float *m_s = reinterpret_cast<float *>(smem + (ones - base) + C::ONES_BYTES), *l_s = m_s + T;
+    if constexpr (C::TCSUM) wg_fill_ones(ones, C::THREADS); /* published by the barrier below */
     const int h = blockIdx.x % dd.heads, item = blockIdx.x / dd.heads;
     const int nblocks = (dd.n + T - 1) / T;
     const size_t ld = dd.ld;
     const float c = dd.scale * 1.4426950408889634f;
     float *outh = out + h * WG_D;
+    const int gchunks = (max(dd.n_global, 0) + SF_ATT_CHUNK_ROWS - 1) / SF_ATT_CHUNK_ROWS;
+    if constexpr (PRE == PRE_ALL) att_wait_ready(st.ready, 0, st.nchunks + gchunks - 1);
     /* per_cta position blocks one after the other (a heavy and a light one: see launch_wgmma) */
     for (int sub = 0; sub < per_cta; sub++) {
         const int e = item * per_cta + sub;
@@ -340,13 +411,17 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
             src.stride = (size_t)r * WG_D;
             src.win = win;
             src.causal = dd.causal;
+            if (PRE == PRE_BRANCH && P / r < qa1) { /* the keys of the first tile to the last one's */
+                const int kend = min(nd, ((qa1 - 1) / win + 1) * win);
+                att_wait_rows(st, o + (P / r) / win * win * r, o + ((dd.causal ? min(kend, qa1) : kend) - 1) * r);
+            }
             for (int qs = P / r; qs < qa1; qs += C::BM) {
                 const int qe = min(qs + C::BM, qa1);
                 src.kbeg = qs / win * win;
                 src.kend = min(nd, ((qe - 1) / win + 1) * win);
                 if (dd.causal) src.kend = min(src.kend, qe);
                 wg_tile<C>(src, q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c, qaddr, kv,
-                           m_s, l_s);
+                           m_s, l_s, ones);
             }
         }
         if (dd.n_global > 0) {
@@ -358,8 +433,10 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
             src.kend = dd.n_global;
             src.win = 1 << 30;
             src.causal = 0;
+            if constexpr (PRE == PRE_BRANCH) att_wait_ready(st.ready, st.nchunks, st.nchunks + gchunks - 1);
             for (int qs = P; qs < Pend; qs += C::BM)
-                wg_tile<C>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s);
+                wg_tile<C>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s,
+                           ones);
         }
         for (int f = threadIdx.x; f < (Pend - P) * (WG_D / 4); f += C::THREADS) {
             const int li = f / (WG_D / 4), c4 = f % (WG_D / 4);
@@ -382,8 +459,12 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
         }
         __syncthreads(); /* l_s is read above and reset for the next block */
     }
+    /* this grid then completes only after the pre-pass, as the stream's next work expects */
+    if constexpr (PRE != PRE_NONE) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+#include "kernels/cuda/attention_wgmma_flow.cuh"
 
 /* ---- host side -------------------------------------------------------------------------- */
 
@@ -391,7 +472,7 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
  * that items cost about the same; otherwise one each, heaviest first. With every item resident
  * at once (one wave), heaviest-first cannot balance: the heaviest item (1.4-2x the mean load of
  * a slot at the reference shape) sets the end. */
-template <class C, int MINB, bool PAIR = false>
+template <class C, int MINB, bool PAIR = false, int FLOW = 0, int PRE = PRE_NONE>
 static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, const float *q, const float *k,
                         const float *v, float *out, unsigned char *ws, cudaStream_t stream)
 {
@@ -400,13 +481,20 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     long T;
     rc = att_block_positions(br, C::BM, &T);
     if (rc) return rc;
-    const size_t smem = 1024 + (C::QS ? C::NWG * C::Q_BYTES : 0) + C::KV_BYTES + 2 * (size_t)T * sizeof(float);
+    const size_t smem =
+        1024 + (C::QS ? C::NWG * C::Q_BYTES : 0) + C::KV_BYTES + C::ONES_BYTES + 2 * (size_t)T * sizeof(float);
     if (smem > 200 * 1024) return sf_error(SF_E_UNSUPPORTED, "cuda attention: block of %ld positions too large", T);
-    cudaError_t err = cudaFuncSetAttribute(attention_wgmma<C, MINB>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    static_assert(!(PAIR && FLOW), "the flow kernel takes one position block a CTA");
+    cudaError_t err;
+    if constexpr (FLOW)
+        err = cudaFuncSetAttribute(attention_wgmma_flow<C, MINB, FLOW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    else
+        err = cudaFuncSetAttribute(attention_wgmma<C, MINB, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
     att_staged st;
-    rc = att_stage_workspace(desc, k, v, ws, &st, stream, C::STREAM);
+    static_assert(!PRE || (C::STREAM && !FLOW), "the overlapped pre-pass reads as the streaming one");
+    rc = PRE ? att_stage_workspace_overlapped(desc, k, v, ws, &st, stream)
+             : att_stage_workspace(desc, k, v, ws, &st, stream, C::STREAM);
     if (rc) return rc;
     const int nblocks = (int)((desc->n + T - 1) / T);
     att_order ord; /* copied into the launch parameters */
@@ -421,8 +509,14 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
         }
         per_cta = 2, items = (nblocks + 1) / 2;
     }
-    attention_wgmma<C, MINB><<<(unsigned)items * desc->heads, C::THREADS, smem, stream>>>(
-        *desc, br, (int)T, q, st, out, ord, per_cta);
+    const unsigned grid = (unsigned)items * desc->heads;
+    if constexpr (FLOW)
+        attention_wgmma_flow<C, MINB, FLOW><<<grid, C::THREADS, smem, stream>>>(*desc, br, (int)T, q, st, out, ord, per_cta);
+    else if constexpr (PRE != PRE_NONE)
+        return att_launch_alongside(attention_wgmma<C, MINB, PRE>, grid, C::THREADS, smem, stream, *desc, br, (int)T, q,
+                                    st, out, ord, per_cta);
+    else
+        attention_wgmma<C, MINB><<<grid, C::THREADS, smem, stream>>>(*desc, br, (int)T, q, st, out, ord, per_cta);
     return SF_OK;
 }
 
@@ -467,6 +561,55 @@ int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branc
     /* as 18 in FlashAttention-3's order (softmax of tile it under P V of tile it-1) */
     case 29: return launch_wgmma<wg_cfg<64, 4, false, true, 1, true, true>, 2>(desc, br, q, k, v, out, ws, stream);
     case 30: return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, true>, 3>(desc, br, q, k, v, out, ws, stream);
+    /* as 18 with the lean softmax (attention_wgmma_softmax.cuh): lazy rescale; + row sums on the
+     * tensor cores; + bf16x2 exps; bf16x2 exps and tensor-core sums without the lazy rescale */
+    case 31: return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, SM_LAZY>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 32:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, SM_LAZY | SM_TCSUM>, 3>(desc, br, q, k, v, out,
+                                                                                                ws, stream);
+    case 33:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, SM_LAZY | SM_TCSUM | SM_EXPBF16>, 3>(
+            desc, br, q, k, v, out, ws, stream);
+    case 34:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, SM_TCSUM | SM_EXPBF16>, 3>(desc, br, q, k, v,
+                                                                                                   out, ws, stream);
+    /* 33 with the registers it frees spent on a fourth block a multiprocessor (2 stages for the
+     * shared memory, 128 registers) */
+    case 35:
+        return launch_wgmma<wg_cfg<64, 2, false, true, 1, true, false, SM_LAZY | SM_TCSUM | SM_EXPBF16>, 4>(
+            desc, br, q, k, v, out, ws, stream);
+    /* as 18 with the next tile's copies issued under S = Q K^T (36) or P V (37), from kept
+     * pointers; 38: 36 with the lazy rescale of 31 */
+    case 36:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 37:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 2>, 3>(desc, br, q, k, v, out, ws, stream);
+    case 38:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, SM_LAZY, 1>, 3>(desc, br, q, k, v, out, ws,
+                                                                                        stream);
+    /* 36's tile loop with the copies and the Q loads running ahead across query tiles (the flow
+     * kernel); 40: four K/V stages (75 KiB a block, still three a multiprocessor); 41: 39 with
+     * Q loaded after the merge, 42: 39 with copies only within a query tile */
+    case 39:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3, false, FL_CROSS | FL_EARLY_Q>(
+            desc, br, q, k, v, out, ws, stream);
+    case 40:
+        return launch_wgmma<wg_cfg<64, 4, false, true, 1, true, false, 0, 1>, 3, false, FL_CROSS | FL_EARLY_Q>(
+            desc, br, q, k, v, out, ws, stream);
+    case 41:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3, false, FL_CROSS>(desc, br, q, k, v, out,
+                                                                                                  ws, stream);
+    case 42:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3, false, FL_EARLY_Q>(desc, br, q, k, v,
+                                                                                                    out, ws, stream);
+    /* 36 alongside its pre-pass (attention_wgmma_overlap.cuh): 43 waits per branch on the rows
+     * it reads, 44 on all of them at the start (only the launch overlaps) */
+    case 43:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3, false, 0, PRE_BRANCH>(
+            desc, br, q, k, v, out, ws, stream);
+    case 44:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3, false, 0, PRE_ALL>(
+            desc, br, q, k, v, out, ws, stream);
     case 20:
     case 21:
     case 22:

@@ -62,6 +62,29 @@ __device__ __forceinline__ void wg_pv(float *acc, const uint32_t (*pa)[4], uint3
     for (int kc = 0; kc < BN / 16; kc++) wgmma_m64n64k16_rs<1>(acc, pa[kc], sw128_desc(vaddr + kc * 2048, 16, 1024), 1);
 }
 
+/* Masks S: row wrow + 8h keeps keys [klo, khi), its window cut at the
+ * end of the keys and (causal) at the row. s[4j + 2h + e]: row wrow + 8h, key k0 + 8j + 2t + e. */
+template <int BN>
+__device__ __forceinline__ void wg_mask_tile(float *s, int k0, const wg_src &src, int wrow)
+{
+    const int t = threadIdx.x & 3;
+    int klo[2], khi[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int x = wrow + 8 * hr;
+        klo[hr] = x / src.win * src.win;
+        khi[hr] = min(klo[hr] + src.win, src.kend);
+        if (src.causal) khi[hr] = min(khi[hr], x + 1);
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = k0 + j * 8 + 2 * t + (e & 1);
+            if (key < klo[e >> 1] || key >= khi[e >> 1]) s[4 * j + e] = -INFINITY;
+        }
+}
+
 /* The softmax of one S tile, in two halves so that the next tile's S = Q K^T can be issued
  * between them (after the first half has rescaled O, which the tensor cores must not see
  * change while products are in flight). s[4j + 2h + e] is row wrow + 8h, key k0 + 8j + 2t + e
@@ -72,26 +95,7 @@ template <int BN, bool RESCALE = true>
 __device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &src, int wrow, bool need_mask, float c,
                                                float *mrow, float *lrow, float *acc, float *base, float *corr_out = nullptr)
 {
-    const int t = threadIdx.x & 3;
-    if (need_mask) {
-        /* row wrow + 8h takes keys [klo[h], khi[h]): its window, cut at the end of the keys and
-         * (causal) at the row */
-        int klo[2], khi[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int x = wrow + 8 * hr;
-            klo[hr] = x / src.win * src.win;
-            khi[hr] = min(klo[hr] + src.win, src.kend);
-            if (src.causal) khi[hr] = min(khi[hr], x + 1);
-        }
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + j * 8 + 2 * t + (e & 1);
-                if (key < klo[e >> 1] || key >= khi[e >> 1]) s[4 * j + e] = -INFINITY;
-            }
-    }
+    if (need_mask) wg_mask_tile<BN>(s, k0, src, wrow);
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         float mx = -INFINITY;
@@ -139,6 +143,85 @@ __device__ __forceinline__ void wg_softmax_exp(const float *s, float c, const fl
         pa[kc][3] = pack_bf16(p[8 * kc + 6], p[8 * kc + 7]);
     }
 }
+/* 16-byte copy global -> shared, or 16 zero bytes without reading the source when `skip`. */
+__device__ __forceinline__ void cp_async16_zfill(uint32_t saddr, const void *gmem, bool skip)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n"
+                 "cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(saddr), "l"(gmem), "r"((int)skip)
+                 : "memory");
+}
+
+/* The arguments wg_tile takes for one query tile. */
+struct wg_qtile {
+    wg_src src;
+    const float *qbase;
+    size_t qstride;
+    int qs, qe, opos0, ostep;
+};
+
+/* Q rows [qs, qe) of a tile in registers: chunk u of this thread is row tid/8 + 16u, columns
+ * 8 (tid % 8) .. +8 (two float4); rows past qe are zeros. */
+template <bool STREAM>
+__device__ __forceinline__ void wg_q_load(const wg_qtile &t, float4 (&r)[8])
+{
+    const int row0 = threadIdx.x / 8, c8 = threadIdx.x % 8;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int x = t.qs + row0 + 16 * u;
+        r[2 * u] = r[2 * u + 1] = make_float4(0, 0, 0, 0);
+        if (x < t.qe) {
+            const float4 *qr = reinterpret_cast<const float4 *>(t.qbase + (size_t)x * t.qstride + c8 * 8);
+            r[2 * u] = STREAM ? __ldcs(qr) : __ldg(qr), r[2 * u + 1] = STREAM ? __ldcs(qr + 1) : __ldg(qr + 1);
+        }
+    }
+}
+
+/* ... as bf16 into the swizzled Q tile; the next key tile's barrier publishes it. */
+__device__ __forceinline__ void wg_q_store(uint32_t qaddr, const float4 (&r)[8])
+{
+    const int row0 = threadIdx.x / 8, c8 = threadIdx.x % 8;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const float4 a = r[2 * u], b = r[2 * u + 1];
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(qaddr + sw128_offset(row0 + 16 * u, c8)),
+                     "r"(pack_bf16(a.x, a.y)), "r"(pack_bf16(a.z, a.w)), "r"(pack_bf16(b.x, b.y)),
+                     "r"(pack_bf16(b.z, b.w))
+                     : "memory");
+    }
+    fence_proxy_async();
+}
+
+/* wg_stream with 32-bit steps (a tile is at most 64 r 64 elements), so that the copy cursor the
+ * flow kernel keeps across query tiles costs fewer registers. */
+template <class C>
+struct wg_stream32 {
+    const __nv_bfloat16 *k, *v;
+    uint32_t row16, tile;
+    int key0, kend;
+    uint32_t dst0;
+
+    __device__ __forceinline__ void init(const wg_src &s)
+    {
+        const int row = threadIdx.x / 8, c8 = threadIdx.x % 8;
+        key0 = s.kbeg + row, kend = s.kend;
+        const size_t off = (size_t)key0 * s.stride + c8 * 8;
+        k = s.k + off, v = s.v + off;
+        row16 = 16 * (uint32_t)s.stride, tile = (uint32_t)C::BN * (uint32_t)s.stride;
+        dst0 = sw128_offset(row, c8);
+    }
+    __device__ __forceinline__ void issue(int nt, uint32_t stage) const
+    {
+        static_assert(C::THREADS == 128, "chunk u is 16 key rows below chunk u - 1");
+#pragma unroll
+        for (int u = 0; u < C::PER_THREAD; u++) {
+            const bool skip = key0 + nt * C::BN + 16 * u >= kend;
+            const uint32_t dst = stage + dst0 + u * 2048;
+            const uint32_t off = (uint32_t)nt * tile + u * row16;
+            cp_async16_zfill(dst, k + off, skip);
+            cp_async16_zfill(dst + C::TILE, v + off, skip);
+        }
+    }
+};
 #endif /* SF_WGMMA_ENABLED */
 
 /* The warp-specialized variants' launcher (attention_wgmma_ws.cu), for att_wgmma_launch. */

@@ -347,7 +347,16 @@ static int cuda_reserve(sf_backend *be, int rows, int width, int heads, int head
      * and the memory update's delta target beside its partial sums */
     size_t bytes = (size_t)rows * (size_t)width * sizeof(float) + 4096;
     size_t update = heads > 0 && head_dim > 0 ? sf_cuda_memory_update_scratch_bytes(rows, heads, head_dim) : 0;
-    rc = sf_cuda_scratch(c, bytes > update ? bytes : update);
+    if (update > bytes) bytes = update;
+    if (heads > 0 && head_dim > 0) {
+        /* attention's own formula, all rows as segment rows (the caller's rows include the
+         * global tokens; + 4096 covers the alignment of staging them apart) */
+        sf_attention_desc whole = {};
+        whole.n = whole.segment = rows, whole.heads = heads, whole.head_dim = head_dim;
+        size_t attention = sf_cuda_attention_workspace_bytes(&whole) + 4096;
+        if (attention > bytes) bytes = attention;
+    }
+    rc = sf_cuda_scratch(c, bytes);
     /* the side queue runs the memory updates (and the summaries, which need no scratch) */
     if (rc == SF_OK && c->side.stream) rc = grow_scratch(c, &c->side.scratch, &c->side.scratch_bytes, update);
     /* a block stage moves [segment, D] activations in and out (width >= D covers them); with
