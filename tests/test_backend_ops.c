@@ -13,6 +13,7 @@
 #include "support/check.h"
 #include "support/gpu.h"
 #ifdef SEQFLOW_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_device.h"
 #endif
 
@@ -494,6 +495,17 @@ int main(void)
         test_rowwise(&t);
         test_summary(&t);
         test_memory(&t);
+#ifdef SEQFLOW_HAVE_CUDA
+        /* the default picks tensor cores for the updates and FMAs for the retrieval: check the
+         * other kernel of each op too (the memory ops are the same in every precision) */
+        if (m == 0) {
+            for (int tc = 0; tc <= 1; tc++) {
+                sf_cuda_memory_set_tensor_cores(tc);
+                test_memory(&t);
+            }
+            sf_cuda_memory_set_tensor_cores(-1);
+        }
+#endif
         test_attention(&t);
         CHECK_OK(t.be->ops->sync(t.be));
         sf_backend_free(t.be);

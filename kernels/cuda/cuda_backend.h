@@ -38,6 +38,12 @@ typedef struct sf_cuda_memory {
  * SF_E_INVAL otherwise; SF_E_BACKEND when cudaMemGetInfo fails. */
 int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
 
+/* Where the compressive-memory kernels of head size 32 and 64 compute their products, for tests
+ * and benchmarks: 1 on the tensor cores (3xTF32), 0 on FP32 FMAs, -1 back to the default
+ * (SEQFLOW_CUDA_MEMORY=mma|fma, else the faster of the two per op, kernels/cuda/memory.cu).
+ * Process-wide; not to be changed while another thread's memory ops are being issued. */
+void sf_cuda_memory_set_tensor_cores(int on);
+
 #ifdef __cplusplus
 }
 #endif

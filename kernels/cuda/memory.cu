@@ -546,7 +546,7 @@ static size_t tiled_update_bytes(int n, int heads, int d)
  * default the updates take the tensor cores and the mix the FMAs, the faster of the two for each
  * on the H100 (bench/MEMORY_NOTES.md, session 3). SEQFLOW_CUDA_MEMORY=mma or fma in the
  * environment puts both on one (to test and time either in any program), and
- * sf_cuda_memory_set_tensor_cores (the benchmark) overrides that. */
+ * sf_cuda_memory_set_tensor_cores (tests, the benchmark) overrides that. */
 #define MIX_TENSOR_CORES 0
 #define UPDATE_TENSOR_CORES 1
 static std::atomic<int> tensor_cores_forced(-1);

@@ -12,9 +12,5 @@ int sf_cuda_memory_update_general(sf_cuda *c, sf_memory_kind kind, int n, int he
                                   const float *v, float *M, float *z);
 /* scratch bytes of the general update: [delta target] [sigma(K)] [ones] */
 size_t sf_cuda_memory_general_bytes(int n, int heads, int d, int delta);
-/* memory.cu: 1 puts the tiled kernels' products (d = 32, 64) on the tensor cores (3xTF32), 0 on
- * FP32 FMAs, -1 back to the default (SEQFLOW_CUDA_MEMORY=mma|fma, else memory.cu's choice per op).
- * For the benchmark; not thread-safe against calls in flight on other threads. */
-void sf_cuda_memory_set_tensor_cores(int on);
 
 #endif
