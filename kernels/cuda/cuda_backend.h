@@ -86,7 +86,7 @@ typedef struct sf_cuda_staging {
 
 typedef struct sf_cuda_profile sf_cuda_profile; /* profile.cu */
 
-/* One product shape's way through cuBLAS (matmul.cu): the cuBLASLt algorithm timed fastest at
+/* One product shape's way through cuBLAS (gemm_plan.cu): the cuBLASLt algorithm timed fastest at
  * the shape's first use, or cublasGemmEx. Descriptors live inside (Init, no heap), so the
  * table needs no teardown. */
 typedef struct sf_cuda_gemm_plan {
@@ -130,7 +130,7 @@ typedef struct sf_cuda {
     size_t scratch_bytes;
     size_t allocated, peak;
     sf_cuda_profile *profile; /* SEQFLOW_CUDA_PROFILE=1 only */
-    sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* matmul.cu, under the lock */
+    sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* gemm_plan.cu, under the lock */
     int n_gemm_plans;
     /* The side queue (ops side_begin/end/join). While a thread is on it, sf_cuda_enter swaps
      * `side` with the fields above (stream, scratch, cuBLAS stream and workspace), so every op
@@ -170,6 +170,20 @@ int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight,
                             cudaStream_t stream);
 /* g[i, j] = silu(h[i, j]) * h[i, f + j] for h [n, 2f] and g [n, f], bf16, float32 arithmetic. */
 int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g, cudaStream_t stream);
+
+/* A bf16 product on cuBLAS (gemm_plan.cu): y (float32 or bf16, rows ldy apart) = x w^T + beta y
+ * for `batch` weights stride_w elements apart with one shared x, outputs stride_y elements
+ * apart; x, w bf16 and contiguous. Issued with the algorithm chosen at the shape's first use.
+ * Under the lock, on c->stream. */
+typedef struct sf_cuda_gemm_args {
+    int n, in, out, ldy, batch;
+    long long stride_w, stride_y;
+    const __nv_bfloat16 *x, *w;
+    void *y;
+    cudaDataType ytype;
+    float beta;
+} sf_cuda_gemm_args;
+int sf_cuda_gemm(sf_cuda *c, const sf_cuda_gemm_args *g, const char *what);
 
 /* The ops of sf_backend_ops (contracts in seqflow/backend.h). */
 int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
