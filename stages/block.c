@@ -513,7 +513,8 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
      * issued first, so the side starts after them. The next layer's qkv, which overwrites k and
      * v, joins the side first (top of this function). Without an MLP there is too little to
      * run beside it, and the cross-stream waits cost more than they hide (bench/RESULTS.md,
-     * run 9: attention-only model 5-11% slower with the side queue, reference model 6% faster). */
+     * runs 9 and 10: the attention-only model 5-11% slower with the side queue; the reference
+     * model -2% to +6% across calls, +1.5% in paired push-mode runs). */
     const int side = rc == SF_OK && commit && F > 0 && ops->side_begin && ops->side_end;
     if (side) rc = ops->side_begin(be);
     for (int i = 0; i < count && rc == SF_OK && commit; i++) {
