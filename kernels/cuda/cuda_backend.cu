@@ -188,9 +188,10 @@ static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t
         if (!c->down[i].busy && bytes <= c->down[i].bytes) slot = &c->down[i];
     if (!slot) {
         rc = sf_cuda_status(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "download");
+        cudaStream_t issued_on = c->stream; /* read under the lock: a side thread swaps it */
         sf_cuda_leave(c);
         /* waiting outside the lock lets other stage threads keep issuing work meanwhile */
-        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(c->stream), "download (synchronize)");
+        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(issued_on), "download (synchronize)");
         return rc;
     }
     slot->busy = 1;
@@ -262,9 +263,14 @@ static int cuda_zero(sf_backend *be, void *dst, size_t bytes)
 static int cuda_sync(sf_backend *be)
 {
     sf_cuda *c = sf_cuda_of(be);
+    /* the handles are read under the lock (a side thread's op swaps them inside it); the
+     * waits happen outside it, so other stage threads keep issuing work meanwhile */
+    pthread_mutex_lock(&c->lock);
+    cudaStream_t main_stream = c->stream, side_stream = c->side.stream;
+    pthread_mutex_unlock(&c->lock);
     int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
-    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(c->stream), "synchronize");
-    if (rc == SF_OK && c->side.stream) rc = sf_cuda_status(cudaStreamSynchronize(c->side.stream), "synchronize (side)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(main_stream), "synchronize");
+    if (rc == SF_OK && side_stream) rc = sf_cuda_status(cudaStreamSynchronize(side_stream), "synchronize (side)");
     return rc;
 }
 
