@@ -12,8 +12,8 @@
 # RATE_NCU=1 adds an ncu run (device time per kernel, bench/ncu_summary.py); RATE_BATCH=1
 # (default) times several streams with block batch=1 against batch=B. Last, one push-mode
 # run of the reference model with the per-op profile (SEQFLOW_CUDA_PROFILE=1).
-# Knobs: RATE_REPS (3), RATE_MODELS ("reference attention"), RATE_SIDE ("0 low": the binary
-# again with SEQFLOW_CUDA_SIDE_QUEUE set to each). Logs: $OUT (or /tmp/gpu_rate_out).
+# Knobs: RATE_REPS (3), RATE_MODELS ("reference attention"), RATE_SIDE (0: the binary again
+# with SEQFLOW_CUDA_SIDE_QUEUE=0). Logs: $OUT (or /tmp/gpu_rate_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_rate_out}
@@ -85,7 +85,7 @@ for model in $MODELS; do
   MF[$model]=$($B/bench/bench_gpu_pipeline --model "$D/$model.st" --tokens "$D/t12.u32" --device cuda --precision bf16 \
         --warmup-segments 2 ${GEMM:+--gemm-tflops $GEMM} | tee "$OUT/${model}_push.txt" | grep '^RESULT' | tail -1 |
         tr ' ' '\n' | sed -n 's/^mflop_per_token=//p')
-  # RATE_SIDE="0 high": the same binary with SEQFLOW_CUDA_SIDE_QUEUE set to each, interleaved
+  # RATE_SIDE=0: the same binary with SEQFLOW_CUDA_SIDE_QUEUE=0 (the side queue off), interleaved
   configs=(default)
   for mode in ${RATE_SIDE:-}; do configs+=("side_queue=$mode|SEQFLOW_CUDA_SIDE_QUEUE=$mode"); done
   [ "${RATE_UNPINNED:-1}" = 1 ] && configs+=("unpinned packets|SEQFLOW_PINNED_PACKETS=0")

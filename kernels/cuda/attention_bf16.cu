@@ -129,21 +129,7 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
     const int row0 = qs + warp * 16 + g; /* this thread's rows: row0 and row0 + 8 */
 
     uint32_t qf[D / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) {
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            int x = row0 + 8 * hr;
-            float2 lo = make_float2(0, 0), hi = make_float2(0, 0);
-            if (x < qe) {
-                const float *qr = qbase + (size_t)x * qstride + kc * 16 + 2 * t;
-                lo = __ldg(reinterpret_cast<const float2 *>(qr));
-                hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
-            }
-            qf[kc][hr] = pack_bf16(lo.x, lo.y);
-            qf[kc][2 + hr] = pack_bf16(hi.x, hi.y);
-        }
-    }
+    att_load_q_frags<D>(qf, qbase, qstride, row0, qe, t);
     float acc[D / 8][4];
 #pragma unroll
     for (int j = 0; j < D / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
@@ -260,20 +246,16 @@ __global__ void __launch_bounds__(WARPS * 32) attention_fused(sf_attention_desc 
     __syncthreads();
 
     for (int b = 0; b < br.count; b++) {
-        const int r = br.dilation[b], o = h % r;
-        const int nd = dd.n > o ? (dd.n - o + r - 1) / r : 0; /* active rows present */
-        const int win = br.window[b] / r;
-        const int qa1 = min((P + T) / r, nd);
+        const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
+        const int r = g.r, o = g.o, qa1 = g.qa1;
         for (int qs = P / r; qs < qa1; qs += C::BM) {
             const int qe = min(qs + C::BM, qa1);
             tile_src src;
             src.kbase = k + (size_t)o * ld + h * D;
             src.vbase = v + (size_t)o * ld + h * D;
             src.kstride = (size_t)r * ld;
-            src.kbeg = qs / win * win;
-            src.kend = min(nd, ((qe - 1) / win + 1) * win);
-            if (dd.causal) src.kend = min(src.kend, qe);
-            src.win = win;
+            att_key_range(g, qs, qe, dd.causal, &src.kbeg, &src.kend);
+            src.win = g.win;
             src.causal = dd.causal;
             attend_tile<D, WARPS, BN>(src, q + (size_t)o * ld + h * D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c,
                                       kv, m_s, l_s);

@@ -316,21 +316,17 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
     __syncthreads();
 
     for (int b = 0; b < br.count; b++) {
-        const int r = br.dilation[b], o = h % r;
-        const int nd = dd.n > o ? (dd.n - o + r - 1) / r : 0; /* active rows present */
-        const int win = br.window[b] / r;
-        const int qa1 = min((P + T) / r, nd);
+        const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
+        const int r = g.r, o = g.o, qa1 = g.qa1;
         kv_src src;
         src.k = kb + ((size_t)h * dd.n + o) * D;
         src.v = vb + ((size_t)h * dd.n + o) * D;
         src.stride = (size_t)r * D;
-        src.win = win;
+        src.win = g.win;
         src.causal = dd.causal;
         for (int qs = P / r; qs < qa1; qs += C::BM) {
             const int qe = min(qs + C::BM, qa1);
-            src.kbeg = qs / win * win;
-            src.kend = min(nd, ((qe - 1) / win + 1) * win);
-            if (dd.causal) src.kend = min(src.kend, qe);
+            att_key_range(g, qs, qe, dd.causal, &src.kbeg, &src.kend);
             staged_tile<D, WARPS, MT, BN, STAGES>(src, q + (size_t)o * ld + h * D, (size_t)r * ld, qs, qe, o, r, P, outh,
                                               ld, c, kv, m_s, l_s);
         }

@@ -43,10 +43,59 @@ static inline int att_gcd(int a, int b)
     return a;
 }
 
+/* Branch b's rows for head h over n positions (SPEC 3): the head's offset o = h mod r, the
+ * nd dilated rows present, the window in dilated rows, and qa1, the end (dilated, exclusive) of
+ * the rows of the position block [P, P + T). Every kernel family walks the branches with it. */
+struct att_branch_rows {
+    int r, o, nd, win, qa1;
+};
+
+__device__ __forceinline__ att_branch_rows att_rows_of(const att_branches &br, int b, int h, int n, int P, int T)
+{
+    att_branch_rows g;
+    g.r = br.dilation[b], g.o = h % g.r;
+    g.nd = n > g.o ? (n - g.o + g.r - 1) / g.r : 0;
+    g.win = br.window[b] / g.r;
+    g.qa1 = min((P + T) / g.r, g.nd);
+    return g;
+}
+
+/* The keys [kbeg, kend) of the dilated query rows [qs, qe): their windows, cut at the rows
+ * present and, causal, at the last query row. */
+__device__ __forceinline__ void att_key_range(const att_branch_rows &g, int qs, int qe, int causal, int *kbeg, int *kend)
+{
+    *kbeg = qs / g.win * g.win;
+    *kend = min(g.nd, ((qe - 1) / g.win + 1) * g.win);
+    if (causal) *kend = min(*kend, qe);
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
     __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&p);
+}
+
+/* Q rows row0 and row0 + 8 (dilated, rows past qe read as 0) as the A fragments of
+ * mma.sync m16n8k16 for D columns: register i of k-step kc holds row row0 + 8(i&1), columns
+ * 16kc + 2t + 8(i>>1) and the next, rounded to bf16. t = lane & 3. */
+template <int D>
+__device__ __forceinline__ void att_load_q_frags(uint32_t (*qf)[4], const float *qbase, size_t qstride, int row0,
+                                                 int qe, int t)
+{
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int x = row0 + 8 * hr;
+            float2 lo = make_float2(0, 0), hi = make_float2(0, 0);
+            if (x < qe) {
+                const float *qr = qbase + (size_t)x * qstride + kc * 16 + 2 * t;
+                lo = __ldg(reinterpret_cast<const float2 *>(qr));
+                hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
+            }
+            qf[kc][hr] = pack_bf16(lo.x, lo.y);
+            qf[kc][2 + hr] = pack_bf16(hi.x, hi.y);
+        }
 }
 
 __device__ __forceinline__ float fast_exp2(float x)

@@ -169,22 +169,8 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
         }
         fence_proxy_async(); /* the first key tile's barrier then publishes it */
     } else {
-        /* Q as A fragments: register r of k-step kc holds row wrow + 8(r&1), columns 16kc + 2t
-         * + 8(r>>1) and the next (the mma.sync m16n8k16 layout, warp w on rows 16w..16w+15) */
-#pragma unroll
-        for (int kc = 0; kc < WG_D / 16; kc++)
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const int x = wrow + 8 * hr;
-                float2 lo = make_float2(0, 0), hi = make_float2(0, 0);
-                if (x < qe) {
-                    const float *qr = qbase + (size_t)x * qstride + kc * 16 + 2 * t;
-                    lo = __ldg(reinterpret_cast<const float2 *>(qr));
-                    hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
-                }
-                qf[kc][hr] = pack_bf16(lo.x, lo.y);
-                qf[kc][2 + hr] = pack_bf16(hi.x, hi.y);
-            }
+        /* Q as A fragments (the mma.sync m16n8k16 layout, warp w on rows 16w..16w+15) */
+        att_load_q_frags<WG_D>(qf, qbase, qstride, wrow, qe, t);
     }
     float acc[WG_D / 2];
 #pragma unroll
@@ -401,25 +387,22 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
         __syncthreads();
 
         for (int b = 0; b < br.count; b++) {
-            const int r = br.dilation[b], o = h % r;
-            const int nd = dd.n > o ? (dd.n - o + r - 1) / r : 0; /* active rows present */
-            const int win = br.window[b] / r;
-            const int qa1 = min((P + T) / r, nd);
+            const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
+            const int r = g.r, o = g.o, qa1 = g.qa1;
             wg_src src;
             src.k = st.kb + ((size_t)h * dd.n + o) * WG_D;
             src.v = st.vb + ((size_t)h * dd.n + o) * WG_D;
             src.stride = (size_t)r * WG_D;
-            src.win = win;
+            src.win = g.win;
             src.causal = dd.causal;
             if (PRE == PRE_BRANCH && P / r < qa1) { /* the keys of the first tile to the last one's */
-                const int kend = min(nd, ((qa1 - 1) / win + 1) * win);
-                att_wait_rows(st, o + (P / r) / win * win * r, o + ((dd.causal ? min(kend, qa1) : kend) - 1) * r);
+                int kbeg, kend;
+                att_key_range(g, P / r, qa1, dd.causal, &kbeg, &kend);
+                att_wait_rows(st, o + kbeg * r, o + (kend - 1) * r);
             }
             for (int qs = P / r; qs < qa1; qs += C::BM) {
                 const int qe = min(qs + C::BM, qa1);
-                src.kbeg = qs / win * win;
-                src.kend = min(nd, ((qe - 1) / win + 1) * win);
-                if (dd.causal) src.kend = min(src.kend, qe);
+                att_key_range(g, qs, qe, dd.causal, &src.kbeg, &src.kend);
                 wg_tile<C>(src, q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c, qaddr, kv,
                            m_s, l_s, ones);
             }

@@ -41,18 +41,15 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
     auto tile_of = [&](int b, int qs, wg_qtile &t) {
         t.qs = qs;
         if (b < br.count) {
-            const int r = br.dilation[b], o = h % r;
-            const int nd = dd.n > o ? (dd.n - o + r - 1) / r : 0, win = br.window[b] / r;
-            const int qa1 = min((P + T) / r, nd);
+            const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
+            const int r = g.r, o = g.o;
             t.src.k = st.kb + ((size_t)h * dd.n + o) * WG_D;
             t.src.v = st.vb + ((size_t)h * dd.n + o) * WG_D;
             t.src.stride = (size_t)r * WG_D;
-            t.src.win = win;
+            t.src.win = g.win;
             t.src.causal = dd.causal;
-            t.qe = min(qs + BM, qa1);
-            t.src.kbeg = qs / win * win;
-            t.src.kend = min(nd, ((t.qe - 1) / win + 1) * win);
-            if (dd.causal) t.src.kend = min(t.src.kend, t.qe);
+            t.qe = min(qs + BM, g.qa1);
+            att_key_range(g, qs, t.qe, dd.causal, &t.src.kbeg, &t.src.kend);
             t.qbase = q + (size_t)o * ld + h * WG_D, t.qstride = (size_t)r * ld, t.opos0 = o, t.ostep = r;
         } else {
             t.src.k = st.gkb + (size_t)h * dd.n_global * WG_D;

@@ -319,21 +319,17 @@ __device__ __forceinline__ void ws_walk(const sf_attention_desc &dd, const att_b
 {
     const size_t ld = dd.ld;
     for (int b = 0; b < br.count; b++) {
-        const int r = br.dilation[b], o = h % r;
-        const int nd = dd.n > o ? (dd.n - o + r - 1) / r : 0;
-        const int win = br.window[b] / r;
-        const int qa1 = min((P + T) / r, nd);
+        const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
+        const int r = g.r, o = g.o, qa1 = g.qa1;
         wg_src src;
         src.k = st.kb + ((size_t)h * dd.n + o) * WG_D;
         src.v = st.vb + ((size_t)h * dd.n + o) * WG_D;
         src.stride = (size_t)r * WG_D;
-        src.win = win;
+        src.win = g.win;
         src.causal = dd.causal;
         for (int qs = P / r; qs < qa1; qs += C::BM) {
             const int qe = min(qs + C::BM, qa1);
-            src.kbeg = qs / win * win;
-            src.kend = min(nd, ((qe - 1) / win + 1) * win);
-            if (dd.causal) src.kend = min(src.kend, qe);
+            att_key_range(g, qs, qe, dd.causal, &src.kbeg, &src.kend);
             tile(b, src, q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qs, qe, o, r);
         }
     }

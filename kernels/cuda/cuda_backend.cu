@@ -467,38 +467,13 @@ static const sf_host_allocator pinned_packets = {pinned_alloc, pinned_free};
 #define SIDE_BLAS_WORKSPACE_BYTES ((size_t)4 << 20)
 
 /* The side queue, unless SEQFLOW_CUDA_SIDE_QUEUE=0 or the per-op profile is on (it times each
- * op alone on the main stream). SEQFLOW_CUDA_SIDE_QUEUE=low gives the side stream the lowest
- * priority and the main stream the highest, so side work only fills what the main leaves idle;
- * =high the reverse, so side work takes multiprocessors as soon as main-stream blocks retire. */
+ * op alone on the main stream). Stream priorities were tried (side lowest or highest) and were
+ * slower than equal ones (bench/RESULTS.md, run 9). */
 static int create_side_queue(sf_cuda *c)
 {
     const char *mode = getenv("SEQFLOW_CUDA_SIDE_QUEUE");
     if ((mode && strcmp(mode, "0") == 0) || sf_cuda_profile_wanted()) return SF_OK;
-    int rc = SF_OK;
-    if (mode && strcmp(mode, "high") == 0) {
-        int least = 0, greatest = 0;
-        rc = sf_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities");
-        if (rc == SF_OK)
-            rc = sf_cuda_status(cudaStreamCreateWithPriority(&c->side.stream, cudaStreamNonBlocking, greatest), "stream");
-    } else if (mode && strcmp(mode, "low") == 0) {
-        int least = 0, greatest = 0;
-        rc = sf_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities");
-        cudaStream_t high = NULL;
-        if (rc == SF_OK)
-            rc = sf_cuda_status(cudaStreamCreateWithPriority(&high, cudaStreamNonBlocking, greatest), "stream");
-        if (rc == SF_OK) {
-            cudaStreamDestroy(c->stream);
-            c->stream = high;
-            rc = sf_cublas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream");
-        }
-        if (rc == SF_OK)
-            rc = sf_cublas_status(cublasSetWorkspace(c->blas, c->blas_workspace, c->blas_workspace_bytes),
-                                  "cublasSetWorkspace");
-        if (rc == SF_OK)
-            rc = sf_cuda_status(cudaStreamCreateWithPriority(&c->side.stream, cudaStreamNonBlocking, least), "stream");
-    } else {
-        rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->side.stream, cudaStreamNonBlocking), "stream");
-    }
+    int rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->side.stream, cudaStreamNonBlocking), "stream");
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&c->side_start, cudaEventDisableTiming), "event");
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming), "event");
     if (rc == SF_OK) rc = sf_cuda_malloc_counted(c, &c->side.blas_workspace, SIDE_BLAS_WORKSPACE_BYTES);
