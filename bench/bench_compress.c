@@ -122,7 +122,7 @@ static void bench_one(const tensor *t, const quant_case *qc, const codec_case *c
                       float *y)
 {
     size_t n = t->rows * t->cols;
-    sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_DTYPE_F32, .ndim = 2, .shape = {t->rows, t->cols},
+    sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_FRAME_F32, .ndim = 2, .shape = {t->rows, t->cols},
                        .codec = cc->codec, .level = cc->level,
                        .quant = {qc->kind, qc->group ? qc->group : (int)t->cols}};
     double best_enc = INFINITY, best_dec = INFINITY, spent = 0;

@@ -1,13 +1,16 @@
 /* Checks the CUDA compressive-memory ops (memory_mix, memory_update linear and delta) against
- * the CPU twin kernels/cpu/memory.c on fresh random inputs of several shapes, then times them at
- * the reference shape (n=8192 rows, H=16 heads, d=64, ld=1024): median of many runs with CUDA
- * events after warm-up, against the bytes floor (each input row read once, a written once) at
- * 3.0 TB/s, twice each, with the tiled kernels' products on FP32 FMAs ("fma") and on the tensor
- * cores ("mma", 3xTF32). (Earlier versions' numbers are in bench/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
+ * the CPU twin kernels/cpu/memory.c on fresh random inputs of several shapes, with q, k, v as
+ * float32 and as bf16 (the CPU then gets the same values, rounded to bf16, as float32), then times
+ * them at the reference shape (n=8192 rows, H=16 heads, d=64, ld=1024): median of many runs with
+ * CUDA events after warm-up, against the bytes floor (each input row read once, a written once)
+ * at 3.0 TB/s, twice each, with the tiled kernels' products on FP32 FMAs ("fma") and on the
+ * tensor cores ("mma", 3xTF32), for float32 and bf16 inputs. (Earlier versions' numbers are in
+ * bench/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
  * call, so partials it fails to write show up as NaN; the delta update runs twice on the same
  * inputs and must give the same bits. Exit status 1 when any check fails.
  * Usage: bench_cuda_memory [reps] (0: the checks alone) */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +67,35 @@ static float *upload(const std::vector<float> &h)
     CUDA_OK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
     return d;
 }
+/* x rounded to bf16 (to nearest, ties to even; x finite): its bits, and x replaced by their value */
+static std::vector<uint16_t> round_to_bf16(std::vector<float> &x)
+{
+    std::vector<uint16_t> bits(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u += 0x7fffu + ((u >> 16) & 1);
+        bits[i] = (uint16_t)(u >> 16);
+        u = (uint32_t)bits[i] << 16;
+        memcpy(&x[i], &u, 4);
+    }
+    return bits;
+}
+/* q, k or v on the device as `type` (bf16 rounds x in place first) */
+static void *upload_as(sf_dtype type, std::vector<float> &x)
+{
+    if (type == SF_DTYPE_F32) return upload(x);
+    const std::vector<uint16_t> bits = round_to_bf16(x);
+    void *d;
+    CUDA_OK(cudaMalloc(&d, bits.size() * 2 + 16));
+    CUDA_OK(cudaMemcpy(d, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    return d;
+}
+/* element `offset` of a device buffer of type */
+static const void *at(const void *d, sf_dtype type, size_t offset)
+{
+    return (const char *)d + offset * (type == SF_DTYPE_BF16 ? 2 : 4);
+}
 static std::vector<float> download(const float *d, size_t count)
 {
     std::vector<float> h(count);
@@ -72,10 +104,10 @@ static std::vector<float> download(const float *d, size_t count)
     return h;
 }
 
-typedef int (*mix_fn)(sf_backend *, int, int, int, int, const float *, const float *, const float *, const float *,
-                      float *);
-typedef int (*update_fn)(sf_backend *, sf_memory_kind, int, int, int, int, const float *, const float *, float *,
-                         float *);
+typedef int (*mix_fn)(sf_backend *, int, int, int, int, sf_dtype, const void *, const float *, const float *,
+                      const float *, float *);
+typedef int (*update_fn)(sf_backend *, sf_memory_kind, int, int, int, int, sf_dtype, const void *, const void *,
+                         float *, float *);
 
 /* the tiled kernels with their products on FP32 FMAs and on the tensor cores (3xTF32), switched
  * through sf_cuda_memory_set_tensor_cores before each use (d = 128 and the general head sizes run
@@ -98,36 +130,41 @@ static void poison_scratch(void)
     if (c->scratch) CUDA_OK(cudaMemsetAsync(c->scratch, 0xff, c->scratch_bytes, c->stream)); /* NaN floats and doubles */
 }
 
-static void report(const char *impl_name, const char *what, int n, int H, int d, int ld, double err)
+static const char *type_name(sf_dtype type) { return type == SF_DTYPE_BF16 ? "bf16" : "f32"; }
+
+static void report(const char *impl_name, sf_dtype type, const char *what, int n, int H, int d, int ld, double err)
 {
     const bool ok = err <= TOL; /* NaN fails */
-    printf("  %-3s %-22s n=%5d H=%2d d=%3d ld=%4d  rel err %.3e  %s\n", impl_name, what, n, H, d, ld, err,
-           ok ? "ok" : "FAIL");
+    printf("  %-3s %-4s %-22s n=%5d H=%2d d=%3d ld=%4d  rel err %.3e  %s\n", impl_name, type_name(type), what, n, H,
+           d, ld, err, ok ? "ok" : "FAIL");
     if (!ok) failures++;
 }
 
-/* One shape: the CPU twin once, then every implementation on the same inputs. */
-static void check_shape(int n, int H, int d, int ld, int ld_offset)
+/* One shape and input type: the CPU twin once, then every implementation on the same inputs. */
+static void check_shape_as(sf_dtype type, int n, int H, int d, int ld, int ld_offset)
 {
     const size_t rows = (size_t)n * ld + ld_offset, hdd = (size_t)H * d * d, hd = (size_t)H * d;
     std::vector<float> q(rows), k(rows), v(rows), a(rows), M(hdd), z(hd), g(H);
     fill_normal(q, 1), fill_normal(k, 1), fill_normal(v, 1), fill_normal(a, 1);
     /* a memory that has seen a few segments: z positive and large, M of matching scale */
     fill_normal(M, 3), fill_uniform(z, 20, 60), fill_normal(g, 1);
+    /* (bf16: q, k, v rounded here, before the CPU twin reads them) */
+    void *dq = upload_as(type, q), *dk = upload_as(type, k), *dv = upload_as(type, v);
     const float *cq = q.data() + ld_offset, *ck = k.data() + ld_offset, *cv = v.data() + ld_offset;
     std::vector<float> want_a = a;
-    SF_OK_OR_DIE(cpu->ops->memory_mix(cpu, n, H, d, ld, cq, M.data(), z.data(), g.data(), want_a.data() + ld_offset));
+    SF_OK_OR_DIE(cpu->ops->memory_mix(cpu, n, H, d, ld, SF_DTYPE_F32, cq, M.data(), z.data(), g.data(),
+                                      want_a.data() + ld_offset));
     std::vector<float> want_M[2] = {M, M}, want_z[2] = {z, z};
     for (int kind = 0; kind < 2; kind++)
-        SF_OK_OR_DIE(cpu->ops->memory_update(cpu, kind ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR, n, H, d, ld, ck, cv,
-                                             want_M[kind].data(), want_z[kind].data()));
-    float *dq = upload(q), *dk = upload(k), *dv = upload(v), *dg = upload(g), *dM = upload(M), *dz = upload(z);
+        SF_OK_OR_DIE(cpu->ops->memory_update(cpu, kind ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR, n, H, d, ld, SF_DTYPE_F32,
+                                             ck, cv, want_M[kind].data(), want_z[kind].data()));
+    float *dg = upload(g), *dM = upload(M), *dz = upload(z);
     for (const impl &im : impls) {
         sf_cuda_memory_set_tensor_cores(im.tensor_cores);
         float *da = upload(a);
         poison_scratch();
-        SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, dq + ld_offset, dM, dz, dg, da + ld_offset));
-        report(im.name, "memory_mix", n, H, d, ld, rel_err(download(da, rows), want_a));
+        SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, type, at(dq, type, ld_offset), dM, dz, dg, da + ld_offset));
+        report(im.name, type, "memory_mix", n, H, d, ld, rel_err(download(da, rows), want_a));
         CUDA_OK(cudaFree(da));
         for (int kind = 0; kind < 2; kind++) {
             const sf_memory_kind mk = kind ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR;
@@ -135,25 +172,32 @@ static void check_shape(int n, int H, int d, int ld, int ld_offset)
             for (int rep = 0; rep < 2; rep++) { /* twice on the same inputs: the same bits */
                 float *uM = upload(M), *uz = upload(z);
                 poison_scratch();
-                SF_OK_OR_DIE(im.update(gpu, mk, n, H, d, ld, dk + ld_offset, dv + ld_offset, uM, uz));
+                SF_OK_OR_DIE(
+                    im.update(gpu, mk, n, H, d, ld, type, at(dk, type, ld_offset), at(dv, type, ld_offset), uM, uz));
                 std::vector<float> got_M = download(uM, hdd), got_z = download(uz, hd);
                 CUDA_OK(cudaFree(uM));
                 CUDA_OK(cudaFree(uz));
                 if (rep == 0) {
-                    report(im.name, kind ? "memory_update delta: M" : "memory_update linear: M", n, H, d, ld,
+                    report(im.name, type, kind ? "memory_update delta: M" : "memory_update linear: M", n, H, d, ld,
                            rel_err(got_M, want_M[kind]));
-                    report(im.name, kind ? "memory_update delta: z" : "memory_update linear: z", n, H, d, ld,
+                    report(im.name, type, kind ? "memory_update delta: z" : "memory_update linear: z", n, H, d, ld,
                            rel_err(got_z, want_z[kind]));
                     first_M = got_M, first_z = got_z;
                 } else if (memcmp(first_M.data(), got_M.data(), hdd * 4) || memcmp(first_z.data(), got_z.data(), hd * 4)) {
-                    printf("  %-3s memory_update %s n=%d H=%d d=%d: two runs differ  FAIL\n", im.name,
-                           kind ? "delta" : "linear", n, H, d);
+                    printf("  %-3s %-4s memory_update %s n=%d H=%d d=%d: two runs differ  FAIL\n", im.name,
+                           type_name(type), kind ? "delta" : "linear", n, H, d);
                     failures++;
                 }
             }
         }
     }
-    for (float *p : {dq, dk, dv, dg, dM, dz}) CUDA_OK(cudaFree(p));
+    for (void *p : {(void *)dg, (void *)dM, (void *)dz, dq, dk, dv}) CUDA_OK(cudaFree(p));
+}
+
+static void check_shape(int n, int H, int d, int ld, int ld_offset)
+{
+    check_shape_as(SF_DTYPE_F32, n, H, d, ld, ld_offset);
+    check_shape_as(SF_DTYPE_BF16, n, H, d, ld, ld_offset);
 }
 
 static double median(std::vector<float> t)
@@ -162,10 +206,11 @@ static double median(std::vector<float> t)
     return t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
 }
 
-/* Times op (0 mix, 1 linear, 2 delta) of one implementation: `sets` input sets in rotation (more
- * than L2 holds), M and z restored before each run outside the timed region. */
-static void time_op(const impl &im, int op, int reps, int n, int H, int d, int sets, float *const *x,
-                    float *const *y, float *const *a, const float *M0, const float *z0, float *M, float *z,
+/* Times op (0 mix, 1 linear, 2 delta) of one implementation with q/k (x) and v (y) of `type`:
+ * `sets` input sets in rotation (more than L2 holds), M and z restored before each run outside
+ * the timed region. */
+static void time_op(const impl &im, int op, sf_dtype type, int reps, int n, int H, int d, int sets, void *const *x,
+                    void *const *y, float *const *a, const float *M0, const float *z0, float *M, float *z,
                     const float *gate)
 {
     sf_cuda *c = sf_cuda_of(gpu);
@@ -182,9 +227,10 @@ static void time_op(const impl &im, int op, int reps, int n, int H, int d, int s
         }
         if (r >= 0) CUDA_OK(cudaEventRecord(ev[2 * r], c->stream));
         if (op == 0)
-            SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, x[s], M0, z0, gate, a[s]));
+            SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, type, x[s], M0, z0, gate, a[s]));
         else
-            SF_OK_OR_DIE(im.update(gpu, op == 2 ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR, n, H, d, ld, x[s], y[s], M, z));
+            SF_OK_OR_DIE(
+                im.update(gpu, op == 2 ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR, n, H, d, ld, type, x[s], y[s], M, z));
         if (r >= 0) CUDA_OK(cudaEventRecord(ev[2 * r + 1], c->stream));
     }
     CUDA_OK(cudaStreamSynchronize(c->stream));
@@ -192,12 +238,14 @@ static void time_op(const impl &im, int op, int reps, int n, int H, int d, int s
     for (int r = 0; r < reps; r++) CUDA_OK(cudaEventElapsedTime(&ms[r], ev[2 * r], ev[2 * r + 1]));
     for (cudaEvent_t &e : ev) CUDA_OK(cudaEventDestroy(e));
     const double med = median(ms), lo = *std::min_element(ms.begin(), ms.end());
-    const double rows_bytes = (double)n * ld * 4, bytes = (op == 0 ? 3 : 2) * rows_bytes;
+    /* mix: q read, a read and written; update: k and v read */
+    const double elems = (double)n * ld, in_bytes = type == SF_DTYPE_BF16 ? 2 : 4;
+    const double bytes = op == 0 ? elems * (in_bytes + 8) : 2 * elems * in_bytes;
     const double flops = (op == 2 ? 4.0 : 2.0) * n * H * (double)d * d;
     const double gbs = bytes / (med * 1e-3) / 1e9;
-    printf("| %-13s | %-3s | %8.4f | %8.4f | %7.1f | %5.1f%% | %7.4f | %6.1f |\n",
-           op == 0 ? "memory_mix" : op == 1 ? "update linear" : "update delta", im.name, med, lo, gbs,
-           100 * gbs / (FLOOR_TBS * 1000), bytes / (FLOOR_TBS * 1e12) * 1e3, flops / (med * 1e-3) / 1e12);
+    printf("| %-13s | %-4s | %-3s | %8.4f | %8.4f | %7.1f | %5.1f%% | %7.4f | %6.1f |\n",
+           op == 0 ? "memory_mix" : op == 1 ? "update linear" : "update delta", type_name(type), im.name, med, lo,
+           gbs, 100 * gbs / (FLOOR_TBS * 1000), bytes / (FLOOR_TBS * 1e12) * 1e3, flops / (med * 1e-3) / 1e12);
 }
 
 int main(int argc, char **argv)
@@ -224,6 +272,12 @@ int main(int argc, char **argv)
     check_shape(300, 4, 48, 196, 0);      /* a general head size */
     check_shape(100, 2, 64, 129, 0);      /* rows not 16-byte aligned: the general kernels */
     check_shape(100, 2, 64, 128, 1);      /* base not 16-byte aligned: the general kernels */
+    /* ld % 8 == 0: the tiled kernels for bf16 too (the odd multiples of 4 above take the general) */
+    check_shape(5000, 16, 64, 1032, 0);
+    check_shape(1000, 3, 128, 392, 0);
+    check_shape(77, 5, 32, 168, 0);
+    check_shape(1, 3, 64, 200, 0);
+    check_shape(100, 2, 64, 128, 4);      /* bf16 base 8 bytes off 16: the general kernels */
 
     if (reps <= 0) { /* checks only (e.g. under a profiler) */
         sf_backend_free(gpu);
@@ -231,26 +285,38 @@ int main(int argc, char **argv)
         printf("\nbench_cuda_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
         return failures ? 1 : 0;
     }
-    /* timing: `sets` input sets of q/k (x), v (y) and a, 32 MiB each */
+    /* timing: `sets` input sets of q/k (x), v (y) (32 MiB each, 16 as bf16) and a (32 MiB) */
     std::vector<float> h((size_t)n * ld), M0h((size_t)H * d * d), z0h((size_t)H * d), gh(H);
-    float *x[sets], *y[sets], *a[sets];
+    void *x[2][sets], *y[2][sets];
+    float *a[sets];
     for (int s = 0; s < sets; s++) {
-        fill_normal(h, 1), x[s] = upload(h);
-        fill_normal(h, 1), y[s] = upload(h);
+        for (int t = 0; t < 2; t++) {
+            fill_normal(h, 1), x[t][s] = upload_as(t ? SF_DTYPE_BF16 : SF_DTYPE_F32, h);
+            fill_normal(h, 1), y[t][s] = upload_as(t ? SF_DTYPE_BF16 : SF_DTYPE_F32, h);
+        }
         fill_normal(h, 1), a[s] = upload(h);
     }
     fill_normal(M0h, 3), fill_uniform(z0h, 20, 60), fill_normal(gh, 1);
     float *M0 = upload(M0h), *z0 = upload(z0h), *M = upload(M0h), *z = upload(z0h), *gate = upload(gh);
     printf("\ntimes at n=%d H=%d d=%d ld=%d, median of %d after 5 warm-up, %d input sets in rotation\n", n, H, d, ld,
            reps, sets);
-    printf("| op            | ver | median ms | min ms | GB/s | of %.1f TB/s | floor ms | TFLOP/s |\n", FLOOR_TBS);
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| op            | q/k/v | ver | median ms | min ms | GB/s | of %.1f TB/s | floor ms | TFLOP/s |\n",
+           FLOOR_TBS);
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     /* two rounds: the spread between a version's two rows is the noise a difference must exceed */
     for (int op = 0; op < 3; op++)
-        for (int round = 0; round < 2; round++)
-            for (const impl &im : impls) time_op(im, op, reps, n, H, d, sets, x, y, a, M0, z0, M, z, gate);
-    for (int s = 0; s < sets; s++)
-        for (float *p : {x[s], y[s], a[s]}) CUDA_OK(cudaFree(p));
+        for (int t = 0; t < 2; t++)
+            for (int round = 0; round < 2; round++)
+                for (const impl &im : impls)
+                    time_op(im, op, t ? SF_DTYPE_BF16 : SF_DTYPE_F32, reps, n, H, d, sets, x[t], y[t], a, M0, z0, M,
+                            z, gate);
+    for (int s = 0; s < sets; s++) {
+        for (int t = 0; t < 2; t++) {
+            CUDA_OK(cudaFree(x[t][s]));
+            CUDA_OK(cudaFree(y[t][s]));
+        }
+        CUDA_OK(cudaFree(a[s]));
+    }
     for (float *p : {M0, z0, M, z, gate}) CUDA_OK(cudaFree(p));
     sf_backend_free(gpu);
     sf_backend_free(cpu);

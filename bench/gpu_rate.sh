@@ -13,7 +13,8 @@
 # (default) times several streams with block batch=1 against batch=B. Last, one push-mode
 # run of the reference model with the per-op profile (SEQFLOW_CUDA_PROFILE=1).
 # Knobs: RATE_REPS (3), RATE_MODELS ("reference attention"), RATE_SIDE (0: the binary again
-# with SEQFLOW_CUDA_SIDE_QUEUE=0). Logs: $OUT (or /tmp/gpu_rate_out).
+# with SEQFLOW_CUDA_SIDE_QUEUE=0), RATE_CONFIGS (more label|VAR=VALUE configurations, interleaved
+# the same way). Logs: $OUT (or /tmp/gpu_rate_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_rate_out}
@@ -89,6 +90,8 @@ for model in $MODELS; do
   configs=(default)
   for mode in ${RATE_SIDE:-}; do configs+=("side_queue=$mode|SEQFLOW_CUDA_SIDE_QUEUE=$mode"); done
   [ "${RATE_UNPINNED:-1}" = 1 ] && configs+=("unpinned packets|SEQFLOW_PINNED_PACKETS=0")
+  # RATE_CONFIGS: more label|VAR=VALUE configurations, e.g. "qkv_f32|SEQFLOW_CUDA_QKV=f32"
+  for cfg in ${RATE_CONFIGS:-}; do configs+=("$cfg"); done
   binary_rates $model "${configs[@]}"
 done
 if [ "${RATE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then

@@ -24,17 +24,7 @@ echo "bench_gemm_shapes: exit $?"
 (cd $B/tests && OPENBLAS_NUM_THREADS=1 ./test_backend_ops) >"$out/test_backend_ops.log" 2>&1
 echo "test_backend_ops: exit $? $(grep -E 'passed|failed' "$out/test_backend_ops.log" | tail -1)"
 grep -E "FAIL" "$out/test_backend_ops.log" | head -20
-$B/bench/bench_gpu_pipeline --make-model "$D/reference.st" --preset reference --seed 1 >/dev/null
-$B/bench/bench_gpu_pipeline --make-tokens "$D/t12.u32" --count $((12 * 8192)) --seed 3 >/dev/null
-for r in $(seq "${GEMM_AB_REPS:-3}"); do
-  for mode in gemmex default; do
-    if [ $mode = gemmex ]; then export SEQFLOW_CUDA_GEMM=gemmex; else unset SEQFLOW_CUDA_GEMM; fi
-    rate=$($B/bench/bench_gpu_pipeline --model "$D/reference.st" \
-             --tokens "$D/t12.u32" --device cuda --precision bf16 --warmup-segments 2 2>&1 |
-           tee -a "$out/pipeline_$mode.txt" | grep '^RESULT' | tail -1)
-    echo "AB rep $r $mode: $rate"
-  done
-done | tee "$out/ab.txt"
-unset SEQFLOW_CUDA_GEMM
+# the whole pipeline, cublasGemmEx everywhere against the planned paths, alternating
+AB_PAIRS=${GEMM_AB_REPS:-3} bash bench/ab_pipeline.sh $B SEQFLOW_CUDA_GEMM=gemmex reference
 echo "== bench_gemm_shapes"
 cut -c1-170 "$out/bench_gemm_shapes.txt"

@@ -64,12 +64,12 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
-size_t sf_dtype_size(sf_dtype dtype)
+size_t sf_frame_dtype_size(sf_frame_dtype dtype)
 {
     switch (dtype) {
-    case SF_DTYPE_U8: return 1;
-    case SF_DTYPE_U32: return 4;
-    case SF_DTYPE_F32: return 4;
+    case SF_FRAME_U8: return 1;
+    case SF_FRAME_U32: return 4;
+    case SF_FRAME_F32: return 4;
     }
     return 0;
 }
@@ -110,10 +110,10 @@ static sf_quant_params quant_normalized(sf_quant_params q)
 }
 
 /* Encoded bytes for n values (lossless: the values themselves). 0 = invalid for n > 0. */
-static uint64_t encoded_size_for(sf_dtype dtype, const sf_quant_params *q, uint64_t n, uint64_t value_bytes)
+static uint64_t encoded_size_for(sf_frame_dtype dtype, const sf_quant_params *q, uint64_t n, uint64_t value_bytes)
 {
     if (n == 0) return 0;
-    if (dtype != SF_DTYPE_F32 || q->kind == SF_QUANT_F32) return value_bytes;
+    if (dtype != SF_FRAME_F32 || q->kind == SF_QUANT_F32) return value_bytes;
     return sf_quant_encoded_size(q, (size_t)n);
 }
 
@@ -153,7 +153,7 @@ static int check_desc(const sf_frame_desc *d, uint64_t *n_out)
 {
     if (d->kind < SF_FRAME_TOKENS || d->kind > SF_FRAME_BLOB)
         return sf_error(SF_E_INVAL, "frame encode: kind %d unknown", (int)d->kind);
-    if (!sf_dtype_size(d->dtype)) return sf_error(SF_E_INVAL, "frame encode: dtype %d unknown", (int)d->dtype);
+    if (!sf_frame_dtype_size(d->dtype)) return sf_error(SF_E_INVAL, "frame encode: dtype %d unknown", (int)d->dtype);
     if (d->ndim < 0 || d->ndim > SF_FRAME_MAX_DIMS)
         return sf_error(SF_E_INVAL, "frame encode: ndim %d outside 0..%d", d->ndim, SF_FRAME_MAX_DIMS);
     uint64_t n = d->ndim ? 1 : 0;
@@ -176,7 +176,7 @@ static int check_desc(const sf_frame_desc *d, uint64_t *n_out)
     }
     if (d->quant.kind < SF_QUANT_F32 || d->quant.kind > SF_QUANT_FP8_E4M3)
         return sf_error(SF_E_INVAL, "frame encode: quantization %d unknown", (int)d->quant.kind);
-    if (d->dtype != SF_DTYPE_F32 && d->quant.kind != SF_QUANT_F32)
+    if (d->dtype != SF_FRAME_F32 && d->quant.kind != SF_QUANT_F32)
         return sf_error(SF_E_INVAL, "frame encode: quantization applies to dtype f32 only");
     if (quant_uses_group(d->quant.kind) &&
         (d->quant.group < 1 || (d->quant.kind == SF_QUANT_INT4 && d->quant.group % 2)))
@@ -193,7 +193,7 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
     uint64_t n = 0;
     int rc = check_desc(desc, &n);
     if (rc) return rc;
-    size_t dsize = sf_dtype_size(desc->dtype);
+    size_t dsize = sf_frame_dtype_size(desc->dtype);
     if (n > SIZE_MAX / dsize) return sf_error(SF_E_INVAL, "frame encode: shape too large");
     size_t value_bytes = (size_t)n * dsize;
     if (data_bytes != value_bytes)
@@ -201,9 +201,9 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
     if (!data && value_bytes) return sf_error(SF_E_INVAL, "frame encode: no data");
 
     sf_quant_params q = quant_normalized(desc->quant);
-    int lossy = desc->dtype == SF_DTYPE_F32 && q.kind != SF_QUANT_F32;
-    int quantize = desc->dtype == SF_DTYPE_F32 && n && (lossy || feedback);
-    if (feedback && desc->dtype != SF_DTYPE_F32)
+    int lossy = desc->dtype == SF_FRAME_F32 && q.kind != SF_QUANT_F32;
+    int quantize = desc->dtype == SF_FRAME_F32 && n && (lossy || feedback);
+    if (feedback && desc->dtype != SF_FRAME_F32)
         return sf_error(SF_E_INVAL, "frame encode: error feedback needs dtype f32");
     if (feedback && (feedback->n != n || (n && !feedback->residual)))
         return sf_error(SF_E_INVAL, "frame encode: feedback holds %zu values, the frame %llu", feedback->n,
@@ -303,10 +303,10 @@ static int parse_header(const uint8_t *b, size_t len, size_t max_bytes, sf_frame
     unsigned ndim = b[OFF_NDIM];
     uint32_t group = get_u32(b + OFF_GROUP);
     if (kind < SF_FRAME_TOKENS || kind > SF_FRAME_BLOB) return sf_error(SF_E_FRAME, "frame: kind %u unknown", kind);
-    if (!sf_dtype_size((sf_dtype)dtype)) return sf_error(SF_E_FRAME, "frame: dtype %u unknown", dtype);
+    if (!sf_frame_dtype_size((sf_frame_dtype)dtype)) return sf_error(SF_E_FRAME, "frame: dtype %u unknown", dtype);
     if (codec > SF_CODEC_ZSTD) return sf_error(SF_E_FRAME, "frame: codec %u unknown", codec);
     if (quant > SF_QUANT_FP8_E4M3) return sf_error(SF_E_FRAME, "frame: quantization %u unknown", quant);
-    if (quant != SF_QUANT_F32 && dtype != SF_DTYPE_F32)
+    if (quant != SF_QUANT_F32 && dtype != SF_FRAME_F32)
         return sf_error(SF_E_FRAME, "frame: quantization %u on dtype %u (only f32 is quantized)", quant, dtype);
     if (ndim > SF_FRAME_MAX_DIMS) return sf_error(SF_E_FRAME, "frame: ndim %u above %d", ndim, SF_FRAME_MAX_DIMS);
     if (quant_uses_group((int)quant)) {
@@ -331,12 +331,12 @@ static int parse_header(const uint8_t *b, size_t len, size_t max_bytes, sf_frame
         if (n > UINT64_MAX / s) return sf_error(SF_E_FRAME, "frame: shape overflows 64 bits");
         n *= s;
     }
-    size_t dsize = sf_dtype_size((sf_dtype)dtype);
+    size_t dsize = sf_frame_dtype_size((sf_frame_dtype)dtype);
     if (n > UINT64_MAX / dsize || n * dsize > SIZE_MAX)
         return sf_error(SF_E_FRAME, "frame: shape of %llu values overflows the size", (unsigned long long)n);
     uint64_t value_bytes = n * dsize;
     sf_quant_params q = {(sf_quant_kind)quant, quant_uses_group((int)quant) ? (int)group : 1};
-    uint64_t expected = encoded_size_for((sf_dtype)dtype, &q, n, value_bytes);
+    uint64_t expected = encoded_size_for((sf_frame_dtype)dtype, &q, n, value_bytes);
     if (n && !expected) return sf_error(SF_E_FRAME, "frame: quantized size of the shape overflows");
     uint64_t encoded = get_u64(b + OFF_ENCODED), payload = get_u64(b + OFF_PAYLOAD);
     if (encoded != expected)
@@ -370,7 +370,7 @@ static int parse_header(const uint8_t *b, size_t len, size_t max_bytes, sf_frame
 
     h->version = (uint16_t)version;
     h->kind = (sf_frame_kind)kind;
-    h->dtype = (sf_dtype)dtype;
+    h->dtype = (sf_frame_dtype)dtype;
     h->codec = (sf_codec)codec;
     h->quant = q;
     h->ndim = (int)ndim;
@@ -431,7 +431,7 @@ static int run_codec(const sf_frame_header *h, const uint8_t *payload, uint8_t *
 static int decode_payload(const sf_frame_header *h, const uint8_t *payload, void *dst)
 {
     if (!h->encoded_bytes) return SF_OK;
-    int lossy = h->dtype == SF_DTYPE_F32 && h->quant.kind != SF_QUANT_F32;
+    int lossy = h->dtype == SF_FRAME_F32 && h->quant.kind != SF_QUANT_F32;
     if (!lossy) return run_codec(h, payload, dst);
 
     const uint8_t *enc = payload;

@@ -6,7 +6,7 @@
  *     0    4 magic "SQF1"
  *     4    2 version (SF_FRAME_VERSION)
  *     6    2 kind (sf_frame_kind)
- *     8    1 dtype (sf_dtype) of the decoded values
+ *     8    1 dtype (sf_frame_dtype) of the decoded values
  *     9    1 codec (sf_codec)
  *    10    1 quantization (sf_quant_kind; SF_QUANT_F32 = none; only for dtype F32)
  *    11    1 ndim (0..4)
@@ -65,7 +65,7 @@ typedef enum sf_frame_kind {
     SF_FRAME_BLOB = 5        /* opaque bytes (u8) */
 } sf_frame_kind;
 
-typedef enum sf_dtype { SF_DTYPE_U8 = 1, SF_DTYPE_U32 = 2, SF_DTYPE_F32 = 3 } sf_dtype;
+typedef enum sf_frame_dtype { SF_FRAME_U8 = 1, SF_FRAME_U32 = 2, SF_FRAME_F32 = 3 } sf_frame_dtype;
 
 typedef enum sf_codec { SF_CODEC_RAW = 0, SF_CODEC_LZ4 = 1, SF_CODEC_ZSTD = 2 } sf_codec;
 
@@ -73,7 +73,7 @@ typedef enum sf_codec { SF_CODEC_RAW = 0, SF_CODEC_LZ4 = 1, SF_CODEC_ZSTD = 2 } 
  * (0 = 3). quant applies to dtype F32 only (kind F32 = lossless). */
 typedef struct sf_frame_desc {
     sf_frame_kind kind;
-    sf_dtype dtype;
+    sf_frame_dtype dtype;
     int ndim;
     uint64_t shape[SF_FRAME_MAX_DIMS];
     uint64_t stream, segment;
@@ -86,7 +86,7 @@ typedef struct sf_frame_desc {
 typedef struct sf_frame_header {
     uint16_t version;
     sf_frame_kind kind;
-    sf_dtype dtype;
+    sf_frame_dtype dtype;
     sf_codec codec;
     sf_quant_params quant;
     int ndim;
@@ -97,7 +97,7 @@ typedef struct sf_frame_header {
 } sf_frame_header;
 
 /* Bytes of one value of dtype (1 or 4); 0 for an unknown dtype. */
-size_t sf_dtype_size(sf_dtype dtype);
+size_t sf_frame_dtype_size(sf_frame_dtype dtype);
 /* "raw", "lz4", "zstd"; and back (SF_E_INVAL naming the text). */
 const char *sf_codec_name(sf_codec codec);
 int sf_codec_parse(const char *text, sf_codec *out);

@@ -126,7 +126,7 @@ int sf_checkpoint_write(const char *dir, uint64_t seq, const void *payload, size
 {
     if (!dir || (!payload && len) || keep < 1) return sf_error(SF_E_INVAL, "sf_checkpoint_write: invalid argument");
     /* shapes are >= 1, so an empty payload is the empty frame, ndim 0 */
-    sf_frame_desc desc = {.kind = SF_FRAME_CHECKPOINT, .dtype = SF_DTYPE_U8, .ndim = len ? 1 : 0,
+    sf_frame_desc desc = {.kind = SF_FRAME_CHECKPOINT, .dtype = SF_FRAME_U8, .ndim = len ? 1 : 0,
                           .shape = {len}, .segment = seq, .codec = codec};
     desc.quant.kind = SF_QUANT_F32;
     sf_buffer frame = {0};
@@ -185,7 +185,7 @@ int sf_checkpoint_load_newest(const char *dir, size_t max_bytes, sf_checkpoint_r
         rc = sf_read_file_alloc(path, max_bytes + SF_FRAME_HEADER_SIZE, &file, &file_len);
         if (rc == SF_OK) {
             rc = sf_frame_decode(file, file_len, max_bytes, &h, &values, &used);
-            if (rc == SF_OK && (h.kind != SF_FRAME_CHECKPOINT || h.dtype != SF_DTYPE_U8 || h.ndim > 1))
+            if (rc == SF_OK && (h.kind != SF_FRAME_CHECKPOINT || h.dtype != SF_FRAME_U8 || h.ndim > 1))
                 rc = sf_error(SF_E_FRAME, "not a checkpoint frame");
             else if (rc == SF_OK && h.segment != seqs[i])
                 rc = sf_error(SF_E_FRAME, "holds checkpoint %" PRIu64 ", its name says %" PRIu64, h.segment, seqs[i]);

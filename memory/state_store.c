@@ -216,7 +216,7 @@ static int encode_entry(sf_state_store *s, const entry *e, size_t *len)
     sf_buffer buf = {s->scratch, 0, s->scratch_cap};
     int rc = SF_OK;
     if (e->floats) {
-        sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_DTYPE_F32, .ndim = 1,
+        sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_FRAME_F32, .ndim = 1,
                            .shape = {e->floats}, .stream = e->id, .segment = e->generation,
                            .codec = s->cfg.codec, .level = s->cfg.level, .quant = s->cfg.quant};
         size_t bytes = e->floats * sizeof(float);
@@ -229,7 +229,7 @@ static int encode_entry(sf_state_store *s, const entry *e, size_t *len)
         }
     }
     if (rc == SF_OK && e->meta_bytes) {
-        sf_frame_desc d = {.kind = SF_FRAME_BLOB, .dtype = SF_DTYPE_U8, .ndim = 1,
+        sf_frame_desc d = {.kind = SF_FRAME_BLOB, .dtype = SF_FRAME_U8, .ndim = 1,
                            .shape = {e->meta_bytes}, .stream = e->id, .segment = e->generation,
                            .codec = SF_CODEC_RAW, .quant = {SF_QUANT_F32, 1}};
         rc = sf_frame_encode(&d, e->data + e->floats * sizeof(float), e->meta_bytes, NULL, &buf);

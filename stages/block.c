@@ -32,7 +32,12 @@ typedef struct block {
     int first, count;       /* layers [first, first + count) */
     int width;              /* H*d */
     layer_weights *weights; /* [count], backend memory */
-    float *x, *u, *q, *k, *v, *a, *h1, *h3, *sk, *sv;
+    float *x, *u, *a, *h1, *h3, *sk, *sv;
+    /* q, k, v: [N, width] each, of qkv_type (the backend's fastest, when it fuses qkv; float32
+     * otherwise), qkv_size bytes an element; three equal parts of one buffer */
+    unsigned char *q, *k, *v;
+    sf_dtype qkv_type;
+    size_t qkv_size;
     sf_stream_table streams;
     /* with state_budget: every stream's state lives in the store between packets, and the one
      * being processed in work (see state_load) */
@@ -416,9 +421,14 @@ static int block_init(sf_stage *st)
     }
     b->x = upload(b, NULL, N * D, &rc);
     b->u = upload(b, NULL, N * D, &rc);
-    /* q, k, v: three equal parts of one buffer (see prepare_backend) */
-    b->q = upload(b, NULL, 3 * N * W, &rc);
-    if (b->q) b->k = b->q + N * W, b->v = b->k + N * W;
+    /* q, k, v: three equal parts of one buffer (see prepare_backend); the composed path
+     * (no fused qkv) writes them with float32 products */
+    const sf_backend_ops *ops = b->be->ops;
+    b->qkv_type = ops->qkv && ops->qkv_type ? ops->qkv_type(b->be, c->head_dim) : SF_DTYPE_F32;
+    b->qkv_size = b->qkv_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
+    const size_t qkv_floats = (3 * N * W * b->qkv_size + sizeof(float) - 1) / sizeof(float);
+    b->q = (unsigned char *)upload(b, NULL, qkv_floats, &rc);
+    if (b->q) b->k = b->q + N * W * b->qkv_size, b->v = b->k + N * W * b->qkv_size;
     b->a = upload(b, NULL, N * W, &rc);
     if (F) {
         b->h1 = upload(b, NULL, N * F, &rc);
@@ -433,12 +443,13 @@ static int block_init(sf_stage *st)
 }
 
 /* Appends this segment's summary tokens to the layer's FIFO, evicting the oldest. */
-static int push_global_tokens(block *b, stream_state *s, int l, int n, const float *k, const float *v)
+static int push_global_tokens(block *b, stream_state *s, int l, int n, const void *k, const void *v)
 {
     const sf_model_config *c = b->cfg;
     const sf_backend_ops *ops = b->be->ops;
     int produced = 0;
-    int rc = ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, k, v, b->sk, b->sv, &produced);
+    int rc = ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, b->qkv_type, k, v, b->sk, b->sv,
+                          &produced);
     size_t row = (size_t)b->width * sizeof(float);
     float *gk = s->gk + (size_t)l * c->global_tokens * b->width;
     float *gv = s->gv + (size_t)l * c->global_tokens * b->width;
@@ -481,31 +492,33 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     const layer_weights *w = &b->weights[l];
     const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden, rows = count * n;
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part = (size_t)n * W;
+    const size_t part_bytes = part * b->qkv_size; /* one stream's q (k, v) rows */
     /* the previous layer's commit may still read k and v on the side queue */
     int rc = ops->side_join ? ops->side_join(be) : SF_OK;
     if (rc != SF_OK) return rc;
     if (ops->qkv) {
-        rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->q, b->k, b->v, b->u);
+        rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, b->q, b->k,
+                      b->v, b->u);
     } else {
         const float *qkv_w[3] = {w->wq, w->wk, w->wv};
-        float *qkv[3] = {b->q, b->k, b->v};
+        float *qkv[3] = {(float *)b->q, (float *)b->k, (float *)b->v};
         rc = ops->rmsnorm(be, rows, D, b->x, w->attn_norm, c->norm_eps, b->u);
         if (rc == SF_OK) rc = shared_products(be, rows, D, W, b->u, 3, qkv_w, qkv);
     }
     const int G = c->global_tokens;
     for (int i = 0; i < count && rc == SF_OK; i++) {
         stream_state *s = states[i];
-        const float *q = b->q + i * part, *k = b->k + i * part, *v = b->v + i * part;
+        const void *q = b->q + i * part_bytes, *k = b->k + i * part_bytes, *v = b->v + i * part_bytes;
         float *a = b->a + i * part;
         sf_attention_desc desc = {
             .n = n, .segment = c->segment, .heads = H, .head_dim = d, .ld = W, .causal = c->causal,
             .n_branches = c->n_branches, .branches = c->branches,
             .n_global = G ? s->g_count[l] : 0, .global_ld = W,
             .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
-            .scale = 1.0f / sqrtf((float)d)};
+            .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type};
         rc = ops->attention(be, &desc, q, k, v, a);
         if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
-            rc = ops->memory_mix(be, n, H, d, W, q, s->M + l * hdd, s->z + l * hd, w->gate, a);
+            rc = ops->memory_mix(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a);
     }
     /* The commit reads k and v and writes the memory and the global tokens, which only the
      * next segment reads: on a side queue it runs beside the output product and the MLP issued
@@ -519,9 +532,9 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     if (side) rc = ops->side_begin(be);
     for (int i = 0; i < count && rc == SF_OK && commit; i++) {
         stream_state *s = states[i];
-        const float *k = b->k + i * part, *v = b->v + i * part;
+        const void *k = b->k + i * part_bytes, *v = b->v + i * part_bytes;
         if (c->memory != SF_MEMORY_NONE)
-            rc = ops->memory_update(be, c->memory, n, H, d, W, k, v, s->M + l * hdd, s->z + l * hd);
+            rc = ops->memory_update(be, c->memory, n, H, d, W, b->qkv_type, k, v, s->M + l * hdd, s->z + l * hd);
         if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_global_tokens(b, s, l, n, k, v);
     }
     if (side) {
@@ -748,7 +761,7 @@ static void block_free(sf_stage *st)
         for (size_t i = 0; i < sizeof(layer_weights) / sizeof(float *); i++) be->ops->free(be, w[i]);
     }
     free(b->weights);
-    float *scratch[] = {b->x, b->u, b->q /* and k, v */, b->a, b->h1, b->h3, b->sk, b->sv};
+    void *scratch[] = {b->x, b->u, b->q /* and k, v */, b->a, b->h1, b->h3, b->sk, b->sv};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) be->ops->free(be, scratch[i]);
     free(b);
 }

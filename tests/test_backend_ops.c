@@ -6,6 +6,7 @@
  * norms, pooling: float32 in every precision) stay at 1e-4.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,8 @@
 
 #define TOL_F32 1e-4
 #define TOL_BF16 2e-2
+/* outputs written as bf16 (qkv with SF_DTYPE_BF16) carry one more rounding, 2^-9 relative at most */
+#define TOL_BF16_OUTPUT 4e-3
 
 static sf_backend *cpu;
 static check_rng rng = {12345};
@@ -76,6 +79,50 @@ static double compare(const char *what, const target *t, const void *got_dev, co
     free(got);
     free(want);
     return err;
+}
+
+/* bf16 activations (SF_DTYPE_BF16): the bits of x rounded to nearest even, as the GPU rounds */
+static uint16_t bf16_bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static float float_of_bf16(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* h rounded to bf16 values in place (what the CPU reference then computes on) */
+static void round_to_bf16(float *h, size_t count)
+{
+    for (size_t i = 0; i < count; i++) h[i] = float_of_bf16(bf16_bits_of(h[i]));
+}
+
+/* A new backend buffer holding h as bf16. */
+static void *bf16_upload(sf_backend *be, const float *h, size_t count)
+{
+    uint16_t *bits = malloc(count * 2 + 2);
+    for (size_t i = 0; i < count; i++) bits[i] = bf16_bits_of(h[i]);
+    void *d = to_backend(be, bits, count * 2);
+    free(bits);
+    return d;
+}
+
+/* count bf16 elements of a backend buffer, widened to float on the host */
+static float *bf16_download(sf_backend *be, const void *d, size_t count)
+{
+    uint16_t *bits = malloc(count * 2 + 2);
+    float *h = malloc(count * sizeof *h + 4);
+    CHECK_OK(be->ops->download(be, bits, d, count * 2));
+    for (size_t i = 0; i < count; i++) h[i] = float_of_bf16(bits[i]);
+    free(bits);
+    return h;
 }
 
 /* A pair of the same host data on the CPU backend and on the target. */
@@ -202,14 +249,31 @@ static void test_fused_products(const target *t)
         if (t->be->ops->qkv) {
             pair u = both(t, NULL, nx * 4);
             for (int i = 0; i < 3; i++) both_poison(t, y[i], nh);
-            CHECK_OK(t->be->ops->qkv(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, y[0].g, y[1].g,
-                                     y[2].g, u.g));
+            CHECK_OK(t->be->ops->qkv(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_F32,
+                                     y[0].g, y[1].g, y[2].g, u.g));
             CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, norm.c, 1e-6f, u.c));
             for (int i = 0; i < 3; i++) {
                 CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, u.c, dim, w[i].c, y[i].c, hidden, 0));
                 snprintf(what, sizeof what, "qkv n=%d dim=%d width=%d product %d", n, dim, hidden, i);
                 compare(what, t, y[i].g, y[i].c, nh, t->tol_products);
             }
+            /* the same products written as bf16 (into NaN-poisoned buffers) */
+            void *yb[3];
+            float *nan = malloc(nh * 4 + 4);
+            for (size_t i = 0; i < nh; i++) nan[i] = NAN;
+            for (int i = 0; i < 3; i++) yb[i] = bf16_upload(t->be, nan, nh);
+            CHECK_OK(t->be->ops->qkv(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_BF16,
+                                     yb[0], yb[1], yb[2], u.g));
+            const double tol = t->tol_products > TOL_BF16_OUTPUT ? t->tol_products : TOL_BF16_OUTPUT;
+            for (int i = 0; i < 3; i++) {
+                float *got = bf16_download(t->be, yb[i], nh), *want = to_host(cpu, y[i].c, nh);
+                const double err = check_rel_err_f32(got, want, nh);
+                CHECKF(err <= tol, "%s qkv (bf16 out) n=%d dim=%d width=%d product %d: relative error %.3g", t->label, n,
+                       dim, hidden, i, err);
+                free(got), free(want);
+                t->be->ops->free(t->be, yb[i]);
+            }
+            free(nan);
             both_free(t, u);
         }
         if (t->be->ops->ffn) {
@@ -270,8 +334,8 @@ static void test_qkv_grouped(const target *t)
             poison(t->be, qkv, 3 * slice);
             CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, norm.c, 1e-6f, u.c));
             if (pass == 0) {
-                CHECK_OK(t->be->ops->qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, gy[0],
-                                         gy[1], gy[2], u.g));
+                CHECK_OK(t->be->ops->qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g,
+                                         SF_DTYPE_F32, gy[0], gy[1], gy[2], u.g));
             } else {
                 if (!t->be->ops->matmul_shared) break;
                 CHECK_OK(t->be->ops->rmsnorm(t->be, n, dim, x.g, norm.g, 1e-6f, u.g));
@@ -289,6 +353,29 @@ static void test_qkv_grouped(const target *t)
             CHECKF(written == 0, "%s %s grouped n=%d n_max=%d: %zu elements written past the slices' n rows",
                    t->label, pass ? "matmul_shared" : "qkv", n, n_max, written);
             free(all);
+        }
+        { /* bf16 outputs in the same layout, slices n_max*width bf16 elements apart (stages/block.c) */
+            float *nan = malloc(3 * slice * 4 + 4);
+            for (size_t i = 0; i < 3 * slice; i++) nan[i] = NAN;
+            unsigned char *qkvb = bf16_upload(t->be, nan, 3 * slice);
+            free(nan);
+            CHECK_OK(t->be->ops->qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_BF16,
+                                     qkvb, qkvb + 2 * slice, qkvb + 4 * slice, u.g));
+            float *all = bf16_download(t->be, qkvb, 3 * slice);
+            const double tol = t->tol_products > TOL_BF16_OUTPUT ? t->tol_products : TOL_BF16_OUTPUT;
+            for (int i = 0; i < 3; i++) {
+                float *ref = to_host(cpu, want[i].c, nh);
+                const double err = check_rel_err_f32(all + i * slice, ref, nh);
+                CHECKF(err <= tol, "%s qkv (bf16 out) grouped n=%d n_max=%d product %d: relative error %.3g", t->label,
+                       n, n_max, i, err);
+                free(ref);
+            }
+            size_t written = 0;
+            for (size_t i = 0; i < 3 * slice; i++) written += !isnan(all[i]) && i % slice >= nh;
+            CHECKF(written == 0, "%s qkv (bf16 out) grouped n=%d n_max=%d: %zu elements written past the slices' n rows",
+                   t->label, n, n_max, written);
+            free(all);
+            t->be->ops->free(t->be, qkvb);
         }
         printf("  %-5s qkv n=%3d dim=%3d width=%3d grouped wq|wk|wv, q|k|v %d rows apart\n", t->label, n, dim, width,
                n_max);
@@ -356,15 +443,39 @@ static void test_summary(const target *t)
         both_poison(t, sk, (size_t)S * width);
         both_poison(t, sv, (size_t)S * width);
         int count_c = -1, count_g = -2;
-        CHECK_OK(cpu->ops->summary(cpu, n, N, S, width, ld, k.c, v.c, sk.c, sv.c, &count_c));
-        CHECK_OK(t->be->ops->summary(t->be, n, N, S, width, ld, k.g, v.g, sk.g, sv.g, &count_g));
+        CHECK_OK(cpu->ops->summary(cpu, n, N, S, width, ld, SF_DTYPE_F32, k.c, v.c, sk.c, sv.c, &count_c));
+        CHECK_OK(t->be->ops->summary(t->be, n, N, S, width, ld, SF_DTYPE_F32, k.g, v.g, sk.g, sv.g, &count_g));
         CHECKF(count_c == count_g, "%s summary n=%d N=%d S=%d: %d tokens, the CPU made %d", t->label, n, N, S, count_g,
                count_c);
-        char what[64];
+        char what[80];
         snprintf(what, sizeof what, "summary n=%d N=%d S=%d (%d tokens)", n, N, S, count_c);
         if (count_c > 0 && count_c == count_g) {
             compare(what, t, sk.g, sk.c, (size_t)count_c * width, TOL_F32);
             compare(what, t, sv.g, sv.c, (size_t)count_c * width, TOL_F32);
+        }
+        if (s == 0) /* bf16 k, v are a GPU type: the CPU refuses them */
+            CHECK(cpu->ops->summary(cpu, n, N, S, width, ld, SF_DTYPE_BF16, k.c, v.c, sk.c, sv.c, &count_c) ==
+                  SF_E_UNSUPPORTED);
+        if (strcmp(t->be->ops->name, "cuda") == 0) {
+            /* bf16 k, v (what qkv writes on an H100): the CPU reference on the same values, rounded */
+            const size_t count = (size_t)n * ld;
+            round_to_bf16(hk, count), round_to_bf16(hv, count);
+            CHECK_OK(cpu->ops->upload(cpu, k.c, hk, count * 4));
+            CHECK_OK(cpu->ops->upload(cpu, v.c, hv, count * 4));
+            void *kb = bf16_upload(t->be, hk, count), *vb = bf16_upload(t->be, hv, count);
+            both_poison(t, sk, (size_t)S * width);
+            both_poison(t, sv, (size_t)S * width);
+            count_c = -1, count_g = -2;
+            CHECK_OK(cpu->ops->summary(cpu, n, N, S, width, ld, SF_DTYPE_F32, k.c, v.c, sk.c, sv.c, &count_c));
+            CHECK_OK(t->be->ops->summary(t->be, n, N, S, width, ld, SF_DTYPE_BF16, kb, vb, sk.g, sv.g, &count_g));
+            CHECKF(count_c == count_g, "%s summary (bf16 k, v) n=%d N=%d S=%d: %d tokens, the CPU made %d", t->label,
+                   n, N, S, count_g, count_c);
+            snprintf(what, sizeof what, "summary (bf16 k, v) n=%d N=%d S=%d (%d tokens)", n, N, S, count_c);
+            if (count_c > 0 && count_c == count_g) {
+                compare(what, t, sk.g, sk.c, (size_t)count_c * width, TOL_F32);
+                compare(what, t, sv.g, sv.c, (size_t)count_c * width, TOL_F32);
+            }
+            t->be->ops->free(t->be, kb), t->be->ops->free(t->be, vb);
         }
         both_free(t, k), both_free(t, v), both_free(t, sk), both_free(t, sv);
         free(hk), free(hv);
@@ -384,16 +495,18 @@ static void test_memory(const target *t)
         pair M = both(t, hM, hdd * 4), z = both(t, hz, hd * 4), g = both(t, hg, (size_t)H * 4);
         pair q = both(t, hq, (size_t)n * ld * 4), k = both(t, hk, (size_t)n * ld * 4);
         pair v = both(t, hv, (size_t)n * ld * 4), a = both(t, ha, (size_t)n * ld * 4);
-        char what[80];
-        CHECK_OK(cpu->ops->memory_mix(cpu, n, H, d, ld, q.c, M.c, z.c, g.c, a.c));
-        CHECK_OK(t->be->ops->memory_mix(t->be, n, H, d, ld, q.g, M.g, z.g, g.g, a.g));
+        char what[96];
+        CHECK_OK(cpu->ops->memory_mix(cpu, n, H, d, ld, SF_DTYPE_F32, q.c, M.c, z.c, g.c, a.c));
+        CHECK_OK(t->be->ops->memory_mix(t->be, n, H, d, ld, SF_DTYPE_F32, q.g, M.g, z.g, g.g, a.g));
         snprintf(what, sizeof what, "memory_mix n=%d H=%d d=%d", n, H, d);
         compare(what, t, a.g, a.c, (size_t)n * ld, TOL_F32);
         for (int kind = SF_MEMORY_LINEAR; kind <= SF_MEMORY_DELTA; kind++) {
             if (kind != SF_MEMORY_LINEAR && kind != SF_MEMORY_DELTA) continue;
             pair M2 = both(t, hM, hdd * 4), z2 = both(t, hz, hd * 4);
-            CHECK_OK(cpu->ops->memory_update(cpu, (sf_memory_kind)kind, n, H, d, ld, k.c, v.c, M2.c, z2.c));
-            CHECK_OK(t->be->ops->memory_update(t->be, (sf_memory_kind)kind, n, H, d, ld, k.g, v.g, M2.g, z2.g));
+            CHECK_OK(cpu->ops->memory_update(cpu, (sf_memory_kind)kind, n, H, d, ld, SF_DTYPE_F32, k.c, v.c, M2.c,
+                                             z2.c));
+            CHECK_OK(t->be->ops->memory_update(t->be, (sf_memory_kind)kind, n, H, d, ld, SF_DTYPE_F32, k.g, v.g, M2.g,
+                                               z2.g));
             snprintf(what, sizeof what, "memory_update %s n=%d H=%d d=%d: M",
                      kind == SF_MEMORY_DELTA ? "delta" : "linear", n, H, d);
             compare(what, t, M2.g, M2.c, hdd, TOL_F32);
@@ -403,10 +516,54 @@ static void test_memory(const target *t)
             both_free(t, M2), both_free(t, z2);
         }
         /* none leaves M alone */
-        CHECK_OK(t->be->ops->memory_update(t->be, SF_MEMORY_NONE, n, H, d, ld, k.g, v.g, M.g, z.g));
+        CHECK_OK(t->be->ops->memory_update(t->be, SF_MEMORY_NONE, n, H, d, ld, SF_DTYPE_F32, k.g, v.g, M.g, z.g));
         float *back = to_host(t->be, M.g, hdd);
         CHECKF(memcmp(back, hM, hdd * 4) == 0, "%s memory_update none changed M", t->label);
         free(back);
+        /* bf16 q, k, v (what qkv writes on an H100) against the CPU on the same values rounded to
+         * bf16, with M, z, gate as above: rows of ld % 8 == 4, or a first row 8 bytes off 16, take
+         * the general kernels; ld % 8 == 0 the tiled ones (d = 32, 64, 128) */
+        static const int bf16_layouts[][2] = {/* row padding, elements before row 0 */ {4, 0}, {8, 0}, {8, 4}};
+        for (size_t b = 0; b < sizeof bf16_layouts / sizeof *bf16_layouts && !strcmp(t->be->ops->name, "cuda"); b++) {
+            const int bld = H * d + bf16_layouts[b][0], off = bf16_layouts[b][1];
+            const size_t count = (size_t)n * bld + off;
+            float *bq = random_host(count, 1), *bk = random_host(count, 1), *bv = random_host(count, 1);
+            float *ba = random_host((size_t)n * bld, 1);
+            round_to_bf16(bq, count), round_to_bf16(bk, count), round_to_bf16(bv, count);
+            float *cq = to_backend(cpu, bq, count * 4), *ck = to_backend(cpu, bk, count * 4);
+            float *cv = to_backend(cpu, bv, count * 4);
+            uint16_t *gq = bf16_upload(t->be, bq, count), *gk = bf16_upload(t->be, bk, count);
+            uint16_t *gv = bf16_upload(t->be, bv, count);
+            pair ab = both(t, ba, (size_t)n * bld * 4);
+            CHECK_OK(cpu->ops->memory_mix(cpu, n, H, d, bld, SF_DTYPE_F32, cq + off, M.c, z.c, g.c, ab.c));
+            CHECK_OK(t->be->ops->memory_mix(t->be, n, H, d, bld, SF_DTYPE_BF16, gq + off, M.g, z.g, g.g, ab.g));
+            snprintf(what, sizeof what, "memory_mix (bf16 q) n=%d H=%d d=%d ld=%d, row 0 at %d", n, H, d, bld, off);
+            compare(what, t, ab.g, ab.c, (size_t)n * bld, TOL_F32);
+            for (int kind = SF_MEMORY_LINEAR; kind <= SF_MEMORY_DELTA; kind++) {
+                pair M2 = both(t, hM, hdd * 4), z2 = both(t, hz, hd * 4);
+                CHECK_OK(cpu->ops->memory_update(cpu, (sf_memory_kind)kind, n, H, d, bld, SF_DTYPE_F32, ck + off,
+                                                 cv + off, M2.c, z2.c));
+                CHECK_OK(t->be->ops->memory_update(t->be, (sf_memory_kind)kind, n, H, d, bld, SF_DTYPE_BF16, gk + off,
+                                                   gv + off, M2.g, z2.g));
+                const char *kind_name = kind == SF_MEMORY_DELTA ? "delta" : "linear";
+                snprintf(what, sizeof what, "memory_update %s (bf16 k, v) n=%d H=%d d=%d ld=%d, row 0 at %d: M",
+                         kind_name, n, H, d, bld, off);
+                compare(what, t, M2.g, M2.c, hdd, TOL_F32);
+                snprintf(what, sizeof what, "memory_update %s (bf16 k, v) n=%d H=%d d=%d ld=%d, row 0 at %d: z",
+                         kind_name, n, H, d, bld, off);
+                compare(what, t, z2.g, z2.c, hd, TOL_F32);
+                both_free(t, M2), both_free(t, z2);
+            }
+            cpu->ops->free(cpu, cq), cpu->ops->free(cpu, ck), cpu->ops->free(cpu, cv);
+            t->be->ops->free(t->be, gq), t->be->ops->free(t->be, gk), t->be->ops->free(t->be, gv);
+            both_free(t, ab);
+            free(bq), free(bk), free(bv), free(ba);
+        }
+        if (s == 0) { /* bf16 q, k, v are a GPU type: the CPU refuses them (last: running them would spoil M.c) */
+            CHECK(cpu->ops->memory_mix(cpu, n, H, d, ld, SF_DTYPE_BF16, q.c, M.c, z.c, g.c, a.c) == SF_E_UNSUPPORTED);
+            CHECK(cpu->ops->memory_update(cpu, SF_MEMORY_DELTA, n, H, d, ld, SF_DTYPE_BF16, k.c, v.c, M.c, z.c) ==
+                  SF_E_UNSUPPORTED);
+        }
         both_free(t, M), both_free(t, z), both_free(t, g), both_free(t, q), both_free(t, k), both_free(t, v);
         both_free(t, a);
         free(hM), free(hz), free(hg), free(hq), free(hk), free(hv), free(ha);
@@ -461,6 +618,31 @@ static void test_attention(const target *t)
                t->label, ac->branches, ac->n, ac->segment, ac->heads, ac->head_dim, ac->causal, G, ld, err);
         printf("  %-5s attention %-20s n=%4d d=%3d causal=%d G=%2d  rel err %.2e\n", t->label, ac->branches,
                ac->n, ac->head_dim, ac->causal, G, err);
+        free(got), free(want);
+        /* bf16 q, k, v (qkv's output type on an H100): the CPU computes on the same rounded values.
+         * Rows ld % 8 == 0 of d = 64 go to the kernel that reads K/V in place, the others are
+         * widened to float32 first; both must match. */
+        round_to_bf16(hq, rows), round_to_bf16(hk, rows), round_to_bf16(hv, rows);
+        void *qb = bf16_upload(t->be, hq, rows), *kb = bf16_upload(t->be, hk, rows), *vb = bf16_upload(t->be, hv, rows);
+        CHECK_OK(cpu->ops->upload(cpu, q.c, hq, rows * 4));
+        CHECK_OK(cpu->ops->upload(cpu, k.c, hk, rows * 4));
+        CHECK_OK(cpu->ops->upload(cpu, v.c, hv, rows * 4));
+        both_poison(t, out, rows);
+        desc.gk = G ? gk.c : NULL, desc.gv = G ? gv.c : NULL;
+        CHECK_OK(cpu->ops->attention(cpu, &desc, q.c, k.c, v.c, out.c));
+        desc.gk = G ? gk.g : NULL, desc.gv = G ? gv.g : NULL, desc.qkv_type = SF_DTYPE_BF16;
+        CHECK_OK(t->be->ops->attention(t->be, &desc, qb, kb, vb, out.g));
+        got = to_host(t->be, out.g, rows), want = to_host(cpu, out.c, rows);
+        for (int i = 0; i < ac->n; i++) {
+            memcpy(gw + (size_t)i * W, got + (size_t)i * ld, (size_t)W * 4);
+            memcpy(ww + (size_t)i * W, want + (size_t)i * ld, (size_t)W * 4);
+        }
+        err = check_rel_err_f32(gw, ww, (size_t)ac->n * W);
+        CHECKF(err <= t->tol_products, "%s attention (bf16 q/k/v) %s n=%d H=%d d=%d causal=%d G=%d ld=%d: rel err %.3g",
+               t->label, ac->branches, ac->n, ac->heads, ac->head_dim, ac->causal, G, ld, err);
+        printf("  %-5s attention %-20s n=%4d d=%3d causal=%d G=%2d  bf16 q/k/v%s rel err %.2e\n", t->label,
+               ac->branches, ac->n, ac->head_dim, ac->causal, G, ld % 8 || ac->head_dim != 64 ? " (widened)" : "", err);
+        t->be->ops->free(t->be, qb), t->be->ops->free(t->be, kb), t->be->ops->free(t->be, vb);
         free(got), free(want), free(gw), free(ww);
         both_free(t, q), both_free(t, k), both_free(t, v), both_free(t, gk), both_free(t, gv), both_free(t, out);
         free(hq), free(hk), free(hv), free(hgk), free(hgv);

@@ -75,7 +75,7 @@ static int verdict(const uint8_t *f, size_t len, size_t limit)
     return rc;
 }
 
-static int encode_simple(sf_frame_kind kind, sf_dtype dtype, int ndim, const uint64_t *shape, sf_codec codec,
+static int encode_simple(sf_frame_kind kind, sf_frame_dtype dtype, int ndim, const uint64_t *shape, sf_codec codec,
                          int level, sf_quant_params q, const void *data, size_t bytes, sf_buffer *out)
 {
     sf_frame_desc d = {.kind = kind, .dtype = dtype, .ndim = ndim, .stream = 77, .segment = 5,
@@ -124,7 +124,7 @@ static void round_trip_f32(sf_quant_params q, const float *x, uint64_t rows, uin
         sf_buffer buf = {0};
         CHECK_OK(sf_buffer_append(&buf, "prefix", 6)); /* frames append; the prefix stays */
         uint64_t shape[2] = {rows, cols};
-        int rc = encode_simple(SF_FRAME_HIDDEN, SF_DTYPE_F32, 2, shape, codecs[c].codec, codecs[c].level, q, x,
+        int rc = encode_simple(SF_FRAME_HIDDEN, SF_FRAME_F32, 2, shape, codecs[c].codec, codecs[c].level, q, x,
                                n * sizeof(float), &buf);
         CHECKF(rc == 0, "%s %s group %d %s/%d: encode %d (%s)", quant_names[q.kind], what, q.group,
                sf_codec_name(codecs[c].codec), codecs[c].level, rc, sf_last_error());
@@ -144,7 +144,7 @@ static void round_trip_f32(sf_quant_params q, const float *x, uint64_t rows, uin
             continue;
         }
         CHECK(used == buf.len - 6);
-        CHECK(h.kind == SF_FRAME_HIDDEN && h.dtype == SF_DTYPE_F32 && h.codec == codecs[c].codec);
+        CHECK(h.kind == SF_FRAME_HIDDEN && h.dtype == SF_FRAME_F32 && h.codec == codecs[c].codec);
         CHECK(h.ndim == 2 && h.shape[0] == rows && h.shape[1] == cols && h.shape[2] == 0 && h.shape[3] == 0);
         CHECK(h.stream == 77 && h.segment == 5 && h.version == SF_FRAME_VERSION);
         CHECK(h.quant.kind == q.kind && h.quant.group == qn.group);
@@ -215,23 +215,23 @@ static void test_lossless_round_trips(void)
             sf_buffer buf = {0};
             uint64_t n = N;
             sf_quant_params none = {SF_QUANT_F32, 0};
-            CHECK_OK(encode_simple(SF_FRAME_BLOB, SF_DTYPE_U8, 1, &n, codecs[c].codec, codecs[c].level, none,
+            CHECK_OK(encode_simple(SF_FRAME_BLOB, SF_FRAME_U8, 1, &n, codecs[c].codec, codecs[c].level, none,
                                    bytes, N, &buf));
             size_t first = buf.len;
             uint64_t shape2[2] = {N / 3, 3};
-            CHECK_OK(encode_simple(SF_FRAME_TOKENS, SF_DTYPE_U32, 2, shape2, codecs[c].codec, codecs[c].level, none,
+            CHECK_OK(encode_simple(SF_FRAME_TOKENS, SF_FRAME_U32, 2, shape2, codecs[c].codec, codecs[c].level, none,
                                    ids, N * sizeof *ids, &buf));
             /* Two frames back to back: used walks from one to the next. */
             sf_frame_header h;
             void *v = NULL;
             size_t used = 0;
             CHECK_OK(sf_frame_decode(buf.data, buf.len, LIMIT, &h, &v, &used));
-            CHECK(used == first && h.dtype == SF_DTYPE_U8 && h.kind == SF_FRAME_BLOB && h.value_bytes == N);
+            CHECK(used == first && h.dtype == SF_FRAME_U8 && h.kind == SF_FRAME_BLOB && h.value_bytes == N);
             CHECK(v && memcmp(v, bytes, N) == 0);
             free(v);
             v = NULL;
             CHECK_OK(sf_frame_decode(buf.data + used, buf.len - used, LIMIT, &h, &v, &used));
-            CHECK(used == buf.len - first && h.dtype == SF_DTYPE_U32 && h.value_bytes == N * sizeof *ids);
+            CHECK(used == buf.len - first && h.dtype == SF_FRAME_U32 && h.value_bytes == N * sizeof *ids);
             CHECK(v && memcmp(v, ids, N * sizeof *ids) == 0);
             free(v);
             if (pattern == 1 && codecs[c].codec != SF_CODEC_RAW) CHECK(buf.len < N / 4); /* zeros compress */
@@ -242,7 +242,7 @@ static void test_lossless_round_trips(void)
     for (size_t c = 0; c < N_CODECS; c++) {
         sf_buffer buf = {0};
         sf_quant_params q = {SF_QUANT_INT8, 16};
-        CHECK_OK(encode_simple(SF_FRAME_STATE, SF_DTYPE_F32, 0, NULL, codecs[c].codec, codecs[c].level, q, NULL, 0,
+        CHECK_OK(encode_simple(SF_FRAME_STATE, SF_FRAME_F32, 0, NULL, codecs[c].codec, codecs[c].level, q, NULL, 0,
                                &buf));
         CHECK(buf.len == SF_FRAME_HEADER_SIZE);
         sf_frame_header h;
@@ -268,7 +268,7 @@ static void test_nonfinite(void)
     for (size_t c = 0; c < N_CODECS; c++) {
         sf_buffer buf = {0};
         sf_quant_params q = {SF_QUANT_F32, 0};
-        CHECK_OK(encode_simple(SF_FRAME_HIDDEN, SF_DTYPE_F32, 1, shape, codecs[c].codec, codecs[c].level, q, x,
+        CHECK_OK(encode_simple(SF_FRAME_HIDDEN, SF_FRAME_F32, 1, shape, codecs[c].codec, codecs[c].level, q, x,
                                sizeof x, &buf));
         float y[8];
         CHECK_OK(sf_frame_decode_into(buf.data, buf.len, LIMIT, NULL, y, sizeof y, NULL));
@@ -276,7 +276,7 @@ static void test_nonfinite(void)
         sf_buffer_release(&buf);
 
         q.kind = SF_QUANT_BF16;
-        CHECK_OK(encode_simple(SF_FRAME_HIDDEN, SF_DTYPE_F32, 1, shape, codecs[c].codec, codecs[c].level, q, x,
+        CHECK_OK(encode_simple(SF_FRAME_HIDDEN, SF_FRAME_F32, 1, shape, codecs[c].codec, codecs[c].level, q, x,
                                sizeof x, &buf));
         CHECK_OK(sf_frame_decode_into(buf.data, buf.len, LIMIT, NULL, y, sizeof y, NULL));
         CHECK(y[0] == 1.0f && isnan(y[1]) && y[2] == -INFINITY && y[3] == INFINITY && isnan(y[6]) && isnan(y[7]));
@@ -286,7 +286,7 @@ static void test_nonfinite(void)
         for (int kind = SF_QUANT_INT8; kind <= SF_QUANT_FP8_E4M3; kind++) {
             sf_quant_params qs = {(sf_quant_kind)kind, 2};
             CHECK_OK(sf_buffer_append(&buf, "keep", 4));
-            int rc = encode_simple(SF_FRAME_HIDDEN, SF_DTYPE_F32, 1, shape, codecs[c].codec, codecs[c].level, qs,
+            int rc = encode_simple(SF_FRAME_HIDDEN, SF_FRAME_F32, 1, shape, codecs[c].codec, codecs[c].level, qs,
                                    x, sizeof x, &buf);
             CHECKF(rc == SF_E_INVAL && buf.len == 4, "%s refuses NaN: rc %d len %zu", quant_names[kind], rc,
                    buf.len);
@@ -320,7 +320,7 @@ static void test_feedback(sf_quant_kind kind, int group)
             abs_sum += fabs(x[i]);
             v[i] = x[i] + via_frame.residual[i]; /* what the last message carries, for its bound */
         }
-        sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_DTYPE_F32, .ndim = 1, .shape = {N},
+        sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_FRAME_F32, .ndim = 1, .shape = {N},
                            .codec = m % 2 ? SF_CODEC_LZ4 : SF_CODEC_ZSTD, .quant = q, .segment = (uint64_t)m};
         buf.len = 0;
         int rc = sf_frame_encode(&d, x, sizeof x, &via_frame, &buf);
@@ -347,7 +347,7 @@ static void test_feedback(sf_quant_kind kind, int group)
     float saved[N];
     memcpy(saved, via_frame.residual, sizeof saved);
     x[3] = NAN;
-    sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_DTYPE_F32, .ndim = 1, .shape = {N}, .quant = q};
+    sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_FRAME_F32, .ndim = 1, .shape = {N}, .quant = q};
     buf.len = 0;
     CHECK(sf_frame_encode(&d, x, sizeof x, &via_frame, &buf) == SF_E_INVAL && buf.len == 0);
     CHECK(memcmp(saved, via_frame.residual, sizeof saved) == 0);
@@ -384,7 +384,7 @@ static void small_frame(sf_codec codec, sf_buffer *buf, float *x)
     uint64_t shape[2] = {2, 8};
     sf_quant_params q = {SF_QUANT_INT8, 4};
     buf->len = 0;
-    CHECK_OK(encode_simple(SF_FRAME_HIDDEN, SF_DTYPE_F32, 2, shape, codec, 0, q, x, 16 * sizeof(float), buf));
+    CHECK_OK(encode_simple(SF_FRAME_HIDDEN, SF_FRAME_F32, 2, shape, codec, 0, q, x, 16 * sizeof(float), buf));
 }
 
 static void test_header_fields(sf_codec codec)
@@ -414,7 +414,7 @@ static void test_header_fields(sf_codec codec)
         {"kind 6", 6, 2, 6, SF_E_FRAME},
         {"dtype 0", 8, 1, 0, SF_E_FRAME},
         {"dtype 4", 8, 1, 4, SF_E_FRAME},
-        {"dtype u8 with int8", 8, 1, SF_DTYPE_U8, SF_E_FRAME},
+        {"dtype u8 with int8", 8, 1, SF_FRAME_U8, SF_E_FRAME},
         {"codec 3", 9, 1, 3, SF_E_FRAME},
         {"codec other", 9, 1, codec == SF_CODEC_ZSTD ? SF_CODEC_LZ4 : SF_CODEC_ZSTD, SF_E_FRAME},
         {"quant 5", 10, 1, 5, SF_E_FRAME},
@@ -548,7 +548,7 @@ static void test_codec_size_lies(void)
             memcpy(f, SF_FRAME_MAGIC, 4);
             put_u16(f + 4, SF_FRAME_VERSION);
             put_u16(f + 6, SF_FRAME_BLOB);
-            f[8] = SF_DTYPE_U8;
+            f[8] = SF_FRAME_U8;
             f[9] = (uint8_t)codec;
             f[11] = 1;
             put_u64(f + 16, claims[k]);
@@ -576,7 +576,7 @@ static void test_encode_validation(void)
     float x[8] = {0};
     sf_buffer buf = {0};
     CHECK_OK(sf_buffer_append(&buf, "xy", 2));
-    const sf_frame_desc good = {.kind = SF_FRAME_HIDDEN, .dtype = SF_DTYPE_F32, .ndim = 1, .shape = {8},
+    const sf_frame_desc good = {.kind = SF_FRAME_HIDDEN, .dtype = SF_FRAME_F32, .ndim = 1, .shape = {8},
                                 .codec = SF_CODEC_LZ4, .quant = {SF_QUANT_INT4, 4}};
     sf_frame_desc d;
 #define REFUSE(change, bytes)                                                                                    \
@@ -588,7 +588,7 @@ static void test_encode_validation(void)
     } while (0)
     REFUSE((void)0, sizeof x - 4);
     REFUSE(d.kind = (sf_frame_kind)0, sizeof x);
-    REFUSE(d.dtype = (sf_dtype)9, sizeof x);
+    REFUSE(d.dtype = (sf_frame_dtype)9, sizeof x);
     REFUSE(d.ndim = 5, sizeof x);
     REFUSE(d.ndim = -1, sizeof x);
     REFUSE((d.ndim = 2, d.shape[1] = 0), sizeof x);
@@ -599,8 +599,8 @@ static void test_encode_validation(void)
     REFUSE(d.quant.group = 3, sizeof x);
     REFUSE(d.quant.group = 0, sizeof x);
     REFUSE(d.quant.kind = (sf_quant_kind)9, sizeof x);
-    REFUSE(d.dtype = SF_DTYPE_U32, sizeof x);
-    REFUSE((d.dtype = SF_DTYPE_U8, d.quant.kind = SF_QUANT_F32, d.shape[0] = 31), sizeof x);
+    REFUSE(d.dtype = SF_FRAME_U32, sizeof x);
+    REFUSE((d.dtype = SF_FRAME_U8, d.quant.kind = SF_QUANT_F32, d.shape[0] = 31), sizeof x);
 #undef REFUSE
     CHECK(sf_frame_encode(NULL, x, sizeof x, NULL, &buf) == SF_E_INVAL);
     CHECK(sf_frame_encode(&good, NULL, sizeof x, NULL, &buf) == SF_E_INVAL && buf.len == 2);
@@ -608,7 +608,7 @@ static void test_encode_validation(void)
     sf_quant_feedback fb;
     CHECK_OK(sf_quant_feedback_init(&fb, 32));
     d = good;
-    d.dtype = SF_DTYPE_U8, d.quant.kind = SF_QUANT_F32, d.shape[0] = 32;
+    d.dtype = SF_FRAME_U8, d.quant.kind = SF_QUANT_F32, d.shape[0] = 32;
     CHECK(sf_frame_encode(&d, x, sizeof x, &fb, &buf) == SF_E_INVAL && buf.len == 2);
     sf_quant_feedback_release(&fb);
     CHECK_OK(sf_frame_encode(&good, x, sizeof x, NULL, &buf));
@@ -620,7 +620,7 @@ static void test_encode_validation(void)
     CHECK_OK(sf_codec_parse("lz4", &c));
     CHECK(c == SF_CODEC_LZ4 && !strcmp(sf_codec_name(SF_CODEC_RAW), "raw"));
     CHECK(sf_codec_parse("gzip", &c) == SF_E_INVAL && strstr(sf_last_error(), "gzip"));
-    CHECK(sf_dtype_size(SF_DTYPE_U8) == 1 && sf_dtype_size(SF_DTYPE_F32) == 4 && sf_dtype_size((sf_dtype)0) == 0);
+    CHECK(sf_frame_dtype_size(SF_FRAME_U8) == 1 && sf_frame_dtype_size(SF_FRAME_F32) == 4 && sf_frame_dtype_size((sf_frame_dtype)0) == 0);
 }
 
 static void test_crc32c(void)

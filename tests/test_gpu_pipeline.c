@@ -4,6 +4,8 @@
  * MLP, head widths the bf16 attention kernel has (32, 64) and ones it has not (8, 12: they
  * run the f32 kernel), partial segments, a provisional flush, two interleaved streams, three
  * streams batched through one set of products (block batch=3) and one stage per layer. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
+ * Where the backend passes bf16 q/k/v (an H100, d = 64), bf16 runs a second time with float32
+ * ones (SEQFLOW_CUDA_QKV=f32), the path of other GPUs.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
 #include <stdlib.h>
@@ -90,6 +92,16 @@ static void outputs_free(outputs *o)
     free(o->provisional);
 }
 
+/* Whether the CUDA backend in bf16 passes q, k, v of this head width as bf16 (ops->qkv_type). */
+static int cuda_passes_bf16_qkv(int head_dim)
+{
+    sf_backend *be = NULL;
+    if (sf_backend_create_ex("cuda", 0, SF_PRECISION_BF16, &be) != SF_OK) return 0;
+    const int yes = be->ops->qkv_type && be->ops->qkv_type(be, head_dim) == SF_DTYPE_BF16;
+    sf_backend_free(be);
+    return yes;
+}
+
 static void compare(const char *name, const sf_model *m, const scenario *sc, uint64_t seed)
 {
     const sf_model_config *c = sf_model_get_config(m);
@@ -102,14 +114,24 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
     }
     outputs want;
     if (run(m, "cpu", SF_PRECISION_F32, sc, tokens, &want) == SF_OK) {
+        /* bf16 also with float32 q/k/v (SEQFLOW_CUDA_QKV=f32, read at each graph's start): an H100
+         * passes bf16 ones between the ops of d = 64 layers, other GPUs float32 ones */
         static const struct {
             sf_precision p;
             const char *label;
             double tol;
-        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32}, {SF_PRECISION_BF16, "bf16", TOL_BF16}};
-        for (size_t mi = 0; mi < 2; mi++) {
+            int f32_qkv;
+        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, 0},
+                     {SF_PRECISION_BF16, "bf16", TOL_BF16, 0},
+                     {SF_PRECISION_BF16, "bf16 f32 q/k/v", TOL_BF16, 1}};
+        const int bf16_qkv = cuda_passes_bf16_qkv(c->head_dim);
+        for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
+            if (modes[mi].f32_qkv && !bf16_qkv) continue; /* the same run as plain bf16 */
             outputs got;
-            if (run(m, "cuda", modes[mi].p, sc, tokens, &got) != SF_OK) continue;
+            if (modes[mi].f32_qkv) setenv("SEQFLOW_CUDA_QKV", "f32", 1);
+            const int ran = run(m, "cuda", modes[mi].p, sc, tokens, &got);
+            unsetenv("SEQFLOW_CUDA_QKV");
+            if (ran != SF_OK) continue;
             double worst = 0;
             for (int s = 0; s < sc->streams; s++) {
                 double err = check_rel_err_f32(got.x[s], want.x[s], sc->tokens * D);
@@ -127,7 +149,7 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
                     if (!(err <= worst)) worst = err;
                 }
             }
-            printf("  %-48s %-4s rel err %.2e\n", name, modes[mi].label, worst);
+            printf("  %-48s %-14s rel err %.2e\n", name, modes[mi].label, worst);
             outputs_free(&got);
         }
         outputs_free(&want);
@@ -186,6 +208,10 @@ int main(void)
          SF_MEMORY_DELTA},
         {"d=64 (bf16 kernel), linear, non-causal", "64:1,128:2", 128, 2, 64, 2, 0, 0, 4, 4, 1, 128,
          SF_MEMORY_LINEAR},
+        /* on an H100, bf16 q/k/v between the ops: attention reads K/V in place, memory and
+         * summary read bf16 */
+        {"d=64, causal delta, globals, MLP", "64:1,128:2,256:4", 128, 2, 64, 2, 1, 256, 16, 4, 1, 256,
+         SF_MEMORY_DELTA},
     };
     for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
         const variant *v = &variants[i];
@@ -211,7 +237,7 @@ int main(void)
 #ifdef SEQFLOW_HAVE_CUDA
         if (i == 7) check_memory_flat(m);
 #endif
-        if (i == 2 || i == 7) {
+        if (i == 2 || i == 7 || i == 9) {
             scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
             compare("  two interleaved streams", m, &two, 100 + i);
             /* three streams' full segments through one batch of products (block batch=) */

@@ -104,7 +104,7 @@ static void check_memory(sf_backend *be, sf_memory_kind kind, int n, int heads, 
     for (int i = 0; i < heads * d; i++) z[i] = z_zero ? 0.0f : fabsf(z[i]) + 1.0f;
     float *a = randoms((size_t)n * ld, 1.0), *a0 = malloc((size_t)n * ld * sizeof *a0);
     memcpy(a0, a, (size_t)n * ld * sizeof *a0);
-    CHECK_OK(be->ops->memory_mix(be, n, heads, d, ld, q, M, z, gate, a));
+    CHECK_OK(be->ops->memory_mix(be, n, heads, d, ld, SF_DTYPE_F32, q, M, z, gate, a));
     double *want = malloc((size_t)n * heads * d * sizeof *want);
     float *got = malloc((size_t)n * heads * d * sizeof *got);
     for (int i = 0; i < n; i++)
@@ -143,7 +143,14 @@ static void check_memory(sf_backend *be, sf_memory_kind kind, int n, int heads, 
             for (int f = 0; f < d; f++) zw[h * d + f] += sig(kt[f]);
         }
     }
-    CHECK_OK(be->ops->memory_update(be, kind, n, heads, d, ld, k, v, M, z));
+    /* bf16 q/k/v are a GPU type: the CPU refuses them */
+    const uint16_t one_bf16[2] = {0x3f80, 0x3f80};
+    if (kind != SF_MEMORY_NONE) {
+        CHECK(be->ops->memory_update(be, kind, 1, 1, 1, 1, SF_DTYPE_BF16, one_bf16, one_bf16 + 1, M, z) ==
+              SF_E_UNSUPPORTED);
+        CHECK(be->ops->memory_mix(be, 1, 1, 1, 1, SF_DTYPE_BF16, one_bf16, M, z, gate, a) == SF_E_UNSUPPORTED);
+    }
+    CHECK_OK(be->ops->memory_update(be, kind, n, heads, d, ld, SF_DTYPE_F32, k, v, M, z));
     double em = check_rel_err_f32_f64(M, Mw, (size_t)heads * d * d), ez = check_rel_err_f32_f64(z, zw, (size_t)heads * d);
     CHECKF(em <= 1e-5 && ez <= 1e-6, "memory_update kind=%d n=%d H=%d d=%d: M %.3g z %.3g", kind, n, heads, d, em, ez);
     free(q), free(k), free(v), free(M), free(z), free(gate), free(a), free(a0), free(want), free(got), free(Mw), free(zw);
@@ -203,7 +210,7 @@ static void check_summary(sf_backend *be)
     float *sk = poisoned((size_t)S * width), *sv = poisoned((size_t)S * width);
     for (int n = 1; n <= N; n++) {
         int count = -1;
-        CHECK_OK(be->ops->summary(be, n, N, S, width, ld, k, v, sk, sv, &count));
+        CHECK_OK(be->ops->summary(be, n, N, S, width, ld, SF_DTYPE_F32, k, v, sk, sv, &count));
         int expect = 0, ok = 1;
         for (int j = 0; j < S; j++) {
             int lo = j * N / S, hi = (j + 1) * N / S < n ? (j + 1) * N / S : n;
@@ -217,6 +224,8 @@ static void check_summary(sf_backend *be)
         }
         CHECKF(count == expect && ok, "summary n=%d: %d tokens (want %d)", n, count, expect);
     }
+    int count = -1;
+    CHECK(be->ops->summary(be, N, N, S, width, ld, SF_DTYPE_BF16, k, v, sk, sv, &count) == SF_E_UNSUPPORTED);
     free(k), free(v), free(sk), free(sv);
 }
 

@@ -70,14 +70,15 @@ static void run(sf_backend *be, const inputs *in, int use_side, float **a_out, f
         CHECK_OK(ops->side_begin(be));
         CHECK_OK(ops->side_begin(be)); /* again: still on the side, nothing else changes */
     }
-    for (int i = 0; i < UPDATES; i++) CHECK_OK(ops->memory_update(be, SF_MEMORY_DELTA, N, H, D, W, k, v, M, z));
+    for (int i = 0; i < UPDATES; i++)
+        CHECK_OK(ops->memory_update(be, SF_MEMORY_DELTA, N, H, D, W, SF_DTYPE_F32, k, v, M, z));
     if (use_side) {
         CHECK_OK(ops->side_end(be));
         CHECK_OK(ops->side_end(be)); /* not on the side any more: nothing to do */
     }
     CHECK_OK(ops->matmul(be, N, W, W, x, W, w, y, W, 0));
     if (use_side) CHECK_OK(ops->side_join(be));
-    CHECK_OK(ops->memory_mix(be, N, H, D, W, q, M, z, gate, a));
+    CHECK_OK(ops->memory_mix(be, N, H, D, W, SF_DTYPE_F32, q, M, z, gate, a));
     *a_out = back(be, a, rows);
     *M_out = back(be, M, (size_t)H * D * D);
     *y_out = back(be, y, rows);

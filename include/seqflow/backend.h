@@ -25,6 +25,14 @@ typedef enum sf_precision {
     SF_PRECISION_BF16 = 2
 } sf_precision;
 
+/* Element type of the attention activations q, k, v: what qkv writes and attention, memory_mix,
+ * memory_update and summary read. A row stride ("ld") of such a buffer counts elements of this
+ * type. Everything else (x, the attention output, M, z, global tokens) is float32. */
+typedef enum sf_dtype {
+    SF_DTYPE_F32 = 0,
+    SF_DTYPE_BF16 = 1 /* bfloat16, row-major like float32 (a [n, ld] buffer of n*ld*2 bytes) */
+} sf_dtype;
+
 /* Local dilated attention over one segment, with the global tokens as one more part
  * (SPEC sections 3 and 5). out[i, h*d + j] receives A_dot. */
 typedef struct sf_attention_desc {
@@ -39,6 +47,7 @@ typedef struct sf_attention_desc {
     int global_ld;            /* row stride of gk, gv; head h at column h*head_dim */
     const float *gk, *gv;     /* [n_global, global_ld] or NULL when n_global == 0 */
     float scale;              /* 1/sqrt(d) */
+    sf_dtype qkv_type;        /* element type of q, k, v (0: float32); gk, gv, out are float32 */
 } sf_attention_desc;
 
 typedef struct sf_backend_ops {
@@ -64,20 +73,21 @@ typedef struct sf_backend_ops {
                  float *y);
     /* a = silu(a) * b, elementwise over [n, f]. */
     int (*swiglu)(sf_backend *be, int n, int f, float *a, const float *b);
-    /* out = A_dot, see sf_attention_desc. */
-    int (*attention)(sf_backend *be, const sf_attention_desc *desc, const float *q,
-                     const float *k, const float *v, float *out);
+    /* out = A_dot, see sf_attention_desc (q, k, v of type desc->qkv_type). */
+    int (*attention)(sf_backend *be, const sf_attention_desc *desc, const void *q,
+                     const void *k, const void *v, float *out);
     /* a = g_h * Retrieve(q; M, z) + (1 - g_h) * a with g_h = sigmoid(gate[h]) (SPEC 4).
-     * M is [heads][d][d], z is [heads][d]; q and a are [n, ld]. */
-    int (*memory_mix)(sf_backend *be, int n, int heads, int d, int ld, const float *q,
+     * M is [heads][d][d], z is [heads][d]; q ([n, ld] of qtype) and a ([n, ld] float32). */
+    int (*memory_mix)(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
                       const float *M, const float *z, const float *gate, float *a);
-    /* The linear or delta update of M and z with this segment's k, v (SPEC 4). */
+    /* The linear or delta update of M and z with this segment's k, v ([n, ld] of kvtype) (SPEC 4). */
     int (*memory_update)(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld,
-                         const float *k, const float *v, float *M, float *z);
-    /* Summary tokens (SPEC 5): row j of sk/sv ([*count, width], width = heads*d) receives the
-     * mean of rows [j*segment/S, (j+1)*segment/S) ∩ [0, n) of k/v, for each non-empty chunk. */
+                         sf_dtype kvtype, const void *k, const void *v, float *M, float *z);
+    /* Summary tokens (SPEC 5): row j of sk/sv ([*count, width] float32, width = heads*d)
+     * receives the mean of rows [j*segment/S, (j+1)*segment/S) ∩ [0, n) of k/v ([n, ld] of
+     * kvtype), for each non-empty chunk. */
     int (*summary)(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld,
-                   const float *k, const float *v, float *sk, float *sv, int *count);
+                   sf_dtype kvtype, const void *k, const void *v, float *sk, float *sv, int *count);
     /* Frees the backend's own state. */
     void (*destroy)(sf_backend *be);
 
@@ -96,10 +106,12 @@ typedef struct sf_backend_ops {
     int (*matmul_shared)(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
                          const float *const *w, float *const *y, int ldy);
     /* qkv: q, k, v [n, width] = u wq^T, u wk^T, u wv^T with u = rmsnorm(x; norm, eps), the
-     * attention's input products (x [n, dim] contiguous, weights [width, dim]); u ([n, dim]) is
-     * the caller's scratch. NULL: callers compose rmsnorm and matmul_shared (same function). */
+     * attention's input products (x [n, dim] contiguous, weights [width, dim]), written as
+     * `type` (qkv_type says which the backend reads fastest); u ([n, dim]) is the caller's
+     * scratch. NULL: callers compose rmsnorm and matmul_shared (same function, float32 only). */
     int (*qkv)(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
-               const float *wq, const float *wk, const float *wv, float *q, float *k, float *v, float *u);
+               const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v,
+               float *u);
     /* ffn: x += W2 (silu(W1 u) * (W3 u)) with u = rmsnorm(x; norm, eps): SPEC 2's SwiGLU MLP
      * with its residual, as one op so that a GPU keeps its intermediates in bf16 (no float32
      * [n, hidden] round trips). x is [n, dim] contiguous; w1, w3 are [hidden, dim], w2 is
@@ -124,6 +136,12 @@ typedef struct sf_backend_ops {
     int (*side_begin)(sf_backend *be);
     int (*side_end)(sf_backend *be);
     int (*side_join)(sf_backend *be);
+    /* qkv_type: the type in which qkv should write q, k, v of heads of head_dim for the ops
+     * that read them to run fastest. NULL means float32. The CUDA backend answers bf16 in
+     * precision bf16 where its attention kernel reads bf16 K/V in place (an H100, d = 64): that
+     * takes a float32 round trip and the attention's conversion pre-pass out of every layer
+     * (bench/RESULTS.md, run 11). The ops take either type; only this one is fast. */
+    sf_dtype (*qkv_type)(sf_backend *be, int head_dim);
 } sf_backend_ops;
 
 struct sf_backend {

@@ -50,6 +50,42 @@ static int cpu_sync(sf_backend *be)
 
 static void cpu_destroy(sf_backend *be) { (void)be; }
 
+/* The CPU computes in float32 only (no qkv_type op): a bf16 activation is refused rather
+ * than widened, so that a caller's wrong type shows at once. */
+static int f32_only(sf_dtype type, const char *op)
+{
+    if (type == SF_DTYPE_F32) return SF_OK;
+    return sf_error(SF_E_UNSUPPORTED, "cpu %s: activations must be float32 (SF_DTYPE_F32), not type %d", op, (int)type);
+}
+
+static int cpu_attention(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                         float *out)
+{
+    int rc = f32_only(desc->qkv_type, "attention");
+    return rc != SF_OK ? rc : sf_cpu_attention(be, desc, q, k, v, out);
+}
+
+static int cpu_memory_mix(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
+                          const float *M, const float *z, const float *gate, float *a)
+{
+    int rc = f32_only(qtype, "memory_mix");
+    return rc != SF_OK ? rc : sf_cpu_memory_mix(be, n, heads, d, ld, q, M, z, gate, a);
+}
+
+static int cpu_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, sf_dtype kvtype,
+                             const void *k, const void *v, float *M, float *z)
+{
+    int rc = f32_only(kvtype, "memory_update");
+    return rc != SF_OK ? rc : sf_cpu_memory_update(be, kind, n, heads, d, ld, k, v, M, z);
+}
+
+static int cpu_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, sf_dtype kvtype,
+                       const void *k, const void *v, float *sk, float *sv, int *count)
+{
+    int rc = f32_only(kvtype, "summary");
+    return rc != SF_OK ? rc : sf_cpu_summary(be, n, segment, summary_tokens, width, ld, k, v, sk, sv, count);
+}
+
 const sf_backend_ops sf_cpu_backend_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -63,10 +99,10 @@ const sf_backend_ops sf_cpu_backend_ops = {
     .rmsnorm = sf_cpu_rmsnorm,
     .embed = sf_cpu_embed,
     .swiglu = sf_cpu_swiglu,
-    .attention = sf_cpu_attention,
-    .memory_mix = sf_cpu_memory_mix,
-    .memory_update = sf_cpu_memory_update,
-    .summary = sf_cpu_summary,
+    .attention = cpu_attention,
+    .memory_mix = cpu_memory_mix,
+    .memory_update = cpu_memory_update,
+    .summary = cpu_summary,
     .destroy = cpu_destroy,
 };
 

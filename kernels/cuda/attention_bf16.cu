@@ -391,6 +391,8 @@ extern "C" const char *sf_cuda_attention_bf16_variant_name(int variant)
 extern "C" int sf_cuda_attention_bf16_variant(int variant, const sf_attention_desc *desc, const float *q,
                                               const float *k, const float *v, float *out, cudaStream_t stream)
 {
+    if (desc->qkv_type != SF_DTYPE_F32 && variant < SF_CUDA_ATTENTION_FIRST_WS_VARIANT)
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: variant %d reads float32 q/k/v only", variant);
     if (variant >= SF_CUDA_ATTENTION_FIRST_WS_VARIANT && variant < SF_CUDA_ATTENTION_VARIANTS) {
         /* the staged variants need a workspace; a stream-ordered one keeps this entry usable */
         if (desc->n <= 0) return SF_OK;

@@ -29,9 +29,11 @@ extern "C" {
 int sf_cuda_attention_bf16_variant(int variant, const sf_attention_desc *desc, const float *q, const float *k,
                                    const float *v, float *out, cudaStream_t stream);
 /* Same with a caller-owned workspace as for sf_cuda_attention_bf16_ws; variants below
- * SF_CUDA_ATTENTION_FIRST_WS_VARIANT ignore it. */
-int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention_desc *desc, const float *q, const float *k,
-                                      const float *v, float *out, void *workspace, size_t workspace_bytes,
+ * SF_CUDA_ATTENTION_FIRST_WS_VARIANT ignore it. q, k, v are of desc->qkv_type: bf16 ones are read
+ * in place by variant 36 on an H100 (d = 64); elsewhere bf16 is SF_E_UNSUPPORTED (nothing
+ * launched; the backend then widens them to float32 first). */
+int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention_desc *desc, const void *q, const void *k,
+                                      const void *v, float *out, void *workspace, size_t workspace_bytes,
                                       cudaStream_t stream);
 /* Static one-line description, NULL past the last variant. */
 const char *sf_cuda_attention_bf16_variant_name(int variant);

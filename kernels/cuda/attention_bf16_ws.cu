@@ -482,6 +482,21 @@ int att_stage_workspace(const sf_attention_desc *desc, const float *k, const flo
     default: return sf_error(SF_E_UNSUPPORTED, "cuda attention: head width %d not built (32, 64, 128 are)", D);
     }
     staged->kb = kb, staged->vb = vb, staged->gkb = gkb, staged->gvb = gvb;
+    staged->khead = (size_t)n * D, staged->krow = D;
+    staged->ready = nullptr, staged->nchunks = 0;
+    return SF_OK;
+}
+
+int att_stage_globals(const sf_attention_desc *desc, const __nv_bfloat16 *k, const __nv_bfloat16 *v, unsigned char *ws,
+                      att_staged *staged, cudaStream_t stream, bool streaming)
+{
+    const int H = desc->heads, G = desc->n_global > 0 ? desc->n_global : 0, D = desc->head_dim;
+    if (D != 64) return sf_error(SF_E_UNSUPPORTED, "cuda attention: bf16 K/V read in place for d = 64, not %d", D);
+    __nv_bfloat16 *gkb = reinterpret_cast<__nv_bfloat16 *>(ws);
+    __nv_bfloat16 *gvb = reinterpret_cast<__nv_bfloat16 *>(ws + kv_bytes(G, H, D));
+    if (G > 0) stage_inputs<64>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, streaming, stream);
+    staged->kb = k, staged->vb = v, staged->gkb = gkb, staged->gvb = gvb;
+    staged->khead = D, staged->krow = (size_t)desc->ld;
     staged->ready = nullptr, staged->nchunks = 0;
     return SF_OK;
 }
@@ -503,6 +518,7 @@ int att_stage_workspace_overlapped(const sf_attention_desc *desc, const float *k
         stage_kv_flagged<64><<<nch + gch, 256, 0, stream>>>(n, G, H, desc->ld, desc->global_ld, k, v, desc->gk, desc->gv,
                                                             kb, vb, gkb, gvb, ready);
     staged->kb = kb, staged->vb = vb, staged->gkb = gkb, staged->gvb = gvb;
+    staged->khead = (size_t)n * D, staged->krow = D;
     staged->ready = ready, staged->nchunks = nch;
     return SF_OK;
 }
@@ -552,10 +568,16 @@ static int launch_ws_variant(int variant, const sf_attention_desc *desc, const a
     }
 }
 
-extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention_desc *desc, const float *q,
-                                                 const float *k, const float *v, float *out, void *workspace,
+extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention_desc *desc, const void *qp,
+                                                 const void *kp, const void *vp, float *out, void *workspace,
                                                  size_t workspace_bytes, cudaStream_t stream)
 {
+    const bool bf16_in = desc->qkv_type == SF_DTYPE_BF16;
+    if (bf16_in && !(variant >= SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT && att_wgmma_usable(desc)))
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: bf16 q/k/v are read by the wgmma kernels (an H100, d = 64)");
+    if (desc->qkv_type != SF_DTYPE_F32 && !bf16_in)
+        return sf_error(SF_E_INVAL, "cuda attention: q/k/v of unknown type %d", (int)desc->qkv_type);
+    const float *q = static_cast<const float *>(qp), *k = static_cast<const float *>(kp), *v = static_cast<const float *>(vp);
     if (variant < SF_CUDA_ATTENTION_FIRST_WS_VARIANT)
         return sf_cuda_attention_bf16_variant(variant, desc, q, k, v, out, stream);
     if (desc->n <= 0) return SF_OK;
@@ -573,7 +595,12 @@ extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention
     if (variant >= SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT && variant < SF_CUDA_ATTENTION_VARIANTS) {
         /* Hopper-only kernels, d = 64: elsewhere the best portable variant computes the same */
         if (att_wgmma_usable(desc)) {
-            rc = att_wgmma_launch(variant, desc, br, q, k, v, out, ws, stream);
+            if (bf16_in)
+                rc = att_wgmma_launch_bf16(variant, desc, br, static_cast<const __nv_bfloat16 *>(qp),
+                                           static_cast<const __nv_bfloat16 *>(kp), static_cast<const __nv_bfloat16 *>(vp),
+                                           out, ws, stream);
+            else
+                rc = att_wgmma_launch(variant, desc, br, q, k, v, out, ws, stream);
             if (rc) return rc;
             cudaError_t err = cudaGetLastError();
             if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention launch: %s", cudaGetErrorString(err));
@@ -595,11 +622,13 @@ extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention
     return SF_OK;
 }
 
-extern "C" int sf_cuda_attention_bf16_ws(const sf_attention_desc *desc, const float *q, const float *k,
-                                         const float *v, float *out, void *workspace, size_t workspace_bytes,
+extern "C" int sf_cuda_attention_bf16_ws(const sf_attention_desc *desc, const void *q, const void *k,
+                                         const void *v, float *out, void *workspace, size_t workspace_bytes,
                                          cudaStream_t stream)
 {
-    if (!workspace) return sf_cuda_attention_bf16(desc, q, k, v, out, stream);
+    if (!workspace)
+        return sf_cuda_attention_bf16(desc, static_cast<const float *>(q), static_cast<const float *>(k),
+                                      static_cast<const float *>(v), out, stream);
     return sf_cuda_attention_bf16_variant_ws(SF_CUDA_ATTENTION_DEFAULT_VARIANT, desc, q, k, v, out, workspace,
                                              workspace_bytes, stream);
 }

@@ -103,6 +103,7 @@ extern "C" int sf_cuda_attention_f32(const sf_attention_desc *desc, const float 
                                      const float *v, float *out, cudaStream_t stream)
 {
     if (desc->n <= 0 || desc->heads <= 0) return SF_OK;
+    if (desc->qkv_type != SF_DTYPE_F32) return sf_error(SF_E_UNSUPPORTED, "CUDA f32 attention reads float32 q/k/v only");
     if (desc->head_dim <= 0 || desc->head_dim > 32 * MAX_COMPONENTS)
         return sf_error(SF_E_UNSUPPORTED, "CUDA f32 attention takes head_dim 1..%d, not %d", 32 * MAX_COMPONENTS,
                         desc->head_dim);

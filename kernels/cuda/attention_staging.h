@@ -18,10 +18,13 @@ struct att_order {
     unsigned short block[SF_ATT_ORDER_MAX];
 };
 
-/* The workspace's bf16 copies, head-major [head][row][d]: kb/vb of desc->n rows, gkb/gvb of
- * desc->n_global rows. */
+/* Where the kernels read bf16 K/V: row i of head h of kb/vb is at kb + h*khead + i*krow. The
+ * pre-pass's copies are head-major [head][row][d] (khead = n*d, krow = d); bf16 activations are
+ * read where qkv wrote them, [n, ld] (khead = d, krow = ld: only the wgmma kernels of
+ * attention_wgmma.cu read these). gkb/gvb (desc->n_global rows) are always head-major copies. */
 struct att_staged {
     const __nv_bfloat16 *kb, *vb, *gkb, *gvb;
+    size_t khead, krow;
     /* overlapped pre-pass only (att_stage_workspace_overlapped), else NULL: ready[c] != 0 once
      * rows [c, c+1) * SF_ATT_CHUNK_ROWS of kb/vb (every head) are staged; the globals' chunks
      * follow at ready[nchunks] */
@@ -45,6 +48,10 @@ int att_block_positions(const att_branches &br, int bm, long *T);
 int att_stage_workspace(const sf_attention_desc *desc, const float *k, const float *v, unsigned char *ws,
                         att_staged *staged, cudaStream_t stream, bool streaming = false);
 
+/* For bf16 k, v ([n, desc->ld], read in place): stages only the global tokens into `ws`. */
+int att_stage_globals(const sf_attention_desc *desc, const __nv_bfloat16 *k, const __nv_bfloat16 *v, unsigned char *ws,
+                      att_staged *staged, cudaStream_t stream, bool streaming);
+
 /* As att_stage_workspace (streaming reads), but the main kernel may run alongside it: zeroes
  * the ready flags in `ws`, then stages K/V in chunks of SF_ATT_CHUNK_ROWS rows, last rows first
  * (the heaviest blocks' first keys), then the globals, each block raising its chunk's flag. The
@@ -62,5 +69,12 @@ void att_heaviest_first(const sf_attention_desc *d, const att_branches &br, int 
 bool att_wgmma_usable(const sf_attention_desc *desc);
 int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q,
                      const float *k, const float *v, float *out, unsigned char *ws, cudaStream_t stream);
+/* The same for bf16 q, k, v ([n, desc->ld] as qkv wrote them, K/V read in place): variant 36
+ * (the default) only; SF_E_UNSUPPORTED for others, and for unaligned rows (nothing launched). */
+int att_check_bf16_inputs(const sf_attention_desc *desc, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                          const __nv_bfloat16 *v);
+int att_wgmma_launch_bf16(int variant, const sf_attention_desc *desc, const att_branches &br, const __nv_bfloat16 *q,
+                          const __nv_bfloat16 *k, const __nv_bfloat16 *v, float *out, unsigned char *ws,
+                          cudaStream_t stream);
 
 #endif

@@ -126,11 +126,12 @@ struct wg_stream {
     }
 };
 
-/* One query tile: dilated rows [qs, qe), query row x at qbase + x*qstride (float32), output row
- * at position opos0 + x*ostep; merges into out / m_s / l_s (indexed by position - P). Every
- * thread of the block calls it (it holds block barriers). `kv`: shared address of the stages. */
-template <class C>
-__device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, int qs, int qe, int opos0, int ostep,
+/* One query tile: dilated rows [qs, qe), query row x at qbase + x*qstride (float32 or bf16: QT),
+ * output row at position opos0 + x*ostep; merges into out / m_s / l_s (indexed by position - P).
+ * Every thread of the block calls it (it holds block barriers). `kv`: shared address of the
+ * stages. */
+template <class C, class QT = float>
+__device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int qs, int qe, int opos0, int ostep,
                         int P, float *out, size_t ld, float c, uint32_t qaddr, uint32_t kv, float *m_s, float *l_s,
                         uint32_t ones)
 {
@@ -151,7 +152,23 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
         cp_async_commit();
     }
     uint32_t qf[WG_D / 16][4]; /* unused when QS */
-    if constexpr (QS) {
+    static_assert(QS || sizeof(QT) == sizeof(float), "bf16 queries are read into the shared Q tile");
+    if constexpr (QS && sizeof(QT) == 2) {
+        /* bf16 rows (qkv wrote them): 16-byte chunks go to the swizzled tile as they are */
+#pragma unroll
+        for (int u = 0; u < 64 * 8 / 128; u++) {
+            const int f = tid + u * 128, row = f / 8, c8 = f % 8, x = qs_w + row;
+            uint4 a = make_uint4(0, 0, 0, 0);
+            if (x < qe_w) {
+                const uint4 *qr = reinterpret_cast<const uint4 *>(qbase + (size_t)x * qstride + c8 * 8);
+                a = C::STREAM ? __ldcs(qr) : __ldg(qr);
+            }
+            const uint32_t dst = qaddr + sw128_offset(row, c8);
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w)
+                         : "memory");
+        }
+        fence_proxy_async();
+    } else if constexpr (QS) {
         /* Q tile to shared memory, swizzled like K: rows past qe are zeros. The previous tile's
          * products are done with it (each thread waited, then a barrier). */
 #pragma unroll
@@ -356,10 +373,12 @@ __device__ void wg_tile(const wg_src &src, const float *qbase, size_t qstride, i
 
 #endif /* SF_WGMMA_ENABLED */
 
-/* PRE: how it meets the pre-pass (PRE_* of attention_wgmma_overlap.cuh) */
-template <class C, int MINB, int PRE = PRE_NONE>
+/* PRE: how it meets the pre-pass (PRE_* of attention_wgmma_overlap.cuh). QT: the type of q
+ * (float32, or bf16 when qkv wrote bf16 activations; K/V then come straight from them, `st`
+ * says where and how far apart their rows are). */
+template <class C, int MINB, int PRE = PRE_NONE, class QT = float>
 __global__ void __launch_bounds__(C::THREADS, MINB)
-    attention_wgmma(sf_attention_desc dd, att_branches br, int T, const float *q, att_staged st, float *out,
+    attention_wgmma(sf_attention_desc dd, att_branches br, int T, const QT *q, att_staged st, float *out,
                     const att_order ord, int per_cta)
 {
 #if SF_WGMMA_ENABLED
@@ -390,9 +409,9 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
             const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
             const int r = g.r, o = g.o, qa1 = g.qa1;
             wg_src src;
-            src.k = st.kb + ((size_t)h * dd.n + o) * WG_D;
-            src.v = st.vb + ((size_t)h * dd.n + o) * WG_D;
-            src.stride = (size_t)r * WG_D;
+            src.k = st.kb + (size_t)h * st.khead + (size_t)o * st.krow;
+            src.v = st.vb + (size_t)h * st.khead + (size_t)o * st.krow;
+            src.stride = (size_t)r * st.krow;
             src.win = g.win;
             src.causal = dd.causal;
             if (PRE == PRE_BRANCH && P / r < qa1) { /* the keys of the first tile to the last one's */
@@ -455,11 +474,17 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
  * that items cost about the same; otherwise one each, heaviest first. With every item resident
  * at once (one wave), heaviest-first cannot balance: the heaviest item (1.4-2x the mean load of
  * a slot at the reference shape) sets the end. */
-template <class C, int MINB, bool PAIR = false, int FLOW = 0, int PRE = PRE_NONE>
-static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, const float *q, const float *k,
-                        const float *v, float *out, unsigned char *ws, cudaStream_t stream)
+template <class C, int MINB, bool PAIR = false, int FLOW = 0, int PRE = PRE_NONE, class QT = float>
+static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, const QT *q, const QT *k, const QT *v,
+                        float *out, unsigned char *ws, cudaStream_t stream)
 {
-    int rc = att_check_staged_inputs(desc, q, k, v);
+    constexpr bool IN_PLACE = sizeof(QT) == 2; /* bf16 activations: K/V read where they are */
+    static_assert(!IN_PLACE || (!FLOW && !PRE && C::QS), "bf16 activations take the plain kernel");
+    int rc;
+    if constexpr (IN_PLACE)
+        rc = att_check_bf16_inputs(desc, q, k, v);
+    else
+        rc = att_check_staged_inputs(desc, q, k, v);
     if (rc) return rc;
     long T;
     rc = att_block_positions(br, C::BM, &T);
@@ -472,12 +497,16 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     if constexpr (FLOW)
         err = cudaFuncSetAttribute(attention_wgmma_flow<C, MINB, FLOW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     else
-        err = cudaFuncSetAttribute(attention_wgmma<C, MINB, PRE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        err = cudaFuncSetAttribute(attention_wgmma<C, MINB, PRE, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
     att_staged st;
     static_assert(!PRE || (C::STREAM && !FLOW), "the overlapped pre-pass reads as the streaming one");
-    rc = PRE ? att_stage_workspace_overlapped(desc, k, v, ws, &st, stream)
-             : att_stage_workspace(desc, k, v, ws, &st, stream, C::STREAM);
+    if constexpr (IN_PLACE)
+        rc = att_stage_globals(desc, k, v, ws, &st, stream, C::STREAM);
+    else
+        rc = PRE ? att_stage_workspace_overlapped(desc, k, v, ws, &st, stream)
+                 : att_stage_workspace(desc, k, v, ws, &st, stream, C::STREAM);
     if (rc) return rc;
     const int nblocks = (int)((desc->n + T - 1) / T);
     att_order ord; /* copied into the launch parameters */
@@ -499,8 +528,34 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
         return att_launch_alongside(attention_wgmma<C, MINB, PRE>, grid, C::THREADS, smem, stream, *desc, br, (int)T, q,
                                     st, out, ord, per_cta);
     else
-        attention_wgmma<C, MINB><<<grid, C::THREADS, smem, stream>>>(*desc, br, (int)T, q, st, out, ord, per_cta);
+        attention_wgmma<C, MINB, PRE_NONE, QT><<<grid, C::THREADS, smem, stream>>>(*desc, br, (int)T, q, st, out, ord,
+                                                                                   per_cta);
     return SF_OK;
+}
+
+int att_check_bf16_inputs(const sf_attention_desc *desc, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                          const __nv_bfloat16 *v)
+{
+    const int G = desc->n_global;
+    const bool aligned = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16 == 0;
+    if (desc->ld % 8 || !aligned || (G > 0 && (desc->global_ld % 4 || ((uintptr_t)desc->gk | (uintptr_t)desc->gv) % 16)))
+        return sf_error(SF_E_UNSUPPORTED,
+                        "cuda attention: bf16 q/k/v need 16-byte alignment and row strides a multiple of 8 (ld %d)",
+                        desc->ld);
+    return SF_OK;
+}
+
+int att_wgmma_launch_bf16(int variant, const sf_attention_desc *desc, const att_branches &br, const __nv_bfloat16 *q,
+                          const __nv_bfloat16 *k, const __nv_bfloat16 *v, float *out, unsigned char *ws,
+                          cudaStream_t stream)
+{
+    switch (variant) {
+    case 36:
+        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3, false, 0, PRE_NONE, __nv_bfloat16>(
+            desc, br, q, k, v, out, ws, stream);
+    default:
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: variant %d reads float32 q/k/v only (36 reads bf16)", variant);
+    }
 }
 
 bool att_wgmma_usable(const sf_attention_desc *desc)

@@ -39,9 +39,12 @@ size_t sf_cuda_attention_workspace_bytes(const sf_attention_desc *desc);
  * tokens to bf16 per head into `workspace` (device memory the caller owns, reused by the next
  * call only after this call's work on `stream` has run, at least 256-byte aligned), then the
  * main kernel streams them with cp.async. workspace NULL runs sf_cuda_attention_bf16; a
- * non-NULL workspace smaller than sf_cuda_attention_workspace_bytes(desc) is SF_E_INVAL. */
-int sf_cuda_attention_bf16_ws(const sf_attention_desc *desc, const float *q, const float *k,
-                              const float *v, float *out, void *workspace, size_t workspace_bytes,
+ * non-NULL workspace smaller than sf_cuda_attention_workspace_bytes(desc) is SF_E_INVAL.
+ * q, k, v are of desc->qkv_type; bf16 ones (qkv's output on an H100) are read in place, with
+ * only the global tokens staged, or refused with SF_E_UNSUPPORTED where that is not built
+ * (sf_cuda_attention_bf16_variant_ws). The entries without a workspace take float32 only. */
+int sf_cuda_attention_bf16_ws(const sf_attention_desc *desc, const void *q, const void *k,
+                              const void *v, float *out, void *workspace, size_t workspace_bytes,
                               cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -92,6 +92,7 @@ static int grow_scratch(sf_cuda *c, void **scratch, size_t *have, size_t bytes)
 }
 
 int sf_cuda_scratch(sf_cuda *c, size_t bytes) { return grow_scratch(c, &c->scratch, &c->scratch_bytes, bytes); }
+int sf_cuda_widened(sf_cuda *c, size_t bytes) { return grow_scratch(c, &c->widened, &c->widened_bytes, bytes); }
 
 static void *cuda_alloc(sf_backend *be, size_t bytes)
 {
@@ -316,27 +317,70 @@ static int cuda_side_join(sf_backend *be)
     return rc;
 }
 
-static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const float *q, const float *k,
-                          const float *v, float *out)
+__global__ static void widen_bf16_kernel(const __nv_bfloat16 *src, size_t count, float *dst)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+/* float32 copies of bf16 q, k, v ([n, ld] each) in c->widened, for the kernels that read float32
+ * only; *wide gets a float32 desc and the three copies. The copies take the same values, so the
+ * result is what those kernels give on float32 inputs of these values. */
+static int widen_qkv(sf_cuda *c, const sf_attention_desc *desc, const void *const in[3], sf_attention_desc *wide,
+                     const float *out[3])
+{
+    const size_t count = (size_t)(desc->n - 1) * desc->ld + (size_t)desc->heads * desc->head_dim;
+    const size_t each = (count * sizeof(float) + 255) & ~(size_t)255;
+    int grown = sf_cuda_widened(c, 3 * each);
+    if (grown != SF_OK) return grown;
+    for (int i = 0; i < 3; i++) {
+        float *dst = (float *)((unsigned char *)c->widened + i * each);
+        const unsigned blocks = (unsigned)((count + 255) / 256 < 4096 ? (count + 255) / 256 : 4096);
+        widen_bf16_kernel<<<blocks, 256, 0, c->stream>>>((const __nv_bfloat16 *)in[i], count, dst);
+        int rc = sf_cuda_launched("attention (widen bf16 q/k/v)");
+        if (rc != SF_OK) return rc;
+        out[i] = dst;
+    }
+    *wide = *desc;
+    wide->qkv_type = SF_DTYPE_F32;
+    return SF_OK;
+}
+
+static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                          float *out)
 {
     if (desc->n <= 0) return SF_OK;
+    if (desc->qkv_type != SF_DTYPE_F32 && desc->qkv_type != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda attention: q/k/v of unknown type %d", (int)desc->qkv_type);
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     rc = SF_E_UNSUPPORTED;
-    if (c->precision == SF_PRECISION_BF16) {
+    const bool has_ws = sf_cuda_attention_workspace_bytes(desc) <= c->scratch_bytes;
+    /* bf16 q/k/v (qkv's output on an H100): the default kernel reads them in place */
+    if (desc->qkv_type == SF_DTYPE_BF16 && c->precision == SF_PRECISION_BF16 && has_ws)
+        rc = sf_cuda_attention_bf16_ws(desc, q, k, v, out, c->scratch, c->scratch_bytes, c->stream);
+    sf_attention_desc wide;
+    const float *f[3] = {(const float *)q, (const float *)k, (const float *)v};
+    if (desc->qkv_type == SF_DTYPE_BF16 && rc == SF_E_UNSUPPORTED) {
+        sf_clear_error();
+        const void *in[3] = {q, k, v};
+        rc = widen_qkv(c, desc, in, &wide, f);
+        if (rc == SF_OK) desc = &wide, rc = SF_E_UNSUPPORTED;
+    }
+    if (rc == SF_E_UNSUPPORTED && c->precision == SF_PRECISION_BF16) {
         /* the scratch (reserve) holds the bf16 K/V staging of the fast kernel; the slower kernel,
          * which converts in its inner loop, only runs for callers that reserved too little */
-        if (sf_cuda_attention_workspace_bytes(desc) <= c->scratch_bytes)
-            rc = sf_cuda_attention_bf16_ws(desc, q, k, v, out, c->scratch, c->scratch_bytes, c->stream);
+        if (has_ws)
+            rc = sf_cuda_attention_bf16_ws(desc, f[0], f[1], f[2], out, c->scratch, c->scratch_bytes, c->stream);
         else
-            rc = sf_cuda_attention_bf16(desc, q, k, v, out, c->stream);
+            rc = sf_cuda_attention_bf16(desc, f[0], f[1], f[2], out, c->stream);
     }
     /* shapes the tensor-core kernel was not built for (head widths other than 32/64/128, odd
      * strides) still run, in float32: slower, never less exact */
     if (rc == SF_E_UNSUPPORTED) {
         sf_clear_error();
-        rc = sf_cuda_attention_f32(desc, q, k, v, out, c->stream);
+        rc = sf_cuda_attention_f32(desc, f[0], f[1], f[2], out, c->stream);
     }
     sf_cuda_leave(c);
     return rc;
@@ -383,6 +427,7 @@ static void release(sf_cuda *c)
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].ptr);
     if (c->side.stream) cudaStreamSynchronize(c->side.stream);
     cudaFree(c->scratch);
+    cudaFree(c->widened);
     cudaFree(c->blas_workspace);
     cudaFree(c->side.scratch);
     cudaFree(c->side.blas_workspace);
@@ -406,6 +451,22 @@ static void release(sf_cuda *c)
     free(c->allocs);
     pthread_mutex_destroy(&c->lock);
     free(c);
+}
+
+/* bf16 q, k, v where the default attention kernel reads them in place (compute capability 9.0,
+ * d = 64, precision bf16); SEQFLOW_CUDA_QKV=f32 keeps them float32 (for A/B timing and tests). */
+static sf_dtype cuda_qkv_type(sf_backend *be, int head_dim)
+{
+    const sf_cuda *c = sf_cuda_of(be);
+    const char *env = getenv("SEQFLOW_CUDA_QKV");
+    if (c->precision != SF_PRECISION_BF16 || head_dim != 64 || (env && !strcmp(env, "f32"))) return SF_DTYPE_F32;
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device) != cudaSuccess) {
+        cudaGetLastError();
+        return SF_DTYPE_F32;
+    }
+    return major == 9 && minor == 0 ? SF_DTYPE_BF16 : SF_DTYPE_F32;
 }
 
 static void cuda_destroy(sf_backend *be)
@@ -442,6 +503,7 @@ static const sf_backend_ops cuda_ops = {
     /* .side_begin */ cuda_side_begin,
     /* .side_end */ cuda_side_end,
     /* .side_join */ cuda_side_join,
+    /* .qkv_type */ cuda_qkv_type,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */

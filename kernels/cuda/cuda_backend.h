@@ -128,6 +128,10 @@ typedef struct sf_cuda {
     int n_weights, cap_weights;
     void *scratch; /* bf16 activations of a product, or the delta targets: reserve() */
     size_t scratch_bytes;
+    /* float32 copies of bf16 q, k, v for an attention kernel that reads float32 only (not an
+     * H100, d != 64, a non-default variant): allocated at the first such call, then kept */
+    void *widened;
+    size_t widened_bytes;
     size_t allocated, peak;
     sf_cuda_profile *profile; /* SEQFLOW_CUDA_PROFILE=1 only */
     sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* gemm_plan.cu, under the lock */
@@ -160,6 +164,8 @@ void sf_cuda_leave(sf_cuda *c);
 int sf_cuda_scratch(sf_cuda *c, size_t bytes);
 /* Counted device allocation / release for the backend's own buffers (under the lock). */
 int sf_cuda_malloc_counted(sf_cuda *c, void **ptr, size_t bytes);
+/* Grows c->widened to at least `bytes` (under the lock; kept until the backend is destroyed). */
+int sf_cuda_widened(sf_cuda *c, size_t bytes);
 void sf_cuda_free_counted(sf_cuda *c, void *ptr, size_t bytes);
 
 /* Kernels launched on `stream` (elementwise.cu); they return launch status. */
@@ -193,21 +199,21 @@ int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x
 int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in);
 int sf_cuda_prepare_weight_group(sf_backend *be, int count, const float *const *w, int out, int in);
 int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
-                const float *wq, const float *wk, const float *wv, float *q, float *k, float *v, float *u);
+                const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u);
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
 int sf_cuda_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y);
 int sf_cuda_swiglu(sf_backend *be, int n, int f, float *a, const float *b);
-int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, const float *k,
-                    const float *v, float *sk, float *sv, int *count);
-int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M,
+int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, sf_dtype kvtype,
+                    const void *k, const void *v, float *sk, float *sv, int *count);
+int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q, const float *M,
                        const float *z, const float *gate, float *a);
 /* Scratch bytes sf_cuda_memory_update needs for n rows (either kind), for reserve(). */
 size_t sf_cuda_memory_update_scratch_bytes(int n, int heads, int d);
-int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
-                          const float *v, float *M, float *z);
+int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, sf_dtype kvtype,
+                          const void *k, const void *v, float *M, float *z);
 #endif /* __CUDACC__ */
 
 #endif

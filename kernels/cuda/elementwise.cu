@@ -228,6 +228,9 @@ int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16
     return sf_cuda_launched("swiglu (bf16 rows)");
 }
 
+__device__ static inline double summary_elem(float x) { return x; }
+__device__ static inline double summary_elem(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 /* blockIdx.x = chunk j; chunk j lands at row "non-empty chunks before j" of sk/sv.
  * blockIdx.y takes SUMMARY_COLS columns; the block's SUMMARY_SLICES row slices each sum every
  * SUMMARY_SLICES-th row of the chunk (one serial 1024-row loop per column left most of the GPU
@@ -235,8 +238,9 @@ int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16
  * in a fixed order, so the mean stays deterministic. */
 #define SUMMARY_COLS 32
 #define SUMMARY_SLICES 8
-__global__ static void summary_kernel(int n, int segment, int summary_tokens, int width, int ld, const float *k,
-                                      const float *v, float *sk, float *sv)
+template <typename T> /* the element type of k and v: float or bf16 */
+__global__ static void summary_kernel(int n, int segment, int summary_tokens, int width, int ld, const T *k,
+                                      const T *v, float *sk, float *sv)
 {
     __shared__ double part[2][SUMMARY_SLICES][SUMMARY_COLS];
     const int j = blockIdx.x;
@@ -253,7 +257,8 @@ __global__ static void summary_kernel(int n, int segment, int summary_tokens, in
     const int f = blockIdx.y * SUMMARY_COLS + col;
     double ak = 0, av = 0;
     if (f < width)
-        for (long t = lo + slice; t < hi; t += SUMMARY_SLICES) ak += k[t * ld + f], av += v[t * ld + f];
+        for (long t = lo + slice; t < hi; t += SUMMARY_SLICES)
+            ak += summary_elem(k[t * ld + f]), av += summary_elem(v[t * ld + f]);
     part[0][slice][col] = ak, part[1][slice][col] = av;
     __syncthreads();
     if (slice == 0 && f < width) {
@@ -263,9 +268,11 @@ __global__ static void summary_kernel(int n, int segment, int summary_tokens, in
     }
 }
 
-int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, const float *k,
-                    const float *v, float *sk, float *sv, int *count)
+int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, sf_dtype kvtype,
+                    const void *k, const void *v, float *sk, float *sv, int *count)
 {
+    if (kvtype != SF_DTYPE_F32 && kvtype != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "summary: element type %d of k/v is neither float32 nor bf16", (int)kvtype);
     /* the count depends on sizes only, so the host knows it without waiting for the device */
     int produced = 0;
     for (int j = 0; j < summary_tokens; j++) {
@@ -279,7 +286,12 @@ int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int 
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     dim3 grid((unsigned)summary_tokens, (unsigned)((width + SUMMARY_COLS - 1) / SUMMARY_COLS));
-    summary_kernel<<<grid, SUMMARY_COLS * SUMMARY_SLICES, 0, c->stream>>>(n, segment, summary_tokens, width, ld, k, v, sk, sv);
+    if (kvtype == SF_DTYPE_BF16)
+        summary_kernel<<<grid, SUMMARY_COLS * SUMMARY_SLICES, 0, c->stream>>>(
+            n, segment, summary_tokens, width, ld, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, sk, sv);
+    else
+        summary_kernel<<<grid, SUMMARY_COLS * SUMMARY_SLICES, 0, c->stream>>>(
+            n, segment, summary_tokens, width, ld, (const float *)k, (const float *)v, sk, sv);
     rc = sf_cuda_launched("summary");
     sf_cuda_leave(c);
     return rc;

@@ -38,38 +38,40 @@ static const sf_cuda_weight *bf16_weight(const sf_cuda *c, const float *w, int o
     return wb && wb->out == out && wb->in == in ? wb : NULL;
 }
 
-/* The distance from y[0] to y[1] in floats when the count outputs are equally spaced, in order,
- * and far enough apart not to overlap ([n, out] rows ldy apart each); 0 otherwise. Plain
- * integers: the outputs may be separate allocations, which pointer subtraction must not see. */
-static long long equal_output_stride(int n, int out, int count, float *const *y, int ldy)
+/* The distance from y[0] to y[1] in elements of `size` bytes when the count outputs are equally
+ * spaced, in order, and far enough apart not to overlap ([n, out] rows ldy apart each); 0
+ * otherwise. Plain integers: the outputs may be separate allocations, which pointer subtraction
+ * must not see. */
+static long long equal_output_stride(int n, int out, int count, void *const *y, int ldy, size_t size)
 {
     const intptr_t step = (intptr_t)y[1] - (intptr_t)y[0];
-    if (step <= 0 || step % (intptr_t)sizeof(float)) return 0;
+    if (step <= 0 || step % (intptr_t)size) return 0;
     for (int i = 2; i < count; i++)
         if ((intptr_t)y[i] - (intptr_t)y[i - 1] != step) return 0;
-    const long long floats = (long long)(step / (intptr_t)sizeof(float));
-    return floats >= (long long)(n - 1) * ldy + out ? floats : 0;
+    const long long elements = (long long)(step / (intptr_t)size);
+    return elements >= (long long)(n - 1) * ldy + out ? elements : 0;
 }
 
-/* y[i] = xb w[i]^T (float32, beta 0) for count bf16 weights of one shape sharing the bf16 input
+/* y[i] = xb w[i]^T (ytype: float32 or bf16, beta 0) for count bf16 weights of one shape sharing the bf16 input
  * xb. Weights prepared as one group (consecutive in one allocation) with equally spaced outputs
  * (stages/block.c: q, k, v in one buffer) go out as ONE strided-batched GEMM: for Q/K/V at
  * n=8192, 1024x1024 on the H100 that is 9% faster than three cublasGemmEx calls, and 21-26%
  * with the Lt algorithm the plan picks (bench/GEMM_NOTES.md). Otherwise one GEMM per weight. */
 static int shared_input_gemms_bf16(sf_cuda *c, int n, int in, int out, const __nv_bfloat16 *xb, int count,
-                                   const sf_cuda_weight *const *wb, float *const *y, int ldy, const char *what)
+                                   const sf_cuda_weight *const *wb, void *const *y, int ldy, cudaDataType ytype,
+                                   const char *what)
 {
-    const size_t each = (size_t)out * in;
+    const size_t each = (size_t)out * in, ysize = ytype == CUDA_R_16BF ? 2 : sizeof(float);
     int grouped = count > 1;
     for (int i = 1; i < count && grouped; i++) grouped = wb[i]->bf16 == wb[0]->bf16 + (size_t)i * each;
-    const long long stride = grouped ? equal_output_stride(n, out, count, y, ldy) : 0;
+    const long long stride = grouped ? equal_output_stride(n, out, count, y, ldy, ysize) : 0;
     if (stride) {
-        const sf_cuda_gemm_args g = {n, in, out, ldy, count, (long long)each, stride, xb, wb[0]->bf16, y[0], CUDA_R_32F, 0.0f};
+        const sf_cuda_gemm_args g = {n, in, out, ldy, count, (long long)each, stride, xb, wb[0]->bf16, y[0], ytype, 0.0f};
         return sf_cuda_gemm(c, &g, what);
     }
     int rc = SF_OK;
     for (int i = 0; i < count && rc == SF_OK; i++)
-        rc = gemm_bf16(c, n, in, out, xb, wb[i]->bf16, y[i], ldy, CUDA_R_32F, 0.0f, what);
+        rc = gemm_bf16(c, n, in, out, xb, wb[i]->bf16, y[i], ldy, ytype, 0.0f, what);
     return rc;
 }
 
@@ -82,7 +84,7 @@ static int shared_input_gemms(sf_cuda *c, int n, int in, int out, const float *x
     int rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
     __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
     if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
-    if (rc == SF_OK) rc = shared_input_gemms_bf16(c, n, in, out, xb, count, wb, y, ldy, what);
+    if (rc == SF_OK) rc = shared_input_gemms_bf16(c, n, in, out, xb, count, wb, (void *const *)y, ldy, CUDA_R_32F, what);
     return rc;
 }
 
@@ -261,29 +263,49 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
 
 /* qkv (seqflow/backend.h): in bf16 with prepared weights the norm writes bf16 straight into the
  * scratch (no float32 u written and read back for the conversion); bit-identical to the
- * composition, since that rounds the same float32 norm once. */
+ * composition, since that rounds the same float32 norm once. With type bf16 the products write
+ * q, k, v in bf16 (rounded from the float32 accumulators): half the bytes, and attention reads
+ * K/V in place instead of converting them. Otherwise (f32 precision, weights never prepared)
+ * the composed float32 sequence, rounded to bf16 afterwards when type asks for it. */
 int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
-                const float *wq, const float *wk, const float *wv, float *q, float *k, float *v, float *u)
+                const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u)
 {
     if (n <= 0 || dim <= 0 || width <= 0) return SF_OK;
+    if (type != SF_DTYPE_F32 && type != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda qkv: unknown output type %d", (int)type);
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     const float *w[3] = {wq, wk, wv};
-    float *y[3] = {q, k, v};
+    void *y[3] = {q, k, v};
     const sf_cuda_weight *wb[3];
     int all_bf16 = 1;
     for (int i = 0; i < 3 && all_bf16; i++) all_bf16 = (wb[i] = bf16_weight(c, w[i], width, dim)) != NULL;
     if (!all_bf16) {
+        /* float32 products, into q, k, v themselves or, for bf16 outputs, into c->widened */
+        const size_t each = (size_t)n * width;
+        float *f[3] = {(float *)q, (float *)k, (float *)v};
+        if (type == SF_DTYPE_BF16) {
+            rc = sf_cuda_widened(c, 3 * each * sizeof(float));
+            for (int i = 0; i < 3 && rc == SF_OK; i++) f[i] = (float *)c->widened + i * each;
+        }
         sf_cuda_leave(c);
-        rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
-        if (rc == SF_OK) rc = sf_cuda_matmul_shared(be, n, dim, width, u, dim, 3, w, y, width);
+        if (rc == SF_OK) rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
+        if (rc == SF_OK) rc = sf_cuda_matmul_shared(be, n, dim, width, u, dim, 3, w, f, width);
+        if (rc != SF_OK || type == SF_DTYPE_F32) return rc;
+        rc = sf_cuda_enter(c);
+        if (rc != SF_OK) return rc;
+        for (int i = 0; i < 3 && rc == SF_OK; i++)
+            rc = sf_cuda_f32_to_bf16(f[i], n, width, width, (__nv_bfloat16 *)y[i], c->stream);
+        sf_cuda_leave(c);
         return rc;
     }
     rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
     __nv_bfloat16 *ub = (__nv_bfloat16 *)c->scratch;
     if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
-    if (rc == SF_OK) rc = shared_input_gemms_bf16(c, n, dim, width, ub, 3, wb, y, width, "bf16 GEMM (qkv)");
+    if (rc == SF_OK)
+        rc = shared_input_gemms_bf16(c, n, dim, width, ub, 3, wb, y, width,
+                                     type == SF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, "bf16 GEMM (qkv)");
     sf_cuda_leave(c);
     return rc;
 }

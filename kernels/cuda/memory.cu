@@ -15,10 +15,15 @@
  *           computed in the same tile, so k and v are read once), and the chunk's column sums of
  *           sigma(K) (double); a second kernel adds the partials to M and z in chunk order, so
  *           the result is the same bits on every run (the chunking depends on n, heads, d only).
+ *
+ * q, k, v come as float32 or bf16 (seqflow/backend.h, sf_dtype): a kernel's element type T. bf16
+ * tiles are copied raw (16 bytes = 8 elements) and widened to float where they are read, so the
+ * math after the load is the float32 kernels'. Rows of bf16 need ld % 8 == 0 for the tiles.
  * Other head sizes, or unaligned rows, take the general kernels of memory_general.cu. */
 #include <atomic>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/memory_general.h"
@@ -26,6 +31,19 @@
 #define MAX_HEAD_DIM 256
 
 __device__ static inline float sigma(float x) { return x > 0 ? x + 1.0f : expf(x); } /* ELU + 1 */
+
+typedef __nv_bfloat16 bf16;
+template <typename T>
+constexpr bool is_f32 = std::is_same<T, float>::value;
+
+/* 4 consecutive elements as float (a bf16 is the high half of its float: widening is exact) */
+__device__ static inline float4 load4(const float *p) { return *(const float4 *)p; }
+__device__ static inline float4 load4(const bf16 *p)
+{
+    const uint2 u = *(const uint2 *)p;
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
 
 /* ---- the tiled kernels (d = 32, 64, 128) ---------------------------------------------------- */
 
@@ -59,7 +77,7 @@ static size_t tile_shared_bytes(bool with_m)
            ((with_m ? (size_t)D * D : 0) + D + TILE_ROWS + (size_t)TILE_ROWS * S::LDX + 4 * (size_t)S::RAW);
 }
 
-__device__ static inline void copy16_async(float *dst, const float *src, bool valid)
+__device__ static inline void copy16_async(void *dst, const void *src, bool valid)
 {
     const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
@@ -84,11 +102,66 @@ __device__ static inline void tile_copy(float *rx_, float *ry_, const float *x, 
     copy_commit();
 }
 
+/* Starts copying rows [i0, i0 + 64) of head h of x into one raw tile, rows RS elements apart
+ * (zeros at or past end), 16 bytes a copy; the caller commits. */
+template <int D, int RS, typename T>
+__device__ static inline void copy_rows_async(T *dst, const T *x, int ld, int h, int i0, int end)
+{
+    constexpr int PER = 16 / sizeof(T), VEC = D / PER, LOADS = TILE_ROWS * VEC / TILE_THREADS;
+    static_assert(D % PER == 0 && TILE_ROWS * VEC % TILE_THREADS == 0, "whole copies per thread");
+#pragma unroll
+    for (int p = 0; p < LOADS; p++) {
+        const int u = threadIdx.x + p * TILE_THREADS, r = u / VEC, col = (u % VEC) * PER;
+        const bool in = i0 + r < end;
+        const size_t at = in ? (size_t)(i0 + r) * ld + (size_t)h * D + col : 0;
+        copy16_async(dst + r * RS + col, x + at, in);
+    }
+}
+
+/* A stage is two raw tiles, rx_ and ry_ (64 rows RS floats apart each). Float x and y are
+ * copied into them as they are (tile_copy). A bf16 x goes to rx_ as bf16 rows D apart, and a bf16
+ * y right after it there (the two take at most rx_'s bytes), so that tile_widen can write y as
+ * float into ry_, where the kernels read it, with no barrier between its reads and writes; a
+ * float y (the mix's a) goes to ry_ as it is. */
+template <int D, int RS, typename TX, typename TY>
+__device__ static inline void stage_copy(float *rx_, float *ry_, const TX *x, const TY *y, int ld, int h, int i0,
+                                         int end)
+{
+    static_assert(RS >= D, "bf16 x and y fit in the x tile");
+    if constexpr (is_f32<TX> && is_f32<TY>) {
+        tile_copy<D, RS>(rx_, ry_, x, y, ld, h, i0, end);
+    } else {
+        bf16 *bx = (bf16 *)rx_;
+        copy_rows_async<D, D>(bx, x, ld, h, i0, end);
+        if constexpr (is_f32<TY>) copy_rows_async<D, RS>(ry_, y, ld, h, i0, end);
+        else copy_rows_async<D, D>(bx + TILE_ROWS * D, y, ld, h, i0, end);
+        copy_commit();
+    }
+}
+
+/* Row stride, in elements of T, of a stage's raw x tile (see stage_copy) */
+template <typename T, int D, int RS>
+constexpr int raw_stride = is_f32<T> ? RS : D;
+
+/* The bf16 y tile that stage_copy put in the x tile rx_, widened into ry_ (rows RS apart). Each
+ * thread moves the elements tile_sigma gives it; the barrier after tile_sigma publishes them. */
+template <int D, int RS>
+__device__ static inline void tile_widen(const float *rx_, float *ry_)
+{
+    typedef tile_shape<D> S;
+    const bf16 *src = (const bf16 *)rx_ + TILE_ROWS * D;
+#pragma unroll
+    for (int p = 0; p < S::LOADS; p++) {
+        const int u = threadIdx.x + p * TILE_THREADS, r = u / S::VEC, col = (u % S::VEC) * 4;
+        *(float4 *)(ry_ + r * RS + col) = load4(src + r * D + col);
+    }
+}
+
 /* sx = sigma(raw x) (0 past `end`) from this thread's own copies; with DEN sinv[r] =
  * 1 / (sigma(x_r) . z) (0 where that is 0), the dot product in double as on the CPU; with Z
  * zacc[c] += the column sums of sigma(x) over this thread's rows (its columns are fixed). */
-template <int D, bool DEN, bool Z, int RS = D>
-__device__ static inline void tile_sigma(const float *raw, int i0, int end, const float *sz, float *sx, float *sinv,
+template <int D, bool DEN, bool Z, int RS = D, typename T = float>
+__device__ static inline void tile_sigma(const T *raw, int i0, int end, const float *sz, float *sx, float *sinv,
                                          double (&zacc)[4])
 {
     typedef tile_shape<D> S;
@@ -96,7 +169,7 @@ __device__ static inline void tile_sigma(const float *raw, int i0, int end, cons
     for (int p = 0; p < S::LOADS; p++) {
         const int u = threadIdx.x + p * TILE_THREADS, r = u / S::VEC, col = (u % S::VEC) * 4;
         const bool in = i0 + r < end;
-        float4 s = *(const float4 *)(raw + r * RS + col);
+        float4 s = load4(raw + r * RS + col);
         s.x = in ? sigma(s.x) : 0.0f, s.y = in ? sigma(s.y) : 0.0f;
         s.z = in ? sigma(s.z) : 0.0f, s.w = in ? sigma(s.w) : 0.0f;
         *(float4 *)(sx + r * S::LDX + col) = s;
@@ -149,9 +222,9 @@ __device__ static inline void stage_memory(const float *M, const float *z, int h
 }
 
 /* grid (chunks, heads): a = g * (sigma(q) M / den) + (1 - g) * a over the block's rows */
-template <int D>
+template <int D, typename T>
 __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS)
-    tiled_mix_kernel(int n, int rows_per_chunk, int ld, const float *__restrict__ q, const float *__restrict__ M,
+    tiled_mix_kernel(int n, int rows_per_chunk, int ld, const T *__restrict__ q, const float *__restrict__ M,
                      const float *__restrict__ z, const float *__restrict__ gate, float *a)
 {
     typedef tile_shape<D> S;
@@ -162,16 +235,16 @@ __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS
     const int rx = threadIdx.x % S::RX, ry = threadIdx.x / S::RX;
     const float g = 1.0f / (1.0f + expf(-gate[h]));
     double unused[4];
-    tile_copy<D>(raw, raw + S::RAW, q, a, ld, h, begin, end);
+    stage_copy<D, D>(raw, raw + S::RAW, q, a, ld, h, begin, end);
     stage_memory<D>(M, z, h, true, sM, sz);
     for (int i0 = begin, s = 0; i0 < end; i0 += TILE_ROWS, s ^= 1) {
         float *rq = raw + 2 * s * S::RAW, *ra = rq + S::RAW;
         copy_wait_all();
         __syncthreads(); /* this tile's copies are visible; the previous tile's readers are done */
         if (i0 + TILE_ROWS < end)
-            tile_copy<D>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, q, a, ld, h, i0 + TILE_ROWS,
-                         end);
-        tile_sigma<D, true, false>(rq, i0, end, sz, sx, sinv, unused);
+            stage_copy<D, D>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, q, a, ld, h,
+                             i0 + TILE_ROWS, end);
+        tile_sigma<D, true, false, raw_stride<T, D, D>>((const T *)rq, i0, end, sz, sx, sinv, unused);
         __syncthreads();
         float acc[S::RR][4];
         tile_retrieve<D>(sx, sM, acc);
@@ -210,10 +283,10 @@ __device__ static void store_chunk_z(const double (&zacc)[4], float *raw, double
 
 /* grid (chunks, heads): partM[chunk][h] = sigma(K)^T T over the chunk's rows, T = v (linear) or
  * v - sigma(K) M / den (delta); partz[chunk][h] = the chunk's column sums of sigma(K). */
-template <int D, bool DELTA>
+template <int D, bool DELTA, typename T>
 __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS)
-    tiled_update_kernel(int n, int rows_per_chunk, int heads, int ld, const float *__restrict__ k,
-                        const float *__restrict__ v, const float *__restrict__ M, const float *__restrict__ z,
+    tiled_update_kernel(int n, int rows_per_chunk, int heads, int ld, const T *__restrict__ k,
+                        const T *__restrict__ v, const float *__restrict__ M, const float *__restrict__ z,
                         float *__restrict__ partM, double *__restrict__ partz)
 {
     typedef tile_shape<D> S;
@@ -223,7 +296,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS
     const int chunk = blockIdx.x, h = blockIdx.y;
     const int begin = chunk * rows_per_chunk, end = min(n, begin + rows_per_chunk);
     const int ux = threadIdx.x % S::UX, uy = threadIdx.x / S::UX;
-    tile_copy<D>(raw, raw + S::RAW, k, v, ld, h, begin, end);
+    stage_copy<D, D>(raw, raw + S::RAW, k, v, ld, h, begin, end);
     stage_memory<D>(M, z, h, DELTA, sM, sz);
     float acc[S::UJ][4];
 #pragma unroll
@@ -234,9 +307,10 @@ __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS
         copy_wait_all();
         __syncthreads();
         if (i0 + TILE_ROWS < end)
-            tile_copy<D>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, k, v, ld, h, i0 + TILE_ROWS,
-                         end);
-        tile_sigma<D, DELTA, true>(rk, i0, end, sz, sx, sinv, zacc);
+            stage_copy<D, D>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, k, v, ld, h,
+                             i0 + TILE_ROWS, end);
+        tile_sigma<D, DELTA, true, raw_stride<T, D, D>>((const T *)rk, i0, end, sz, sx, sinv, zacc);
+        if constexpr (!is_f32<T>) tile_widen<D, D>(rk, sv);
         __syncthreads();
         if (DELTA) { /* the target replaces v in place: each thread rewrites only its own outputs */
             const int rx = threadIdx.x % S::RX, ry = threadIdx.x / S::RX;
@@ -414,9 +488,9 @@ __device__ static inline void stage_memory_padded(const float *M, const float *z
 }
 
 /* tiled_mix_kernel with the retrieval on the tensor cores */
-template <int D>
+template <int D, typename T>
 __global__ static void __launch_bounds__(TILE_THREADS, 2)
-    mma_mix_kernel(int n, int rows_per_chunk, int ld, const float *__restrict__ q, const float *__restrict__ M,
+    mma_mix_kernel(int n, int rows_per_chunk, int ld, const T *__restrict__ q, const float *__restrict__ M,
                    const float *__restrict__ z, const float *__restrict__ gate, float *a)
 {
     typedef mma_shape<D> S;
@@ -428,16 +502,16 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
     const int r_lo = 16 * (w % 4) + lane / 4, c0 = (D / 2) * (w / 4) + 2 * (lane % 4);
     const float wg = 1.0f / (1.0f + expf(-gate[h]));
     double unused[4];
-    tile_copy<D, S::LDR>(raw, raw + S::RAW, q, a, ld, h, begin, end);
+    stage_copy<D, S::LDR>(raw, raw + S::RAW, q, a, ld, h, begin, end);
     stage_memory_padded<D>(M, z, h, true, sM, sz);
     for (int i0 = begin, s = 0; i0 < end; i0 += TILE_ROWS, s ^= 1) {
         float *rq = raw + 2 * s * S::RAW, *ra = rq + S::RAW;
         copy_wait_all();
         __syncthreads(); /* this tile's copies are visible; the previous tile's readers are done */
         if (i0 + TILE_ROWS < end)
-            tile_copy<D, S::LDR>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, q, a, ld, h,
-                                 i0 + TILE_ROWS, end);
-        tile_sigma<D, true, false, S::LDR>(rq, i0, end, sz, sx, sinv, unused);
+            stage_copy<D, S::LDR>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, q, a, ld, h,
+                                  i0 + TILE_ROWS, end);
+        tile_sigma<D, true, false, raw_stride<T, D, S::LDR>>((const T *)rq, i0, end, sz, sx, sinv, unused);
         __syncthreads();
         float acc[S::RN][4];
         mma_retrieve<D>(sx, sM, acc);
@@ -459,10 +533,10 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
 }
 
 /* tiled_update_kernel with both products on the tensor cores */
-template <int D, bool DELTA>
+template <int D, bool DELTA, typename T>
 __global__ static void __launch_bounds__(TILE_THREADS, 2)
-    mma_update_kernel(int n, int rows_per_chunk, int heads, int ld, const float *__restrict__ k,
-                      const float *__restrict__ v, const float *__restrict__ M, const float *__restrict__ z,
+    mma_update_kernel(int n, int rows_per_chunk, int heads, int ld, const T *__restrict__ k,
+                      const T *__restrict__ v, const float *__restrict__ M, const float *__restrict__ z,
                       float *__restrict__ partM, double *__restrict__ partz)
 {
     typedef mma_shape<D> S;
@@ -472,7 +546,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
     const int chunk = blockIdx.x, h = blockIdx.y;
     const int begin = chunk * rows_per_chunk, end = min(n, begin + rows_per_chunk);
     const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-    tile_copy<D, S::LDR>(raw, raw + S::RAW, k, v, ld, h, begin, end);
+    stage_copy<D, S::LDR>(raw, raw + S::RAW, k, v, ld, h, begin, end);
     stage_memory_padded<D>(M, z, h, DELTA, sM, sz);
     float acc[S::UN][4];
 #pragma unroll
@@ -483,9 +557,10 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
         copy_wait_all();
         __syncthreads();
         if (i0 + TILE_ROWS < end)
-            tile_copy<D, S::LDR>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, k, v, ld, h,
-                                 i0 + TILE_ROWS, end);
-        tile_sigma<D, DELTA, true, S::LDR>(rk, i0, end, sz, sx, sinv, zacc);
+            stage_copy<D, S::LDR>(raw + 2 * (s ^ 1) * S::RAW, raw + (2 * (s ^ 1) + 1) * S::RAW, k, v, ld, h,
+                                  i0 + TILE_ROWS, end);
+        tile_sigma<D, DELTA, true, raw_stride<T, D, S::LDR>>((const T *)rk, i0, end, sz, sx, sinv, zacc);
+        if constexpr (!is_f32<T>) tile_widen<D, S::LDR>(rk, sv);
         __syncthreads();
         if (DELTA) { /* the target replaces v in place: each thread rewrites only its own outputs */
             const int r_lo = 16 * (w % 4) + lane / 4, c0 = (D / 2) * (w / 4) + 2 * (lane % 4);
@@ -529,10 +604,12 @@ static void tile_chunks(int n, int heads, int d, int *rows_per_chunk, int *chunk
 
 static bool tiled_head_dim(int d) { return d == 32 || d == 64 || d == 128; }
 
-/* 16-byte copies need 16-byte aligned rows */
-static bool tiled_layout(int d, int ld, const void *p, const void *r)
+/* 16-byte copies need 16-byte aligned rows: ld a multiple of the elements of type in 16 bytes
+ * (the mix's float32 a then has them too) */
+static bool tiled_layout(int d, int ld, sf_dtype type, const void *p, const void *r)
 {
-    return tiled_head_dim(d) && ld % 4 == 0 && (uintptr_t)p % 16 == 0 && (uintptr_t)r % 16 == 0;
+    const int per_copy = type == SF_DTYPE_BF16 ? 8 : 4;
+    return tiled_head_dim(d) && ld % per_copy == 0 && (uintptr_t)p % 16 == 0 && (uintptr_t)r % 16 == 0;
 }
 
 static size_t tiled_update_bytes(int n, int heads, int d)
@@ -563,17 +640,17 @@ static bool use_tensor_cores(int d, bool update)
     return (d == 32 || d == 64) && (chosen >= 0 ? chosen : update ? UPDATE_TENSOR_CORES : MIX_TENSOR_CORES);
 }
 
-template <int D>
-static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const float *q, const float *M, const float *z,
+template <int D, typename T>
+static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const T *q, const float *M, const float *z,
                      const float *gate, float *a)
 {
     int rows, chunks;
     tile_chunks(n, heads, D, &rows, &chunks);
     size_t shared = tile_shared_bytes<D>(true);
-    void (*kernel)(int, int, int, const float *, const float *, const float *, const float *, float *) =
-        tiled_mix_kernel<D>;
+    void (*kernel)(int, int, int, const T *, const float *, const float *, const float *, float *) =
+        tiled_mix_kernel<D, T>;
     if constexpr (D <= 64)
-        if (use_tensor_cores(D, false)) kernel = mma_mix_kernel<D>, shared = mma_shared_bytes<D>(true);
+        if (use_tensor_cores(D, false)) kernel = mma_mix_kernel<D, T>, shared = mma_shared_bytes<D>(true);
     int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_mix (shared memory limit)");
     if (rc != SF_OK) return rc;
@@ -582,18 +659,18 @@ static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const float *q, const
     return sf_cuda_launched("memory_mix");
 }
 
-template <int D, bool DELTA>
-static int tiled_update(sf_cuda *c, int n, int heads, int ld, const float *k, const float *v, float *M, float *z)
+template <int D, bool DELTA, typename T>
+static int tiled_update(sf_cuda *c, int n, int heads, int ld, const T *k, const T *v, float *M, float *z)
 {
     int rows, chunks;
     tile_chunks(n, heads, D, &rows, &chunks);
     float *partM = (float *)c->scratch;
     double *partz = (double *)(partM + (size_t)chunks * heads * D * D);
     size_t shared = tile_shared_bytes<D>(DELTA);
-    void (*kernel)(int, int, int, int, const float *, const float *, const float *, const float *, float *,
-                   double *) = tiled_update_kernel<D, DELTA>;
+    void (*kernel)(int, int, int, int, const T *, const T *, const float *, const float *, float *, double *) =
+        tiled_update_kernel<D, DELTA, T>;
     if constexpr (D <= 64)
-        if (use_tensor_cores(D, true)) kernel = mma_update_kernel<D, DELTA>, shared = mma_shared_bytes<D>(DELTA);
+        if (use_tensor_cores(D, true)) kernel = mma_update_kernel<D, DELTA, T>, shared = mma_shared_bytes<D>(DELTA);
     int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_update (shared memory limit)");
     if (rc != SF_OK) return rc;
@@ -607,12 +684,33 @@ static int tiled_update(sf_cuda *c, int n, int heads, int ld, const float *k, co
     return sf_cuda_launched("memory_update (chunk reduce)");
 }
 
-template <int D>
-static int tiled_update_kind(sf_cuda *c, sf_memory_kind kind, int n, int heads, int ld, const float *k,
-                             const float *v, float *M, float *z)
+/* the tiled kernels of head size d and element type T */
+template <typename T>
+static int tiled_mix_typed(sf_cuda *c, int n, int heads, int d, int ld, const void *q, const float *M,
+                           const float *z, const float *gate, float *a)
+{
+    const T *qt = (const T *)q;
+    return d == 32   ? tiled_mix<32>(c, n, heads, ld, qt, M, z, gate, a)
+           : d == 64 ? tiled_mix<64>(c, n, heads, ld, qt, M, z, gate, a)
+                     : tiled_mix<128>(c, n, heads, ld, qt, M, z, gate, a);
+}
+
+template <int D, typename T>
+static int tiled_update_kind(sf_cuda *c, sf_memory_kind kind, int n, int heads, int ld, const T *k, const T *v,
+                             float *M, float *z)
 {
     return kind == SF_MEMORY_DELTA ? tiled_update<D, true>(c, n, heads, ld, k, v, M, z)
                                    : tiled_update<D, false>(c, n, heads, ld, k, v, M, z);
+}
+
+template <typename T>
+static int tiled_update_typed(sf_cuda *c, sf_memory_kind kind, int n, int heads, int d, int ld, const void *k,
+                              const void *v, float *M, float *z)
+{
+    const T *kt = (const T *)k, *vt = (const T *)v;
+    return d == 32   ? tiled_update_kind<32>(c, kind, n, heads, ld, kt, vt, M, z)
+           : d == 64 ? tiled_update_kind<64>(c, kind, n, heads, ld, kt, vt, M, z)
+                     : tiled_update_kind<128>(c, kind, n, heads, ld, kt, vt, M, z);
 }
 
 /* ---- entry points ------------------------------------------------------------------------ */
@@ -624,52 +722,59 @@ static int check_head_dim(int d)
     return SF_OK;
 }
 
-int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M,
+static int check_type(sf_dtype type, const char *op)
+{
+    if (type != SF_DTYPE_F32 && type != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "%s: element type %d of q/k/v is neither float32 nor bf16", op, (int)type);
+    return SF_OK;
+}
+
+int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q, const float *M,
                        const float *z, const float *gate, float *a)
 {
-    if (n <= 0 || heads <= 0) return SF_OK;
-    int rc = check_head_dim(d);
+    int rc = check_type(qtype, "memory_mix");
+    if (rc != SF_OK || n <= 0 || heads <= 0) return rc;
+    rc = check_head_dim(d);
     if (rc != SF_OK) return rc;
     sf_cuda *c = sf_cuda_of(be);
     rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    if (tiled_layout(d, ld, q, a) && (uintptr_t)M % 16 == 0) {
-        rc = d == 32    ? tiled_mix<32>(c, n, heads, ld, q, M, z, gate, a)
-             : d == 64 ? tiled_mix<64>(c, n, heads, ld, q, M, z, gate, a)
-                       : tiled_mix<128>(c, n, heads, ld, q, M, z, gate, a);
-    } else {
-        rc = sf_cuda_memory_mix_general(c, n, heads, d, ld, q, M, z, gate, a);
-    }
+    if (tiled_layout(d, ld, qtype, q, a) && (uintptr_t)M % 16 == 0)
+        rc = qtype == SF_DTYPE_BF16 ? tiled_mix_typed<bf16>(c, n, heads, d, ld, q, M, z, gate, a)
+                                    : tiled_mix_typed<float>(c, n, heads, d, ld, q, M, z, gate, a);
+    else
+        rc = sf_cuda_memory_mix_general(c, n, heads, d, ld, qtype, q, M, z, gate, a);
     sf_cuda_leave(c);
     return rc;
 }
 
-/* the tiled update's partial sums, or the general update's buffers (the sizes reserve() asks for) */
+/* the tiled update's partial sums, or the general update's buffers (the sizes reserve() asks for;
+ * the general update of either kind or element type fits the delta's) */
 size_t sf_cuda_memory_update_scratch_bytes(int n, int heads, int d)
 {
     if (n <= 0 || heads <= 0 || d <= 0) return 0;
     return tiled_head_dim(d) ? tiled_update_bytes(n, heads, d) : sf_cuda_memory_general_bytes(n, heads, d, 1);
 }
 
-int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
-                          const float *v, float *M, float *z)
+int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, sf_dtype kvtype,
+                          const void *k, const void *v, float *M, float *z)
 {
-    if (kind == SF_MEMORY_NONE || n <= 0 || heads <= 0) return SF_OK;
-    int rc = check_head_dim(d);
+    int rc = check_type(kvtype, "memory_update");
+    if (rc != SF_OK || kind == SF_MEMORY_NONE || n <= 0 || heads <= 0) return rc;
+    rc = check_head_dim(d);
     if (rc != SF_OK) return rc;
     sf_cuda *c = sf_cuda_of(be);
     rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    if (tiled_layout(d, ld, k, v) && (uintptr_t)M % 16 == 0) {
+    if (tiled_layout(d, ld, kvtype, k, v) && (uintptr_t)M % 16 == 0) {
         /* reserve() sized the partials (sf_cuda_memory_update_scratch_bytes); a caller that did
          * not reserve grows the scratch here, once */
         rc = sf_cuda_scratch(c, tiled_update_bytes(n, heads, d));
         if (rc == SF_OK)
-            rc = d == 32    ? tiled_update_kind<32>(c, kind, n, heads, ld, k, v, M, z)
-                 : d == 64 ? tiled_update_kind<64>(c, kind, n, heads, ld, k, v, M, z)
-                           : tiled_update_kind<128>(c, kind, n, heads, ld, k, v, M, z);
+            rc = kvtype == SF_DTYPE_BF16 ? tiled_update_typed<bf16>(c, kind, n, heads, d, ld, k, v, M, z)
+                                         : tiled_update_typed<float>(c, kind, n, heads, d, ld, k, v, M, z);
     } else {
-        rc = sf_cuda_memory_update_general(c, kind, n, heads, d, ld, k, v, M, z);
+        rc = sf_cuda_memory_update_general(c, kind, n, heads, d, ld, kvtype, k, v, M, z);
     }
     sf_cuda_leave(c);
     return rc;

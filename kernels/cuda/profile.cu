@@ -92,31 +92,31 @@ static int p_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const
     PROFILED(OP_EMBED, embed(be, n, dim, tokens, table, y));
 }
 static int p_swiglu(sf_backend *be, int n, int f, float *a, const float *b) { PROFILED(OP_SWIGLU, swiglu(be, n, f, a, b)); }
-static int p_attention(sf_backend *be, const sf_attention_desc *desc, const float *q, const float *k, const float *v,
+static int p_attention(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
                        float *out)
 {
     PROFILED(OP_ATTENTION, attention(be, desc, q, k, v, out));
 }
-static int p_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const float *q, const float *M, const float *z,
-                        const float *gate, float *a)
+static int p_memory_mix(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q, const float *M,
+                        const float *z, const float *gate, float *a)
 {
-    PROFILED(OP_MEMORY_MIX, memory_mix(be, n, heads, d, ld, q, M, z, gate, a));
+    PROFILED(OP_MEMORY_MIX, memory_mix(be, n, heads, d, ld, qtype, q, M, z, gate, a));
 }
-static int p_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, const float *k,
-                           const float *v, float *M, float *z)
+static int p_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, sf_dtype kvtype,
+                           const void *k, const void *v, float *M, float *z)
 {
-    PROFILED(OP_MEMORY_UPDATE, memory_update(be, kind, n, heads, d, ld, k, v, M, z));
+    PROFILED(OP_MEMORY_UPDATE, memory_update(be, kind, n, heads, d, ld, kvtype, k, v, M, z));
 }
-static int p_summary(sf_backend *be, int n, int segment, int s, int width, int ld, const float *k, const float *v,
-                     float *sk, float *sv, int *count)
+static int p_summary(sf_backend *be, int n, int segment, int s, int width, int ld, sf_dtype kvtype, const void *k,
+                     const void *v, float *sk, float *sv, int *count)
 {
-    PROFILED(OP_SUMMARY, summary(be, n, segment, s, width, ld, k, v, sk, sv, count));
+    PROFILED(OP_SUMMARY, summary(be, n, segment, s, width, ld, kvtype, k, v, sk, sv, count));
 }
 
 static int p_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
-                 const float *wq, const float *wk, const float *wv, float *q, float *k, float *v, float *u)
+                 const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u)
 {
-    PROFILED(OP_QKV, qkv(be, n, dim, width, x, norm, eps, wq, wk, wv, q, k, v, u));
+    PROFILED(OP_QKV, qkv(be, n, dim, width, x, norm, eps, wq, wk, wv, type, q, k, v, u));
 }
 static int p_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                  const float *w3, const float *w2, float *u, float *h1, float *h3)

@@ -72,7 +72,7 @@ static void *decode_checked(const uint8_t *buf, size_t len, size_t limit, sf_fra
     FUZZ_CHECK(used == SF_FRAME_HEADER_SIZE + h->payload_bytes && used <= len);
     size_t count = 1;
     for (int i = 0; i < h->ndim; i++) count *= (size_t)h->shape[i];
-    FUZZ_CHECK(h->value_bytes == (h->ndim ? count * sf_dtype_size(h->dtype) : 0));
+    FUZZ_CHECK(h->value_bytes == (h->ndim ? count * sf_frame_dtype_size(h->dtype) : 0));
 
     sf_frame_header peeked;
     FUZZ_CHECK(sf_frame_peek(buf, SF_FRAME_HEADER_SIZE, limit, &peeked) == SF_OK);
@@ -126,10 +126,10 @@ static void encode_and_decode(const uint8_t *data, size_t size, size_t limit)
     if (size < 8) return;
     sf_frame_desc d = {0};
     d.kind = (sf_frame_kind)(1 + data[0] % 5);
-    d.dtype = (sf_dtype)(1 + data[1] % 3);
+    d.dtype = (sf_frame_dtype)(1 + data[1] % 3);
     d.codec = (sf_codec)(data[2] % 3);
     d.level = d.codec == SF_CODEC_LZ4 ? data[3] % 13 : d.codec == SF_CODEC_ZSTD ? data[3] % 6 : 0;
-    d.quant.kind = d.dtype == SF_DTYPE_F32 ? (sf_quant_kind)(data[4] % 5) : SF_QUANT_F32;
+    d.quant.kind = d.dtype == SF_FRAME_F32 ? (sf_quant_kind)(data[4] % 5) : SF_QUANT_F32;
     d.quant.group = 1 + data[5] % 32;
     if (d.quant.kind == SF_QUANT_INT4 && d.quant.group % 2) d.quant.group++;
     if (d.quant.kind == SF_QUANT_F32 || d.quant.kind == SF_QUANT_BF16) d.quant.group = 1;
@@ -138,7 +138,7 @@ static void encode_and_decode(const uint8_t *data, size_t size, size_t limit)
     d.segment = (uint64_t)data[7] << 40;
     data += 8;
     size -= 8;
-    size_t dsize = sf_dtype_size(d.dtype), rest = 1;
+    size_t dsize = sf_frame_dtype_size(d.dtype), rest = 1;
     for (int i = 1; i < d.ndim; i++) {
         d.shape[i] = 1 + (size > (size_t)i ? data[size - i] % 3 : 0);
         rest *= d.shape[i];
