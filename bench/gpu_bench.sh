@@ -17,6 +17,7 @@
 # 6. prints the table.
 # The log, the summary and the table go to $OUT (or /tmp/gpu_bench_out).
 # Knobs: GPU_BENCH_SEGMENTS (segments of each timed run, default 16), GPU_BENCH_MEM_SECONDS (the long run, default 60),
+# GPU_BENCH_BINARY_REPS (repetitions of the binary's timing, default 5),
 # GPU_BENCH_CPU_SEGMENTS (segments checked against the CPU, default 1; 0 skips).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -122,12 +123,13 @@ for model in reference attention; do
       ${GEMM:+--gemm-tflops $GEMM} | tee "$LOGS/${model}_seqflow.txt"
     # The threaded binary (one thread per stage, so the output download overlaps the next
     # segment's compute), null sink: two runs of different lengths, so that start-up (model
-    # load, weight upload, cuBLAS init) cancels out of the rate; 3 repetitions, the median. The
-    # attention-only model runs ~5x faster, so its long run is longer (the difference must stay
-    # well above the start-up's jitter).
-    long=320; [ "$model" = attention ] && long=1344
+    # load, weight upload, cuBLAS init) cancels out of the rate; GPU_BENCH_BINARY_REPS (5)
+    # repetitions, the median. The long runs take ~5 s on an H100 (1344 segments of the
+    # reference model, 5376 of the attention-only one, which runs ~5x faster): with 1 s runs
+    # the start-up's jitter spread single repetitions by 10-30% (bench/RESULTS.md, run 11).
+    long=1344; [ "$model" = attention ] && long=5376
     rates=""
-    for rep in 1 2 3; do
+    for rep in $(seq "${GPU_BENCH_BINARY_REPS:-5}"); do
       for segs in 64 $long; do
         [ -f "$DATA/long$segs.u32" ] || "$BENCH" --make-tokens "$DATA/long$segs.u32" --count $((segs * N)) --seed 4
         t0=$(date +%s.%N)
@@ -137,7 +139,7 @@ for model in reference attention; do
       rates="$rates $(python3 -c "print('%.0f' % (($long - 64)*$N / ($(cat "$LOGS/${model}_binary_$long.txt") - $(cat "$LOGS/${model}_binary_64.txt"))))")"
     done
     bin_tps=$(python3 -c "import statistics; print('%.0f' % statistics.median([float(x) for x in '$rates'.split()]))")
-    note "$model: seqflow binary (threaded, null sink), steady state from 64 vs $long segments, 3 repetitions:$rates tokens/s; median $bin_tps"
+    note "$model: seqflow binary (threaded, null sink), steady state from 64 vs $long segments, ${GPU_BENCH_BINARY_REPS:-5} repetitions:$rates tokens/s; median $bin_tps"
     echo "RESULT binary_tokens_per_s=$bin_tps" >"$LOGS/${model}_binary.txt"
     echo "(again, writing the output)"
     "$BENCH" --model "$M" --tokens "$DATA/tokens.u32" --device cuda --precision bf16 --warmup-segments 2 \

@@ -6,8 +6,8 @@
 # Builds build-rate (Release, CUDA arch 90), runs the GPU tests test_backend_ops and
 # test_gpu_pipeline, measures the cuBLAS bf16 GEMM rate, then times the threaded binary
 # (`seqflow run -d cuda --sink-format null`) on the reference and attention-only models: wall
-# time of a 64- and a 320-segment run (1344 for the attention-only model), 3 rounds,
-# steady-state rate = (320 - 64) x 8192 tokens / (t320 - t64) so start-up cancels out; median
+# time of a 64- and a 1344-segment run (5376 for the attention-only model: ~5 s each), 3 rounds,
+# steady-state rate = (1344 - 64) x 8192 tokens / (t1344 - t64) so start-up cancels out; median
 # reported. RATE_UNPINNED=1 (default) adds SEQFLOW_PINNED_PACKETS=0 to each round;
 # RATE_NCU=1 adds an ncu run (device time per kernel, bench/ncu_summary.py); RATE_BATCH=1
 # (default) times several streams with block batch=1 against batch=B. Last, one push-mode
@@ -42,7 +42,7 @@ grep -E "ffn" "$OUT/test_backend_ops.log" | head -8
 $B/bench/bench_gemm --size 8192 --reps 30 | tee "$OUT/gemm.txt"
 GEMM=$(grep '^RESULT' "$OUT/gemm.txt" | tail -1 | tr ' ' '\n' | sed -n 's/^gemm_tflops=//p')
 N=8192
-for segs in 64 320 1344; do
+for segs in 64 1344 5376; do
   [ -f "$D/long$segs.u32" ] || $B/bench/bench_gpu_pipeline --make-tokens "$D/long$segs.u32" --count $((segs * N)) --seed 4 >/dev/null
 done
 $B/bench/bench_gpu_pipeline --make-tokens "$D/t12.u32" --count $((12 * N)) --seed 3 >/dev/null
@@ -51,11 +51,11 @@ $B/bench/bench_gpu_pipeline --make-tokens "$D/t12.u32" --count $((12 * N)) --see
 # label|VAR=VALUE to run under that environment. One run = the 64- and the long-segment run;
 # the rate of each is (long - 64) x N / (t_long - t_64). Prints and records each median.
 binary_rates() {
-  local model=$1 long=320 r segs t0 t1 t_64 t_long rate cfg label envs med tf pct
+  local model=$1 long=1344 r segs t0 t1 t_64 t_long rate cfg label envs med tf pct
   shift
   # the attention-only model runs ~5x faster: a longer second run keeps the difference well
   # above the start-up's jitter
-  [ "$model" = attention ] && long=1344
+  [ "$model" = attention ] && long=5376
   declare -A rates
   for r in $(seq "$REPS"); do
     for cfg in "$@"; do

@@ -38,6 +38,9 @@ typedef struct block {
     unsigned char *q, *k, *v;
     sf_dtype qkv_type;
     size_t qkv_size;
+    /* with bf16 q/k/v and a memory: the mixed attention output as the output product's bf16
+     * input ([N, width], memory_mix_to writes it, matmul_typed reads it); NULL otherwise */
+    unsigned char *ao;
     sf_stream_table streams;
     /* with state_budget: every stream's state lives in the store between packets, and the one
      * being processed in work (see state_load) */
@@ -430,6 +433,8 @@ static int block_init(sf_stage *st)
     b->q = (unsigned char *)upload(b, NULL, qkv_floats, &rc);
     if (b->q) b->k = b->q + N * W * b->qkv_size, b->v = b->k + N * W * b->qkv_size;
     b->a = upload(b, NULL, N * W, &rc);
+    if (b->qkv_type == SF_DTYPE_BF16 && c->memory != SF_MEMORY_NONE && ops->memory_mix_to && ops->matmul_typed)
+        b->ao = (unsigned char *)upload(b, NULL, (N * W + 1) / 2, &rc);
     if (F) {
         b->h1 = upload(b, NULL, N * F, &rc);
         b->h3 = upload(b, NULL, N * F, &rc);
@@ -517,7 +522,10 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
             .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
             .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type};
         rc = ops->attention(be, &desc, q, k, v, a);
-        if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
+        if (rc == SF_OK && c->memory != SF_MEMORY_NONE && b->ao)
+            rc = ops->memory_mix_to(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a,
+                                    SF_DTYPE_BF16, b->ao + i * part * 2);
+        else if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
             rc = ops->memory_mix(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a);
     }
     /* The commit reads k and v and writes the memory and the global tokens, which only the
@@ -541,7 +549,8 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
         int end_rc = ops->side_end(be);
         if (rc == SF_OK) rc = end_rc;
     }
-    if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->a, W, w->wo, b->x, D, 1);
+    if (rc == SF_OK && b->ao) rc = ops->matmul_typed(be, rows, W, D, SF_DTYPE_BF16, b->ao, W, w->wo, b->x, D, 1);
+    else if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->a, W, w->wo, b->x, D, 1);
     if (rc == SF_OK && F && ops->ffn) {
         rc = ops->ffn(be, rows, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->u, b->h1, b->h3);
     } else if (rc == SF_OK && F) {
@@ -761,7 +770,7 @@ static void block_free(sf_stage *st)
         for (size_t i = 0; i < sizeof(layer_weights) / sizeof(float *); i++) be->ops->free(be, w[i]);
     }
     free(b->weights);
-    void *scratch[] = {b->x, b->u, b->q /* and k, v */, b->a, b->h1, b->h3, b->sk, b->sv};
+    void *scratch[] = {b->x, b->u, b->q /* and k, v */, b->a, b->ao, b->h1, b->h3, b->sk, b->sv};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) be->ops->free(be, scratch[i]);
     free(b);
 }

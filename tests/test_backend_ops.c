@@ -539,6 +539,27 @@ static void test_memory(const target *t)
             CHECK_OK(t->be->ops->memory_mix(t->be, n, H, d, bld, SF_DTYPE_BF16, gq + off, M.g, z.g, g.g, ab.g));
             snprintf(what, sizeof what, "memory_mix (bf16 q) n=%d H=%d d=%d ld=%d, row 0 at %d", n, H, d, bld, off);
             compare(what, t, ab.g, ab.c, (size_t)n * bld, TOL_F32);
+            if (t->be->ops->memory_mix_to) { /* the same mix into a NaN-poisoned bf16 out, rows bld apart */
+                float *nan = malloc((size_t)n * bld * 4 + 4);
+                for (size_t i = 0; i < (size_t)n * bld; i++) nan[i] = NAN;
+                void *out = bf16_upload(t->be, nan, (size_t)n * bld);
+                CHECK_OK(t->be->ops->upload(t->be, ab.g, ba, (size_t)n * bld * 4));
+                CHECK_OK(t->be->ops->memory_mix_to(t->be, n, H, d, bld, SF_DTYPE_BF16, gq + off, M.g, z.g, g.g, ab.g,
+                                                   SF_DTYPE_BF16, out));
+                float *got = bf16_download(t->be, out, (size_t)n * bld), *want = to_host(cpu, ab.c, (size_t)n * bld);
+                /* the rows' H*d columns, side by side; the padding is not the op's to write */
+                const size_t w = (size_t)H * d;
+                float *gw = malloc((size_t)n * w * 4 + 4), *ww = malloc((size_t)n * w * 4 + 4);
+                for (int i = 0; i < n; i++) {
+                    memcpy(gw + i * w, got + (size_t)i * bld, w * 4);
+                    memcpy(ww + i * w, want + (size_t)i * bld, w * 4);
+                }
+                const double err = check_rel_err_f32(gw, ww, (size_t)n * w);
+                CHECKF(err <= TOL_BF16_OUTPUT, "%s memory_mix_to (bf16 q, bf16 out) n=%d H=%d d=%d ld=%d: rel err %.3g",
+                       t->label, n, H, d, bld, err);
+                free(nan), free(got), free(want), free(gw), free(ww);
+                t->be->ops->free(t->be, out);
+            }
             for (int kind = SF_MEMORY_LINEAR; kind <= SF_MEMORY_DELTA; kind++) {
                 pair M2 = both(t, hM, hdd * 4), z2 = both(t, hz, hd * 4);
                 CHECK_OK(cpu->ops->memory_update(cpu, (sf_memory_kind)kind, n, H, d, bld, SF_DTYPE_F32, ck + off,
@@ -567,6 +588,32 @@ static void test_memory(const target *t)
         both_free(t, M), both_free(t, z), both_free(t, g), both_free(t, q), both_free(t, k), both_free(t, v);
         both_free(t, a);
         free(hM), free(hz), free(hg), free(hq), free(hk), free(hv), free(ha);
+    }
+}
+
+/* matmul_typed with a bf16 x (the output product's input on an H100), against matmul on the
+ * CPU on the same values rounded to bf16: contiguous rows (the direct bf16 product where the
+ * weight is prepared) and padded ones (widened first) */
+static void test_matmul_typed(const target *t)
+{
+    static const int shapes[][4] = {/* n, in, out, ldx */ {64, 96, 40, 96}, {33, 64, 128, 72}, {1, 32, 8, 32}};
+    if (!t->be->ops->matmul_typed) return;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int n = shapes[s][0], in = shapes[s][1], out = shapes[s][2], ldx = shapes[s][3];
+        const size_t nx = (size_t)n * ldx, ny = (size_t)n * out;
+        float *hx = random_host(nx, 1), *hw = random_host((size_t)out * in, 1.0 / sqrt(in)), *hy = random_host(ny, 1);
+        round_to_bf16(hx, nx);
+        pair x = both(t, hx, nx * 4), w = both(t, hw, (size_t)out * in * 4), y = both(t, hy, ny * 4);
+        void *xb = bf16_upload(t->be, hx, nx);
+        if (t->be->ops->prepare_weight) CHECK_OK(t->be->ops->prepare_weight(t->be, w.g, out, in));
+        CHECK_OK(cpu->ops->matmul(cpu, n, in, out, x.c, ldx, w.c, y.c, out, 1));
+        CHECK_OK(t->be->ops->matmul_typed(t->be, n, in, out, SF_DTYPE_BF16, xb, ldx, w.g, y.g, out, 1));
+        char what[96];
+        snprintf(what, sizeof what, "matmul_typed (bf16 x) n=%d in=%d out=%d ldx=%d, accumulate", n, in, out, ldx);
+        compare(what, t, y.g, y.c, ny, t->tol_products);
+        t->be->ops->free(t->be, xb);
+        both_free(t, x), both_free(t, w), both_free(t, y);
+        free(hx), free(hw), free(hy);
     }
 }
 
@@ -674,6 +721,7 @@ int main(void)
         test_matmul(&t);
         test_fused_products(&t);
         test_qkv_grouped(&t);
+        test_matmul_typed(&t);
         test_rowwise(&t);
         test_summary(&t);
         test_memory(&t);

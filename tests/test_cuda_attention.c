@@ -39,7 +39,7 @@ static void check_shape(const shape *s, check_rng *rng)
     float *q = host, *k = q + cnt, *v = k + cnt, *gk = v + cnt, *gv = gk + gcnt, *ref = gv + gcnt, *got = ref + cnt;
     for (size_t i = 0; i < 3 * cnt + 2 * gcnt; i++) host[i] = (float)(2 * check_rng_uniform(rng) - 1);
     sf_attention_desc desc = {s->n, s->segment, s->heads, s->d, ld, s->causal, s->nb, s->br, s->n_global,
-                              ld, gk, gv, 1.0f / sqrtf((float)s->d)};
+                              ld, gk, gv, 1.0f / sqrtf((float)s->d), SF_DTYPE_F32};
     CHECK_OK(sf_cpu_attention(NULL, &desc, q, k, v, ref));
     float *dq = device_copy(q, cnt), *dk = device_copy(k, cnt), *dv = device_copy(v, cnt);
     float *dgk = device_copy(gk, gcnt), *dgv = device_copy(gv, gcnt), *dout = device_copy(q, cnt);
@@ -83,7 +83,7 @@ int main(void)
     check_rng rng = {12345};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(&shapes[i], &rng);
     shape odd = {1, 48, 64, 64, 1, 0, 1, {{64, 1}}};
-    sf_attention_desc desc = {64, 64, 1, 48, 48, 1, 1, odd.br, 0, 48, NULL, NULL, 0.1f};
+    sf_attention_desc desc = {64, 64, 1, 48, 48, 1, 1, odd.br, 0, 48, NULL, NULL, 0.1f, SF_DTYPE_F32};
     CHECK(sf_cuda_attention_bf16(&desc, NULL, NULL, NULL, NULL, 0) == SF_E_UNSUPPORTED);
     return check_finish("test_cuda_attention");
 }

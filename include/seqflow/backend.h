@@ -142,6 +142,15 @@ typedef struct sf_backend_ops {
      * takes a float32 round trip and the attention's conversion pre-pass out of every layer
      * (bench/RESULTS.md, run 11). The ops take either type; only this one is fast. */
     sf_dtype (*qkv_type)(sf_backend *be, int head_dim);
+    /* memory_mix_to: memory_mix with the result written as otype to out ([n, ld], rows ld
+     * elements apart) instead of into a, whose contents are undefined afterwards (float32 out
+     * must be a itself). With bf16 q/k/v an H100 writes the output product's bf16 input here
+     * directly, with no conversion pass. matmul_typed: matmul with x of type xtype ([n, ldx]).
+     * NULL (the CPU): callers use memory_mix and matmul, on float32. */
+    int (*memory_mix_to)(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
+                         const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out);
+    int (*matmul_typed)(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
+                        const float *w, float *y, int ldy, int accumulate);
 } sf_backend_ops;
 
 struct sf_backend {

@@ -317,12 +317,6 @@ static int cuda_side_join(sf_backend *be)
     return rc;
 }
 
-__global__ static void widen_bf16_kernel(const __nv_bfloat16 *src, size_t count, float *dst)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __bfloat162float(src[i]);
-}
-
 /* float32 copies of bf16 q, k, v ([n, ld] each) in c->widened, for the kernels that read float32
  * only; *wide gets a float32 desc and the three copies. The copies take the same values, so the
  * result is what those kernels give on float32 inputs of these values. */
@@ -335,9 +329,7 @@ static int widen_qkv(sf_cuda *c, const sf_attention_desc *desc, const void *cons
     if (grown != SF_OK) return grown;
     for (int i = 0; i < 3; i++) {
         float *dst = (float *)((unsigned char *)c->widened + i * each);
-        const unsigned blocks = (unsigned)((count + 255) / 256 < 4096 ? (count + 255) / 256 : 4096);
-        widen_bf16_kernel<<<blocks, 256, 0, c->stream>>>((const __nv_bfloat16 *)in[i], count, dst);
-        int rc = sf_cuda_launched("attention (widen bf16 q/k/v)");
+        int rc = sf_cuda_bf16_to_f32((const __nv_bfloat16 *)in[i], count, dst, c->stream);
         if (rc != SF_OK) return rc;
         out[i] = dst;
     }
@@ -504,6 +496,8 @@ static const sf_backend_ops cuda_ops = {
     /* .side_end */ cuda_side_end,
     /* .side_join */ cuda_side_join,
     /* .qkv_type */ cuda_qkv_type,
+    /* .memory_mix_to */ sf_cuda_memory_mix_to,
+    /* .matmul_typed */ sf_cuda_matmul_typed,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */

@@ -170,7 +170,12 @@ void sf_cuda_free_counted(sf_cuda *c, void *ptr, size_t bytes);
 
 /* Kernels launched on `stream` (elementwise.cu); they return launch status. */
 int sf_cuda_f32_to_bf16(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, cudaStream_t stream);
+/* the same with the rows of dst ldd elements apart */
+int sf_cuda_f32_to_bf16_ld(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, int ldd,
+                           cudaStream_t stream);
 int sf_cuda_bf16_to_f32(const __nv_bfloat16 *src, size_t count, float *dst, cudaStream_t stream);
+/* y = rmsnorm(x), float32, [n, dim] contiguous both (the op's launch, for callers holding the lock). */
+int sf_cuda_rmsnorm_f32(int n, int dim, const float *x, const float *weight, float eps, float *y, cudaStream_t stream);
 /* y = rmsnorm(x) rounded to bf16, [n, dim] contiguous both (the input of a bf16 product). */
 int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight, float eps, __nv_bfloat16 *y,
                             cudaStream_t stream);
@@ -210,6 +215,10 @@ int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int 
                     const void *k, const void *v, float *sk, float *sv, int *count);
 int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q, const float *M,
                        const float *z, const float *gate, float *a);
+int sf_cuda_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
+                          const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out);
+int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
+                         const float *w, float *y, int ldy, int accumulate);
 /* Scratch bytes sf_cuda_memory_update needs for n rows (either kind), for reserve(). */
 size_t sf_cuda_memory_update_scratch_bytes(int n, int heads, int d);
 int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, sf_dtype kvtype,

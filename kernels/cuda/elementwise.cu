@@ -123,6 +123,11 @@ int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight,
     return launch_rmsnorm(n, dim, x, weight, eps, y, stream);
 }
 
+int sf_cuda_rmsnorm_f32(int n, int dim, const float *x, const float *weight, float eps, float *y, cudaStream_t stream)
+{
+    return n <= 0 || dim <= 0 ? SF_OK : launch_rmsnorm(n, dim, x, weight, eps, y, stream);
+}
+
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y)
 {
     if (n <= 0 || dim <= 0) return SF_OK;
@@ -299,12 +304,13 @@ int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int 
 
 /* blockIdx.y strides over rows, threads over columns: no index division (the flat version
  * divided by cols per element in 64 bits). 4 columns a thread when rows start 16-byte aligned. */
-__global__ static void f32_to_bf16_kernel(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst)
+__global__ static void f32_to_bf16_kernel(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, int ldd)
 {
-    const int vec = (cols & 3) == 0 && (ld & 3) == 0 && ((uintptr_t)src & 15) == 0 && ((uintptr_t)dst & 7) == 0;
+    const int vec = (cols & 3) == 0 && (ld & 3) == 0 && (ldd & 3) == 0 && ((uintptr_t)src & 15) == 0 &&
+                    ((uintptr_t)dst & 7) == 0;
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
         const float *s = src + (size_t)r * ld;
-        __nv_bfloat16 *d = dst + (size_t)r * cols;
+        __nv_bfloat16 *d = dst + (size_t)r * ldd;
         if (vec) {
             for (int j = (blockIdx.x * blockDim.x + threadIdx.x) * 4; j < cols; j += gridDim.x * blockDim.x * 4) {
                 float4 v = *reinterpret_cast<const float4 *>(s + j);
@@ -319,13 +325,19 @@ __global__ static void f32_to_bf16_kernel(const float *src, int rows, int cols, 
     }
 }
 
-int sf_cuda_f32_to_bf16(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, cudaStream_t stream)
+int sf_cuda_f32_to_bf16_ld(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, int ldd,
+                           cudaStream_t stream)
 {
     if (rows <= 0 || cols <= 0) return SF_OK;
     unsigned x = (unsigned)((cols / 4 + 255) / 256);
     dim3 grid(x ? x : 1, rows < 65535 ? (unsigned)rows : 65535u);
-    f32_to_bf16_kernel<<<grid, 256, 0, stream>>>(src, rows, cols, ld, dst);
+    f32_to_bf16_kernel<<<grid, 256, 0, stream>>>(src, rows, cols, ld, dst, ldd);
     return sf_cuda_launched("f32 to bf16");
+}
+
+int sf_cuda_f32_to_bf16(const float *src, int rows, int cols, int ld, __nv_bfloat16 *dst, cudaStream_t stream)
+{
+    return sf_cuda_f32_to_bf16_ld(src, rows, cols, ld, dst, cols, stream);
 }
 
 __global__ static void bf16_to_f32_kernel(const __nv_bfloat16 *src, size_t count, float *dst)

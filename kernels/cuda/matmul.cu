@@ -168,13 +168,11 @@ void sf_cuda_drop_weight(sf_cuda *c, const void *w)
     }
 }
 
-int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
-                   int ldy, int accumulate)
+/* sf_cuda_matmul's work, under the lock */
+static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int ldx, const float *w, float *y, int ldy,
+                         int accumulate)
 {
-    if (n <= 0 || out <= 0) return SF_OK;
-    sf_cuda *c = sf_cuda_of(be);
-    int rc = sf_cuda_enter(c);
-    if (rc != SF_OK) return rc;
+    int rc;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
     if (wb) {
@@ -188,6 +186,46 @@ int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int l
             cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in, x, ldx, &beta, y, ldy),
             "SGEMM");
     }
+    return rc;
+}
+
+int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
+                   int ldy, int accumulate)
+{
+    if (n <= 0 || out <= 0) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = matmul_locked(c, n, in, out, x, ldx, w, y, ldy, accumulate);
+    sf_cuda_leave(c);
+    return rc;
+}
+
+/* matmul_typed (seqflow/backend.h): a bf16 x (the mixed attention output of an H100 layer) goes
+ * to the GEMM as it is, with no conversion pass, when w was prepared and the rows are
+ * contiguous; otherwise x is widened to float32 and multiplied as sf_cuda_matmul does. */
+int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
+                         const float *w, float *y, int ldy, int accumulate)
+{
+    if (xtype == SF_DTYPE_F32) return sf_cuda_matmul(be, n, in, out, (const float *)x, ldx, w, y, ldy, accumulate);
+    if (xtype != SF_DTYPE_BF16) return sf_error(SF_E_INVAL, "cuda matmul: unknown input type %d", (int)xtype);
+    if (n <= 0 || out <= 0) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
+    if (wb && ldx == in) {
+        rc = gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, CUDA_R_32F, accumulate ? 1.0f : 0.0f,
+                       "bf16 GEMM (bf16 input)");
+        sf_cuda_leave(c);
+        return rc;
+    }
+    /* under one hold of the lock: another thread's op must not reuse c->widened in between */
+    const size_t count = (size_t)(n - 1) * ldx + in;
+    rc = sf_cuda_widened(c, count * sizeof(float));
+    float *wide = (float *)c->widened;
+    if (rc == SF_OK) rc = sf_cuda_bf16_to_f32((const __nv_bfloat16 *)x, count, wide, c->stream);
+    if (rc == SF_OK) rc = matmul_locked(c, n, in, out, wide, ldx, w, y, ldy, accumulate);
     sf_cuda_leave(c);
     return rc;
 }
@@ -281,22 +319,23 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
     const sf_cuda_weight *wb[3];
     int all_bf16 = 1;
     for (int i = 0; i < 3 && all_bf16; i++) all_bf16 = (wb[i] = bf16_weight(c, w[i], width, dim)) != NULL;
-    if (!all_bf16) {
-        /* float32 products, into q, k, v themselves or, for bf16 outputs, into c->widened */
-        const size_t each = (size_t)n * width;
-        float *f[3] = {(float *)q, (float *)k, (float *)v};
-        if (type == SF_DTYPE_BF16) {
-            rc = sf_cuda_widened(c, 3 * each * sizeof(float));
-            for (int i = 0; i < 3 && rc == SF_OK; i++) f[i] = (float *)c->widened + i * each;
-        }
+    if (!all_bf16 && type == SF_DTYPE_F32) {
         sf_cuda_leave(c);
-        if (rc == SF_OK) rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
+        float *f[3] = {(float *)q, (float *)k, (float *)v};
+        rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
         if (rc == SF_OK) rc = sf_cuda_matmul_shared(be, n, dim, width, u, dim, 3, w, f, width);
-        if (rc != SF_OK || type == SF_DTYPE_F32) return rc;
-        rc = sf_cuda_enter(c);
-        if (rc != SF_OK) return rc;
-        for (int i = 0; i < 3 && rc == SF_OK; i++)
-            rc = sf_cuda_f32_to_bf16(f[i], n, width, width, (__nv_bfloat16 *)y[i], c->stream);
+        return rc;
+    }
+    if (!all_bf16) {
+        /* float32 products one at a time through c->widened, each rounded into its bf16 output,
+         * under one hold of the lock (another thread's op must not reuse c->widened between) */
+        rc = sf_cuda_widened(c, (size_t)n * width * sizeof(float));
+        if (rc == SF_OK) rc = sf_cuda_rmsnorm_f32(n, dim, x, norm, eps, u, c->stream);
+        for (int i = 0; i < 3 && rc == SF_OK; i++) {
+            rc = matmul_locked(c, n, dim, width, u, dim, w[i], (float *)c->widened, width, 0);
+            if (rc == SF_OK)
+                rc = sf_cuda_f32_to_bf16((const float *)c->widened, n, width, width, (__nv_bfloat16 *)y[i], c->stream);
+        }
         sf_cuda_leave(c);
         return rc;
     }

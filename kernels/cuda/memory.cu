@@ -221,11 +221,22 @@ __device__ static inline void stage_memory(const float *M, const float *z, int h
     for (int u = threadIdx.x; u < D; u += TILE_THREADS) sz[u] = z[(size_t)h * D + u];
 }
 
-/* grid (chunks, heads): a = g * (sigma(q) M / den) + (1 - g) * a over the block's rows */
-template <int D, typename T>
+/* The mix's result, 4 or 2 consecutive columns, as float32 or bf16 (memory_mix_to's output type). */
+__device__ static inline void store_mixed(float *dst, float4 o) { *(float4 *)dst = o; }
+__device__ static inline void store_mixed(bf16 *dst, float4 o)
+{
+    __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
+    *(uint2 *)dst = make_uint2(*(unsigned *)&lo, *(unsigned *)&hi);
+}
+__device__ static inline void store_mixed(float *dst, float2 o) { *(float2 *)dst = o; }
+__device__ static inline void store_mixed(bf16 *dst, float2 o) { *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(o.x, o.y); }
+
+/* grid (chunks, heads): out = g * (sigma(q) M / den) + (1 - g) * a over the block's rows (out is
+ * a itself, or the bf16 input of the output product: OT) */
+template <int D, typename T, typename OT>
 __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS)
     tiled_mix_kernel(int n, int rows_per_chunk, int ld, const T *__restrict__ q, const float *__restrict__ M,
-                     const float *__restrict__ z, const float *__restrict__ gate, float *a)
+                     const float *__restrict__ z, const float *__restrict__ gate, const float *a, OT *out)
 {
     typedef tile_shape<D> S;
     extern __shared__ float4 shared4[];
@@ -256,7 +267,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS
             float4 o = *(const float4 *)(ra + r * D + rx * 4);
             o.x = g * (acc[i][0] * inv) + (1.0f - g) * o.x, o.y = g * (acc[i][1] * inv) + (1.0f - g) * o.y;
             o.z = g * (acc[i][2] * inv) + (1.0f - g) * o.z, o.w = g * (acc[i][3] * inv) + (1.0f - g) * o.w;
-            *(float4 *)(a + (size_t)row * ld + (size_t)h * D + rx * 4) = o;
+            store_mixed(out + (size_t)row * ld + (size_t)h * D + rx * 4, o);
         }
     }
 }
@@ -488,10 +499,10 @@ __device__ static inline void stage_memory_padded(const float *M, const float *z
 }
 
 /* tiled_mix_kernel with the retrieval on the tensor cores */
-template <int D, typename T>
+template <int D, typename T, typename OT>
 __global__ static void __launch_bounds__(TILE_THREADS, 2)
     mma_mix_kernel(int n, int rows_per_chunk, int ld, const T *__restrict__ q, const float *__restrict__ M,
-                   const float *__restrict__ z, const float *__restrict__ gate, float *a)
+                   const float *__restrict__ z, const float *__restrict__ gate, const float *a, OT *out)
 {
     typedef mma_shape<D> S;
     extern __shared__ float4 shared4[];
@@ -526,7 +537,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
                 float2 o = *(const float2 *)(ra + r * S::LDR + col);
                 o.x = wg * (acc[nt][2 * half] * inv) + (1.0f - wg) * o.x;
                 o.y = wg * (acc[nt][2 * half + 1] * inv) + (1.0f - wg) * o.y;
-                *(float2 *)(a + (size_t)row * ld + (size_t)h * D + col) = o;
+                store_mixed(out + (size_t)row * ld + (size_t)h * D + col, o);
             }
         }
     }
@@ -640,22 +651,22 @@ static bool use_tensor_cores(int d, bool update)
     return (d == 32 || d == 64) && (chosen >= 0 ? chosen : update ? UPDATE_TENSOR_CORES : MIX_TENSOR_CORES);
 }
 
-template <int D, typename T>
+template <int D, typename T, typename OT>
 static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const T *q, const float *M, const float *z,
-                     const float *gate, float *a)
+                     const float *gate, const float *a, OT *out)
 {
     int rows, chunks;
     tile_chunks(n, heads, D, &rows, &chunks);
     size_t shared = tile_shared_bytes<D>(true);
-    void (*kernel)(int, int, int, const T *, const float *, const float *, const float *, float *) =
-        tiled_mix_kernel<D, T>;
+    void (*kernel)(int, int, int, const T *, const float *, const float *, const float *, const float *, OT *) =
+        tiled_mix_kernel<D, T, OT>;
     if constexpr (D <= 64)
-        if (use_tensor_cores(D, false)) kernel = mma_mix_kernel<D, T>, shared = mma_shared_bytes<D>(true);
+        if (use_tensor_cores(D, false)) kernel = mma_mix_kernel<D, T, OT>, shared = mma_shared_bytes<D>(true);
     int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_mix (shared memory limit)");
     if (rc != SF_OK) return rc;
     kernel<<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(n, rows, ld, q, M, z, gate,
-                                                                                          a);
+                                                                                          a, out);
     return sf_cuda_launched("memory_mix");
 }
 
@@ -684,15 +695,16 @@ static int tiled_update(sf_cuda *c, int n, int heads, int ld, const T *k, const 
     return sf_cuda_launched("memory_update (chunk reduce)");
 }
 
-/* the tiled kernels of head size d and element type T */
-template <typename T>
+/* the tiled kernels of head size d, element type T and output type OT */
+template <typename T, typename OT>
 static int tiled_mix_typed(sf_cuda *c, int n, int heads, int d, int ld, const void *q, const float *M,
-                           const float *z, const float *gate, float *a)
+                           const float *z, const float *gate, const float *a, void *out)
 {
     const T *qt = (const T *)q;
-    return d == 32   ? tiled_mix<32>(c, n, heads, ld, qt, M, z, gate, a)
-           : d == 64 ? tiled_mix<64>(c, n, heads, ld, qt, M, z, gate, a)
-                     : tiled_mix<128>(c, n, heads, ld, qt, M, z, gate, a);
+    OT *o = (OT *)out;
+    return d == 32   ? tiled_mix<32>(c, n, heads, ld, qt, M, z, gate, a, o)
+           : d == 64 ? tiled_mix<64>(c, n, heads, ld, qt, M, z, gate, a, o)
+                     : tiled_mix<128>(c, n, heads, ld, qt, M, z, gate, a, o);
 }
 
 template <int D, typename T>
@@ -732,18 +744,38 @@ static int check_type(sf_dtype type, const char *op)
 int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q, const float *M,
                        const float *z, const float *gate, float *a)
 {
+    return sf_cuda_memory_mix_to(be, n, heads, d, ld, qtype, q, M, z, gate, a, SF_DTYPE_F32, a);
+}
+
+/* memory_mix_to: bf16 q into a bf16 out is the H100 pipeline's case (the output product then
+ * reads out as it is, with no conversion pass, and the mix writes half the bytes); it has
+ * tiled kernels of its own. Every other combination mixes into a as memory_mix does and, for
+ * a bf16 out, rounds a into it. */
+int sf_cuda_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
+                          const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out)
+{
     int rc = check_type(qtype, "memory_mix");
+    if (rc == SF_OK) rc = check_type(otype, "memory_mix (output)");
     if (rc != SF_OK || n <= 0 || heads <= 0) return rc;
+    if (otype == SF_DTYPE_F32 && out != a)
+        return sf_error(SF_E_INVAL, "memory_mix: a float32 result goes to a itself");
     rc = check_head_dim(d);
     if (rc != SF_OK) return rc;
     sf_cuda *c = sf_cuda_of(be);
     rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    if (tiled_layout(d, ld, qtype, q, a) && (uintptr_t)M % 16 == 0)
-        rc = qtype == SF_DTYPE_BF16 ? tiled_mix_typed<bf16>(c, n, heads, d, ld, q, M, z, gate, a)
-                                    : tiled_mix_typed<float>(c, n, heads, d, ld, q, M, z, gate, a);
-    else
-        rc = sf_cuda_memory_mix_general(c, n, heads, d, ld, qtype, q, M, z, gate, a);
+    const bool tiled = tiled_layout(d, ld, qtype, q, a) && (uintptr_t)M % 16 == 0;
+    if (tiled && qtype == SF_DTYPE_BF16 && otype == SF_DTYPE_BF16 && ld % 4 == 0 && (uintptr_t)out % 8 == 0)
+        rc = tiled_mix_typed<bf16, bf16>(c, n, heads, d, ld, q, M, z, gate, a, out);
+    else {
+        if (tiled)
+            rc = qtype == SF_DTYPE_BF16 ? tiled_mix_typed<bf16, float>(c, n, heads, d, ld, q, M, z, gate, a, a)
+                                        : tiled_mix_typed<float, float>(c, n, heads, d, ld, q, M, z, gate, a, a);
+        else
+            rc = sf_cuda_memory_mix_general(c, n, heads, d, ld, qtype, q, M, z, gate, a);
+        if (rc == SF_OK && otype == SF_DTYPE_BF16)
+            rc = sf_cuda_f32_to_bf16_ld(a, n, heads * d, ld, (__nv_bfloat16 *)out, ld, c->stream);
+    }
     sf_cuda_leave(c);
     return rc;
 }

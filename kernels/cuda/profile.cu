@@ -113,6 +113,17 @@ static int p_summary(sf_backend *be, int n, int segment, int s, int width, int l
     PROFILED(OP_SUMMARY, summary(be, n, segment, s, width, ld, kvtype, k, v, sk, sv, count));
 }
 
+static int p_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
+                           const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out)
+{
+    PROFILED(OP_MEMORY_MIX, memory_mix_to(be, n, heads, d, ld, qtype, q, M, z, gate, a, otype, out));
+}
+static int p_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
+                          const float *w, float *y, int ldy, int acc)
+{
+    PROFILED(OP_MATMUL, matmul_typed(be, n, in, out, xtype, x, ldx, w, y, ldy, acc));
+}
+
 static int p_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
                  const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u)
 {
@@ -179,6 +190,8 @@ int sf_cuda_profile_attach(sf_backend *be)
         if (inner->matmul_shared) profiled.matmul_shared = p_matmul_shared;
         if (inner->ffn) profiled.ffn = p_ffn;
         if (inner->qkv) profiled.qkv = p_qkv;
+        if (inner->memory_mix_to) profiled.memory_mix_to = p_memory_mix_to;
+        if (inner->matmul_typed) profiled.matmul_typed = p_matmul_typed;
     }
     c->profile = p;
     be->ops = &profiled;
