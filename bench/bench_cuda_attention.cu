@@ -174,6 +174,61 @@ static int check_all(int only_variant)
     return failures;
 }
 
+static uint16_t bf16_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* The default variant on bf16 q, k, v as qkv writes them on an H100 (desc.qkv_type bf16): K/V
+ * read in place, only the global tokens staged. The inputs are the float ones rounded to bf16,
+ * which the float path rounds identically, so its output must equal the float path's. */
+static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const char *name, double flops)
+{
+    const int var = SF_CUDA_ATTENTION_DEFAULT_VARIANT;
+    const size_t cnt = p.q.size();
+    std::vector<uint16_t> bits(cnt);
+    void *b[3];
+    const std::vector<float> *src[3] = {&p.q, &p.k, &p.v};
+    for (int i = 0; i < 3; i++) {
+        for (size_t j = 0; j < cnt; j++) bits[j] = bf16_bits((*src[i])[j]);
+        CUDA_OK(cudaMalloc(&b[i], cnt * 2));
+        CUDA_OK(cudaMemcpy(b[i], bits.data(), cnt * 2, cudaMemcpyHostToDevice));
+    }
+    std::vector<float> want(cnt), got(cnt);
+    if (sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0))
+        printf("variant %d failed: %s\n", var, sf_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(want.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
+    dd.qkv_type = SF_DTYPE_BF16;
+    if (sf_cuda_attention_bf16_variant_ws(var, &dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0)) {
+        printf("variant %d on bf16 q/k/v failed: %s\n", var, sf_last_error());
+    } else {
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(got.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
+        double maxdiff = 0;
+        for (size_t j = 0; j < cnt; j++) maxdiff = std::max(maxdiff, (double)fabsf(got[j] - want[j]));
+        cudaEvent_t e0, e1;
+        CUDA_OK(cudaEventCreate(&e0));
+        CUDA_OK(cudaEventCreate(&e1));
+        std::vector<float> ms(reps);
+        for (int r = 0; r < reps; r++) {
+            CUDA_OK(cudaEventRecord(e0));
+            sf_cuda_attention_bf16_variant_ws(var, &dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0);
+            CUDA_OK(cudaEventRecord(e1));
+            CUDA_OK(cudaEventSynchronize(e1));
+            CUDA_OK(cudaEventElapsedTime(&ms[r], e0, e1));
+        }
+        std::sort(ms.begin(), ms.end());
+        const float med = ms[reps / 2];
+        printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f   (max |diff| to float inputs %.3g)\n", name, var,
+               "bf16 q/k/v read in place (qkv's output)", med, ms[0], flops / (med * 1e-3) / 1e12, maxdiff);
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+    }
+    for (int i = 0; i < 3; i++) cudaFree(b[i]);
+}
+
 static void time_all(int reps, int only_variant)
 {
     printf("\n%-24s %-8s %-40s %10s %10s %10s\n", "shape", "variant", "", "median ms", "min ms", "TFLOP/s");
@@ -210,6 +265,7 @@ static void time_all(int reps, int only_variant)
             printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f\n", s.name, var, sf_cuda_attention_bf16_variant_name(var),
                    med, ms[0], flops / (med * 1e-3) / 1e12);
         }
+        if (only_variant < 0 || only_variant == SF_CUDA_ATTENTION_DEFAULT_VARIANT) time_bf16_in_place(p, dd, reps, s.name, flops);
         printf("%-24s useful GFLOP per call: %.2f\n", s.name, flops / 1e9);
         cudaEventDestroy(a), cudaEventDestroy(b);
         problem_free(p);
