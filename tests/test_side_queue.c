@@ -106,6 +106,9 @@ int main(void)
     float *want_a, *want_M, *want_y;
     run(cpu, &in, 0, &want_a, &want_M, &want_y);
 
+    /* 3xTF32 memory products (float32-accurate) in bf16 as well, so that the 1e-4 below sees any
+     * ordering fault; the bf16-operand products are checked in test_backend_ops */
+    setenv("SEQFLOW_CUDA_MEMORY_BF16", "0", 1);
     static const char *const modes[] = {"1", "0"};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
         setenv("SEQFLOW_CUDA_SIDE_QUEUE", modes[m], 1);

@@ -442,14 +442,48 @@ __device__ static inline void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4],
     mma_tf32(c, ab, bb0, bb1);
 }
 
+/* Precision bf16 (the backend's, SF_PRECISION_BF16) rounds the products' operands to bf16 and
+ * accumulates in float32, as for every other product (seqflow/backend.h): one m16n8k16 mma
+ * where 3xTF32 takes three m16n8k8 ones for half the k. Same fragment owners as below, so the
+ * kernels around the products do not change. */
+__device__ static inline unsigned pack_bf16x2(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(unsigned *)&v;
+}
+__device__ static inline void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* acc[nt] = the C fragments (rows g, g + 8; columns 2t, 2t + 1 of n-tile nt) of this warp's
- * part of sigma(X) M: A[r][j] = sx[r][j], B[j][c] = M[j][c] */
-template <int D>
+ * part of sigma(X) M: A[r][j] = sx[r][j], B[j][c] = M[j][c]. BF: bf16 operands. */
+template <int D, bool BF = false>
 __device__ static inline void mma_retrieve(const float *sx, const float *sM, float (&acc)[mma_shape<D>::RN][4])
 {
     typedef mma_shape<D> S;
     const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const float *x0 = sx + (16 * (w % 4) + g) * S::LDR, *x1 = x0 + 8 * S::LDR;
+    if constexpr (BF) {
+        const float *mc = sM + (D / 2) * (w / 4) + g;
+#pragma unroll
+        for (int nt = 0; nt < S::RN; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
+#pragma unroll
+        for (int j0 = 0; j0 < D; j0 += 16) {
+            const int k = j0 + 2 * t;
+            const unsigned a[4] = {pack_bf16x2(x0[k], x0[k + 1]), pack_bf16x2(x1[k], x1[k + 1]),
+                                   pack_bf16x2(x0[k + 8], x0[k + 9]), pack_bf16x2(x1[k + 8], x1[k + 9])};
+#pragma unroll
+            for (int nt = 0; nt < S::RN; nt++) {
+                const float *m = mc + 8 * nt;
+                mma_bf16(acc[nt], a, pack_bf16x2(m[k * S::LDM], m[(k + 1) * S::LDM]),
+                         pack_bf16x2(m[(k + 8) * S::LDM], m[(k + 9) * S::LDM]));
+            }
+        }
+        return;
+    }
     const float *m = sM + t * S::LDM + (D / 2) * (w / 4) + g;
 #pragma unroll
     for (int nt = 0; nt < S::RN; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
@@ -468,11 +502,25 @@ __device__ static inline void mma_retrieve(const float *sx, const float *sM, flo
  * B[r][c] = T[r][c]. Lane t takes tile rows r0 + 2t and r0 + 2t + 1 as the k-step's k = t and
  * t + 4 in A and B alike (the order of a sum's terms is free), which keeps the loads of both
  * free of bank conflicts. */
-template <int D>
+template <int D, bool BF = false>
 __device__ static inline void mma_accumulate(const float *sx, const float *sT, float (&acc)[mma_shape<D>::UN][4])
 {
     typedef mma_shape<D> S;
     const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    if constexpr (BF) { /* k = the tile's rows: lane t takes rows 2t, 2t + 1 (+ 8), as the fragments want */
+        const float *xj = sx + 16 * (w % S::UM) + g, *bc = sT + S::UW * (w / S::UM) + g;
+#pragma unroll 2
+        for (int r0 = 0; r0 < TILE_ROWS; r0 += 16) {
+            const float *x0 = xj + (r0 + 2 * t) * S::LDR, *x1 = x0 + S::LDR, *x8 = x0 + 8 * S::LDR, *x9 = x8 + S::LDR;
+            const unsigned a[4] = {pack_bf16x2(x0[0], x1[0]), pack_bf16x2(x0[8], x1[8]), pack_bf16x2(x8[0], x9[0]),
+                                   pack_bf16x2(x8[8], x9[8])};
+            const float *b0 = bc + (r0 + 2 * t) * S::LDR, *b1 = b0 + S::LDR, *b8 = b0 + 8 * S::LDR, *b9 = b8 + S::LDR;
+#pragma unroll
+            for (int nt = 0; nt < S::UN; nt++)
+                mma_bf16(acc[nt], a, pack_bf16x2(b0[8 * nt], b1[8 * nt]), pack_bf16x2(b8[8 * nt], b9[8 * nt]));
+        }
+        return;
+    }
     const float *x = sx + 2 * t * S::LDR + 16 * (w % S::UM) + g;
     const float *b = sT + 2 * t * S::LDR + S::UW * (w / S::UM) + g;
 #pragma unroll 2
@@ -499,7 +547,7 @@ __device__ static inline void stage_memory_padded(const float *M, const float *z
 }
 
 /* tiled_mix_kernel with the retrieval on the tensor cores */
-template <int D, typename T, typename OT>
+template <int D, typename T, typename OT, bool BF>
 __global__ static void __launch_bounds__(TILE_THREADS, 2)
     mma_mix_kernel(int n, int rows_per_chunk, int ld, const T *__restrict__ q, const float *__restrict__ M,
                    const float *__restrict__ z, const float *__restrict__ gate, const float *a, OT *out)
@@ -525,7 +573,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
         tile_sigma<D, true, false, raw_stride<T, D, S::LDR>>((const T *)rq, i0, end, sz, sx, sinv, unused);
         __syncthreads();
         float acc[S::RN][4];
-        mma_retrieve<D>(sx, sM, acc);
+        mma_retrieve<D, BF>(sx, sM, acc);
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int r = r_lo + 8 * half, row = i0 + r;
@@ -544,7 +592,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
 }
 
 /* tiled_update_kernel with both products on the tensor cores */
-template <int D, bool DELTA, typename T>
+template <int D, bool DELTA, typename T, bool BF>
 __global__ static void __launch_bounds__(TILE_THREADS, 2)
     mma_update_kernel(int n, int rows_per_chunk, int heads, int ld, const T *__restrict__ k,
                       const T *__restrict__ v, const float *__restrict__ M, const float *__restrict__ z,
@@ -576,7 +624,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
         if (DELTA) { /* the target replaces v in place: each thread rewrites only its own outputs */
             const int r_lo = 16 * (w % 4) + lane / 4, c0 = (D / 2) * (w / 4) + 2 * (lane % 4);
             float r[S::RN][4];
-            mma_retrieve<D>(sx, sM, r);
+            mma_retrieve<D, BF>(sx, sM, r);
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 const float inv = sinv[r_lo + 8 * half];
@@ -590,7 +638,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
             }
             __syncthreads();
         }
-        mma_accumulate<D>(sx, sv, acc);
+        mma_accumulate<D, BF>(sx, sv, acc);
     }
     float *P = partM + ((size_t)chunk * heads + h) * D * D;
     const int j_lo = 16 * (w % S::UM) + lane / 4, c0 = S::UW * (w / S::UM) + 2 * (lane % 4);
@@ -651,6 +699,18 @@ static bool use_tensor_cores(int d, bool update)
     return (d == 32 || d == 64) && (chosen >= 0 ? chosen : update ? UPDATE_TENSOR_CORES : MIX_TENSOR_CORES);
 }
 
+/* The tensor-core products take bf16 operands in precision bf16 (float32 accumulation; M and z
+ * stay float32), 3xTF32 in precision f32. SEQFLOW_CUDA_MEMORY_BF16=0 keeps 3xTF32 in bf16 too
+ * (A/B timing). */
+static bool bf16_operands(const sf_cuda *c)
+{
+    static const bool allowed = [] {
+        const char *e = getenv("SEQFLOW_CUDA_MEMORY_BF16");
+        return !(e && !strcmp(e, "0"));
+    }();
+    return allowed && c->precision == SF_PRECISION_BF16;
+}
+
 template <int D, typename T, typename OT>
 static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const T *q, const float *M, const float *z,
                      const float *gate, const float *a, OT *out)
@@ -661,7 +721,10 @@ static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const T *q, const flo
     void (*kernel)(int, int, int, const T *, const float *, const float *, const float *, const float *, OT *) =
         tiled_mix_kernel<D, T, OT>;
     if constexpr (D <= 64)
-        if (use_tensor_cores(D, false)) kernel = mma_mix_kernel<D, T, OT>, shared = mma_shared_bytes<D>(true);
+        if (use_tensor_cores(D, false)) {
+            kernel = bf16_operands(c) ? mma_mix_kernel<D, T, OT, true> : mma_mix_kernel<D, T, OT, false>;
+            shared = mma_shared_bytes<D>(true);
+        }
     int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_mix (shared memory limit)");
     if (rc != SF_OK) return rc;
@@ -681,7 +744,10 @@ static int tiled_update(sf_cuda *c, int n, int heads, int ld, const T *k, const 
     void (*kernel)(int, int, int, int, const T *, const T *, const float *, const float *, float *, double *) =
         tiled_update_kernel<D, DELTA, T>;
     if constexpr (D <= 64)
-        if (use_tensor_cores(D, true)) kernel = mma_update_kernel<D, DELTA, T>, shared = mma_shared_bytes<D>(DELTA);
+        if (use_tensor_cores(D, true)) {
+            kernel = bf16_operands(c) ? mma_update_kernel<D, DELTA, T, true> : mma_update_kernel<D, DELTA, T, false>;
+            shared = mma_shared_bytes<D>(DELTA);
+        }
     int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_update (shared memory limit)");
     if (rc != SF_OK) return rc;
