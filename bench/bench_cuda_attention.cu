@@ -20,6 +20,7 @@ extern "C" { /* the CPU kernels' headers are plain C */
 #include "kernels/cuda/attention_bf16_variants.h"
 #include "kernels/cuda/cuda_attention.h"
 #include "bench/cuda_check.h"
+#include "bench/event_timing.cuh"
 #include "seqflow/error.h"
 
 
@@ -209,22 +210,11 @@ static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const
         CUDA_OK(cudaMemcpy(got.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
         double maxdiff = 0;
         for (size_t j = 0; j < cnt; j++) maxdiff = std::max(maxdiff, (double)fabsf(got[j] - want[j]));
-        cudaEvent_t e0, e1;
-        CUDA_OK(cudaEventCreate(&e0));
-        CUDA_OK(cudaEventCreate(&e1));
-        std::vector<float> ms(reps);
-        for (int r = 0; r < reps; r++) {
-            CUDA_OK(cudaEventRecord(e0));
-            sf_cuda_attention_bf16_variant_ws(var, &dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0);
-            CUDA_OK(cudaEventRecord(e1));
-            CUDA_OK(cudaEventSynchronize(e1));
-            CUDA_OK(cudaEventElapsedTime(&ms[r], e0, e1));
-        }
-        std::sort(ms.begin(), ms.end());
-        const float med = ms[reps / 2];
+        const std::vector<float> ms = event_times_ms(
+            reps, [&] { sf_cuda_attention_bf16_variant_ws(var, &dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0); });
+        const float med = ms[ms.size() / 2];
         printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f   (max |diff| to float inputs %.3g)\n", name, var,
                "bf16 q/k/v read in place (qkv's output)", med, ms[0], flops / (med * 1e-3) / 1e12, maxdiff);
-        cudaEventDestroy(e0), cudaEventDestroy(e1);
     }
     for (int i = 0; i < 3; i++) cudaFree(b[i]);
 }
@@ -239,9 +229,6 @@ static void time_all(int reps, int only_variant)
         problem_make(p, s);
         sf_attention_desc dd = dev_desc(p);
         const double flops = sf_attention_useful_flops(&dd);
-        cudaEvent_t a, b;
-        CUDA_OK(cudaEventCreate(&a));
-        CUDA_OK(cudaEventCreate(&b));
         for (int var = 0; var < SF_CUDA_ATTENTION_VARIANTS; var++) {
             if (only_variant >= 0 && var != only_variant) continue;
             int n_reps = var == 0 ? 3 : reps;
@@ -251,23 +238,14 @@ static void time_all(int reps, int only_variant)
                     break;
                 }
             CUDA_OK(cudaDeviceSynchronize());
-            std::vector<float> ms(n_reps);
-            for (int r = 0; r < n_reps; r++) {
-                CUDA_OK(cudaEventRecord(a));
-                sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0);
-                CUDA_OK(cudaEventRecord(b));
-                CUDA_OK(cudaEventSynchronize(b));
-                CUDA_OK(cudaGetLastError());
-                CUDA_OK(cudaEventElapsedTime(&ms[r], a, b));
-            }
-            std::sort(ms.begin(), ms.end());
-            float med = ms[n_reps / 2];
+            const std::vector<float> ms = event_times_ms(
+                n_reps, [&] { sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0); });
+            const float med = ms[ms.size() / 2];
             printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f\n", s.name, var, sf_cuda_attention_bf16_variant_name(var),
                    med, ms[0], flops / (med * 1e-3) / 1e12);
         }
         if (only_variant < 0 || only_variant == SF_CUDA_ATTENTION_DEFAULT_VARIANT) time_bf16_in_place(p, dd, reps, s.name, flops);
         printf("%-24s useful GFLOP per call: %.2f\n", s.name, flops / 1e9);
-        cudaEventDestroy(a), cudaEventDestroy(b);
         problem_free(p);
     }
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gemm_bench_common.cuh"
+#include "event_timing.cuh"
 
 int main(int argc, char **argv)
 {
@@ -47,19 +48,8 @@ int main(int argc, char **argv)
     };
     for (int i = 0; i < 3; i++) gemm();
     CUDA_OK(cudaDeviceSynchronize());
-    cudaEvent_t e0, e1;
-    CUDA_OK(cudaEventCreate(&e0));
-    CUDA_OK(cudaEventCreate(&e1));
     std::vector<double> tflops;
-    for (int r = 0; r < reps; r++) {
-        CUDA_OK(cudaEventRecord(e0));
-        gemm();
-        CUDA_OK(cudaEventRecord(e1));
-        CUDA_OK(cudaEventSynchronize(e1));
-        float ms;
-        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-        tflops.push_back(2.0 * n * (double)n * n / (ms * 1e-3) / 1e12);
-    }
+    for (float ms : event_times_ms(reps, gemm)) tflops.push_back(2.0 * n * (double)n * n / (ms * 1e-3) / 1e12);
     std::sort(tflops.begin(), tflops.end());
     double median = tflops[tflops.size() / 2];
     std::printf("cuBLAS bf16 GEMM %d^3 on %s (float32 accumulation, random data): median %.1f TFLOP/s "

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "gemm_bench_common.cuh"
+#include "event_timing.cuh"
 
 static const size_t WORKSPACE_BYTES = (size_t)32 << 20; /* the backend's blas_workspace */
 static int reps = 30;
@@ -45,20 +46,7 @@ static double time_ms(const std::function<void()> &run)
 {
     for (int i = 0; i < 5; i++) run();
     CUDA_OK(cudaDeviceSynchronize());
-    cudaEvent_t e0, e1;
-    CUDA_OK(cudaEventCreate(&e0));
-    CUDA_OK(cudaEventCreate(&e1));
-    std::vector<float> ms(reps);
-    for (int r = 0; r < reps; r++) {
-        CUDA_OK(cudaEventRecord(e0));
-        run();
-        CUDA_OK(cudaEventRecord(e1));
-        CUDA_OK(cudaEventSynchronize(e1));
-        CUDA_OK(cudaEventElapsedTime(&ms[r], e0, e1));
-    }
-    CUDA_OK(cudaEventDestroy(e0));
-    CUDA_OK(cudaEventDestroy(e1));
-    std::sort(ms.begin(), ms.end());
+    const std::vector<float> ms = event_times_ms(reps, run);
     return ms[ms.size() / 2];
 }
 
