@@ -344,18 +344,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB)
             staged_tile<D, WARPS, MT, BN, STAGES>(src, q + h * D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, kv,
                                               m_s, l_s);
     }
-    for (int f = threadIdx.x; f < (Pend - P) * (D / 4); f += C::THREADS) {
-        const int li = f / (D / 4), c4 = f % (D / 4);
-        float4 *dst = reinterpret_cast<float4 *>(outh + (size_t)(P + li) * ld) + c4;
-        const float l = l_s[li];
-        if (l == 0) {
-            *dst = make_float4(0, 0, 0, 0);
-        } else {
-            const float inv = 1.0f / l;
-            float4 o = *dst;
-            *dst = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-        }
-    }
+    normalize_block_rows<D>(outh, ld, P, Pend, l_s, C::THREADS);
 }
 
 /* ---- host side -------------------------------------------------------------------------- */

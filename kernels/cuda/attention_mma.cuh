@@ -177,4 +177,31 @@ __device__ __forceinline__ void merge_tile_row(float *out, size_t ld, int t, flo
     if (t == 0) m_s[li] = mn, l_s[li] = lold * ca + l * cb;
 }
 
+/* A block's last step: the rows [P, Pend) of its head's output (outh, D columns, rows ld apart)
+ * divided by their merged sums l_s, 0 where no key was seen. Threads from threadIdx.x, `step`
+ * apart; STREAM stores evict-first (the output is read once, by the next op). */
+template <int D, bool STREAM = false>
+__device__ __forceinline__ void normalize_block_rows(float *outh, size_t ld, int P, int Pend, const float *l_s, int step)
+{
+    for (int f = threadIdx.x; f < (Pend - P) * (D / 4); f += step) {
+        const int li = f / (D / 4), c4 = f % (D / 4);
+        float4 *dst = reinterpret_cast<float4 *>(outh + (size_t)(P + li) * ld) + c4;
+        const float l = l_s[li];
+        if (l == 0) {
+            if (STREAM)
+                __stcs(dst, make_float4(0, 0, 0, 0));
+            else
+                *dst = make_float4(0, 0, 0, 0);
+        } else {
+            const float inv = 1.0f / l;
+            float4 o = *dst;
+            o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+            if (STREAM)
+                __stcs(dst, o);
+            else
+                *dst = o;
+        }
+    }
+}
+
 #endif

@@ -244,11 +244,7 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
             softmax(pcur, it, true);
         };
         arrive(0);
-        wgmma_fence();
-        wg_qk<BN, true>(s, no_qf, qaddr, kv);
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence<BN / 2>(s);
+        wg_qk_wait<BN, true>(s, no_qf, qaddr, kv);
         softmax(pa, 0, false);
         int it = 1;
         for (; it + 1 < nkt; it += 2) {
@@ -318,11 +314,7 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
         cp_async_wait<STAGES - 2>(); /* tile 0 */
         fence_proxy_async();
         __syncthreads();
-        wgmma_fence();
-        wg_qk<BN, C::QS>(s, qf, qaddr, kv);
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence<BN / 2>(s);
+        wg_qk_wait<BN, C::QS>(s, qf, qaddr, kv);
         /* cur holds S of tile it; tiles up to it+1 are requested. Everyone is done with tile
          * it-1, so its stage takes tile it+STAGES-1. */
         auto step = [&](float *cur, float *next, int it) {
@@ -346,11 +338,7 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
                 wgmma_commit();
             }
             wg_softmax_exp<BN>(cur, c, base, lrow, pa);
-            wgmma_fence();
-            wg_pv<BN>(acc, pa, kaddr + C::TILE);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence<WG_D / 2>(acc);
+            wg_pv_wait<BN>(acc, pa, kaddr + C::TILE);
             reg_fence<BN / 2>(next);
         };
         for (int it = 0; it < nkt; it += 2) {
@@ -408,12 +396,7 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
         for (int b = 0; b < br.count; b++) {
             const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
             const int r = g.r, o = g.o, qa1 = g.qa1;
-            wg_src src;
-            src.k = st.kb + (size_t)h * st.khead + (size_t)o * st.krow;
-            src.v = st.vb + (size_t)h * st.khead + (size_t)o * st.krow;
-            src.stride = (size_t)r * st.krow;
-            src.win = g.win;
-            src.causal = dd.causal;
+            wg_src src = wg_branch_src(st, h, g, dd.causal);
             if (PRE == PRE_BRANCH && P / r < qa1) { /* the keys of the first tile to the last one's */
                 int kbeg, kend;
                 att_key_range(g, P / r, qa1, dd.causal, &kbeg, &kend);
@@ -427,38 +410,13 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
             }
         }
         if (dd.n_global > 0) {
-            wg_src src;
-            src.k = st.gkb + (size_t)h * dd.n_global * WG_D;
-            src.v = st.gvb + (size_t)h * dd.n_global * WG_D;
-            src.stride = WG_D;
-            src.kbeg = 0;
-            src.kend = dd.n_global;
-            src.win = 1 << 30;
-            src.causal = 0;
+            const wg_src src = wg_global_src(st, h, dd.n_global);
             if constexpr (PRE == PRE_BRANCH) att_wait_ready(st.ready, st.nchunks, st.nchunks + gchunks - 1);
             for (int qs = P; qs < Pend; qs += C::BM)
                 wg_tile<C>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s,
                            ones);
         }
-        for (int f = threadIdx.x; f < (Pend - P) * (WG_D / 4); f += C::THREADS) {
-            const int li = f / (WG_D / 4), c4 = f % (WG_D / 4);
-            float4 *dst = reinterpret_cast<float4 *>(outh + (size_t)(P + li) * ld) + c4;
-            const float l = l_s[li];
-            if (l == 0) {
-                if (C::STREAM)
-                    __stcs(dst, make_float4(0, 0, 0, 0));
-                else
-                    *dst = make_float4(0, 0, 0, 0);
-            } else {
-                const float inv = 1.0f / l;
-                float4 o = *dst;
-                o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-                if (C::STREAM)
-                    __stcs(dst, o);
-                else
-                    *dst = o;
-            }
-        }
+        normalize_block_rows<WG_D, C::STREAM>(outh, ld, P, Pend, l_s, C::THREADS);
         __syncthreads(); /* l_s is read above and reset for the next block */
     }
     /* this grid then completes only after the pre-pass, as the stream's next work expects */

@@ -43,19 +43,12 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
         if (b < br.count) {
             const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
             const int r = g.r, o = g.o;
-            t.src.k = st.kb + ((size_t)h * dd.n + o) * WG_D;
-            t.src.v = st.vb + ((size_t)h * dd.n + o) * WG_D;
-            t.src.stride = (size_t)r * WG_D;
-            t.src.win = g.win;
-            t.src.causal = dd.causal;
+            t.src = wg_branch_src(st, h, g, dd.causal);
             t.qe = min(qs + BM, g.qa1);
             att_key_range(g, qs, t.qe, dd.causal, &t.src.kbeg, &t.src.kend);
             t.qbase = q + (size_t)o * ld + h * WG_D, t.qstride = (size_t)r * ld, t.opos0 = o, t.ostep = r;
         } else {
-            t.src.k = st.gkb + (size_t)h * dd.n_global * WG_D;
-            t.src.v = st.gvb + (size_t)h * dd.n_global * WG_D;
-            t.src.stride = WG_D;
-            t.src.kbeg = 0, t.src.kend = dd.n_global, t.src.win = 1 << 30, t.src.causal = 0;
+            t.src = wg_global_src(st, h, dd.n_global);
             t.qe = min(qs + BM, Pend);
             t.qbase = q + h * WG_D, t.qstride = ld, t.opos0 = 0, t.ostep = 1;
         }
@@ -146,11 +139,7 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
             float bse[2];
             wg_softmax_max<BN>(s, k0, src, wrow, need_mask, c, mrow, lrow, acc, bse);
             wg_softmax_exp<BN>(s, c, bse, lrow, pa);
-            wgmma_fence();
-            wg_pv<BN>(acc, pa, kaddr + C::TILE);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence<WG_D / 2>(acc);
+            wg_pv_wait<BN>(acc, pa, kaddr + C::TILE);
         }
         /* the next query tile's Q loads go out before this tile's merge, which waits on `out` */
         int nqb = qb, nqq = qq + BM;
@@ -175,21 +164,7 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
         cur = nxt, qb = nqb, qq = nqq, have = more;
     }
     __syncthreads(); /* l_s, when the block had no query tile */
-    for (int f = threadIdx.x; f < (Pend - P) * (WG_D / 4); f += C::THREADS) {
-        const int li = f / (WG_D / 4), c4 = f % (WG_D / 4);
-        float4 *dst = reinterpret_cast<float4 *>(outh + (size_t)(P + li) * ld) + c4;
-        const float l = l_s[li];
-        float4 o = make_float4(0, 0, 0, 0);
-        if (l != 0) {
-            const float inv = 1.0f / l;
-            o = *dst;
-            o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-        }
-        if (C::STREAM)
-            __stcs(dst, o);
-        else
-            *dst = o;
-    }
+    normalize_block_rows<WG_D, C::STREAM>(outh, ld, P, Pend, l_s, C::THREADS);
 #endif
 }
 

@@ -91,11 +91,7 @@ __device__ __forceinline__ void wg_softmax_lean(float *s, int k0, const wg_src &
     bool grow = false;
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mx = wg_row_max<BN>(s, hr);
         mnew[hr] = fmaxf(mrow[hr], mx * c);
         /* -inf + thresh stays -inf: a row's first live key always moves it */
         grow |= (FLAGS & SM_LAZY) ? mnew[hr] > mrow[hr] + SM_LAZY_THRESH : mnew[hr] > mrow[hr];
@@ -124,22 +120,7 @@ __device__ __forceinline__ void wg_softmax_lean(float *s, int k0, const wg_src &
                 pa[kc][i] = ex2_bf16x2(pack_bf16(fmaf(s[8 * kc + 2 * i], c, -b), fmaf(s[8 * kc + 2 * i + 1], c, -b)));
             }
     } else {
-        float p[BN / 2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            float sum = 0;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                p[4 * j + 2 * hr] = fast_exp2(fmaf(s[4 * j + 2 * hr], c, -base[hr]));
-                p[4 * j + 2 * hr + 1] = fast_exp2(fmaf(s[4 * j + 2 * hr + 1], c, -base[hr]));
-                if constexpr (!TCSUM) sum += p[4 * j + 2 * hr] + p[4 * j + 2 * hr + 1];
-            }
-            if constexpr (!TCSUM) lsum[hr] += sum;
-        }
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; kc++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) pa[kc][i] = pack_bf16(p[8 * kc + 2 * i], p[8 * kc + 2 * i + 1]);
+        wg_softmax_exp<BN, !TCSUM>(s, c, base, lsum, pa);
     }
 }
 #endif /* SF_WGMMA_ENABLED */

@@ -25,6 +25,31 @@ struct wg_src {
     int kbeg, kend, win, causal;
 };
 
+/* The keys of branch rows g of head h, where `st` keeps them (rows g.r apart); the caller sets
+ * the key range of each query tile (att_key_range). */
+__device__ __forceinline__ wg_src wg_branch_src(const att_staged &st, int h, const att_branch_rows &g, int causal)
+{
+    wg_src src;
+    src.k = st.kb + (size_t)h * st.khead + (size_t)g.o * st.krow;
+    src.v = st.vb + (size_t)h * st.khead + (size_t)g.o * st.krow;
+    src.stride = (size_t)g.r * st.krow;
+    src.win = g.win;
+    src.causal = causal;
+    src.kbeg = src.kend = 0;
+    return src;
+}
+
+/* Head h's n_global global tokens (staged head-major): every query sees all of them. */
+__device__ __forceinline__ wg_src wg_global_src(const att_staged &st, int h, int n_global)
+{
+    wg_src src;
+    src.k = st.gkb + (size_t)h * n_global * WG_D;
+    src.v = st.gvb + (size_t)h * n_global * WG_D;
+    src.stride = WG_D;
+    src.kbeg = 0, src.kend = n_global, src.win = 1 << 30, src.causal = 0;
+    return src;
+}
+
 #if SF_WGMMA_ENABLED
 __device__ __forceinline__ void cp_async16_sh(uint32_t saddr, const void *gmem, int src_bytes)
 {
@@ -62,6 +87,28 @@ __device__ __forceinline__ void wg_pv(float *acc, const uint32_t (*pa)[4], uint3
     for (int kc = 0; kc < BN / 16; kc++) wgmma_m64n64k16_rs<1>(acc, pa[kc], sw128_desc(vaddr + kc * 2048, 16, 1024), 1);
 }
 
+/* S = Q K^T, issued and waited for: s is readable on return */
+template <int BN, bool QS>
+__device__ __forceinline__ void wg_qk_wait(float *s, const uint32_t (*qf)[4], uint32_t qaddr, uint32_t kaddr)
+{
+    wgmma_fence();
+    wg_qk<BN, QS>(s, qf, qaddr, kaddr);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence<BN / 2>(s);
+}
+
+/* acc += P V, issued and waited for: this tile's products are done (and acc readable) on return */
+template <int BN>
+__device__ __forceinline__ void wg_pv_wait(float *acc, const uint32_t (*pa)[4], uint32_t vaddr)
+{
+    wgmma_fence();
+    wg_pv<BN>(acc, pa, vaddr);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence<WG_D / 2>(acc);
+}
+
 /* Masks S: row wrow + 8h keeps keys [klo, khi), its window cut at the
  * end of the keys and (causal) at the row. s[4j + 2h + e]: row wrow + 8h, key k0 + 8j + 2t + e. */
 template <int BN>
@@ -91,6 +138,17 @@ __device__ __forceinline__ void wg_mask_tile(float *s, int k0, const wg_src &src
  * (the wgmma accumulator layout). First half: masks S when the tile needs it, updates the
  * running max of this thread's two rows (wrow, wrow + 8), rescales O and the running sums;
  * leaves in base[] what the second half subtracts. */
+/* The max of S over row wrow + 8hr of the tile (the row's 4 lanes, a quad, hold BN/4 keys each). */
+template <int BN>
+__device__ __forceinline__ float wg_row_max(const float *s, int hr)
+{
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
 template <int BN, bool RESCALE = true>
 __device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &src, int wrow, bool need_mask, float c,
                                                float *mrow, float *lrow, float *acc, float *base, float *corr_out = nullptr)
@@ -98,11 +156,7 @@ __device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &s
     if (need_mask) wg_mask_tile<BN>(s, k0, src, wrow);
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mx = wg_row_max<BN>(s, hr);
         const float mnew = fmaxf(mrow[hr], mx * c);
         base[hr] = mnew == -INFINITY ? 0.0f : mnew;
         const float corr = fast_exp2(mrow[hr] - base[hr]);
@@ -117,10 +171,11 @@ __device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &s
     }
 }
 
-/* Second half: P = exp2(S c - base), the running sums, and P packed as the A fragments of P V.
+/* Second half: P = exp2(S c - base), the running sums (SUM; the lean softmax's tensor-core row
+ * sums leave them out), and P packed as the A fragments of P V.
  * P goes to fresh registers, not over S: writing into a wgmma accumulator's registers while the
  * other S set is in flight makes ptxas serialize the wgmmas (warning C7515). */
-template <int BN>
+template <int BN, bool SUM = true>
 __device__ __forceinline__ void wg_softmax_exp(const float *s, float c, const float *base, float *lrow, uint32_t (*pa)[4])
 {
     float p[BN / 2];
@@ -131,9 +186,9 @@ __device__ __forceinline__ void wg_softmax_exp(const float *s, float c, const fl
         for (int j = 0; j < BN / 8; j++) {
             p[4 * j + 2 * hr] = fast_exp2(fmaf(s[4 * j + 2 * hr], c, -base[hr]));
             p[4 * j + 2 * hr + 1] = fast_exp2(fmaf(s[4 * j + 2 * hr + 1], c, -base[hr]));
-            sum += p[4 * j + 2 * hr] + p[4 * j + 2 * hr + 1];
+            if constexpr (SUM) sum += p[4 * j + 2 * hr] + p[4 * j + 2 * hr + 1];
         }
-        lrow[hr] += sum;
+        if constexpr (SUM) lrow[hr] += sum;
     }
 #pragma unroll
     for (int kc = 0; kc < BN / 16; kc++) {

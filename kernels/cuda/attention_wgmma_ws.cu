@@ -167,19 +167,11 @@ __device__ void ws_consume(const wg_src &src, const float *qbase, size_t qstride
             wait_full(it);
             const int k0 = src.kbeg + it * BN;
             const uint32_t kaddr = ring.kv + ((seq + it) % S) * C::STAGE;
-            wgmma_fence();
-            wg_qk<BN, true>(s, reinterpret_cast<const uint32_t(*)[4]>(no_qf), qaddr, kaddr);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence<BN / 2>(s);
+            wg_qk_wait<BN, true>(s, reinterpret_cast<const uint32_t(*)[4]>(no_qf), qaddr, kaddr);
             float base[2];
             wg_softmax_max<BN>(s, k0, src, wrow, need_mask(k0), c, mrow, lrow, acc, base);
             wg_softmax_exp<BN>(s, c, base, lrow, pa);
-            wgmma_fence();
-            wg_pv<BN>(acc, pa, kaddr + C::TILE);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence<WG_D / 2>(acc);
+            wg_pv_wait<BN>(acc, pa, kaddr + C::TILE);
             release(it);
         }
     } else if constexpr (C::OVERLAP == 2) {
@@ -216,20 +208,12 @@ __device__ void ws_consume(const wg_src &src, const float *qbase, size_t qstride
             softmax(pcur, it, true);
         };
         auto last_pv = [&](uint32_t(*plast)[4]) {
-            wgmma_fence();
-            wg_pv<BN>(acc, plast, ring.kv + ((seq + hi - 1) % S) * C::STAGE + C::TILE);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence<WG_D / 2>(acc);
+            wg_pv_wait<BN>(acc, plast, ring.kv + ((seq + hi - 1) % S) * C::STAGE + C::TILE);
             release(hi - 1);
         };
         if (lo < hi) {
             wait_full(lo);
-            wgmma_fence();
-            wg_qk<BN, true>(s, reinterpret_cast<const uint32_t(*)[4]>(no_qf), qaddr, ring.kv + ((seq + lo) % S) * C::STAGE);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence<BN / 2>(s);
+            wg_qk_wait<BN, true>(s, reinterpret_cast<const uint32_t(*)[4]>(no_qf), qaddr, ring.kv + ((seq + lo) % S) * C::STAGE);
             softmax(pa, lo, false);
             int it = lo + 1;
             for (; it + 1 < hi; it += 2) {
@@ -246,11 +230,7 @@ __device__ void ws_consume(const wg_src &src, const float *qbase, size_t qstride
     } else if (lo < hi) {
         float s_odd[BN / 2];
         wait_full(lo);
-        wgmma_fence();
-        wg_qk<BN, true>(s, reinterpret_cast<const uint32_t(*)[4]>(no_qf), qaddr, ring.kv + ((seq + lo) % S) * C::STAGE);
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence<BN / 2>(s);
+        wg_qk_wait<BN, true>(s, reinterpret_cast<const uint32_t(*)[4]>(no_qf), qaddr, ring.kv + ((seq + lo) % S) * C::STAGE);
         auto step = [&](float *cur, float *next, int it) {
             const int k0 = src.kbeg + it * BN;
             const uint32_t kaddr = ring.kv + ((seq + it) % S) * C::STAGE;
@@ -264,11 +244,7 @@ __device__ void ws_consume(const wg_src &src, const float *qbase, size_t qstride
                 wgmma_commit();
             }
             wg_softmax_exp<BN>(cur, c, base, lrow, pa);
-            wgmma_fence();
-            wg_pv<BN>(acc, pa, kaddr + C::TILE);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence<WG_D / 2>(acc);
+            wg_pv_wait<BN>(acc, pa, kaddr + C::TILE);
             reg_fence<BN / 2>(next);
             release(it);
         };
@@ -321,12 +297,7 @@ __device__ __forceinline__ void ws_walk(const sf_attention_desc &dd, const att_b
     for (int b = 0; b < br.count; b++) {
         const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
         const int r = g.r, o = g.o, qa1 = g.qa1;
-        wg_src src;
-        src.k = st.kb + ((size_t)h * dd.n + o) * WG_D;
-        src.v = st.vb + ((size_t)h * dd.n + o) * WG_D;
-        src.stride = (size_t)r * WG_D;
-        src.win = g.win;
-        src.causal = dd.causal;
+        wg_src src = wg_branch_src(st, h, g, dd.causal);
         for (int qs = P / r; qs < qa1; qs += C::BM) {
             const int qe = min(qs + C::BM, qa1);
             att_key_range(g, qs, qe, dd.causal, &src.kbeg, &src.kend);
@@ -334,14 +305,7 @@ __device__ __forceinline__ void ws_walk(const sf_attention_desc &dd, const att_b
         }
     }
     if (dd.n_global > 0) {
-        wg_src src;
-        src.k = st.gkb + (size_t)h * dd.n_global * WG_D;
-        src.v = st.gvb + (size_t)h * dd.n_global * WG_D;
-        src.stride = WG_D;
-        src.kbeg = 0;
-        src.kend = dd.n_global;
-        src.win = 1 << 30;
-        src.causal = 0;
+        const wg_src src = wg_global_src(st, h, dd.n_global);
         for (int qs = P; qs < Pend; qs += C::BM) tile(br.count, src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1);
     }
 }
@@ -392,18 +356,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
                                      l_s);
                    });
         named_sync(1, C::CONSUMERS); /* every merge is in */
-        for (int f = threadIdx.x; f < (Pend - P) * (WG_D / 4); f += C::CONSUMERS) {
-            const int li = f / (WG_D / 4), c4 = f % (WG_D / 4);
-            float4 *dst = reinterpret_cast<float4 *>(outh + (size_t)(P + li) * ld) + c4;
-            const float l = l_s[li];
-            float4 o = make_float4(0, 0, 0, 0);
-            if (l != 0) {
-                const float inv = 1.0f / l;
-                o = *dst;
-                o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-            }
-            __stcs(dst, o);
-        }
+        normalize_block_rows<WG_D, true>(outh, ld, P, Pend, l_s, C::CONSUMERS);
     }
 #endif
 }

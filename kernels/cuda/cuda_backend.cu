@@ -554,8 +554,6 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
     if (!c) return sf_error(SF_E_NOMEM, "out of memory");
     c->device = device;
     c->precision = be->precision == SF_PRECISION_BF16 ? SF_PRECISION_BF16 : SF_PRECISION_F32;
-    const char *ffn_rows = getenv("SEQFLOW_CUDA_FFN_ROWS");
-    c->ffn_rows = ffn_rows ? atoi(ffn_rows) : 0;
     pthread_mutex_init(&c->lock, NULL);
     int rc = sf_cuda_status(cudaSetDevice(device), "cudaSetDevice");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");

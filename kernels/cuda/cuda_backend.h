@@ -132,7 +132,6 @@ typedef struct sf_cuda {
      * H100, d != 64, a non-default variant): allocated at the first such call, then kept */
     void *widened;
     size_t widened_bytes;
-    int ffn_rows; /* rows of a chunk of the bf16 MLP (matmul.cu); 0: all at once (SEQFLOW_CUDA_FFN_ROWS) */
     size_t allocated, peak;
     sf_cuda_profile *profile; /* SEQFLOW_CUDA_PROFILE=1 only */
     sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* gemm_plan.cu, under the lock */

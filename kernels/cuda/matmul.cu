@@ -285,27 +285,16 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
     /* W1 u | W3 u side by side in h1 ([n, 2 hidden] bf16 fills it exactly): one GEMM of twice
      * the width when W1|W3 were prepared as one group, else two into the halves of each row;
-     * SwiGLU pairs each row's halves into h3, which W2 reads. Chunks of ffn_rows rows go through
-     * all three in turn, so that a chunk's intermediates are read back from L2, not DRAM. */
-    const int step = c->ffn_rows > 0 && c->ffn_rows < n ? c->ffn_rows : n;
-    const bool grouped = b3->bf16 == b1->bf16 + (size_t)hidden * dim;
-    for (int r0 = 0; r0 < n && rc == SF_OK; r0 += step) {
-        const int m = n - r0 < step ? n - r0 : step;
-        const __nv_bfloat16 *u_r = ub + (size_t)r0 * dim;
-        __nv_bfloat16 *h_r = g1 + (size_t)r0 * 2 * hidden, *g_r = g3 + (size_t)r0 * hidden;
-        if (grouped)
-            rc = gemm_bf16(c, m, dim, 2 * hidden, u_r, b1->bf16, h_r, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1|W3)");
-        else {
-            rc = gemm_bf16(c, m, dim, hidden, u_r, b1->bf16, h_r, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1)");
-            if (rc == SF_OK)
-                rc = gemm_bf16(c, m, dim, hidden, u_r, b3->bf16, h_r + hidden, 2 * hidden, CUDA_R_16BF, 0.0f,
-                               "bf16 GEMM (ffn W3)");
-        }
-        if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(m, hidden, h_r, g_r, c->stream);
+     * SwiGLU pairs each row's halves into h3, which W2 reads */
+    if (rc == SF_OK && b3->bf16 == b1->bf16 + (size_t)hidden * dim)
+        rc = gemm_bf16(c, n, dim, 2 * hidden, ub, b1->bf16, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1|W3)");
+    else if (rc == SF_OK) {
+        rc = gemm_bf16(c, n, dim, hidden, ub, b1->bf16, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1)");
         if (rc == SF_OK)
-            rc = gemm_bf16(c, m, hidden, dim, g_r, b2->bf16, x + (size_t)r0 * dim, dim, CUDA_R_32F, 1.0f,
-                           "bf16 GEMM (ffn W2)");
+            rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
     }
+    if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
+    if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
     sf_cuda_leave(c);
     return rc;
 }
