@@ -104,38 +104,47 @@ static std::vector<float> download(const float *d, size_t count)
     return h;
 }
 
-typedef int (*mix_fn)(sf_backend *, int, int, int, int, sf_dtype, const void *, const float *, const float *,
-                      const float *, float *);
-typedef int (*update_fn)(sf_backend *, sf_memory_kind, int, int, int, int, sf_dtype, const void *, const void *,
-                         float *, float *);
-
-/* the tiled kernels with their products on FP32 FMAs and on the tensor cores (3xTF32), switched
+/* The tiled kernels with their products on FP32 FMAs and on the tensor cores (3xTF32), switched
  * through sf_cuda_memory_set_tensor_cores before each use (d = 128 and the general head sizes run
- * the same kernels under both names) */
+ * the same kernels under both names); then, for bf16 q/k/v only, a backend in precision bf16 as the
+ * H100 pipeline runs it: the tiled kernels with bf16 operands ("fma16", "mma16") and the default
+ * choice ("dflt": the stream kernels of memory_stream*.cuh for d = 64), the mix writing bf16 into
+ * the output product's input (memory_mix_to). */
 struct impl {
     const char *name;
-    int tensor_cores;
-    mix_fn mix;
-    update_fn update;
+    int tensor_cores; /* -1: the backend's default choice */
+    bool bf16;        /* precision bf16, bf16 inputs only, the mix into a bf16 out */
 };
-static const impl impls[] = {{"fma", 0, sf_cuda_memory_mix, sf_cuda_memory_update},
-                             {"mma", 1, sf_cuda_memory_mix, sf_cuda_memory_update}};
+static const impl impls[] = {{"fma", 0, false}, {"mma", 1, false}, {"fma16", 0, true}, {"mma16", 1, true},
+                             {"dflt", -1, true}};
+#define TOL_BF16 4e-3 /* test_backend_ops's for bf16 products and a bf16 mix output */
 
-static sf_backend *cpu, *gpu;
+static sf_backend *cpu, *gpu, *gpu16;
 static int failures;
 
-static void poison_scratch(void)
+static sf_backend *backend_of(const impl &im) { return im.bf16 ? gpu16 : gpu; }
+
+static void poison_scratch(sf_backend *be)
 {
-    sf_cuda *c = sf_cuda_of(gpu);
+    sf_cuda *c = sf_cuda_of(be);
     if (c->scratch) CUDA_OK(cudaMemsetAsync(c->scratch, 0xff, c->scratch_bytes, c->stream)); /* NaN floats and doubles */
+}
+
+/* the mix of one implementation: in place into a, or (bf16) into out16 */
+static int run_mix(const impl &im, int n, int H, int d, int ld, sf_dtype type, const void *q, const float *M,
+                   const float *z, const float *g, float *a, uint16_t *out16)
+{
+    if (!im.bf16) return sf_cuda_memory_mix(gpu, n, H, d, ld, type, q, M, z, g, a);
+    return sf_cuda_memory_mix_to(gpu16, n, H, d, ld, type, q, M, z, g, a, SF_DTYPE_BF16, out16);
 }
 
 static const char *type_name(sf_dtype type) { return type == SF_DTYPE_BF16 ? "bf16" : "f32"; }
 
-static void report(const char *impl_name, sf_dtype type, const char *what, int n, int H, int d, int ld, double err)
+static void report(const char *impl_name, sf_dtype type, const char *what, int n, int H, int d, int ld, double err,
+                   double tol = TOL)
 {
-    const bool ok = err <= TOL; /* NaN fails */
-    printf("  %-3s %-4s %-22s n=%5d H=%2d d=%3d ld=%4d  rel err %.3e  %s\n", impl_name, type_name(type), what, n, H,
+    const bool ok = err <= tol; /* NaN fails */
+    printf("  %-5s %-4s %-22s n=%5d H=%2d d=%3d ld=%4d  rel err %.3e  %s\n", impl_name, type_name(type), what, n, H,
            d, ld, err, ok ? "ok" : "FAIL");
     if (!ok) failures++;
 }
@@ -160,31 +169,49 @@ static void check_shape_as(sf_dtype type, int n, int H, int d, int ld, int ld_of
                                              ck, cv, want_M[kind].data(), want_z[kind].data()));
     float *dg = upload(g), *dM = upload(M), *dz = upload(z);
     for (const impl &im : impls) {
+        if (im.bf16 && type != SF_DTYPE_BF16) continue;
+        sf_backend *be = backend_of(im);
+        const double tol = im.bf16 ? TOL_BF16 : TOL;
         sf_cuda_memory_set_tensor_cores(im.tensor_cores);
         float *da = upload(a);
-        poison_scratch();
-        SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, type, at(dq, type, ld_offset), dM, dz, dg, da + ld_offset));
-        report(im.name, type, "memory_mix", n, H, d, ld, rel_err(download(da, rows), want_a));
+        uint16_t *out16;
+        CUDA_OK(cudaMalloc(&out16, rows * 2 + 16));
+        CUDA_OK(cudaMemset(out16, 0xff, rows * 2)); /* NaN: rows the mix leaves out fail */
+        poison_scratch(be);
+        SF_OK_OR_DIE(run_mix(im, n, H, d, ld, type, at(dq, type, ld_offset), dM, dz, dg, da + ld_offset,
+                             out16 + ld_offset));
+        std::vector<float> got_a = download(da, rows);
+        if (im.bf16) { /* out16 widened; the padding between rows is not the op's to write */
+            std::vector<uint16_t> bits(rows);
+            CUDA_OK(cudaMemcpy(bits.data(), out16, rows * 2, cudaMemcpyDeviceToHost));
+            for (size_t i = ld_offset; i < rows; i++)
+                if ((i - ld_offset) % ld < (size_t)H * d) {
+                    const uint32_t u = (uint32_t)bits[i] << 16;
+                    memcpy(&got_a[i], &u, 4);
+                }
+        }
+        report(im.name, type, "memory_mix", n, H, d, ld, rel_err(got_a, want_a), tol);
         CUDA_OK(cudaFree(da));
+        CUDA_OK(cudaFree(out16));
         for (int kind = 0; kind < 2; kind++) {
             const sf_memory_kind mk = kind ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR;
             std::vector<float> first_M, first_z;
             for (int rep = 0; rep < 2; rep++) { /* twice on the same inputs: the same bits */
                 float *uM = upload(M), *uz = upload(z);
-                poison_scratch();
-                SF_OK_OR_DIE(
-                    im.update(gpu, mk, n, H, d, ld, type, at(dk, type, ld_offset), at(dv, type, ld_offset), uM, uz));
+                poison_scratch(be);
+                SF_OK_OR_DIE(sf_cuda_memory_update(be, mk, n, H, d, ld, type, at(dk, type, ld_offset),
+                                                   at(dv, type, ld_offset), uM, uz));
                 std::vector<float> got_M = download(uM, hdd), got_z = download(uz, hd);
                 CUDA_OK(cudaFree(uM));
                 CUDA_OK(cudaFree(uz));
                 if (rep == 0) {
                     report(im.name, type, kind ? "memory_update delta: M" : "memory_update linear: M", n, H, d, ld,
-                           rel_err(got_M, want_M[kind]));
+                           rel_err(got_M, want_M[kind]), tol);
                     report(im.name, type, kind ? "memory_update delta: z" : "memory_update linear: z", n, H, d, ld,
-                           rel_err(got_z, want_z[kind]));
+                           rel_err(got_z, want_z[kind]), tol);
                     first_M = got_M, first_z = got_z;
                 } else if (memcmp(first_M.data(), got_M.data(), hdd * 4) || memcmp(first_z.data(), got_z.data(), hd * 4)) {
-                    printf("  %-3s %-4s memory_update %s n=%d H=%d d=%d: two runs differ  FAIL\n", im.name,
+                    printf("  %-5s %-4s memory_update %s n=%d H=%d d=%d: two runs differ  FAIL\n", im.name,
                            type_name(type), kind ? "delta" : "linear", n, H, d);
                     failures++;
                 }
@@ -211,9 +238,9 @@ static double median(std::vector<float> t)
  * the timed region. */
 static void time_op(const impl &im, int op, sf_dtype type, int reps, int n, int H, int d, int sets, void *const *x,
                     void *const *y, float *const *a, const float *M0, const float *z0, float *M, float *z,
-                    const float *gate)
+                    const float *gate, uint16_t *out16)
 {
-    sf_cuda *c = sf_cuda_of(gpu);
+    sf_cuda *c = sf_cuda_of(backend_of(im));
     const int ld = H * d, warm = 5;
     const size_t mbytes = (size_t)H * d * d * 4, zbytes = (size_t)H * d * 4;
     sf_cuda_memory_set_tensor_cores(im.tensor_cores);
@@ -227,10 +254,10 @@ static void time_op(const impl &im, int op, sf_dtype type, int reps, int n, int 
         }
         if (r >= 0) CUDA_OK(cudaEventRecord(ev[2 * r], c->stream));
         if (op == 0)
-            SF_OK_OR_DIE(im.mix(gpu, n, H, d, ld, type, x[s], M0, z0, gate, a[s]));
+            SF_OK_OR_DIE(run_mix(im, n, H, d, ld, type, x[s], M0, z0, gate, a[s], out16));
         else
-            SF_OK_OR_DIE(
-                im.update(gpu, op == 2 ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR, n, H, d, ld, type, x[s], y[s], M, z));
+            SF_OK_OR_DIE(sf_cuda_memory_update(backend_of(im), op == 2 ? SF_MEMORY_DELTA : SF_MEMORY_LINEAR, n, H,
+                                               d, ld, type, x[s], y[s], M, z));
         if (r >= 0) CUDA_OK(cudaEventRecord(ev[2 * r + 1], c->stream));
     }
     CUDA_OK(cudaStreamSynchronize(c->stream));
@@ -238,12 +265,12 @@ static void time_op(const impl &im, int op, sf_dtype type, int reps, int n, int 
     for (int r = 0; r < reps; r++) CUDA_OK(cudaEventElapsedTime(&ms[r], ev[2 * r], ev[2 * r + 1]));
     for (cudaEvent_t &e : ev) CUDA_OK(cudaEventDestroy(e));
     const double med = median(ms), lo = *std::min_element(ms.begin(), ms.end());
-    /* mix: q read, a read and written; update: k and v read */
+    /* mix: q read, a read and written (bf16 impls: into a bf16 out); update: k and v read */
     const double elems = (double)n * ld, in_bytes = type == SF_DTYPE_BF16 ? 2 : 4;
-    const double bytes = op == 0 ? elems * (in_bytes + 8) : 2 * elems * in_bytes;
+    const double bytes = op == 0 ? elems * (in_bytes + (im.bf16 ? 6 : 8)) : 2 * elems * in_bytes;
     const double flops = (op == 2 ? 4.0 : 2.0) * n * H * (double)d * d;
     const double gbs = bytes / (med * 1e-3) / 1e9;
-    printf("| %-13s | %-4s | %-3s | %8.4f | %8.4f | %7.1f | %5.1f%% | %7.4f | %6.1f |\n",
+    printf("| %-13s | %-4s | %-5s | %8.4f | %8.4f | %7.1f | %5.1f%% | %7.4f | %6.1f |\n",
            op == 0 ? "memory_mix" : op == 1 ? "update linear" : "update delta", type_name(type), im.name, med, lo,
            gbs, 100 * gbs / (FLOOR_TBS * 1000), bytes / (FLOOR_TBS * 1e12) * 1e3, flops / (med * 1e-3) / 1e12);
 }
@@ -253,9 +280,11 @@ int main(int argc, char **argv)
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     SF_OK_OR_DIE(sf_backend_create("cpu", 0, &cpu));
     SF_OK_OR_DIE(sf_backend_create_ex("cuda", 0, SF_PRECISION_F32, &gpu));
+    SF_OK_OR_DIE(sf_backend_create_ex("cuda", 0, SF_PRECISION_BF16, &gpu16));
     const int n = 8192, H = 16, d = 64, ld = H * d, sets = 3;
     /* as the pipeline does: reserve sizes the scratch for the reference shape */
-    if (gpu->ops->reserve) SF_OK_OR_DIE(gpu->ops->reserve(gpu, n, ld, H, d));
+    for (sf_backend *be : {gpu, gpu16})
+        if (be->ops->reserve) SF_OK_OR_DIE(be->ops->reserve(be, n, ld, H, d));
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -280,6 +309,7 @@ int main(int argc, char **argv)
     check_shape(100, 2, 64, 128, 4);      /* bf16 base 8 bytes off 16: the general kernels */
 
     if (reps <= 0) { /* checks only (e.g. under a profiler) */
+        sf_backend_free(gpu16);
         sf_backend_free(gpu);
         sf_backend_free(cpu);
         printf("\nbench_cuda_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
@@ -298,9 +328,11 @@ int main(int argc, char **argv)
     }
     fill_normal(M0h, 3), fill_uniform(z0h, 20, 60), fill_normal(gh, 1);
     float *M0 = upload(M0h), *z0 = upload(z0h), *M = upload(M0h), *z = upload(z0h), *gate = upload(gh);
+    uint16_t *out16;
+    CUDA_OK(cudaMalloc(&out16, (size_t)n * ld * 2));
     printf("\ntimes at n=%d H=%d d=%d ld=%d, median of %d after 5 warm-up, %d input sets in rotation\n", n, H, d, ld,
            reps, sets);
-    printf("| op            | q/k/v | ver | median ms | min ms | GB/s | of %.1f TB/s | floor ms | TFLOP/s |\n",
+    printf("| op            | q/k/v | ver   | median ms | min ms | GB/s | of %.1f TB/s | floor ms | TFLOP/s |\n",
            FLOOR_TBS);
     printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     /* two rounds: the spread between a version's two rows is the noise a difference must exceed */
@@ -308,8 +340,9 @@ int main(int argc, char **argv)
         for (int t = 0; t < 2; t++)
             for (int round = 0; round < 2; round++)
                 for (const impl &im : impls)
-                    time_op(im, op, t ? SF_DTYPE_BF16 : SF_DTYPE_F32, reps, n, H, d, sets, x[t], y[t], a, M0, z0, M,
-                            z, gate);
+                    if (t || !im.bf16)
+                        time_op(im, op, t ? SF_DTYPE_BF16 : SF_DTYPE_F32, reps, n, H, d, sets, x[t], y[t], a, M0, z0,
+                                M, z, gate, out16);
     for (int s = 0; s < sets; s++) {
         for (int t = 0; t < 2; t++) {
             CUDA_OK(cudaFree(x[t][s]));
@@ -318,6 +351,8 @@ int main(int argc, char **argv)
         CUDA_OK(cudaFree(a[s]));
     }
     for (float *p : {M0, z0, M, z, gate}) CUDA_OK(cudaFree(p));
+    CUDA_OK(cudaFree(out16));
+    sf_backend_free(gpu16);
     sf_backend_free(gpu);
     sf_backend_free(cpu);
     printf("\nbench_cuda_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);

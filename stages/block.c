@@ -521,6 +521,11 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
             .n_global = G ? s->g_count[l] : 0, .global_ld = W,
             .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
             .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type};
+        if (c->memory != SF_MEMORY_NONE && b->ao && ops->attention_mix) {
+            rc = ops->attention_mix(be, &desc, q, k, v, a, s->M + l * hdd, s->z + l * hd, w->gate, SF_DTYPE_BF16,
+                                    b->ao + i * part * 2);
+            continue;
+        }
         rc = ops->attention(be, &desc, q, k, v, a);
         if (rc == SF_OK && c->memory != SF_MEMORY_NONE && b->ao)
             rc = ops->memory_mix_to(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a,

@@ -435,10 +435,13 @@ static void test_rowwise(const target *t)
 
 static void test_summary(const target *t)
 {
-    static const int cases[][4] = {/* n, segment, S, width */
-                                   {32, 32, 4, 24}, {19, 32, 4, 24}, {5, 6, 4, 16}, {64, 64, 3, 200}, {1, 16, 8, 8}};
+    /* rows padded by 4 floats, and (bf16: 16-byte rows, the vector kernel) by 8 */
+    static const int cases[][5] = {/* n, segment, S, width, padding */
+                                   {32, 32, 4, 24, 4},   {19, 32, 4, 24, 4},      {5, 6, 4, 16, 4},
+                                   {64, 64, 3, 200, 4},  {1, 16, 8, 8, 4},        {300, 512, 8, 192, 8},
+                                   {1000, 1024, 8, 136, 0}};
     for (size_t s = 0; s < sizeof cases / sizeof *cases; s++) {
-        const int n = cases[s][0], N = cases[s][1], S = cases[s][2], width = cases[s][3], ld = width + 4;
+        const int n = cases[s][0], N = cases[s][1], S = cases[s][2], width = cases[s][3], ld = width + cases[s][4];
         float *hk = random_host((size_t)n * ld, 1), *hv = random_host((size_t)n * ld, 1);
         pair k = both(t, hk, (size_t)n * ld * 4), v = both(t, hv, (size_t)n * ld * 4);
         pair sk = both(t, NULL, (size_t)S * width * 4), sv = both(t, NULL, (size_t)S * width * 4);
@@ -486,7 +489,7 @@ static void test_summary(const target *t)
 
 static void test_memory(const target *t)
 {
-    static const int shapes[][3] = {{32, 3, 8}, {19, 2, 32}, {1, 4, 16}, {256, 4, 64}, {70, 2, 128}};
+    static const int shapes[][3] = {{32, 3, 8}, {19, 2, 32}, {1, 4, 16}, {256, 4, 64}, {300, 3, 64}, {70, 2, 128}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int n = shapes[s][0], H = shapes[s][1], d = shapes[s][2], ld = H * d + 4;
         const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d;
@@ -632,7 +635,7 @@ static void test_attention(const target *t)
         {"64:1,128:2,256:4", 200, 256, 4, 32, 0, 16, 0}, {"128:1,256:2", 256, 256, 2, 64, 1, 0, 0},
         {"128:1,256:2", 131, 256, 2, 64, 0, 7, 4},  {"64:1,128:4", 128, 128, 2, 128, 1, 8, 0},
         {"64:1,128:4", 77, 128, 2, 128, 1, 0, 0},   {"32:1", 1, 32, 2, 32, 1, 3, 0},
-        {"512:1,1024:2,2048:4", 2048, 2048, 4, 64, 1, 16, 0},
+        {"512:1,1024:2,2048:4", 2048, 2048, 4, 64, 1, 16, 0}, {"128:1,256:2", 300, 512, 3, 64, 1, 5, 8},
     };
     for (size_t s = 0; s < sizeof cases / sizeof *cases; s++) {
         const attention_case *ac = &cases[s];
@@ -691,6 +694,33 @@ static void test_attention(const target *t)
                t->label, ac->branches, ac->n, ac->heads, ac->head_dim, ac->causal, G, ld, err);
         printf("  %-5s attention %-20s n=%4d d=%3d causal=%d G=%2d  bf16 q/k/v%s rel err %.2e\n", t->label,
                ac->branches, ac->n, ac->head_dim, ac->causal, G, ld % 8 || ac->head_dim != 64 ? " (widened)" : "", err);
+        if (t->be->ops->attention_mix) {
+            /* attention then the memory mix into a NaN-poisoned bf16 out: fused by the kernel that
+             * reads K/V in place (an H100, d = 64, ld % 8 == 0), the two ops elsewhere */
+            const int H = ac->heads, d = ac->head_dim;
+            float *hM = random_host((size_t)H * d * d, 3), *hz = positive_host((size_t)H * d, 20, 60);
+            float *hg = random_host((size_t)H, 1), *nan = malloc(rows * 4 + 4);
+            pair M = both(t, hM, (size_t)H * d * d * 4), z = both(t, hz, (size_t)H * d * 4), g = both(t, hg, (size_t)H * 4);
+            for (size_t i = 0; i < rows; i++) nan[i] = NAN;
+            void *mixed = bf16_upload(t->be, nan, rows);
+            CHECK_OK(cpu->ops->memory_mix(cpu, ac->n, H, d, ld, SF_DTYPE_F32, q.c, M.c, z.c, g.c, out.c));
+            poison(t->be, out.g, rows); /* scratch for the op; the CPU's mixed rows are the reference */
+            CHECK_OK(t->be->ops->attention_mix(t->be, &desc, qb, kb, vb, out.g, M.g, z.g, g.g, SF_DTYPE_BF16, mixed));
+            float *gm = bf16_download(t->be, mixed, rows), *wm = to_host(cpu, out.c, rows);
+            for (int i = 0; i < ac->n; i++) {
+                memcpy(gw + (size_t)i * W, gm + (size_t)i * ld, (size_t)W * 4);
+                memcpy(ww + (size_t)i * W, wm + (size_t)i * ld, (size_t)W * 4);
+            }
+            const double tol = t->tol_products > TOL_BF16_OUTPUT ? t->tol_products : TOL_BF16_OUTPUT;
+            err = check_rel_err_f32(gw, ww, (size_t)ac->n * W);
+            CHECKF(err <= tol, "%s attention_mix (bf16 q/k/v, bf16 out) %s n=%d H=%d d=%d causal=%d G=%d ld=%d: rel err %.3g",
+                   t->label, ac->branches, ac->n, H, d, ac->causal, G, ld, err);
+            printf("  %-5s attention_mix %-16s n=%4d d=%3d causal=%d G=%2d  bf16 q/k/v%s rel err %.2e\n", t->label,
+                   ac->branches, ac->n, d, ac->causal, G, ld % 8 || d != 64 ? " (two ops)" : "", err);
+            t->be->ops->free(t->be, mixed);
+            both_free(t, M), both_free(t, z), both_free(t, g);
+            free(hM), free(hz), free(hg), free(nan), free(gm), free(wm);
+        }
         t->be->ops->free(t->be, qb), t->be->ops->free(t->be, kb), t->be->ops->free(t->be, vb);
         free(got), free(want), free(gw), free(ww);
         both_free(t, q), both_free(t, k), both_free(t, v), both_free(t, gk), both_free(t, gv), both_free(t, out);

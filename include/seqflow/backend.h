@@ -151,6 +151,13 @@ typedef struct sf_backend_ops {
                          const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out);
     int (*matmul_typed)(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
                         const float *w, float *y, int ldy, int accumulate);
+    /* attention_mix: attention, then memory_mix_to of its result (SPEC 2: A = g_h A_mem +
+     * (1 - g_h) A_dot) into out as otype; a ([n, desc->ld] float32) is scratch, undefined
+     * afterwards. The same function as the two ops, with at most the rounding of the precision
+     * mode; an H100 in bf16 (d = 64, bf16 q/k/v) fuses them, so the attention's float32 rows
+     * are neither written normalized nor read back by a mix. NULL (the CPU): callers use the two. */
+    int (*attention_mix)(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                         float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out);
 } sf_backend_ops;
 
 struct sf_backend {

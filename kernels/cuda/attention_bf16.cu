@@ -108,9 +108,9 @@ __device__ __forceinline__ void stage_keys(__nv_bfloat16 *ks, __nv_bfloat16 *vs,
     for (int u = 0; u < C::LOADS; u++) {
         int f = threadIdx.x + u * C::THREADS, key = f / (D / 4), c4 = f % (D / 4);
         *reinterpret_cast<uint2 *>(ks + key * C::PAD + c4 * 4) =
-            make_uint2(pack_bf16(kr[u].x, kr[u].y), pack_bf16(kr[u].z, kr[u].w));
+            make_uint2(pack_bf16x2(kr[u].x, kr[u].y), pack_bf16x2(kr[u].z, kr[u].w));
         *reinterpret_cast<uint2 *>(vs + key * C::PAD + c4 * 4) =
-            make_uint2(pack_bf16(vr[u].x, vr[u].y), pack_bf16(vr[u].z, vr[u].w));
+            make_uint2(pack_bf16x2(vr[u].x, vr[u].y), pack_bf16x2(vr[u].z, vr[u].w));
     }
 }
 
@@ -198,9 +198,9 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
         }
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
-            uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                             pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                             pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+            uint32_t a[4] = {pack_bf16x2(s[2 * kc][0], s[2 * kc][1]), pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
+                             pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                             pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t b[4];

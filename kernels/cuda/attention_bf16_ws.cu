@@ -44,9 +44,9 @@ __global__ void stage_kv(int rows, int heads, int ld, const float *k, const floa
         const float4 a = STREAM ? __ldcs(ks) : __ldg(ks), b = STREAM ? __ldcs(ks + 1) : __ldg(ks + 1);
         const float4 c = STREAM ? __ldcs(vs) : __ldg(vs), d = STREAM ? __ldcs(vs + 1) : __ldg(vs + 1);
         *reinterpret_cast<uint4 *>(kb + dst) =
-            make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+            make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
         *reinterpret_cast<uint4 *>(vb + dst) =
-            make_uint4(pack_bf16(c.x, c.y), pack_bf16(c.z, c.w), pack_bf16(d.x, d.y), pack_bf16(d.z, d.w));
+            make_uint4(pack_bf16x2(c.x, c.y), pack_bf16x2(c.z, c.w), pack_bf16x2(d.x, d.y), pack_bf16x2(d.z, d.w));
     }
 }
 
@@ -91,9 +91,9 @@ __global__ void __launch_bounds__(256) stage_kv_flagged(int rows, int grows, int
             if (dst[u] == ~(size_t)0) continue;
             const float4 *x = a[u];
             *reinterpret_cast<uint4 *>(kdst + dst[u]) =
-                make_uint4(pack_bf16(x[0].x, x[0].y), pack_bf16(x[0].z, x[0].w), pack_bf16(x[1].x, x[1].y), pack_bf16(x[1].z, x[1].w));
+                make_uint4(pack_bf16x2(x[0].x, x[0].y), pack_bf16x2(x[0].z, x[0].w), pack_bf16x2(x[1].x, x[1].y), pack_bf16x2(x[1].z, x[1].w));
             *reinterpret_cast<uint4 *>(vdst + dst[u]) =
-                make_uint4(pack_bf16(x[2].x, x[2].y), pack_bf16(x[2].z, x[2].w), pack_bf16(x[3].x, x[3].y), pack_bf16(x[3].z, x[3].w));
+                make_uint4(pack_bf16x2(x[2].x, x[2].y), pack_bf16x2(x[2].z, x[2].w), pack_bf16x2(x[3].x, x[3].y), pack_bf16x2(x[3].z, x[3].w));
         }
     }
     __syncthreads();
@@ -177,8 +177,8 @@ __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstrid
                     lo = __ldg(reinterpret_cast<const float2 *>(qr));
                     hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
                 }
-                qf[mt][kc][hr] = pack_bf16(lo.x, lo.y);
-                qf[mt][kc][2 + hr] = pack_bf16(hi.x, hi.y);
+                qf[mt][kc][hr] = pack_bf16x2(lo.x, lo.y);
+                qf[mt][kc][2 + hr] = pack_bf16x2(hi.x, hi.y);
             }
         }
     float acc[MT][D / 8][4];
@@ -265,10 +265,10 @@ __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstrid
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                a[mt][0] = pack_bf16(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                a[mt][1] = pack_bf16(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                a[mt][2] = pack_bf16(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                a[mt][3] = pack_bf16(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                a[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                a[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                a[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                a[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
             }
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
@@ -608,6 +608,32 @@ extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention
     if (rc) return rc;
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention launch: %s", cudaGetErrorString(err));
+    return SF_OK;
+}
+
+extern "C" int sf_cuda_attention_mix_ws(const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                                        float *a, const sf_cuda_attention_mix *mix, void *workspace,
+                                        size_t workspace_bytes, cudaStream_t stream)
+{
+    if (desc->qkv_type != SF_DTYPE_BF16 || desc->head_dim != 64 || !mix || !mix->out ||
+        SF_CUDA_ATTENTION_DEFAULT_VARIANT != 36 || !att_wgmma_usable(desc) || desc->n <= 0 ||
+        ((uintptr_t)mix->out | (uintptr_t)a) % 16)
+        return SF_E_UNSUPPORTED; /* not an error: the caller runs the attention and the mix */
+    att_branches br;
+    int rc = att_fill_branches(desc, &br);
+    if (rc) return rc;
+    if (desc->n_global > 0 && (!desc->gk || !desc->gv))
+        return sf_error(SF_E_INVAL, "cuda attention: %d global tokens but no gk/gv", desc->n_global);
+    const size_t need = workspace_need(desc->n, desc->n_global > 0 ? desc->n_global : 0, desc->heads, 64);
+    if (!workspace || workspace_bytes < need || ((uintptr_t)workspace & 255))
+        return sf_error(SF_E_INVAL, "cuda attention: workspace %p of %zu bytes, need %zu bytes 256-byte aligned",
+                        workspace, workspace_bytes, need);
+    rc = att_wgmma_launch_bf16(36, desc, br, static_cast<const __nv_bfloat16 *>(q),
+                               static_cast<const __nv_bfloat16 *>(k), static_cast<const __nv_bfloat16 *>(v), a,
+                               static_cast<unsigned char *>(workspace), stream, mix);
+    if (rc) return rc;
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (mix) launch: %s", cudaGetErrorString(err));
     return SF_OK;
 }
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/mma_bf16.cuh"
 #include "seqflow/backend.h"
 #include "seqflow/error.h"
 
@@ -69,12 +70,6 @@ __device__ __forceinline__ void att_key_range(const att_branch_rows &g, int qs, 
     if (causal) *kend = min(*kend, qe);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&p);
-}
-
 /* Q rows row0 and row0 + 8 (dilated, rows past qe read as 0) as the A fragments of
  * mma.sync m16n8k16 for D columns: register i of k-step kc holds row row0 + 8(i&1), columns
  * 16kc + 2t + 8(i>>1) and the next, rounded to bf16. t = lane & 3. */
@@ -93,8 +88,8 @@ __device__ __forceinline__ void att_load_q_frags(uint32_t (*qf)[4], const float 
                 lo = __ldg(reinterpret_cast<const float2 *>(qr));
                 hi = __ldg(reinterpret_cast<const float2 *>(qr + 8));
             }
-            qf[kc][hr] = pack_bf16(lo.x, lo.y);
-            qf[kc][2 + hr] = pack_bf16(hi.x, hi.y);
+            qf[kc][hr] = pack_bf16x2(lo.x, lo.y);
+            qf[kc][2 + hr] = pack_bf16x2(hi.x, hi.y);
         }
 }
 
@@ -103,14 +98,6 @@ __device__ __forceinline__ float fast_exp2(float x)
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-}
-
-__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p)

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/cuda_attention.h"
 #include "seqflow/backend.h"
 
 #define SF_ATT_ORDER_MAX 1024 /* position blocks the heaviest-first order covers */
@@ -73,8 +74,9 @@ int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branc
  * (the default) only; SF_E_UNSUPPORTED for others, and for unaligned rows (nothing launched). */
 int att_check_bf16_inputs(const sf_attention_desc *desc, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                           const __nv_bfloat16 *v);
+/* mix non-NULL: variant 36 with the memory mix fused (cuda_attention.h, sf_cuda_attention_mix_ws) */
 int att_wgmma_launch_bf16(int variant, const sf_attention_desc *desc, const att_branches &br, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, float *out, unsigned char *ws,
-                          cudaStream_t stream);
+                          cudaStream_t stream, const sf_cuda_attention_mix *mix = nullptr);
 
 #endif

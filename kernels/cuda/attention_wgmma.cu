@@ -31,6 +31,7 @@
 
 #include "kernels/cuda/attention_bf16_variants.h"
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/memory_stream.cuh"
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/attention_wgmma_overlap.cuh"
@@ -180,8 +181,8 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
                 a = C::STREAM ? __ldcs(qr) : __ldg(qr), b = C::STREAM ? __ldcs(qr + 1) : __ldg(qr + 1);
             }
             const uint32_t dst = qaddr + sw128_offset(row, c8);
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_bf16(a.x, a.y)),
-                         "r"(pack_bf16(a.z, a.w)), "r"(pack_bf16(b.x, b.y)), "r"(pack_bf16(b.z, b.w))
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_bf16x2(a.x, a.y)),
+                         "r"(pack_bf16x2(a.z, a.w)), "r"(pack_bf16x2(b.x, b.y)), "r"(pack_bf16x2(b.z, b.w))
                          : "memory");
         }
         fence_proxy_async(); /* the first key tile's barrier then publishes it */
@@ -361,13 +362,37 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
 
 #endif /* SF_WGMMA_ENABLED */
 
+/* The block's last step with the memory mix fused (sf_cuda_attention_mix_ws): instead of
+ * normalizing its rows [P, Pend) of head h in `out`, the block mixes them with the memory's
+ * retrieval (memory_stream.cuh) and writes the bf16 result to mix.out, so the float32 rows are
+ * neither written back normalized nor read again by a mix kernel. The K/V ring (free now) holds
+ * M_h and z_h; l_s becomes 1/l (0: no key seen, A_dot = 0). */
+template <class QT>
+__device__ __forceinline__ void mix_block_rows(const sf_attention_desc &dd, int h, int P, int Pend, const QT *q,
+                                               const float *out, float *l_s, unsigned char *ring,
+                                               const sf_cuda_attention_mix &mix)
+{
+    if constexpr (sizeof(QT) == 2) {
+        uint2 *sB = reinterpret_cast<uint2 *>(ring);
+        float *sz = reinterpret_cast<float *>(sB + 4 * 8 * 32);
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncthreads(); /* every warp's merges into out are done and seen; the ring is free */
+        for (int i = threadIdx.x; i < Pend - P; i += blockDim.x) l_s[i] = l_s[i] != 0 ? 1.0f / l_s[i] : 0.0f;
+        stage_stream_mix(mix.M, mix.z, h, sB, sz);
+        __syncthreads();
+        const float wg = stream_gate(mix.gate, h);
+        for (int r0 = P + 16 * (threadIdx.x >> 5); r0 < Pend; r0 += 16 * (blockDim.x >> 5))
+            stream_mix_rows(r0, Pend, dd.ld, h, q, out, l_s, P, sB, sz, wg, static_cast<__nv_bfloat16 *>(mix.out));
+    }
+}
+
 /* PRE: how it meets the pre-pass (PRE_* of attention_wgmma_overlap.cuh). QT: the type of q
  * (float32, or bf16 when qkv wrote bf16 activations; K/V then come straight from them, `st`
  * says where and how far apart their rows are). */
-template <class C, int MINB, int PRE = PRE_NONE, class QT = float>
+template <class C, int MINB, int PRE = PRE_NONE, class QT = float, bool MIX = false>
 __global__ void __launch_bounds__(C::THREADS, MINB)
     attention_wgmma(sf_attention_desc dd, att_branches br, int T, const QT *q, att_staged st, float *out,
-                    const att_order ord, int per_cta)
+                    const att_order ord, int per_cta, sf_cuda_attention_mix mix)
 {
 #if SF_WGMMA_ENABLED
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -416,7 +441,10 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
                 wg_tile<C>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s,
                            ones);
         }
-        normalize_block_rows<WG_D, C::STREAM>(outh, ld, P, Pend, l_s, C::THREADS);
+        if constexpr (MIX)
+            mix_block_rows(dd, h, P, Pend, q, out, l_s, smem + (kv - base), mix);
+        else
+            normalize_block_rows<WG_D, C::STREAM>(outh, ld, P, Pend, l_s, C::THREADS);
         __syncthreads(); /* l_s is read above and reset for the next block */
     }
     /* this grid then completes only after the pre-pass, as the stream's next work expects */
@@ -432,10 +460,12 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
  * that items cost about the same; otherwise one each, heaviest first. With every item resident
  * at once (one wave), heaviest-first cannot balance: the heaviest item (1.4-2x the mean load of
  * a slot at the reference shape) sets the end. */
-template <class C, int MINB, bool PAIR = false, int FLOW = 0, int PRE = PRE_NONE, class QT = float>
+template <class C, int MINB, bool PAIR = false, int FLOW = 0, int PRE = PRE_NONE, class QT = float, bool MIX = false>
 static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, const QT *q, const QT *k, const QT *v,
-                        float *out, unsigned char *ws, cudaStream_t stream)
+                        float *out, unsigned char *ws, cudaStream_t stream, const sf_cuda_attention_mix *mix = nullptr)
 {
+    static_assert(!MIX || (sizeof(QT) == 2 && !FLOW && !PAIR && C::KV_BYTES >= 4 * 8 * 32 * 8 + 64 * 4),
+                  "the mix is fused into the bf16 plain kernel, its ring holding M_h and z_h");
     constexpr bool IN_PLACE = sizeof(QT) == 2; /* bf16 activations: K/V read where they are */
     static_assert(!IN_PLACE || (!FLOW && !PRE && C::QS), "bf16 activations take the plain kernel");
     int rc;
@@ -455,7 +485,7 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     if constexpr (FLOW)
         err = cudaFuncSetAttribute(attention_wgmma_flow<C, MINB, FLOW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     else
-        err = cudaFuncSetAttribute(attention_wgmma<C, MINB, PRE, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(attention_wgmma<C, MINB, PRE, QT, MIX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
     att_staged st;
@@ -480,14 +510,15 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
         per_cta = 2, items = (nblocks + 1) / 2;
     }
     const unsigned grid = (unsigned)items * desc->heads;
+    const sf_cuda_attention_mix no_mix = {};
     if constexpr (FLOW)
         attention_wgmma_flow<C, MINB, FLOW><<<grid, C::THREADS, smem, stream>>>(*desc, br, (int)T, q, st, out, ord, per_cta);
     else if constexpr (PRE != PRE_NONE)
         return att_launch_alongside(attention_wgmma<C, MINB, PRE>, grid, C::THREADS, smem, stream, *desc, br, (int)T, q,
-                                    st, out, ord, per_cta);
+                                    st, out, ord, per_cta, no_mix);
     else
-        attention_wgmma<C, MINB, PRE_NONE, QT><<<grid, C::THREADS, smem, stream>>>(*desc, br, (int)T, q, st, out, ord,
-                                                                                   per_cta);
+        attention_wgmma<C, MINB, PRE_NONE, QT, MIX><<<grid, C::THREADS, smem, stream>>>(
+            *desc, br, (int)T, q, st, out, ord, per_cta, MIX ? *mix : no_mix);
     return SF_OK;
 }
 
@@ -505,12 +536,15 @@ int att_check_bf16_inputs(const sf_attention_desc *desc, const __nv_bfloat16 *q,
 
 int att_wgmma_launch_bf16(int variant, const sf_attention_desc *desc, const att_branches &br, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, float *out, unsigned char *ws,
-                          cudaStream_t stream)
+                          cudaStream_t stream, const sf_cuda_attention_mix *mix)
 {
+    typedef wg_cfg<64, 3, false, true, 1, true, false, 0, 1> cfg36;
     switch (variant) {
     case 36:
-        return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3, false, 0, PRE_NONE, __nv_bfloat16>(
-            desc, br, q, k, v, out, ws, stream);
+        if (mix)
+            return launch_wgmma<cfg36, 3, false, 0, PRE_NONE, __nv_bfloat16, true>(desc, br, q, k, v, out, ws, stream,
+                                                                                    mix);
+        return launch_wgmma<cfg36, 3, false, 0, PRE_NONE, __nv_bfloat16>(desc, br, q, k, v, out, ws, stream);
     default:
         return sf_error(SF_E_UNSUPPORTED, "cuda attention: variant %d reads float32 q/k/v only (36 reads bf16)", variant);
     }

@@ -117,7 +117,7 @@ __device__ __forceinline__ void wg_softmax_lean(float *s, int k0, const wg_src &
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const float b = base[i & 1];
-                pa[kc][i] = ex2_bf16x2(pack_bf16(fmaf(s[8 * kc + 2 * i], c, -b), fmaf(s[8 * kc + 2 * i + 1], c, -b)));
+                pa[kc][i] = ex2_bf16x2(pack_bf16x2(fmaf(s[8 * kc + 2 * i], c, -b), fmaf(s[8 * kc + 2 * i + 1], c, -b)));
             }
     } else {
         wg_softmax_exp<BN, !TCSUM>(s, c, base, lsum, pa);

@@ -192,10 +192,10 @@ __device__ __forceinline__ void wg_softmax_exp(const float *s, float c, const fl
     }
 #pragma unroll
     for (int kc = 0; kc < BN / 16; kc++) {
-        pa[kc][0] = pack_bf16(p[8 * kc + 0], p[8 * kc + 1]);
-        pa[kc][1] = pack_bf16(p[8 * kc + 2], p[8 * kc + 3]);
-        pa[kc][2] = pack_bf16(p[8 * kc + 4], p[8 * kc + 5]);
-        pa[kc][3] = pack_bf16(p[8 * kc + 6], p[8 * kc + 7]);
+        pa[kc][0] = pack_bf16x2(p[8 * kc + 0], p[8 * kc + 1]);
+        pa[kc][1] = pack_bf16x2(p[8 * kc + 2], p[8 * kc + 3]);
+        pa[kc][2] = pack_bf16x2(p[8 * kc + 4], p[8 * kc + 5]);
+        pa[kc][3] = pack_bf16x2(p[8 * kc + 6], p[8 * kc + 7]);
     }
 }
 /* 16-byte copy global -> shared, or 16 zero bytes without reading the source when `skip`. */
@@ -239,8 +239,8 @@ __device__ __forceinline__ void wg_q_store(uint32_t qaddr, const float4 (&r)[8])
     for (int u = 0; u < 4; u++) {
         const float4 a = r[2 * u], b = r[2 * u + 1];
         asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(qaddr + sw128_offset(row0 + 16 * u, c8)),
-                     "r"(pack_bf16(a.x, a.y)), "r"(pack_bf16(a.z, a.w)), "r"(pack_bf16(b.x, b.y)),
-                     "r"(pack_bf16(b.z, b.w))
+                     "r"(pack_bf16x2(a.x, a.y)), "r"(pack_bf16x2(a.z, a.w)), "r"(pack_bf16x2(b.x, b.y)),
+                     "r"(pack_bf16x2(b.z, b.w))
                      : "memory");
     }
     fence_proxy_async();

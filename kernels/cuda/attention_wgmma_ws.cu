@@ -126,8 +126,8 @@ __device__ void ws_consume(const wg_src &src, const float *qbase, size_t qstride
             a = __ldcs(qr), b = __ldcs(qr + 1);
         }
         asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(qaddr + sw128_offset(row, c8)),
-                     "r"(pack_bf16(a.x, a.y)), "r"(pack_bf16(a.z, a.w)), "r"(pack_bf16(b.x, b.y)),
-                     "r"(pack_bf16(b.z, b.w))
+                     "r"(pack_bf16x2(a.x, a.y)), "r"(pack_bf16x2(a.z, a.w)), "r"(pack_bf16x2(b.x, b.y)),
+                     "r"(pack_bf16x2(b.z, b.w))
                      : "memory");
     }
     fence_proxy_async();

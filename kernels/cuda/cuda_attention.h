@@ -47,6 +47,22 @@ int sf_cuda_attention_bf16_ws(const sf_attention_desc *desc, const void *q, cons
                               const void *v, float *out, void *workspace, size_t workspace_bytes,
                               cudaStream_t stream);
 
+/* The memory mix (SPEC 2: A = g_h A_mem + (1 - g_h) A_dot) applied by the attention kernel to the
+ * rows it has just finished, written as bf16 to out ([n, desc->ld]); M ([heads][64][64]), z
+ * ([heads][64]) and gate ([heads]) as memory_mix takes them. Device pointers. */
+typedef struct sf_cuda_attention_mix {
+    const float *M, *z, *gate;
+    void *out;
+} sf_cuda_attention_mix;
+
+/* sf_cuda_attention_bf16_ws on bf16 q/k/v read in place by the default kernel, with the mix
+ * fused: out gets the mixed rows, `out` of the plain entry (here `a`) is scratch the kernel
+ * may leave unnormalized. d = 64 on an H100 only: SF_E_UNSUPPORTED (nothing launched) where
+ * the fused kernel does not run; the caller then runs the attention and memory_mix_to. */
+int sf_cuda_attention_mix_ws(const sf_attention_desc *desc, const void *q, const void *k, const void *v, float *a,
+                             const sf_cuda_attention_mix *mix, void *workspace, size_t workspace_bytes,
+                             cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -445,6 +445,36 @@ static void release(sf_cuda *c)
     free(c);
 }
 
+/* The mix fused into the attention kernel where it runs (bf16 q/k/v read in place, d = 64, an
+ * H100, the memory's stream kernels chosen: sf_cuda_memory_stream_usable), else the two ops.
+ * SEQFLOW_CUDA_ATTENTION_MIX=0 keeps them apart (A/B timing, tests). */
+static int cuda_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k,
+                              const void *v, float *a, const float *M, const float *z, const float *gate,
+                              sf_dtype otype, void *out)
+{
+    static const bool fuse = [] {
+        const char *e = getenv("SEQFLOW_CUDA_ATTENTION_MIX");
+        return !(e && !strcmp(e, "0"));
+    }();
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = SF_E_UNSUPPORTED;
+    if (fuse && otype == SF_DTYPE_BF16 && desc->qkv_type == SF_DTYPE_BF16 && desc->n > 0 &&
+        sf_cuda_memory_stream_usable(be, desc->head_dim, desc->ld) &&
+        sf_cuda_attention_workspace_bytes(desc) <= c->scratch_bytes) {
+        rc = sf_cuda_enter(c);
+        if (rc != SF_OK) return rc;
+        const sf_cuda_attention_mix mix = {M, z, gate, out};
+        rc = sf_cuda_attention_mix_ws(desc, q, k, v, a, &mix, c->scratch, c->scratch_bytes, c->stream);
+        sf_cuda_leave(c);
+    }
+    if (rc != SF_E_UNSUPPORTED) return rc;
+    sf_clear_error();
+    rc = cuda_attention(be, desc, q, k, v, a);
+    return rc != SF_OK ? rc
+                       : sf_cuda_memory_mix_to(be, desc->n, desc->heads, desc->head_dim, desc->ld, desc->qkv_type, q, M,
+                                               z, gate, a, otype, out);
+}
+
 /* bf16 q, k, v where the default attention kernel reads them in place (compute capability 9.0,
  * d = 64, precision bf16); SEQFLOW_CUDA_QKV=f32 keeps them float32 (for A/B timing and tests). */
 static sf_dtype cuda_qkv_type(sf_backend *be, int head_dim)
@@ -498,6 +528,7 @@ static const sf_backend_ops cuda_ops = {
     /* .qkv_type */ cuda_qkv_type,
     /* .memory_mix_to */ sf_cuda_memory_mix_to,
     /* .matmul_typed */ sf_cuda_matmul_typed,
+    /* .attention_mix */ cuda_attention_mix,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */

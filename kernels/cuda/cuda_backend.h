@@ -39,8 +39,9 @@ typedef struct sf_cuda_memory {
 int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
 
 /* Where the compressive-memory kernels of head size 32 and 64 compute their products, for tests
- * and benchmarks: 1 on the tensor cores (3xTF32), 0 on FP32 FMAs, -1 back to the default
- * (SEQFLOW_CUDA_MEMORY=mma|fma, else the faster of the two per op, kernels/cuda/memory.cu).
+ * and benchmarks: 1 on the tensor cores (3xTF32), 0 on FP32 FMAs (either keeps the tiled kernels),
+ * -1 back to the default (SEQFLOW_CUDA_MEMORY=mma|fma|tiled, else the stream kernels for d = 64
+ * with bf16 operands and the faster of the two per op otherwise, kernels/cuda/memory.cu).
  * Process-wide; not to be changed while another thread's memory ops are being issued. */
 void sf_cuda_memory_set_tensor_cores(int on);
 
@@ -219,6 +220,9 @@ int sf_cuda_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_dt
                           const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out);
 int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
                          const float *w, float *y, int ldy, int accumulate);
+/* 1 when the memory's stream kernels (memory_stream*.cuh: d = 64, bf16 operands, rows ld % 8 == 0)
+ * serve this backend, the condition for the mix fused into the attention (attention_mix). */
+int sf_cuda_memory_stream_usable(sf_backend *be, int d, int ld);
 /* Scratch bytes sf_cuda_memory_update needs for n rows (either kind), for reserve(). */
 size_t sf_cuda_memory_update_scratch_bytes(int n, int heads, int d);
 int sf_cuda_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, int d, int ld, sf_dtype kvtype,

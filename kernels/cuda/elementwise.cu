@@ -273,6 +273,56 @@ __global__ static void summary_kernel(int n, int segment, int summary_tokens, in
     }
 }
 
+/* bf16 k, v with 16-byte rows (ld, width multiples of 8): 8 columns a thread from one 16-byte
+ * load of each, 8 threads a 64-column row piece (a whole 128-byte line), 32 row slices a block.
+ * The scalar kernel above reads 64 bytes a warp a load and reached half the bytes floor (22 us a
+ * layer on the reference model for 32 MB). Same sums: double, the slices added in order. */
+#define SUMMARY_VEC_COLS 64
+#define SUMMARY_VEC_SLICES 32
+__global__ static void __launch_bounds__(256)
+    summary_bf16x8_kernel(int n, int segment, int summary_tokens, int width, int ld, const __nv_bfloat16 *k,
+                          const __nv_bfloat16 *v, float *sk, float *sv)
+{
+    __shared__ double part[2][SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS];
+    const int j = blockIdx.x;
+    long lo = (long)j * segment / summary_tokens, hi = (long)(j + 1) * segment / summary_tokens;
+    if (hi > n) hi = n;
+    if (lo >= hi) return;
+    int slot = 0;
+    for (int p = 0; p < j; p++) {
+        long plo = (long)p * segment / summary_tokens, phi = (long)(p + 1) * segment / summary_tokens;
+        if (phi > n) phi = n;
+        slot += plo < phi;
+    }
+    const int cg = threadIdx.x % 8, slice = threadIdx.x / 8, c0 = cg * 8;
+    const int f = blockIdx.y * SUMMARY_VEC_COLS + c0;
+    double ak[8] = {0, 0, 0, 0, 0, 0, 0, 0}, av[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (f < width) {
+#pragma unroll 4
+        for (long t = lo + slice; t < hi; t += SUMMARY_VEC_SLICES) {
+            const uint4 kw = __ldg((const uint4 *)(k + t * ld + f)), vw = __ldg((const uint4 *)(v + t * ld + f));
+            const unsigned kk[4] = {kw.x, kw.y, kw.z, kw.w}, vv[4] = {vw.x, vw.y, vw.z, vw.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                ak[2 * i] += __uint_as_float(kk[i] << 16), ak[2 * i + 1] += __uint_as_float(kk[i] & 0xffff0000u);
+                av[2 * i] += __uint_as_float(vv[i] << 16), av[2 * i + 1] += __uint_as_float(vv[i] & 0xffff0000u);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) part[0][slice][c0 + i] = ak[i], part[1][slice][c0 + i] = av[i];
+    __syncthreads();
+    if (threadIdx.x < 2 * SUMMARY_VEC_COLS) {
+        const int which = threadIdx.x / SUMMARY_VEC_COLS, col = threadIdx.x % SUMMARY_VEC_COLS;
+        const int fc = blockIdx.y * SUMMARY_VEC_COLS + col;
+        if (fc < width) {
+            double sum = 0;
+            for (int r = 0; r < SUMMARY_VEC_SLICES; r++) sum += part[which][r][col];
+            (which ? sv : sk)[(size_t)slot * width + fc] = (float)(sum / (double)(hi - lo));
+        }
+    }
+}
+
 int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, sf_dtype kvtype,
                     const void *k, const void *v, float *sk, float *sv, int *count)
 {
@@ -291,7 +341,12 @@ int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int 
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     dim3 grid((unsigned)summary_tokens, (unsigned)((width + SUMMARY_COLS - 1) / SUMMARY_COLS));
-    if (kvtype == SF_DTYPE_BF16)
+    const bool rows16 = ld % 8 == 0 && width % 8 == 0 && ((uintptr_t)k | (uintptr_t)v) % 16 == 0;
+    if (kvtype == SF_DTYPE_BF16 && rows16)
+        summary_bf16x8_kernel<<<dim3((unsigned)summary_tokens, (unsigned)((width + SUMMARY_VEC_COLS - 1) / SUMMARY_VEC_COLS)),
+                                256, 0, c->stream>>>(n, segment, summary_tokens, width, ld, (const __nv_bfloat16 *)k,
+                                                     (const __nv_bfloat16 *)v, sk, sv);
+    else if (kvtype == SF_DTYPE_BF16)
         summary_kernel<<<grid, SUMMARY_COLS * SUMMARY_SLICES, 0, c->stream>>>(
             n, segment, summary_tokens, width, ld, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, sk, sv);
     else

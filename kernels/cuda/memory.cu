@@ -29,10 +29,9 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/memory_general.h"
+#include "kernels/cuda/memory_stream.cuh" /* sigma, and the stream kernels */
 
 #define MAX_HEAD_DIM 256
-
-__device__ static inline float sigma(float x) { return x > 0 ? x + 1.0f : expf(x); } /* ELU + 1 */
 
 typedef __nv_bfloat16 bf16;
 template <typename T>
@@ -387,6 +386,24 @@ __global__ static void chunk_reduce_kernel(int chunks, size_t m_count, size_t z_
 }
 
 #include "kernels/cuda/memory_mma.cuh"
+#include "kernels/cuda/memory_stream_update.cuh"
+
+/* The chunk partials of the update by the stream kernel (memory_stream_update.cuh): d = 64, bf16
+ * k and v, bf16 operands; the grid and partials of tiled_update's kernels, so its chunk reduce
+ * follows unchanged. */
+template <bool DELTA>
+static int stream_update_launch(sf_cuda *c, int n, int rows, int chunks, int heads, int ld, const bf16 *k,
+                                const bf16 *v, const float *M, const float *z, float *partM, double *partz)
+{
+    const size_t shared = stream_update_shared_bytes(DELTA);
+    int rc = sf_cuda_status(cudaFuncSetAttribute(stream_update64_kernel<DELTA>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
+                            "memory_update (stream, shared memory limit)");
+    if (rc != SF_OK) return rc;
+    stream_update64_kernel<DELTA><<<dim3((unsigned)chunks, (unsigned)heads), STREAM_UPDATE_THREADS, shared,
+                                    c->stream>>>(n, rows, heads, ld, k, v, M, z, partM, partz);
+    return sf_cuda_launched("memory_update (stream chunk partials)");
+}
 
 /* Rows a chunk (a whole number of tiles) and the chunk count: about TARGET_BLOCKS blocks in all.
  * A function of n, heads and d alone, so the update's summation order is the same on any GPU. */
@@ -427,14 +444,23 @@ static std::atomic<int> tensor_cores_forced(-1);
 
 void sf_cuda_memory_set_tensor_cores(int on) { tensor_cores_forced = on < 0 ? -1 : on != 0; }
 
-static bool use_tensor_cores(int d, bool update)
+/* -1: the default choice, 0: the tiled kernels on FMAs, 1: the tiled kernels on the tensor cores,
+ * 2: the tiled kernels with the default products (SEQFLOW_CUDA_MEMORY=tiled: the stream kernels off) */
+static int tiled_products_chosen(void)
 {
     static const int from_env = [] {
         const char *m = getenv("SEQFLOW_CUDA_MEMORY");
-        return m && !strcmp(m, "mma") ? 1 : m && !strcmp(m, "fma") ? 0 : -1;
+        return !m ? -1 : !strcmp(m, "mma") ? 1 : !strcmp(m, "fma") ? 0 : !strcmp(m, "tiled") ? 2 : -1;
     }();
-    const int forced = tensor_cores_forced, chosen = forced >= 0 ? forced : from_env;
-    return (d == 32 || d == 64) && (chosen >= 0 ? chosen : update ? UPDATE_TENSOR_CORES : MIX_TENSOR_CORES);
+    const int forced = tensor_cores_forced;
+    return forced >= 0 ? forced : from_env;
+}
+
+static bool use_tensor_cores(int d, bool update)
+{
+    const int chosen = tiled_products_chosen();
+    return (d == 32 || d == 64) &&
+           (chosen == 0 || chosen == 1 ? chosen : update ? UPDATE_TENSOR_CORES : MIX_TENSOR_CORES);
 }
 
 /* The tensor-core products take bf16 operands in precision bf16 (float32 accumulation; M and z
@@ -448,6 +474,12 @@ static bool bf16_operands(const sf_cuda *c)
     }();
     return allowed && c->precision == SF_PRECISION_BF16;
 }
+
+/* The stream kernels (memory_stream*.cuh) serve d = 64 with bf16 operands unless the tiled
+ * kernels are asked for (SEQFLOW_CUDA_MEMORY=tiled|mma|fma, sf_cuda_memory_set_tensor_cores). */
+static bool use_stream(const sf_cuda *c, int d) { return d == 64 && bf16_operands(c) && tiled_products_chosen() < 0; }
+
+int sf_cuda_memory_stream_usable(sf_backend *be, int d, int ld) { return use_stream(sf_cuda_of(be), d) && ld % 8 == 0; }
 
 template <int D, typename T, typename OT>
 static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const T *q, const float *M, const float *z,
@@ -486,12 +518,19 @@ static int tiled_update(sf_cuda *c, int n, int heads, int ld, const T *k, const 
             kernel = bf16_operands(c) ? mma_update_kernel<D, DELTA, T, true> : mma_update_kernel<D, DELTA, T, false>;
             shared = mma_shared_bytes<D>(DELTA);
         }
-    int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
+    int rc = SF_OK;
+    bool streamed = false;
+    if constexpr (D == 64 && !is_f32<T>)
+        if (use_stream(c, D))
+            rc = stream_update_launch<DELTA>(c, n, rows, chunks, heads, ld, k, v, M, z, partM, partz), streamed = true;
+    if (!streamed) {
+        rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_update (shared memory limit)");
-    if (rc != SF_OK) return rc;
-    kernel<<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(n, rows, heads, ld, k, v, M,
-                                                                                          z, partM, partz);
-    rc = sf_cuda_launched("memory_update (chunk partials)");
+        if (rc != SF_OK) return rc;
+        kernel<<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(n, rows, heads, ld, k, v,
+                                                                                              M, z, partM, partz);
+        rc = sf_cuda_launched("memory_update (chunk partials)");
+    }
     if (rc != SF_OK) return rc;
     const size_t m_count = (size_t)heads * D * D, z_count = (size_t)heads * D, total = m_count + z_count;
     const unsigned blocks = (unsigned)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);
@@ -569,7 +608,13 @@ int sf_cuda_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_dt
     rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     const bool tiled = tiled_layout(d, ld, qtype, q, a) && (uintptr_t)M % 16 == 0;
-    if (tiled && qtype == SF_DTYPE_BF16 && otype == SF_DTYPE_BF16 && ld % 4 == 0 && (uintptr_t)out % 8 == 0)
+    const bool bf16_to_bf16 =
+        tiled && qtype == SF_DTYPE_BF16 && otype == SF_DTYPE_BF16 && ld % 4 == 0 && (uintptr_t)out % 8 == 0;
+    if (bf16_to_bf16 && use_stream(c, d)) {
+        stream_mix64_kernel<<<dim3((unsigned)((n + STREAM_MIX_ROWS - 1) / STREAM_MIX_ROWS), (unsigned)heads),
+                              STREAM_THREADS, 0, c->stream>>>(n, ld, (const bf16 *)q, M, z, gate, a, (bf16 *)out);
+        rc = sf_cuda_launched("memory_mix (stream)");
+    } else if (bf16_to_bf16)
         rc = tiled_mix_typed<bf16, bf16>(c, n, heads, d, ld, q, M, z, gate, a, out);
     else {
         if (tiled)

@@ -4,6 +4,8 @@
 #ifndef SEQFLOW_KERNELS_CUDA_MEMORY_MMA_CUH
 #define SEQFLOW_KERNELS_CUDA_MEMORY_MMA_CUH
 
+#include "kernels/cuda/mma_bf16.cuh"
+
 /* ---- the same kernels with the products on the tensor cores (d = 32, 64) -------------------
  * 3xTF32 on mma.sync m16n8k8: x = big + small with big = tf32(x), small = tf32(x - big), and
  * a b ~ big_a big_b + big_a small_b + small_a big_b, accumulated in float32; the dropped
@@ -64,19 +66,8 @@ __device__ static inline void mma_3xtf32(float (&c)[4], const unsigned (&ab)[4],
 
 /* Precision bf16 (the backend's, SF_PRECISION_BF16) rounds the products' operands to bf16 and
  * accumulates in float32, as for every other product (seqflow/backend.h): one m16n8k16 mma
- * where 3xTF32 takes three m16n8k8 ones for half the k. Same fragment owners as below, so the
- * kernels around the products do not change. */
-__device__ static inline unsigned pack_bf16x2(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(unsigned *)&v;
-}
-__device__ static inline void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+ * (mma_bf16.cuh) where 3xTF32 takes three m16n8k8 ones for half the k. Same fragment owners as
+ * below, so the kernels around the products do not change. */
 
 /* acc[nt] = the C fragments (rows g, g + 8; columns 2t, 2t + 1 of n-tile nt) of this warp's
  * part of sigma(X) M: A[r][j] = sx[r][j], B[j][c] = M[j][c]. BF: bf16 operands. */

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for a kernel change, on the GPU machine (after `source scripts/gpu-env.sh`):
+# the whole test suite with the GPU tests (scripts/gpu-test.sh, Release, build-gpu), the memory
+# kernels' checks and times (bench_cuda_memory, MEM_REPS runs), then an A/B of each setting in
+# AB_SETTINGS ("VAR=VALUE ..."; each against the default, bench/ab_pipeline.sh, AB_PAIRS pairs,
+# models AB_MODELS). Logs under $OUT (the device tool's folder) or /tmp/gpu_suite.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/gpu_suite}
+mkdir -p "$out"
+bash scripts/gpu-test.sh > "$out/gpu-test.txt" 2>&1
+echo "gpu-test: exit $?"
+grep -E "tests passed|tests failed|^test_|FAIL" "$out/gpu-test.txt" | grep -v "rel err .* ok" | tail -20
+if [ "${MEM_REPS:-30}" != 0 ]; then
+  build-gpu/bench/bench_cuda_memory "${MEM_REPS:-30}" > "$out/bench_memory.txt" 2>&1
+  echo "bench_cuda_memory: exit $?"
+  grep -E "FAIL|all checks|^\| (memory_mix|update).*bf16 \| (fma16|mma16|dflt)" "$out/bench_memory.txt"
+fi
+for setting in ${AB_SETTINGS:-}; do
+  AB_PAIRS=${AB_PAIRS:-4} bash bench/ab_pipeline.sh build-gpu "$setting" ${AB_MODELS:-reference} | grep -E "median|failed"
+done
+# SUITE_NCU=1: device time per kernel of the reference model (ncu, the GPU's own clocks; 6
+# segments, the first 2 left out), as bench/gpu_rate.sh's RATE_NCU
+if [ "${SUITE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+  D=/tmp/ab_data
+  mkdir -p "$D"
+  build-gpu/bench/bench_gpu_pipeline --make-tokens "$D/t6.u32" --count $((6 * 8192)) --seed 3 >/dev/null
+  [ -f "$D/reference.st" ] || build-gpu/bench/bench_gpu_pipeline --make-model "$D/reference.st" --preset reference --seed 1 >/dev/null
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
+    build-gpu/bench/bench_gpu_pipeline --model "$D/reference.st" --tokens "$D/t6.u32" --device cuda --precision bf16 \
+    --warmup-segments 2 >/dev/null 2>"$out/ncu.err" || tail -5 "$out/ncu.err"
+  python3 bench/ncu_summary.py "$out/ncu.csv" 6 2 | tee "$out/ncu_summary.txt"
+fi
