@@ -274,16 +274,22 @@ __global__ static void summary_kernel(int n, int segment, int summary_tokens, in
 }
 
 /* bf16 k, v with 16-byte rows (ld, width multiples of 8): 8 columns a thread from one 16-byte
- * load of each, 8 threads a 64-column row piece (a whole 128-byte line), 32 row slices a block.
- * The scalar kernel above reads 64 bytes a warp a load and reached half the bytes floor (22 us a
- * layer on the reference model for 32 MB). Same sums: double, the slices added in order. */
+ * load of each, 8 threads a 64-column row piece (a whole 128-byte line), 64 row slices a block
+ * (512 threads: at the reference, 8 chunks x 16 column pieces are 128 blocks, one an SM, so the
+ * bytes in flight come from the threads of one block). The scalar kernel above reads 64 bytes
+ * a warp a load and reached half the bytes floor (22 us a layer on the reference model for
+ * 32 MB). Same sums: double, the slices added in order. */
 #define SUMMARY_VEC_COLS 64
-#define SUMMARY_VEC_SLICES 32
-__global__ static void __launch_bounds__(256)
+#define SUMMARY_VEC_SLICES 64
+#define SUMMARY_VEC_THREADS (8 * SUMMARY_VEC_SLICES)
+#define SUMMARY_VEC_SHARED (2 * SUMMARY_VEC_SLICES * SUMMARY_VEC_COLS * sizeof(double))
+__global__ static void __launch_bounds__(SUMMARY_VEC_THREADS)
     summary_bf16x8_kernel(int n, int segment, int summary_tokens, int width, int ld, const __nv_bfloat16 *k,
                           const __nv_bfloat16 *v, float *sk, float *sv)
 {
-    __shared__ double part[2][SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS];
+    extern __shared__ double summary_part[]; /* [2][SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS] */
+    double(*part)[SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS] =
+        reinterpret_cast<double(*)[SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS]>(summary_part);
     const int j = blockIdx.x;
     long lo = (long)j * segment / summary_tokens, hi = (long)(j + 1) * segment / summary_tokens;
     if (hi > n) hi = n;
@@ -342,17 +348,22 @@ int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int 
     if (rc != SF_OK) return rc;
     dim3 grid((unsigned)summary_tokens, (unsigned)((width + SUMMARY_COLS - 1) / SUMMARY_COLS));
     const bool rows16 = ld % 8 == 0 && width % 8 == 0 && ((uintptr_t)k | (uintptr_t)v) % 16 == 0;
-    if (kvtype == SF_DTYPE_BF16 && rows16)
-        summary_bf16x8_kernel<<<dim3((unsigned)summary_tokens, (unsigned)((width + SUMMARY_VEC_COLS - 1) / SUMMARY_VEC_COLS)),
-                                256, 0, c->stream>>>(n, segment, summary_tokens, width, ld, (const __nv_bfloat16 *)k,
-                                                     (const __nv_bfloat16 *)v, sk, sv);
-    else if (kvtype == SF_DTYPE_BF16)
+    if (kvtype == SF_DTYPE_BF16 && rows16) {
+        rc = sf_cuda_status(cudaFuncSetAttribute(summary_bf16x8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)SUMMARY_VEC_SHARED),
+                            "summary (shared memory limit)");
+        if (rc == SF_OK)
+            summary_bf16x8_kernel<<<dim3((unsigned)summary_tokens,
+                                         (unsigned)((width + SUMMARY_VEC_COLS - 1) / SUMMARY_VEC_COLS)),
+                                    SUMMARY_VEC_THREADS, SUMMARY_VEC_SHARED, c->stream>>>(
+                n, segment, summary_tokens, width, ld, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, sk, sv);
+    } else if (kvtype == SF_DTYPE_BF16)
         summary_kernel<<<grid, SUMMARY_COLS * SUMMARY_SLICES, 0, c->stream>>>(
             n, segment, summary_tokens, width, ld, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, sk, sv);
     else
         summary_kernel<<<grid, SUMMARY_COLS * SUMMARY_SLICES, 0, c->stream>>>(
             n, segment, summary_tokens, width, ld, (const float *)k, (const float *)v, sk, sv);
-    rc = sf_cuda_launched("summary");
+    if (rc == SF_OK) rc = sf_cuda_launched("summary");
     sf_cuda_leave(c);
     return rc;
 }
