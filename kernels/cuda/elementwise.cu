@@ -236,6 +236,22 @@ int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16
 __device__ static inline double summary_elem(float x) { return x; }
 __device__ static inline double summary_elem(__nv_bfloat16 x) { return __bfloat162float(x); }
 
+/* Rows [lo, hi) of summary chunk j, cut at the n rows present, and the row of sk/sv it lands at
+ * (the non-empty chunks before it); false when the chunk is empty. */
+__device__ static inline bool summary_chunk(int j, int n, int segment, int summary_tokens, long *lo, long *hi,
+                                            int *slot)
+{
+    *lo = (long)j * segment / summary_tokens, *hi = (long)(j + 1) * segment / summary_tokens;
+    if (*hi > n) *hi = n;
+    *slot = 0;
+    for (int p = 0; p < j; p++) {
+        long plo = (long)p * segment / summary_tokens, phi = (long)(p + 1) * segment / summary_tokens;
+        if (phi > n) phi = n;
+        *slot += plo < phi;
+    }
+    return *lo < *hi;
+}
+
 /* blockIdx.x = chunk j; chunk j lands at row "non-empty chunks before j" of sk/sv.
  * blockIdx.y takes SUMMARY_COLS columns; the block's SUMMARY_SLICES row slices each sum every
  * SUMMARY_SLICES-th row of the chunk (one serial 1024-row loop per column left most of the GPU
@@ -248,16 +264,9 @@ __global__ static void summary_kernel(int n, int segment, int summary_tokens, in
                                       const T *v, float *sk, float *sv)
 {
     __shared__ double part[2][SUMMARY_SLICES][SUMMARY_COLS];
-    const int j = blockIdx.x;
-    long lo = (long)j * segment / summary_tokens, hi = (long)(j + 1) * segment / summary_tokens;
-    if (hi > n) hi = n;
-    if (lo >= hi) return;
-    int slot = 0;
-    for (int p = 0; p < j; p++) {
-        long plo = (long)p * segment / summary_tokens, phi = (long)(p + 1) * segment / summary_tokens;
-        if (phi > n) phi = n;
-        slot += plo < phi;
-    }
+    long lo, hi;
+    int slot;
+    if (!summary_chunk(blockIdx.x, n, segment, summary_tokens, &lo, &hi, &slot)) return;
     const int col = threadIdx.x % SUMMARY_COLS, slice = threadIdx.x / SUMMARY_COLS;
     const int f = blockIdx.y * SUMMARY_COLS + col;
     double ak = 0, av = 0;
@@ -290,16 +299,9 @@ __global__ static void __launch_bounds__(SUMMARY_VEC_THREADS)
     extern __shared__ double summary_part[]; /* [2][SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS] */
     double(*part)[SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS] =
         reinterpret_cast<double(*)[SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS]>(summary_part);
-    const int j = blockIdx.x;
-    long lo = (long)j * segment / summary_tokens, hi = (long)(j + 1) * segment / summary_tokens;
-    if (hi > n) hi = n;
-    if (lo >= hi) return;
-    int slot = 0;
-    for (int p = 0; p < j; p++) {
-        long plo = (long)p * segment / summary_tokens, phi = (long)(p + 1) * segment / summary_tokens;
-        if (phi > n) phi = n;
-        slot += plo < phi;
-    }
+    long lo, hi;
+    int slot;
+    if (!summary_chunk(blockIdx.x, n, segment, summary_tokens, &lo, &hi, &slot)) return;
     const int cg = threadIdx.x % 8, slice = threadIdx.x / 8, c0 = cg * 8;
     const int f = blockIdx.y * SUMMARY_VEC_COLS + c0;
     double ak[8] = {0, 0, 0, 0, 0, 0, 0, 0}, av[8] = {0, 0, 0, 0, 0, 0, 0, 0};
