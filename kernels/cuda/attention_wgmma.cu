@@ -381,8 +381,8 @@ __device__ __forceinline__ void mix_block_rows(const sf_attention_desc &dd, int 
         stage_stream_mix(mix.M, mix.z, h, sB, sz);
         __syncthreads();
         const float wg = stream_gate(mix.gate, h);
-        for (int r0 = P + 16 * (threadIdx.x >> 5); r0 < Pend; r0 += 16 * (blockDim.x >> 5))
-            stream_mix_rows(r0, Pend, dd.ld, h, q, out, l_s, P, sB, sz, wg, static_cast<__nv_bfloat16 *>(mix.out));
+        stream_mix_rows(P + 16 * (threadIdx.x >> 5), 16 * (blockDim.x >> 5), Pend, dd.ld, h, q, out, l_s, P, sB, sz, wg,
+                        static_cast<__nv_bfloat16 *>(mix.out));
     }
 }
 

@@ -301,9 +301,9 @@ __global__ static void __launch_bounds__(SUMMARY_VEC_THREADS)
         reinterpret_cast<double(*)[SUMMARY_VEC_SLICES][SUMMARY_VEC_COLS]>(summary_part);
     long lo, hi;
     int slot;
-    if (!summary_chunk(blockIdx.x, n, segment, summary_tokens, &lo, &hi, &slot)) return;
+    if (!summary_chunk(blockIdx.y, n, segment, summary_tokens, &lo, &hi, &slot)) return;
     const int cg = threadIdx.x % 8, slice = threadIdx.x / 8, c0 = cg * 8;
-    const int f = blockIdx.y * SUMMARY_VEC_COLS + c0;
+    const int f = blockIdx.x * SUMMARY_VEC_COLS + c0;
     double ak[8] = {0, 0, 0, 0, 0, 0, 0, 0}, av[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (f < width) {
 #pragma unroll 4
@@ -322,7 +322,7 @@ __global__ static void __launch_bounds__(SUMMARY_VEC_THREADS)
     __syncthreads();
     if (threadIdx.x < 2 * SUMMARY_VEC_COLS) {
         const int which = threadIdx.x / SUMMARY_VEC_COLS, col = threadIdx.x % SUMMARY_VEC_COLS;
-        const int fc = blockIdx.y * SUMMARY_VEC_COLS + col;
+        const int fc = blockIdx.x * SUMMARY_VEC_COLS + col;
         if (fc < width) {
             double sum = 0;
             for (int r = 0; r < SUMMARY_VEC_SLICES; r++) sum += part[which][r][col];
@@ -355,8 +355,9 @@ int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int 
                                                  (int)SUMMARY_VEC_SHARED),
                             "summary (shared memory limit)");
         if (rc == SF_OK)
-            summary_bf16x8_kernel<<<dim3((unsigned)summary_tokens,
-                                         (unsigned)((width + SUMMARY_VEC_COLS - 1) / SUMMARY_VEC_COLS)),
+            /* column pieces fastest: the blocks of one chunk's rows run together (whole rows) */
+            summary_bf16x8_kernel<<<dim3((unsigned)((width + SUMMARY_VEC_COLS - 1) / SUMMARY_VEC_COLS),
+                                         (unsigned)summary_tokens),
                                     SUMMARY_VEC_THREADS, SUMMARY_VEC_SHARED, c->stream>>>(
                 n, segment, summary_tokens, width, ld, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, sk, sv);
     } else if (kvtype == SF_DTYPE_BF16)

@@ -389,8 +389,8 @@ __global__ static void chunk_reduce_kernel(int chunks, size_t m_count, size_t z_
 #include "kernels/cuda/memory_stream_update.cuh"
 
 /* The chunk partials of the update by the stream kernel (memory_stream_update.cuh): d = 64, bf16
- * k and v, bf16 operands; the grid and partials of tiled_update's kernels, so its chunk reduce
- * follows unchanged. */
+ * k and v, bf16 operands; tiled_update's chunks and partials (its grid transposed: heads fastest),
+ * so its chunk reduce follows unchanged. */
 template <bool DELTA>
 static int stream_update_launch(sf_cuda *c, int n, int rows, int chunks, int heads, int ld, const bf16 *k,
                                 const bf16 *v, const float *M, const float *z, float *partM, double *partz)
@@ -400,7 +400,7 @@ static int stream_update_launch(sf_cuda *c, int n, int rows, int chunks, int hea
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_update (stream, shared memory limit)");
     if (rc != SF_OK) return rc;
-    stream_update64_kernel<DELTA><<<dim3((unsigned)chunks, (unsigned)heads), STREAM_UPDATE_THREADS, shared,
+    stream_update64_kernel<DELTA><<<dim3((unsigned)heads, (unsigned)chunks), STREAM_UPDATE_THREADS, shared,
                                     c->stream>>>(n, rows, heads, ld, k, v, M, z, partM, partz);
     return sf_cuda_launched("memory_update (stream chunk partials)");
 }
@@ -611,7 +611,7 @@ int sf_cuda_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_dt
     const bool bf16_to_bf16 =
         tiled && qtype == SF_DTYPE_BF16 && otype == SF_DTYPE_BF16 && ld % 4 == 0 && (uintptr_t)out % 8 == 0;
     if (bf16_to_bf16 && use_stream(c, d)) {
-        stream_mix64_kernel<<<dim3((unsigned)((n + STREAM_MIX_ROWS - 1) / STREAM_MIX_ROWS), (unsigned)heads),
+        stream_mix64_kernel<<<dim3((unsigned)heads, (unsigned)((n + STREAM_MIX_ROWS - 1) / STREAM_MIX_ROWS)),
                               STREAM_THREADS, 0, c->stream>>>(n, ld, (const bf16 *)q, M, z, gate, a, (bf16 *)out);
         rc = sf_cuda_launched("memory_mix (stream)");
     } else if (bf16_to_bf16)

@@ -69,34 +69,34 @@ __device__ static inline void stream_sigma(const uint4 (&raw)[2][2], const float
     }
 }
 
-/* c[j] = sigma(x) M_h for n-tile j (rows g, g + 8 of the warp's 16) */
-__device__ static inline void stream_retrieve(const uint32_t (&A)[2][8], const uint2 *sB, int lane, float (&c)[8][4])
+/* c[j] = sigma(x) M_h for n-tiles J0 .. J0 + NJ - 1 (rows g, g + 8 of the warp's 16) */
+template <int J0, int NJ>
+__device__ static inline void stream_retrieve(const uint32_t (&A)[2][8], const uint2 *sB, int lane, float (&c)[NJ][4])
 {
 #pragma unroll
-    for (int j = 0; j < 8; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0;
+    for (int j = 0; j < NJ; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0;
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         const uint32_t a4[4] = {A[0][2 * kk], A[1][2 * kk], A[0][2 * kk + 1], A[1][2 * kk + 1]};
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const uint2 b = sB[(kk * 8 + j) * 32 + lane];
+        for (int j = 0; j < NJ; j++) {
+            const uint2 b = sB[(kk * 8 + J0 + j) * 32 + lane];
             mma_bf16(c[j], a4, b.x, b.y);
         }
     }
 }
 
-/* The mix of one warp's rows r0 .. r0 + 15 (those below end) of head h:
- * out = wg (sigma(q) M_h / den) + (1 - wg) a, a read as float32 and, with a_inv, scaled by
- * a_inv[row - a_base] first (0 where that is 0: the attention's unnormalized rows, whose sums it
- * holds). sB, sz: M_h (stage_stream_b) and z_h in shared memory. */
-__device__ static inline void stream_mix_rows(int r0, int end, size_t ld, int h, const __nv_bfloat16 *__restrict__ q,
-                                              const float *__restrict__ a, const float *a_inv, int a_base,
-                                              const uint2 *sB, const float *sz, float wg,
-                                              __nv_bfloat16 *__restrict__ out)
-{
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+/* One warp's rows r0 .. r0 + 15 of head h as its lanes hold them: q's two 16-byte runs and a's
+ * four float4 a row (zeros for rows at or past end). */
+struct stream_mix_in {
     uint4 raw[2][2];
     float4 av[2][4];
+};
+
+__device__ static inline void stream_mix_load(int r0, int end, size_t ld, int h, const __nv_bfloat16 *__restrict__ q,
+                                              const float *__restrict__ a, stream_mix_in &x)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int row = r0 + g + 8 * half;
@@ -104,37 +104,72 @@ __device__ static inline void stream_mix_rows(int r0, int end, size_t ld, int h,
         const __nv_bfloat16 *qr = q + (size_t)(in ? row : 0) * ld + (size_t)h * 64;
         const float *ar = a + (size_t)(in ? row : 0) * ld + (size_t)h * 64;
         /* a is read once: evict-first, so that L2 keeps out for the output product */
-        raw[half][0] = in ? __ldcs((const uint4 *)(qr + 8 * t)) : make_uint4(0, 0, 0, 0);
-        raw[half][1] = in ? __ldcs((const uint4 *)(qr + 32 + 8 * t)) : make_uint4(0, 0, 0, 0);
+        x.raw[half][0] = in ? __ldcs((const uint4 *)(qr + 8 * t)) : make_uint4(0, 0, 0, 0);
+        x.raw[half][1] = in ? __ldcs((const uint4 *)(qr + 32 + 8 * t)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int m = 0; m < 4; m++)
-            av[half][m] = in ? __ldcs((const float4 *)(ar + 16 * m + 4 * t)) : make_float4(0, 0, 0, 0);
+            x.av[half][m] = in ? __ldcs((const float4 *)(ar + 16 * m + 4 * t)) : make_float4(0, 0, 0, 0);
     }
+}
+
+/* The mix of those rows (those below end): out = wg (sigma(q) M_h / den) + (1 - wg) a, a scaled,
+ * with a_inv, by a_inv[row - a_base] first (0 where that is 0: the attention's unnormalized
+ * rows, whose sums it holds). sB, sz: M_h (stage_stream_b) and z_h in shared memory. */
+__device__ static inline void stream_mix_store(int r0, int end, size_t ld, int h, const stream_mix_in &x,
+                                               const float *a_inv, int a_base, const uint2 *sB, const float *sz,
+                                               float wg, __nv_bfloat16 *__restrict__ out)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint32_t A[2][8];
-    float den[2];
-    stream_sigma(raw, sz, t, A, den);
-    float c[8][4];
-    stream_retrieve(A, sB, lane, c);
+    float den[2], inv[2], ainv[2];
+    stream_sigma(x.raw, sz, t, A, den);
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         float d = den[half];
         d += __shfl_xor_sync(0xffffffffu, d, 1);
         d += __shfl_xor_sync(0xffffffffu, d, 2);
         const int row = r0 + g + 8 * half;
-        if (row >= end) continue;
-        const float inv = d != 0 ? 1.0f / d : 0.0f, ainv = a_inv ? a_inv[row - a_base] : 1.0f;
-        const int e = 2 * half;
+        inv[half] = d != 0 ? 1.0f / d : 0.0f;
+        ainv[half] = a_inv && row < end ? a_inv[row - a_base] : 1.0f;
+    }
+    /* the columns in two halves (n-tiles 0-3: m = 0, 1; 4-7: m = 2, 3), fewer live accumulators */
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            float4 x = av[half][m];
-            if (a_inv) /* a select, not a product: rows no key reached may hold anything */
-                x = ainv == 0 ? make_float4(0, 0, 0, 0) : make_float4(x.x * ainv, x.y * ainv, x.z * ainv, x.w * ainv);
-            const uint32_t lo = pack_bf16x2(wg * (c[2 * m][e] * inv) + (1.0f - wg) * x.x,
-                                            wg * (c[2 * m][e + 1] * inv) + (1.0f - wg) * x.y);
-            const uint32_t hi = pack_bf16x2(wg * (c[2 * m + 1][e] * inv) + (1.0f - wg) * x.z,
-                                            wg * (c[2 * m + 1][e + 1] * inv) + (1.0f - wg) * x.w);
-            *(uint2 *)(out + (size_t)row * ld + (size_t)h * 64 + 16 * m + 4 * t) = make_uint2(lo, hi);
+    for (int cols = 0; cols < 2; cols++) {
+        float c[4][4];
+        if (cols == 0) stream_retrieve<0, 4>(A, sB, lane, c);
+        else stream_retrieve<4, 4>(A, sB, lane, c);
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = r0 + g + 8 * half, e = 2 * half;
+            if (row >= end) continue;
+#pragma unroll
+            for (int mm = 0; mm < 2; mm++) {
+                const int m = 2 * cols + mm;
+                float4 v = x.av[half][m];
+                if (a_inv) /* a select, not a product: rows no key reached may hold anything */
+                    v = ainv[half] == 0 ? make_float4(0, 0, 0, 0)
+                                        : make_float4(v.x * ainv[half], v.y * ainv[half], v.z * ainv[half], v.w * ainv[half]);
+                const uint32_t lo = pack_bf16x2(wg * (c[2 * mm][e] * inv[half]) + (1.0f - wg) * v.x,
+                                                wg * (c[2 * mm][e + 1] * inv[half]) + (1.0f - wg) * v.y);
+                const uint32_t hi = pack_bf16x2(wg * (c[2 * mm + 1][e] * inv[half]) + (1.0f - wg) * v.z,
+                                                wg * (c[2 * mm + 1][e + 1] * inv[half]) + (1.0f - wg) * v.w);
+                *(uint2 *)(out + (size_t)row * ld + (size_t)h * 64 + 16 * m + 4 * t) = make_uint2(lo, hi);
+            }
         }
+    }
+}
+
+/* The mix of this warp's 16-row pieces first, first + step, ... below end. (Two pieces' loads
+ * in flight at once measured slower: spills, 0.038 against 0.033 ms; MEMORY_NOTES session 5.) */
+__device__ static inline void stream_mix_rows(int first, int step, int end, size_t ld, int h,
+                                              const __nv_bfloat16 *__restrict__ q, const float *__restrict__ a,
+                                              const float *a_inv, int a_base, const uint2 *sB, const float *sz,
+                                              float wg, __nv_bfloat16 *__restrict__ out)
+{
+    for (int r0 = first; r0 < end; r0 += step) {
+        stream_mix_in x;
+        stream_mix_load(r0, end, ld, h, q, a, x);
+        stream_mix_store(r0, end, ld, h, x, a_inv, a_base, sB, sz, wg, out);
     }
 }
 
@@ -148,7 +183,9 @@ __device__ static inline void stage_stream_mix(const float *__restrict__ M, cons
 
 __device__ static inline float stream_gate(const float *gate, int h) { return 1.0f / (1.0f + expf(-gate[h])); }
 
-/* grid (row blocks of STREAM_MIX_ROWS, heads): out = g (sigma(q) M / den) + (1 - g) a, as bf16 */
+/* grid (heads, row blocks of STREAM_MIX_ROWS): out = g (sigma(q) M / den) + (1 - g) a, as bf16.
+ * Heads fastest, so that the blocks reading the same rows run together (whole rows from DRAM;
+ * the same order gained 2-3% on the update, MEMORY_NOTES session 5). */
 __global__ static void __launch_bounds__(STREAM_THREADS, 2)
     stream_mix64_kernel(int n, int ld, const __nv_bfloat16 *__restrict__ q, const float *__restrict__ M,
                         const float *__restrict__ z, const float *__restrict__ gate, const float *__restrict__ a,
@@ -156,12 +193,12 @@ __global__ static void __launch_bounds__(STREAM_THREADS, 2)
 {
     __shared__ uint2 sB[4 * 8 * 32];
     __shared__ float sz[64];
-    const int h = blockIdx.y, begin = blockIdx.x * STREAM_MIX_ROWS, end = min(n, begin + STREAM_MIX_ROWS);
+    const int h = blockIdx.x, begin = blockIdx.y * STREAM_MIX_ROWS, end = min(n, begin + STREAM_MIX_ROWS);
     stage_stream_mix(M, z, h, sB, sz);
     const float wg = stream_gate(gate, h);
     __syncthreads();
-    for (int r0 = begin + 16 * (threadIdx.x >> 5); r0 < end; r0 += 16 * (STREAM_THREADS / 32))
-        stream_mix_rows(r0, end, ld, h, q, a, nullptr, 0, sB, sz, wg, out);
+    stream_mix_rows(begin + 16 * (threadIdx.x >> 5), 16 * (STREAM_THREADS / 32), end, ld, h, q, a, nullptr, 0, sB, sz,
+                    wg, out);
 }
 
 #endif
