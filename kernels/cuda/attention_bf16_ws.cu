@@ -18,7 +18,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <algorithm>
-#include <vector>
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/attention_bf16_variants.h"
@@ -374,13 +373,12 @@ extern "C" size_t sf_cuda_attention_workspace_bytes(const sf_attention_desc *des
     return workspace_need(rows, g, desc->heads, desc->head_dim);
 }
 
-/* Query-key pairs a block of positions [P, Pend) attends to in branches [b0, b1) and, with
- * globals, the global tokens (offset 0 stands for every head): the schedule's cost estimate. */
-static double block_pairs(const sf_attention_desc *d, const att_branches &br, int P, int Pend, int b0 = 0,
-                          int b1 = -1, bool globals = true)
+/* Query-key pairs a block of positions [P, Pend) attends to (offset 0 stands for every head):
+ * the schedule's cost estimate. */
+static double block_pairs(const sf_attention_desc *d, const att_branches &br, int P, int Pend)
 {
-    double pairs = globals ? (double)(Pend - P) * d->n_global : 0.0;
-    for (int b = b0; b < (b1 < 0 ? br.count : b1); b++) {
+    double pairs = (double)(Pend - P) * d->n_global;
+    for (int b = 0; b < br.count; b++) {
         const int r = br.dilation[b], win = br.window[b] / r, nd = (d->n + r - 1) / r;
         const int xb = std::min((Pend + r - 1) / r, nd);
         for (int x = P / r; x < xb;) {
@@ -407,46 +405,6 @@ void att_heaviest_first(const sf_attention_desc *d, const att_branches &br, int 
     std::stable_sort(ord->block, ord->block + nblocks,
                      [&](unsigned short a, unsigned short b) { return cost[a] > cost[b]; });
     ord->count = nblocks;
-}
-
-int att_split_heavy(const sf_attention_desc *d, const att_branches &br, int T, int nblocks, int slots, int max_split,
-                    att_order *ord)
-{
-    if (br.count < 2 || ord->count != nblocks || nblocks > (int)SF_ATT_ITEM_BLOCK + 1 ||
-        nblocks + max_split > SF_ATT_ORDER_MAX)
-        return 0;
-    max_split = std::min(max_split, SF_ATT_SPLIT_MAX);
-    std::vector<double> first(nblocks), rest(nblocks);
-    double total = 0;
-    for (int i = 0; i < nblocks; i++) {
-        const int P = i * T, Pend = std::min(P + T, d->n);
-        first[i] = block_pairs(d, br, P, Pend, 0, 1, false);
-        rest[i] = block_pairs(d, br, P, Pend, 1, br.count, true);
-        total += first[i] + rest[i];
-    }
-    /* split the items heavier than 0.7 of a slot's share (a schedule model over the real costs
-     * of the reference shape: its makespan 1.39x the ideal unsplit, 1.06x split so) */
-    const double heavy = 0.7 * total * d->heads / slots;
-    struct item {
-        double cost;
-        unsigned short code;
-    };
-    std::vector<item> items;
-    int split = 0;
-    for (int e = 0; e < nblocks; e++) {
-        const unsigned short b = ord->block[e];
-        if (split < max_split && first[b] + rest[b] > heavy && first[b] > 0 && rest[b] > 0) {
-            const unsigned short slot = (unsigned short)(split++ << SF_ATT_ITEM_SLOT_SHIFT);
-            items.push_back({first[b], (unsigned short)(SF_ATT_ITEM_OWNER | slot | b)});
-            items.push_back({rest[b], (unsigned short)(SF_ATT_ITEM_PARTNER | slot | b)});
-        } else {
-            items.push_back({first[b] + rest[b], b});
-        }
-    }
-    std::stable_sort(items.begin(), items.end(), [](const item &a, const item &b) { return a.cost > b.cost; });
-    for (size_t i = 0; i < items.size(); i++) ord->block[i] = items[i].code;
-    ord->count = (int)items.size();
-    return split;
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -529,23 +487,7 @@ int att_stage_globals(const sf_attention_desc *desc, const __nv_bfloat16 *k, con
     staged->kb = k, staged->vb = v, staged->gkb = gkb, staged->gvb = gvb;
     staged->khead = D, staged->krow = (size_t)desc->ld;
     staged->ready = nullptr, staged->nchunks = 0;
-    staged->split_o = staged->split_ml = nullptr, staged->split_flag = nullptr;
     return SF_OK;
-}
-
-int att_split_workspace(const sf_attention_desc *desc, int T, unsigned char *ws, att_staged *staged)
-{
-    /* the bf16 K/V copies' room, unused when K/V are read in place: flags, then m and l, then O */
-    const int H = desc->heads, G = desc->n_global > 0 ? desc->n_global : 0;
-    const size_t room = 2 * kv_bytes(desc->n, H, 64), flags = round_up_256((size_t)SF_ATT_SPLIT_MAX * H * 4);
-    const size_t item = (size_t)T * 64 * 4 + 2 * (size_t)T * 4;
-    if (room <= flags) return 0;
-    const int items = (int)std::min<size_t>((room - flags) / item, (size_t)SF_ATT_SPLIT_MAX * H);
-    unsigned char *at = ws + 2 * kv_bytes(G, H, 64);
-    staged->split_flag = reinterpret_cast<unsigned *>(at);
-    staged->split_ml = reinterpret_cast<float *>(at + flags);
-    staged->split_o = staged->split_ml + (size_t)items * 2 * T;
-    return items / H; /* whole position blocks (every head) */
 }
 
 int att_stage_workspace_overlapped(const sf_attention_desc *desc, const float *k, const float *v, unsigned char *ws,

@@ -31,21 +31,7 @@ struct att_staged {
      * follow at ready[nchunks] */
     const unsigned *ready;
     int nchunks;
-    /* split heavy items (att_split_heavy), else NULL: per (slot, head) item, the partner's
-     * unnormalized O ([T][64]), its m and l ([2][T]) and its done flag */
-    float *split_o, *split_ml;
-    unsigned *split_flag;
 };
-
-/* An att_order entry of the bf16 in-place kernel: the position block, and for a split block
- * the slot (0 .. SF_ATT_SPLIT_MAX-1) and the part: the owner computes branch 0, merges its
- * partner's result and finishes the rows; the partner computes the other branches and the global
- * tokens into the slot. */
-#define SF_ATT_ITEM_BLOCK 0x03FFu
-#define SF_ATT_ITEM_SLOT_SHIFT 10
-#define SF_ATT_ITEM_OWNER 0x4000u
-#define SF_ATT_ITEM_PARTNER 0x8000u
-#define SF_ATT_SPLIT_MAX 16
 
 /* Rows of kb/vb (all heads) the overlapped pre-pass stages and flags together. */
 #define SF_ATT_CHUNK_ROWS 64
@@ -67,11 +53,6 @@ int att_stage_workspace(const sf_attention_desc *desc, const float *k, const flo
 int att_stage_globals(const sf_attention_desc *desc, const __nv_bfloat16 *k, const __nv_bfloat16 *v, unsigned char *ws,
                       att_staged *staged, cudaStream_t stream, bool streaming);
 
-/* After att_stage_globals: points staged->split_* into the workspace room the in-place path
- * leaves free (the K/V copies') for blocks of T positions; returns how many position blocks
- * (every head) it holds, 0 for none. */
-int att_split_workspace(const sf_attention_desc *desc, int T, unsigned char *ws, att_staged *staged);
-
 /* As att_stage_workspace (streaming reads), but the main kernel may run alongside it: zeroes
  * the ready flags in `ws`, then stages K/V in chunks of SF_ATT_CHUNK_ROWS rows, last rows first
  * (the heaviest blocks' first keys), then the globals, each block raising its chunk's flag. The
@@ -82,15 +63,6 @@ int att_stage_workspace_overlapped(const sf_attention_desc *desc, const float *k
 
 /* Orders the position blocks of T positions by their query-key pairs, heaviest first. */
 void att_heaviest_first(const sf_attention_desc *d, const att_branches &br, int T, int nblocks, att_order *ord);
-
-/* Splits the heaviest position blocks of a heaviest-first order (at most max_split of them)
- * into an owner and a partner item and re-sorts the items by cost; returns how many it split.
- * slots: the blocks resident at once on the device. With more than one item a slot, a block
- * heavier than a slot's share of the work sets the kernel's end (bench/ATTENTION_NOTES.md,
- * session 5): splitting those evens the slots. Every owner waits for its partner, so the
- * partners' count (max_split * heads) must stay under slots (no deadlock). */
-int att_split_heavy(const sf_attention_desc *d, const att_branches &br, int T, int nblocks, int slots, int max_split,
-                    att_order *ord);
 
 /* The Hopper wgmma kernels (attention_wgmma.cu, variants >= SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT):
  * whether they can run this desc on the current device (compute capability 9.0, d = 64), and

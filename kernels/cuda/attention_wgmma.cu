@@ -27,9 +27,6 @@
  * alongside its pre-pass (PRE, attention_wgmma_overlap.cuh, 43-44). */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <algorithm>
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/attention_bf16_variants.h"
@@ -365,54 +362,6 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
 
 #endif /* SF_WGMMA_ENABLED */
 
-/* A partner's end: its m and l (T each) to ml, then its flag raised; every thread's stores to
- * the slot (O by the merges, m and l here) are made visible before the flag by its own fence. */
-__device__ __forceinline__ void att_split_publish(float *ml, unsigned *flag, const float *m_s, const float *l_s, int T)
-{
-    for (int i = threadIdx.x; i < T; i += blockDim.x) ml[i] = m_s[i], ml[T + i] = l_s[i];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], 1;" ::"l"(flag) : "memory");
-}
-
-/* An owner's step before its finish: waits for the partner's flag, then merges the partner's
- * (O, m, l) of rows [P, Pend) into out and l_s by their log-sum-exp, as merge_tile_row merges a
- * tile (m in the exp2 domain of both). The partner's data are read from L2 (ld.cg): this
- * multiprocessor's L1 may hold lines of the slot from an earlier launch. */
-__device__ __forceinline__ void att_split_merge(float *outh, size_t ld, int P, int Pend, const float *O,
-                                                const float *ml, const unsigned *flag, float *m_s, float *l_s, int T)
-{
-    att_wait_ready(flag, 0, 0);
-    for (int f = threadIdx.x; f < (Pend - P) * (WG_D / 4); f += blockDim.x) {
-        const int li = f / (WG_D / 4), c4 = f % (WG_D / 4);
-        const float lp = __ldcg(ml + T + li);
-        if (lp == 0) continue;
-        const float mp = __ldcg(ml + li), mo = m_s[li], lo = l_s[li];
-        float4 *dst = reinterpret_cast<float4 *>(outh + (size_t)(P + li) * ld) + c4;
-        const float4 op = __ldcg(reinterpret_cast<const float4 *>(O + (size_t)li * WG_D) + c4);
-        if (lo == 0) {
-            *dst = op;
-        } else {
-            const float mn = fmaxf(mo, mp), ca = fast_exp2(mo - mn), cb = fast_exp2(mp - mn);
-            const float4 oo = *dst;
-            *dst = make_float4(oo.x * ca + op.x * cb, oo.y * ca + op.y * cb, oo.z * ca + op.z * cb, oo.w * ca + op.w * cb);
-        }
-    }
-    __syncthreads(); /* every row's old m and l read above */
-    for (int li = threadIdx.x; li < Pend - P; li += blockDim.x) {
-        const float lp = __ldcg(ml + T + li);
-        if (lp == 0) continue;
-        const float mp = __ldcg(ml + li), mo = m_s[li], lo = l_s[li];
-        if (lo == 0) {
-            m_s[li] = mp, l_s[li] = lp;
-        } else {
-            const float mn = fmaxf(mo, mp);
-            m_s[li] = mn, l_s[li] = lo * fast_exp2(mo - mn) + lp * fast_exp2(mp - mn);
-        }
-    }
-    __syncthreads();
-}
-
 /* The block's last step with the memory mix fused (sf_cuda_attention_mix_ws): instead of
  * normalizing its rows [P, Pend) of head h in `out`, the block mixes them with the memory's
  * retrieval (memory_stream.cuh) and writes the bf16 result to mix.out, so the float32 rows are
@@ -464,21 +413,12 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
     for (int sub = 0; sub < per_cta; sub++) {
         const int e = item * per_cta + sub;
         if (ord.count ? e >= ord.count || ord.block[e] == 0xFFFF : e >= nblocks) break;
-        const unsigned entry = ord.count ? ord.block[e] : (unsigned)(nblocks - 1 - e);
-        /* split items (the bf16 in-place kernel only, att_split_heavy): the owner computes branch
-         * 0 into out, the partner the rest into its slot (O rows T apart, starting at P) */
-        constexpr bool SPLIT = sizeof(QT) == 2;
-        const bool owner = SPLIT && (entry & SF_ATT_ITEM_OWNER), partner = SPLIT && (entry & SF_ATT_ITEM_PARTNER);
-        const size_t slot = ((entry >> SF_ATT_ITEM_SLOT_SHIFT) & (SF_ATT_SPLIT_MAX - 1)) * (size_t)dd.heads + h;
-        const int P = (int)(SPLIT ? entry & SF_ATT_ITEM_BLOCK : entry) * T;
+        const int P = (ord.count ? ord.block[e] : nblocks - 1 - e) * T;
         const int Pend = min(P + T, dd.n);
-        float *dst = partner ? st.split_o + slot * T * WG_D - (size_t)P * WG_D : outh;
-        const size_t dld = partner ? WG_D : ld;
         for (int i = threadIdx.x; i < T; i += C::THREADS) m_s[i] = -INFINITY, l_s[i] = 0;
         __syncthreads();
 
         for (int b = 0; b < br.count; b++) {
-            if (SPLIT && (b == 0 ? partner : owner)) continue;
             const att_branch_rows g = att_rows_of(br, b, h, dd.n, P, T);
             const int r = g.r, o = g.o, qa1 = g.qa1;
             wg_src src = wg_branch_src(st, h, g, dd.causal);
@@ -490,25 +430,16 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
             for (int qs = P / r; qs < qa1; qs += C::BM) {
                 const int qe = min(qs + C::BM, qa1);
                 att_key_range(g, qs, qe, dd.causal, &src.kbeg, &src.kend);
-                wg_tile<C>(src, q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qs, qe, o, r, P, dst, dld, c, qaddr, kv,
+                wg_tile<C>(src, q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c, qaddr, kv,
                            m_s, l_s, ones);
             }
         }
-        if (dd.n_global > 0 && !owner) {
+        if (dd.n_global > 0) {
             const wg_src src = wg_global_src(st, h, dd.n_global);
             if constexpr (PRE == PRE_BRANCH) att_wait_ready(st.ready, st.nchunks, st.nchunks + gchunks - 1);
             for (int qs = P; qs < Pend; qs += C::BM)
-                wg_tile<C>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, dst, dld, c, qaddr, kv, m_s, l_s,
+                wg_tile<C>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s,
                            ones);
-        }
-        if constexpr (SPLIT) {
-            if (partner) {
-                att_split_publish(st.split_ml + slot * 2 * T, st.split_flag + slot, m_s, l_s, T);
-                continue;
-            }
-            if (owner)
-                att_split_merge(outh, ld, P, Pend, st.split_o + slot * T * WG_D, st.split_ml + slot * 2 * T,
-                                st.split_flag + slot, m_s, l_s, T);
         }
         if constexpr (MIX)
             mix_block_rows(dd, h, P, Pend, q, out, l_s, smem + (kv - base), mix);
@@ -524,30 +455,6 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
 #include "kernels/cuda/attention_wgmma_flow.cuh"
 
 /* ---- host side -------------------------------------------------------------------------- */
-
-/* Multiprocessors of the current device (a benign race fills the cache). */
-static int att_multiprocessors(void)
-{
-    static int known[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-    if (!known[dev]) {
-        int n = 0;
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) cudaGetLastError(), n = 0;
-        known[dev] = n;
-    }
-    return known[dev];
-}
-
-/* SEQFLOW_CUDA_ATTENTION_SPLIT=0 keeps every position block whole (A/B timing, tests) */
-static bool att_split_enabled(void)
-{
-    static const bool on = [] {
-        const char *e = getenv("SEQFLOW_CUDA_ATTENTION_SPLIT");
-        return !(e && !strcmp(e, "0"));
-    }();
-    return on;
-}
 
 /* PAIR: a block (CTA) takes two position blocks, the heaviest left with the lightest left, so
  * that items cost about the same; otherwise one each, heaviest first. With every item resident
@@ -581,7 +488,7 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
         err = cudaFuncSetAttribute(attention_wgmma<C, MINB, PRE, QT, MIX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
-    att_staged st = {};
+    att_staged st;
     static_assert(!PRE || (C::STREAM && !FLOW), "the overlapped pre-pass reads as the streaming one");
     if constexpr (IN_PLACE)
         rc = att_stage_globals(desc, k, v, ws, &st, stream, C::STREAM);
@@ -592,23 +499,7 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     const int nblocks = (int)((desc->n + T - 1) / T);
     att_order ord; /* copied into the launch parameters */
     att_heaviest_first(desc, br, (int)T, nblocks, &ord);
-    if constexpr (IN_PLACE)
-        if (att_split_enabled()) {
-            const int room = att_split_workspace(desc, (int)T, ws, &st);
-            /* owners (split * heads CTAs) wait on their partners: at most half the blocks that can
-             * be resident at once, so the others always have room to run */
-            int per_sm = 0;
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_wgmma<C, MINB, PRE, QT, MIX>,
-                                                              C::THREADS, smem) != cudaSuccess)
-                cudaGetLastError(), per_sm = 0;
-            const int slots = per_sm * att_multiprocessors(), cap = std::min(room, slots / 2 / desc->heads);
-            if (cap > 0 && att_split_heavy(desc, br, (int)T, nblocks, slots, cap, &ord) > 0) {
-                err = cudaMemsetAsync(st.split_flag, 0, (size_t)SF_ATT_SPLIT_MAX * desc->heads * sizeof(unsigned), stream);
-                if (err != cudaSuccess)
-                    return sf_error(SF_E_BACKEND, "cuda attention: clearing split flags: %s", cudaGetErrorString(err));
-            }
-        }
-    int per_cta = 1, items = ord.count > nblocks ? ord.count : nblocks; /* split blocks are two items */
+    int per_cta = 1, items = nblocks;
     if (PAIR && ord.count) {
         att_order sorted = ord;
         ord.count = 0;
