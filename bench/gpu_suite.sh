@@ -4,7 +4,8 @@
 # kernels' checks and times (bench_cuda_memory, MEM_REPS runs), then an A/B of each setting in
 # AB_SETTINGS ("VAR=VALUE ..."; each against the default, bench/ab_pipeline.sh, AB_PAIRS pairs,
 # models AB_MODELS), SUITE_NCU=1 the device time per kernel, SUITE_NCU_KERNELS="regex" Nsight
-# Compute's sections for those kernels. SUITE_TESTS=0 only builds what the benches need.
+# Compute's sections for those kernels, SUITE_ATT_SETTINGS the attention op alone under each
+# setting. SUITE_TESTS=0 only builds what the benches need.
 # Logs under $OUT (the device tool's folder) or /tmp/gpu_suite.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ if [ "${SUITE_TESTS:-1}" = 1 ]; then
   grep -E "tests passed|tests failed|^test_|FAIL" "$out/gpu-test.txt" | grep -v "rel err .* ok" | tail -20
 else
   { cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 &&
-    cmake --build build-gpu -j16 --target bench_gpu_pipeline bench_cuda_memory; } > "$out/build.txt" 2>&1 ||
+    cmake --build build-gpu -j16 --target bench_gpu_pipeline bench_cuda_memory bench_cuda_attention; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 fi
 if [ "${MEM_REPS:-30}" != 0 ]; then
@@ -52,4 +53,13 @@ if [ -n "${SUITE_NCU_KERNELS:-}" ] && command -v ncu >/dev/null; then
     --warmup-segments 2 > "$out/ncu_sections.txt" 2>&1 || tail -5 "$out/ncu_sections.txt"
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|L2 Hit|L1/TEX Hit|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Registers Per|Stall|Block Limit" \
     "$out/ncu_sections.txt" | head -80
+fi
+# SUITE_ATT_SETTINGS="VAR=VALUE ...": the attention op alone (bench_cuda_attention, variant 36,
+# 30 runs, checks first) with the default and then with each setting
+if [ -n "${SUITE_ATT_SETTINGS+x}" ]; then
+  for setting in "" ${SUITE_ATT_SETTINGS}; do
+    echo "== bench_cuda_attention 30 36 ${setting:-(default)}"
+    env ${setting:-SEQFLOW_UNUSED=1} build-gpu/bench/bench_cuda_attention 30 36 > "$out/att_${setting:-default}.txt" 2>&1
+    echo "exit $?"; grep -E "FAIL|in place" "$out/att_${setting:-default}.txt" | tail -8
+  done
 fi
