@@ -4,7 +4,9 @@
  * them at the reference shape (n=8192 rows, H=16 heads, d=64, ld=1024): median of many runs with
  * CUDA events after warm-up, against the bytes floor (each input row read once, a written once)
  * at 3.0 TB/s, twice each, with the tiled kernels' products on FP32 FMAs ("fma") and on the
- * tensor cores ("mma", 3xTF32), for float32 and bf16 inputs. (Earlier versions' numbers are in
+ * tensor cores ("mma", 3xTF32), for float32 and bf16 inputs; and, for bf16 inputs, in precision
+ * bf16 as the H100 pipeline runs: the tiled kernels with bf16 operands ("fma16", "mma16") and the
+ * default choice ("dflt": the stream kernels for d = 64). (Earlier versions' numbers are in
  * bench/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
  * call, so partials it fails to write show up as NaN; the delta update runs twice on the same
  * inputs and must give the same bits. Exit status 1 when any check fails.
