@@ -557,6 +557,23 @@ static int launch_ws_variant(int variant, const sf_attention_desc *desc, const a
     }
 }
 
+/* What every workspace launch checks first: the branch table, the global tokens' pointers and
+ * the workspace's size and alignment; *br gets the table. */
+static int check_ws_launch(const sf_attention_desc *desc, const void *workspace, size_t workspace_bytes,
+                           att_branches *br)
+{
+    int rc = att_fill_branches(desc, br);
+    if (rc) return rc;
+    if (desc->n_global > 0 && (!desc->gk || !desc->gv))
+        return sf_error(SF_E_INVAL, "cuda attention: %d global tokens but no gk/gv", desc->n_global);
+    const size_t need =
+        workspace_need(desc->n, desc->n_global > 0 ? desc->n_global : 0, desc->heads, desc->head_dim);
+    if (!workspace || workspace_bytes < need || ((uintptr_t)workspace & 255))
+        return sf_error(SF_E_INVAL, "cuda attention: workspace %p of %zu bytes, need %zu bytes 256-byte aligned",
+                        workspace, workspace_bytes, need);
+    return SF_OK;
+}
+
 extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention_desc *desc, const void *qp,
                                                  const void *kp, const void *vp, float *out, void *workspace,
                                                  size_t workspace_bytes, cudaStream_t stream)
@@ -571,15 +588,8 @@ extern "C" int sf_cuda_attention_bf16_variant_ws(int variant, const sf_attention
         return sf_cuda_attention_bf16_variant(variant, desc, q, k, v, out, stream);
     if (desc->n <= 0) return SF_OK;
     att_branches br;
-    int rc = att_fill_branches(desc, &br);
+    int rc = check_ws_launch(desc, workspace, workspace_bytes, &br);
     if (rc) return rc;
-    if (desc->n_global > 0 && (!desc->gk || !desc->gv))
-        return sf_error(SF_E_INVAL, "cuda attention: %d global tokens but no gk/gv", desc->n_global);
-    const size_t need =
-        workspace_need(desc->n, desc->n_global > 0 ? desc->n_global : 0, desc->heads, desc->head_dim);
-    if (!workspace || workspace_bytes < need || ((uintptr_t)workspace & 255))
-        return sf_error(SF_E_INVAL, "cuda attention: workspace %p of %zu bytes, need %zu bytes 256-byte aligned",
-                        workspace, workspace_bytes, need);
     unsigned char *ws = static_cast<unsigned char *>(workspace);
     if (variant >= SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT && variant < SF_CUDA_ATTENTION_VARIANTS) {
         /* Hopper-only kernels, d = 64: elsewhere the best portable variant computes the same */
@@ -620,14 +630,8 @@ extern "C" int sf_cuda_attention_mix_ws(const sf_attention_desc *desc, const voi
         ((uintptr_t)mix->out | (uintptr_t)a) % 16)
         return SF_E_UNSUPPORTED; /* not an error: the caller runs the attention and the mix */
     att_branches br;
-    int rc = att_fill_branches(desc, &br);
+    int rc = check_ws_launch(desc, workspace, workspace_bytes, &br);
     if (rc) return rc;
-    if (desc->n_global > 0 && (!desc->gk || !desc->gv))
-        return sf_error(SF_E_INVAL, "cuda attention: %d global tokens but no gk/gv", desc->n_global);
-    const size_t need = workspace_need(desc->n, desc->n_global > 0 ? desc->n_global : 0, desc->heads, 64);
-    if (!workspace || workspace_bytes < need || ((uintptr_t)workspace & 255))
-        return sf_error(SF_E_INVAL, "cuda attention: workspace %p of %zu bytes, need %zu bytes 256-byte aligned",
-                        workspace, workspace_bytes, need);
     rc = att_wgmma_launch_bf16(36, desc, br, static_cast<const __nv_bfloat16 *>(q),
                                static_cast<const __nv_bfloat16 *>(k), static_cast<const __nv_bfloat16 *>(v), a,
                                static_cast<unsigned char *>(workspace), stream, mix);

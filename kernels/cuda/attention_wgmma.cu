@@ -380,7 +380,7 @@ __device__ __forceinline__ void mix_block_rows(const sf_attention_desc &dd, int 
         for (int i = threadIdx.x; i < Pend - P; i += blockDim.x) l_s[i] = l_s[i] != 0 ? 1.0f / l_s[i] : 0.0f;
         stage_stream_mix(mix.M, mix.z, h, sB, sz);
         __syncthreads();
-        const float wg = stream_gate(mix.gate, h);
+        const float wg = memory_gate(mix.gate, h);
         stream_mix_rows(P + 16 * (threadIdx.x >> 5), 16 * (blockDim.x >> 5), Pend, dd.ld, h, q, out, l_s, P, sB, sz, wg,
                         static_cast<__nv_bfloat16 *>(mix.out));
     }

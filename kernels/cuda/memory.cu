@@ -37,13 +37,12 @@ typedef __nv_bfloat16 bf16;
 template <typename T>
 constexpr bool is_f32 = std::is_same<T, float>::value;
 
-/* 4 consecutive elements as float (a bf16 is the high half of its float: widening is exact) */
+/* 4 consecutive elements as float (bf16: memory_stream.cuh's exact widening) */
 __device__ static inline float4 load4(const float *p) { return *(const float4 *)p; }
 __device__ static inline float4 load4(const bf16 *p)
 {
     const uint2 u = *(const uint2 *)p;
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                       __uint_as_float(u.y & 0xffff0000u));
+    return make_float4(bf16_lo(u.x), bf16_hi(u.x), bf16_lo(u.y), bf16_hi(u.y));
 }
 
 /* ---- the tiled kernels (d = 32, 64, 128) ---------------------------------------------------- */
@@ -245,7 +244,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, tile_shape<D>::MIN_BLOCKS
     float *raw = sx + TILE_ROWS * S::LDX; /* stage s: q at raw + 2s RAW, a after it */
     const int h = blockIdx.y, begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
     const int rx = threadIdx.x % S::RX, ry = threadIdx.x / S::RX;
-    const float g = 1.0f / (1.0f + expf(-gate[h]));
+    const float g = memory_gate(gate, h);
     double unused[4];
     stage_copy<D, D>(raw, raw + S::RAW, q, a, ld, h, begin, end);
     stage_memory<D>(M, z, h, true, sM, sz);
@@ -503,13 +502,11 @@ static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const T *q, const flo
     return sf_cuda_launched("memory_mix");
 }
 
+/* The chunk partials by the tiled kernels: on FP32 FMAs or on the tensor cores (use_tensor_cores) */
 template <int D, bool DELTA, typename T>
-static int tiled_update(sf_cuda *c, int n, int heads, int ld, const T *k, const T *v, float *M, float *z)
+static int tiled_update_partials(sf_cuda *c, int n, int rows, int chunks, int heads, int ld, const T *k, const T *v,
+                                 const float *M, const float *z, float *partM, double *partz)
 {
-    int rows, chunks;
-    tile_chunks(n, heads, D, &rows, &chunks);
-    float *partM = (float *)c->scratch;
-    double *partz = (double *)(partM + (size_t)chunks * heads * D * D);
     size_t shared = tile_shared_bytes<D>(DELTA);
     void (*kernel)(int, int, int, int, const T *, const T *, const float *, const float *, float *, double *) =
         tiled_update_kernel<D, DELTA, T>;
@@ -518,19 +515,29 @@ static int tiled_update(sf_cuda *c, int n, int heads, int ld, const T *k, const 
             kernel = bf16_operands(c) ? mma_update_kernel<D, DELTA, T, true> : mma_update_kernel<D, DELTA, T, false>;
             shared = mma_shared_bytes<D>(DELTA);
         }
-    int rc = SF_OK;
-    bool streamed = false;
-    if constexpr (D == 64 && !is_f32<T>)
-        if (use_stream(c, D))
-            rc = stream_update_launch<DELTA>(c, n, rows, chunks, heads, ld, k, v, M, z, partM, partz), streamed = true;
-    if (!streamed) {
-        rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
+    int rc = sf_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
                             "memory_update (shared memory limit)");
-        if (rc != SF_OK) return rc;
-        kernel<<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(n, rows, heads, ld, k, v,
-                                                                                              M, z, partM, partz);
-        rc = sf_cuda_launched("memory_update (chunk partials)");
-    }
+    if (rc != SF_OK) return rc;
+    kernel<<<dim3((unsigned)chunks, (unsigned)heads), TILE_THREADS, shared, c->stream>>>(n, rows, heads, ld, k, v, M,
+                                                                                          z, partM, partz);
+    return sf_cuda_launched("memory_update (chunk partials)");
+}
+
+/* The update of head size D: the chunk partials (the stream kernel where it serves, else the
+ * tiled ones), then their reduce into M and z in chunk order. */
+template <int D, bool DELTA, typename T>
+static int tiled_update(sf_cuda *c, int n, int heads, int ld, const T *k, const T *v, float *M, float *z)
+{
+    int rows, chunks;
+    tile_chunks(n, heads, D, &rows, &chunks);
+    float *partM = (float *)c->scratch;
+    double *partz = (double *)(partM + (size_t)chunks * heads * D * D);
+    int rc;
+    if constexpr (D == 64 && !is_f32<T>)
+        rc = use_stream(c, D) ? stream_update_launch<DELTA>(c, n, rows, chunks, heads, ld, k, v, M, z, partM, partz)
+                              : tiled_update_partials<D, DELTA>(c, n, rows, chunks, heads, ld, k, v, M, z, partM, partz);
+    else
+        rc = tiled_update_partials<D, DELTA>(c, n, rows, chunks, heads, ld, k, v, M, z, partM, partz);
     if (rc != SF_OK) return rc;
     const size_t m_count = (size_t)heads * D * D, z_count = (size_t)heads * D, total = m_count + z_count;
     const unsigned blocks = (unsigned)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);

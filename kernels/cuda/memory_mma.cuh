@@ -170,7 +170,7 @@ __global__ static void __launch_bounds__(TILE_THREADS, 2)
     const int h = blockIdx.y, begin = blockIdx.x * rows_per_chunk, end = min(n, begin + rows_per_chunk);
     const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
     const int r_lo = 16 * (w % 4) + lane / 4, c0 = (D / 2) * (w / 4) + 2 * (lane % 4);
-    const float wg = 1.0f / (1.0f + expf(-gate[h]));
+    const float wg = memory_gate(gate, h);
     double unused[4];
     stage_copy<D, S::LDR>(raw, raw + S::RAW, q, a, ld, h, begin, end);
     stage_memory_padded<D>(M, z, h, true, sM, sz);

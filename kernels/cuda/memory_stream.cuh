@@ -23,6 +23,15 @@
 
 __device__ static inline float sigma(float x) { return x > 0 ? x + 1.0f : expf(x); } /* ELU + 1 */
 
+/* SPEC 2's gate of head h: g_h = sigmoid(gate[h]) */
+__device__ static inline float memory_gate(const float *gate, int h) { return 1.0f / (1.0f + expf(-gate[h])); }
+
+/* Word i (0..3) of 16 loaded bytes, and the two bf16 of a word as float (a bf16 is the high half
+ * of its float: widening is exact; the lower element in the low half). */
+__device__ static inline uint32_t word_of(const uint4 &u, int i) { return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w; }
+__device__ static inline float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ static inline float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
 #define STREAM_THREADS 256
 #define STREAM_MIX_ROWS 256 /* rows a block: two 16-row passes a warp */
 
@@ -61,9 +70,8 @@ __device__ static inline void stream_sigma(const uint4 (&raw)[2][2], const float
         float part = 0;
 #pragma unroll
         for (int w = 0; w < 8; w++) {
-            const uint4 r4 = raw[half][w >> 2];
-            const uint32_t u = (w & 3) == 0 ? r4.x : (w & 3) == 1 ? r4.y : (w & 3) == 2 ? r4.z : r4.w;
-            const float s0 = sigma(__uint_as_float(u << 16)), s1 = sigma(__uint_as_float(u & 0xffff0000u));
+            const uint32_t u = word_of(raw[half][w >> 2], w & 3);
+            const float s0 = sigma(bf16_lo(u)), s1 = sigma(bf16_hi(u));
             part += s0 * sz[stream_feature_of(t, w, 0)] + s1 * sz[stream_feature_of(t, w, 1)];
             A[half][w] = pack_bf16x2(s0, s1);
         }
@@ -183,8 +191,6 @@ __device__ static inline void stage_stream_mix(const float *__restrict__ M, cons
     for (int i = threadIdx.x; i < 64; i += blockDim.x) sz[i] = z[(size_t)h * 64 + i];
 }
 
-__device__ static inline float stream_gate(const float *gate, int h) { return 1.0f / (1.0f + expf(-gate[h])); }
-
 /* grid (heads, row blocks of STREAM_MIX_ROWS): out = g (sigma(q) M / den) + (1 - g) a, as bf16.
  * Heads fastest, so that the blocks reading the same rows run together (whole rows from DRAM;
  * the same order gained 2-3% on the update, MEMORY_NOTES session 5). */
@@ -197,7 +203,7 @@ __global__ static void __launch_bounds__(STREAM_THREADS, 2)
     __shared__ float sz[64];
     const int h = blockIdx.x, begin = blockIdx.y * STREAM_MIX_ROWS, end = min(n, begin + STREAM_MIX_ROWS);
     stage_stream_mix(M, z, h, sB, sz);
-    const float wg = stream_gate(gate, h);
+    const float wg = memory_gate(gate, h);
     __syncthreads();
     stream_mix_rows(begin + 16 * (threadIdx.x >> 5), 16 * (STREAM_THREADS / 32), end, ld, h, q, a, nullptr, 0, sB, sz,
                     wg, out);

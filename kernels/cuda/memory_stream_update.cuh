@@ -72,9 +72,6 @@ __device__ static inline void stream_ldsm_trans(unsigned (&r)[4], const unsigned
                  : "memory");
 }
 
-__device__ static inline unsigned word_of(const uint4 &u, int q) { return q == 0 ? u.x : q == 1 ? u.y : q == 2 ? u.z : u.w; }
-__device__ static inline float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
-__device__ static inline float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 
 /* The thread's rows (g, g + 8) of one tile: [row][run] */
 struct stream_rows {
