@@ -17,7 +17,7 @@ echo "build: ok"
 (cd build-gpu && ctest --output-on-failure -j8 --timeout 240 "$@") >"$logs/ctest.log" 2>&1
 status=$?
 # the GPU tests again on their own, for their per-case errors (ctest shows output only on failure)
-for t in test_backend_ops test_gpu_pipeline; do
+for t in test_backend_ops test_gpu_pipeline test_gpu_checkpoint; do
   (cd build-gpu/tests && SEQFLOW_TEST_TMP=$PWD/tmp OPENBLAS_NUM_THREADS=1 ./$t) >"$logs/$t.log" 2>&1
   echo "$t: exit $?"; grep -E "FAIL|rel err|passed|skipped" "$logs/$t.log" | tail -60
 done

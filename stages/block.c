@@ -34,10 +34,23 @@ typedef struct block {
     layer_weights *weights; /* [count], backend memory */
     float *x, *u, *a, *h1, *h3, *sk, *sv;
     /* q, k, v: [N, width] each, of qkv_type (the backend's fastest, when it fuses qkv; float32
-     * otherwise), qkv_size bytes an element; three equal parts of one buffer */
+     * otherwise), qkv_size bytes an element; three equal parts of one buffer. With deferred
+     * commits (defer_commit) a second such set follows, and layer l uses set l % 2. */
     unsigned char *q, *k, *v;
     sf_dtype qkv_type;
-    size_t qkv_size;
+    size_t qkv_size, qkv_set_bytes;
+    /* A layer's commit (memory update, global tokens) is issued to the side queue after the
+     * next layer's Q/K/V, so it runs in the tail of that layer's attention, where most
+     * multiprocessors have nothing left to do, instead of competing with the products; the
+     * next layer's Q/K/V then writes the other set, since the commit still reads k and v.
+     * defer_commit 2 also defers the last layer's, to the first layer of the next segment
+     * (with an even layer count the two use different sets): `late` holds it until then, or
+     * until anything reads or drops a stream's state (flush_late_commit). */
+    int defer_commit;
+    struct {
+        stream_state *states[SF_BLOCK_MAX_BATCH];
+        int count, n; /* count 0: none waiting */
+    } late;
     /* with bf16 q/k/v and a memory: the mixed attention output as the output product's bf16
      * input ([N, width], memory_mix_to writes it, matmul_typed reads it); NULL otherwise */
     unsigned char *ao;
@@ -382,6 +395,22 @@ static int prepare_backend(block *b)
     return rc;
 }
 
+/* Whether layers defer their commits (block.defer_commit): only where a side queue exists,
+ * there is a next layer in this block and an MLP to make the side worth it (layer_forward),
+ * there is something to commit, and SEQFLOW_BLOCK_DEFER_COMMIT is not 0. The cost is a second
+ * q/k/v set (3 N width elements). */
+static int defer_commit_wanted(const block *b)
+{
+    const sf_model_config *c = b->cfg;
+    const char *env = getenv("SEQFLOW_BLOCK_DEFER_COMMIT");
+    const int mode = env && *env ? atoi(env) : 2;
+    const int commits = c->memory != SF_MEMORY_NONE || (c->global_tokens > 0 && c->summary_tokens > 0);
+    if (mode <= 0 || !b->be->ops->side_begin || b->count < 2 || c->mlp_hidden <= 0 || !commits) return 0;
+    /* the last layer's commit waits for the next segment only where that segment's first
+     * layer writes the other q/k/v set (and not with a state store: block_init) */
+    return mode >= 2 && b->count % 2 == 0 ? 2 : 1;
+}
+
 static int block_init(sf_stage *st)
 {
     const sf_model *m = sf_stage_model(st);
@@ -429,7 +458,10 @@ static int block_init(sf_stage *st)
     const sf_backend_ops *ops = b->be->ops;
     b->qkv_type = ops->qkv && ops->qkv_type ? ops->qkv_type(b->be, c->head_dim) : SF_DTYPE_F32;
     b->qkv_size = b->qkv_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
-    const size_t qkv_floats = (3 * N * W * b->qkv_size + sizeof(float) - 1) / sizeof(float);
+    b->defer_commit = defer_commit_wanted(b);
+    b->qkv_set_bytes = 3 * N * W * b->qkv_size;
+    const size_t qkv_floats =
+        ((b->defer_commit ? 2 : 1) * b->qkv_set_bytes + sizeof(float) - 1) / sizeof(float);
     b->q = (unsigned char *)upload(b, NULL, qkv_floats, &rc);
     if (b->q) b->k = b->q + N * W * b->qkv_size, b->v = b->k + N * W * b->qkv_size;
     b->a = upload(b, NULL, N * W, &rc);
@@ -444,6 +476,8 @@ static int block_init(sf_stage *st)
         b->sv = upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
     }
     if (rc == SF_OK) rc = store_init(st, b);
+    /* a state store takes each stream's state right after its segment (state_put_back) */
+    if (b->store && b->defer_commit == 2) b->defer_commit = 1;
     return rc == SF_OK ? prepare_backend(b) : rc;
 }
 
@@ -487,6 +521,55 @@ static int shared_products(sf_backend *be, int n, int in, int out, const float *
     return rc;
 }
 
+/* Layer l's q/k/v set (block.defer_commit): set l % 2 when commits are deferred, else the one. */
+static unsigned char *qkv_set(const block *b, int l) { return b->q + (b->defer_commit ? (size_t)(l % 2) * b->qkv_set_bytes : 0); }
+
+/* Layer l's commit for `count` streams of n rows (SPEC 4 and 5): the memory update and the
+ * global tokens, from that layer's k and v. */
+static int commit_layer(block *b, stream_state *const *states, int count, int l, int n)
+{
+    const sf_model_config *c = b->cfg;
+    const int H = c->heads, d = c->head_dim, W = b->width, G = c->global_tokens;
+    const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part_bytes = (size_t)n * W * b->qkv_size;
+    const unsigned char *kset = qkv_set(b, l) + (b->k - b->q), *vset = qkv_set(b, l) + (b->v - b->q);
+    int rc = SF_OK;
+    for (int i = 0; i < count && rc == SF_OK; i++) {
+        stream_state *s = states[i];
+        const void *k = kset + i * part_bytes, *v = vset + i * part_bytes;
+        if (c->memory != SF_MEMORY_NONE)
+            rc = b->be->ops->memory_update(b->be, c->memory, n, H, d, W, b->qkv_type, k, v, s->M + l * hdd,
+                                           s->z + l * hd);
+        if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_global_tokens(b, s, l, n, k, v);
+    }
+    return rc;
+}
+
+/* commit_layer on the side queue when the backend has one (side_begin .. side_end). */
+static int commit_layer_beside(block *b, stream_state *const *states, int count, int l, int n)
+{
+    const sf_backend_ops *ops = b->be->ops;
+    int rc = ops->side_begin ? ops->side_begin(b->be) : SF_OK;
+    if (rc == SF_OK) rc = commit_layer(b, states, count, l, n);
+    if (ops->side_end) {
+        int end_rc = ops->side_end(b->be);
+        if (rc == SF_OK) rc = end_rc;
+    }
+    return rc;
+}
+
+/* Issues the last layer's commit that waits in b->late, if any (defer_commit 2). Called by the
+ * next segment's first layer (its join before the output product covers it), and, joined at
+ * once, before anything reads, saves, replaces or drops a state. */
+static int flush_late_commit(block *b, int join)
+{
+    if (!b->late.count) return SF_OK;
+    const int count = b->late.count;
+    b->late.count = 0;
+    int rc = commit_layer_beside(b, b->late.states, count, b->count - 1, b->late.n);
+    if (rc == SF_OK && join && b->be->ops->side_join) rc = b->be->ops->side_join(b->be);
+    return rc;
+}
+
 /* One layer over `count` streams' segments of n rows each, stacked in b->x (count > 1 only for
  * full segments): the products, norms and MLP see all count * n rows at once. */
 static int layer_forward(block *b, stream_state *const *states, int count, int l, int n, int commit)
@@ -498,22 +581,30 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden, rows = count * n;
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part = (size_t)n * W;
     const size_t part_bytes = part * b->qkv_size; /* one stream's q (k, v) rows */
-    /* the previous layer's commit may still read k and v on the side queue */
-    int rc = ops->side_join ? ops->side_join(be) : SF_OK;
+    unsigned char *qs = qkv_set(b, l), *ks = qs + (b->k - b->q), *vs = qs + (b->v - b->q);
+    /* a commit on the side queue may still read the k and v this layer's qkv overwrites: the
+     * previous layer's (deferring, the one before it, which used this set, was joined in the
+     * previous layer: below) */
+    int rc = ops->side_join && !b->defer_commit ? ops->side_join(be) : SF_OK;
     if (rc != SF_OK) return rc;
     if (ops->qkv) {
-        rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, b->q, b->k,
-                      b->v, b->u);
+        rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, qs, ks, vs,
+                      b->u);
     } else {
         const float *qkv_w[3] = {w->wq, w->wk, w->wv};
-        float *qkv[3] = {(float *)b->q, (float *)b->k, (float *)b->v};
+        float *qkv[3] = {(float *)qs, (float *)ks, (float *)vs};
         rc = ops->rmsnorm(be, rows, D, b->x, w->attn_norm, c->norm_eps, b->u);
         if (rc == SF_OK) rc = shared_products(be, rows, D, W, b->u, 3, qkv_w, qkv);
     }
+    /* the previous layer's deferred commit: it starts after this qkv, when that layer's
+     * attention (which read the memory and tokens it writes) is long done, and runs beside this
+     * layer's attention issued next */
+    if (rc == SF_OK && commit && b->defer_commit && l > 0) rc = commit_layer_beside(b, states, count, l - 1, n);
+    if (rc == SF_OK && l == 0) rc = flush_late_commit(b, 0);
     const int G = c->global_tokens;
     for (int i = 0; i < count && rc == SF_OK; i++) {
         stream_state *s = states[i];
-        const void *q = b->q + i * part_bytes, *k = b->k + i * part_bytes, *v = b->v + i * part_bytes;
+        const void *q = qs + i * part_bytes, *k = ks + i * part_bytes, *v = vs + i * part_bytes;
         float *a = b->a + i * part;
         sf_attention_desc desc = {
             .n = n, .segment = c->segment, .heads = H, .head_dim = d, .ld = W, .causal = c->causal,
@@ -534,28 +625,31 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
             rc = ops->memory_mix(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a);
     }
     /* The commit reads k and v and writes the memory and the global tokens, which only the
-     * next segment reads: on a side queue it runs beside the output product and the MLP issued
-     * after it. The attention and the retrieval above read the old memory and tokens; they were
-     * issued first, so the side starts after them. The next layer's qkv, which overwrites k and
-     * v, joins the side first (top of this function). Without an MLP there is too little to
-     * run beside it, and the cross-stream waits cost more than they hide (bench/RESULTS.md,
-     * runs 9 and 10: the attention-only model 5-11% slower with the side queue; the reference
-     * model -2% to +6% across calls, +1.5% in paired push-mode runs). */
-    const int side = rc == SF_OK && commit && F > 0 && ops->side_begin && ops->side_end;
-    if (side) rc = ops->side_begin(be);
-    for (int i = 0; i < count && rc == SF_OK && commit; i++) {
-        stream_state *s = states[i];
-        const void *k = b->k + i * part_bytes, *v = b->v + i * part_bytes;
-        if (c->memory != SF_MEMORY_NONE)
-            rc = ops->memory_update(be, c->memory, n, H, d, W, b->qkv_type, k, v, s->M + l * hdd, s->z + l * hd);
-        if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_global_tokens(b, s, l, n, k, v);
-    }
-    if (side) {
-        int end_rc = ops->side_end(be);
-        if (rc == SF_OK) rc = end_rc;
-    }
+     * next segment reads. Deferred, the next layer issues it (above). Otherwise, on a side
+     * queue, it runs beside the output product and the MLP issued after it: the attention and
+     * the retrieval above read the old memory and tokens, and were issued first, so the side
+     * starts after them. Without an MLP there is too little to run beside it, and the
+     * cross-stream waits cost more than they hide (bench/RESULTS.md, runs 9 and 10: the
+     * attention-only model 5-11% slower with the side queue).
+     * Deferring, the commits issued so far (the previous layer's, from above, and the previous
+     * segment's last) are joined in this layer, not before the next layer's qkv: a wait ahead
+     * of the qkv's norm would keep that norm from launching early (launch_early.cuh in the CUDA
+     * backend). They run beside this layer's attention, mostly in its tail, and beside the
+     * output product (bench/RESULTS.md, run 13: joined before the output product instead, the
+     * product waited ~12 us a layer for them). The join goes before the MLP, or, where this
+     * layer's own commit follows now (the last layer, defer_commit 1), before that commit. */
+    const int deferred = b->defer_commit && l + 1 < b->count; /* the next layer issues it */
+    const int own_commit_now = rc == SF_OK && commit && !deferred && b->defer_commit != 2;
+    int joined = !b->defer_commit || !ops->side_join;
+    if (rc == SF_OK && !joined && own_commit_now) rc = ops->side_join(be), joined = 1;
+    if (rc == SF_OK && commit && !deferred && b->defer_commit == 2) {
+        memcpy(b->late.states, states, (size_t)count * sizeof *states);
+        b->late.count = count, b->late.n = n;
+    } else if (rc == SF_OK && commit && !deferred)
+        rc = F > 0 ? commit_layer_beside(b, states, count, l, n) : commit_layer(b, states, count, l, n);
     if (rc == SF_OK && b->ao) rc = ops->matmul_typed(be, rows, W, D, SF_DTYPE_BF16, b->ao, W, w->wo, b->x, D, 1);
     else if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->a, W, w->wo, b->x, D, 1);
+    if (rc == SF_OK && !joined) rc = ops->side_join(be);
     if (rc == SF_OK && F && ops->ffn) {
         rc = ops->ffn(be, rows, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->u, b->h1, b->h3);
     } else if (rc == SF_OK && F) {
@@ -628,7 +722,12 @@ static int run_pending(sf_stage *st)
     return rc;
 }
 
-static int block_flush(sf_stage *st) { return run_pending(st); }
+static int block_flush(sf_stage *st)
+{
+    int rc = run_pending(st);
+    int late_rc = flush_late_commit(sf_stage_priv(st), 1);
+    return rc == SF_OK ? late_rc : rc;
+}
 
 static int block_process(sf_stage *st, sf_packet *in)
 {
@@ -670,6 +769,7 @@ static int run_one(sf_stage *st, sf_packet *in)
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
             rc = state_put_back(b, in->stream);
     }
+    if (rc == SF_OK && (in->flags & SF_PACKET_FINAL)) rc = flush_late_commit(b, 1);
     if (rc == SF_OK && (in->flags & SF_PACKET_FINAL)) sf_stream_table_remove(&b->streams, in->stream);
     if (rc == SF_OK && (in->flags & SF_PACKET_FINAL) && b->store) {
         rc = sf_state_store_remove(b->store, in->stream);
@@ -690,6 +790,7 @@ static int block_save(sf_stage *st, sf_buffer *out)
     /* a state must include every segment that came before the save: run the waiting ones
      * (they are emitted ahead of the checkpoint marker) */
     int pending_rc = run_pending(st);
+    if (pending_rc == SF_OK) pending_rc = flush_late_commit(b, 1);
     if (pending_rc != SF_OK) return pending_rc;
     if (b->store) return save_store(b, out);
     uint32_t head[3] = {(uint32_t)b->streams.count, (uint32_t)b->first, (uint32_t)b->count};
@@ -731,6 +832,7 @@ static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
     if ((len - sizeof head) / per_stream < head[0] || (len - sizeof head) != per_stream * head[0])
         return sf_error(SF_E_STATE, "block state has the wrong size");
     if (b->store) return restore_store(b, head[0], data + sizeof head);
+    b->late.count = 0; /* its streams' states are replaced wholesale */
     sf_stream_table_clear(&b->streams);
     const uint8_t *at = data + sizeof head;
     for (uint32_t i = 0; i < head[0]; i++) {

@@ -24,6 +24,7 @@
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/launch_early.cuh"
 #include "seqflow/error.h"
 
 /* ---- pre-pass: float32 [rows, ld] -> bf16 [heads][rows][D] ------------------------------ */
@@ -33,6 +34,7 @@ template <int D, bool STREAM>
 __global__ void stage_kv(int rows, int heads, int ld, const float *k, const float *v, __nv_bfloat16 *kb,
                          __nv_bfloat16 *vb)
 {
+    sf_wait_prior_grid(); /* launched early: sf_cuda_launch_early */
     const size_t total = (size_t)rows * heads * (D / 8);
     for (size_t f = (size_t)blockIdx.x * blockDim.x + threadIdx.x; f < total; f += (size_t)gridDim.x * blockDim.x) {
         const int c8 = (int)(f % (D / 8));
@@ -417,9 +419,9 @@ static void stage_inputs(int rows, int heads, int ld, const float *k, const floa
     if (total == 0) return;
     const unsigned grid = (unsigned)std::min<size_t>((total + 255) / 256, 8192);
     if (streaming)
-        stage_kv<D, true><<<grid, 256, 0, stream>>>(rows, heads, ld, k, v, kb, vb);
+        sf_cuda_launch_early(stage_kv<D, true>, grid, 256, 0, stream, rows, heads, ld, k, v, kb, vb);
     else
-        stage_kv<D, false><<<grid, 256, 0, stream>>>(rows, heads, ld, k, v, kb, vb);
+        sf_cuda_launch_early(stage_kv<D, false>, grid, 256, 0, stream, rows, heads, ld, k, v, kb, vb);
 }
 
 int att_check_staged_inputs(const sf_attention_desc *desc, const float *q, const float *k, const float *v)

@@ -38,6 +38,7 @@
 #include "kernels/cuda/attention_wgmma_softmax.cuh"
 #include "kernels/cuda/attention_wgmma_tile.cuh"
 #include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/launch_early.cuh"
 #include "seqflow/error.h"
 
 /* A variant: BN keys a tile, STAGES tiles in flight, OVERLAP (next S issued under the softmax),
@@ -402,6 +403,8 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
     const uint32_t ones = kv + C::KV_BYTES;
     float *m_s = reinterpret_cast<float *>(smem + (ones - base) + C::ONES_BYTES), *l_s = m_s + T;
     if constexpr (C::TCSUM) wg_fill_ones(ones, C::THREADS); /* published by the barrier below */
+    /* launched early (sf_cuda_launch_early) except beside a pre-pass, which has its own wait below */
+    if constexpr (PRE == PRE_NONE) sf_wait_prior_grid();
     const int h = blockIdx.x % dd.heads, item = blockIdx.x / dd.heads;
     const int nblocks = (dd.n + T - 1) / T;
     const size_t ld = dd.ld;
@@ -516,9 +519,11 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     else if constexpr (PRE != PRE_NONE)
         return att_launch_alongside(attention_wgmma<C, MINB, PRE>, grid, C::THREADS, smem, stream, *desc, br, (int)T, q,
                                     st, out, ord, per_cta, no_mix);
-    else
-        attention_wgmma<C, MINB, PRE_NONE, QT, MIX><<<grid, C::THREADS, smem, stream>>>(
-            *desc, br, (int)T, q, st, out, ord, per_cta, MIX ? *mix : no_mix);
+    else {
+        err = sf_cuda_launch_early(attention_wgmma<C, MINB, PRE_NONE, QT, MIX>, grid, C::THREADS, smem, stream, *desc,
+                                   br, (int)T, q, st, out, ord, per_cta, MIX ? *mix : no_mix);
+        if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
+    }
     return SF_OK;
 }
 

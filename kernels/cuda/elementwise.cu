@@ -2,6 +2,7 @@
  * (SPEC 2 and 5), and the float32 <-> bf16 conversions the products use. Sums of squares and
  * means accumulate in double, as the CPU twins (kernels/cpu/elementwise.c, summary.c) do. */
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch_early.cuh"
 
 #include <stdint.h>
 
@@ -78,6 +79,7 @@ __global__ static void rmsnorm_kernel(int dim, const float *x, const float *weig
 template <typename OUT, int VECS>
 __global__ static void rmsnorm_warp_kernel(int n, int dim, const float *x, const float *weight, float eps, OUT *y)
 {
+    sf_wait_prior_grid(); /* launched early: sf_cuda_launch_early */
     const int lane = threadIdx.x % 32;
     const size_t row_index = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row_index >= (size_t)n) return;
@@ -108,9 +110,9 @@ static int launch_rmsnorm(int n, int dim, const float *x, const float *weight, f
     const bool aligned = (dim & 3) == 0 && (((uintptr_t)x | (uintptr_t)weight | (uintptr_t)y) & 15) == 0;
     const unsigned warp_blocks = (unsigned)((n + ROW_THREADS / 32 - 1) / (ROW_THREADS / 32));
     if (aligned && dim <= 4 * 32 * 8)
-        rmsnorm_warp_kernel<OUT, 8><<<warp_blocks, ROW_THREADS, 0, stream>>>(n, dim, x, weight, eps, y);
+        sf_cuda_launch_early(rmsnorm_warp_kernel<OUT, 8>, warp_blocks, ROW_THREADS, 0, stream, n, dim, x, weight, eps, y);
     else if (aligned && dim <= 4 * 32 * 16)
-        rmsnorm_warp_kernel<OUT, 16><<<warp_blocks, ROW_THREADS, 0, stream>>>(n, dim, x, weight, eps, y);
+        sf_cuda_launch_early(rmsnorm_warp_kernel<OUT, 16>, warp_blocks, ROW_THREADS, 0, stream, n, dim, x, weight, eps, y);
     else
         rmsnorm_kernel<OUT><<<n, ROW_THREADS, 0, stream>>>(dim, x, weight, eps, y);
     return sf_cuda_launched("rmsnorm");
@@ -201,6 +203,7 @@ int sf_cuda_swiglu(sf_backend *be, int n, int f, float *a, const float *b)
  * aligned (every shape the reference model has), else one. */
 __global__ static void swiglu_rows_bf16_kernel(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g)
 {
+    sf_wait_prior_grid(); /* launched early: sf_cuda_launch_early */
     const int vec = (f & 7) == 0 && (((uintptr_t)h | (uintptr_t)g) & 15) == 0;
     for (int r = blockIdx.y; r < n; r += gridDim.y) {
         const __nv_bfloat16 *a = h + (size_t)r * 2 * f, *b = a + f;
@@ -229,7 +232,7 @@ int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16
     if (n <= 0 || f <= 0) return SF_OK;
     unsigned x = (unsigned)((f / 8 + 255) / 256);
     dim3 grid(x ? x : 1, n < 65535 ? (unsigned)n : 65535u);
-    swiglu_rows_bf16_kernel<<<grid, 256, 0, stream>>>(n, f, h, g);
+    sf_cuda_launch_early(swiglu_rows_bf16_kernel, grid, 256, 0, stream, n, f, h, g);
     return sf_cuda_launched("swiglu (bf16 rows)");
 }
 

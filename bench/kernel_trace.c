@@ -1,0 +1,62 @@
+/* A CUPTI injection library that writes every kernel's device start and end (ns), stream and
+ * name to a CSV file, for bench/timeline_summary.py: where a run's wall time goes between
+ * kernels, and what ran beside what, with the real clocks and the real concurrency (ncu
+ * serializes kernels; Nsight Systems is not on the GPU machine). Used by bench/gpu_timeline.sh:
+ *
+ *   SEQFLOW_TRACE_OUT=trace.csv CUDA_INJECTION64_PATH=build/bench/libsf_kernel_trace.so prog ...
+ *
+ * CUDA loads the library and calls InitializeInjection at its own initialization; the records
+ * are flushed and written at exit. Tracing costs each launch a little host time. */
+#include <cupti.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRACE_BUFFER_BYTES (8u << 20)
+
+static FILE *trace_file;
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+    *buffer = aligned_alloc(8, TRACE_BUFFER_BYTES);
+    *size = *buffer ? TRACE_BUFFER_BYTES : 0;
+    *max_records = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid)
+{
+    (void)ctx, (void)stream, (void)size;
+    CUpti_Activity *record = NULL;
+    while (trace_file && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+        if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+        const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)record;
+        fprintf(trace_file, "%llu,%llu,%u,%s\n", (unsigned long long)k->start, (unsigned long long)k->end,
+                k->streamId, k->name ? k->name : "?");
+    }
+    free(buffer);
+}
+
+static void flush_at_exit(void)
+{
+    cuptiActivityFlushAll(1);
+    if (trace_file) fclose(trace_file);
+    trace_file = NULL;
+}
+
+/* the entry point CUDA looks up in an injection library */
+int InitializeInjection(void);
+
+int InitializeInjection(void)
+{
+    const char *path = getenv("SEQFLOW_TRACE_OUT");
+    trace_file = fopen(path ? path : "kernel_trace.csv", "w");
+    if (!trace_file) return 0;
+    fprintf(trace_file, "start,end,stream,name\n");
+    if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+        fprintf(stderr, "kernel_trace: CUPTI would not start\n");
+        return 0;
+    }
+    atexit(flush_at_exit);
+    return 1;
+}

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Where a GPU run's wall time goes, from a kernel trace: the CSV of bench/kernel_trace.c
+(start,end,stream,name; ns) or an Nsight Systems trace exported to SQLite:
+
+    python3 bench/timeline_summary.py trace.csv|trace.sqlite [--per NAME_SUBSTRING]
+
+Over the steady middle of the run (kernel starts between the 20th and the 95th percentile, so
+start-up and the last segments fall out): the window's length, how much of it some kernel ran
+(the union of all kernels' intervals), the idle gaps between kernels (count and sum by size),
+each stream's kernel time, and the top kernels by total time. --per names a kernel that runs
+once per segment (default: 'embed'), to report everything per segment."""
+import csv
+import re
+import sqlite3
+import sys
+from collections import defaultdict
+
+
+def short_name(name):
+    """A mangled C++ kernel name's identifier (_Z15attention_wgmmaI... -> attention_wgmma)."""
+    m = re.match(r"_ZL?(\d+)", name)
+    return name[m.end():m.end() + int(m.group(1))] if m else name[:48]
+
+
+def main():
+    path = sys.argv[1]
+    per = sys.argv[sys.argv.index("--per") + 1] if "--per" in sys.argv else "embed"
+    if path.endswith(".csv"):
+        with open(path) as f:
+            rows = sorted((int(r["start"]), int(r["end"]), int(r["stream"]), r["name"]) for r in csv.DictReader(f))
+        names = {}
+    else:
+        db = sqlite3.connect(path)
+        names = dict(db.execute("SELECT id, value FROM StringIds"))
+        rows = db.execute("SELECT start, end, streamId, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start").fetchall()
+    if not rows:
+        print("no kernels in the trace")
+        return
+    starts = [r[0] for r in rows]
+    lo, hi = starts[int(0.20 * len(starts))], starts[int(0.95 * len(starts)) - 1]
+    ks = [(s, e, st, short_name(names.get(n, str(n)))) for s, e, st, n in rows if lo <= s <= hi]
+    window = max(e for _, e, _, _ in ks) - lo
+    segments = sum(1 for k in ks if per in k[3]) or 1
+    busy, gaps, cur_s, cur_e, last = 0, [], None, None, None
+    gap_at = defaultdict(lambda: [0, 0])  # (kernel that ended last, kernel that starts) -> count, ns
+    for s, e, _, n in ks:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+                gaps.append(s - cur_e)
+                g = gap_at[(last, n)]
+                g[0] += 1
+                g[1] += s - cur_e
+            cur_s, cur_e, last = s, e, n
+        elif e > cur_e:
+            cur_e, last = e, n
+    busy += cur_e - cur_s
+    us = 1e-3
+    print(f"window {window * us / 1e3:.2f} ms, {segments} segments ('{per}' kernels), {len(ks)} kernels")
+    print(f"per segment: wall {window * us / segments:.1f} us, some kernel running {busy * us / segments:.1f} us "
+          f"({100.0 * busy / window:.1f}%), idle {(window - busy) * us / segments:.1f} us")
+    edges = [0, 2000, 5000, 20000, 100000, float("inf")]
+    for a, b in zip(edges, edges[1:]):
+        sel = [g for g in gaps if a <= g < b]
+        label = f"{a * us:.0f}-{b * us:.0f} us" if b != float("inf") else f">= {a * us:.0f} us"
+        print(f"  gaps {label:>12}: {len(sel) / segments:7.2f} a segment, {sum(sel) * us / segments:8.1f} us a segment")
+    print("idle gaps by the kernels around them (count and time a segment):")
+    for (a, b), (c, t) in sorted(gap_at.items(), key=lambda x: -x[1][1])[:14]:
+        print(f"  {c / segments:5.2f}x {t * us / segments:7.1f} us  {a} -> {b}")
+    by_stream = defaultdict(int)
+    by_name = defaultdict(lambda: [0, 0])
+    for s, e, st, n in ks:
+        by_stream[st] += e - s
+        by_name[n][0] += e - s
+        by_name[n][1] += 1
+    for st, t in sorted(by_stream.items(), key=lambda x: -x[1]):
+        print(f"stream {st}: kernels {t * us / segments:.1f} us a segment")
+    print(f"sum of kernel times {sum(by_stream.values()) * us / segments:.1f} us a segment "
+          f"(over the union: {(sum(by_stream.values()) - busy) * us / segments:.1f} us ran beside another)")
+    for n, (t, c) in sorted(by_name.items(), key=lambda x: -x[1][0])[:18]:
+        print(f"  {t * us / segments:8.1f} us/seg  {c / segments:5.1f}x  {n}")
+    # what ran beside what: overlap of kernels on different streams, by the pair of names
+    beside = defaultdict(int)
+    for i, (s, e, st, n) in enumerate(ks):
+        for j in range(i + 1, len(ks)):
+            s2, e2, st2, n2 = ks[j]
+            if s2 >= e:
+                break
+            if st2 != st:
+                beside[tuple(sorted((n, n2)))] += min(e, e2) - s2
+    if beside:
+        print("side by side (overlap a segment):")
+        for (a, b), t in sorted(beside.items(), key=lambda x: -x[1])[:12]:
+            print(f"  {t * us / segments:8.1f} us  {a} | {b}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+/* Programmatic dependent launch for the backend's own kernels. In the pipeline most of them
+ * follow a cuBLAS product in their stream (the norms after W2 and O, SwiGLU after W1|W3, the
+ * attention and its global-token staging after Q/K/V), and each boundary left the GPU idle for
+ * 3-5 us (bench/RESULTS.md, run 13: the kernel timeline). Launched early, a kernel's blocks
+ * are placed while the product ahead of it drains; each such kernel first waits in
+ * sf_wait_prior_grid for that grid to finish and its writes to be visible, so it reads
+ * exactly what it read before. SEQFLOW_CUDA_PDL=0 launches them the plain way. */
+#ifndef SEQFLOW_KERNELS_CUDA_LAUNCH_EARLY_CUH
+#define SEQFLOW_KERNELS_CUDA_LAUNCH_EARLY_CUH
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The first statement touching device memory in every kernel sf_cuda_launch_early launches: a
+ * no-op when the kernel was launched the plain way. */
+__device__ __forceinline__ void sf_wait_prior_grid()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static inline int sf_cuda_pdl_enabled(void)
+{
+    static const int on = [] {
+        const char *e = getenv("SEQFLOW_CUDA_PDL");
+        return !(e && strcmp(e, "0") == 0);
+    }();
+    return on;
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...), allowed to start before the kernel ahead of
+ * it in the stream has finished (see above). Returns the launch's error. */
+template <class... Params, class... Args>
+static inline cudaError_t sf_cuda_launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                               cudaStream_t stream, Args &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = sf_cuda_pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+}
+
+#endif
