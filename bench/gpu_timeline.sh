@@ -25,4 +25,5 @@ tag=$(echo "default $*" | tr ' =' '_-' | tr -cd 'A-Za-z0-9_.-')
 env "${@:-SEQFLOW_UNUSED=1}" SEQFLOW_TRACE_OUT="/tmp/trace_$tag.csv" CUDA_INJECTION64_PATH="$lib" \
   $B/seqflow run -d cuda -m "$D/reference.st" -i "$D/long$SEGS.u32" -f u32 --sink-format null -q --no-progress \
   >"$out/run_$tag.txt" 2>&1 || { tail -5 "$out/run_$tag.txt"; exit 1; }
-python3 bench/timeline_summary.py "/tmp/trace_$tag.csv" | tee "$out/timeline_$tag.txt"
+python3 bench/timeline_summary.py "/tmp/trace_$tag.csv" >"$out/timeline_$tag.txt"
+cat "$out/timeline_$tag.txt"
