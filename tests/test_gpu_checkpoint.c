@@ -26,6 +26,7 @@
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/gpu.h"
+#include "support/small_model.h"
 
 #define TOL_F32 1e-4  /* GPU against CPU */
 #define TOL_BF16 2e-2
@@ -563,16 +564,10 @@ static void check_script(const char *model_name, const sf_model *m, const char *
     for (int s = 0; s < MAX_STREAMS; s++) free(tokens[s]);
 }
 
-typedef struct variant {
-    const char *name, *branches;
-    int dim, heads, head_dim, layers, causal, mlp, global, summary, final_norm, segment;
-    sf_memory_kind memory;
-} variant;
-
 int main(void)
 {
     if (!check_have_gpu()) return check_skip("no GPU");
-    static const variant variants[] = {
+    static const check_model_variant variants[] = {
         /* test_gpu_pipeline's last: on an H100, bf16 q/k/v read in place */
         {"d=64, causal delta, globals, MLP", "64:1,128:2,256:4", 128, 2, 64, 2, 1, 256, 16, 4, 1, 256,
          SF_MEMORY_DELTA},
@@ -593,16 +588,9 @@ int main(void)
          "seg0 seg1 seg0 seg1 save half1 end1 seg2 seg0 resume seg2 seg0 seg2 seg0 save end0 end2 save"},
     };
     for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
-        const variant *v = &variants[i];
-        sf_model_config cfg;
-        sf_model_config_default(&cfg);
-        cfg.dim = v->dim, cfg.heads = v->heads, cfg.head_dim = v->head_dim, cfg.layers = v->layers;
-        cfg.vocab = 50, cfg.segment = v->segment, cfg.causal = v->causal, cfg.memory = v->memory;
-        cfg.mlp_hidden = v->mlp, cfg.global_tokens = v->global, cfg.summary_tokens = v->summary;
-        cfg.final_norm = v->final_norm;
-        CHECK_OK(sf_branches_parse(v->branches, &cfg));
+        const check_model_variant *v = &variants[i];
         sf_model *m = NULL;
-        CHECK_OK(sf_model_create_random(&cfg, 3000 + i, &m));
+        CHECK_OK(check_variant_model(v, 3000 + i, &m));
         if (!m) continue;
         for (size_t k = 0; k < sizeof scripts / sizeof *scripts; k++)
             check_script(v->name, m, scripts[k].name, scripts[k].text, 10 * i + k);

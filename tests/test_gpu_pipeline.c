@@ -14,6 +14,7 @@
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/gpu.h"
+#include "support/small_model.h"
 #ifdef SEQFLOW_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_device.h"
@@ -187,16 +188,10 @@ static void check_memory_flat(const sf_model *m)
 }
 #endif
 
-typedef struct variant {
-    const char *name, *branches;
-    int dim, heads, head_dim, layers, causal, mlp, global, summary, final_norm, segment;
-    sf_memory_kind memory;
-} variant;
-
 int main(void)
 {
     if (!check_have_gpu()) return check_skip("no GPU");
-    static const variant variants[] = {
+    static const check_model_variant variants[] = {
         {"3 branches causal delta", "8:1,16:2,32:4", 24, 3, 8, 1, 1, 0, 0, 0, 1, 32, SF_MEMORY_DELTA},
         {"3 branches non-causal delta", "8:1,16:2,32:4", 24, 3, 8, 1, 0, 0, 0, 0, 1, 32, SF_MEMORY_DELTA},
         {"linear memory, globals, 2 layers, MLP", "8:1,32:2", 24, 3, 8, 2, 1, 40, 6, 2, 1, 32, SF_MEMORY_LINEAR},
@@ -214,16 +209,9 @@ int main(void)
          SF_MEMORY_DELTA},
     };
     for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
-        const variant *v = &variants[i];
-        sf_model_config cfg;
-        sf_model_config_default(&cfg);
-        cfg.dim = v->dim, cfg.heads = v->heads, cfg.head_dim = v->head_dim, cfg.layers = v->layers;
-        cfg.vocab = 50, cfg.segment = v->segment, cfg.causal = v->causal, cfg.memory = v->memory;
-        cfg.mlp_hidden = v->mlp, cfg.global_tokens = v->global, cfg.summary_tokens = v->summary;
-        cfg.final_norm = v->final_norm;
-        CHECK_OK(sf_branches_parse(v->branches, &cfg));
+        const check_model_variant *v = &variants[i];
         sf_model *m = NULL;
-        CHECK_OK(sf_model_create_random(&cfg, 1000 + i, &m));
+        CHECK_OK(check_variant_model(v, 1000 + i, &m));
         if (!m) continue;
         const size_t N = (size_t)v->segment;
         scenario one = {"segment ! embed ! block ! norm", 1, 3 * N + 19, N + N / 2 + 1};

@@ -9,6 +9,19 @@ void check_small_model_config(sf_model_config *cfg, int layers, int segment, int
     cfg->mlp_hidden = 64, cfg->global_tokens = global_tokens, cfg->summary_tokens = 2;
 }
 
+int check_variant_model(const check_model_variant *v, uint64_t seed, sf_model **out)
+{
+    sf_model_config cfg;
+    sf_model_config_default(&cfg);
+    cfg.dim = v->dim, cfg.heads = v->heads, cfg.head_dim = v->head_dim, cfg.layers = v->layers;
+    cfg.vocab = 50, cfg.segment = v->segment, cfg.causal = v->causal, cfg.memory = v->memory;
+    cfg.mlp_hidden = v->mlp, cfg.global_tokens = v->global, cfg.summary_tokens = v->summary;
+    cfg.final_norm = v->final_norm;
+    *out = NULL;
+    int rc = sf_branches_parse(v->branches, &cfg);
+    return rc == SF_OK ? sf_model_create_random(&cfg, seed, out) : rc;
+}
+
 sf_graph *check_graph(const sf_model *m, const char *pipeline)
 {
     sf_graph *g = NULL;
