@@ -40,9 +40,9 @@ typedef struct block {
     sf_dtype qkv_type;
     size_t qkv_size, qkv_set_bytes;
     /* A layer's commit (memory update, global tokens) is issued to the side queue after the
-     * next layer's Q/K/V, so it runs in the tail of that layer's attention, where most
-     * multiprocessors have nothing left to do, instead of competing with the products; the
-     * next layer's Q/K/V then writes the other set, since the commit still reads k and v.
+     * next layer's Q/K/V, so it runs beside that layer's attention, mostly in its tail, where
+     * most multiprocessors have nothing left to do, instead of beside the products; the next
+     * layer's Q/K/V then writes the other set, since the commit still reads k and v.
      * defer_commit 2 also defers the last layer's, to the first layer of the next segment
      * (with an even layer count the two use different sets): `late` holds it until then, or
      * until anything reads or drops a stream's state (flush_late_commit). */
@@ -522,7 +522,10 @@ static int shared_products(sf_backend *be, int n, int in, int out, const float *
 }
 
 /* Layer l's q/k/v set (block.defer_commit): set l % 2 when commits are deferred, else the one. */
-static unsigned char *qkv_set(const block *b, int l) { return b->q + (b->defer_commit ? (size_t)(l % 2) * b->qkv_set_bytes : 0); }
+static unsigned char *qkv_set(const block *b, int l)
+{
+    return b->q + (b->defer_commit ? (size_t)(l % 2) * b->qkv_set_bytes : 0);
+}
 
 /* Layer l's commit for `count` streams of n rows (SPEC 4 and 5): the memory update and the
  * global tokens, from that layer's k and v. */
@@ -558,7 +561,7 @@ static int commit_layer_beside(block *b, stream_state *const *states, int count,
 }
 
 /* Issues the last layer's commit that waits in b->late, if any (defer_commit 2). Called by the
- * next segment's first layer (its join before the output product covers it), and, joined at
+ * next segment's first layer (that layer's join before its MLP covers it), and, joined at
  * once, before anything reads, saves, replaces or drops a state. */
 static int flush_late_commit(block *b, int join)
 {

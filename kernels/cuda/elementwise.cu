@@ -112,7 +112,8 @@ static int launch_rmsnorm(int n, int dim, const float *x, const float *weight, f
     if (aligned && dim <= 4 * 32 * 8)
         sf_cuda_launch_early(rmsnorm_warp_kernel<OUT, 8>, warp_blocks, ROW_THREADS, 0, stream, n, dim, x, weight, eps, y);
     else if (aligned && dim <= 4 * 32 * 16)
-        sf_cuda_launch_early(rmsnorm_warp_kernel<OUT, 16>, warp_blocks, ROW_THREADS, 0, stream, n, dim, x, weight, eps, y);
+        sf_cuda_launch_early(rmsnorm_warp_kernel<OUT, 16>, warp_blocks, ROW_THREADS, 0, stream, n, dim, x, weight, eps,
+                             y);
     else
         rmsnorm_kernel<OUT><<<n, ROW_THREADS, 0, stream>>>(dim, x, weight, eps, y);
     return sf_cuda_launched("rmsnorm");
