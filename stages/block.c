@@ -639,8 +639,9 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
      * of the qkv's norm would keep that norm from launching early (launch_early.cuh in the CUDA
      * backend). They run beside this layer's attention, mostly in its tail, and beside the
      * output product (bench/RESULTS.md, run 13: joined before the output product instead, the
-     * product waited ~12 us a layer for them). The join goes before the MLP, or, where this
-     * layer's own commit follows now (the last layer, defer_commit 1), before that commit. */
+     * product waited ~12 us a layer for them). The join goes before the MLP's products, or,
+     * where this layer's own commit follows now (the last layer, defer_commit 1), before that
+     * commit. */
     const int deferred = b->defer_commit && l + 1 < b->count; /* the next layer issues it */
     const int own_commit_now = rc == SF_OK && commit && !deferred && b->defer_commit != 2;
     int joined = !b->defer_commit || !ops->side_join;
@@ -652,7 +653,9 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
         rc = F > 0 ? commit_layer_beside(b, states, count, l, n) : commit_layer(b, states, count, l, n);
     if (rc == SF_OK && b->ao) rc = ops->matmul_typed(be, rows, W, D, SF_DTYPE_BF16, b->ao, W, w->wo, b->x, D, 1);
     else if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->a, W, w->wo, b->x, D, 1);
-    if (rc == SF_OK && !joined) rc = ops->side_join(be);
+    /* the MLP's norm touches nothing the side does: the wait can sit in front of its products */
+    if (rc == SF_OK && !joined)
+        rc = ops->side_join_before_product ? ops->side_join_before_product(be) : ops->side_join(be);
     if (rc == SF_OK && F && ops->ffn) {
         rc = ops->ffn(be, rows, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->u, b->h1, b->h3);
     } else if (rc == SF_OK && F) {

@@ -1,5 +1,5 @@
-/* The backend's side queue (side_begin / side_end / side_join, seqflow/backend.h) on the GPU:
- * side work starts after what the main queue issued before it, the main queue's work after a
+/* The backend's side queue (side_begin / side_end / side_join / side_join_before_product,
+ * seqflow/backend.h) on the GPU: side work starts after what the main queue issued before it, the main queue's work after a
  * join sees everything the side wrote, and both queues compute what the CPU computes in order.
  * Each ordering is checked where breaking it shows: the side reads k that a long main-queue
  * product delays (k is NaN until then), and the retrieval after the join reads M that several
@@ -41,14 +41,33 @@ static float *back(sf_backend *be, const void *d, size_t count)
 }
 
 typedef struct inputs {
-    float *k, *v, *q, *a, *M, *z, *gate, *x, *w, *big_x, *big_w;
+    float *k, *v, *q, *a, *M, *z, *gate, *x, *w, *big_x, *big_w, *wm;
 } inputs;
+
+/* UPDATES delta updates of M, z on the side, then side_join_before_product (side_join where the
+ * backend has none) and y = M wm^T ([H*D, D] rows of M; wm [W, D]): the product reads what the
+ * side writes, so it shows whether the deferred wait is in front of it. wm prepared: the bf16
+ * products' path; not: SGEMM's. */
+static void join_at_product(sf_backend *be, int use_side, const float *k, const float *v, float *M, float *z,
+                            const float *wm, float *y)
+{
+    const sf_backend_ops *ops = be->ops;
+    if (use_side) CHECK_OK(ops->side_begin(be));
+    for (int i = 0; i < UPDATES; i++)
+        CHECK_OK(ops->memory_update(be, SF_MEMORY_DELTA, N, H, D, W, SF_DTYPE_F32, k, v, M, z));
+    if (use_side) {
+        CHECK_OK(ops->side_end(be));
+        CHECK_OK(ops->side_join_before_product ? ops->side_join_before_product(be) : ops->side_join(be));
+    }
+    CHECK_OK(ops->matmul(be, H * D, D, W, M, D, wm, y, W, 0));
+}
 
 /* The sequence of a block layer, in the order it issues it: a long product on the main queue
  * (BIG^3 in float32), then k from a copy; on the side, UPDATES delta updates of M, z from k, v;
  * on the main queue meanwhile a bf16 product (its own scratch); then the join and the
  * retrieval of a from the updated memory. Writes a, M and the product y back to the host. */
-static void run(sf_backend *be, const inputs *in, int use_side, float **a_out, float **M_out, float **y_out)
+static void run(sf_backend *be, const inputs *in, int use_side, float **a_out, float **M_out, float **y_out,
+                float **ym_out)
 {
     const sf_backend_ops *ops = be->ops;
     const size_t rows = (size_t)N * W;
@@ -82,7 +101,15 @@ static void run(sf_backend *be, const inputs *in, int use_side, float **a_out, f
     *a_out = back(be, a, rows);
     *M_out = back(be, M, (size_t)H * D * D);
     *y_out = back(be, y, rows);
-    void *all[] = {k_src, k, v, q, a, M, z, gate, x, w, y, big_x, big_w, big_y};
+    /* the deferred join: first before a bf16 product (wm prepared), then before an SGEMM (wu,
+     * the same values, not prepared); ym_out holds both results */
+    const size_t ym = (size_t)H * D * W;
+    float *wm = on(be, in->wm, (size_t)W * D), *wu = on(be, in->wm, (size_t)W * D), *y2 = on(be, NULL, 2 * ym);
+    if (ops->prepare_weight) CHECK_OK(ops->prepare_weight(be, wm, W, D));
+    join_at_product(be, use_side, k, v, M, z, wm, y2);
+    join_at_product(be, use_side, k, v, M, z, wu, y2 + ym);
+    *ym_out = back(be, y2, 2 * ym);
+    void *all[] = {k_src, k, v, q, a, M, z, gate, x, w, y, big_x, big_w, big_y, wm, wu, y2};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) ops->free(be, all[i]);
     free(nan);
 }
@@ -96,6 +123,7 @@ int main(void)
     in.a = random_host(rows, 1), in.x = random_host(rows, 1), in.w = random_host((size_t)W * W, 0.03);
     in.M = random_host((size_t)H * D * D, 3), in.gate = random_host(H, 1);
     in.big_x = random_host((size_t)BIG * BIG, 1), in.big_w = random_host((size_t)BIG * BIG, 1);
+    in.wm = random_host((size_t)W * D, 0.1);
     in.z = malloc((size_t)H * D * sizeof(float));
     for (int i = 0; i < H * D; i++) in.z[i] = (float)(20 + 40 * check_rng_uniform(&rng));
 
@@ -103,8 +131,8 @@ int main(void)
     CHECK_OK(sf_backend_create("cpu", 0, &cpu));
     if (!cpu) return check_finish("test_side_queue");
     CHECK(cpu->ops->side_begin == NULL && cpu->ops->side_end == NULL && cpu->ops->side_join == NULL);
-    float *want_a, *want_M, *want_y;
-    run(cpu, &in, 0, &want_a, &want_M, &want_y);
+    float *want_a, *want_M, *want_y, *want_ym;
+    run(cpu, &in, 0, &want_a, &want_M, &want_y, &want_ym);
 
     /* 3xTF32 memory products (float32-accurate) in bf16 as well, so that the 1e-4 below sees any
      * ordering fault; the bf16-operand products are checked in test_backend_ops */
@@ -117,8 +145,8 @@ int main(void)
         if (!gpu) continue;
         CHECK(gpu->ops->side_begin && gpu->ops->side_end && gpu->ops->side_join);
         CHECK_OK(gpu->ops->reserve(gpu, N, W, H, D));
-        float *a, *M, *y;
-        run(gpu, &in, 1, &a, &M, &y);
+        float *a, *M, *y, *ym;
+        run(gpu, &in, 1, &a, &M, &y, &ym);
         /* the memory is float32 in every precision; the product and the retrieval's input mix
          * are bf16 products where they are products */
         double err_M = check_rel_err_f32(M, want_M, (size_t)H * D * D);
@@ -128,14 +156,24 @@ int main(void)
         CHECKF(err_a <= 1e-4, "SEQFLOW_CUDA_SIDE_QUEUE=%s: retrieval after the join, relative error %.3g", modes[m], err_a);
         CHECKF(err_y <= 2e-2, "SEQFLOW_CUDA_SIDE_QUEUE=%s: main-queue product beside the side, relative error %.3g",
                modes[m], err_y);
-        printf("SEQFLOW_CUDA_SIDE_QUEUE=%s: M %.2e, a %.2e, product %.2e\n", modes[m], err_M, err_a, err_y);
-        free(a), free(M), free(y);
+        /* M is float32-accurate (3xTF32 updates; 12 of them by now, hence 1e-3 for the SGEMM) and
+         * each batch of updates moves it by far more, so a product that read it early fails */
+        const size_t ym_count = (size_t)H * D * W;
+        double err_bf16 = check_rel_err_f32(ym, want_ym, ym_count);
+        double err_f32 = check_rel_err_f32(ym + ym_count, want_ym + ym_count, ym_count);
+        CHECKF(err_bf16 <= 2e-2, "SEQFLOW_CUDA_SIDE_QUEUE=%s: bf16 product after side_join_before_product, relative error %.3g",
+               modes[m], err_bf16);
+        CHECKF(err_f32 <= 1e-3, "SEQFLOW_CUDA_SIDE_QUEUE=%s: SGEMM after side_join_before_product, relative error %.3g",
+               modes[m], err_f32);
+        printf("SEQFLOW_CUDA_SIDE_QUEUE=%s: M %.2e, a %.2e, product %.2e, after the deferred joins %.2e / %.2e\n",
+               modes[m], err_M, err_a, err_y, err_bf16, err_f32);
+        free(a), free(M), free(y), free(ym);
         sf_backend_free(gpu);
     }
     unsetenv("SEQFLOW_CUDA_SIDE_QUEUE");
-    free(want_a), free(want_M), free(want_y);
+    free(want_a), free(want_M), free(want_y), free(want_ym);
     sf_backend_free(cpu);
-    float *all[] = {in.k, in.v, in.q, in.a, in.M, in.z, in.gate, in.x, in.w, in.big_x, in.big_w};
+    float *all[] = {in.k, in.v, in.q, in.a, in.M, in.z, in.gate, in.x, in.w, in.big_x, in.big_w, in.wm};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     return check_finish("test_side_queue");
 }

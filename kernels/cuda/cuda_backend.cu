@@ -268,6 +268,7 @@ static int cuda_sync(sf_backend *be)
      * waits happen outside it, so other stage threads keep issuing work meanwhile */
     pthread_mutex_lock(&c->lock);
     cudaStream_t main_stream = c->stream, side_stream = c->side.stream;
+    c->join_at_product = 0; /* everything issued so far is waited for below */
     pthread_mutex_unlock(&c->lock);
     int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(main_stream), "synchronize");
@@ -310,11 +311,31 @@ static int cuda_side_join(sf_backend *be)
     if (!c->side.stream) return SF_OK;
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
+    c->join_at_product = 0; /* this wait covers what that one would have */
     /* side_done was last recorded at the latest side_end of any thread: waiting on it covers
      * every side op issued before, since the side stream runs them in order */
     rc = sf_cuda_status(cudaStreamWaitEvent(c->stream, c->side_done, 0), "side_join (wait)");
     sf_cuda_leave(c);
     return rc;
+}
+
+/* The wait itself is issued by sf_cuda_join_at_product, from sf_cuda_gemm. */
+static int cuda_side_join_before_product(sf_backend *be)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    if (!c->side.stream) return SF_OK;
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    c->join_at_product = 1;
+    sf_cuda_leave(c);
+    return SF_OK;
+}
+
+int sf_cuda_join_at_product(sf_cuda *c)
+{
+    if (!c->join_at_product || c->on_side) return SF_OK;
+    c->join_at_product = 0;
+    return sf_cuda_status(cudaStreamWaitEvent(c->stream, c->side_done, 0), "side_join (before a product)");
 }
 
 /* float32 copies of bf16 q, k, v ([n, ld] each) in c->widened, for the kernels that read float32
@@ -529,6 +550,7 @@ static const sf_backend_ops cuda_ops = {
     /* .memory_mix_to */ sf_cuda_memory_mix_to,
     /* .matmul_typed */ sf_cuda_matmul_typed,
     /* .attention_mix */ cuda_attention_mix,
+    /* .side_join_before_product */ cuda_side_join_before_product,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */

@@ -143,6 +143,7 @@ typedef struct sf_cuda {
      * side.stream is NULL when disabled (SEQFLOW_CUDA_SIDE_QUEUE=0, or profiling). */
     sf_cuda_queue side;
     int on_side; /* the swap is in effect (inside enter/leave of a side thread) */
+    int join_at_product; /* side_join_before_product: the next main-queue product waits first */
     cudaEvent_t side_start, side_done;
 } sf_cuda;
 
@@ -157,6 +158,10 @@ static inline int sf_cuda_status(cudaError_t err, const char *what)
 int sf_cublas_status(cublasStatus_t st, const char *what);
 /* Checks the last launch (configuration errors surface here, not at the call). */
 static inline int sf_cuda_launched(const char *kernel) { return sf_cuda_status(cudaGetLastError(), kernel); }
+
+/* The wait side_join_before_product left for the next main-queue product, if any (under the
+ * lock; sf_cuda_gemm calls it). */
+int sf_cuda_join_at_product(sf_cuda *c);
 
 /* Takes the backend's lock and makes its device current on this thread; unlock releases. */
 int sf_cuda_enter(sf_cuda *c);

@@ -204,7 +204,8 @@ static int find_plan(sf_cuda *c, const sf_cuda_gemm_args *g, sf_cuda_gemm_plan *
 int sf_cuda_gemm(sf_cuda *c, const sf_cuda_gemm_args *g, const char *what)
 {
     sf_cuda_gemm_plan *p;
-    int rc = find_plan(c, g, &p);
+    int rc = sf_cuda_join_at_product(c);
+    if (rc == SF_OK) rc = find_plan(c, g, &p);
     if (rc != SF_OK) return rc;
     if (p && p->use_lt && p->workspace_bytes <= c->blas_workspace_bytes) {
         cublasStatus_t st = run_lt(c, p, &p->algo, g);

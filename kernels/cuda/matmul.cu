@@ -182,9 +182,11 @@ static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int
         if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
         if (rc == SF_OK) rc = gemm_bf16(c, n, in, out, xb, wb->bf16, y, ldy, CUDA_R_32F, beta, "bf16 GEMM");
     } else {
-        rc = sf_cublas_status(
-            cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in, x, ldx, &beta, y, ldy),
-            "SGEMM");
+        rc = sf_cuda_join_at_product(c);
+        if (rc == SF_OK)
+            rc = sf_cublas_status(
+                cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in, x, ldx, &beta, y, ldy),
+                "SGEMM");
     }
     return rc;
 }
