@@ -1,9 +1,10 @@
 /* The backend's side queue (side_begin / side_end / side_join / side_join_before_product,
- * seqflow/backend.h) on the GPU: side work starts after what the main queue issued before it, the main queue's work after a
- * join sees everything the side wrote, and both queues compute what the CPU computes in order.
- * Each ordering is checked where breaking it shows: the side reads k that a long main-queue
- * product delays (k is NaN until then), and the retrieval after the join reads M that several
- * memory updates on the side are still writing. Run with the side queue on (default) and off
+ * seqflow/backend.h) on the GPU: side work starts after what the main queue issued before it,
+ * the main queue's work after a join sees everything the side wrote, and both queues compute
+ * what the CPU computes in order. Each ordering is checked where breaking it shows: the side
+ * reads k that a long main-queue product delays (k is NaN until then), the retrieval after the
+ * join reads M that several memory updates on the side are still writing, and so do a bf16
+ * product and an SGEMM after side_join_before_product. Run with the side queue on (default) and off
  * (SEQFLOW_CUDA_SIDE_QUEUE=0): both must give the same result.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
