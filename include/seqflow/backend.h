@@ -159,10 +159,11 @@ typedef struct sf_backend_ops {
     int (*attention_mix)(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
                          float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out);
     /* side_join_before_product: side_join, with the wait placed in front of the next matrix
-     * product issued on the main queue (or the next side_join or sync), so that the ops issued
-     * between, which must not touch what the side reads or writes, keep starting as they would
-     * (on the GPU, a norm launched behind the kernel ahead of it: a wait in between stops that).
-     * NULL (the CPU): callers use side_join. */
+     * product issued on the main queue (in front of the reading of its input, a conversion
+     * included; or at the next side_join or sync), so that the ops issued before it, among them
+     * the norm that qkv and ffn run ahead of their products, keep starting as they would (on
+     * the GPU, launched behind the kernel ahead of them: a wait in between stops that). Those
+     * ops must not touch what the side reads or writes. NULL (the CPU): callers use side_join. */
     int (*side_join_before_product)(sf_backend *be);
 } sf_backend_ops;
 

@@ -319,7 +319,7 @@ static int cuda_side_join(sf_backend *be)
     return rc;
 }
 
-/* The wait itself is issued by sf_cuda_join_at_product, from sf_cuda_gemm. */
+/* The wait itself is issued by sf_cuda_join_at_product, from the product paths. */
 static int cuda_side_join_before_product(sf_backend *be)
 {
     sf_cuda *c = sf_cuda_of(be);

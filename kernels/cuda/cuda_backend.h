@@ -160,7 +160,7 @@ int sf_cublas_status(cublasStatus_t st, const char *what);
 static inline int sf_cuda_launched(const char *kernel) { return sf_cuda_status(cudaGetLastError(), kernel); }
 
 /* The wait side_join_before_product left for the next main-queue product, if any (under the
- * lock; sf_cuda_gemm calls it). */
+ * lock): sf_cuda_gemm calls it, and every product path before it first reads its input. */
 int sf_cuda_join_at_product(sf_cuda *c);
 
 /* Takes the backend's lock and makes its device current on this thread; unlock releases. */

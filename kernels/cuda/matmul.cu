@@ -81,7 +81,8 @@ static int shared_input_gemms_bf16(sf_cuda *c, int n, int in, int out, const __n
 static int shared_input_gemms(sf_cuda *c, int n, int in, int out, const float *x, int ldx, int count,
                               const sf_cuda_weight *const *wb, float *const *y, int ldy, const char *what)
 {
-    int rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
+    int rc = sf_cuda_join_at_product(c); /* before the rounding reads x */
+    if (rc == SF_OK) rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
     __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
     if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
     if (rc == SF_OK) rc = shared_input_gemms_bf16(c, n, in, out, xb, count, wb, (void *const *)y, ldy, CUDA_R_32F, what);
@@ -172,7 +173,8 @@ void sf_cuda_drop_weight(sf_cuda *c, const void *w)
 static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int ldx, const float *w, float *y, int ldy,
                          int accumulate)
 {
-    int rc;
+    int rc = sf_cuda_join_at_product(c); /* before x is read, by the conversion or the product */
+    if (rc != SF_OK) return rc;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
     if (wb) {
@@ -182,11 +184,9 @@ static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int
         if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
         if (rc == SF_OK) rc = gemm_bf16(c, n, in, out, xb, wb->bf16, y, ldy, CUDA_R_32F, beta, "bf16 GEMM");
     } else {
-        rc = sf_cuda_join_at_product(c);
-        if (rc == SF_OK)
-            rc = sf_cublas_status(
-                cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in, x, ldx, &beta, y, ldy),
-                "SGEMM");
+        rc = sf_cublas_status(
+            cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in, x, ldx, &beta, y, ldy),
+            "SGEMM");
     }
     return rc;
 }
@@ -224,7 +224,8 @@ int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype,
     }
     /* under one hold of the lock: another thread's op must not reuse c->widened in between */
     const size_t count = (size_t)(n - 1) * ldx + in;
-    rc = sf_cuda_widened(c, count * sizeof(float));
+    rc = sf_cuda_join_at_product(c); /* before the widening reads x */
+    if (rc == SF_OK) rc = sf_cuda_widened(c, count * sizeof(float));
     float *wide = (float *)c->widened;
     if (rc == SF_OK) rc = sf_cuda_bf16_to_f32((const __nv_bfloat16 *)x, count, wide, c->stream);
     if (rc == SF_OK) rc = matmul_locked(c, n, in, out, wide, ldx, w, y, ldy, accumulate);
