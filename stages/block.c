@@ -9,73 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "memory/state_store.h"
-#include "seqflow/stage.h"
+#include "stages/block_state.h"
 #include "stages/stages.h"
-#include "stages/stream_table.h"
-
-#define SF_BLOCK_MAX_BATCH 16
-
-typedef struct layer_weights {
-    float *attn_norm, *wq, *wk, *wv, *wo, *gate, *mlp_norm, *w1, *w3, *w2;
-} layer_weights;
-
-typedef struct stream_state {
-    float *M, *z;    /* [layers][H][d][d], [layers][H][d] */
-    float *gk, *gv;  /* [layers][G][H*d]: a ring per layer; attention ignores its order */
-    int *g_count, *g_head;
-} stream_state;
-
-typedef struct block {
-    const sf_model_config *cfg;
-    sf_backend *be;
-    int first, count;       /* layers [first, first + count) */
-    int width;              /* H*d */
-    layer_weights *weights; /* [count], backend memory */
-    float *x, *u, *a, *h1, *h3, *sk, *sv;
-    /* q, k, v: [N, width] each, of qkv_type (the backend's fastest, when it fuses qkv; float32
-     * otherwise), qkv_size bytes an element; three equal parts of one buffer. With deferred
-     * commits (defer_commit) a second such set follows, and layer l uses set l % 2. */
-    unsigned char *q, *k, *v;
-    sf_dtype qkv_type;
-    size_t qkv_size, qkv_set_bytes;
-    /* A layer's commit (memory update, global tokens) is issued to the side queue after the
-     * next layer's Q/K/V, so it runs beside that layer's attention, mostly in its tail, where
-     * most multiprocessors have nothing left to do, instead of beside the products; the next
-     * layer's Q/K/V then writes the other set, since the commit still reads k and v.
-     * defer_commit 2 also defers the last layer's, to the first layer of the next segment
-     * (with an even layer count the two use different sets): `late` holds it until then, or
-     * until anything reads or drops a stream's state (flush_late_commit). */
-    int defer_commit;
-    struct {
-        stream_state *states[SF_BLOCK_MAX_BATCH];
-        int count, n; /* count 0: none waiting */
-    } late;
-    /* with bf16 q/k/v and a memory: the mixed attention output as the output product's bf16
-     * input ([N, width], memory_mix_to writes it, matmul_typed reads it); NULL otherwise */
-    unsigned char *ao;
-    sf_stream_table streams;
-    /* with state_budget: every stream's state lives in the store between packets, and the one
-     * being processed in work (see state_load) */
-    sf_state_store *store;
-    struct stream_state *work;
-    uint64_t work_stream;
-    int work_current; /* work already holds work_stream's stored state */
-    float *host;      /* M | z | gk | gv of one stream, on the host */
-    int *ring;        /* g_count | g_head of one stream */
-    /* states of ended streams, kept for the next new ones: on a GPU, allocating and freeing
-     * device memory per stream would synchronize the device at every stream boundary */
-    struct stream_state *spare[4];
-    int n_spare;
-    /* batch > 1: full segments of distinct streams wait in pending until `batch` of them are
-     * in, then their rows run through the products, norms and MLP as one [batch * N, D] block
-     * (one launch each); attention and memory stay per stream. Anything else (a partial,
-     * provisional or final segment, a second segment of a waiting stream, a checkpoint, the
-     * end of input) first runs what waits, so packets leave in the order they came. */
-    int batch;
-    sf_packet *pending[SF_BLOCK_MAX_BATCH];
-    int n_pending;
-} block;
 
 static const sf_option block_options[] = {
     {"layers", SF_OPT_STRING, "all", "layers to run: all, K, or A-B (inclusive)"},
@@ -106,259 +41,6 @@ static int parse_layers(const char *text, int layers, int *first, int *count)
     if (a < 0 || b < a || b >= layers)
         return sf_error(SF_E_OPTION, "layers=%s: the model has layers 0..%d", text, layers - 1);
     *first = a, *count = b - a + 1;
-    return SF_OK;
-}
-
-static float *upload(block *b, const float *host, size_t n, int *rc)
-{
-    if (*rc != SF_OK) return NULL;
-    float *dev = b->be->ops->alloc(b->be, n * sizeof(float));
-    if (!dev) {
-        *rc = sf_error(SF_E_NOMEM, "out of memory for %zu weights", n);
-        return NULL;
-    }
-    if (host) *rc = b->be->ops->upload(b->be, dev, host, n * sizeof(float));
-    return dev;
-}
-
-static size_t state_floats_M(const block *b) { return (size_t)b->count * b->cfg->heads * b->cfg->head_dim * b->cfg->head_dim; }
-static size_t state_floats_z(const block *b) { return (size_t)b->count * b->cfg->heads * b->cfg->head_dim; }
-static size_t state_floats_g(const block *b) { return (size_t)b->count * b->cfg->global_tokens * b->width; }
-
-static void stream_destroy(void *ctx, void *state)
-{
-    block *b = ctx;
-    stream_state *s = state;
-    if (!s) return;
-    b->be->ops->free(b->be, s->M);
-    b->be->ops->free(b->be, s->z);
-    b->be->ops->free(b->be, s->gk);
-    b->be->ops->free(b->be, s->gv);
-    free(s->g_count);
-    free(s->g_head);
-    free(s);
-}
-
-/* A saved global-token ring (count and head per layer) that fits this block's FIFO. */
-static int check_ring(const block *b, const int *count, const int *head)
-{
-    const int G = b->cfg->global_tokens;
-    for (int l = 0; l < b->count; l++)
-        if (count[l] < 0 || count[l] > G || head[l] < 0 || head[l] >= (G ? G : 1))
-            return sf_error(SF_E_STATE, "block state has an invalid global-token ring");
-    return SF_OK;
-}
-
-/* A new stream's state: memory zero, global-token FIFO empty (SPEC 4 and 5). */
-static int stream_reset(block *b, stream_state *s)
-{
-    memset(s->g_count, 0, (size_t)b->count * sizeof(int));
-    memset(s->g_head, 0, (size_t)b->count * sizeof(int));
-    int rc = b->be->ops->zero(b->be, s->M, state_floats_M(b) * sizeof(float));
-    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->z, state_floats_z(b) * sizeof(float));
-    /* FIFO slots not filled yet are never read, but saved and quantized: zero, not garbage */
-    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gk, state_floats_g(b) * sizeof(float));
-    if (rc == SF_OK) rc = b->be->ops->zero(b->be, s->gv, state_floats_g(b) * sizeof(float));
-    return rc;
-}
-
-/* The stream table's destroy: keeps a few states for reuse (see block.spare). */
-static void stream_release(void *ctx, void *state)
-{
-    block *b = ctx;
-    if (state && b->n_spare < (int)(sizeof b->spare / sizeof *b->spare))
-        b->spare[b->n_spare++] = state;
-    else
-        stream_destroy(b, state);
-}
-
-static void *stream_create(void *ctx, uint64_t stream)
-{
-    block *b = ctx;
-    (void)stream;
-    if (b->n_spare > 0) {
-        stream_state *s = b->spare[--b->n_spare];
-        if (stream_reset(b, s) == SF_OK) return s;
-        stream_destroy(b, s);
-        return NULL;
-    }
-    stream_state *s = calloc(1, sizeof *s);
-    if (!s) {
-        sf_error(SF_E_NOMEM, "out of memory");
-        return NULL;
-    }
-    int rc = SF_OK;
-    s->M = upload(b, NULL, state_floats_M(b) + 1, &rc);
-    s->z = upload(b, NULL, state_floats_z(b) + 1, &rc);
-    s->gk = upload(b, NULL, state_floats_g(b) + 1, &rc);
-    s->gv = upload(b, NULL, state_floats_g(b) + 1, &rc);
-    s->g_count = calloc((size_t)b->count, sizeof(int));
-    s->g_head = calloc((size_t)b->count, sizeof(int));
-    if (rc == SF_OK && (!s->g_count || !s->g_head)) rc = sf_error(SF_E_NOMEM, "out of memory");
-    if (rc == SF_OK) rc = stream_reset(b, s);
-    if (rc != SF_OK) {
-        stream_destroy(b, s);
-        return NULL;
-    }
-    return s;
-}
-
-/* ---- the state store (state_budget=): memory/state_store.h ---------------------------- */
-
-static size_t state_floats(const block *b)
-{
-    return state_floats_M(b) + state_floats_z(b) + 2 * state_floats_g(b);
-}
-
-static size_t ring_bytes(const block *b) { return 2 * (size_t)b->count * sizeof(int); }
-
-/* Copies between a stream's backend buffers and b->host (M | z | gk | gv). */
-static int state_transfer(block *b, stream_state *s, int to_host)
-{
-    const sf_backend_ops *ops = b->be->ops;
-    float *dev[4] = {s->M, s->z, s->gk, s->gv};
-    size_t n[4] = {state_floats_M(b), state_floats_z(b), state_floats_g(b), state_floats_g(b)};
-    float *host = b->host;
-    int rc = SF_OK;
-    for (int i = 0; i < 4 && rc == SF_OK; host += n[i], i++) {
-        if (!n[i]) continue;
-        rc = to_host ? ops->download(b->be, host, dev[i], n[i] * sizeof(float))
-                     : ops->upload(b->be, dev[i], host, n[i] * sizeof(float));
-    }
-    return rc;
-}
-
-/* Makes b->work hold stream's state: from the store, or zero for a stream it has not seen. */
-static int state_load(block *b, uint64_t stream)
-{
-    stream_state *s = b->work;
-    if (b->work_current && b->work_stream == stream) return SF_OK;
-    b->work_current = 0;
-    size_t rings = (size_t)b->count * sizeof(int);
-    if (!sf_state_store_contains(b->store, stream)) return stream_reset(b, s);
-    sf_state_span span = {b->host, state_floats(b)};
-    int rc = sf_state_store_get(b->store, stream, &span, 1, b->ring, ring_bytes(b), NULL);
-    if (rc != SF_OK) return rc;
-    memcpy(s->g_count, b->ring, rings);
-    memcpy(s->g_head, b->ring + b->count, rings);
-    return state_transfer(b, s, 0);
-}
-
-/* Puts b->work back as stream's state after a committed segment. */
-static int state_put_back(block *b, uint64_t stream)
-{
-    stream_state *s = b->work;
-    size_t rings = (size_t)b->count * sizeof(int);
-    int rc = state_transfer(b, s, 1);
-    memcpy(b->ring, s->g_count, rings);
-    memcpy(b->ring + b->count, s->g_head, rings);
-    sf_state_span span = {b->host, state_floats(b)};
-    if (rc == SF_OK) rc = sf_state_store_put(b->store, stream, &span, 1, b->ring, ring_bytes(b));
-    b->work_stream = stream;
-    b->work_current = rc == SF_OK;
-    return rc;
-}
-
-static int parse_state_quant(const char *text, long long group, sf_quant_params *out)
-{
-    sf_quant_kind kind;
-    if (sf_quant_kind_parse(text, &kind) != SF_OK)
-        return sf_error(SF_E_OPTION, "state_quant=%s: expected f32, bf16, int8, int4 or fp8", text ? text : "");
-    if (group < 1 || group > (1 << 24))
-        return sf_error(SF_E_OPTION, "state_group=%lld is outside 1..%d", group, 1 << 24);
-    if (kind == SF_QUANT_INT4 && group % 2)
-        return sf_error(SF_E_OPTION, "state_group=%lld must be even for int4", group);
-    *out = (sf_quant_params){kind, (int)group};
-    return SF_OK;
-}
-
-static int store_init(sf_stage *st, block *b)
-{
-    long long budget = sf_stage_option_int(st, "state_budget", 0);
-    const char *spill = sf_stage_option(st, "spill");
-    const char *quant = sf_stage_option(st, "state_quant"), *codec = sf_stage_option(st, "state_codec");
-    sf_quant_params qp;
-    sf_codec cp;
-    int rc = parse_state_quant(quant, sf_stage_option_int(st, "state_group", 64), &qp);
-    if (rc != SF_OK) return rc;
-    if (sf_codec_parse(codec, &cp) != SF_OK)
-        return sf_error(SF_E_OPTION, "state_codec=%s: expected zstd, lz4 or raw", codec ? codec : "");
-    if (budget < 0) return sf_error(SF_E_OPTION, "state_budget=%lld must be 0 or more bytes", budget);
-    if (budget == 0) {
-        if (spill && *spill) return sf_error(SF_E_OPTION, "spill=%s needs a state_budget", spill);
-        /* without a store every state stays live and exact: a lossy request would be ignored */
-        if (qp.kind != SF_QUANT_F32) return sf_error(SF_E_OPTION, "state_quant=%s needs a state_budget", quant);
-        return SF_OK;
-    }
-    sf_state_store_config cfg;
-    sf_state_store_config_default(&cfg);
-    cfg.budget_bytes = (size_t)budget;
-    cfg.spill_dir = spill;
-    cfg.quant = qp;
-    cfg.codec = cp;
-    cfg.fsync = sf_stage_option_bool(st, "spill_sync", 0);
-    rc = sf_state_store_create(&cfg, &b->store);
-    if (rc != SF_OK) return rc;
-    b->work = stream_create(b, 0);
-    b->host = malloc((state_floats(b) + 1) * sizeof(float));
-    b->ring = calloc(2 * (size_t)b->count, sizeof(int));
-    if (!b->work || !b->host || !b->ring) return sf_error(SF_E_NOMEM, "out of memory");
-    return SF_OK;
-}
-
-typedef struct store_save_ctx {
-    block *b;
-    sf_buffer *out;
-} store_save_ctx;
-
-/* One stream in block_save's layout: id, M, z, g_count, g_head, gk, gv. */
-static int save_stored_stream(void *ctx, uint64_t stream)
-{
-    store_save_ctx *c = ctx;
-    block *b = c->b;
-    sf_state_span span = {b->host, state_floats(b)};
-    size_t mz = state_floats_M(b) + state_floats_z(b);
-    int rc = sf_state_store_get(b->store, stream, &span, 1, b->ring, ring_bytes(b), NULL);
-    if (rc == SF_OK) rc = sf_buffer_append(c->out, &stream, sizeof stream);
-    if (rc == SF_OK) rc = sf_buffer_append(c->out, b->host, mz * sizeof(float));
-    if (rc == SF_OK) rc = sf_buffer_append(c->out, b->ring, ring_bytes(b));
-    if (rc == SF_OK)
-        rc = sf_buffer_append(c->out, b->host + mz, 2 * state_floats_g(b) * sizeof(float));
-    return rc;
-}
-
-static int save_store(block *b, sf_buffer *out)
-{
-    sf_state_store_stats stats;
-    sf_state_store_get_stats(b->store, &stats);
-    uint32_t head[3] = {(uint32_t)stats.streams, (uint32_t)b->first, (uint32_t)b->count};
-    int rc = sf_buffer_append(out, head, sizeof head);
-    store_save_ctx c = {b, out};
-    return rc == SF_OK ? sf_state_store_foreach(b->store, save_stored_stream, &c) : rc;
-}
-
-/* Streams of block_save's layout (already size-checked) into the store. */
-static int restore_store(block *b, uint32_t streams, const uint8_t *at)
-{
-    size_t mz = state_floats_M(b) + state_floats_z(b), g2 = 2 * state_floats_g(b);
-    sf_state_store_clear(b->store);
-    b->work_current = 0;
-    for (uint32_t i = 0; i < streams; i++) {
-        uint64_t id;
-        memcpy(&id, at, 8);
-        at += 8;
-        memcpy(b->host, at, mz * sizeof(float));
-        at += mz * sizeof(float);
-        memcpy(b->ring, at, ring_bytes(b));
-        at += ring_bytes(b);
-        memcpy(b->host + mz, at, g2 * sizeof(float));
-        at += g2 * sizeof(float);
-        int rc = check_ring(b, b->ring, b->ring + b->count);
-        if (rc != SF_OK) return rc;
-        sf_state_span span = {b->host, state_floats(b)};
-        rc = sf_state_store_put(b->store, id, &span, 1, b->ring, ring_bytes(b));
-        if (rc != SF_OK) return rc;
-    }
     return SF_OK;
 }
 
@@ -426,7 +108,7 @@ static int block_init(sf_stage *st)
     long long max_streams = sf_stage_option_int(st, "max_streams", 1024);
     if (max_streams < 1 || max_streams > (1 << 20))
         return sf_error(SF_E_OPTION, "max_streams=%lld is outside 1..%d", max_streams, 1 << 20);
-    sf_stream_table_init(&b->streams, (int)max_streams, stream_create, stream_release, b);
+    sf_stream_table_init(&b->streams, (int)max_streams, sf_block_stream_create, sf_block_stream_release, b);
     long long batch = sf_stage_option_int(st, "batch", 1);
     if (batch < 1 || batch > SF_BLOCK_MAX_BATCH)
         return sf_error(SF_E_OPTION, "batch=%lld is outside 1..%d", batch, SF_BLOCK_MAX_BATCH);
@@ -438,21 +120,21 @@ static int block_init(sf_stage *st)
     for (int l = 0; l < b->count && rc == SF_OK; l++) {
         const sf_block_weights *src = sf_model_block(m, b->first + l);
         layer_weights *w = &b->weights[l];
-        w->attn_norm = upload(b, src->attn_norm, D, &rc);
-        w->wq = upload(b, src->wq, W * D, &rc);
-        w->wk = upload(b, src->wk, W * D, &rc);
-        w->wv = upload(b, src->wv, W * D, &rc);
-        w->wo = upload(b, src->wo, D * W, &rc);
-        w->gate = upload(b, src->gate, (size_t)c->heads, &rc);
+        w->attn_norm = sf_block_upload(b, src->attn_norm, D, &rc);
+        w->wq = sf_block_upload(b, src->wq, W * D, &rc);
+        w->wk = sf_block_upload(b, src->wk, W * D, &rc);
+        w->wv = sf_block_upload(b, src->wv, W * D, &rc);
+        w->wo = sf_block_upload(b, src->wo, D * W, &rc);
+        w->gate = sf_block_upload(b, src->gate, (size_t)c->heads, &rc);
         if (F) {
-            w->mlp_norm = upload(b, src->mlp_norm, D, &rc);
-            w->w1 = upload(b, src->w1, F * D, &rc);
-            w->w3 = upload(b, src->w3, F * D, &rc);
-            w->w2 = upload(b, src->w2, D * F, &rc);
+            w->mlp_norm = sf_block_upload(b, src->mlp_norm, D, &rc);
+            w->w1 = sf_block_upload(b, src->w1, F * D, &rc);
+            w->w3 = sf_block_upload(b, src->w3, F * D, &rc);
+            w->w2 = sf_block_upload(b, src->w2, D * F, &rc);
         }
     }
-    b->x = upload(b, NULL, N * D, &rc);
-    b->u = upload(b, NULL, N * D, &rc);
+    b->x = sf_block_upload(b, NULL, N * D, &rc);
+    b->u = sf_block_upload(b, NULL, N * D, &rc);
     /* q, k, v: three equal parts of one buffer (see prepare_backend); the composed path
      * (no fused qkv) writes them with float32 products */
     const sf_backend_ops *ops = b->be->ops;
@@ -462,21 +144,21 @@ static int block_init(sf_stage *st)
     b->qkv_set_bytes = 3 * N * W * b->qkv_size;
     const size_t qkv_floats =
         ((b->defer_commit ? 2 : 1) * b->qkv_set_bytes + sizeof(float) - 1) / sizeof(float);
-    b->q = (unsigned char *)upload(b, NULL, qkv_floats, &rc);
+    b->q = (unsigned char *)sf_block_upload(b, NULL, qkv_floats, &rc);
     if (b->q) b->k = b->q + N * W * b->qkv_size, b->v = b->k + N * W * b->qkv_size;
-    b->a = upload(b, NULL, N * W, &rc);
+    b->a = sf_block_upload(b, NULL, N * W, &rc);
     if (b->qkv_type == SF_DTYPE_BF16 && c->memory != SF_MEMORY_NONE && ops->memory_mix_to && ops->matmul_typed)
-        b->ao = (unsigned char *)upload(b, NULL, (N * W + 1) / 2, &rc);
+        b->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
     if (F) {
-        b->h1 = upload(b, NULL, N * F, &rc);
-        b->h3 = upload(b, NULL, N * F, &rc);
+        b->h1 = sf_block_upload(b, NULL, N * F, &rc);
+        b->h3 = sf_block_upload(b, NULL, N * F, &rc);
     }
     if (c->summary_tokens) {
-        b->sk = upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
-        b->sv = upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
+        b->sk = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
+        b->sv = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
     }
-    if (rc == SF_OK) rc = store_init(st, b);
-    /* a state store takes each stream's state right after its segment (state_put_back) */
+    if (rc == SF_OK) rc = sf_block_store_init(st, b);
+    /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
     if (b->store && b->defer_commit == 2) b->defer_commit = 1;
     return rc == SF_OK ? prepare_backend(b) : rc;
 }
@@ -762,7 +444,7 @@ static int run_one(sf_stage *st, sf_packet *in)
     if (in->n > 0) {
         stream_state *s = b->store ? b->work : sf_stream_table_get(&b->streams, in->stream);
         if (!s) rc = SF_E_NOMEM;
-        if (rc == SF_OK && b->store) rc = state_load(b, in->stream);
+        if (rc == SF_OK && b->store) rc = sf_block_state_load(b, in->stream);
         int commit = !(in->flags & SF_PACKET_PROVISIONAL);
         size_t bytes = in->n * in->width * sizeof(float);
         /* rows already on the device (packet.h, dev) are computed in place and stay there */
@@ -773,7 +455,7 @@ static int run_one(sf_stage *st, sf_packet *in)
         if (rc == SF_OK && !in->dev) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
-            rc = state_put_back(b, in->stream);
+            rc = sf_block_state_put_back(b, in->stream);
     }
     if (rc == SF_OK && (in->flags & SF_PACKET_FINAL)) rc = flush_late_commit(b, 1);
     if (rc == SF_OK && (in->flags & SF_PACKET_FINAL)) sf_stream_table_remove(&b->streams, in->stream);
@@ -788,82 +470,20 @@ static int run_one(sf_stage *st, sf_packet *in)
     return sf_stage_emit(st, in);
 }
 
-/* State: u32 streams, u32 first layer, u32 layer count; per stream: u64 id, then M, z,
- * g_count, g_head, gk, gv of every layer (floats as stored). */
+/* The state (layout: stages/block_state.c) must include every segment that came before the
+ * save: the waiting ones run first (they are emitted ahead of the checkpoint marker), and a
+ * deferred commit is issued. */
 static int block_save(sf_stage *st, sf_buffer *out)
 {
     block *b = sf_stage_priv(st);
-    /* a state must include every segment that came before the save: run the waiting ones
-     * (they are emitted ahead of the checkpoint marker) */
-    int pending_rc = run_pending(st);
-    if (pending_rc == SF_OK) pending_rc = flush_late_commit(b, 1);
-    if (pending_rc != SF_OK) return pending_rc;
-    if (b->store) return save_store(b, out);
-    uint32_t head[3] = {(uint32_t)b->streams.count, (uint32_t)b->first, (uint32_t)b->count};
-    int rc = sf_buffer_append(out, head, sizeof head);
-    size_t nM = state_floats_M(b), nz = state_floats_z(b), ng = state_floats_g(b);
-    size_t biggest = nM > ng ? nM : ng;
-    float *tmp = malloc((biggest + 1) * sizeof(float));
-    if (!tmp) return sf_error(SF_E_NOMEM, "out of memory");
-    for (int i = 0; i < b->streams.count && rc == SF_OK; i++) {
-        stream_state *s = b->streams.states[i];
-        uint64_t id = b->streams.ids[i];
-        rc = sf_buffer_append(out, &id, sizeof id);
-        const float *parts[4] = {s->M, s->z, s->gk, s->gv};
-        size_t sizes[4] = {nM, nz, ng, ng};
-        for (int p = 0; p < 4 && rc == SF_OK; p++) {
-            rc = b->be->ops->download(b->be, tmp, parts[p], sizes[p] * sizeof(float));
-            if (rc == SF_OK) rc = sf_buffer_append(out, tmp, sizes[p] * sizeof(float));
-            if (p == 1 && rc == SF_OK) {
-                rc = sf_buffer_append(out, s->g_count, (size_t)b->count * sizeof(int));
-                if (rc == SF_OK) rc = sf_buffer_append(out, s->g_head, (size_t)b->count * sizeof(int));
-            }
-        }
-    }
-    free(tmp);
-    return rc;
+    int rc = run_pending(st);
+    if (rc == SF_OK) rc = flush_late_commit(b, 1);
+    return rc == SF_OK ? sf_block_state_save(b, out) : rc;
 }
 
 static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
 {
-    block *b = sf_stage_priv(st);
-    uint32_t head[3];
-    if (len < sizeof head) return sf_error(SF_E_STATE, "block state is truncated");
-    memcpy(head, data, sizeof head);
-    if (head[1] != (uint32_t)b->first || head[2] != (uint32_t)b->count)
-        return sf_error(SF_E_STATE, "block state is for layers %u..%u, this stage runs %d..%d", head[1],
-                        head[1] + head[2] - 1, b->first, b->first + b->count - 1);
-    size_t nM = state_floats_M(b), nz = state_floats_z(b), ng = state_floats_g(b);
-    size_t per_stream = 8 + (nM + nz + 2 * ng) * sizeof(float) + 2 * (size_t)b->count * sizeof(int);
-    if ((len - sizeof head) / per_stream < head[0] || (len - sizeof head) != per_stream * head[0])
-        return sf_error(SF_E_STATE, "block state has the wrong size");
-    if (b->store) return restore_store(b, head[0], data + sizeof head);
-    b->late.count = 0; /* its streams' states are replaced wholesale */
-    sf_stream_table_clear(&b->streams);
-    const uint8_t *at = data + sizeof head;
-    for (uint32_t i = 0; i < head[0]; i++) {
-        uint64_t id;
-        memcpy(&id, at, 8);
-        at += 8;
-        stream_state *s = sf_stream_table_get(&b->streams, id);
-        if (!s) return SF_E_NOMEM;
-        float *parts[4] = {s->M, s->z, s->gk, s->gv};
-        size_t sizes[4] = {nM, nz, ng, ng};
-        for (int p = 0; p < 4; p++) {
-            int rc = b->be->ops->upload(b->be, parts[p], at, sizes[p] * sizeof(float));
-            if (rc != SF_OK) return rc;
-            at += sizes[p] * sizeof(float);
-            if (p == 1) {
-                memcpy(s->g_count, at, (size_t)b->count * sizeof(int));
-                at += (size_t)b->count * sizeof(int);
-                memcpy(s->g_head, at, (size_t)b->count * sizeof(int));
-                at += (size_t)b->count * sizeof(int);
-                rc = check_ring(b, s->g_count, s->g_head);
-                if (rc != SF_OK) return rc;
-            }
-        }
-    }
-    return SF_OK;
+    return sf_block_state_restore(sf_stage_priv(st), data, len);
 }
 
 static void block_free(sf_stage *st)
@@ -871,12 +491,7 @@ static void block_free(sf_stage *st)
     block *b = sf_stage_priv(st);
     if (!b) return;
     for (int i = 0; i < b->n_pending; i++) sf_packet_free(b->pending[i]);
-    sf_stream_table_clear(&b->streams);
-    while (b->n_spare > 0) stream_destroy(b, b->spare[--b->n_spare]);
-    sf_state_store_free(b->store);
-    stream_destroy(b, b->work);
-    free(b->host);
-    free(b->ring);
+    sf_block_state_free(b);
     sf_backend *be = b->be;
     for (int l = 0; b->weights && l < b->count; l++) {
         float **w = (float **)&b->weights[l];

@@ -1,0 +1,101 @@
+/* The block stage's private parts shared by its two files: the stage's state (block), the
+ * per-stream state and the functions of stages/block_state.c, which create, reuse, store and
+ * serialize that per-stream state; stages/block.c computes the layers. Not a public header. */
+#ifndef SEQFLOW_STAGES_BLOCK_STATE_H
+#define SEQFLOW_STAGES_BLOCK_STATE_H
+
+#include <stdint.h>
+
+#include "memory/state_store.h"
+#include "seqflow/stage.h"
+#include "stages/stream_table.h"
+
+#define SF_BLOCK_MAX_BATCH 16
+
+typedef struct layer_weights {
+    float *attn_norm, *wq, *wk, *wv, *wo, *gate, *mlp_norm, *w1, *w3, *w2;
+} layer_weights;
+
+typedef struct stream_state {
+    float *M, *z;    /* [layers][H][d][d], [layers][H][d] */
+    float *gk, *gv;  /* [layers][G][H*d]: a ring per layer; attention ignores its order */
+    int *g_count, *g_head;
+} stream_state;
+
+typedef struct block {
+    const sf_model_config *cfg;
+    sf_backend *be;
+    int first, count;       /* layers [first, first + count) */
+    int width;              /* H*d */
+    layer_weights *weights; /* [count], backend memory */
+    float *x, *u, *a, *h1, *h3, *sk, *sv;
+    /* q, k, v: [N, width] each, of qkv_type (the backend's fastest, when it fuses qkv; float32
+     * otherwise), qkv_size bytes an element; three equal parts of one buffer. With deferred
+     * commits (defer_commit) a second such set follows, and layer l uses set l % 2. */
+    unsigned char *q, *k, *v;
+    sf_dtype qkv_type;
+    size_t qkv_size, qkv_set_bytes;
+    /* A layer's commit (memory update, global tokens) is issued to the side queue after the
+     * next layer's Q/K/V, so it runs beside that layer's attention, mostly in its tail, where
+     * most multiprocessors have nothing left to do, instead of beside the products; the next
+     * layer's Q/K/V then writes the other set, since the commit still reads k and v.
+     * defer_commit 2 also defers the last layer's, to the first layer of the next segment
+     * (with an even layer count the two use different sets): `late` holds it until then, or
+     * until anything reads or drops a stream's state (flush_late_commit in block.c). */
+    int defer_commit;
+    struct {
+        stream_state *states[SF_BLOCK_MAX_BATCH];
+        int count, n; /* count 0: none waiting */
+    } late;
+    /* with bf16 q/k/v and a memory: the mixed attention output as the output product's bf16
+     * input ([N, width], memory_mix_to writes it, matmul_typed reads it); NULL otherwise */
+    unsigned char *ao;
+    sf_stream_table streams;
+    /* with state_budget: every stream's state lives in the store between packets, and the one
+     * being processed in work (see sf_block_state_load) */
+    sf_state_store *store;
+    struct stream_state *work;
+    uint64_t work_stream;
+    int work_current; /* work already holds work_stream's stored state */
+    float *host;      /* M | z | gk | gv of one stream, on the host */
+    int *ring;        /* g_count | g_head of one stream */
+    /* states of ended streams, kept for the next new ones: on a GPU, allocating and freeing
+     * device memory per stream would synchronize the device at every stream boundary */
+    struct stream_state *spare[4];
+    int n_spare;
+    /* batch > 1: full segments of distinct streams wait in pending until `batch` of them are
+     * in, then their rows run through the products, norms and MLP as one [batch * N, D] block
+     * (one launch each); attention and memory stay per stream. Anything else (a partial,
+     * provisional or final segment, a second segment of a waiting stream, a checkpoint, the
+     * end of input) first runs what waits, so packets leave in the order they came. */
+    int batch;
+    sf_packet *pending[SF_BLOCK_MAX_BATCH];
+    int n_pending;
+} block;
+
+/* A backend buffer of n floats, filled from host when host is not NULL; NULL with *rc set on
+ * failure. Does nothing (NULL) when *rc is already an error, so calls can be chained. */
+float *sf_block_upload(block *b, const float *host, size_t n, int *rc);
+
+/* The stream table's create, release (keeps a few states for reuse: block.spare) and destroy. */
+void *sf_block_stream_create(void *ctx, uint64_t stream);
+void sf_block_stream_release(void *ctx, void *state);
+void sf_block_stream_destroy(void *ctx, void *state);
+
+/* state_budget= (the options state_budget, spill, spill_sync, state_quant, state_group,
+ * state_codec): b->store and its work buffers, or nothing without a budget. */
+int sf_block_store_init(sf_stage *st, block *b);
+/* With a store: makes b->work hold stream's state (zero for a stream it has not seen); puts
+ * b->work back as stream's state after a committed segment. */
+int sf_block_state_load(block *b, uint64_t stream);
+int sf_block_state_put_back(block *b, uint64_t stream);
+
+/* Every stream's state into out, and back (the stage's save and restore; see block_state.c for
+ * the layout). The caller has issued everything the states wait for. */
+int sf_block_state_save(block *b, sf_buffer *out);
+int sf_block_state_restore(block *b, const uint8_t *data, size_t len);
+
+/* Frees every stream's state, the store and its buffers. */
+void sf_block_state_free(block *b);
+
+#endif
