@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/attention_staging.h"
+#include "kernels/cuda/launch_early.cuh"
 #include "seqflow/error.h"
 
 /* PRE options of attention_wgmma: how the main kernel meets its pre-pass */
@@ -50,13 +51,7 @@ template <class... Params, class... Args>
 static int att_launch_alongside(void (*kernel)(Params...), unsigned grid, unsigned threads, size_t smem,
                                 cudaStream_t stream, Args... args)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr, cfg.numAttrs = 1;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+    const cudaError_t err = sf_cuda_launch_programmatic(true, kernel, dim3(grid), dim3(threads), smem, stream, args...);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention: launch alongside the pre-pass: %s", cudaGetErrorString(err));
     return SF_OK;
 }

@@ -30,19 +30,29 @@ static inline int sf_cuda_pdl_enabled(void)
     return on;
 }
 
-/* kernel<<<grid, block, smem, stream>>>(args...), allowed to start before the kernel ahead of
- * it in the stream has finished (see above). Returns the launch's error. */
+/* kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
+ * `early`: the kernel may start before the kernel ahead of it in the stream has finished.
+ * Returns the launch's error. */
 template <class... Params, class... Args>
-static inline cudaError_t sf_cuda_launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                               cudaStream_t stream, Args &&...args)
+static inline cudaError_t sf_cuda_launch_programmatic(bool early, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                                      size_t smem, cudaStream_t stream, Args &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr, cfg.numAttrs = sf_cuda_pdl_enabled() ? 1 : 0;
+    cfg.attrs = attr, cfg.numAttrs = early ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+}
+
+/* The same, early unless SEQFLOW_CUDA_PDL=0 (see above). */
+template <class... Params, class... Args>
+static inline cudaError_t sf_cuda_launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                               cudaStream_t stream, Args &&...args)
+{
+    return sf_cuda_launch_programmatic(sf_cuda_pdl_enabled() != 0, kernel, grid, block, smem, stream,
+                                       static_cast<Args &&>(args)...);
 }
 
 #endif
