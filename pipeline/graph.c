@@ -275,6 +275,10 @@ static int push_packet(sf_graph *g, sf_packet *p)
     }
     sf_clear_error();
     rc = sf_graph_deliver(g, 0, p);
+    /* nothing more comes until the caller's next push: what a stage holds back goes on now,
+     * in stage order, so that what the first emits reaches the next stage before its turn */
+    for (int i = 0; i < g->n_stages && rc == SF_OK; i++)
+        if (g->stages[i]->cls->idle) rc = g->stages[i]->cls->idle(g->stages[i]);
     if (rc != SF_OK) sf_graph_fail(g, rc, NULL, sf_last_error());
     return rc;
 }

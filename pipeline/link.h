@@ -12,6 +12,8 @@ typedef struct sf_link_ops {
     int (*push)(sf_link *l, sf_packet *p);
     /* Blocks while empty. Returns NULL at the end (closed and drained, or aborted). */
     sf_packet *(*pop)(sf_link *l);
+    /* Non-zero when pop would return at once (a packet waits, or the end is reached). */
+    int (*ready)(sf_link *l);
     /* The producer is done: pop drains what is left, then returns NULL. */
     void (*close)(sf_link *l);
     /* Tear down now: pending packets are dropped, push fails, pop returns NULL. */

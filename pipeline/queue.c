@@ -49,6 +49,15 @@ static sf_packet *queue_pop(sf_link *l)
     return p;
 }
 
+static int queue_ready(sf_link *l)
+{
+    queue_link *q = (queue_link *)l;
+    pthread_mutex_lock(&q->lock);
+    const int ready = q->count > 0 || q->closed || q->aborted;
+    pthread_mutex_unlock(&q->lock);
+    return ready;
+}
+
 static void queue_close(sf_link *l)
 {
     queue_link *q = (queue_link *)l;
@@ -85,8 +94,7 @@ static void queue_destroy(sf_link *l)
     free(q);
 }
 
-static const sf_link_ops queue_ops = {queue_push, queue_pop, queue_close, queue_abort,
-                                      queue_destroy};
+static const sf_link_ops queue_ops = {queue_push, queue_pop, queue_ready, queue_close, queue_abort, queue_destroy};
 
 sf_link *sf_queue_link_create(int depth)
 {

@@ -37,7 +37,9 @@ static void *stage_thread(void *arg)
         if (rc > 0) rc = SF_OK;
     } else {
         sf_packet *p;
-        while ((p = in->ops->pop(in))) {
+        for (;;) {
+            if (st->cls->idle && !in->ops->ready(in) && (rc = st->cls->idle(st)) != SF_OK) break;
+            if (!(p = in->ops->pop(in))) break;
             if (p->kind == SF_PACKET_CHECKPOINT) { /* never seen by process() */
                 rc = sf_graph_checkpoint_pass(st, p);
                 if (rc != SF_OK) break;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "stages/block_state.h"
+#include "stages/device_rows.h"
 #include "stages/stages.h"
 
 static const sf_option block_options[] = {
@@ -22,6 +23,7 @@ static const sf_option block_options[] = {
     {"state_group", SF_OPT_INT, "64", "values sharing one scale for int8/int4/fp8 state (even for int4)"},
     {"state_codec", SF_OPT_STRING, "zstd", "codec of idle state: zstd, lz4 or raw"},
     {"batch", SF_OPT_INT, "1", "full segments of up to this many streams computed together (1-16): one product launch for all of them, batch times the activation memory"},
+    {"lanes", SF_OPT_INT, "0", "GPU: 2 runs consecutive segments on two device lanes, one's first layers beside the previous one's last (0: off); costs a second set of activations and one more device_rows buffer; a segment leaves when the next is issued or no input waits"},
     {NULL, 0, NULL, NULL}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -93,6 +95,66 @@ static int defer_commit_wanted(const block *b)
     return mode >= 2 && b->count % 2 == 0 ? 2 : 1;
 }
 
+/* Lanes (block.lanes) where asked for (the option lanes=, or SEQFLOW_BLOCK_LANES, which wins)
+ * and possible: the backend has them, segments stay on the device, one segment at a time
+ * (no batch, no state store), and every layer has a lane mark. Off by default: on the
+ * reference model they measured +1% (median of 14 pairs, 8 faster), within the runs' spread,
+ * for 0.7 GiB more device memory (bench/RESULTS.md, run 14). */
+static int lanes_wanted(sf_stage *st, const block *b)
+{
+    const char *env = getenv("SEQFLOW_BLOCK_LANES");
+    const long long want = env && *env ? atoll(env) : sf_stage_option_int(st, "lanes", 0);
+    if (want != 0 && want != 2) return sf_error(SF_E_OPTION, "lanes=%lld: expected 0 or 2", want);
+    const sf_backend_ops *ops = b->be->ops;
+    if (want == 0 || !ops->lanes || !sf_device_rows_wanted(b->be) || b->batch > 1 || b->store ||
+        b->first + b->count > SF_BACKEND_LANE_MARKS)
+        return 0;
+    const int have = ops->lanes(b->be, 2);
+    return have < 0 ? have : have >= 2 ? 2 : 0;
+}
+
+/* The activations of one segment (but its rows x): b's u, q|k|v, a, ao, h1, h3, sk, sv. */
+static int alloc_activations(block *b, size_t N)
+{
+    const sf_model_config *c = b->cfg;
+    const sf_backend_ops *ops = b->be->ops;
+    size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden;
+    int rc = SF_OK;
+    b->u = sf_block_upload(b, NULL, N * D, &rc);
+    /* q, k, v: three equal parts of one buffer (see prepare_backend); the composed path
+     * (no fused qkv) writes them with float32 products */
+    const size_t qkv_floats =
+        ((b->defer_commit ? 2 : 1) * b->qkv_set_bytes + sizeof(float) - 1) / sizeof(float);
+    b->q = (unsigned char *)sf_block_upload(b, NULL, qkv_floats, &rc);
+    if (b->q) b->k = b->q + N * W * b->qkv_size, b->v = b->k + N * W * b->qkv_size;
+    b->a = sf_block_upload(b, NULL, N * W, &rc);
+    if (b->qkv_type == SF_DTYPE_BF16 && c->memory != SF_MEMORY_NONE && ops->memory_mix_to && ops->matmul_typed)
+        b->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
+    if (F) {
+        b->h1 = sf_block_upload(b, NULL, N * F, &rc);
+        b->h3 = sf_block_upload(b, NULL, N * F, &rc);
+    }
+    if (c->summary_tokens) {
+        b->sk = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
+        b->sv = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
+    }
+    return rc;
+}
+
+/* Exchanges the activations in use with the other lane's (block.idle). */
+static void swap_activations(block *b)
+{
+    float *f[6] = {b->u, b->a, b->h1, b->h3, b->sk, b->sv};
+    unsigned char *q = b->q, *ao = b->ao;
+    b->u = b->idle.u, b->a = b->idle.a, b->h1 = b->idle.h1, b->h3 = b->idle.h3, b->sk = b->idle.sk, b->sv = b->idle.sv;
+    b->q = b->idle.q, b->ao = b->idle.ao;
+    b->idle.u = f[0], b->idle.a = f[1], b->idle.h1 = f[2], b->idle.h3 = f[3], b->idle.sk = f[4], b->idle.sv = f[5];
+    b->idle.q = q, b->idle.ao = ao;
+    const size_t part = (size_t)b->cfg->segment * b->batch * b->width * b->qkv_size;
+    b->k = b->q ? b->q + part : NULL, b->v = b->q ? b->k + part : NULL;
+    b->act_lane = 1 - b->act_lane;
+}
+
 static int block_init(sf_stage *st)
 {
     const sf_model *m = sf_stage_model(st);
@@ -134,32 +196,22 @@ static int block_init(sf_stage *st)
         }
     }
     b->x = sf_block_upload(b, NULL, N * D, &rc);
-    b->u = sf_block_upload(b, NULL, N * D, &rc);
-    /* q, k, v: three equal parts of one buffer (see prepare_backend); the composed path
-     * (no fused qkv) writes them with float32 products */
     const sf_backend_ops *ops = b->be->ops;
     b->qkv_type = ops->qkv && ops->qkv_type ? ops->qkv_type(b->be, c->head_dim) : SF_DTYPE_F32;
     b->qkv_size = b->qkv_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
-    b->defer_commit = defer_commit_wanted(b);
     b->qkv_set_bytes = 3 * N * W * b->qkv_size;
-    const size_t qkv_floats =
-        ((b->defer_commit ? 2 : 1) * b->qkv_set_bytes + sizeof(float) - 1) / sizeof(float);
-    b->q = (unsigned char *)sf_block_upload(b, NULL, qkv_floats, &rc);
-    if (b->q) b->k = b->q + N * W * b->qkv_size, b->v = b->k + N * W * b->qkv_size;
-    b->a = sf_block_upload(b, NULL, N * W, &rc);
-    if (b->qkv_type == SF_DTYPE_BF16 && c->memory != SF_MEMORY_NONE && ops->memory_mix_to && ops->matmul_typed)
-        b->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
-    if (F) {
-        b->h1 = sf_block_upload(b, NULL, N * F, &rc);
-        b->h3 = sf_block_upload(b, NULL, N * F, &rc);
-    }
-    if (c->summary_tokens) {
-        b->sk = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
-        b->sv = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
-    }
     if (rc == SF_OK) rc = sf_block_store_init(st, b);
+    b->defer_commit = defer_commit_wanted(b);
     /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
     if (b->store && b->defer_commit == 2) b->defer_commit = 1;
+    if (rc == SF_OK) rc = lanes_wanted(st, b);
+    if (rc < 0) return rc;
+    b->lanes = rc, rc = SF_OK;
+    /* on a lane commits run inline, so one q/k/v set does; the other lane's activations are
+     * allocated first and moved aside */
+    if (b->lanes) b->defer_commit = 0;
+    if (b->lanes && (rc = alloc_activations(b, N)) == SF_OK) swap_activations(b), b->act_lane = 0;
+    if (rc == SF_OK) rc = alloc_activations(b, N);
     return rc == SF_OK ? prepare_backend(b) : rc;
 }
 
@@ -270,7 +322,7 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     /* a commit on the side queue may still read the k and v this layer's qkv overwrites: the
      * previous layer's (deferring, the one before it, which used this set, was joined in the
      * previous layer: below) */
-    int rc = ops->side_join && !b->defer_commit ? ops->side_join(be) : SF_OK;
+    int rc = ops->side_join && !b->defer_commit && !b->on_lane ? ops->side_join(be) : SF_OK;
     if (rc != SF_OK) return rc;
     if (ops->qkv) {
         rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, qs, ks, vs,
@@ -286,6 +338,9 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
      * layer's attention issued next */
     if (rc == SF_OK && commit && b->defer_commit && l > 0) rc = commit_layer_beside(b, states, count, l - 1, n);
     if (rc == SF_OK && l == 0) rc = flush_late_commit(b, 0);
+    /* on a lane, the previous segment (on the other lane) must have committed this layer: the
+     * attention and the mix read its memory and global tokens */
+    if (rc == SF_OK && b->on_lane) rc = ops->lane_wait(be, 1 - b->act_lane, b->first + l);
     const int G = c->global_tokens;
     for (int i = 0; i < count && rc == SF_OK; i++) {
         stream_state *s = states[i];
@@ -332,7 +387,9 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
         memcpy(b->late.states, states, (size_t)count * sizeof *states);
         b->late.count = count, b->late.n = n;
     } else if (rc == SF_OK && commit && !deferred)
-        rc = F > 0 ? commit_layer_beside(b, states, count, l, n) : commit_layer(b, states, count, l, n);
+        rc = F > 0 && !b->on_lane ? commit_layer_beside(b, states, count, l, n) : commit_layer(b, states, count, l, n);
+    /* the next segment's layer l may read the state now (and its commit overwrite it) */
+    if (rc == SF_OK && b->on_lane) rc = ops->lane_signal(be, b->first + l);
     if (rc == SF_OK && b->ao) rc = ops->matmul_typed(be, rows, W, D, SF_DTYPE_BF16, b->ao, W, w->wo, b->x, D, 1);
     else if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->a, W, w->wo, b->x, D, 1);
     /* the MLP's norm touches nothing the side does: the wait can sit in front of its products */
@@ -362,6 +419,59 @@ static int layers_forward(block *b, stream_state *const *states, int count, int 
         if (rc == SF_OK) rc = join_rc;
     }
     return rc;
+}
+
+/* Emits the segment waiting in b->held, once the main queue (everything downstream) waits
+ * for its lane. */
+static int emit_held(sf_stage *st)
+{
+    block *b = sf_stage_priv(st);
+    sf_packet *p = b->held;
+    if (!p) return SF_OK;
+    b->held = NULL;
+    int rc = b->be->ops->lane_join(b->be, b->held_lane);
+    if (rc != SF_OK) {
+        sf_packet_free(p);
+        return rc;
+    }
+    return sf_stage_emit(st, p);
+}
+
+/* What may run on a lane: a committed segment (full or partial, not a stream's last) whose rows
+ * are on the device. Anything else runs on the main queue after the lanes are drained. */
+static int lane_eligible(const block *b, const sf_packet *p)
+{
+    return b->lanes > 0 && p->kind == SF_PACKET_HIDDEN && p->dev && p->n > 0 && p->n <= (size_t)b->cfg->segment &&
+           p->width == (size_t)b->cfg->dim && !(p->flags & (SF_PACKET_PROVISIONAL | SF_PACKET_FINAL));
+}
+
+/* Issues every layer of `in` to the next lane, then emits the segment before it (block.held).
+ * Takes ownership of in. */
+static int run_on_lane(sf_stage *st, sf_packet *in)
+{
+    block *b = sf_stage_priv(st);
+    const sf_backend_ops *ops = b->be->ops;
+    stream_state *s = sf_stream_table_get(&b->streams, in->stream);
+    int rc = s ? SF_OK : SF_E_NOMEM;
+    const int lane = b->next_lane;
+    b->next_lane = 1 - lane;
+    if (b->act_lane != lane) swap_activations(b);
+    if (rc == SF_OK) rc = ops->lane_begin(b->be, lane);
+    if (rc == SF_OK) {
+        float *own_x = b->x;
+        b->x = in->dev, b->on_lane = 1;
+        for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, &s, 1, l, (int)in->n, 1);
+        b->x = own_x, b->on_lane = 0;
+        const int end_rc = ops->lane_end(b->be);
+        if (rc == SF_OK) rc = end_rc;
+    }
+    if (rc == SF_OK) rc = emit_held(st);
+    if (rc != SF_OK) {
+        sf_packet_free(in);
+        return rc;
+    }
+    b->held = in, b->held_lane = lane;
+    return SF_OK;
 }
 
 static int batchable(const block *b, const sf_packet *p)
@@ -412,7 +522,8 @@ static int run_pending(sf_stage *st)
 
 static int block_flush(sf_stage *st)
 {
-    int rc = run_pending(st);
+    int rc = emit_held(st);
+    if (rc == SF_OK) rc = run_pending(st);
     int late_rc = flush_late_commit(sf_stage_priv(st), 1);
     return rc == SF_OK ? late_rc : rc;
 }
@@ -420,6 +531,12 @@ static int block_flush(sf_stage *st)
 static int block_process(sf_stage *st, sf_packet *in)
 {
     block *b = sf_stage_priv(st);
+    if (lane_eligible(b, in)) return run_on_lane(st, in);
+    int held_rc = emit_held(st);
+    if (held_rc != SF_OK) {
+        sf_packet_free(in);
+        return held_rc;
+    }
     if (batchable(b, in)) {
         b->pending[b->n_pending++] = in;
         return b->n_pending == b->batch ? run_pending(st) : SF_OK;
@@ -476,14 +593,18 @@ static int run_one(sf_stage *st, sf_packet *in)
 static int block_save(sf_stage *st, sf_buffer *out)
 {
     block *b = sf_stage_priv(st);
-    int rc = run_pending(st);
+    int rc = emit_held(st);
+    if (rc == SF_OK) rc = run_pending(st);
     if (rc == SF_OK) rc = flush_late_commit(b, 1);
     return rc == SF_OK ? sf_block_state_save(b, out) : rc;
 }
 
 static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
 {
-    return sf_block_state_restore(sf_stage_priv(st), data, len);
+    block *b = sf_stage_priv(st);
+    /* a segment still on its lane reads and writes the states being replaced */
+    int rc = b->held ? b->be->ops->lane_join(b->be, b->held_lane) : SF_OK;
+    return rc == SF_OK ? sf_block_state_restore(b, data, len) : rc;
 }
 
 static void block_free(sf_stage *st)
@@ -491,6 +612,7 @@ static void block_free(sf_stage *st)
     block *b = sf_stage_priv(st);
     if (!b) return;
     for (int i = 0; i < b->n_pending; i++) sf_packet_free(b->pending[i]);
+    sf_packet_free(b->held);
     sf_block_state_free(b);
     sf_backend *be = b->be;
     for (int l = 0; b->weights && l < b->count; l++) {
@@ -498,7 +620,9 @@ static void block_free(sf_stage *st)
         for (size_t i = 0; i < sizeof(layer_weights) / sizeof(float *); i++) be->ops->free(be, w[i]);
     }
     free(b->weights);
-    void *scratch[] = {b->x, b->u, b->q /* and k, v */, b->a, b->ao, b->h1, b->h3, b->sk, b->sv};
+    void *scratch[] = {b->x,      b->u,      b->q /* and k, v */, b->a,      b->ao,      b->h1,      b->h3,
+                       b->sk,     b->sv,     b->idle.u,           b->idle.q, b->idle.a, b->idle.ao, b->idle.h1,
+                       b->idle.h3, b->idle.sk, b->idle.sv};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) be->ops->free(be, scratch[i]);
     free(b);
 }
@@ -514,4 +638,5 @@ const sf_stage_class sf_block_stage = {
     .restore = block_restore,
     .free = block_free,
     .device_rows = 1,
+    .idle = emit_held,
 };

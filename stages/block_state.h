@@ -71,6 +71,22 @@ typedef struct block {
     int batch;
     sf_packet *pending[SF_BLOCK_MAX_BATCH];
     int n_pending;
+    /* lanes 2: full or partial committed segments whose rows are on the device run on the
+     * backend's two lanes in turn, so that on the device one segment's first layers run beside
+     * the previous one's last (layer l of a segment waits for layer l of the one before, whose
+     * memory and global tokens it reads: lane_wait on mark first + l). Each lane has its own
+     * activations: those of the lane not in use wait in `idle` (swapped in with the lane), and
+     * commits run inline (defer_commit 0). A segment is emitted when the next one has been
+     * issued (`held`), or before anything else runs (drain_lanes in block.c). */
+    int lanes;
+    int next_lane, act_lane; /* the lane the next segment takes; the one whose activations are in use */
+    int on_lane;             /* layer_forward runs on a lane: inline commits, lane marks */
+    sf_packet *held;
+    int held_lane;
+    struct {
+        float *u, *a, *h1, *h3, *sk, *sv;
+        unsigned char *q, *ao;
+    } idle;
 } block;
 
 /* A backend buffer of n floats, filled from host when host is not NULL; NULL with *rc set on

@@ -20,7 +20,8 @@ typedef struct embed {
 } embed;
 
 /* The default covers `embed ! block ! norm` at the default queue depth: two links of 4 packets
- * plus one packet inside each of the three stages, and one spare. */
+ * plus one packet inside each of the three stages, and one spare (which a block on lanes,
+ * holding one packet more, takes: give it 13). */
 static const sf_option embed_options[] = {
     {"device_rows", SF_OPT_INT, "12",
      "GPU graphs: device buffers of rows in flight at once (a packet finding none free takes the host path)"},

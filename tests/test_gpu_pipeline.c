@@ -3,11 +3,14 @@
  * causal and not, memory none/linear/delta, global tokens, several layers with and without
  * MLP, head widths the bf16 attention kernel has (32, 64) and ones it has not (8, 12: they
  * run the f32 kernel), partial segments, a provisional flush, two interleaved streams, three
- * streams batched through one set of products (block batch=3) and one stage per layer. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
+ * streams batched through one set of products (block batch=3) and one stage per layer; and
+ * threaded runs of many segments with the block on two device lanes (block lanes=2) against
+ * lanes=0. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
  * Where the backend passes bf16 q/k/v (an H100, d = 64), bf16 runs a second time with float32
  * ones (SEQFLOW_CUDA_QKV=f32), the path of other GPUs.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +161,85 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
     for (int s = 0; s < sc->streams; s++) free(tokens[s]);
 }
 
+/* A threaded run (sf_graph_run: a source reading a token file ahead of the block, so the block
+ * finds the next segment waiting and runs consecutive segments on its two device lanes at once)
+ * of `pipeline` with block option `lanes`, on `device`; the rows as float32 [tokens, D] in *out.
+ * The chain ends in a sink writing raw float32 to a file. */
+static int run_threaded(const sf_model *m, const char *device, sf_precision precision, const char *blocks,
+                        const char *tokens_path, size_t tokens, float **out)
+{
+    const size_t D = (size_t)sf_model_get_config(m)->dim;
+    const char *raw = check_tmp_path("lanes.f32");
+    char pipeline[1024];
+    snprintf(pipeline, sizeof pipeline, "source path=%s format=text chunk=97 ! segment ! embed device_rows=13 ! %s ! norm ! sink out=%s",
+             tokens_path, blocks, raw);
+    sf_graph_options opts = {.device = device, .precision = precision};
+    sf_graph *g = NULL;
+    int rc = sf_graph_create(m, &opts, &g);
+    if (rc == SF_OK) rc = sf_graph_parse(g, pipeline);
+    if (rc == SF_OK) rc = sf_graph_run(g);
+    CHECKF(rc == SF_OK, "threaded %s on %s: %s", blocks, device, g ? sf_graph_error(g) : sf_last_error());
+    sf_graph_free(g);
+    *out = NULL;
+    if (rc != SF_OK) return rc;
+    *out = malloc(tokens * D * sizeof(float));
+    FILE *f = fopen(raw, "rb");
+    const size_t got = f ? fread(*out, sizeof(float), tokens * D, f) : 0;
+    if (f) fclose(f);
+    CHECKF(got == tokens * D, "threaded %s on %s: %zu values written, want %zu", blocks, device, got, tokens * D);
+    return got == tokens * D ? SF_OK : SF_E_IO;
+}
+
+/* The block stage on device lanes (block lanes=2, the default on a GPU) against lanes=0 and the
+ * CPU, in threaded runs of many segments (a partial last one included), where a segment's first
+ * layers run beside the previous one's last: each layer must wait for the previous segment's
+ * commit of that layer, or its memory and global tokens are stale and the rows differ. With
+ * several block stages (one per layer) the stages share the two lanes. */
+static void compare_lanes(const char *name, const sf_model *m, uint64_t seed)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t N = (size_t)c->segment, D = (size_t)c->dim, tokens = 12 * N + 7;
+    const char *path = check_tmp_path("lanes.txt");
+    FILE *f = fopen(path, "w");
+    check_rng r = {seed};
+    for (size_t i = 0; i < tokens; i++)
+        fprintf(f, "%llu%c", (unsigned long long)(check_rng_next(&r) % (uint64_t)c->vocab), i % 16 == 15 ? '\n' : ' ');
+    fclose(f);
+    float *cpu = NULL;
+    if (run_threaded(m, "cpu", SF_PRECISION_F32, "block", path, tokens, &cpu) != SF_OK) return;
+    static const struct {
+        sf_precision p;
+        const char *label;
+        double tol;
+    } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32}, {SF_PRECISION_BF16, "bf16", TOL_BF16}};
+    const char *split = c->layers == 2 ? "block layers=0 lanes=2 ! block layers=1 lanes=2" : NULL;
+    /* cuBLAS's own choice of algorithm for every product: the Lt plans are timed per graph and
+     * may differ between the runs, and with them the rounding */
+    setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1);
+    for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
+        float *off = NULL, *on = NULL, *on_split = NULL;
+        if (run_threaded(m, "cuda", modes[mi].p, "block lanes=0", path, tokens, &off) == SF_OK &&
+            run_threaded(m, "cuda", modes[mi].p, "block lanes=2", path, tokens, &on) == SF_OK) {
+            /* the same kernels on the same inputs in the same order on each row: the lanes change
+             * when work runs, not what it computes */
+            const double same = check_rel_err_f32(on, off, tokens * D);
+            const double cpu_err = check_rel_err_f32(on, cpu, tokens * D);
+            CHECKF(same <= 1e-6, "%s [%s] lanes=2 against lanes=0: relative error %.3g", name, modes[mi].label, same);
+            CHECKF(cpu_err <= modes[mi].tol, "%s [%s] lanes=2 against the CPU: relative error %.3g", name,
+                   modes[mi].label, cpu_err);
+            printf("  %-48s %-14s lanes=2 vs 0 %.2e, vs CPU %.2e\n", name, modes[mi].label, same, cpu_err);
+            if (split && run_threaded(m, "cuda", modes[mi].p, split, path, tokens, &on_split) == SF_OK) {
+                const double err = check_rel_err_f32(on_split, off, tokens * D);
+                CHECKF(err <= 1e-6, "%s [%s] one stage a layer on lanes against lanes=0: relative error %.3g", name,
+                       modes[mi].label, err);
+            }
+        }
+        free(off), free(on), free(on_split);
+    }
+    unsetenv("SEQFLOW_CUDA_GEMM");
+    free(cpu);
+}
+
 #ifdef SEQFLOW_HAVE_CUDA
 /* Device memory is fixed once a stream is running: 40 more segments add no byte. */
 static void check_memory_flat(const sf_model *m)
@@ -225,6 +307,7 @@ int main(void)
 #ifdef SEQFLOW_HAVE_CUDA
         if (i == 7) check_memory_flat(m);
 #endif
+        if (i == 2 || i == 7 || i == 9) compare_lanes(v->name, m, 300 + i);
         if (i == 2 || i == 7 || i == 9) {
             scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
             compare("  two interleaved streams", m, &two, 100 + i);

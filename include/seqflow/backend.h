@@ -165,7 +165,30 @@ typedef struct sf_backend_ops {
      * the GPU, launched behind the kernel ahead of them: a wait in between stops that). Those
      * ops must not touch what the side reads or writes. NULL (the CPU): callers use side_join. */
     int (*side_join_before_product)(sf_backend *be);
+    /* Lanes: further compute queues, each with its own scratch, so that independent work of
+     * one thread runs at once on the device (the block stage runs consecutive segments on
+     * alternate lanes, so that one's first layers fill the gaps of the other's last ones).
+     * lanes(be, want): makes up to `want` lanes (at most SF_BACKEND_LANES; a later call never
+     * removes any) and returns how many there are; 0 where there are none.
+     * lane_begin: this thread's ops go to `lane` from now on, after everything issued to the
+     * main queue so far (not after the other lanes). lane_end: back to the main queue, which
+     * does not wait for the lane. lane_join: ops issued to the main queue after it start after
+     * everything issued to `lane` before it.
+     * lane_signal(mark): marks the current lane's progress (mark < SF_BACKEND_LANE_MARKS);
+     * lane_wait(lane, mark): what the current lane issues next starts after `lane` reached
+     * `mark` as last signaled before this call (at once if never signaled).
+     * A lane's ops are device work only (no upload or download; copy and zero are fine); side
+     * queue calls are not made from a lane. NULL (the CPU): no lanes. */
+    int (*lanes)(sf_backend *be, int want);
+    int (*lane_begin)(sf_backend *be, int lane);
+    int (*lane_end)(sf_backend *be);
+    int (*lane_join)(sf_backend *be, int lane);
+    int (*lane_signal)(sf_backend *be, int mark);
+    int (*lane_wait)(sf_backend *be, int lane, int mark);
 } sf_backend_ops;
+
+#define SF_BACKEND_LANES 2
+#define SF_BACKEND_LANE_MARKS 64
 
 struct sf_backend {
     const sf_backend_ops *ops;

@@ -63,6 +63,11 @@ typedef struct sf_stage_class {
     /* Non-zero: process() also takes packets whose rows live on the graph's backend (packet.h,
      * dev). Other stages are handed host packets: the graph downloads the rows first. */
     int device_rows;
+    /* No input is waiting: emit what is held back only to overlap its work with the next
+     * packet's (the block stage on device lanes), so that a slow or interactive input never
+     * waits for the next one. Called in threaded runs before the stage blocks for input, and
+     * in push mode after each push has gone through the graph. May be NULL. */
+    int (*idle)(sf_stage *st);
 } sf_stage_class;
 
 /* Options, as given in the pipeline (or the class default). Values are validated against the

@@ -17,18 +17,30 @@ int sf_cublas_status(cublasStatus_t st, const char *what)
     return sf_error(SF_E_BACKEND, "cuBLAS: %s: %s", what, cublasGetStatusString(st));
 }
 
-/* The backend whose side queue this thread issues to (side_begin .. side_end), if any. */
-static thread_local sf_cuda *side_of_thread;
+/* The queue this thread issues to (side_begin .. side_end, lane_begin .. lane_end), if any, and
+ * the backend it belongs to. */
+static thread_local sf_cuda *queue_owner;
+static thread_local sf_cuda_queue *queue_of_thread;
 
-/* Exchanges the main and the side queue's stream, scratch and cuBLAS workspace (under the
- * lock). cublasSetStream drops the handle's workspace, so it is set again right after. */
-static int swap_queue(sf_cuda *c)
+void sf_cuda_set_thread_queue(sf_cuda *c, sf_cuda_queue *q)
 {
-    sf_cuda_queue main_q = {c->stream, c->scratch, c->scratch_bytes, c->blas_workspace, c->blas_workspace_bytes};
-    c->stream = c->side.stream, c->scratch = c->side.scratch, c->scratch_bytes = c->side.scratch_bytes;
-    c->blas_workspace = c->side.blas_workspace, c->blas_workspace_bytes = c->side.blas_workspace_bytes;
-    c->side = main_q;
-    c->on_side = !c->on_side;
+    queue_owner = q ? c : NULL;
+    queue_of_thread = q;
+}
+
+sf_cuda_queue *sf_cuda_thread_queue(const sf_cuda *c) { return queue_owner == c ? queue_of_thread : NULL; }
+
+/* Exchanges the main queue's stream, scratch, cuBLAS workspace and widened copies with q's
+ * (under the lock). cublasSetStream drops the handle's workspace, so it is set again right after. */
+static int swap_queue(sf_cuda *c, sf_cuda_queue *q)
+{
+    sf_cuda_queue main_q = {c->stream, c->scratch, c->scratch_bytes, c->blas_workspace, c->blas_workspace_bytes,
+                            c->widened, c->widened_bytes};
+    c->stream = q->stream, c->scratch = q->scratch, c->scratch_bytes = q->scratch_bytes;
+    c->blas_workspace = q->blas_workspace, c->blas_workspace_bytes = q->blas_workspace_bytes;
+    c->widened = q->widened, c->widened_bytes = q->widened_bytes;
+    *q = main_q;
+    c->swapped = c->swapped ? NULL : q;
     int rc = sf_cublas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream");
     if (rc == SF_OK)
         rc = sf_cublas_status(cublasSetWorkspace(c->blas, c->blas_workspace, c->blas_workspace_bytes),
@@ -41,9 +53,9 @@ int sf_cuda_enter(sf_cuda *c)
     pthread_mutex_lock(&c->lock);
     /* the current device is per host thread, and stage threads come and go */
     int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
-    if (rc == SF_OK && side_of_thread == c) rc = swap_queue(c);
+    if (rc == SF_OK && queue_owner == c) rc = swap_queue(c, queue_of_thread);
     if (rc != SF_OK) {
-        if (c->on_side) swap_queue(c);
+        if (c->swapped) swap_queue(c, c->swapped);
         pthread_mutex_unlock(&c->lock);
     }
     return rc;
@@ -51,7 +63,7 @@ int sf_cuda_enter(sf_cuda *c)
 
 void sf_cuda_leave(sf_cuda *c)
 {
-    if (c->on_side) swap_queue(c);
+    if (c->swapped) swap_queue(c, c->swapped);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -93,6 +105,24 @@ static int grow_scratch(sf_cuda *c, void **scratch, size_t *have, size_t bytes)
 
 int sf_cuda_scratch(sf_cuda *c, size_t bytes) { return grow_scratch(c, &c->scratch, &c->scratch_bytes, bytes); }
 int sf_cuda_widened(sf_cuda *c, size_t bytes) { return grow_scratch(c, &c->widened, &c->widened_bytes, bytes); }
+
+int sf_cuda_queue_create(sf_cuda *c, sf_cuda_queue *q, size_t scratch_bytes, size_t blas_workspace_bytes)
+{
+    int rc = sf_cuda_status(cudaStreamCreateWithFlags(&q->stream, cudaStreamNonBlocking), "stream");
+    if (rc == SF_OK) rc = grow_scratch(c, &q->scratch, &q->scratch_bytes, scratch_bytes);
+    if (rc == SF_OK) rc = grow_scratch(c, &q->blas_workspace, &q->blas_workspace_bytes, blas_workspace_bytes);
+    return rc;
+}
+
+void sf_cuda_queue_release(sf_cuda *c, sf_cuda_queue *q)
+{
+    if (q->stream) cudaStreamSynchronize(q->stream);
+    sf_cuda_free_counted(c, q->scratch, q->scratch_bytes);
+    sf_cuda_free_counted(c, q->blas_workspace, q->blas_workspace_bytes);
+    sf_cuda_free_counted(c, q->widened, q->widened_bytes);
+    if (q->stream) cudaStreamDestroy(q->stream);
+    memset(q, 0, sizeof *q);
+}
 
 static void *cuda_alloc(sf_backend *be, size_t bytes)
 {
@@ -267,12 +297,16 @@ static int cuda_sync(sf_backend *be)
     /* the handles are read under the lock (a side thread's op swaps them inside it); the
      * waits happen outside it, so other stage threads keep issuing work meanwhile */
     pthread_mutex_lock(&c->lock);
-    cudaStream_t main_stream = c->stream, side_stream = c->side.stream;
+    cudaStream_t main_stream = c->stream, side_stream = c->side.stream, lanes[SF_BACKEND_LANES];
+    const int n_lanes = c->n_lanes;
+    for (int i = 0; i < n_lanes; i++) lanes[i] = c->lane[i].stream;
     c->join_at_product = 0; /* everything issued so far is waited for below */
     pthread_mutex_unlock(&c->lock);
     int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(main_stream), "synchronize");
     if (rc == SF_OK && side_stream) rc = sf_cuda_status(cudaStreamSynchronize(side_stream), "synchronize (side)");
+    for (int i = 0; i < n_lanes && rc == SF_OK; i++)
+        rc = sf_cuda_status(cudaStreamSynchronize(lanes[i]), "synchronize (lane)");
     return rc;
 }
 
@@ -282,23 +316,23 @@ static int cuda_sync(sf_backend *be)
 static int cuda_side_begin(sf_backend *be)
 {
     sf_cuda *c = sf_cuda_of(be);
-    if (!c->side.stream || side_of_thread == c) return SF_OK;
-    if (side_of_thread) return sf_error(SF_E_INVAL, "side_begin: this thread is on another backend's side queue");
+    if (!c->side.stream || sf_cuda_thread_queue(c) == &c->side) return SF_OK;
+    if (queue_owner) return sf_error(SF_E_INVAL, "side_begin: this thread is on a lane or another backend's side queue");
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     rc = sf_cuda_status(cudaEventRecord(c->side_start, c->stream), "side_begin (record)");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->side.stream, c->side_start, 0), "side_begin (wait)");
     sf_cuda_leave(c);
-    if (rc == SF_OK) side_of_thread = c;
+    if (rc == SF_OK) sf_cuda_set_thread_queue(c, &c->side);
     return rc;
 }
 
 static int cuda_side_end(sf_backend *be)
 {
     sf_cuda *c = sf_cuda_of(be);
-    if (side_of_thread != c) return SF_OK;
+    if (sf_cuda_thread_queue(c) != &c->side) return SF_OK;
     int rc = sf_cuda_enter(c); /* on the side: c->stream is the side stream here */
-    side_of_thread = NULL;
+    sf_cuda_set_thread_queue(c, NULL);
     if (rc != SF_OK) return rc;
     rc = sf_cuda_status(cudaEventRecord(c->side_done, c->stream), "side_end (record)");
     sf_cuda_leave(c);
@@ -333,7 +367,7 @@ static int cuda_side_join_before_product(sf_backend *be)
 
 int sf_cuda_join_at_product(sf_cuda *c)
 {
-    if (!c->join_at_product || c->on_side) return SF_OK;
+    if (!c->join_at_product || c->swapped) return SF_OK;
     c->join_at_product = 0;
     return sf_cuda_status(cudaStreamWaitEvent(c->stream, c->side_done, 0), "side_join (before a product)");
 }
@@ -422,6 +456,9 @@ static int cuda_reserve(sf_backend *be, int rows, int width, int heads, int head
     rc = sf_cuda_scratch(c, bytes);
     /* the side queue runs the memory updates (and the summaries, which need no scratch) */
     if (rc == SF_OK && c->side.stream) rc = grow_scratch(c, &c->side.scratch, &c->side.scratch_bytes, update);
+    /* a lane runs what the main queue runs */
+    for (int i = 0; i < c->n_lanes && rc == SF_OK; i++)
+        rc = grow_scratch(c, &c->lane[i].scratch, &c->lane[i].scratch_bytes, bytes);
     /* a block stage moves [segment, D] activations in and out (width >= D covers them); with
      * device rows and page-locked packets no activation goes through staging at all, so it is
      * capped: a larger copy is a plain one, slower but never wrong */
@@ -438,13 +475,11 @@ static void release(sf_cuda *c)
     for (int i = 0; i < c->n_weights; i++)
         if (c->weights[i].owned) cudaFree(c->weights[i].bf16);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].ptr);
-    if (c->side.stream) cudaStreamSynchronize(c->side.stream);
+    sf_cuda_lanes_release(c);
+    sf_cuda_queue_release(c, &c->side);
     cudaFree(c->scratch);
     cudaFree(c->widened);
     cudaFree(c->blas_workspace);
-    cudaFree(c->side.scratch);
-    cudaFree(c->side.blas_workspace);
-    if (c->side.stream) cudaStreamDestroy(c->side.stream);
     if (c->side_start) cudaEventDestroy(c->side_start);
     if (c->side_done) cudaEventDestroy(c->side_done);
     if (c->blas) cublasDestroy(c->blas);
@@ -551,6 +586,12 @@ static const sf_backend_ops cuda_ops = {
     /* .matmul_typed */ sf_cuda_matmul_typed,
     /* .attention_mix */ cuda_attention_mix,
     /* .side_join_before_product */ cuda_side_join_before_product,
+    /* .lanes */ sf_cuda_lanes,
+    /* .lane_begin */ sf_cuda_lane_begin,
+    /* .lane_end */ sf_cuda_lane_end,
+    /* .lane_join */ sf_cuda_lane_join,
+    /* .lane_signal */ sf_cuda_lane_signal,
+    /* .lane_wait */ sf_cuda_lane_wait,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */
@@ -582,11 +623,9 @@ static int create_side_queue(sf_cuda *c)
 {
     const char *mode = getenv("SEQFLOW_CUDA_SIDE_QUEUE");
     if ((mode && strcmp(mode, "0") == 0) || sf_cuda_profile_wanted()) return SF_OK;
-    int rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->side.stream, cudaStreamNonBlocking), "stream");
+    int rc = sf_cuda_queue_create(c, &c->side, 0, SIDE_BLAS_WORKSPACE_BYTES);
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&c->side_start, cudaEventDisableTiming), "event");
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming), "event");
-    if (rc == SF_OK) rc = sf_cuda_malloc_counted(c, &c->side.blas_workspace, SIDE_BLAS_WORKSPACE_BYTES);
-    if (rc == SF_OK) c->side.blas_workspace_bytes = SIDE_BLAS_WORKSPACE_BYTES;
     /* until the first side_end, joining must not wait on a never-recorded event: record it now */
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(c->side_done, c->side.stream), "event");
     return rc;

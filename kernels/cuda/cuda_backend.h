@@ -103,13 +103,16 @@ typedef struct sf_cuda_gemm_plan {
 
 #define SF_CUDA_GEMM_PLANS 32 /* shapes planned; later ones take cublasGemmEx untimed */
 
-/* What an op issues to: the stream, the scratch and the cuBLAS workspace it may use. */
+/* What an op issues to: the stream, the scratch, the cuBLAS workspace and the float32 copies
+ * (widened) it may use. */
 typedef struct sf_cuda_queue {
     cudaStream_t stream;
     void *scratch;
     size_t scratch_bytes;
     void *blas_workspace;
     size_t blas_workspace_bytes;
+    void *widened;
+    size_t widened_bytes;
 } sf_cuda_queue;
 
 typedef struct sf_cuda {
@@ -137,14 +140,19 @@ typedef struct sf_cuda {
     sf_cuda_profile *profile; /* SEQFLOW_CUDA_PROFILE=1 only */
     sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* gemm_plan.cu, under the lock */
     int n_gemm_plans;
-    /* The side queue (ops side_begin/end/join). While a thread is on it, sf_cuda_enter swaps
-     * `side` with the fields above (stream, scratch, cuBLAS stream and workspace), so every op
-     * issues to it unchanged and never shares scratch with the main queue; leave swaps back.
+    /* The side queue (ops side_begin/end/join) and the lanes (ops lanes, lane_*: lanes.cu).
+     * While a thread is on one of them, sf_cuda_enter swaps that queue with the fields above
+     * (stream, scratch, cuBLAS stream and workspace, widened), so every op issues to it
+     * unchanged and never shares scratch with the main queue; leave swaps back.
      * side.stream is NULL when disabled (SEQFLOW_CUDA_SIDE_QUEUE=0, or profiling). */
     sf_cuda_queue side;
-    int on_side; /* the swap is in effect (inside enter/leave of a side thread) */
+    sf_cuda_queue *swapped; /* the queue whose fields are swapped in now (inside enter/leave) */
     int join_at_product; /* side_join_before_product: the next main-queue product waits first */
     cudaEvent_t side_start, side_done;
+    sf_cuda_queue lane[SF_BACKEND_LANES];
+    int n_lanes;
+    cudaEvent_t lane_start[SF_BACKEND_LANES], lane_done[SF_BACKEND_LANES];
+    cudaEvent_t lane_mark[SF_BACKEND_LANES][SF_BACKEND_LANE_MARKS];
 } sf_cuda;
 
 static inline sf_cuda *sf_cuda_of(sf_backend *be) { return (sf_cuda *)be->impl; }
@@ -166,6 +174,22 @@ int sf_cuda_join_at_product(sf_cuda *c);
 /* Takes the backend's lock and makes its device current on this thread; unlock releases. */
 int sf_cuda_enter(sf_cuda *c);
 void sf_cuda_leave(sf_cuda *c);
+/* The queue of c that this thread's ops go to (NULL: the main queue), set outside enter/leave;
+ * the queue this thread is on now, if it belongs to c. */
+void sf_cuda_set_thread_queue(sf_cuda *c, sf_cuda_queue *q);
+sf_cuda_queue *sf_cuda_thread_queue(const sf_cuda *c);
+/* A queue's own stream, scratch of scratch_bytes and cuBLAS workspace (under the lock), and
+ * their release (nothing issued to it may still run). */
+int sf_cuda_queue_create(sf_cuda *c, sf_cuda_queue *q, size_t scratch_bytes, size_t blas_workspace_bytes);
+void sf_cuda_queue_release(sf_cuda *c, sf_cuda_queue *q);
+/* lanes.cu: the lane ops, and their teardown (syncs the lanes first). */
+int sf_cuda_lanes(sf_backend *be, int want);
+int sf_cuda_lane_begin(sf_backend *be, int lane);
+int sf_cuda_lane_end(sf_backend *be);
+int sf_cuda_lane_join(sf_backend *be, int lane);
+int sf_cuda_lane_signal(sf_backend *be, int mark);
+int sf_cuda_lane_wait(sf_backend *be, int lane, int mark);
+void sf_cuda_lanes_release(sf_cuda *c);
 /* Grows the counted scratch to at least `bytes` (under the lock). */
 int sf_cuda_scratch(sf_cuda *c, size_t bytes);
 /* Counted device allocation / release for the backend's own buffers (under the lock). */
