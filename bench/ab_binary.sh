@@ -7,7 +7,9 @@
 # out of the difference), AB_PAIRS (5) pairs, each the default then VAR=VALUE, alternating so
 # that drift falls on both alike. Push mode (ab_pipeline.sh) runs every stage on one thread,
 # whose host work can hide a device-side change; this times what the benchmark table reports.
-# Model: a bench_gpu_pipeline preset (default reference). Logs under $OUT (or /tmp/ab_out).
+# Model: a bench_gpu_pipeline preset (default reference). AB_PIPELINE: a pipeline for both sides
+# (e.g. "segment ! embed device_rows=13 ! block ! norm"; default the binary's own). VAR=VALUE may
+# be several settings in one quoted word ("A=1 B=2"). Logs under $OUT (or /tmp/ab_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: $0 BUILD_DIR VAR=VALUE [MODEL]" >&2; exit 2; }
@@ -26,7 +28,7 @@ seconds() { # env-setting segments
   local t0 t1
   t0=$(date +%s.%N)
   env $1 $B/seqflow run -d cuda -m "$D/$MODEL.st" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
-    >>"$out/ab_binary_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
+    ${AB_PIPELINE:+"$AB_PIPELINE"} >>"$out/ab_binary_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
   t1=$(date +%s.%N)
   python3 -c "print($t1 - $t0)"
 }

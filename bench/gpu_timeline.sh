@@ -4,7 +4,7 @@
 # sf_kernel_trace built): bench/kernel_trace.c (CUPTI) records every kernel of a run of
 # TIMELINE_SEGMENTS (200) segments, and bench/timeline_summary.py reports the device's idle
 # gaps, what ran beside what, and the kernels' times a segment. Extra arguments are VAR=VALUE
-# settings for the run.
+# settings for the run; TIMELINE_PIPELINE a pipeline instead of the binary's own.
 #
 #   bash bench/gpu_timeline.sh BUILD_DIR [VAR=VALUE ...]
 #
@@ -24,6 +24,6 @@ mkdir -p "$D"
 tag=$(echo "default $*" | tr ' =' '_-' | tr -cd 'A-Za-z0-9_.-')
 env "${@:-SEQFLOW_UNUSED=1}" SEQFLOW_TRACE_OUT="/tmp/trace_$tag.csv" CUDA_INJECTION64_PATH="$lib" \
   $B/seqflow run -d cuda -m "$D/reference.st" -i "$D/long$SEGS.u32" -f u32 --sink-format null -q --no-progress \
-  >"$out/run_$tag.txt" 2>&1 || { tail -5 "$out/run_$tag.txt"; exit 1; }
+  ${TIMELINE_PIPELINE:+"$TIMELINE_PIPELINE"} >"$out/run_$tag.txt" 2>&1 || { tail -5 "$out/run_$tag.txt"; exit 1; }
 python3 bench/timeline_summary.py "/tmp/trace_$tag.csv" >"$out/timeline_$tag.txt"
 cat "$out/timeline_$tag.txt"
