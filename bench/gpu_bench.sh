@@ -4,7 +4,9 @@
 #   source scripts/gpu-env.sh && bash bench/gpu_bench.sh
 #
 # 1. builds seqflow (Release, CUDA arch 90) into build-gpu;
-# 2. measures the cuBLAS bf16 GEMM rate (bench_gemm, 8192^3, median);
+# 2. measures the cuBLAS bf16 GEMM rate (bench_gemm, 8192^3, median), and the attention kernel
+#    against dense flash attention on 2048-token windows (bench_cuda_attention,
+#    bench/peers/dense_flash.py: the attention target's yardstick);
 # 3. checks the PyTorch peer (bench/peers/seqflow_torch.py) and seqflow on the GPU against the
 #    seqflow CPU pipeline on small models (float32 and bf16; causal and not; a partial segment);
 # 4. makes the reference model (D=1024 H=16 d=64 N=8192, branches 2048:1,4096:2,8192:4, causal,
@@ -56,7 +58,7 @@ t0=$(date +%s)
 HAVE_CUDA=0
 if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSEQFLOW_BUILD_TESTS=OFF \
       -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 &&
-   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm >"$OUT/build.log" 2>&1; then
+   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_cuda_attention >"$OUT/build.log" 2>&1; then
   HAVE_CUDA=1
   BIN=$BUILD
 else
@@ -85,6 +87,18 @@ if [ -x "$BUILD/bench/bench_gemm" ]; then
   GEMM=$(value gemm_tflops "$LOGS/gemm.txt")
   note "GEMM: $(head -1 "$LOGS/gemm.txt")"
 fi
+
+echo "== the attention kernel against dense flash attention (the attention target's yardstick)"
+# seqflow's kernel on the reference branches (with and without the 256 global tokens) and on
+# dense causal 2048-token windows, and PyTorch's SDPA backends on the same dense windows
+if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_cuda_attention" ]; then
+  ATT_TIME_ONLY=1 "$BUILD/bench/bench_cuda_attention" 50 >"$LOGS/attention_kernel.txt" 2>&1
+  grep 'read in place' "$LOGS/attention_kernel.txt" | awk '{printf "attention kernel (default variant, bf16 q/k/v in place): %s %s %s: %s TFLOP/s\n", $1, $2, $3, $(NF-6)}' |
+    tee -a "$SUMMARY"
+fi
+python3 bench/peers/dense_flash.py --json "$LOGS/dense_flash.json" | tee "$LOGS/dense_flash.txt"
+python3 -c "import json; r=json.load(open('$LOGS/dense_flash.json'))['results']; print('dense flash attention (PyTorch SDPA, 4 x 2048 causal windows, 16 heads, d=64): ' + ', '.join('%s %.1f TFLOP/s' % (x['backend'], x['tflops']) for x in r))" 2>/dev/null |
+  tee -a "$SUMMARY"
 
 echo "== small models: the peer and seqflow on the GPU against the seqflow CPU pipeline"
 for variant in "causal delta" "noncausal linear"; do
@@ -183,6 +197,7 @@ echo "== table"
       "${pt:-n/a}" "${spd:-n/a}" "${btps:-n/a}" "${bpct:-n/a}" "${pk:-n/a}" "${ptm:-n/a}"
   done
   [ -f "$LOGS/memory.txt" ] && grep '^memory run' "$LOGS/memory.txt"
+  grep -h '^attention kernel\|^dense flash' "$SUMMARY"
   echo "checks:"
   grep -h '^compare' "$SUMMARY" | sed "s|$DATA/||g"
 } | tee "$OUT/table.md"

@@ -98,8 +98,8 @@ static int defer_commit_wanted(const block *b)
 /* Lanes (block.lanes) where asked for (the option lanes=, or SEQFLOW_BLOCK_LANES, which wins)
  * and possible: the backend has them, segments stay on the device, one segment at a time
  * (no batch, no state store), and every layer has a lane mark. Off by default: on the
- * reference model they measured +1.3% (mean of 19 pairs, standard error 0.9%), within the runs'
- * spread, for 0.7 GiB more device memory (bench/RESULTS.md, run 14). */
+ * reference model they measured nothing (29 pairs: median ratio 1.003, mean 1.009) for 0.7 GiB
+ * more device memory (bench/RESULTS.md, run 14). */
 static int lanes_wanted(sf_stage *st, const block *b)
 {
     const char *env = getenv("SEQFLOW_BLOCK_LANES");
