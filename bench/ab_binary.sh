@@ -9,7 +9,9 @@
 # whose host work can hide a device-side change; this times what the benchmark table reports.
 # Model: a bench_gpu_pipeline preset (default reference). AB_PIPELINE: a pipeline for both sides
 # (e.g. "segment ! embed device_rows=13 ! block ! norm"; default the binary's own). VAR=VALUE may
-# be several settings in one quoted word ("A=1 B=2"). Logs under $OUT (or /tmp/ab_out).
+# be several settings in one quoted word ("A=1 B=2"). AB_MODEL_ARGS: more --make-model options
+# (e.g. "--segment 1024 --branches 256:1,512:2,1024:4"); AB_LONG: the long run's segments of
+# 8192 tokens. Logs under $OUT (or /tmp/ab_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: $0 BUILD_DIR VAR=VALUE [MODEL]" >&2; exit 2; }
@@ -20,14 +22,15 @@ N=8192
 LONG=${AB_LONG:-1344}
 [ "$MODEL" = attention ] && LONG=${AB_LONG:-5376}
 mkdir -p "$out" "$D"
-[ -f "$D/$MODEL.st" ] || $B/bench/bench_gpu_pipeline --make-model "$D/$MODEL.st" --preset $MODEL --seed 1 >/dev/null
+MODEL_FILE=$D/$MODEL$(echo "${AB_MODEL_ARGS:-}" | tr -cd 'A-Za-z0-9').st
+[ -f "$MODEL_FILE" ] || $B/bench/bench_gpu_pipeline --make-model "$MODEL_FILE" --preset $MODEL --seed 1 ${AB_MODEL_ARGS:-} >/dev/null
 for segs in 64 $LONG; do
   [ -f "$D/long$segs.u32" ] || $B/bench/bench_gpu_pipeline --make-tokens "$D/long$segs.u32" --count $((segs * N)) --seed 4 >/dev/null
 done
 seconds() { # env-setting segments
   local t0 t1
   t0=$(date +%s.%N)
-  env $1 $B/seqflow run -d cuda -m "$D/$MODEL.st" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
+  env $1 $B/seqflow run -d cuda -m "$MODEL_FILE" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
     ${AB_PIPELINE:+"$AB_PIPELINE"} >>"$out/ab_binary_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
   t1=$(date +%s.%N)
   python3 -c "print($t1 - $t0)"

@@ -23,7 +23,7 @@ static const sf_option block_options[] = {
     {"state_group", SF_OPT_INT, "64", "values sharing one scale for int8/int4/fp8 state (even for int4)"},
     {"state_codec", SF_OPT_STRING, "zstd", "codec of idle state: zstd, lz4 or raw"},
     {"batch", SF_OPT_INT, "1", "full segments of up to this many streams computed together (1-16): one product launch for all of them, batch times the activation memory"},
-    {"lanes", SF_OPT_INT, "0", "GPU: 2 runs consecutive segments on two device lanes, one's first layers beside the previous one's last (0: off); costs a second set of activations and one more device_rows buffer; a segment leaves when the next is issued or no input waits"},
+    {"lanes", SF_OPT_INT, "0", "GPU: 2 runs consecutive segments on two device lanes, one's first layers beside the previous one's last (0: off; pays for mid-sized segments); costs a second set of activations and one more device_rows buffer; a segment leaves when the next is issued or no input waits"},
     {NULL, 0, NULL, NULL}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -97,9 +97,10 @@ static int defer_commit_wanted(const block *b)
 
 /* Lanes (block.lanes) where asked for (the option lanes=, or SEQFLOW_BLOCK_LANES, which wins)
  * and possible: the backend has them, segments stay on the device, one segment at a time
- * (no batch, no state store), and every layer has a lane mark. Off by default: on the
- * reference model they measured nothing (29 pairs: median ratio 1.003, mean 1.009) for 0.7 GiB
- * more device memory (bench/RESULTS.md, run 14). */
+ * (no batch, no state store), and every layer has a lane mark. Off by default: they paid
+ * +8.6% on the reference layers with 1024-token segments but nothing on the reference model's
+ * 8192 (29 pairs: median ratio 1.003) and -12% on a host-bound tiny model, for a second set of
+ * activations (bench/RESULTS.md, run 14). */
 static int lanes_wanted(sf_stage *st, const block *b)
 {
     const char *env = getenv("SEQFLOW_BLOCK_LANES");
