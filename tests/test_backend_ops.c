@@ -216,8 +216,11 @@ static void test_matmul(const target *t)
  * leaves NULL. */
 static void test_fused_products(const target *t)
 {
-    static const int shapes[][3] = {/* n, dim, hidden */ {1, 8, 16},     {37, 24, 40}, {128, 64, 256},
-                                    {200, 96, 384}, {50, 32, 72}, {5, 16, 20}};
+    /* the last two fit the H100's fused SwiGLU + W2 kernel (dim % 256, hidden % 128; rows not a
+     * multiple of its 128) */
+    static const int shapes[][3] = {/* n, dim, hidden */ {1, 8, 16},     {37, 24, 40},     {128, 64, 256},
+                                    {200, 96, 384}, {50, 32, 72},     {5, 16, 20},
+                                    {300, 256, 384}, {129, 512, 128}};
     char what[96];
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int n = shapes[s][0], dim = shapes[s][1], hidden = shapes[s][2];
@@ -298,6 +301,18 @@ static void test_fused_products(const target *t)
                    hidden, err);
             printf("  %-5s ffn n=%3d dim=%3d hidden=%3d %s MLP output rel err %.2e\n", t->label, n, dim, hidden,
                    grouped ? "W1|W3 grouped " : "W1, W3 apart  ", err);
+            /* the fused SwiGLU + W2 variant (SEQFLOW_CUDA_SWIGLU_W2=1; the shapes it takes, on an
+             * H100, else the same path again) on fresh rows, against the same CPU result */
+            if (dim % 256 == 0 && hidden % 128 == 0) {
+                pair x2 = both(t, hx, nx * 4);
+                setenv("SEQFLOW_CUDA_SWIGLU_W2", "1", 1);
+                CHECK_OK(t->be->ops->ffn(t->be, n, dim, hidden, x2.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g,
+                                         y[0].g, y[1].g));
+                unsetenv("SEQFLOW_CUDA_SWIGLU_W2");
+                snprintf(what, sizeof what, "ffn (SwiGLU in W2) n=%d dim=%d hidden=%d", n, dim, hidden);
+                compare(what, t, x2.g, x.c, nx, t->tol_products);
+                both_free(t, x2);
+            }
             free(gx), free(cx);
             both_free(t, u);
         }

@@ -211,6 +211,12 @@ int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight,
                             cudaStream_t stream);
 /* g[i, j] = silu(h[i, j]) * h[i, f + j] for h [n, 2f] and g [n, f], bf16, float32 arithmetic. */
 int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g, cudaStream_t stream);
+/* swiglu_w2.cu (sm_90a): x[n, dim] += (silu(h[:, :hidden]) * h[:, hidden:]) w2^T with h [n, 2 hidden]
+ * and w2 [dim, hidden] bf16, SwiGLU applied as the product's operand is loaded. usable: an H100
+ * class device (compute capability 9.0 with the sm_90a image), dim % 256 == 0, hidden % 128 == 0. */
+int sf_cuda_swiglu_w2_usable(int dim, int hidden);
+int sf_cuda_swiglu_w2(int n, int dim, int hidden, const __nv_bfloat16 *h, const __nv_bfloat16 *w2, float *x,
+                      cudaStream_t stream);
 
 /* A bf16 product on cuBLAS (gemm_plan.cu): y (float32 or bf16, rows ldy apart) = x w^T + beta y
  * for `batch` weights stride_w elements apart with one shared x, outputs stride_y elements

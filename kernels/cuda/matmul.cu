@@ -296,8 +296,17 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
         if (rc == SF_OK)
             rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
     }
-    if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
-    if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+    /* SEQFLOW_CUDA_SWIGLU_W2=1, on an H100: the W2 product applies SwiGLU as it loads h1
+     * (swiglu_w2.cu), no [n, hidden] pass written and read back. A tried variant, not the
+     * default: it ran 2.9x slower than the SwiGLU pass and cuBLAS together (bench/RESULTS.md,
+     * run 14, call 9) */
+    const char *fused_env = getenv("SEQFLOW_CUDA_SWIGLU_W2");
+    const int fused = fused_env && strcmp(fused_env, "1") == 0 && sf_cuda_swiglu_w2_usable(dim, hidden);
+    if (rc == SF_OK && fused) rc = sf_cuda_join_at_product(c);
+    if (rc == SF_OK && fused) rc = sf_cuda_swiglu_w2(n, dim, hidden, g1, b2->bf16, x, c->stream);
+    if (rc == SF_OK && !fused) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
+    if (rc == SF_OK && !fused)
+        rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
     sf_cuda_leave(c);
     return rc;
 }
