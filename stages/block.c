@@ -114,48 +114,39 @@ static int lanes_wanted(sf_stage *st, const block *b)
     return have < 0 ? have : have >= 2 ? 2 : 0;
 }
 
-/* The activations of one segment (but its rows x): b's u, q|k|v, a, ao, h1, h3, sk, sv. */
-static int alloc_activations(block *b, size_t N)
+/* One segment's activations (its rows x aside) into *act. */
+static int alloc_activations(block *b, size_t N, block_activations *act)
 {
     const sf_model_config *c = b->cfg;
     const sf_backend_ops *ops = b->be->ops;
     size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden;
     int rc = SF_OK;
-    b->u = sf_block_upload(b, NULL, N * D, &rc);
+    act->u = sf_block_upload(b, NULL, N * D, &rc);
     /* q, k, v: three equal parts of one buffer (see prepare_backend); the composed path
      * (no fused qkv) writes them with float32 products */
     const size_t qkv_floats =
         ((b->defer_commit ? 2 : 1) * b->qkv_set_bytes + sizeof(float) - 1) / sizeof(float);
-    b->q = (unsigned char *)sf_block_upload(b, NULL, qkv_floats, &rc);
-    if (b->q) b->k = b->q + N * W * b->qkv_size, b->v = b->k + N * W * b->qkv_size;
-    b->a = sf_block_upload(b, NULL, N * W, &rc);
+    act->q = (unsigned char *)sf_block_upload(b, NULL, qkv_floats, &rc);
+    if (act->q) act->k = act->q + N * W * b->qkv_size, act->v = act->k + N * W * b->qkv_size;
+    act->a = sf_block_upload(b, NULL, N * W, &rc);
     if (b->qkv_type == SF_DTYPE_BF16 && c->memory != SF_MEMORY_NONE && ops->memory_mix_to && ops->matmul_typed)
-        b->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
+        act->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
     if (F) {
-        b->h1 = sf_block_upload(b, NULL, N * F, &rc);
-        b->h3 = sf_block_upload(b, NULL, N * F, &rc);
+        act->h1 = sf_block_upload(b, NULL, N * F, &rc);
+        act->h3 = sf_block_upload(b, NULL, N * F, &rc);
     }
     if (c->summary_tokens) {
-        b->sk = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
-        b->sv = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
+        act->sk = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
+        act->sv = sf_block_upload(b, NULL, (size_t)c->summary_tokens * W, &rc);
     }
     return rc;
 }
 
-/* Exchanges the activations in use with the other lane's (block.idle). */
-static void swap_activations(block *b)
+static void free_activations(block *b, const block_activations *act)
 {
-    float *f[6] = {b->u, b->a, b->h1, b->h3, b->sk, b->sv};
-    unsigned char *q = b->q, *ao = b->ao;
-    b->u = b->idle.u, b->a = b->idle.a, b->h1 = b->idle.h1, b->h3 = b->idle.h3, b->sk = b->idle.sk, b->sv = b->idle.sv;
-    b->q = b->idle.q, b->ao = b->idle.ao;
-    b->idle.u = f[0], b->idle.a = f[1], b->idle.h1 = f[2], b->idle.h3 = f[3], b->idle.sk = f[4], b->idle.sv = f[5];
-    b->idle.q = q, b->idle.ao = ao;
-    const size_t part = (size_t)b->cfg->segment * b->batch * b->width * b->qkv_size;
-    b->k = b->q ? b->q + part : NULL, b->v = b->q ? b->k + part : NULL;
-    b->act_lane = 1 - b->act_lane;
+    void *buffers[] = {act->u, act->q /* and k, v */, act->a, act->ao, act->h1, act->h3, act->sk, act->sv};
+    for (size_t i = 0; i < sizeof buffers / sizeof *buffers; i++) b->be->ops->free(b->be, buffers[i]);
 }
-
 static int block_init(sf_stage *st)
 {
     const sf_model *m = sf_stage_model(st);
@@ -208,11 +199,10 @@ static int block_init(sf_stage *st)
     if (rc == SF_OK) rc = lanes_wanted(st, b);
     if (rc < 0) return rc;
     b->lanes = rc, rc = SF_OK;
-    /* on a lane commits run inline, so one q/k/v set does; the other lane's activations are
-     * allocated first and moved aside */
+    /* on a lane commits run inline, so one q/k/v set does; each lane has its own activations */
     if (b->lanes) b->defer_commit = 0;
-    if (b->lanes && (rc = alloc_activations(b, N)) == SF_OK) swap_activations(b), b->act_lane = 0;
-    if (rc == SF_OK) rc = alloc_activations(b, N);
+    if (b->lanes) rc = alloc_activations(b, N, &b->idle);
+    if (rc == SF_OK) rc = alloc_activations(b, N, &b->act);
     return rc == SF_OK ? prepare_backend(b) : rc;
 }
 
@@ -222,7 +212,7 @@ static int push_global_tokens(block *b, stream_state *s, int l, int n, const voi
     const sf_model_config *c = b->cfg;
     const sf_backend_ops *ops = b->be->ops;
     int produced = 0;
-    int rc = ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, b->qkv_type, k, v, b->sk, b->sv,
+    int rc = ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, b->qkv_type, k, v, b->act.sk, b->act.sv,
                           &produced);
     size_t row = (size_t)b->width * sizeof(float);
     float *gk = s->gk + (size_t)l * c->global_tokens * b->width;
@@ -233,8 +223,8 @@ static int push_global_tokens(block *b, stream_state *s, int l, int n, const voi
     for (int j = 0; j < produced && rc == SF_OK;) {
         int slot = (first + j) % c->global_tokens;
         int run = produced - j < c->global_tokens - slot ? produced - j : c->global_tokens - slot;
-        rc = ops->copy(b->be, gk + (size_t)slot * b->width, b->sk + (size_t)j * b->width, run * row);
-        if (rc == SF_OK) rc = ops->copy(b->be, gv + (size_t)slot * b->width, b->sv + (size_t)j * b->width, run * row);
+        rc = ops->copy(b->be, gk + (size_t)slot * b->width, b->act.sk + (size_t)j * b->width, run * row);
+        if (rc == SF_OK) rc = ops->copy(b->be, gv + (size_t)slot * b->width, b->act.sv + (size_t)j * b->width, run * row);
         j += run;
     }
     /* the FIFO fills up, then each new token evicts the oldest */
@@ -259,7 +249,7 @@ static int shared_products(sf_backend *be, int n, int in, int out, const float *
 /* Layer l's q/k/v set (block.defer_commit): set l % 2 when commits are deferred, else the one. */
 static unsigned char *qkv_set(const block *b, int l)
 {
-    return b->q + (b->defer_commit ? (size_t)(l % 2) * b->qkv_set_bytes : 0);
+    return b->act.q + (b->defer_commit ? (size_t)(l % 2) * b->qkv_set_bytes : 0);
 }
 
 /* Layer l's commit for `count` streams of n rows (SPEC 4 and 5): the memory update and the
@@ -269,7 +259,7 @@ static int commit_layer(block *b, stream_state *const *states, int count, int l,
     const sf_model_config *c = b->cfg;
     const int H = c->heads, d = c->head_dim, W = b->width, G = c->global_tokens;
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part_bytes = (size_t)n * W * b->qkv_size;
-    const unsigned char *kset = qkv_set(b, l) + (b->k - b->q), *vset = qkv_set(b, l) + (b->v - b->q);
+    const unsigned char *kset = qkv_set(b, l) + (b->act.k - b->act.q), *vset = qkv_set(b, l) + (b->act.v - b->act.q);
     int rc = SF_OK;
     for (int i = 0; i < count && rc == SF_OK; i++) {
         stream_state *s = states[i];
@@ -319,7 +309,7 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden, rows = count * n;
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part = (size_t)n * W;
     const size_t part_bytes = part * b->qkv_size; /* one stream's q (k, v) rows */
-    unsigned char *qs = qkv_set(b, l), *ks = qs + (b->k - b->q), *vs = qs + (b->v - b->q);
+    unsigned char *qs = qkv_set(b, l), *ks = qs + (b->act.k - b->act.q), *vs = qs + (b->act.v - b->act.q);
     /* a commit on the side queue may still read the k and v this layer's qkv overwrites: the
      * previous layer's (deferring, the one before it, which used this set, was joined in the
      * previous layer: below) */
@@ -327,12 +317,12 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     if (rc != SF_OK) return rc;
     if (ops->qkv) {
         rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, qs, ks, vs,
-                      b->u);
+                      b->act.u);
     } else {
         const float *qkv_w[3] = {w->wq, w->wk, w->wv};
         float *qkv[3] = {(float *)qs, (float *)ks, (float *)vs};
-        rc = ops->rmsnorm(be, rows, D, b->x, w->attn_norm, c->norm_eps, b->u);
-        if (rc == SF_OK) rc = shared_products(be, rows, D, W, b->u, 3, qkv_w, qkv);
+        rc = ops->rmsnorm(be, rows, D, b->x, w->attn_norm, c->norm_eps, b->act.u);
+        if (rc == SF_OK) rc = shared_products(be, rows, D, W, b->act.u, 3, qkv_w, qkv);
     }
     /* the previous layer's deferred commit: it starts after this qkv, when that layer's
      * attention (which read the memory and tokens it writes) is long done, and runs beside this
@@ -346,22 +336,22 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     for (int i = 0; i < count && rc == SF_OK; i++) {
         stream_state *s = states[i];
         const void *q = qs + i * part_bytes, *k = ks + i * part_bytes, *v = vs + i * part_bytes;
-        float *a = b->a + i * part;
+        float *a = b->act.a + i * part;
         sf_attention_desc desc = {
             .n = n, .segment = c->segment, .heads = H, .head_dim = d, .ld = W, .causal = c->causal,
             .n_branches = c->n_branches, .branches = c->branches,
             .n_global = G ? s->g_count[l] : 0, .global_ld = W,
             .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
             .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type};
-        if (c->memory != SF_MEMORY_NONE && b->ao && ops->attention_mix) {
+        if (c->memory != SF_MEMORY_NONE && b->act.ao && ops->attention_mix) {
             rc = ops->attention_mix(be, &desc, q, k, v, a, s->M + l * hdd, s->z + l * hd, w->gate, SF_DTYPE_BF16,
-                                    b->ao + i * part * 2);
+                                    b->act.ao + i * part * 2);
             continue;
         }
         rc = ops->attention(be, &desc, q, k, v, a);
-        if (rc == SF_OK && c->memory != SF_MEMORY_NONE && b->ao)
+        if (rc == SF_OK && c->memory != SF_MEMORY_NONE && b->act.ao)
             rc = ops->memory_mix_to(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a,
-                                    SF_DTYPE_BF16, b->ao + i * part * 2);
+                                    SF_DTYPE_BF16, b->act.ao + i * part * 2);
         else if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
             rc = ops->memory_mix(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a);
     }
@@ -391,20 +381,20 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
         rc = F > 0 && !b->on_lane ? commit_layer_beside(b, states, count, l, n) : commit_layer(b, states, count, l, n);
     /* the next segment's layer l may read the state now (and its commit overwrite it) */
     if (rc == SF_OK && b->on_lane) rc = ops->lane_signal(be, b->first + l);
-    if (rc == SF_OK && b->ao) rc = ops->matmul_typed(be, rows, W, D, SF_DTYPE_BF16, b->ao, W, w->wo, b->x, D, 1);
-    else if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->a, W, w->wo, b->x, D, 1);
+    if (rc == SF_OK && b->act.ao) rc = ops->matmul_typed(be, rows, W, D, SF_DTYPE_BF16, b->act.ao, W, w->wo, b->x, D, 1);
+    else if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->act.a, W, w->wo, b->x, D, 1);
     /* the MLP's norm touches nothing the side does: the wait can sit in front of its products */
     if (rc == SF_OK && !joined)
         rc = ops->side_join_before_product ? ops->side_join_before_product(be) : ops->side_join(be);
     if (rc == SF_OK && F && ops->ffn) {
-        rc = ops->ffn(be, rows, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->u, b->h1, b->h3);
+        rc = ops->ffn(be, rows, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->act.u, b->act.h1, b->act.h3);
     } else if (rc == SF_OK && F) {
-        rc = ops->rmsnorm(be, rows, D, b->x, w->mlp_norm, c->norm_eps, b->u);
+        rc = ops->rmsnorm(be, rows, D, b->x, w->mlp_norm, c->norm_eps, b->act.u);
         const float *gate_w[2] = {w->w1, w->w3};
-        float *gate_y[2] = {b->h1, b->h3};
-        if (rc == SF_OK) rc = shared_products(be, rows, D, F, b->u, 2, gate_w, gate_y);
-        if (rc == SF_OK) rc = ops->swiglu(be, rows, F, b->h1, b->h3);
-        if (rc == SF_OK) rc = ops->matmul(be, rows, F, D, b->h1, F, w->w2, b->x, D, 1);
+        float *gate_y[2] = {b->act.h1, b->act.h3};
+        if (rc == SF_OK) rc = shared_products(be, rows, D, F, b->act.u, 2, gate_w, gate_y);
+        if (rc == SF_OK) rc = ops->swiglu(be, rows, F, b->act.h1, b->act.h3);
+        if (rc == SF_OK) rc = ops->matmul(be, rows, F, D, b->act.h1, F, w->w2, b->x, D, 1);
     }
     return rc;
 }
@@ -456,7 +446,10 @@ static int run_on_lane(sf_stage *st, sf_packet *in)
     int rc = s ? SF_OK : SF_E_NOMEM;
     const int lane = b->next_lane;
     b->next_lane = 1 - lane;
-    if (b->act_lane != lane) swap_activations(b);
+    if (b->act_lane != lane) {
+        const block_activations in_use = b->act;
+        b->act = b->idle, b->idle = in_use, b->act_lane = lane;
+    }
     if (rc == SF_OK) rc = ops->lane_begin(b->be, lane);
     if (rc == SF_OK) {
         float *own_x = b->x;
@@ -621,10 +614,9 @@ static void block_free(sf_stage *st)
         for (size_t i = 0; i < sizeof(layer_weights) / sizeof(float *); i++) be->ops->free(be, w[i]);
     }
     free(b->weights);
-    void *scratch[] = {b->x,      b->u,      b->q /* and k, v */, b->a,      b->ao,      b->h1,      b->h3,
-                       b->sk,     b->sv,     b->idle.u,           b->idle.q, b->idle.a, b->idle.ao, b->idle.h1,
-                       b->idle.h3, b->idle.sk, b->idle.sv};
-    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) be->ops->free(be, scratch[i]);
+    be->ops->free(be, b->x);
+    free_activations(b, &b->act);
+    free_activations(b, &b->idle);
     free(b);
 }
 

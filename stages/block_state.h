@@ -22,17 +22,25 @@ typedef struct stream_state {
     int *g_count, *g_head;
 } stream_state;
 
+/* The buffers one segment's layers compute in (its rows x aside), allocated at init. q, k, v:
+ * [N, width] each, of block.qkv_type (the backend's fastest, when it fuses qkv; float32
+ * otherwise), qkv_size bytes an element; three equal parts of one buffer. With deferred commits
+ * (block.defer_commit) a second such set follows, and layer l uses set l % 2. ao: with bf16
+ * q/k/v and a memory, the mixed attention output as the output product's bf16 input ([N,
+ * width], memory_mix_to writes it, matmul_typed reads it); NULL otherwise. */
+typedef struct block_activations {
+    float *u, *a, *h1, *h3, *sk, *sv;
+    unsigned char *q, *k, *v, *ao;
+} block_activations;
+
 typedef struct block {
     const sf_model_config *cfg;
     sf_backend *be;
     int first, count;       /* layers [first, first + count) */
     int width;              /* H*d */
     layer_weights *weights; /* [count], backend memory */
-    float *x, *u, *a, *h1, *h3, *sk, *sv;
-    /* q, k, v: [N, width] each, of qkv_type (the backend's fastest, when it fuses qkv; float32
-     * otherwise), qkv_size bytes an element; three equal parts of one buffer. With deferred
-     * commits (defer_commit) a second such set follows, and layer l uses set l % 2. */
-    unsigned char *q, *k, *v;
+    float *x;
+    block_activations act; /* in use (with lanes: the current lane's) */
     sf_dtype qkv_type;
     size_t qkv_size, qkv_set_bytes;
     /* A layer's commit (memory update, global tokens) is issued to the side queue after the
@@ -47,9 +55,6 @@ typedef struct block {
         stream_state *states[SF_BLOCK_MAX_BATCH];
         int count, n; /* count 0: none waiting */
     } late;
-    /* with bf16 q/k/v and a memory: the mixed attention output as the output product's bf16
-     * input ([N, width], memory_mix_to writes it, matmul_typed reads it); NULL otherwise */
-    unsigned char *ao;
     sf_stream_table streams;
     /* with state_budget: every stream's state lives in the store between packets, and the one
      * being processed in work (see sf_block_state_load) */
@@ -75,18 +80,16 @@ typedef struct block {
      * backend's two lanes in turn, so that on the device one segment's first layers run beside
      * the previous one's last (layer l of a segment waits for layer l of the one before, whose
      * memory and global tokens it reads: lane_wait on mark first + l). Each lane has its own
-     * activations: those of the lane not in use wait in `idle` (swapped in with the lane), and
-     * commits run inline (defer_commit 0). A segment is emitted when the next one has been
-     * issued (`held`), or before anything else runs (drain_lanes in block.c). */
+     * activations: those of the lane not in use wait in `idle` (swapped with `act` when the
+     * lane changes), and commits run inline (defer_commit 0). A segment is emitted when the
+     * next one has been issued (`held`), when no input waits (the stage's idle callback), or
+     * before anything else runs (emit_held in block.c). */
     int lanes;
     int next_lane, act_lane; /* the lane the next segment takes; the one whose activations are in use */
     int on_lane;             /* layer_forward runs on a lane: inline commits, lane marks */
     sf_packet *held;
     int held_lane;
-    struct {
-        float *u, *a, *h1, *h3, *sk, *sv;
-        unsigned char *q, *ao;
-    } idle;
+    block_activations idle;
 } block;
 
 /* A backend buffer of n floats, filled from host when host is not NULL; NULL with *rc set on
