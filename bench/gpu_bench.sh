@@ -6,7 +6,8 @@
 # 1. builds seqflow (Release, CUDA arch 90) into build-gpu;
 # 2. measures the cuBLAS bf16 GEMM rate (bench_gemm, 8192^3, median), and the attention kernel
 #    against dense flash attention on 2048-token windows (bench_cuda_attention,
-#    bench/peers/dense_flash.py: the attention target's yardstick);
+#    bench/peers/dense_flash.py: the attention target's yardstick), and the MLP's W1|W3 product
+#    with SwiGLU fused against cuBLAS + the SwiGLU pass (bench_cuda_swiglu_gate_up);
 # 3. checks the PyTorch peer (bench/peers/seqflow_torch.py) and seqflow on the GPU against the
 #    seqflow CPU pipeline on small models (float32 and bf16; causal and not; a partial segment);
 # 4. makes the reference model (D=1024 H=16 d=64 N=8192, branches 2048:1,4096:2,8192:4, causal,
@@ -58,7 +59,7 @@ t0=$(date +%s)
 HAVE_CUDA=0
 if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSEQFLOW_BUILD_TESTS=OFF \
       -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 &&
-   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_cuda_attention >"$OUT/build.log" 2>&1; then
+   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_cuda_attention bench_cuda_swiglu_gate_up >"$OUT/build.log" 2>&1; then
   HAVE_CUDA=1
   BIN=$BUILD
 else
@@ -99,6 +100,13 @@ fi
 python3 bench/peers/dense_flash.py --json "$LOGS/dense_flash.json" | tee "$LOGS/dense_flash.txt"
 python3 -c "import json; r=json.load(open('$LOGS/dense_flash.json'))['results']; print('dense flash attention (PyTorch SDPA, 4 x 2048 causal windows, 16 heads, d=64): ' + ', '.join('%s %.1f TFLOP/s' % (x['backend'], x['tflops']) for x in r))" 2>/dev/null |
   tee -a "$SUMMARY"
+
+echo "== the MLP's first half: W1|W3 + SwiGLU fused (default) against cuBLAS + the SwiGLU pass"
+if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_cuda_swiglu_gate_up" ]; then
+  "$BUILD/bench/bench_cuda_swiglu_gate_up" 50 >"$LOGS/swiglu_gate_up.txt" 2>&1
+  grep -vE " ok$" "$LOGS/swiglu_gate_up.txt"
+  grep -E "composed:|\(default\)|FAIL" "$LOGS/swiglu_gate_up.txt" | sed 's/^ */gate\/up bench: /' | tee -a "$SUMMARY"
+fi
 
 echo "== small models: the peer and seqflow on the GPU against the seqflow CPU pipeline"
 for variant in "causal delta" "noncausal linear"; do

@@ -217,7 +217,8 @@ static void test_matmul(const target *t)
 static void test_fused_products(const target *t)
 {
     /* the last two fit the H100's fused SwiGLU + W2 kernel (dim % 256, hidden % 128; rows not a
-     * multiple of its 128) */
+     * multiple of its 128); every shape but {5, 16, 20} fits the fused gate/up kernel (dim and
+     * hidden % 8), with partial row and column tiles */
     static const int shapes[][3] = {/* n, dim, hidden */ {1, 8, 16},     {37, 24, 40},     {128, 64, 256},
                                     {200, 96, 384}, {50, 32, 72},     {5, 16, 20},
                                     {300, 256, 384}, {129, 512, 128}};
@@ -301,16 +302,35 @@ static void test_fused_products(const target *t)
                    hidden, err);
             printf("  %-5s ffn n=%3d dim=%3d hidden=%3d %s MLP output rel err %.2e\n", t->label, n, dim, hidden,
                    grouped ? "W1|W3 grouped " : "W1, W3 apart  ", err);
-            /* the fused SwiGLU + W2 variant (SEQFLOW_CUDA_SWIGLU_W2=1; the shapes it takes, on an
-             * H100, else the same path again) on fresh rows, against the same CPU result */
-            if (dim % 256 == 0 && hidden % 128 == 0) {
+            /* the CUDA backend's other MLP paths (environment switches; on a backend or device
+             * without them, the same default path again), each on fresh rows against the same
+             * CPU result, the MLP's own contribution included: the composed W1|W3 product + SwiGLU
+             * pass, the fused gate/up kernel's pingpong schedule and its clusters of 2 and 4, and
+             * SwiGLU inside W2 (the shapes it takes: dim % 256, hidden % 128) */
+            static const struct {
+                const char *var, *value;
+                int w2_only;
+            } variants[] = {{"SEQFLOW_CUDA_GATE_UP", "0", 0},
+                            {"SEQFLOW_CUDA_GATE_UP_SCHEDULE", "pingpong", 0},
+                            {"SEQFLOW_CUDA_GATE_UP_CLUSTER", "2", 0},
+                            {"SEQFLOW_CUDA_GATE_UP_CLUSTER", "4", 0},
+                            {"SEQFLOW_CUDA_SWIGLU_W2", "1", 1}};
+            for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
+                if (variants[v].w2_only && (dim % 256 || hidden % 128)) continue;
                 pair x2 = both(t, hx, nx * 4);
-                setenv("SEQFLOW_CUDA_SWIGLU_W2", "1", 1);
+                for (int i = 0; i < 2; i++) both_poison(t, y[i], nh);
+                setenv(variants[v].var, variants[v].value, 1);
                 CHECK_OK(t->be->ops->ffn(t->be, n, dim, hidden, x2.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g,
                                          y[0].g, y[1].g));
-                unsetenv("SEQFLOW_CUDA_SWIGLU_W2");
-                snprintf(what, sizeof what, "ffn (SwiGLU in W2) n=%d dim=%d hidden=%d", n, dim, hidden);
+                unsetenv(variants[v].var);
+                snprintf(what, sizeof what, "ffn (%s=%s) n=%d dim=%d hidden=%d", variants[v].var, variants[v].value, n,
+                         dim, hidden);
                 compare(what, t, x2.g, x.c, nx, t->tol_products);
+                float *vx = to_host(t->be, x2.g, nx);
+                for (size_t i = 0; i < nx; i++) vx[i] -= hx[i];
+                const double verr = check_rel_err_f32(vx, cx, nx);
+                CHECKF(verr <= t->tol_products, "%s %s: MLP output rel err %.3g", t->label, what, verr);
+                free(vx);
                 both_free(t, x2);
             }
             free(gx), free(cx);

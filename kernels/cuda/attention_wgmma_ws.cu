@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_wgmma.cuh"
@@ -26,28 +27,6 @@
  * tiles (no pipeline fill per tile), the warpgroups drift apart within a branch. OVERLAP 1: the
  * next S under this tile's exps; 2: FlashAttention-3's order (this softmax under the previous
  * tile's P V). None measured faster than variant 18 (bench/ATTENTION_NOTES.md). */
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-/* Waits until the phase of parity `parity` of the barrier has completed (a fresh barrier counts
- * its phase before the first as completed with parity 1). */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void named_sync(int id, int threads)
-{
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 /* Shared-memory addresses of the ring: slot s at kv + s*STAGE, its barriers at full + 8s and
  * empty + 8s. `seq` counts tiles over the CTA's whole walk, the same in every role. */

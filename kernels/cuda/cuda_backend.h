@@ -218,6 +218,16 @@ int sf_cuda_swiglu_w2_usable(int dim, int hidden);
 int sf_cuda_swiglu_w2(int n, int dim, int hidden, const __nv_bfloat16 *h, const __nv_bfloat16 *w2, float *x,
                       cudaStream_t stream);
 
+/* swiglu_gate_up.cu (sm_90a): g[n, hidden] = silu(u w1^T) * (u w3^T), u [n, dim], w1 and w3
+ * [hidden, dim], g bf16, SwiGLU in the products' epilogue (float32 accumulators, one rounding).
+ * usable: the multiprocessor count when this is an H100 class device (compute capability 9.0
+ * with the sm_90a image) and dim, hidden are multiples of 8; else 0. Pointers 16-byte aligned. */
+int sf_cuda_swiglu_gate_up_usable(int dim, int hidden);
+/* How many clusters of `cluster` (1, 2, 4) CTAs of the kernel fit on this device at once. */
+int sf_cuda_swiglu_gate_up_clusters(int cluster);
+int sf_cuda_swiglu_gate_up(int n, int dim, int hidden, const __nv_bfloat16 *u, const __nv_bfloat16 *w1,
+                           const __nv_bfloat16 *w3, __nv_bfloat16 *g, cudaStream_t stream);
+
 /* A bf16 product on cuBLAS (gemm_plan.cu): y (float32 or bf16, rows ldy apart) = x w^T + beta y
  * for `batch` weights stride_w elements apart with one shared x, outputs stride_y elements
  * apart; x, w bf16 and contiguous. Issued with the algorithm chosen at the shape's first use.

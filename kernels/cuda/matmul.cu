@@ -259,7 +259,7 @@ int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x
 /* ffn (seqflow/backend.h). In bf16 with prepared weights the intermediates never exist in
  * float32: the norm writes bf16 straight into the scratch, W1 and W3 write bf16 side by side
  * into the caller's h1, SwiGLU writes bf16 into h3, and W2 accumulates into x in float32
- * (beta = 1, the residual). Against the float32 composition this saves the
+ * (beta = 1, the residual); on an H100 W1, W3 and SwiGLU are one kernel writing h3 (below). Against the float32 composition this saves the
  * [n, hidden] float32 writes and reads of W1/W3, SwiGLU and W2's input conversion: about
  * 10 n*hidden bytes of the 24 n*hidden it moved. The only new rounding is of W1 u and W3 u to
  * bf16 before SwiGLU. Otherwise (f32, unprepared weights) it is the composed sequence. */
@@ -286,6 +286,23 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
     __nv_bfloat16 *ub = (__nv_bfloat16 *)c->scratch;
     if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
+    /* The default on an H100: W1 u and W3 u stay in registers and SwiGLU runs in the products'
+     * epilogue (swiglu_gate_up.cu), g straight into h3, no [n, 2 hidden] written and read back.
+     * SEQFLOW_CUDA_GATE_UP=0 takes the composed path below. */
+    const char *gate_up_env = getenv("SEQFLOW_CUDA_GATE_UP");
+    const char *w2_env = getenv("SEQFLOW_CUDA_SWIGLU_W2");
+    const int fused_w2 = w2_env && strcmp(w2_env, "1") == 0 && sf_cuda_swiglu_w2_usable(dim, hidden);
+    const int aligned = (((uintptr_t)ub | (uintptr_t)b1->bf16 | (uintptr_t)b3->bf16 | (uintptr_t)g3) & 15) == 0;
+    const int gate_up = !fused_w2 && !(gate_up_env && strcmp(gate_up_env, "0") == 0) && aligned &&
+                        sf_cuda_swiglu_gate_up_usable(dim, hidden);
+    if (rc == SF_OK && gate_up) {
+        rc = sf_cuda_join_at_product(c);
+        if (rc == SF_OK) rc = sf_cuda_swiglu_gate_up(n, dim, hidden, ub, b1->bf16, b3->bf16, g3, c->stream);
+        if (rc == SF_OK)
+            rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+        sf_cuda_leave(c);
+        return rc;
+    }
     /* W1 u | W3 u side by side in h1 ([n, 2 hidden] bf16 fills it exactly): one GEMM of twice
      * the width when W1|W3 were prepared as one group, else two into the halves of each row;
      * SwiGLU pairs each row's halves into h3, which W2 reads */
@@ -298,14 +315,12 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     }
     /* SEQFLOW_CUDA_SWIGLU_W2=1, on an H100: the W2 product applies SwiGLU as it loads h1
      * (swiglu_w2.cu), no [n, hidden] pass written and read back. A tried variant, not the
-     * default: it ran 2.9x slower than the SwiGLU pass and cuBLAS together (bench/RESULTS.md,
-     * run 14, call 9) */
-    const char *fused_env = getenv("SEQFLOW_CUDA_SWIGLU_W2");
-    const int fused = fused_env && strcmp(fused_env, "1") == 0 && sf_cuda_swiglu_w2_usable(dim, hidden);
-    if (rc == SF_OK && fused) rc = sf_cuda_join_at_product(c);
-    if (rc == SF_OK && fused) rc = sf_cuda_swiglu_w2(n, dim, hidden, g1, b2->bf16, x, c->stream);
-    if (rc == SF_OK && !fused) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
-    if (rc == SF_OK && !fused)
+     * default: it ran 1.7x slower than the SwiGLU pass and cuBLAS together (bench/RESULTS.md,
+     * run 14, calls 9-10) */
+    if (rc == SF_OK && fused_w2) rc = sf_cuda_join_at_product(c);
+    if (rc == SF_OK && fused_w2) rc = sf_cuda_swiglu_w2(n, dim, hidden, g1, b2->bf16, x, c->stream);
+    if (rc == SF_OK && !fused_w2) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
+    if (rc == SF_OK && !fused_w2)
         rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
     sf_cuda_leave(c);
     return rc;

@@ -1,0 +1,170 @@
+/* The MLP's first half, g = silu(u W1^T) * (u W3^T), two ways on the CUDA backend:
+ *
+ *   composed: the backend's W1|W3 product (sf_cuda_gemm: the cuBLASLt algorithm it times fastest
+ *             for the shape) into [n, 2F] bf16, then the SwiGLU pass (swiglu_rows_bf16);
+ *   fused:    swiglu_gate_up.cu (TMA + wgmma, SwiGLU in the epilogue), g written directly.
+ *
+ * Checks the fused g against the composed one on random operands (g poisoned with NaN before
+ * every checked call, so an element it fails to write fails; the two differ by the composed
+ * path's rounding of W1 u and W3 u to bf16: relative error <= 2e-2 of the output's scale), for
+ * several shapes including partial tiles, then times both at the reference model's shape (n =
+ * 8192, D = 1024, F = 4096): median of `reps` calls after warm-up, CUDA events on the backend's
+ * stream, each call timed alone. TFLOP/s count the products' 2 n D 2F. Exit status 1 when a
+ * check fails. Usage: bench_cuda_swiglu_gate_up [reps] (0: the checks alone) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "bench/cuda_check.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "seqflow/seqflow.h"
+
+static int failures = 0;
+
+static __nv_bfloat16 *random_bf16(size_t count, unsigned seed, float scale)
+{
+    std::vector<__nv_bfloat16> h(count);
+    srand(seed);
+    for (auto &x : h) x = __float2bfloat16((rand() / (float)RAND_MAX - 0.5f) * scale);
+    __nv_bfloat16 *d;
+    CUDA_OK(cudaMalloc(&d, count * 2));
+    CUDA_OK(cudaMemcpy(d, h.data(), count * 2, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static std::vector<float> to_host(const __nv_bfloat16 *d, size_t count)
+{
+    std::vector<__nv_bfloat16> h(count);
+    CUDA_OK(cudaMemcpy(h.data(), d, count * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> f(count);
+    for (size_t i = 0; i < count; i++) f[i] = __bfloat162float(h[i]);
+    return f;
+}
+
+static double median_ms(cudaStream_t stream, int reps, const std::function<void()> &call)
+{
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; i++) call();
+    std::vector<float> ms(reps);
+    for (float &m : ms) {
+        CUDA_OK(cudaEventRecord(e0, stream));
+        call();
+        CUDA_OK(cudaEventRecord(e1, stream));
+        CUDA_OK(cudaEventSynchronize(e1));
+        CUDA_OK(cudaEventElapsedTime(&m, e0, e1));
+    }
+    CUDA_OK(cudaEventDestroy(e0));
+    CUDA_OK(cudaEventDestroy(e1));
+    std::sort(ms.begin(), ms.end());
+    return ms[reps / 2];
+}
+
+static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
+{
+    __nv_bfloat16 *u = random_bf16((size_t)n * D, 1 + n, 2.0f), *w13 = random_bf16((size_t)2 * F * D, 2 + F, 0.2f);
+    const __nv_bfloat16 *w1 = w13, *w3 = w13 + (size_t)F * D;
+    __nv_bfloat16 *h, *want, *got;
+    CUDA_OK(cudaMalloc(&h, (size_t)n * 2 * F * 2));
+    CUDA_OK(cudaMalloc(&want, (size_t)n * F * 2));
+    CUDA_OK(cudaMalloc(&got, (size_t)n * F * 2));
+    const sf_cuda_gemm_args g = {n, D, 2 * F, 2 * F, 1, 0, 0, u, w13, h, CUDA_R_16BF, 0.0f};
+    auto composed = [&] {
+        if (sf_cuda_gemm(c, &g, "W1|W3") != SF_OK || sf_cuda_swiglu_rows_bf16(n, F, h, want, c->stream) != SF_OK) {
+            fprintf(stderr, "composed path failed: %s\n", sf_last_error());
+            exit(2);
+        }
+    };
+    auto fused = [&] {
+        if (sf_cuda_swiglu_gate_up(n, D, F, u, w1, w3, got, c->stream) != SF_OK) {
+            fprintf(stderr, "fused path failed: %s\n", sf_last_error());
+            exit(2);
+        }
+    };
+    composed();
+    CUDA_OK(cudaMemsetAsync(got, 0xff, (size_t)n * F * 2, c->stream)); /* bf16 NaN everywhere */
+    fused();
+    CUDA_OK(cudaStreamSynchronize(c->stream));
+    CUDA_OK(cudaGetLastError());
+    const std::vector<float> a = to_host(got, (size_t)n * F), b = to_host(want, (size_t)n * F);
+    double scale = 0, worst = 0;
+    for (float x : b) scale = std::max(scale, (double)fabsf(x));
+    size_t bad = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        const double e = fabs((double)a[i] - b[i]) / (scale > 0 ? scale : 1);
+        if (!(e <= 2e-2)) bad++;
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+    }
+    printf("check n=%-5d D=%-5d F=%-5d fused vs composed: max error %.3g of the output scale %.3g, %zu elements over "
+           "2e-2: %s\n",
+           n, D, F, worst, scale, bad, bad ? "FAIL" : "ok");
+    if (bad) failures++;
+    if (reps > 0) {
+        const double flop = 2.0 * n * D * 2.0 * F;
+        const double t_comp = median_ms(c->stream, reps, composed);
+        const double t_gemm = median_ms(c->stream, reps, [&] { (void)sf_cuda_gemm(c, &g, "W1|W3"); });
+        printf("time  n=%d D=%d F=%d (median of %d)\n", n, D, F, reps);
+        printf("  composed: W1|W3 product + SwiGLU pass  %8.4f ms  %6.1f TFLOP/s\n", t_comp, flop / t_comp / 1e9);
+        printf("    of which the W1|W3 product alone     %8.4f ms  %6.1f TFLOP/s\n", t_gemm, flop / t_gemm / 1e9);
+        setenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE", "pingpong", 1);
+        const double t_ping = median_ms(c->stream, reps, fused);
+        printf("  fused: swiglu_gate_up, pingpong        %8.4f ms  %6.1f TFLOP/s  (%+.1f%% vs composed)\n", t_ping,
+               flop / t_ping / 1e9, 100.0 * (t_comp / t_ping - 1.0));
+        unsetenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE");
+        for (const char *cl : {"1", "2", "4"}) {
+            setenv("SEQFLOW_CUDA_GATE_UP_CLUSTER", cl, 1);
+            const double t_fused = median_ms(c->stream, reps, fused);
+            printf("  fused: cooperative, cluster %s%s %8.4f ms  %6.1f TFLOP/s  (%+.1f%% vs composed)\n", cl,
+                   cl[0] == '1' ? " (default)" : "          ", t_fused, flop / t_fused / 1e9, 100.0 * (t_comp / t_fused - 1.0));
+        }
+        unsetenv("SEQFLOW_CUDA_GATE_UP_CLUSTER");
+    }
+    for (void *p : {(void *)u, (void *)w13, (void *)h, (void *)want, (void *)got}) CUDA_OK(cudaFree(p));
+}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 50;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line out as it is printed, even when killed */
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("skipped: no GPU\n");
+        return 0;
+    }
+    sf_backend *be = NULL;
+    if (sf_backend_create_ex("cuda", 0, SF_PRECISION_BF16, &be) != SF_OK) {
+        fprintf(stderr, "cuda backend: %s\n", sf_last_error());
+        return 2;
+    }
+    sf_cuda *c = sf_cuda_of(be);
+    if (sf_cuda_enter(c) != SF_OK) return 2;
+    if (!sf_cuda_swiglu_gate_up_usable(1024, 4096)) {
+        printf("skipped: swiglu_gate_up needs an sm_90 device\n");
+        sf_cuda_leave(c);
+        sf_backend_free(be);
+        return 0;
+    }
+    const int shapes[][3] = {{300, 256, 384}, {129, 512, 128}, {1000, 1024, 4096}, {77, 72, 200}, {8192, 1024, 4096}};
+    printf("clusters resident at once: %d of 1 CTA, %d of 2, %d of 4\n", sf_cuda_swiglu_gate_up_clusters(1),
+           sf_cuda_swiglu_gate_up_clusters(2), sf_cuda_swiglu_gate_up_clusters(4));
+    /* every cluster size on every shape (SEQFLOW_CUDA_GATE_UP_CLUSTER, read at each call) */
+    for (const char *cl : {"1", "4", "2"}) {
+        setenv("SEQFLOW_CUDA_GATE_UP_CLUSTER", cl, 1);
+        printf("cooperative, cluster %s:\n", cl);
+        for (const auto &s : shapes) one_shape(c, s[0], s[1], s[2], 0);
+    }
+    unsetenv("SEQFLOW_CUDA_GATE_UP_CLUSTER");
+    setenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE", "pingpong", 1);
+    printf("pingpong:\n");
+    for (const auto &s : shapes) one_shape(c, s[0], s[1], s[2], 0);
+    unsetenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE");
+    one_shape(c, 8192, 1024, 4096, reps);
+    sf_cuda_leave(c);
+    sf_backend_free(be);
+    printf("%s\n", failures ? "FAILED" : "all checks passed");
+    return failures ? 1 : 0;
+}

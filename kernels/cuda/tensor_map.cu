@@ -1,0 +1,43 @@
+#include "kernels/cuda/tensor_map.h"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#include "seqflow/error.h"
+
+static PFN_cuTensorMapEncodeTiled_v12000 encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        cudaGetLastError();
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }();
+    return fn;
+}
+
+int sf_cuda_tensor_map_bf16_sw128(CUtensorMap *map, const __nv_bfloat16 *base, long long rows, long long cols,
+                                  long long ld, int box_rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 encode = encoder();
+    if (!encode) return sf_error(SF_E_UNSUPPORTED, "tensor map: the driver has no cuTensorMapEncodeTiled");
+    if (((uintptr_t)base & 15) || (ld * 2) % 16 || rows <= 0 || cols <= 0 || box_rows <= 0 || box_rows > 256)
+        return sf_error(SF_E_UNSUPPORTED, "tensor map: %lld x %lld bf16 (ld %lld) at %p in boxes of %d rows", rows,
+                        cols, ld, (const void *)base, box_rows);
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+    const cuuint32_t step[2] = {1, 1};
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, step,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return sf_error(SF_E_UNSUPPORTED, "tensor map: cuTensorMapEncodeTiled refused %lld x %lld (error %d)", rows,
+                        cols, (int)r);
+    return SF_OK;
+}
