@@ -105,7 +105,7 @@ echo "== the MLP's first half: W1|W3 + SwiGLU fused (default) against cuBLAS + t
 if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_cuda_swiglu_gate_up" ]; then
   "$BUILD/bench/bench_cuda_swiglu_gate_up" 50 >"$LOGS/swiglu_gate_up.txt" 2>&1
   grep -vE " ok$" "$LOGS/swiglu_gate_up.txt"
-  grep -E "composed:|\(default\)|FAIL" "$LOGS/swiglu_gate_up.txt" | sed 's/^ */gate\/up bench: /' | tee -a "$SUMMARY"
+  grep -E "^  composed:|\(default\)|FAIL" "$LOGS/swiglu_gate_up.txt" | sed 's/^ */gate\/up bench: /' | tee -a "$SUMMARY"
 fi
 
 echo "== small models: the peer and seqflow on the GPU against the seqflow CPU pipeline"
