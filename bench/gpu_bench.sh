@@ -7,7 +7,9 @@
 # 2. measures the cuBLAS bf16 GEMM rate (bench_gemm, 8192^3, median), and the attention kernel
 #    against dense flash attention on 2048-token windows (bench_cuda_attention,
 #    bench/peers/dense_flash.py: the attention target's yardstick), and the MLP's W1|W3 product
-#    with SwiGLU fused against cuBLAS + the SwiGLU pass (bench_cuda_swiglu_gate_up);
+#    with SwiGLU fused against cuBLAS + the SwiGLU pass (bench_cuda_swiglu_gate_up), and the
+#    products added into the residual (W2, O) on cuBLAS against a hand-written kernel
+#    (bench_cuda_residual_product);
 # 3. checks the PyTorch peer (bench/peers/seqflow_torch.py) and seqflow on the GPU against the
 #    seqflow CPU pipeline on small models (float32 and bf16; causal and not; a partial segment);
 # 4. makes the reference model (D=1024 H=16 d=64 N=8192, branches 2048:1,4096:2,8192:4, causal,
@@ -59,7 +61,7 @@ t0=$(date +%s)
 HAVE_CUDA=0
 if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSEQFLOW_BUILD_TESTS=OFF \
       -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 &&
-   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_cuda_attention bench_cuda_swiglu_gate_up >"$OUT/build.log" 2>&1; then
+   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_cuda_attention bench_cuda_swiglu_gate_up bench_cuda_residual_product >"$OUT/build.log" 2>&1; then
   HAVE_CUDA=1
   BIN=$BUILD
 else
@@ -106,6 +108,13 @@ if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_cuda_swiglu_gate_up" ]; then
   "$BUILD/bench/bench_cuda_swiglu_gate_up" 50 >"$LOGS/swiglu_gate_up.txt" 2>&1
   grep -vE " ok$" "$LOGS/swiglu_gate_up.txt"
   grep -E "^  composed:|\(default\)|FAIL" "$LOGS/swiglu_gate_up.txt" | sed 's/^ */gate\/up bench: /' | tee -a "$SUMMARY"
+fi
+
+echo "== the products added into the residual (W2, O): cuBLAS (default) against residual_product (a variant)"
+if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_cuda_residual_product" ]; then
+  "$BUILD/bench/bench_cuda_residual_product" 50 >"$LOGS/residual_product.txt" 2>&1
+  grep -vE " ok$" "$LOGS/residual_product.txt"
+  grep -E "^time|FAIL" "$LOGS/residual_product.txt" | sed 's/^/residual bench: /' | tee -a "$SUMMARY"
 fi
 
 echo "== small models: the peer and seqflow on the GPU against the seqflow CPU pipeline"

@@ -305,12 +305,13 @@ static void test_fused_products(const target *t)
             /* the CUDA backend's other MLP paths (environment switches; on a backend or device
              * without them, the same default path again), each on fresh rows against the same
              * CPU result, the MLP's own contribution included: the composed W1|W3 product + SwiGLU
-             * pass, the fused gate/up kernel's pingpong schedule and its clusters of 2 and 4, and
+             * pass, W2 on the residual kernel instead of cuBLAS, the fused gate/up kernel's pingpong schedule and its clusters of 2 and 4, and
              * SwiGLU inside W2 (the shapes it takes: dim % 256, hidden % 128) */
             static const struct {
                 const char *var, *value;
                 int w2_only;
             } variants[] = {{"SEQFLOW_CUDA_GATE_UP", "0", 0},
+                            {"SEQFLOW_CUDA_RESIDUAL_PRODUCT", "1", 0},
                             {"SEQFLOW_CUDA_GATE_UP_SCHEDULE", "pingpong", 0},
                             {"SEQFLOW_CUDA_GATE_UP_CLUSTER", "2", 0},
                             {"SEQFLOW_CUDA_GATE_UP_CLUSTER", "4", 0},
@@ -636,9 +637,14 @@ static void test_memory(const target *t)
  * weight is prepared) and padded ones (widened first) */
 static void test_matmul_typed(const target *t)
 {
-    static const int shapes[][4] = {/* n, in, out, ldx */ {64, 96, 40, 96}, {33, 64, 128, 72}, {1, 32, 8, 32}};
+    /* on an H100 the contiguous ones go through cuBLAS and, with SEQFLOW_CUDA_RESIDUAL_PRODUCT=1,
+     * through residual_product.cu (several row and column tiles, partial, in the last) */
+    static const int shapes[][4] = {/* n, in, out, ldx */ {64, 96, 40, 96}, {33, 64, 128, 72}, {1, 32, 8, 32},
+                                    {300, 256, 520, 256}};
     if (!t->be->ops->matmul_typed) return;
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    for (size_t r = 0; r < 2 * sizeof shapes / sizeof *shapes; r++) {
+        const size_t s = r / 2;
+        if (r % 2) setenv("SEQFLOW_CUDA_RESIDUAL_PRODUCT", "1", 1);
         const int n = shapes[s][0], in = shapes[s][1], out = shapes[s][2], ldx = shapes[s][3];
         const size_t nx = (size_t)n * ldx, ny = (size_t)n * out;
         float *hx = random_host(nx, 1), *hw = random_host((size_t)out * in, 1.0 / sqrt(in)), *hy = random_host(ny, 1);
@@ -649,7 +655,9 @@ static void test_matmul_typed(const target *t)
         CHECK_OK(cpu->ops->matmul(cpu, n, in, out, x.c, ldx, w.c, y.c, out, 1));
         CHECK_OK(t->be->ops->matmul_typed(t->be, n, in, out, SF_DTYPE_BF16, xb, ldx, w.g, y.g, out, 1));
         char what[96];
-        snprintf(what, sizeof what, "matmul_typed (bf16 x) n=%d in=%d out=%d ldx=%d, accumulate", n, in, out, ldx);
+        unsetenv("SEQFLOW_CUDA_RESIDUAL_PRODUCT");
+        snprintf(what, sizeof what, "matmul_typed (bf16 x) n=%d in=%d out=%d ldx=%d, accumulate%s", n, in, out, ldx,
+                 r % 2 ? " (residual kernel)" : "");
         compare(what, t, y.g, y.c, ny, t->tol_products);
         t->be->ops->free(t->be, xb);
         both_free(t, x), both_free(t, w), both_free(t, y);

@@ -1,7 +1,7 @@
 /* Hopper's asynchronous copies and the barriers they complete on, for the warp-specialized
  * kernels (attention_wgmma_ws.cu, swiglu_gate_up.cu): shared-memory mbarriers, named barriers,
  * and the bulk tensor copy engine (TMA: cp.async.bulk.tensor), loads completing on an mbarrier
- * and stores tracked by bulk groups. Tensor maps are encoded on the host (tensor_map.h) and
+ * and stores (or reductions) tracked by bulk groups. Tensor maps are encoded on the host (tensor_map.h) and
  * passed by value as __grid_constant__ kernel parameters. Header-only, device code, sm_90. */
 #ifndef SEQFLOW_KERNELS_CUDA_ASYNC_COPY_CUH
 #define SEQFLOW_KERNELS_CUDA_ASYNC_COPY_CUH
@@ -51,9 +51,21 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, int c0, int
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
                  ::"l"(map), "r"(c0), "r"(c1), "r"(src) : "memory");
 }
+/* Shared `src` added element-wise into the box at (c0, c1) of `map` (float32: the copy engine
+ * reads, adds and writes global memory; elements outside the tensor are left alone). */
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap *map, int c0, int c1, uint32_t src)
+{
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(src) : "memory");
+}
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-/* This thread's committed stores have read their shared memory (it may be overwritten). */
-__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+/* This thread's committed stores, all but the newest N groups, have read their shared memory
+ * (it may be overwritten). */
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
 /* ... and have written global memory. */
 __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map)

@@ -228,6 +228,14 @@ int sf_cuda_swiglu_gate_up_clusters(int cluster);
 int sf_cuda_swiglu_gate_up(int n, int dim, int hidden, const __nv_bfloat16 *u, const __nv_bfloat16 *w1,
                            const __nv_bfloat16 *w3, __nv_bfloat16 *g, cudaStream_t stream);
 
+/* residual_product.cu (sm_90a): x[n, out] += a[n, in] w^T, a and w [out, in] bf16, x float32
+ * with rows of `out` (cuBLAS's beta = 1), the tile added by the copy engine's reduction. usable:
+ * the multiprocessor count on an H100 class device with in, out multiples of 8; else 0.
+ * Pointers 16-byte aligned. */
+int sf_cuda_residual_product_usable(int in, int out);
+int sf_cuda_residual_product(int n, int in, int out, const __nv_bfloat16 *a, const __nv_bfloat16 *w, float *x,
+                             cudaStream_t stream);
+
 /* A bf16 product on cuBLAS (gemm_plan.cu): y (float32 or bf16, rows ldy apart) = x w^T + beta y
  * for `batch` weights stride_w elements apart with one shared x, outputs stride_y elements
  * apart; x, w bf16 and contiguous. Issued with the algorithm chosen at the shape's first use.

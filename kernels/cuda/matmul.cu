@@ -29,6 +29,24 @@ static int gemm_bf16(sf_cuda *c, int n, int in, int out, const __nv_bfloat16 *x,
     return sf_cuda_gemm(c, &g, what);
 }
 
+/* y[n, out] += x w^T (beta 1, float32 y with rows of `out`) on cuBLAS; with
+ * SEQFLOW_CUDA_RESIDUAL_PRODUCT=1 (or =w2: only the MLP's W2) on an H100, the hand-written kernel
+ * that adds the product into y through the copy engine (residual_product.cu): a tried variant,
+ * faster alone (W2 +1.7%, O +11%) but not in the pipeline, where its O product cannot share the
+ * multiprocessors with the side queue's kernels (bench/GEMM_NOTES.md). Under the lock. */
+static int residual_gemm_bf16(sf_cuda *c, int n, int in, int out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                              float *y, int ldy, int mlp, const char *what)
+{
+    const char *e = getenv("SEQFLOW_CUDA_RESIDUAL_PRODUCT");
+    const int on = e && (strcmp(e, "1") == 0 || (strcmp(e, "w2") == 0 && mlp));
+    const int aligned = (((uintptr_t)x | (uintptr_t)w | (uintptr_t)y) & 15) == 0;
+    if (ldy == out && aligned && on && sf_cuda_residual_product_usable(in, out)) {
+        int rc = sf_cuda_join_at_product(c); /* cuBLAS's path waits in sf_cuda_gemm */
+        return rc == SF_OK ? sf_cuda_residual_product(n, in, out, x, w, y, c->stream) : rc;
+    }
+    return gemm_bf16(c, n, in, out, x, w, y, ldy, CUDA_R_32F, 1.0f, what);
+}
+
 /* w's bf16 copy when this backend multiplies in bf16 and w was prepared with this shape (a
  * weight of another shape must not use it); NULL means the product runs in float32. */
 static const sf_cuda_weight *bf16_weight(const sf_cuda *c, const float *w, int out, int in)
@@ -217,8 +235,10 @@ int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype,
     if (rc != SF_OK) return rc;
     const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
     if (wb && ldx == in) {
-        rc = gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, CUDA_R_32F, accumulate ? 1.0f : 0.0f,
-                       "bf16 GEMM (bf16 input)");
+        rc = accumulate ? residual_gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, 0,
+                                             "bf16 GEMM (bf16 input)")
+                        : gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, CUDA_R_32F, 0.0f,
+                                    "bf16 GEMM (bf16 input)");
         sf_cuda_leave(c);
         return rc;
     }
@@ -298,8 +318,7 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     if (rc == SF_OK && gate_up) {
         rc = sf_cuda_join_at_product(c);
         if (rc == SF_OK) rc = sf_cuda_swiglu_gate_up(n, dim, hidden, ub, b1->bf16, b3->bf16, g3, c->stream);
-        if (rc == SF_OK)
-            rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+        if (rc == SF_OK) rc = residual_gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, 1, "bf16 GEMM (ffn W2)");
         sf_cuda_leave(c);
         return rc;
     }
@@ -320,8 +339,7 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     if (rc == SF_OK && fused_w2) rc = sf_cuda_join_at_product(c);
     if (rc == SF_OK && fused_w2) rc = sf_cuda_swiglu_w2(n, dim, hidden, g1, b2->bf16, x, c->stream);
     if (rc == SF_OK && !fused_w2) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
-    if (rc == SF_OK && !fused_w2)
-        rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+    if (rc == SF_OK && !fused_w2) rc = residual_gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, 1, "bf16 GEMM (ffn W2)");
     sf_cuda_leave(c);
     return rc;
 }

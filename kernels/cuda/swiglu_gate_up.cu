@@ -9,40 +9,31 @@
  * holds the gate and up accumulators of the same 128 hidden columns, silu(gate) * up is computed
  * from the float32 accumulators (one rounding, to bf16, instead of three) and only g is written.
  *
- * Layout (CUTLASS's "warp-specialized cooperative" kernel, written out): one CTA a
- * multiprocessor walks output tiles of 128 rows x 128 hidden columns (tile i, i + grid, ...).
- * Warpgroup 0 is the producer: one thread issues, for every 64-wide K step, three TMA loads (u's
- * 128 x 64 box, W1's and W3's 128 x 64 boxes, 128-byte swizzled) into a ring of STAGES slots,
- * each completing on the slot's "full" mbarrier, and runs ahead across tiles; its registers are
- * given to the consumers (setmaxnreg). Warpgroups 1 and 2 each own 64 rows of the tile: per K
- * step four wgmma m64n256k16 (B = W1's slice then W3's, adjacent in shared memory, so gate and
- * up come out of one instruction), the slot handed back on its "empty" mbarrier once the next
- * step's products are issued. The epilogue writes bf16 g into a swizzled staging tile and one
- * thread stores it by TMA (rows past n and columns past F are clipped by the copy engine, and
- * loads past them arrive as zeros), so the warpgroup goes on to its next tile's products while
- * the store drains. The loads are what bounds it (48 KB of L2 reads per 4.2 MFLOP step, 1.5 GiB a
- * layer of the reference model): clusters of 2 (default) or 4 CTAs on neighbouring row tiles of
- * the same hidden columns share each W1|W3 slice, every CTA loading its part once for all of
- * them (TMA multicast). CPU twin: the CPU backend's matmul then swiglu (tests/test_backend_ops.c,
- * ffn). Built for sm_90a only. */
+ * Layout: gemm_tma.cuh's cooperative kernel (a TMA producer warpgroup, two wgmma consumer
+ * warpgroups of 64 rows each) on tiles of 128 rows x 128 hidden columns, B = W1's slice then
+ * W3's, adjacent in shared memory, so gate and up of a hidden column come out of one m64n256k16
+ * in the same thread. The epilogue computes silu(gate) * up with the fast exponential, rounds once
+ * to bf16 into a swizzled staging tile and one thread stores it by TMA (rows past n and columns
+ * past F clipped, loads past them zeros), so any n and D, F multiples of 8 work.
+ * Tried variants (bench/GEMM_NOTES.md, "W1|W3 with SwiGLU in the epilogue"): clusters of 2 or 4
+ * CTAs sharing each W1|W3 slice by TMA multicast (SEQFLOW_CUDA_GATE_UP_CLUSTER; the loads were
+ * not the bound: 1.5% and 10% slower), and a pingpong schedule (below; 15% slower). CPU twin: the
+ * CPU backend's matmul then swiglu (tests/test_backend_ops.c, ffn). Built for sm_90a only. */
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gemm_tma.cuh"
 #include "kernels/cuda/launch_early.cuh"
 #include "kernels/cuda/mma_bf16.cuh"
 #include "kernels/cuda/tensor_map.h"
 
 namespace {
 
-constexpr int BM = 128, BH = 128, BK = 64, STAGES = 4, THREADS = 384;
-constexpr int U_BYTES = BM * BK * 2;             /* u's box */
-constexpr int W_BYTES = BH * BK * 2;             /* W1's box; W3's follows it */
-constexpr int STAGE_BYTES = U_BYTES + 2 * W_BYTES;
-constexpr int OUT_BOX_BYTES = 64 * 64 * 2;       /* g's store box: 64 rows x 64 columns */
-constexpr int OUT_BYTES = 2 * OUT_BOX_BYTES;     /* one consumer's 64 x 128 staging tile */
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * OUT_BYTES + 2 * STAGES * 8 + 1024;
-static_assert(STAGE_BYTES % 1024 == 0 && OUT_BOX_BYTES % 1024 == 0, "swizzled boxes start 1024-byte aligned");
-static_assert(SMEM_BYTES <= 232448, "one CTA a multiprocessor");
+using gemm_tma::BK;
+using gemm_tma::BM;
+using gemm_tma::SMEM_BYTES;
+using gemm_tma::THREADS;
+constexpr int BH = 128; /* hidden columns a tile: W1's 128 rows and W3's make the product's 256 */
 
 #if SF_WGMMA_ENABLED
 /* The fast exponential and division (MUFU ex2 and rcp): the epilogue does not overlap the
@@ -50,47 +41,10 @@ static_assert(SMEM_BYTES <= 232448, "one CTA a multiprocessor");
  * For x < -87, exp(-x) is inf and the quotient 0, as silu's limit. */
 __device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 
-/* The tiles of cluster `cluster` of `clusters`: pair index p covers CLUSTER consecutive row
- * tiles (one a CTA, by rank) of the same 128 hidden columns. */
-struct tile_walk {
-    int row_groups, groups, first, step;
-};
-
-/* Producer (one thread): every K step of every tile of this CTA into the ring. With a cluster,
- * the CTAs' tiles share their W1/W3 slice: each CTA loads 256 / CLUSTER of its rows once for
- * all of them (multicast), so a slot is refilled only when every CTA's consumers released it
- * (each slot's "empty" barrier counts the consumer warps of the whole cluster). */
-template <int CLUSTER>
-__device__ __forceinline__ void produce(const CUtensorMap *map_u, const CUtensorMap *map_w1, const CUtensorMap *map_w3,
-                                        uint32_t ring, uint32_t full, uint32_t empty, tile_walk w, int kt_count,
-                                        int rank)
-{
-    constexpr int W_ROWS = 2 * BH / CLUSTER; /* rows of the combined W1|W3 slice this CTA loads */
-    uint32_t it = 0;
-    for (int p = w.first; p < w.groups; p += w.step) {
-        const int m0 = ((p % w.row_groups) * CLUSTER + rank) * BM, h0 = (p / w.row_groups) * BH;
-        for (int kt = 0; kt < kt_count; kt++, it++) {
-            const uint32_t s = it % STAGES, slot = ring + s * STAGE_BYTES, bar = full + 8 * s;
-            mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);
-            mbar_arrive_expect_tx(bar, STAGE_BYTES); /* its own u box, and all of W1|W3's slice */
-            tma_load_2d(slot, map_u, kt * BK, m0, bar);
-            if (CLUSTER == 1) {
-                tma_load_2d(slot + U_BYTES, map_w1, kt * BK, h0, bar);
-                tma_load_2d(slot + U_BYTES + W_BYTES, map_w3, kt * BK, h0, bar);
-            } else {
-                const int row = rank * W_ROWS; /* of the 256: W1's 128, then W3's */
-                const CUtensorMap *map = row < BH ? map_w1 : map_w3;
-                tma_load_2d_multicast(slot + U_BYTES + row * 128, map, kt * BK, h0 + row % BH, bar,
-                                      (uint16_t)((1u << CLUSTER) - 1));
-            }
-        }
-    }
-}
-
-/* silu(gate) * up of this thread's accumulators into the warpgroup's staging tile: accumulator
- * 4 j + 2 hr + e is row 16 warp + g + 8 hr, column 8 j + 2 t + e (gate for j < 16, up of the same
- * hidden column at j + 16); column c of the 128 goes to box c / 64, 16-byte chunk (c % 64) / 8
- * swizzled by the row (rows are 8-aligned, so row % 8 = g). */
+/* silu(gate) * up of this thread's accumulators into the warpgroup's staging tile: gate for
+ * j < 16, up of the same hidden column at j + 16 (gemm_tma::consume_tile's layout); column c of
+ * the 128 goes to box c / 64, 16-byte chunk (c % 64) / 8 swizzled by the row (rows are
+ * 8-aligned, so row % 8 = g). */
 __device__ __forceinline__ void stage_output(const float *acc, uint32_t out, int warp, int g, int t)
 {
 #pragma unroll
@@ -99,12 +53,17 @@ __device__ __forceinline__ void stage_output(const float *acc, uint32_t out, int
         for (int hr = 0; hr < 2; hr++) {
             const int k = 4 * j + 2 * hr, row = 16 * warp + g + 8 * hr;
             const uint32_t v = pack_bf16x2(silu(acc[k]) * acc[64 + k], silu(acc[k + 1]) * acc[64 + k + 1]);
-            const uint32_t at = out + (j / 8) * OUT_BOX_BYTES + row * 128 + (((j % 8) ^ g) << 4) + 4 * t;
+            const uint32_t at = out + (j / 8) * gemm_tma::OUT_BOX_BYTES + row * 128 + (((j % 8) ^ g) << 4) + 4 * t;
             asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(v) : "memory");
         }
 }
 #endif
 
+/* The cooperative kernel (gemm_tma.cuh) with B = W1's and W3's 128-row slices of the same
+ * hidden columns, and SwiGLU in the epilogue: g rounded once to bf16 into a swizzled staging
+ * tile, which one thread stores by TMA (rows past n and columns past F are clipped) while the
+ * warpgroup goes on to its next tile's products. CLUSTER > 1: clusters of CTAs on neighbouring
+ * row tiles that share each W1|W3 slice by multicast (a tried variant). */
 template <int CLUSTER>
 __global__ void __launch_bounds__(THREADS, 1)
 swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_constant__ CUtensorMap map_w1,
@@ -113,20 +72,15 @@ swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_co
 {
 #if SF_WGMMA_ENABLED
     extern __shared__ unsigned char smem_raw[];
-    const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u;
-    const uint32_t out_base = ring + STAGES * STAGE_BYTES, full = out_base + 2 * OUT_BYTES, empty = full + 8 * STAGES;
+    const gemm_tma::smem_layout l = gemm_tma::smem_at(smem_raw);
     const int wg = threadIdx.x / 128, rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
     const int row_tiles = (n + BM - 1) / BM, kt_count = (d + BK - 1) / BK;
-    tile_walk w;
+    gemm_tma::tile_walk w;
     w.row_groups = (row_tiles + CLUSTER - 1) / CLUSTER;
     w.groups = w.row_groups * ((f + BH - 1) / BH);
-    w.first = blockIdx.x / CLUSTER, w.step = gridDim.x / CLUSTER;
+    w.first = blockIdx.x / CLUSTER, w.step = gridDim.x / CLUSTER, w.cols = BH;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8 * CLUSTER); /* lane 0 of each consumer warp of the cluster */
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        gemm_tma::init_barriers(l, CLUSTER);
         tma_prefetch_map(&map_u), tma_prefetch_map(&map_w1), tma_prefetch_map(&map_w3), tma_prefetch_map(&map_g);
     }
     if (CLUSTER > 1)
@@ -136,51 +90,28 @@ swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_co
     sf_wait_prior_grid(); /* u is the norm's output, and g may still be read by the product ahead */
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x == 0) produce<CLUSTER>(&map_u, &map_w1, &map_w3, ring, full, empty, w, kt_count, rank);
+        const gemm_tma::b_source b = {&map_w1, &map_w3, 0, 0};
+        if (threadIdx.x == 0) gemm_tma::produce<CLUSTER>(&map_u, b, l, w, kt_count, rank);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const int c = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31;
         const bool leader = threadIdx.x % 128 == 0;
-        const uint32_t out = out_base + c * OUT_BYTES;
+        const uint32_t out = l.out + c * gemm_tma::OUT_BYTES;
         float acc[128];
 #pragma unroll
         for (int i = 0; i < 128; i++) acc[i] = 0.0f;
         uint32_t it = 0;
-        /* a slot goes back to every CTA's producer: each loaded part of it */
-        auto release = [&](uint32_t s) {
-            if (lane != 0) return;
-            if (CLUSTER == 1) mbar_arrive(empty + 8 * s);
-#pragma unroll
-            for (int r = 0; r < CLUSTER && CLUSTER > 1; r++) mbar_arrive_cluster(empty + 8 * s, (uint32_t)r);
-        };
         for (int p = w.first; p < w.groups; p += w.step) {
-            const int m0 = ((p % w.row_groups) * CLUSTER + rank) * BM, h0 = (p / w.row_groups) * BH;
-            for (int kt = 0; kt < kt_count; kt++, it++) {
-                const uint32_t s = it % STAGES, slot = ring + s * STAGE_BYTES;
-                mbar_wait(full + 8 * s, (it / STAGES) & 1);
-                const uint64_t da = sw128_desc(slot + c * (U_BYTES / 2), 16, 1024);
-                const uint64_t db = sw128_desc(slot + U_BYTES, 16, 1024);
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < BK / 16; ks++) /* +32 bytes along K: +2 in the descriptor's address field */
-                    wgmma_m64n256k16_ss(acc, da + 2 * ks, db + 2 * ks, kt > 0 || ks > 0);
-                wgmma_commit();
-                if (kt > 0) {
-                    wgmma_wait<1>(); /* the previous step's products are done with its slot */
-                    release((it - 1) % STAGES);
-                }
-            }
-            wgmma_wait<0>();
-            reg_fence<128>(acc);
-            release((it - 1) % STAGES);
-            if (leader) tma_store_wait_read(); /* the previous tile's store has left the staging tile */
+            const int m0 = w.row0(p, CLUSTER, rank), h0 = w.col0(p);
+            gemm_tma::consume_tile<CLUSTER>(acc, l, c, kt_count, it);
+            if (leader) tma_store_wait_read<0>(); /* the previous tile's store has left the staging tile */
             named_sync(1 + c, 128);
             stage_output(acc, out, warp, lane >> 2, lane & 3);
             fence_proxy_async(); /* the staging tile, written by st.shared, is read by the copy engine */
             named_sync(1 + c, 128);
             if (leader) {
                 tma_store_2d(&map_g, h0, m0 + 64 * c, out);
-                tma_store_2d(&map_g, h0 + 64, m0 + 64 * c, out + OUT_BOX_BYTES);
+                tma_store_2d(&map_g, h0 + 64, m0 + 64 * c, out + gemm_tma::OUT_BOX_BYTES);
                 tma_store_commit();
             }
         }
@@ -288,7 +219,7 @@ swiglu_gate_up_pingpong_kernel(const __grid_constant__ CUtensorMap map_u, const 
         reg_fence<64>(acc[0]);
         reg_fence<64>(acc[1]);
         if (lane == 0) mbar_arrive(empty + 8 * ((it0 + kt_count - 1) % STAGES));
-        if (leader) tma_store_wait_read();
+        if (leader) tma_store_wait_read<0>();
         named_sync(1 + c, 128);
 #pragma unroll
         for (int half = 0; half < 2; half++)

@@ -14,5 +14,9 @@
  * aligned, ld * 2 not a multiple of 16, box_rows over 256). */
 int sf_cuda_tensor_map_bf16_sw128(CUtensorMap *map, const __nv_bfloat16 *base, long long rows, long long cols,
                                   long long ld, int box_rows);
+/* The same for a float32 matrix: boxes of box_rows x 32 columns (128 bytes); ld * 4 a multiple
+ * of 16. */
+int sf_cuda_tensor_map_f32_sw128(CUtensorMap *map, const float *base, long long rows, long long cols, long long ld,
+                                 int box_rows);
 
 #endif
