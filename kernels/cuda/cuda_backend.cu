@@ -11,6 +11,33 @@
  * on first use, which would land in the middle of a stream. */
 #define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
+int sf_cuda_hopper_kernel_fits(const void *kernel, int smem_bytes)
+{
+    int dev = 0, major = 0, minor = 0, sms = 0;
+    cudaFuncAttributes fa;
+    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    major == 9 && minor == 0 &&
+                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+                    cudaFuncGetAttributes(&fa, kernel) == cudaSuccess &&
+                    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) ==
+                        cudaSuccess;
+    cudaGetLastError(); /* a missing image must not linger as the next launch's error */
+    return ok ? sms : 0;
+}
+
+int sf_cuda_hopper_known(int *known, const void *kernel, int smem_bytes)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+    if (!known[dev]) {
+        const int sms = sf_cuda_hopper_kernel_fits(kernel, smem_bytes);
+        known[dev] = sms > 0 ? sms : -1;
+    }
+    return known[dev] > 0 ? known[dev] : 0;
+}
+
 int sf_cublas_status(cublasStatus_t st, const char *what)
 {
     if (st == CUBLAS_STATUS_SUCCESS) return SF_OK;

@@ -211,6 +211,14 @@ int sf_cuda_rmsnorm_to_bf16(int n, int dim, const float *x, const float *weight,
                             cudaStream_t stream);
 /* g[i, j] = silu(h[i, j]) * h[i, f + j] for h [n, 2f] and g [n, f], bf16, float32 arithmetic. */
 int sf_cuda_swiglu_rows_bf16(int n, int f, const __nv_bfloat16 *h, __nv_bfloat16 *g, cudaStream_t stream);
+/* For the Hopper-only kernels (sm_90a images): the current device's multiprocessor count when it
+ * has compute capability 9.0, `kernel`'s image loads there and its dynamic shared memory can be
+ * raised to smem_bytes; else 0 (the error a missing image leaves is cleared). Callers keep the
+ * answer per device: sf_cuda_hopper_known. */
+int sf_cuda_hopper_kernel_fits(const void *kernel, int smem_bytes);
+/* The per-device memo of such an answer: known[dev] 0 means not asked yet; a benign race may
+ * fill an entry twice with the same value. Returns the answer for the current device. */
+int sf_cuda_hopper_known(int *known, const void *kernel, int smem_bytes);
 /* swiglu_w2.cu (sm_90a): x[n, dim] += (silu(h[:, :hidden]) * h[:, hidden:]) w2^T with h [n, 2 hidden]
  * and w2 [dim, hidden] bf16, SwiGLU applied as the product's operand is loaded. usable: an H100
  * class device (compute capability 9.0 with the sm_90a image), dim % 256 == 0, hidden % 128 == 0. */

@@ -106,24 +106,8 @@ residual_product_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_
 int sf_cuda_residual_product_usable(int in, int out)
 {
     if (in <= 0 || out <= 0 || in % 8 || out % 8) return 0;
-    static signed char known[64]; /* per device: 0 unknown, 1 usable, -1 not; a benign race fills it */
-    static int sms[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-    if (!known[dev]) {
-        int major = 0, minor = 0;
-        cudaFuncAttributes fa;
-        const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                        major == 9 && minor == 0 &&
-                        cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                        cudaFuncGetAttributes(&fa, residual_product_kernel) == cudaSuccess &&
-                        cudaFuncSetAttribute(residual_product_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             SMEM_BYTES) == cudaSuccess;
-        cudaGetLastError(); /* a missing image must not linger as the next launch's error */
-        known[dev] = ok ? (signed char)1 : (signed char)-1;
-    }
-    return known[dev] > 0 ? sms[dev] : 0;
+    static int known[64]; /* per device, sf_cuda_hopper_known */
+    return sf_cuda_hopper_known(known, (const void *)residual_product_kernel, SMEM_BYTES);
 }
 
 int sf_cuda_residual_product(int n, int in, int out, const __nv_bfloat16 *a, const __nv_bfloat16 *w, float *x,

@@ -255,14 +255,8 @@ struct gate_up_fit {
 template <int CLUSTER>
 static int max_clusters()
 {
-    if (cudaFuncSetAttribute(swiglu_gate_up_kernel<CLUSTER>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             SMEM_BYTES) != cudaSuccess)
-        return 0;
-    if (CLUSTER == 1) {
-        int dev = 0, sms = 0;
-        cudaGetDevice(&dev);
-        return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? sms : 0;
-    }
+    const int sms = sf_cuda_hopper_kernel_fits((const void *)swiglu_gate_up_kernel<CLUSTER>, SMEM_BYTES);
+    if (CLUSTER == 1 || sms == 0) return sms;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(CLUSTER), cfg.blockDim = dim3(THREADS), cfg.dynamicSmemBytes = SMEM_BYTES;
     cudaLaunchAttribute attr[1];
@@ -270,7 +264,9 @@ static int max_clusters()
     attr[0].val.clusterDim.x = CLUSTER, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr, cfg.numAttrs = 1;
     int count = 0;
-    return cudaOccupancyMaxActiveClusters(&count, swiglu_gate_up_kernel<CLUSTER>, &cfg) == cudaSuccess ? count : 0;
+    const bool ok = cudaOccupancyMaxActiveClusters(&count, swiglu_gate_up_kernel<CLUSTER>, &cfg) == cudaSuccess;
+    cudaGetLastError();
+    return ok ? count : 0;
 }
 
 static const gate_up_fit *fit_here()
@@ -280,19 +276,10 @@ static const gate_up_fit *fit_here()
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return NULL;
     gate_up_fit *f = &fit[dev];
     if (!f->known) {
-        int major = 0, minor = 0;
-        const bool hopper = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                            major == 9 && minor == 0;
-        f->clusters[0] = hopper ? max_clusters<1>() : 0;
-        f->clusters[1] = hopper ? max_clusters<2>() : 0;
-        f->clusters[2] = hopper ? max_clusters<4>() : 0;
-        f->pingpong = hopper && cudaFuncSetAttribute(swiglu_gate_up_pingpong_kernel,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     pingpong::SMEM_BYTES) == cudaSuccess
-                          ? f->clusters[0]
-                          : 0;
-        cudaGetLastError(); /* a missing image must not linger as the next launch's error */
+        f->clusters[0] = max_clusters<1>();
+        f->clusters[1] = f->clusters[0] ? max_clusters<2>() : 0;
+        f->clusters[2] = f->clusters[0] ? max_clusters<4>() : 0;
+        f->pingpong = sf_cuda_hopper_kernel_fits((const void *)swiglu_gate_up_pingpong_kernel, pingpong::SMEM_BYTES);
         f->known = f->clusters[0] > 0 && f->pingpong > 0 ? 1 : -1;
     }
     return f->known > 0 ? f : NULL;

@@ -167,21 +167,8 @@ swiglu_w2_kernel(int n, int dim, int f, const __nv_bfloat16 *__restrict__ h, con
 int sf_cuda_swiglu_w2_usable(int dim, int hidden)
 {
     if (dim <= 0 || hidden <= 0 || dim % BN || hidden % (2 * BK)) return 0;
-    static signed char known[64]; /* per device: 0 unknown, 1 usable, -1 not; a benign race fills it */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-    if (!known[dev]) {
-        int major = 0, minor = 0;
-        cudaFuncAttributes fa;
-        const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                        major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, swiglu_w2_kernel) == cudaSuccess &&
-                        cudaFuncSetAttribute(swiglu_w2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             SMEM_BYTES) == cudaSuccess;
-        cudaGetLastError(); /* a missing image must not linger as the next launch's error */
-        known[dev] = ok ? 1 : -1;
-    }
-    return known[dev] > 0;
+    static int known[64]; /* per device, sf_cuda_hopper_known */
+    return sf_cuda_hopper_known(known, (const void *)swiglu_w2_kernel, SMEM_BYTES) > 0;
 }
 
 int sf_cuda_swiglu_w2(int n, int dim, int hidden, const __nv_bfloat16 *h, const __nv_bfloat16 *w2, float *x,
