@@ -15,30 +15,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <algorithm>
-#include <functional>
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/event_timing.cuh"
+#include "bench/gemm_bench_common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "seqflow/seqflow.h"
 
 static int failures = 0;
 
-template <class T>
-static T *upload(const std::vector<T> &h)
+static float *upload(const std::vector<float> &h)
 {
-    T *d;
-    CUDA_OK(cudaMalloc(&d, h.size() * sizeof(T)));
-    CUDA_OK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    float *d;
+    CUDA_OK(cudaMalloc(&d, h.size() * sizeof(float)));
+    CUDA_OK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
     return d;
-}
-
-static std::vector<__nv_bfloat16> random_bf16(size_t count, unsigned seed, float scale)
-{
-    std::vector<__nv_bfloat16> h(count);
-    srand(seed);
-    for (auto &x : h) x = __float2bfloat16((rand() / (float)RAND_MAX - 0.5f) * scale);
-    return h;
 }
 
 static std::vector<float> download(const float *d, size_t count)
@@ -48,34 +40,14 @@ static std::vector<float> download(const float *d, size_t count)
     return h;
 }
 
-static double median_ms(cudaStream_t stream, int reps, const std::function<void()> &call)
-{
-    cudaEvent_t e0, e1;
-    CUDA_OK(cudaEventCreate(&e0));
-    CUDA_OK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; i++) call();
-    std::vector<float> ms(reps);
-    for (float &m : ms) {
-        CUDA_OK(cudaEventRecord(e0, stream));
-        call();
-        CUDA_OK(cudaEventRecord(e1, stream));
-        CUDA_OK(cudaEventSynchronize(e1));
-        CUDA_OK(cudaEventElapsedTime(&m, e0, e1));
-    }
-    CUDA_OK(cudaEventDestroy(e0));
-    CUDA_OK(cudaEventDestroy(e1));
-    std::sort(ms.begin(), ms.end());
-    return ms[reps / 2];
-}
-
 static void one_shape(sf_cuda *c, const char *name, int n, int in, int out, int reps)
 {
-    __nv_bfloat16 *a = upload(random_bf16((size_t)n * in, 1 + n, 2.0f));
-    __nv_bfloat16 *w = upload(random_bf16((size_t)out * in, 2 + in, 0.1f));
+    __nv_bfloat16 *a = random_bf16((size_t)n * in, 1 + n, 2.0f), *w = random_bf16((size_t)out * in, 2 + in, 0.1f);
     std::vector<float> x0((size_t)n * out);
     srand(3);
     for (float &v : x0) v = rand() / (float)RAND_MAX - 0.5f;
     float *x_blas = upload(x0), *x_kernel = upload(x0);
+    CUDA_OK(cudaDeviceSynchronize()); /* filled on the default stream; the backend's stream need not wait for it */
     const sf_cuda_gemm_args g = {n, in, out, out, 1, 0, 0, a, w, x_blas, CUDA_R_32F, 1.0f};
     auto blas = [&] {
         if (sf_cuda_gemm(c, &g, "residual (cuBLAS)") != SF_OK) {
@@ -108,7 +80,7 @@ static void one_shape(sf_cuda *c, const char *name, int n, int in, int out, int 
     if (bad) failures++;
     if (reps > 0) {
         const double flop = 2.0 * n * (double)in * out;
-        const double t_blas = median_ms(c->stream, reps, blas), t_kernel = median_ms(c->stream, reps, kernel);
+        const double t_blas = median_event_ms(reps, blas, c->stream), t_kernel = median_event_ms(reps, kernel, c->stream);
         printf("time  %s n=%d in=%d out=%d (median of %d): cuBLAS (beta 1) %.4f ms %.1f TFLOP/s; residual_product "
                "%.4f ms %.1f TFLOP/s (%+.1f%%)\n",
                name, n, in, out, reps, t_blas, flop / t_blas / 1e9, t_kernel, flop / t_kernel / 1e9,

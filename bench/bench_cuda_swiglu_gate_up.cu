@@ -15,25 +15,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <algorithm>
-#include <functional>
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/event_timing.cuh"
+#include "bench/gemm_bench_common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "seqflow/seqflow.h"
 
 static int failures = 0;
-
-static __nv_bfloat16 *random_bf16(size_t count, unsigned seed, float scale)
-{
-    std::vector<__nv_bfloat16> h(count);
-    srand(seed);
-    for (auto &x : h) x = __float2bfloat16((rand() / (float)RAND_MAX - 0.5f) * scale);
-    __nv_bfloat16 *d;
-    CUDA_OK(cudaMalloc(&d, count * 2));
-    CUDA_OK(cudaMemcpy(d, h.data(), count * 2, cudaMemcpyHostToDevice));
-    return d;
-}
 
 static std::vector<float> to_host(const __nv_bfloat16 *d, size_t count)
 {
@@ -44,30 +34,11 @@ static std::vector<float> to_host(const __nv_bfloat16 *d, size_t count)
     return f;
 }
 
-static double median_ms(cudaStream_t stream, int reps, const std::function<void()> &call)
-{
-    cudaEvent_t e0, e1;
-    CUDA_OK(cudaEventCreate(&e0));
-    CUDA_OK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; i++) call();
-    std::vector<float> ms(reps);
-    for (float &m : ms) {
-        CUDA_OK(cudaEventRecord(e0, stream));
-        call();
-        CUDA_OK(cudaEventRecord(e1, stream));
-        CUDA_OK(cudaEventSynchronize(e1));
-        CUDA_OK(cudaEventElapsedTime(&m, e0, e1));
-    }
-    CUDA_OK(cudaEventDestroy(e0));
-    CUDA_OK(cudaEventDestroy(e1));
-    std::sort(ms.begin(), ms.end());
-    return ms[reps / 2];
-}
-
 static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
 {
     __nv_bfloat16 *u = random_bf16((size_t)n * D, 1 + n, 2.0f), *w13 = random_bf16((size_t)2 * F * D, 2 + F, 0.2f);
     const __nv_bfloat16 *w1 = w13, *w3 = w13 + (size_t)F * D;
+    CUDA_OK(cudaDeviceSynchronize()); /* filled on the default stream; the backend's stream need not wait for it */
     __nv_bfloat16 *h, *want, *got;
     CUDA_OK(cudaMalloc(&h, (size_t)n * 2 * F * 2));
     CUDA_OK(cudaMalloc(&want, (size_t)n * F * 2));
@@ -105,19 +76,19 @@ static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
     if (bad) failures++;
     if (reps > 0) {
         const double flop = 2.0 * n * D * 2.0 * F;
-        const double t_comp = median_ms(c->stream, reps, composed);
-        const double t_gemm = median_ms(c->stream, reps, [&] { (void)sf_cuda_gemm(c, &g, "W1|W3"); });
+        const double t_comp = median_event_ms(reps, composed, c->stream);
+        const double t_gemm = median_event_ms(reps, [&] { (void)sf_cuda_gemm(c, &g, "W1|W3"); }, c->stream);
         printf("time  n=%d D=%d F=%d (median of %d)\n", n, D, F, reps);
         printf("  composed: W1|W3 product + SwiGLU pass  %8.4f ms  %6.1f TFLOP/s\n", t_comp, flop / t_comp / 1e9);
         printf("    of which the W1|W3 product alone     %8.4f ms  %6.1f TFLOP/s\n", t_gemm, flop / t_gemm / 1e9);
         setenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE", "pingpong", 1);
-        const double t_ping = median_ms(c->stream, reps, fused);
+        const double t_ping = median_event_ms(reps, fused, c->stream);
         printf("  fused: swiglu_gate_up, pingpong        %8.4f ms  %6.1f TFLOP/s  (%+.1f%% vs composed)\n", t_ping,
                flop / t_ping / 1e9, 100.0 * (t_comp / t_ping - 1.0));
         unsetenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE");
         for (const char *cl : {"1", "2", "4"}) {
             setenv("SEQFLOW_CUDA_GATE_UP_CLUSTER", cl, 1);
-            const double t_fused = median_ms(c->stream, reps, fused);
+            const double t_fused = median_event_ms(reps, fused, c->stream);
             printf("  fused: cooperative, cluster %s%s %8.4f ms  %6.1f TFLOP/s  (%+.1f%% vs composed)\n", cl,
                    cl[0] == '1' ? " (default)" : "          ", t_fused, flop / t_fused / 1e9, 100.0 * (t_comp / t_fused - 1.0));
         }

@@ -32,15 +32,6 @@ static const size_t WORKSPACE_BYTES = (size_t)32 << 20; /* the backend's blas_wo
 static int reps = 30;
 static int failures = 0;
 
-static __nv_bfloat16 *random_bf16(size_t count, unsigned long long seed)
-{
-    __nv_bfloat16 *p;
-    CUDA_OK(cudaMalloc(&p, count * sizeof *p));
-    fill_random_bf16<<<1024, 256>>>(p, count, seed);
-    CUDA_OK(cudaGetLastError());
-    return p;
-}
-
 /* Median milliseconds of one call of `run` (warm-up first). */
 static double time_ms(const std::function<void()> &run)
 {

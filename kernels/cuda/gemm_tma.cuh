@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
+#include "kernels/cuda/launch_early.cuh"
 
 namespace gemm_tma {
 
@@ -45,6 +46,16 @@ struct tile_walk {
     __device__ int row0(int p, int cluster, int rank) const { return ((p % row_groups) * cluster + rank) * BM; }
     __device__ int col0(int p) const { return (p / row_groups) * cols; }
 };
+
+/* The walk over an output of n rows and `width` columns in tiles of `cols` columns. */
+__device__ __forceinline__ tile_walk walk_of(int n, int width, int cols, int cluster)
+{
+    tile_walk w;
+    w.row_groups = ((n + BM - 1) / BM + cluster - 1) / cluster;
+    w.groups = w.row_groups * ((width + cols - 1) / cols);
+    w.first = blockIdx.x / cluster, w.step = gridDim.x / cluster, w.cols = cols;
+    return w;
+}
 
 /* B's two boxes of a tile at column c0: rows b0_row + c0 of map_b0 and b1_row + c0 of map_b1. */
 struct b_source {
@@ -139,6 +150,46 @@ __device__ __forceinline__ void consume_tile(float *acc, const smem_layout &l, i
     wgmma_wait<0>();
     reg_fence<128>(acc);
     release_slot<CLUSTER>(l, (it - 1) % STAGES);
+}
+
+/* The whole kernel but its epilogue: barriers, the producer, and each consumer's tiles, after
+ * each of which epilogue(acc, staging, row0, col0, c) runs (consumer c's 64 rows start at row0,
+ * the tile's columns at col0; staging is the consumer's OUT_BYTES of shared memory, which the
+ * epilogue may hand to the copy engine: every bulk group is waited for before the CTA ends). */
+template <int CLUSTER, class Epilogue>
+__device__ __forceinline__ void run_cooperative(unsigned char *smem_raw, const CUtensorMap *map_a, const b_source &b,
+                                                const tile_walk &w, int kt_count, Epilogue &&epilogue)
+{
+    const smem_layout l = smem_at(smem_raw);
+    const int wg = threadIdx.x / 128, rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
+    if (threadIdx.x == 0) {
+        init_barriers(l, CLUSTER);
+        tma_prefetch_map(map_a), tma_prefetch_map(b.map_b0), tma_prefetch_map(b.map_b1);
+    }
+    if (CLUSTER > 1)
+        cluster_sync(); /* no copy or arrival reaches a CTA before its barriers exist */
+    else
+        __syncthreads();
+    sf_wait_prior_grid(); /* the operands (and what the epilogue touches) come from the kernels ahead */
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x == 0) produce<CLUSTER>(map_a, b, l, w, kt_count, rank);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        const int c = wg - 1;
+        const uint32_t staging = l.out + c * OUT_BYTES;
+        float acc[128];
+#pragma unroll
+        for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+        uint32_t it = 0;
+        for (int p = w.first; p < w.groups; p += w.step) {
+            consume_tile<CLUSTER>(acc, l, c, kt_count, it);
+            epilogue(acc, staging, w.row0(p, CLUSTER, rank) + 64 * c, w.col0(p), c);
+        }
+        if (threadIdx.x % 128 == 0) tma_store_wait_all();
+    }
+    /* no CTA leaves while another may still arrive on its barriers or copy into it */
+    if (CLUSTER > 1) cluster_sync();
 }
 #endif
 

@@ -67,37 +67,13 @@ residual_product_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_
 {
 #if SF_WGMMA_ENABLED
     extern __shared__ unsigned char smem_raw[];
-    const gemm_tma::smem_layout l = gemm_tma::smem_at(smem_raw);
-    const int wg = threadIdx.x / 128;
-    const int row_tiles = (n + BM - 1) / BM, kt_count = (in + BK - 1) / BK;
-    gemm_tma::tile_walk w;
-    w.row_groups = row_tiles, w.groups = row_tiles * ((out + BN - 1) / BN);
-    w.first = blockIdx.x, w.step = gridDim.x, w.cols = BN;
-    if (threadIdx.x == 0) {
-        gemm_tma::init_barriers(l, 1);
-        tma_prefetch_map(&map_a), tma_prefetch_map(&map_w), tma_prefetch_map(&map_x);
-    }
-    __syncthreads();
-    sf_wait_prior_grid(); /* a and x come from the kernels ahead */
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        const gemm_tma::b_source b = {&map_w, &map_w, 0, 128};
-        if (threadIdx.x == 0) gemm_tma::produce<1>(&map_a, b, l, w, kt_count, 0);
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int c = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31;
-    const bool leader = threadIdx.x % 128 == 0;
-    const uint32_t staging = l.out + c * gemm_tma::OUT_BYTES;
-    float acc[128];
-#pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
-    uint32_t it = 0;
-    for (int p = w.first; p < w.groups; p += w.step) {
-        gemm_tma::consume_tile<1>(acc, l, c, kt_count, it);
-        add_tile(acc, staging, &map_x, w.row0(p, 1, 0) + 64 * c, w.col0(p), c, warp, lane >> 2, lane & 3, leader);
-    }
-    if (leader) tma_store_wait_all(); /* the reductions are done before the CTA's memory goes */
+    if (threadIdx.x == 0) tma_prefetch_map(&map_x);
+    const gemm_tma::b_source b = {&map_w, &map_w, 0, 128};
+    auto epilogue = [&](const float *acc, uint32_t staging, int row0, int col0, int c) {
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31;
+        add_tile(acc, staging, &map_x, row0, col0, c, warp, lane >> 2, lane & 3, threadIdx.x % 128 == 0);
+    };
+    gemm_tma::run_cooperative<1>(smem_raw, &map_a, b, gemm_tma::walk_of(n, out, BN, 1), (in + BK - 1) / BK, epilogue);
 #endif
 }
 

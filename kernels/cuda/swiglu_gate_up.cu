@@ -72,53 +72,24 @@ swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_co
 {
 #if SF_WGMMA_ENABLED
     extern __shared__ unsigned char smem_raw[];
-    const gemm_tma::smem_layout l = gemm_tma::smem_at(smem_raw);
-    const int wg = threadIdx.x / 128, rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
-    const int row_tiles = (n + BM - 1) / BM, kt_count = (d + BK - 1) / BK;
-    gemm_tma::tile_walk w;
-    w.row_groups = (row_tiles + CLUSTER - 1) / CLUSTER;
-    w.groups = w.row_groups * ((f + BH - 1) / BH);
-    w.first = blockIdx.x / CLUSTER, w.step = gridDim.x / CLUSTER, w.cols = BH;
-    if (threadIdx.x == 0) {
-        gemm_tma::init_barriers(l, CLUSTER);
-        tma_prefetch_map(&map_u), tma_prefetch_map(&map_w1), tma_prefetch_map(&map_w3), tma_prefetch_map(&map_g);
-    }
-    if (CLUSTER > 1)
-        cluster_sync(); /* no copy or arrival reaches a CTA before its barriers exist */
-    else
-        __syncthreads();
-    sf_wait_prior_grid(); /* u is the norm's output, and g may still be read by the product ahead */
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        const gemm_tma::b_source b = {&map_w1, &map_w3, 0, 0};
-        if (threadIdx.x == 0) gemm_tma::produce<CLUSTER>(&map_u, b, l, w, kt_count, rank);
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        const int c = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) tma_prefetch_map(&map_g);
+    const gemm_tma::b_source b = {&map_w1, &map_w3, 0, 0};
+    auto epilogue = [&](const float *acc, uint32_t staging, int row0, int h0, int c) {
         const bool leader = threadIdx.x % 128 == 0;
-        const uint32_t out = l.out + c * gemm_tma::OUT_BYTES;
-        float acc[128];
-#pragma unroll
-        for (int i = 0; i < 128; i++) acc[i] = 0.0f;
-        uint32_t it = 0;
-        for (int p = w.first; p < w.groups; p += w.step) {
-            const int m0 = w.row0(p, CLUSTER, rank), h0 = w.col0(p);
-            gemm_tma::consume_tile<CLUSTER>(acc, l, c, kt_count, it);
-            if (leader) tma_store_wait_read<0>(); /* the previous tile's store has left the staging tile */
-            named_sync(1 + c, 128);
-            stage_output(acc, out, warp, lane >> 2, lane & 3);
-            fence_proxy_async(); /* the staging tile, written by st.shared, is read by the copy engine */
-            named_sync(1 + c, 128);
-            if (leader) {
-                tma_store_2d(&map_g, h0, m0 + 64 * c, out);
-                tma_store_2d(&map_g, h0 + 64, m0 + 64 * c, out + gemm_tma::OUT_BOX_BYTES);
-                tma_store_commit();
-            }
+        const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31;
+        if (leader) tma_store_wait_read<0>(); /* the previous tile's store has left the staging tile */
+        named_sync(1 + c, 128);
+        stage_output(acc, staging, warp, lane >> 2, lane & 3);
+        fence_proxy_async(); /* the staging tile, written by st.shared, is read by the copy engine */
+        named_sync(1 + c, 128);
+        if (leader) {
+            tma_store_2d(&map_g, h0, row0, staging);
+            tma_store_2d(&map_g, h0 + 64, row0, staging + gemm_tma::OUT_BOX_BYTES);
+            tma_store_commit();
         }
-        if (leader) tma_store_wait_all();
-    }
-    /* no CTA leaves while another may still arrive on its barriers or copy into it */
-    if (CLUSTER > 1) cluster_sync();
+    };
+    gemm_tma::run_cooperative<CLUSTER>(smem_raw, &map_u, b, gemm_tma::walk_of(n, f, BH, CLUSTER), (d + BK - 1) / BK,
+                                       epilogue);
 #endif
 }
 
