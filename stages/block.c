@@ -132,7 +132,9 @@ static int alloc_activations(block *b, size_t N, block_activations *act)
     if (b->qkv_type == SF_DTYPE_BF16 && c->memory != SF_MEMORY_NONE && ops->memory_mix_to && ops->matmul_typed)
         act->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
     if (F) {
-        act->h1 = sf_block_upload(b, NULL, N * F, &rc);
+        /* a GPU's ffn may need less of h1, or none (ffn_h1_floats) */
+        const size_t h1_floats = ops->ffn && ops->ffn_h1_floats ? ops->ffn_h1_floats(b->be, (int)N, (int)D, (int)F) : N * F;
+        if (h1_floats) act->h1 = sf_block_upload(b, NULL, h1_floats, &rc);
         act->h3 = sf_block_upload(b, NULL, N * F, &rc);
     }
     if (c->summary_tokens) {
@@ -403,11 +405,21 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
  * download, the next stage, a save) may read anything the layers wrote. */
 static int layers_forward(block *b, stream_state *const *states, int count, int n, int commit)
 {
-    int rc = SF_OK;
+    const sf_backend_ops *ops = b->be->ops;
+    const int repeat = count == b->last_count && n == b->last_n; /* block.last_n */
+    b->last_count = count, b->last_n = n;
+    int rc = repeat && ops->graph_begin ? ops->graph_begin(b->be, b) : 0;
+    if (rc < 0) return rc;
+    const int recording = rc;
+    rc = SF_OK;
     for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, states, count, l, n, commit);
-    if (b->be->ops->side_join) {
-        int join_rc = b->be->ops->side_join(b->be);
+    if (ops->side_join) {
+        int join_rc = ops->side_join(b->be);
         if (rc == SF_OK) rc = join_rc;
+    }
+    if (recording) {
+        int end_rc = ops->graph_end(b->be, b, rc == SF_OK);
+        if (rc == SF_OK) rc = end_rc;
     }
     return rc;
 }

@@ -90,6 +90,11 @@ typedef struct block {
     sf_packet *held;
     int held_lane;
     block_activations idle;
+    /* Graphs (ops graph_begin/end): a segment whose stacked rows (count x n) repeat the last
+     * segment's runs its layers as one recorded graph; the first of a shape runs op by op, so
+     * that its products choose their algorithms (by timing, which recording cannot do) and
+     * every kernel is set up before anything is recorded. */
+    int last_count, last_n;
 } block;
 
 /* A backend buffer of n floats, filled from host when host is not NULL; NULL with *rc set on

@@ -334,6 +334,23 @@ static void test_fused_products(const target *t)
                 free(vx);
                 both_free(t, x2);
             }
+            /* no h1 where the backend says ffn uses none of it (ffn_h1_floats; the block stage
+             * then allocates none): the same rows as the default run above, which had one */
+            const size_t h1_floats = t->be->ops->ffn_h1_floats ? t->be->ops->ffn_h1_floats(t->be, n, dim, hidden) : nh;
+            CHECKF(h1_floats == 0 || h1_floats == nh, "%s ffn_h1_floats n=%d hidden=%d: %zu, want 0 or %zu", t->label,
+                   n, hidden, h1_floats, nh);
+            if (h1_floats == 0) {
+                pair x3 = both(t, hx, nx * 4);
+                both_poison(t, y[1], nh);
+                CHECK_OK(t->be->ops->ffn(t->be, n, dim, hidden, x3.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g, NULL,
+                                         y[1].g));
+                float *with_h1 = to_host(t->be, x.g, nx), *without = to_host(t->be, x3.g, nx);
+                const double diff = check_rel_err_f32(without, with_h1, nx);
+                CHECKF(diff == 0, "%s ffn n=%d dim=%d hidden=%d without h1: %.3g from the run with it", t->label, n, dim,
+                       hidden, diff);
+                free(with_h1), free(without);
+                both_free(t, x3);
+            }
             free(gx), free(cx);
             both_free(t, u);
         }

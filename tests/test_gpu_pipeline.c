@@ -7,7 +7,9 @@
  * threaded runs of many segments with the block on two device lanes (block lanes=2) against
  * lanes=0. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
  * Where the backend passes bf16 q/k/v (an H100, d = 64), bf16 runs a second time with float32
- * ones (SEQFLOW_CUDA_QKV=f32), the path of other GPUs.
+ * ones (SEQFLOW_CUDA_QKV=f32), the path of other GPUs. bf16 also runs with every repeated
+ * segment shape recorded as a CUDA graph (SEQFLOW_CUDA_GRAPHS=1), and threaded runs compare
+ * graphs with op by op launches row for row.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
 #include <stdio.h>
@@ -96,6 +98,19 @@ static void outputs_free(outputs *o)
     free(o->provisional);
 }
 
+/* Segments run as CUDA graphs in the "bf16 graphs" runs of compare (block.last_n: every segment
+ * that repeats the previous one's shape); checked to be more than none at the end. */
+static unsigned long long graph_segments;
+
+static unsigned long long graphs_launched(void)
+{
+    unsigned long long launched = 0;
+#ifdef SEQFLOW_HAVE_CUDA
+    sf_cuda_graph_counts(&launched, NULL);
+#endif
+    return launched;
+}
+
 /* Whether the CUDA backend in bf16 passes q, k, v of this head width as bf16 (ops->qkv_type). */
 static int cuda_passes_bf16_qkv(int head_dim)
 {
@@ -125,15 +140,23 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
             const char *label;
             double tol;
             int f32_qkv;
-        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, 0},
-                     {SF_PRECISION_BF16, "bf16", TOL_BF16, 0},
-                     {SF_PRECISION_BF16, "bf16 f32 q/k/v", TOL_BF16, 1}};
+            int graphs;
+        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, 0, 0},
+                     {SF_PRECISION_BF16, "bf16", TOL_BF16, 0, 0},
+                     {SF_PRECISION_BF16, "bf16 f32 q/k/v", TOL_BF16, 1, 0},
+                     {SF_PRECISION_BF16, "bf16 graphs", TOL_BF16, 0, 1}};
         const int bf16_qkv = cuda_passes_bf16_qkv(c->head_dim);
         for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
             if (modes[mi].f32_qkv && !bf16_qkv) continue; /* the same run as plain bf16 */
             outputs got;
             if (modes[mi].f32_qkv) setenv("SEQFLOW_CUDA_QKV", "f32", 1);
+            setenv("SEQFLOW_CUDA_GRAPHS", modes[mi].graphs ? "1" : "0", 1);
+            const unsigned long long launched = graphs_launched();
             const int ran = run(m, "cuda", modes[mi].p, sc, tokens, &got);
+            if (modes[mi].graphs) graph_segments += graphs_launched() - launched;
+            else CHECKF(graphs_launched() == launched, "%s [%s]: a graph ran with SEQFLOW_CUDA_GRAPHS=0", name,
+                        modes[mi].label);
+            unsetenv("SEQFLOW_CUDA_GRAPHS");
             unsetenv("SEQFLOW_CUDA_QKV");
             if (ran != SF_OK) continue;
             double worst = 0;
@@ -240,6 +263,45 @@ static void compare_lanes(const char *name, const sf_model *m, uint64_t seed)
     free(cpu);
 }
 
+/* The block's layers recorded as one CUDA graph a segment (SEQFLOW_CUDA_GRAPHS=1) against op
+ * by op (=0), in threaded runs of 12 full segments and a partial one: the same kernels on the
+ * same inputs in the same order, so the same rows. Every full segment after the first must
+ * have run as a graph (the first of a shape runs op by op, the partial one too), or this
+ * would compare op by op with op by op. */
+static void compare_graphs(const char *name, const sf_model *m, uint64_t seed)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t N = (size_t)c->segment, D = (size_t)c->dim, tokens = 12 * N + 7;
+    const char *path = check_tmp_path("graphs.txt");
+    FILE *f = fopen(path, "w");
+    check_rng r = {seed};
+    for (size_t i = 0; i < tokens; i++)
+        fprintf(f, "%llu%c", (unsigned long long)(check_rng_next(&r) % (uint64_t)c->vocab), i % 16 == 15 ? '\n' : ' ');
+    fclose(f);
+    float *cpu = NULL;
+    if (run_threaded(m, "cpu", SF_PRECISION_F32, "block", path, tokens, &cpu) != SF_OK) return;
+    setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1); /* the same algorithm for every product in both runs */
+    float *eager = NULL, *graphed = NULL;
+    setenv("SEQFLOW_CUDA_GRAPHS", "0", 1);
+    const int eager_rc = run_threaded(m, "cuda", SF_PRECISION_BF16, "block lanes=0", path, tokens, &eager);
+    setenv("SEQFLOW_CUDA_GRAPHS", "1", 1);
+    const unsigned long long before = graphs_launched();
+    const int graphed_rc = run_threaded(m, "cuda", SF_PRECISION_BF16, "block lanes=0", path, tokens, &graphed);
+    const unsigned long long launched = graphs_launched() - before;
+    unsetenv("SEQFLOW_CUDA_GRAPHS");
+    unsetenv("SEQFLOW_CUDA_GEMM");
+    if (eager_rc == SF_OK && graphed_rc == SF_OK) {
+        const double same = check_rel_err_f32(graphed, eager, tokens * D);
+        const double cpu_err = check_rel_err_f32(graphed, cpu, tokens * D);
+        CHECKF(launched >= 11, "%s: %llu segments ran as graphs, want the 11 full ones after the first", name, launched);
+        CHECKF(same <= 1e-6, "%s [bf16] graphs against op by op: relative error %.3g", name, same);
+        CHECKF(cpu_err <= TOL_BF16, "%s [bf16] graphs against the CPU: relative error %.3g", name, cpu_err);
+        printf("  %-48s %-14s graphs vs op by op %.2e, vs CPU %.2e (%llu graphs)\n", name, "bf16", same, cpu_err,
+               launched);
+    }
+    free(eager), free(graphed), free(cpu);
+}
+
 #ifdef SEQFLOW_HAVE_CUDA
 /* Device memory is fixed once a stream is running: 40 more segments add no byte. */
 static void check_memory_flat(const sf_model *m)
@@ -308,6 +370,7 @@ int main(void)
         if (i == 7) check_memory_flat(m);
 #endif
         if (i == 2 || i == 7 || i == 9) compare_lanes(v->name, m, 300 + i);
+        if (i == 2 || i == 7 || i == 9) compare_graphs(v->name, m, 400 + i);
         if (i == 2 || i == 7 || i == 9) {
             scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
             compare("  two interleaved streams", m, &two, 100 + i);
@@ -317,5 +380,7 @@ int main(void)
         }
         sf_model_free(m);
     }
+    CHECKF(graph_segments > 0, "no segment ran as a graph in the \"bf16 graphs\" runs");
+    printf("  %llu segments ran as graphs in the \"bf16 graphs\" runs\n", graph_segments);
     return check_finish("test_gpu_pipeline");
 }

@@ -185,6 +185,23 @@ typedef struct sf_backend_ops {
     int (*lane_join)(sf_backend *be, int lane);
     int (*lane_signal)(sf_backend *be, int mark);
     int (*lane_wait)(sf_backend *be, int lane, int mark);
+    /* ffn_h1_floats: how many float32 elements of ffn's h1 scratch ffn will use for n rows (an
+     * H100 in bf16 applies SwiGLU in the products' epilogue and uses none); callers may then
+     * pass a smaller h1, or NULL for 0. NULL: all of it, n * hidden. */
+    size_t (*ffn_h1_floats)(sf_backend *be, int n, int dim, int hidden);
+    /* Graphs: the device work this thread issues from graph_begin to graph_end is recorded
+     * instead of run, then run as one unit (a CUDA graph: the launches are handed to the
+     * device at once and placed back to back). key names the caller's repeated sequence
+     * (e.g. a block stage's layers): its graph is kept and updated in place when the next
+     * sequence of that key issues the same kinds of work with other arguments.
+     * graph_begin returns 1 when it started (graph_end must follow), 0 when the backend will
+     * not (graphs off, profiling, lanes in use, too many keys), negative on error. Between the
+     * two the caller issues device work only: no upload, download, sync or lane op, and not
+     * the first use of a shape (products choose their algorithm by timing at first use; an
+     * untimed one is taken while recording). Other threads' ops wait until graph_end.
+     * graph_end(issue 0) drops what was recorded (after an error). NULL (the CPU): no graphs. */
+    int (*graph_begin)(sf_backend *be, const void *key);
+    int (*graph_end)(sf_backend *be, const void *key, int issue);
 } sf_backend_ops;
 
 #define SF_BACKEND_LANES 2

@@ -362,6 +362,7 @@ static int cuda_side_end(sf_backend *be)
     sf_cuda_set_thread_queue(c, NULL);
     if (rc != SF_OK) return rc;
     rc = sf_cuda_status(cudaEventRecord(c->side_done, c->stream), "side_end (record)");
+    if (rc == SF_OK && c->capturing) c->side_done_captured = 1;
     sf_cuda_leave(c);
     return rc;
 }
@@ -375,7 +376,7 @@ static int cuda_side_join(sf_backend *be)
     c->join_at_product = 0; /* this wait covers what that one would have */
     /* side_done was last recorded at the latest side_end of any thread: waiting on it covers
      * every side op issued before, since the side stream runs them in order */
-    rc = sf_cuda_status(cudaStreamWaitEvent(c->stream, c->side_done, 0), "side_join (wait)");
+    rc = sf_cuda_wait_side_done(c, "side_join (wait)");
     sf_cuda_leave(c);
     return rc;
 }
@@ -396,7 +397,7 @@ int sf_cuda_join_at_product(sf_cuda *c)
 {
     if (!c->join_at_product || c->swapped) return SF_OK;
     c->join_at_product = 0;
-    return sf_cuda_status(cudaStreamWaitEvent(c->stream, c->side_done, 0), "side_join (before a product)");
+    return sf_cuda_wait_side_done(c, "side_join (before a product)");
 }
 
 /* float32 copies of bf16 q, k, v ([n, ld] each) in c->widened, for the kernels that read float32
@@ -502,6 +503,7 @@ static void release(sf_cuda *c)
     for (int i = 0; i < c->n_weights; i++)
         if (c->weights[i].owned) cudaFree(c->weights[i].bf16);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].ptr);
+    sf_cuda_graphs_release(c);
     sf_cuda_lanes_release(c);
     sf_cuda_queue_release(c, &c->side);
     cudaFree(c->scratch);
@@ -619,6 +621,9 @@ static const sf_backend_ops cuda_ops = {
     /* .lane_join */ sf_cuda_lane_join,
     /* .lane_signal */ sf_cuda_lane_signal,
     /* .lane_wait */ sf_cuda_lane_wait,
+    /* .ffn_h1_floats */ sf_cuda_ffn_h1_floats,
+    /* .graph_begin */ sf_cuda_graph_begin,
+    /* .graph_end */ sf_cuda_graph_end,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */
@@ -673,7 +678,12 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
     if (!c) return sf_error(SF_E_NOMEM, "out of memory");
     c->device = device;
     c->precision = be->precision == SF_PRECISION_BF16 ? SF_PRECISION_BF16 : SF_PRECISION_F32;
-    pthread_mutex_init(&c->lock, NULL);
+    /* recursive: a graph's recording holds it while that thread's ops take it again */
+    pthread_mutexattr_t recursive;
+    pthread_mutexattr_init(&recursive);
+    pthread_mutexattr_settype(&recursive, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&c->lock, &recursive);
+    pthread_mutexattr_destroy(&recursive);
     int rc = sf_cuda_status(cudaSetDevice(device), "cudaSetDevice");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->copy_in, cudaStreamNonBlocking), "stream");

@@ -45,6 +45,11 @@ int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
  * Process-wide; not to be changed while another thread's memory ops are being issued. */
 void sf_cuda_memory_set_tensor_cores(int on);
 
+/* How many graphs (ops graph_begin/end) this process's CUDA backends have launched, and how
+ * many of those needed a new executable (the others updated the key's kept one), for tests
+ * and benchmarks. Either pointer may be NULL. */
+void sf_cuda_graph_counts(unsigned long long *launched, unsigned long long *instantiated);
+
 #ifdef __cplusplus
 }
 #endif
@@ -115,6 +120,14 @@ typedef struct sf_cuda_queue {
     size_t widened_bytes;
 } sf_cuda_queue;
 
+/* A kept graph (graph.cu): the executable of the last sequence recorded under key. */
+typedef struct sf_cuda_graph {
+    const void *key;
+    cudaGraphExec_t exec; /* NULL until the first sequence of key was recorded */
+} sf_cuda_graph;
+
+#define SF_CUDA_GRAPHS 16 /* keys with a kept graph; graph_begin declines further ones */
+
 typedef struct sf_cuda {
     int device;
     sf_precision precision;
@@ -153,6 +166,12 @@ typedef struct sf_cuda {
     int n_lanes;
     cudaEvent_t lane_start[SF_BACKEND_LANES], lane_done[SF_BACKEND_LANES];
     cudaEvent_t lane_mark[SF_BACKEND_LANES][SF_BACKEND_LANE_MARKS];
+    /* Graphs (ops graph_begin/end: graph.cu). While the main stream is recorded the lock stays
+     * held by the recording thread (it is recursive, so that thread's ops still take it). */
+    int capturing;
+    int side_done_captured; /* side_done was recorded since graph_begin: a join may wait on it */
+    sf_cuda_graph graphs[SF_CUDA_GRAPHS];
+    int n_graphs;
 } sf_cuda;
 
 static inline sf_cuda *sf_cuda_of(sf_backend *be) { return (sf_cuda *)be->impl; }
@@ -190,6 +209,13 @@ int sf_cuda_lane_join(sf_backend *be, int lane);
 int sf_cuda_lane_signal(sf_backend *be, int mark);
 int sf_cuda_lane_wait(sf_backend *be, int lane, int mark);
 void sf_cuda_lanes_release(sf_cuda *c);
+/* graph.cu: the graph ops, and the release of the kept graphs. */
+int sf_cuda_graph_begin(sf_backend *be, const void *key);
+int sf_cuda_graph_end(sf_backend *be, const void *key, int issue);
+void sf_cuda_graphs_release(sf_cuda *c);
+/* The wait on side_done a join issues now, if any: none while recording when the side queue
+ * was given nothing since graph_begin (graph_begin waited for everything before). */
+int sf_cuda_wait_side_done(sf_cuda *c, const char *what);
 /* Grows the counted scratch to at least `bytes` (under the lock). */
 int sf_cuda_scratch(sf_cuda *c, size_t bytes);
 /* Counted device allocation / release for the backend's own buffers (under the lock). */
@@ -267,6 +293,8 @@ int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in);
 int sf_cuda_prepare_weight_group(sf_backend *be, int count, const float *const *w, int out, int in);
 int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
                 const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u);
+/* ops->ffn_h1_floats: 0 where ffn takes the W1|W3 SwiGLU kernel (which writes only h3). */
+size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden);
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */

@@ -283,6 +283,27 @@ int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x
  * [n, hidden] float32 writes and reads of W1/W3, SwiGLU and W2's input conversion: about
  * 10 n*hidden bytes of the 24 n*hidden it moved. The only new rounding is of W1 u and W3 u to
  * bf16 before SwiGLU. Otherwise (f32, unprepared weights) it is the composed sequence. */
+/* Whether ffn takes the W1|W3 SwiGLU kernel in bf16 (the default on an H100): SEQFLOW_CUDA_GATE_UP=0
+ * takes the composed path, and SEQFLOW_CUDA_SWIGLU_W2=1 (where usable) the W2 kernel instead. */
+static int fused_w2_wanted(int dim, int hidden)
+{
+    const char *w2_env = getenv("SEQFLOW_CUDA_SWIGLU_W2");
+    return w2_env && strcmp(w2_env, "1") == 0 && sf_cuda_swiglu_w2_usable(dim, hidden);
+}
+
+static int gate_up_wanted(const sf_cuda *c, int dim, int hidden)
+{
+    const char *gate_up_env = getenv("SEQFLOW_CUDA_GATE_UP");
+    return c->precision == SF_PRECISION_BF16 && !fused_w2_wanted(dim, hidden) &&
+           !(gate_up_env && strcmp(gate_up_env, "0") == 0) && sf_cuda_swiglu_gate_up_usable(dim, hidden);
+}
+
+size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
+{
+    if (n <= 0 || hidden <= 0) return 0;
+    return gate_up_wanted(sf_cuda_of(be), dim, hidden) ? 0 : (size_t)n * hidden;
+}
+
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3)
 {
@@ -292,6 +313,15 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     if (rc != SF_OK) return rc;
     const sf_cuda_weight *b1 = bf16_weight(c, w1, hidden, dim), *b3 = bf16_weight(c, w3, hidden, dim);
     const sf_cuda_weight *b2 = bf16_weight(c, w2, dim, hidden);
+    __nv_bfloat16 *g1 = (__nv_bfloat16 *)h1, *g3 = (__nv_bfloat16 *)h3;
+    /* the W1|W3 SwiGLU kernel writes only h3, so callers that asked (ffn_h1_floats) pass no h1 */
+    const int gate_up = b1 && b3 && b2 && gate_up_wanted(c, dim, hidden) &&
+                        (((uintptr_t)b1->bf16 | (uintptr_t)b3->bf16 | (uintptr_t)g3) & 15) == 0;
+    if (!gate_up && !h1) {
+        sf_cuda_leave(c);
+        return sf_error(SF_E_INVAL, "cuda ffn: this path needs the h1 scratch, which was not passed (were the "
+                                    "CUDA settings changed after the stage was set up?)");
+    }
     if (!b1 || !b3 || !b2) {
         sf_cuda_leave(c);
         const float *w13[2] = {w1, w3};
@@ -302,19 +332,13 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
         if (rc == SF_OK) rc = sf_cuda_matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 1);
         return rc;
     }
-    __nv_bfloat16 *g1 = (__nv_bfloat16 *)h1, *g3 = (__nv_bfloat16 *)h3;
     rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
-    __nv_bfloat16 *ub = (__nv_bfloat16 *)c->scratch;
+    __nv_bfloat16 *ub = (__nv_bfloat16 *)c->scratch; /* cudaMalloc'd: aligned for the kernel's maps */
     if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
     /* The default on an H100: W1 u and W3 u stay in registers and SwiGLU runs in the products'
      * epilogue (swiglu_gate_up.cu), g straight into h3, no [n, 2 hidden] written and read back.
      * SEQFLOW_CUDA_GATE_UP=0 takes the composed path below. */
-    const char *gate_up_env = getenv("SEQFLOW_CUDA_GATE_UP");
-    const char *w2_env = getenv("SEQFLOW_CUDA_SWIGLU_W2");
-    const int fused_w2 = w2_env && strcmp(w2_env, "1") == 0 && sf_cuda_swiglu_w2_usable(dim, hidden);
-    const int aligned = (((uintptr_t)ub | (uintptr_t)b1->bf16 | (uintptr_t)b3->bf16 | (uintptr_t)g3) & 15) == 0;
-    const int gate_up = !fused_w2 && !(gate_up_env && strcmp(gate_up_env, "0") == 0) && aligned &&
-                        sf_cuda_swiglu_gate_up_usable(dim, hidden);
+    const int fused_w2 = fused_w2_wanted(dim, hidden);
     if (rc == SF_OK && gate_up) {
         rc = sf_cuda_join_at_product(c);
         if (rc == SF_OK) rc = sf_cuda_swiglu_gate_up(n, dim, hidden, ub, b1->bf16, b3->bf16, g3, c->stream);
