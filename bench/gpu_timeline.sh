@@ -3,8 +3,9 @@
 # (after source scripts/gpu-env.sh, with BUILD_DIR's seqflow, bench_gpu_pipeline and
 # sf_kernel_trace built): bench/kernel_trace.c (CUPTI) records every kernel of a run of
 # TIMELINE_SEGMENTS (200) segments, and bench/timeline_summary.py reports the device's idle
-# gaps, what ran beside what, and the kernels' times a segment. Extra arguments are VAR=VALUE
-# settings for the run; TIMELINE_PIPELINE a pipeline instead of the binary's own.
+# gaps, what ran beside what, the kernels' times and the host-device copies a segment. Extra
+# arguments are VAR=VALUE settings for the run; TIMELINE_PIPELINE a pipeline instead of the
+# binary's own; TIMELINE_MODEL a bench_gpu_pipeline preset instead of reference (e.g. attention).
 #
 #   bash bench/gpu_timeline.sh BUILD_DIR [VAR=VALUE ...]
 #
@@ -17,13 +18,13 @@ out=${OUT:-/tmp/timeline}
 mkdir -p "$out"
 lib=$(realpath "$B/bench/libsf_kernel_trace.so" 2>/dev/null) || { echo "gpu_timeline: no $B/bench/libsf_kernel_trace.so"; exit 1; }
 D=/tmp/ab_data
-N=8192 SEGS=${TIMELINE_SEGMENTS:-200}
+N=8192 SEGS=${TIMELINE_SEGMENTS:-200} MODEL=${TIMELINE_MODEL:-reference}
 mkdir -p "$D"
-[ -f "$D/reference.st" ] || $B/bench/bench_gpu_pipeline --make-model "$D/reference.st" --preset reference --seed 1 >/dev/null
+[ -f "$D/$MODEL.st" ] || $B/bench/bench_gpu_pipeline --make-model "$D/$MODEL.st" --preset $MODEL --seed 1 >/dev/null
 [ -f "$D/long$SEGS.u32" ] || $B/bench/bench_gpu_pipeline --make-tokens "$D/long$SEGS.u32" --count $((SEGS * N)) --seed 4 >/dev/null
-tag=$(echo "default $*" | tr ' =' '_-' | tr -cd 'A-Za-z0-9_.-')
+tag=$(echo "$MODEL $*" | tr ' =' '_-' | tr -cd 'A-Za-z0-9_.-')
 env "${@:-SEQFLOW_UNUSED=1}" SEQFLOW_TRACE_OUT="/tmp/trace_$tag.csv" CUDA_INJECTION64_PATH="$lib" \
-  $B/seqflow run -d cuda -m "$D/reference.st" -i "$D/long$SEGS.u32" -f u32 --sink-format null -q --no-progress \
+  $B/seqflow run -d cuda -m "$D/$MODEL.st" -i "$D/long$SEGS.u32" -f u32 --sink-format null -q --no-progress \
   ${TIMELINE_PIPELINE:+"$TIMELINE_PIPELINE"} >"$out/run_$tag.txt" 2>&1 || { tail -5 "$out/run_$tag.txt"; exit 1; }
 python3 bench/timeline_summary.py "/tmp/trace_$tag.csv" >"$out/timeline_$tag.txt"
 cat "$out/timeline_$tag.txt"

@@ -1,7 +1,9 @@
 /* A CUPTI injection library that writes every kernel's device start and end (ns), stream and
  * name to a CSV file, for bench/timeline_summary.py: where a run's wall time goes between
  * kernels, and what ran beside what, with the real clocks and the real concurrency (ncu
- * serializes kernels; Nsight Systems is not on the GPU machine). Used by bench/gpu_timeline.sh:
+ * serializes kernels; Nsight Systems is not on the GPU machine). Memory copies go to the same
+ * file, named "[memcpy KIND BYTES]" (KIND HtoD, DtoH, DtoD or other), so that the summary can
+ * tell how busy the copies between host and device kept the bus. Used by bench/gpu_timeline.sh:
  *
  *   SEQFLOW_TRACE_OUT=trace.csv CUDA_INJECTION64_PATH=build/bench/libsf_kernel_trace.so prog ...
  *
@@ -28,6 +30,16 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
     (void)ctx, (void)stream, (void)size;
     CUpti_Activity *record = NULL;
     while (trace_file && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+        if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)record;
+            const char *kind = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "HtoD"
+                               : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "DtoH"
+                               : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD ? "DtoD"
+                                                                                : "other";
+            fprintf(trace_file, "%llu,%llu,%u,[memcpy %s %llu]\n", (unsigned long long)m->start,
+                    (unsigned long long)m->end, m->streamId, kind, (unsigned long long)m->bytes);
+            continue;
+        }
         if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)record;
         fprintf(trace_file, "%llu,%llu,%u,%s\n", (unsigned long long)k->start, (unsigned long long)k->end,
@@ -53,7 +65,8 @@ int InitializeInjection(void)
     if (!trace_file) return 0;
     fprintf(trace_file, "start,end,stream,name\n");
     if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
-        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS) {
         fprintf(stderr, "kernel_trace: CUPTI would not start\n");
         return 0;
     }

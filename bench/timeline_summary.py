@@ -7,8 +7,10 @@
 Over the steady middle of the run (kernel starts between the 20th and the 95th percentile, so
 start-up and the last segments fall out): the window's length, how much of it some kernel ran
 (the union of all kernels' intervals), the idle gaps between kernels (count and sum by size),
-each stream's kernel time, and the top kernels by total time. --per names a kernel that runs
-once per segment (default: 'embed'), to report everything per segment."""
+each stream's kernel time, and the top kernels by total time; and, from the CSV, the copies
+between host and device (rows named "[memcpy KIND BYTES]") by direction: how long a copy ran a
+segment (the union of the copies' intervals), bytes, and the rate while copying. --per names a
+kernel that runs once per segment (default: 'embed'), to report everything per segment."""
 import csv
 import re
 import sqlite3
@@ -25,9 +27,12 @@ def short_name(name):
 def main():
     path = sys.argv[1]
     per = sys.argv[sys.argv.index("--per") + 1] if "--per" in sys.argv else "embed"
+    copies = []
     if path.endswith(".csv"):
         with open(path) as f:
             rows = sorted((int(r["start"]), int(r["end"]), int(r["stream"]), r["name"]) for r in csv.DictReader(f))
+        copies = [r for r in rows if r[3].startswith("[memcpy")]
+        rows = [r for r in rows if not r[3].startswith("[memcpy")]
         names = {}
     else:
         db = sqlite3.connect(path)
@@ -92,6 +97,30 @@ def main():
         print("side by side (overlap a segment):")
         for (a, b), t in sorted(beside.items(), key=lambda x: -x[1])[:12]:
             print(f"  {t * us / segments:8.1f} us  {a} | {b}")
+    report_copies([c for c in copies if lo <= c[0] <= lo + window], window, segments)
+
+
+def report_copies(copies, window, segments):
+    """Per direction: copies a segment, bytes, the union of their intervals, the rate while copying."""
+    us = 1e-3
+    by_kind = defaultdict(list)
+    for s, e, _, name in copies:
+        kind, size = name.strip("[]").split()[1:3]
+        by_kind[kind].append((s, e, int(size)))
+    for kind, cs in sorted(by_kind.items()):
+        busy, cur_s, cur_e = 0, None, None
+        for s, e, _ in sorted(cs):
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    busy += cur_e - cur_s
+                cur_s, cur_e = s, e
+            elif e > cur_e:
+                cur_e = e
+        busy += cur_e - cur_s
+        nbytes = sum(b for _, _, b in cs)
+        print(f"copies {kind}: {len(cs) / segments:.2f} a segment, {nbytes / segments / 2**20:.2f} MiB a segment, "
+              f"copying {busy * us / segments:.1f} us a segment ({100.0 * busy / window:.1f}% of the wall), "
+              f"{nbytes / busy if busy else 0:.2f} GB/s while copying")
 
 
 if __name__ == "__main__":
