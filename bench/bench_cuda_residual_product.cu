@@ -17,11 +17,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "bench/cuda_bench_backend.cuh"
 #include "bench/cuda_check.h"
 #include "bench/event_timing.cuh"
 #include "bench/gemm_bench_common.cuh"
-#include "kernels/cuda/cuda_backend.h"
-#include "seqflow/seqflow.h"
 
 static int failures = 0;
 
@@ -93,22 +92,13 @@ int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("skipped: no GPU\n");
-        return 0;
-    }
     sf_backend *be = NULL;
-    if (sf_backend_create_ex("cuda", 0, SF_PRECISION_BF16, &be) != SF_OK) {
-        fprintf(stderr, "cuda backend: %s\n", sf_last_error());
-        return 2;
-    }
-    sf_cuda *c = sf_cuda_of(be);
-    if (sf_cuda_enter(c) != SF_OK) return 2;
+    int exit_code = 0;
+    sf_cuda *c = bench_cuda_open(&be, &exit_code);
+    if (!c) return exit_code;
     if (!sf_cuda_residual_product_usable(1024, 1024)) {
         printf("skipped: residual_product needs an sm_90 device\n");
-        sf_cuda_leave(c);
-        sf_backend_free(be);
+        bench_cuda_close(be);
         return 0;
     }
     one_shape(c, "partial", 300, 256, 384, 0);
@@ -116,8 +106,7 @@ int main(int argc, char **argv)
     one_shape(c, "partial", 77, 72, 8, 0);
     one_shape(c, "W2", 8192, 4096, 1024, reps);
     one_shape(c, "O", 8192, 1024, 1024, reps);
-    sf_cuda_leave(c);
-    sf_backend_free(be);
+    bench_cuda_close(be);
     printf("%s\n", failures ? "FAILED" : "all checks passed");
     return failures ? 1 : 0;
 }

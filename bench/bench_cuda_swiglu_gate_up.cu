@@ -17,11 +17,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "bench/cuda_bench_backend.cuh"
 #include "bench/cuda_check.h"
 #include "bench/event_timing.cuh"
 #include "bench/gemm_bench_common.cuh"
-#include "kernels/cuda/cuda_backend.h"
-#include "seqflow/seqflow.h"
 
 static int failures = 0;
 
@@ -101,22 +100,13 @@ int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line out as it is printed, even when killed */
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("skipped: no GPU\n");
-        return 0;
-    }
     sf_backend *be = NULL;
-    if (sf_backend_create_ex("cuda", 0, SF_PRECISION_BF16, &be) != SF_OK) {
-        fprintf(stderr, "cuda backend: %s\n", sf_last_error());
-        return 2;
-    }
-    sf_cuda *c = sf_cuda_of(be);
-    if (sf_cuda_enter(c) != SF_OK) return 2;
+    int exit_code = 0;
+    sf_cuda *c = bench_cuda_open(&be, &exit_code);
+    if (!c) return exit_code;
     if (!sf_cuda_swiglu_gate_up_usable(1024, 4096)) {
         printf("skipped: swiglu_gate_up needs an sm_90 device\n");
-        sf_cuda_leave(c);
-        sf_backend_free(be);
+        bench_cuda_close(be);
         return 0;
     }
     const int shapes[][3] = {{300, 256, 384}, {129, 512, 128}, {1000, 1024, 4096}, {77, 72, 200}, {8192, 1024, 4096}};
@@ -134,8 +124,7 @@ int main(int argc, char **argv)
     for (const auto &s : shapes) one_shape(c, s[0], s[1], s[2], 0);
     unsetenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE");
     one_shape(c, 8192, 1024, 4096, reps);
-    sf_cuda_leave(c);
-    sf_backend_free(be);
+    bench_cuda_close(be);
     printf("%s\n", failures ? "FAILED" : "all checks passed");
     return failures ? 1 : 0;
 }

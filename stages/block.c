@@ -408,10 +408,9 @@ static int layers_forward(block *b, stream_state *const *states, int count, int 
     const sf_backend_ops *ops = b->be->ops;
     const int repeat = count == b->last_count && n == b->last_n; /* block.last_n */
     b->last_count = count, b->last_n = n;
-    int rc = repeat && ops->graph_begin ? ops->graph_begin(b->be, b) : 0;
-    if (rc < 0) return rc;
-    const int recording = rc;
-    rc = SF_OK;
+    const int recording = repeat && ops->graph_begin ? ops->graph_begin(b->be, b) : 0;
+    if (recording < 0) return recording;
+    int rc = SF_OK;
     for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, states, count, l, n, commit);
     if (ops->side_join) {
         int join_rc = ops->side_join(b->be);

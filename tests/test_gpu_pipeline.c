@@ -213,6 +213,25 @@ static int run_threaded(const sf_model *m, const char *device, sf_precision prec
     return got == tokens * D ? SF_OK : SF_E_IO;
 }
 
+/* The threaded runs' input: 12 full segments and a partial one. */
+static size_t threaded_tokens(const sf_model *m) { return 12 * (size_t)sf_model_get_config(m)->segment + 7; }
+
+/* A text file of threaded_tokens(m) random token ids (seeded) under `name` in the test's temporary
+ * folder, and the CPU's rows for it (run_threaded, float32) in *cpu. Returns the file's path, or
+ * NULL when the CPU run failed (already reported). */
+static const char *threaded_input(const sf_model *m, uint64_t seed, const char *name, float **cpu)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t tokens = threaded_tokens(m);
+    const char *path = check_tmp_path(name);
+    FILE *f = fopen(path, "w");
+    check_rng r = {seed};
+    for (size_t i = 0; i < tokens; i++)
+        fprintf(f, "%llu%c", (unsigned long long)(check_rng_next(&r) % (uint64_t)c->vocab), i % 16 == 15 ? '\n' : ' ');
+    fclose(f);
+    return run_threaded(m, "cpu", SF_PRECISION_F32, "block", path, tokens, cpu) == SF_OK ? path : NULL;
+}
+
 /* The block stage on device lanes (block lanes=2, the default on a GPU) against lanes=0 and the
  * CPU, in threaded runs of many segments (a partial last one included), where a segment's first
  * layers run beside the previous one's last: each layer must wait for the previous segment's
@@ -221,15 +240,10 @@ static int run_threaded(const sf_model *m, const char *device, sf_precision prec
 static void compare_lanes(const char *name, const sf_model *m, uint64_t seed)
 {
     const sf_model_config *c = sf_model_get_config(m);
-    const size_t N = (size_t)c->segment, D = (size_t)c->dim, tokens = 12 * N + 7;
-    const char *path = check_tmp_path("lanes.txt");
-    FILE *f = fopen(path, "w");
-    check_rng r = {seed};
-    for (size_t i = 0; i < tokens; i++)
-        fprintf(f, "%llu%c", (unsigned long long)(check_rng_next(&r) % (uint64_t)c->vocab), i % 16 == 15 ? '\n' : ' ');
-    fclose(f);
+    const size_t D = (size_t)c->dim, tokens = threaded_tokens(m);
     float *cpu = NULL;
-    if (run_threaded(m, "cpu", SF_PRECISION_F32, "block", path, tokens, &cpu) != SF_OK) return;
+    const char *path = threaded_input(m, seed, "lanes.txt", &cpu);
+    if (!path) return;
     static const struct {
         sf_precision p;
         const char *label;
@@ -271,15 +285,10 @@ static void compare_lanes(const char *name, const sf_model *m, uint64_t seed)
 static void compare_graphs(const char *name, const sf_model *m, uint64_t seed)
 {
     const sf_model_config *c = sf_model_get_config(m);
-    const size_t N = (size_t)c->segment, D = (size_t)c->dim, tokens = 12 * N + 7;
-    const char *path = check_tmp_path("graphs.txt");
-    FILE *f = fopen(path, "w");
-    check_rng r = {seed};
-    for (size_t i = 0; i < tokens; i++)
-        fprintf(f, "%llu%c", (unsigned long long)(check_rng_next(&r) % (uint64_t)c->vocab), i % 16 == 15 ? '\n' : ' ');
-    fclose(f);
+    const size_t D = (size_t)c->dim, tokens = threaded_tokens(m);
     float *cpu = NULL;
-    if (run_threaded(m, "cpu", SF_PRECISION_F32, "block", path, tokens, &cpu) != SF_OK) return;
+    const char *path = threaded_input(m, seed, "graphs.txt", &cpu);
+    if (!path) return;
     setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1); /* the same algorithm for every product in both runs */
     float *eager = NULL, *graphed = NULL;
     setenv("SEQFLOW_CUDA_GRAPHS", "0", 1);

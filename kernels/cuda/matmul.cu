@@ -276,15 +276,9 @@ int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x
     return rc;
 }
 
-/* ffn (seqflow/backend.h). In bf16 with prepared weights the intermediates never exist in
- * float32: the norm writes bf16 straight into the scratch, W1 and W3 write bf16 side by side
- * into the caller's h1, SwiGLU writes bf16 into h3, and W2 accumulates into x in float32
- * (beta = 1, the residual); on an H100 W1, W3 and SwiGLU are one kernel writing h3 (below). Against the float32 composition this saves the
- * [n, hidden] float32 writes and reads of W1/W3, SwiGLU and W2's input conversion: about
- * 10 n*hidden bytes of the 24 n*hidden it moved. The only new rounding is of W1 u and W3 u to
- * bf16 before SwiGLU. Otherwise (f32, unprepared weights) it is the composed sequence. */
-/* Whether ffn takes the W1|W3 SwiGLU kernel in bf16 (the default on an H100): SEQFLOW_CUDA_GATE_UP=0
- * takes the composed path, and SEQFLOW_CUDA_SWIGLU_W2=1 (where usable) the W2 kernel instead. */
+/* Whether ffn applies SwiGLU inside the W2 product (SEQFLOW_CUDA_SWIGLU_W2=1, where usable), and
+ * whether it takes the W1|W3 SwiGLU kernel in bf16 (the default on an H100; SEQFLOW_CUDA_GATE_UP=0
+ * takes the composed path). ffn and ffn_h1_floats ask both, so they agree on which path runs. */
 static int fused_w2_wanted(int dim, int hidden)
 {
     const char *w2_env = getenv("SEQFLOW_CUDA_SWIGLU_W2");
@@ -304,6 +298,13 @@ size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
     return gate_up_wanted(sf_cuda_of(be), dim, hidden) ? 0 : (size_t)n * hidden;
 }
 
+/* ffn (seqflow/backend.h). In bf16 with prepared weights the intermediates never exist in
+ * float32: the norm writes bf16 straight into the scratch, W1 and W3 write bf16 side by side
+ * into the caller's h1, SwiGLU writes bf16 into h3, and W2 accumulates into x in float32
+ * (beta = 1, the residual); on an H100 W1, W3 and SwiGLU are one kernel writing h3 (below). Against the float32 composition this saves the
+ * [n, hidden] float32 writes and reads of W1/W3, SwiGLU and W2's input conversion: about
+ * 10 n*hidden bytes of the 24 n*hidden it moved. The only new rounding is of W1 u and W3 u to
+ * bf16 before SwiGLU. Otherwise (f32, unprepared weights) it is the composed sequence. */
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3)
 {
