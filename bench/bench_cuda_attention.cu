@@ -182,6 +182,48 @@ static uint16_t bf16_bits(float x)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
+static void write_file(const char *dir, const char *file, const void *data, size_t bytes)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, bytes, f) != bytes || fclose(f) != 0) {
+        fprintf(stderr, "bench_cuda_attention: cannot write %s\n", path);
+        exit(2);
+    }
+}
+
+/* ATT_DUMP=DIR: the reference shape's inputs (q, k, v as the bf16 the kernel read, gk, gv in
+ * float32), the kernel's output and its median time, so that the PyTorch peer's attention
+ * (bench/peers/seqflow_torch.py attention) runs on the same inputs, is checked against this
+ * output and timed beside it. q, k, v are rounded in turn into `bits`, so the three are
+ * rounded again here from the float inputs. */
+static void dump_problem(const char *dir, const problem &p, std::vector<uint16_t> &bits, const std::vector<float> &out,
+                         float median_ms, double flops)
+{
+    const std::vector<float> *src[3] = {&p.q, &p.k, &p.v};
+    const char *names[3] = {"q.bf16", "k.bf16", "v.bf16"};
+    for (int i = 0; i < 3; i++) {
+        for (size_t j = 0; j < bits.size(); j++) bits[j] = bf16_bits((*src[i])[j]);
+        write_file(dir, names[i], bits.data(), bits.size() * 2);
+    }
+    write_file(dir, "gk.f32", p.gk.data(), p.gk.size() * 4);
+    write_file(dir, "gv.f32", p.gv.data(), p.gv.size() * 4);
+    write_file(dir, "out.f32", out.data(), out.size() * 4);
+    const sf_attention_desc &d = p.desc;
+    char meta[1024];
+    int len = snprintf(meta, sizeof meta,
+                       "{\"n\": %d, \"segment\": %d, \"heads\": %d, \"head_dim\": %d, \"causal\": %d, "
+                       "\"n_global\": %d, \"scale\": %.9g, \"branches\": [",
+                       d.n, d.segment, d.heads, d.head_dim, d.causal, d.n_global, d.scale);
+    for (int b = 0; b < d.n_branches; b++)
+        len += snprintf(meta + len, sizeof meta - len, "%s[%d, %d]", b ? ", " : "", d.branches[b].window,
+                        d.branches[b].dilation);
+    len += snprintf(meta + len, sizeof meta - len, "], \"useful_flops\": %.0f, \"kernel_ms\": %.6f}\n", flops,
+                    (double)median_ms);
+    write_file(dir, "attention.json", meta, (size_t)len);
+}
+
 /* The default variant on bf16 q, k, v as qkv writes them on an H100 (desc.qkv_type bf16): K/V
  * read in place, only the global tokens staged. The inputs are the float ones rounded to bf16,
  * which the float path rounds identically, so its output must equal the float path's. */
@@ -215,6 +257,8 @@ static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const
         const float med = ms[ms.size() / 2];
         printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f   (max |diff| to float inputs %.3g)\n", name, var,
                "bf16 q/k/v read in place (qkv's output)", med, ms[0], flops / (med * 1e-3) / 1e12, maxdiff);
+        const char *dir = getenv("ATT_DUMP");
+        if (dir && strcmp(name, "ref causal G256") == 0) dump_problem(dir, p, bits, got, med, flops);
     }
     for (int i = 0; i < 3; i++) cudaFree(b[i]);
 }

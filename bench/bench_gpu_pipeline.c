@@ -181,22 +181,27 @@ static int globals_at(const sf_model_config *c, size_t s)
     return g > (size_t)c->global_tokens ? c->global_tokens : (int)g;
 }
 
-static double segment_useful_flops(const sf_model_config *c, int n, int n_global)
+/* The dilated attention's share (every layer): what the attention kernel does. */
+static double segment_attention_flops(const sf_model_config *c, int n, int n_global)
 {
-    const double H = c->heads, d = c->head_dim, W = H * d, D = c->dim;
     sf_attention_desc desc = {.n = n, .segment = c->segment, .heads = c->heads, .head_dim = c->head_dim,
                               .ld = c->heads * c->head_dim, .causal = c->causal, .n_branches = c->n_branches,
                               .branches = c->branches, .n_global = n_global,
                               .scale = 1.0f / sqrtf((float)c->head_dim)};
-    double per_layer = sf_attention_useful_flops(&desc);
-    per_layer += 2.0 * n * D * W * 4;                                /* Q, K, V, O */
+    return sf_attention_useful_flops(&desc) * c->layers;
+}
+
+static double segment_useful_flops(const sf_model_config *c, int n, int n_global)
+{
+    const double H = c->heads, d = c->head_dim, W = H * d, D = c->dim;
+    double per_layer = 2.0 * n * D * W * 4;                                /* Q, K, V, O */
     per_layer += 2.0 * n * D * c->mlp_hidden * 3;                    /* W1, W3, W2 */
     if (c->memory != SF_MEMORY_NONE) {
         per_layer += 2.0 * n * H * d * (d + 1);                      /* retrieval */
         per_layer += 2.0 * n * H * d * d;                            /* sigma(K)^T (V or V - R) */
         if (c->memory == SF_MEMORY_DELTA) per_layer += 2.0 * n * H * d * (d + 1); /* R */
     }
-    return per_layer * c->layers;
+    return per_layer * c->layers + segment_attention_flops(c, n, n_global);
 }
 
 /* ---- runs ---------------------------------------------------------------------------- */
@@ -295,8 +300,9 @@ static void run_tokens(const sf_model *m, const char *device, const char *tokens
                "device in use (whole GPU) peak %.1f MiB\n",
                mem_start.held / 1048576, mem_end.peak / 1048576, used_peak / 1048576);
     /* machine-readable line for gpu_bench.sh */
-    printf("RESULT tokens_per_s=%.1f tflops=%.3f mflop_per_token=%.4f peak_mib=%.1f\n", timed / seconds, flops / seconds / 1e12,
-           per_token_steady / 1e6, mem_end.peak / 1048576);
+    printf("RESULT tokens_per_s=%.1f tflops=%.3f mflop_per_token=%.4f attention_mflop_per_token=%.4f peak_mib=%.1f\n",
+           timed / seconds, flops / seconds / 1e12, per_token_steady / 1e6,
+           segment_attention_flops(c, (int)N, globals_at(c, 1u << 30)) / N / 1e6, mem_end.peak / 1048576);
     sf_graph_free(g);
     if (out_path) write_npy(out_path, out, count, (size_t)c->dim);
     free(out);

@@ -6,7 +6,8 @@
 # 1. builds seqflow (Release, CUDA arch 90) into build-gpu;
 # 2. measures the cuBLAS bf16 GEMM rate (bench_gemm, 8192^3, median), and the attention kernel
 #    against dense flash attention on 2048-token windows (bench_cuda_attention,
-#    bench/peers/dense_flash.py: the attention target's yardstick), and the MLP's W1|W3 product
+#    bench/peers/dense_flash.py: the attention target's yardstick) and against the peer's own
+#    attention on the same inputs (seqflow_torch.py attention), and the MLP's W1|W3 product
 #    with SwiGLU fused against cuBLAS + the SwiGLU pass (bench_cuda_swiglu_gate_up), and the
 #    products added into the residual (W2, O) on cuBLAS against a hand-written kernel
 #    (bench_cuda_residual_product);
@@ -19,7 +20,8 @@
 #    writing its output) on each, compares their outputs with each
 #    other and with seqflow's float32 CPU pipeline on the first segments;
 # 5. runs the attention-only model over a long stream and reports device memory;
-# 6. prints the table.
+# 6. prints the table, and what 7x the peer would take against the bounds of this run's own
+#    rates (bench/target_bounds.py).
 # The log, the summary and the table go to $OUT (or /tmp/gpu_bench_out).
 # Knobs: GPU_BENCH_SEGMENTS (segments of each timed run, default 16), GPU_BENCH_MEM_SECONDS (the long run, default 60),
 # GPU_BENCH_BINARY_REPS (repetitions of the binary's timing, default 5),
@@ -95,9 +97,17 @@ echo "== the attention kernel against dense flash attention (the attention targe
 # seqflow's kernel on the reference branches (with and without the 256 global tokens) and on
 # dense causal 2048-token windows, and PyTorch's SDPA backends on the same dense windows
 if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_cuda_attention" ]; then
-  ATT_TIME_ONLY=1 "$BUILD/bench/bench_cuda_attention" 50 >"$LOGS/attention_kernel.txt" 2>&1
+  mkdir -p "$DATA/attention_inputs"
+  ATT_DUMP="$DATA/attention_inputs" ATT_TIME_ONLY=1 "$BUILD/bench/bench_cuda_attention" 50 >"$LOGS/attention_kernel.txt" 2>&1
   grep 'read in place' "$LOGS/attention_kernel.txt" | awk '{printf "attention kernel (default variant, bf16 q/k/v in place): %s %s %s: %s TFLOP/s\n", $1, $2, $3, $(NF-6)}' |
     tee -a "$SUMMARY"
+  # The attention alone against the peer's (its branches, global tokens and merge), on the
+  # inputs the kernel bench just used (reference shape, G256), checked against its output
+  if [ -f "$DATA/attention_inputs/attention.json" ]; then
+    python3 "$PEER" attention --inputs "$DATA/attention_inputs" --json "$LOGS/attention_peer.json" |
+      tee "$LOGS/attention_peer.txt" | tee -a "$SUMMARY"
+  fi
+  rm -rf "$DATA/attention_inputs"
 fi
 python3 bench/peers/dense_flash.py --json "$LOGS/dense_flash.json" | tee "$LOGS/dense_flash.txt"
 python3 -c "import json; r=json.load(open('$LOGS/dense_flash.json'))['results']; print('dense flash attention (PyTorch SDPA, 4 x 2048 causal windows, 16 heads, d=64): ' + ', '.join('%s %.1f TFLOP/s' % (x['backend'], x['tflops']) for x in r))" 2>/dev/null |
@@ -214,7 +224,27 @@ echo "== table"
       "${pt:-n/a}" "${spd:-n/a}" "${btps:-n/a}" "${bpct:-n/a}" "${pk:-n/a}" "${ptm:-n/a}"
   done
   [ -f "$LOGS/memory.txt" ] && grep '^memory run' "$LOGS/memory.txt"
-  grep -h '^attention kernel\|^dense flash' "$SUMMARY"
+  # What 7x the peer would take, against what this run's own rates allow (bench/target_bounds.py)
+  rs=$LOGS/reference_seqflow.txt
+  if [ -n "$GEMM" ] && [ -n "$(value attention_mflop_per_token "$rs")" ] && [ -f "$LOGS/reference_pytorch.json" ]; then
+    rates=$(python3 -c "
+import json
+r = []
+try:
+    r += ['--attention-rate=dense-%s=%.1f' % (x['backend'], x['tflops']) for x in json.load(open('$LOGS/dense_flash.json'))['results']]
+except Exception: pass
+try:
+    a = json.load(open('$LOGS/attention_peer.json'))
+    r += ['--attention-rate=seqflow-kernel=%.1f' % a['kernel_tflops'], '--kernel-ms=%f' % a['kernel_ms'],
+          '--peer-attention-ms=%f' % a['peer_ms'], '--attention-gflop=%f' % a['useful_gflop']]
+except Exception: pass
+print(' '.join(r))")
+    # shellcheck disable=SC2086
+    python3 bench/target_bounds.py --gemm "$GEMM" --mflop "$(value mflop_per_token "$rs")" \
+      --attention-mflop "$(value attention_mflop_per_token "$rs")" \
+      --peer-tps "$(python3 -c "import json;print(json.load(open('$LOGS/reference_pytorch.json'))['tokens_per_s'])")" $rates
+  fi
+  grep -h '^attention kernel\|^attention against\|^dense flash' "$SUMMARY"
   echo "checks:"
   grep -h '^compare' "$SUMMARY" | sed "s|$DATA/||g"
 } | tee "$OUT/table.md"

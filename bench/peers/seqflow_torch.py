@@ -8,10 +8,13 @@ for the compressive memory, cuBLAS products in bf16. It is seqflow's peer in the
   seqflow_torch.py run --model M.safetensors --tokens T.u32 [--out H.npy] [--device cuda]
                        [--precision bf16|f32] [--warmup-segments 2] [--json R.json]
   seqflow_torch.py compare A.npy B.npy [--rows N] [--tol 2e-2]
+  seqflow_torch.py attention --inputs DIR [--reps 50] [--json R.json]
 
 `run` processes the stream segment by segment with the state carried (memory M/z and the
 global-token FIFO of every layer), a final partial segment included, and times the segments
-after the warm-up with CUDA events. Model files are read with numpy alone (no safetensors
+after the warm-up with CUDA events. `attention` times the attention alone (local_attention: the
+branches, the global tokens, the merge) on the inputs that bench_cuda_attention writes with
+ATT_DUMP=DIR, and checks it against the fused kernel's output there. Model files are read with numpy alone (no safetensors
 package needed): float32, float16 and bfloat16 tensors.
 """
 import argparse
@@ -78,15 +81,8 @@ def parse_config(meta, tensors):
 
 class SeqflowTorch:
     def __init__(self, cfg, tensors, device, precision):
-        import torch
-        self.torch = torch
-        self.cfg = cfg
-        self.dev = torch.device(device)
-        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        # The flash kernel takes only half-precision inputs; float32 (the checking mode) computes
-        # the same thing explicitly.
-        self.flash = self.dtype == torch.bfloat16 and self.dev.type == "cuda"
-        f32 = torch.float32
+        self._runtime(cfg, device, precision)
+        torch, f32 = self.torch, self.torch.float32
 
         def t(name, dtype):
             return torch.from_numpy(tensors[name]).to(self.dev, dtype)
@@ -109,8 +105,27 @@ class SeqflowTorch:
                 b["w13"] = torch.cat([t(p + "mlp.w1.weight", self.dtype), t(p + "mlp.w3.weight", self.dtype)], 0)
                 b["w2"] = t(p + "mlp.w2.weight", self.dtype)
             self.blocks.append(b)
-        self.index_cache = {}
         self.reset()
+
+    def _runtime(self, cfg, device, precision):
+        import torch
+        self.torch = torch
+        self.cfg = cfg
+        self.dev = torch.device(device)
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        # The flash kernel takes only half-precision inputs; float32 (the checking mode) computes
+        # the same thing explicitly.
+        self.flash = self.dtype == torch.bfloat16 and self.dev.type == "cuda"
+        self.index_cache = {}
+
+    @classmethod
+    def attention_only(cls, cfg, device, precision, gk, gv):
+        """An object that has only what local_attention needs (layer 0's global keys and values
+        gk, gv: [G, H*d] float32): the attention timed alone (`attention` command)."""
+        m = cls.__new__(cls)
+        m._runtime(cfg, device, precision)
+        m.gk, m.gv = [gk], [gv]
+        return m
 
     def reset(self):
         torch, c = self.torch, self.cfg
@@ -333,6 +348,78 @@ def cmd_compare(a):
     sys.exit(0 if ok else 1)
 
 
+def useful_attention_flops(cfg, n):
+    """sf_attention_useful_flops (kernels/cpu/attention.c): 4 d per (query, key) pair that a
+    query attends, causal pairs halved, plus every row against the global keys."""
+    pairs = 0
+    for h in range(cfg["heads"]):
+        for (w, r) in cfg["branches"]:
+            o = h % r
+            for start in range(0, n, w):
+                rows = len(range(start + o, min(start + w, n), r))
+                pairs += rows * (rows + 1) // 2 if cfg["causal"] else rows * rows
+        pairs += n * cfg["global_tokens"]
+    return 4.0 * cfg["head_dim"] * pairs
+
+
+def cmd_attention(a):
+    """The peer's local attention (all branches, the global tokens and the LSE merge: what
+    seqflow's fused kernel does) on the inputs bench_cuda_attention wrote (ATT_DUMP), checked
+    against that kernel's output and timed with CUDA events beside its time."""
+    import torch
+    meta = json.load(open(f"{a.inputs}/attention.json"))
+    n, H, d, G = meta["n"], meta["heads"], meta["head_dim"], meta["n_global"]
+    W = H * d
+    cfg = {"segment": meta["segment"], "heads": H, "head_dim": d, "causal": bool(meta["causal"]),
+           "branches": [tuple(b) for b in meta["branches"]], "global_tokens": G}
+    dev = torch.device(a.device)
+
+    def rows(name, np_dtype, count):
+        x = np.fromfile(f"{a.inputs}/{name}", dtype=np_dtype)
+        if x.size != count:
+            raise SystemExit(f"seqflow_torch: {a.inputs}/{name}: {x.size} values, expected {count}")
+        return x
+
+    def bf16(name):
+        return torch.from_numpy(rows(name, "<i2", n * W)).to(dev).view(torch.bfloat16).view(n, H, d)
+
+    q, k, v = bf16("q.bf16"), bf16("k.bf16"), bf16("v.bf16")
+    gk = torch.from_numpy(rows("gk.f32", "<f4", G * W).reshape(G, W)).to(dev)
+    gv = torch.from_numpy(rows("gv.f32", "<f4", G * W).reshape(G, W)).to(dev)
+    want = torch.from_numpy(rows("out.f32", "<f4", n * W).reshape(n, W)).to(dev, torch.float64)
+    model = SeqflowTorch.attention_only(cfg, a.device, "bf16", gk, gv)
+    flops = useful_attention_flops(cfg, n)
+    if abs(flops - meta["useful_flops"]) > 1e-6 * flops:
+        raise SystemExit(f"seqflow_torch: useful FLOPs {flops:.0f} differ from the kernel bench's {meta['useful_flops']:.0f}")
+    with torch.inference_mode():
+        got = model.local_attention(0, q, k, v, n).reshape(n, W).to(torch.float64)
+        rel = float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(got))
+        for _ in range(a.warmup):
+            model.local_attention(0, q, k, v, n)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(a.reps)]
+        for e0, e1 in ev:
+            e0.record()
+            model.local_attention(0, q, k, v, n)
+            e1.record()
+        torch.cuda.synchronize()
+    ms = sorted(e0.elapsed_time(e1) for e0, e1 in ev)
+    peer_ms = ms[len(ms) // 2]
+    ok = math.isfinite(rel) and rel <= a.tol
+    result = {"peer_ms": peer_ms, "peer_min_ms": ms[0], "peer_tflops": flops / (peer_ms * 1e-3) / 1e12,
+              "kernel_ms": meta["kernel_ms"], "kernel_tflops": flops / (meta["kernel_ms"] * 1e-3) / 1e12,
+              "speedup": peer_ms / meta["kernel_ms"], "rel_error": rel, "tol": a.tol, "pass": ok,
+              "useful_gflop": flops / 1e9, "torch": torch.__version__}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print("attention against the PyTorch peer (n=%d, %d heads, d=%d, branches %s, %s, %d global tokens; %.2f useful "
+          "GFLOP): peer %.3f ms (%.1f TFLOP/s), seqflow's kernel %.3f ms (%.1f TFLOP/s): %.2fx"
+          % (n, H, d, ",".join("%d:%d" % b for b in cfg["branches"]), "causal" if cfg["causal"] else "non-causal", G,
+             flops / 1e9, peer_ms, result["peer_tflops"], meta["kernel_ms"], result["kernel_tflops"], result["speedup"]))
+    print("compare attention kernel vs peer: rel. error %.3e, tol %.1e: %s" % (rel, a.tol, "PASS" if ok else "FAIL"))
+    sys.exit(0 if ok else 1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -353,6 +440,14 @@ def main():
     c.add_argument("--tol", type=float, default=2e-2)
     c.add_argument("--json")
     c.set_defaults(fn=cmd_compare)
+    t = sub.add_parser("attention", help="time the peer's attention alone on the inputs bench_cuda_attention dumped")
+    t.add_argument("--inputs", required=True, help="the directory ATT_DUMP named")
+    t.add_argument("--device", default="cuda")
+    t.add_argument("--reps", type=int, default=50)
+    t.add_argument("--warmup", type=int, default=5)
+    t.add_argument("--tol", type=float, default=2e-2)
+    t.add_argument("--json")
+    t.set_defaults(fn=cmd_attention)
     a = p.parse_args()
     a.fn(a)
 
