@@ -5,7 +5,8 @@ The reference model's useful work splits into the dilated attention (A MFLOP a t
 everything else (products, MLP, memory: the rest). The fastest the pipeline could possibly go
 runs the attention at a given rate and every other FLOP at the measured bf16 GEMM rate, with
 nothing else costing time (no norms, no embedding, no idle, no copies): an upper bound, not a
-forecast. Printed for the attention at the 330 TFLOP/s target, at the fastest dense flash
+forecast. Printed: the attention rate 7x would need with everything else at the GEMM rate, and
+the bound for the attention at the 330 TFLOP/s target, at the fastest dense flash
 attention measured in the same run, and at seqflow's own kernel rate.
 
 usage: target_bounds.py --gemm TFLOPS --mflop M --attention-mflop A --peer-tps T
@@ -37,6 +38,13 @@ def main():
           % (a.factor, a.peer_tps, need_tps, need_tflops, 100 * need_tflops / a.gemm, a.gemm,
              100 * a.attention_mflop / a.mflop))
     rest = a.mflop - a.attention_mflop
+    spare = 1.0 / need_tps - rest * 1e6 / (a.gemm * 1e12)  # seconds a token left for the attention
+    if spare > 0:
+        print("bound: %gx needs the attention at >= %.1f useful TFLOP/s even with every other FLOP at the GEMM rate"
+              % (a.factor, a.attention_mflop * 1e6 / spare / 1e12))
+    else:
+        print("bound: %gx is out of reach even with the attention free: the other FLOPs alone at the GEMM rate "
+              "take longer" % a.factor)
     for item in [("target", 330.0)] + [(n, float(v)) for n, v in (x.split("=", 1) for x in a.attention_rate)]:
         name, rate = item
         seconds = a.attention_mflop * 1e6 / (rate * 1e12) + rest * 1e6 / (a.gemm * 1e12)
