@@ -63,7 +63,7 @@ t0=$(date +%s)
 HAVE_CUDA=0
 if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSEQFLOW_BUILD_TESTS=OFF \
       -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 &&
-   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_cuda_attention bench_cuda_swiglu_gate_up bench_cuda_residual_product >"$OUT/build.log" 2>&1; then
+   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_cuda_attention bench_cuda_swiglu_gate_up bench_cuda_residual_product bench_cuda_link >"$OUT/build.log" 2>&1; then
   HAVE_CUDA=1
   BIN=$BUILD
 else
@@ -91,6 +91,11 @@ if [ -x "$BUILD/bench/bench_gemm" ]; then
   "$BUILD/bench/bench_gemm" --size 8192 --reps 30 | tee "$LOGS/gemm.txt"
   GEMM=$(value gemm_tflops "$LOGS/gemm.txt")
   note "GEMM: $(head -1 "$LOGS/gemm.txt")"
+fi
+
+echo "== the host-device link (one segment's float32 output, page-locked)"
+if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_cuda_link" ]; then
+  "$BUILD/bench/bench_cuda_link" --reps 30 | tee "$LOGS/link.txt" | grep '^link' | tee -a "$SUMMARY"
 fi
 
 echo "== the attention kernel against dense flash attention (the attention target's yardstick)"
@@ -239,7 +244,15 @@ try:
     r += ['--attention-rate=seqflow-kernel=%.1f' % a['kernel_tflops'], '--kernel-ms=%f' % a['kernel_ms'],
           '--peer-attention-ms=%f' % a['peer_ms'], '--attention-gflop=%f' % a['useful_gflop']]
 except Exception: pass
+try:
+    a = json.load(open('$LOGS/attention_pytorch.json'))
+    r += ['--link-peer-tps=%f' % a['tokens_per_s']]
+except Exception: pass
 print(' '.join(r))")
+    link=$(value link_dtoh_gbs "$LOGS/link.txt")
+    # the attention-only model sends out its D float32 hidden values a token
+    dim=$("$SEQFLOW" info --model "$DATA/attention.safetensors" 2>/dev/null | awk '$1 == "dim" {print $2}')
+    [ -n "$link" ] && [ -n "$dim" ] && rates="$rates --link-gbs=$link --output-bytes=$((4 * dim))"
     # shellcheck disable=SC2086
     python3 bench/target_bounds.py --gemm "$GEMM" --mflop "$(value mflop_per_token "$rs")" \
       --attention-mflop "$(value attention_mflop_per_token "$rs")" \

@@ -10,7 +10,12 @@ the bound for the attention at the 330 TFLOP/s target, at the fastest dense flas
 attention measured in the same run, and at seqflow's own kernel rate.
 
 usage: target_bounds.py --gemm TFLOPS --mflop M --attention-mflop A --peer-tps T
-                        [--attention-rate NAME=TFLOPS ...] [--kernel-tflops K --peer-attention-ms P]
+                        [--attention-rate NAME=TFLOPS ...]
+                        [--kernel-ms K --peer-attention-ms P --attention-gflop G]
+                        [--link-gbs L --output-bytes B --link-peer-tps T2 [--link-model NAME]]
+
+With --link-gbs it also bounds a model whose output download is its limit (the attention-only
+model): no faster than the link carries its output.
 """
 import argparse
 
@@ -26,6 +31,10 @@ def main():
     p.add_argument("--kernel-ms", type=float, help="seqflow's attention kernel, ms a call (reference shape)")
     p.add_argument("--peer-attention-ms", type=float, help="the peer's attention, ms a call (same inputs)")
     p.add_argument("--attention-gflop", type=float, help="useful GFLOP of that call")
+    p.add_argument("--link-gbs", type=float, help="measured device-to-host rate, GB/s (bench_cuda_link)")
+    p.add_argument("--output-bytes", type=float, help="bytes of output a token that cross the link")
+    p.add_argument("--link-peer-tps", type=float, help="the peer's tokens/s on the model the link bound is for")
+    p.add_argument("--link-model", default="attention-only", help="that model's name, for the printout")
     p.add_argument("--factor", type=float, default=7.0)
     a = p.parse_args()
     if not (0 < a.attention_mflop < a.mflop):
@@ -58,6 +67,11 @@ def main():
               "(now %.3f ms, %.1f TFLOP/s: %.2fx)"
               % (a.factor, a.peer_attention_ms, need_ms, a.attention_gflop / need_ms, a.kernel_ms,
                  a.attention_gflop / a.kernel_ms, a.peer_attention_ms / a.kernel_ms))
+    if a.link_gbs and a.output_bytes and a.link_peer_tps:
+        tps = a.link_gbs * 1e9 / a.output_bytes
+        print("bound: %s, its output (%.0f bytes a token) over the link at %.1f GB/s: at most %.0f tokens/s = %.2fx "
+              "the peer (%.0f)" % (a.link_model, a.output_bytes, a.link_gbs, tps, tps / a.link_peer_tps,
+                                   a.link_peer_tps))
 
 
 if __name__ == "__main__":
