@@ -19,6 +19,8 @@
 #    (bench_gpu_pipeline, bf16, without --out; then once more with it) and the peer (bf16,
 #    writing its output) on each, compares their outputs with each
 #    other and with seqflow's float32 CPU pipeline on the first segments;
+#    The threaded binary is timed twice on each model: float32 output, and bf16 output
+#    (--out-dtype bf16), the peer too (--out-dtype bf16), and the two bf16 outputs compared;
 # 5. runs the attention-only model over a long stream and reports device memory;
 # 6. prints the table, and what 7x the peer would take against the bounds of this run's own
 #    rates (bench/target_bounds.py).
@@ -49,6 +51,26 @@ value() { grep '^RESULT' "$2" 2>/dev/null | tail -1 | tr ' ' '\n' | sed -n "s/^$
 # compare A B TOL TAG [ROWS]
 compare() {
   python3 "$PEER" compare "$1" "$2" --tol "$3" --rows "${5:-0}" --json "$LOGS/cmp_$4.json" | tee -a "$SUMMARY"
+}
+
+# binary_rate MODEL LONG TAG WHAT [seqflow args...]: the threaded binary's steady rate on MODEL
+# (null sink) from 64- and LONG-segment runs, GPU_BENCH_BINARY_REPS repetitions, the median
+# into BIN_TPS and a note.
+binary_rate() {
+  local model=$1 long=$2 tag=$3 what=$4 rates="" rep segs t0
+  shift 4
+  for rep in $(seq "${GPU_BENCH_BINARY_REPS:-5}"); do
+    for segs in 64 $long; do
+      [ -f "$DATA/long$segs.u32" ] || "$BENCH" --make-tokens "$DATA/long$segs.u32" --count $((segs * N)) --seed 4
+      t0=$(date +%s.%N)
+      "$SEQFLOW" run -d cuda -m "$DATA/$model.safetensors" -i "$DATA/long$segs.u32" -f u32 --sink-format null -q \
+        --no-progress "$@"
+      python3 -c "print($(date +%s.%N) - $t0)" >"$LOGS/${model}_binary${tag}_$segs.txt"
+    done
+    rates="$rates $(python3 -c "print('%.0f' % (($long - 64)*$N / ($(cat "$LOGS/${model}_binary${tag}_$long.txt") - $(cat "$LOGS/${model}_binary${tag}_64.txt"))))")"
+  done
+  BIN_TPS=$(python3 -c "import statistics; print('%.0f' % statistics.median([float(x) for x in '$rates'.split()]))")
+  note "$model: seqflow binary (threaded, $what), steady state from 64 vs $long segments, ${GPU_BENCH_BINARY_REPS:-5} repetitions:$rates tokens/s; median $BIN_TPS"
 }
 
 echo "== machine"
@@ -174,25 +196,22 @@ for model in reference attention; do
     # reference model, 5376 of the attention-only one, which runs ~5x faster): with 1 s runs
     # the start-up's jitter spread single repetitions by 10-30% (bench/RESULTS.md, run 11).
     long=1344; [ "$model" = attention ] && long=5376
-    rates=""
-    for rep in $(seq "${GPU_BENCH_BINARY_REPS:-5}"); do
-      for segs in 64 $long; do
-        [ -f "$DATA/long$segs.u32" ] || "$BENCH" --make-tokens "$DATA/long$segs.u32" --count $((segs * N)) --seed 4
-        t0=$(date +%s.%N)
-        "$SEQFLOW" run -d cuda -m "$M" -i "$DATA/long$segs.u32" -f u32 --sink-format null -q --no-progress
-        python3 -c "print($(date +%s.%N) - $t0)" >"$LOGS/${model}_binary_$segs.txt"
-      done
-      rates="$rates $(python3 -c "print('%.0f' % (($long - 64)*$N / ($(cat "$LOGS/${model}_binary_$long.txt") - $(cat "$LOGS/${model}_binary_64.txt"))))")"
-    done
-    bin_tps=$(python3 -c "import statistics; print('%.0f' % statistics.median([float(x) for x in '$rates'.split()]))")
-    note "$model: seqflow binary (threaded, null sink), steady state from 64 vs $long segments, ${GPU_BENCH_BINARY_REPS:-5} repetitions:$rates tokens/s; median $bin_tps"
-    echo "RESULT binary_tokens_per_s=$bin_tps" >"$LOGS/${model}_binary.txt"
+    binary_rate "$model" "$long" "" "null sink"
+    echo "RESULT binary_tokens_per_s=$BIN_TPS" >"$LOGS/${model}_binary.txt"
+    # The same with the hidden states sent out as bf16 (--out-dtype bf16: the GPU writes them in
+    # bf16, so the download halves), and its output against the peer's bf16 output below
+    binary_rate "$model" "$long" "_bf16" "null sink, --out-dtype bf16" --out-dtype bf16
+    echo "RESULT binary_tokens_per_s=$BIN_TPS" >"$LOGS/${model}_binary_bf16.txt"
+    "$SEQFLOW" run -d cuda -m "$M" -i "$DATA/tokens.u32" -f u32 -o "$DATA/${model}_sf16.npy" --out-dtype bf16 -q --no-progress
     echo "(again, writing the output)"
     "$BENCH" --model "$M" --tokens "$DATA/tokens.u32" --device cuda --precision bf16 --warmup-segments 2 \
       --out "$DATA/${model}_sf.npy" | tee "$LOGS/${model}_seqflow_out.txt"
   fi
   python3 "$PEER" run --model "$M" --tokens "$DATA/tokens.u32" --precision bf16 --warmup-segments 2 \
     --out "$DATA/${model}_pt.npy" --json "$LOGS/${model}_pytorch.json" | tee "$LOGS/${model}_pytorch.txt"
+  python3 "$PEER" run --model "$M" --tokens "$DATA/tokens.u32" --precision bf16 --warmup-segments 2 --out-dtype bf16 \
+    --out "$DATA/${model}_pt16.npy" --json "$LOGS/${model}_pytorch_bf16.json" | tee "$LOGS/${model}_pytorch_bf16.txt"
+  [ "$SF_GPU" = 1 ] && compare "$DATA/${model}_sf16.npy" "$DATA/${model}_pt16.npy" 2e-2 "${model}_sf16_pt16"
   if [ "$CPU_SEGMENTS" -gt 0 ]; then
     t1=$(date +%s)
     "$SEQFLOW" run -d cpu -m "$M" -i "$DATA/tokens_head.u32" -f u32 -o "$DATA/${model}_cpu.npy" -q
@@ -201,7 +220,7 @@ for model in reference attention; do
     [ "$SF_GPU" = 1 ] && compare "$DATA/${model}_sf.npy" "$DATA/${model}_cpu.npy" 2e-2 "${model}_sf_cpu" $((CPU_SEGMENTS * N))
   fi
   [ "$SF_GPU" = 1 ] && compare "$DATA/${model}_sf.npy" "$DATA/${model}_pt.npy" 2e-2 "${model}_sf_pt"
-  rm -f "$DATA/${model}_sf.npy" "$DATA/${model}_pt.npy" "$DATA/${model}_cpu.npy"
+  rm -f "$DATA/${model}_sf.npy" "$DATA/${model}_pt.npy" "$DATA/${model}_cpu.npy" "$DATA/${model}_sf16.npy" "$DATA/${model}_pt16.npy"
 done
 
 if [ "$SF_GPU" = 1 ] && [ "$MEM_SECONDS" != 0 ]; then
@@ -227,6 +246,16 @@ echo "== table"
     bpct=$([ -n "$btps" ] && [ -n "$mf" ] && [ -n "$GEMM" ] && python3 -c "print('%.1f'%(100*$btps*$mf*1e6/1e12/$GEMM))")
     printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$model" "${mf:-n/a}" "${tps:-n/a}" "${tf:-n/a}" "${pct:-n/a}" \
       "${pt:-n/a}" "${spd:-n/a}" "${btps:-n/a}" "${bpct:-n/a}" "${pk:-n/a}" "${ptm:-n/a}"
+  done
+  echo
+  echo "hidden states sent out as bf16 (seqflow --out-dtype bf16, the peer --out-dtype bf16), threaded binary, null sink:"
+  printf '| model | seqflow binary tokens/s, bf16 out | float32 out (above) | PyTorch tokens/s, bf16 out | binary / PyTorch, both bf16 out |\n'
+  printf '| --- | --- | --- | --- | --- |\n'
+  for model in reference attention; do
+    b16=$(value binary_tokens_per_s "$LOGS/${model}_binary_bf16.txt"); b32=$(value binary_tokens_per_s "$LOGS/${model}_binary.txt")
+    p16=$(python3 -c "import json;print('%.0f'%json.load(open('$LOGS/${model}_pytorch_bf16.json'))['tokens_per_s'])" 2>/dev/null)
+    r16=$([ -n "$b16" ] && [ -n "$p16" ] && python3 -c "print('%.2fx'%($b16/$p16))")
+    printf '| %s | %s | %s | %s | %s |\n' "$model" "${b16:-n/a}" "${b32:-n/a}" "${p16:-n/a}" "${r16:-n/a}"
   done
   [ -f "$LOGS/memory.txt" ] && grep '^memory run' "$LOGS/memory.txt"
   # What 7x the peer would take, against what this run's own rates allow (bench/target_bounds.py)

@@ -75,7 +75,8 @@ size_t sf_quant_encoded_size(const sf_quant_params *p, size_t n);
 
 /* Encodes x[0..n) into out; out_size must be at least sf_quant_encoded_size(p, n).
  * SF_E_INVAL (with a message) for invalid parameters, a too-small out, or a non-finite value
- * for int8/int4/fp8. */
+ * for int8/int4/fp8. f32 and bf16 may encode in place (out == (uint8_t *)x): each value is
+ * read before the bytes that hold it are written. */
 int sf_quantize(const sf_quant_params *p, const float *x, size_t n, uint8_t *out, size_t out_size);
 
 /* Decodes n floats; in_size must equal sf_quant_encoded_size(p, n) exactly (a mismatch means the

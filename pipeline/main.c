@@ -18,6 +18,7 @@
 
 typedef struct run_args {
     const char *model_path, *input, *format, *out, *sink_format, *device, *pipeline;
+    const char *out_dtype;       /* --out-dtype: f32 or bf16 (validated), NULL = f32 */
     int threads, queue_depth, progress, quiet;
     const char *checkpoint_dir;  /* --checkpoint */
     long long checkpoint_every;  /* --checkpoint-every (segments), 0 = default */
@@ -69,6 +70,9 @@ static void usage(FILE *f)
         "  -o, --out FILE          write the final hidden states, [tokens, D] float32 row-major\n"
         "                          in stream order; FILE.npy writes NumPy; '-' is stdout\n"
         "      --sink-format FMT   raw, npy, digest, null or auto (default auto)\n"
+        "      --out-dtype T       f32 (default) or bf16: the hidden states sent out as bf16\n"
+        "                          (half the bytes; .npy holds them as uint16 bit patterns);\n"
+        "                          on cuda the download from the GPU halves too\n"
         "execution:\n"
         "  -d, --device NAME       cpu (default) or cuda (when built with CUDA and a GPU is present)\n"
         "      --precision P       bf16 or f32 products (default: bf16 on cuda, f32 on cpu)\n"
@@ -176,11 +180,12 @@ static int parse_args(int argc, char **argv, run_args *a)
     enum { O_SINK_FORMAT = 1000, O_QUEUE, O_PROGRESS, O_NO_PROGRESS, O_SEGMENT, O_BRANCHES, O_CAUSAL,
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
-           O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC };
+           O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
         {"sink-format", required_argument, 0, O_SINK_FORMAT},
+        {"out-dtype", required_argument, 0, O_OUT_DTYPE},
         {"device", required_argument, 0, 'd'},    {"threads", required_argument, 0, 't'},
         {"queue-depth", required_argument, 0, O_QUEUE},
         {"progress", no_argument, 0, O_PROGRESS}, {"no-progress", no_argument, 0, O_NO_PROGRESS},
@@ -212,6 +217,13 @@ static int parse_args(int argc, char **argv, run_args *a)
         case 'f': a->format = optarg; break;
         case 'o': a->out = optarg; break;
         case O_SINK_FORMAT: a->sink_format = optarg; break;
+        case O_OUT_DTYPE:
+            if (strcmp(optarg, "f32") != 0 && strcmp(optarg, "bf16") != 0) {
+                fprintf(stderr, "seqflow: --out-dtype expects f32 or bf16, got '%s'\n", optarg);
+                return 2;
+            }
+            a->out_dtype = optarg;
+            break;
         case 'd': a->device = optarg; break;
         case 't': if (!parse_int_arg("--threads", optarg, 0, 1024, &v)) return 2; a->threads = (int)v; break;
         case O_QUEUE: if (!parse_int_arg("--queue-depth", optarg, 1, 1024, &v)) return 2; a->queue_depth = (int)v; break;
@@ -381,6 +393,10 @@ static int append_body(char *buf, size_t size, const char *body, const run_args 
         fprintf(stderr, "seqflow: --state-budget needs a block stage and at least a byte for each\n");
         return 0;
     }
+    if (a->out_dtype && count_stages(body, "norm") == 0) {
+        fprintf(stderr, "seqflow: --out-dtype needs a norm stage in the pipeline (it sends the hidden states out)\n");
+        return 0;
+    }
     for (const char *p = body;;) {
         const char *end = stage_end(p);
         size_t used = strlen(buf);
@@ -396,6 +412,14 @@ static int append_body(char *buf, size_t size, const char *body, const run_args 
                 append_option(buf, size, "state_group", budget);
             }
             if (a->state_codec) append_option(buf, size, "state_codec", a->state_codec);
+            strcat(buf, " ");
+        }
+        if (a->out_dtype && starts_with_stage(p, "norm")) {
+            if (strstr(buf + used, "dtype=")) {
+                fprintf(stderr, "seqflow: the pipeline's norm sets its own dtype; drop --out-dtype\n");
+                return 0;
+            }
+            append_option(buf, size, "dtype", a->out_dtype);
             strcat(buf, " ");
         }
         if (!*end) return 1;
@@ -477,6 +501,7 @@ static int cmd_run(int argc, char **argv)
     const char *body = a.pipeline ? a.pipeline : DEFAULT_PIPELINE;
     size_t size = strlen(body) + 4096 + (a.input ? strlen(a.input) : 0) + (a.out ? strlen(a.out) : 0);
     if (a.state_budget) size += (size_t)count_stages(body, "block") * (160 + (a.spill_dir ? strlen(a.spill_dir) : 0));
+    if (a.out_dtype) size += (size_t)count_stages(body, "norm") * 32;
     char *pipeline = calloc(1, size);
     if (!pipeline) {
         fprintf(stderr, "seqflow: out of memory\n");

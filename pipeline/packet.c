@@ -1,6 +1,8 @@
 #include "seqflow/packet.h"
 #include "seqflow/error.h"
 
+#include "compress/quantize.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +156,43 @@ int sf_packet_to_host(sf_packet *p)
     if (rc == SF_OK && count) rc = p->dev_ops->download(p->dev_pool, p->x, p->dev, count * sizeof(float));
     release_device_rows(p);
     return rc;
+}
+
+int sf_packet_to_bf16(sf_packet *p)
+{
+    if (!p) return sf_error(SF_E_INVAL, "sf_packet_to_bf16: NULL packet");
+    if (p->flags & SF_PACKET_BF16) return SF_OK;
+    int rc = sf_packet_to_host(p);
+    size_t count = p->n * p->width;
+    if (rc != SF_OK || !count) {
+        if (rc == SF_OK) p->flags |= SF_PACKET_BF16;
+        return rc;
+    }
+    /* in place: bf16 encodes each value before its bytes are overwritten (quantize.h) */
+    const sf_quant_params bf16 = {SF_QUANT_BF16, 1};
+    rc = sf_quantize(&bf16, p->x, count, (uint8_t *)p->x, count * sizeof(float));
+    if (rc == SF_OK) p->flags |= SF_PACKET_BF16;
+    return rc;
+}
+
+int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16)
+{
+    if (!p || !p->dev || !dev_bf16) {
+        if (p) release_device_rows(p);
+        return sf_error(SF_E_INVAL, "sf_packet_to_host_bf16: no device rows");
+    }
+    size_t count = p->n * p->width;
+    int rc = sf_packet_reserve(p, 0, (count + 1) / 2);
+    if (rc == SF_OK && count)
+        rc = p->dev_ops->download(p->dev_pool, p->x, (const float *)dev_bf16, count * sizeof(uint16_t));
+    release_device_rows(p);
+    if (rc == SF_OK) p->flags |= SF_PACKET_BF16;
+    return rc;
+}
+
+size_t sf_packet_row_bytes(const sf_packet *p)
+{
+    return p->n * p->width * ((p->flags & SF_PACKET_BF16) ? sizeof(uint16_t) : sizeof(float));
 }
 
 void sf_packet_free(sf_packet *p)

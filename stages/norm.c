@@ -1,9 +1,12 @@
 /* norm: the model's final RMSNorm (SPEC 2, "after the last block"); a pass-through when the
  * model has no final_norm. Host packets take the CPU kernel. Packets whose rows are still on
- * the device (packet.h, dev: a GPU graph) are normalized there in place and then brought to
- * the host in one download (pinned staging), so what leaves this stage is a host packet. */
+ * the device (packet.h, dev: a GPU graph) are normalized there and then brought to the host in
+ * one download (pinned staging), so what leaves this stage is a host packet.
+ * dtype=bf16 sends the hidden states out as bf16 (packet.h, SF_PACKET_BF16): on a GPU the norm
+ * writes them in bf16 on the device, so the download carries half the bytes. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "seqflow/stage.h"
@@ -11,33 +14,97 @@
 #include "stages/stages.h"
 
 typedef struct norm {
-    sf_backend *be;
-    float *weight; /* [dim] on the device, NULL without a final norm */
+    sf_backend *be;   /* NULL: host packets only */
+    float *weight;    /* [dim] on the device, NULL without a final norm or device rows */
+    int bf16;         /* dtype=bf16 */
+    void *rows_bf16;  /* device rows converted for the download (dtype=bf16 on a device) */
+    size_t rows_bf16_bytes;
 } norm;
+
+static const sf_option norm_options[] = {
+    {"dtype", SF_OPT_STRING, "f32",
+     "element type of the hidden states it sends out: f32, or bf16 (half the bytes, rounded to nearest even; "
+     "on a GPU made on the device, so the download halves too)"},
+    {NULL, 0, NULL, NULL}};
+
+/* Device memory for n rows of bf16: sized at init for a model segment; grown only for a longer
+ * segment (a segment stage's length= above the model's), so never per segment. */
+static int reserve_rows_bf16(norm *nm, size_t bytes)
+{
+    if (bytes <= nm->rows_bf16_bytes) return SF_OK;
+    nm->be->ops->free(nm->be, nm->rows_bf16);
+    nm->rows_bf16_bytes = 0;
+    nm->rows_bf16 = nm->be->ops->alloc(nm->be, bytes);
+    if (!nm->rows_bf16) return sf_error(SF_E_NOMEM, "no device memory for %zu bytes of bf16 output rows", bytes);
+    nm->rows_bf16_bytes = bytes;
+    return SF_OK;
+}
 
 static int norm_init(sf_stage *st)
 {
     const sf_model *m = sf_stage_model(st);
     if (!m) return sf_error(SF_E_INVAL, "norm needs a model");
-    sf_backend *be = sf_stage_backend(st);
-    const float *w = sf_model_final_norm(m);
-    if (!w || !sf_device_rows_wanted(be)) return SF_OK;
+    const char *dtype = sf_stage_option(st, "dtype");
+    if (strcmp(dtype, "f32") != 0 && strcmp(dtype, "bf16") != 0)
+        return sf_error(SF_E_OPTION, "dtype '%s' is neither f32 nor bf16", dtype);
     norm *nm = calloc(1, sizeof *nm);
     if (!nm) return sf_error(SF_E_NOMEM, "out of memory");
     sf_stage_set_priv(st, nm);
+    nm->bf16 = strcmp(dtype, "bf16") == 0;
+    sf_backend *be = sf_stage_backend(st);
+    const float *w = sf_model_final_norm(m);
+    if (!sf_device_rows_wanted(be)) return SF_OK;
     nm->be = be;
-    size_t bytes = (size_t)sf_model_get_config(m)->dim * sizeof(float);
-    nm->weight = be->ops->alloc(be, bytes);
-    if (!nm->weight) return sf_error(SF_E_NOMEM, "no device memory for the final norm");
-    return be->ops->upload(be, nm->weight, w, bytes);
+    const sf_model_config *cfg = sf_model_get_config(m);
+    if (w) {
+        size_t bytes = (size_t)cfg->dim * sizeof(float);
+        nm->weight = be->ops->alloc(be, bytes);
+        if (!nm->weight) return sf_error(SF_E_NOMEM, "no device memory for the final norm");
+        int rc = be->ops->upload(be, nm->weight, w, bytes);
+        if (rc != SF_OK) return rc;
+    }
+    if (nm->bf16 && nm->weight && be->ops->rmsnorm_typed)
+        return reserve_rows_bf16(nm, (size_t)cfg->segment * cfg->dim * sizeof(uint16_t));
+    return SF_OK;
 }
 
 static void norm_free(sf_stage *st)
 {
     norm *nm = sf_stage_priv(st);
     if (!nm) return;
-    nm->be->ops->free(nm->be, nm->weight);
+    if (nm->be) {
+        nm->be->ops->free(nm->be, nm->weight);
+        nm->be->ops->free(nm->be, nm->rows_bf16);
+    }
     free(nm);
+}
+
+/* Device rows, normalized on the device, to a host packet of nm's dtype. */
+static int device_rows_out(norm *nm, sf_packet *in, const float *w, float eps)
+{
+    sf_backend *be = nm->be;
+    if (!w || !in->n) return nm->bf16 ? sf_packet_to_bf16(in) : sf_packet_to_host(in);
+    if (!be || !nm->weight) {
+        sf_packet_to_host(in); /* returns the rows to their pool */
+        return sf_error(SF_E_INVAL, "device rows on a graph without a device final norm");
+    }
+    if (nm->bf16 && be->ops->rmsnorm_typed) {
+        int rc = reserve_rows_bf16(nm, in->n * in->width * sizeof(uint16_t));
+        if (rc == SF_OK)
+            rc = be->ops->rmsnorm_typed(be, (int)in->n, (int)in->width, in->dev, nm->weight, eps, SF_DTYPE_BF16,
+                                        nm->rows_bf16);
+        if (rc != SF_OK) {
+            sf_packet_to_host(in);
+            return rc;
+        }
+        return sf_packet_to_host_bf16(in, nm->rows_bf16);
+    }
+    int rc = be->ops->rmsnorm(be, (int)in->n, (int)in->width, in->dev, nm->weight, eps, in->dev);
+    if (rc != SF_OK) {
+        sf_packet_to_host(in);
+        return rc;
+    }
+    return nm->bf16 ? sf_packet_to_bf16(in) : sf_packet_to_host(in);
 }
 
 static int norm_process(sf_stage *st, sf_packet *in)
@@ -47,15 +114,14 @@ static int norm_process(sf_stage *st, sf_packet *in)
     const float eps = sf_model_get_config(m)->norm_eps;
     norm *nm = sf_stage_priv(st);
     int rc = SF_OK;
-    if (in->dev) {
-        /* device rows: only a GPU graph lends them, and its init made nm when there is a weight */
-        if (w && in->n && nm)
-            rc = nm->be->ops->rmsnorm(nm->be, (int)in->n, (int)in->width, in->dev, nm->weight, eps, in->dev);
-        else if (w && in->n)
-            rc = sf_error(SF_E_INVAL, "norm: device rows on a graph without a device final norm");
-        if (rc == SF_OK) rc = sf_packet_to_host(in);
-    } else if (in->kind == SF_PACKET_HIDDEN && w && in->n) {
-        rc = sf_cpu_rmsnorm(NULL, (int)in->n, (int)in->width, in->x, w, eps, in->x);
+    if (in->flags & SF_PACKET_BF16) {
+        rc = sf_error(SF_E_INVAL, "its input rows are bf16 already (a norm with dtype=bf16 ahead of it); "
+                                  "only a sink takes bf16 rows");
+    } else if (in->dev) {
+        rc = device_rows_out(nm, in, w, eps);
+    } else if (in->kind == SF_PACKET_HIDDEN) {
+        if (w && in->n) rc = sf_cpu_rmsnorm(NULL, (int)in->n, (int)in->width, in->x, w, eps, in->x);
+        if (rc == SF_OK && nm->bf16) rc = sf_packet_to_bf16(in);
     }
     if (rc != SF_OK) {
         sf_packet_free(in);
@@ -66,7 +132,8 @@ static int norm_process(sf_stage *st, sf_packet *in)
 
 const sf_stage_class sf_norm_stage = {
     .name = "norm",
-    .help = "apply the model's final RMSNorm (pass-through without one)",
+    .help = "apply the model's final RMSNorm (pass-through without one); dtype=bf16 sends bf16 rows out",
+    .options = norm_options,
     .init = norm_init,
     .process = norm_process,
     .free = norm_free,

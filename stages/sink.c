@@ -1,5 +1,7 @@
 /* sink: writes the committed hidden states of every segment, in arrival order (stream order
- * for one stream), as raw little-endian float32, a .npy file, a digest line, or nowhere.
+ * for one stream), as raw little-endian float32, a .npy file, a digest line, or nowhere; bf16
+ * rows (packet.h, SF_PACKET_BF16: a norm with dtype=bf16) are written as they come, two bytes
+ * a value (in .npy as uint16 bit patterns: numpy has no bfloat16).
  * Files are written under a temporary name and renamed only when the run succeeds, so a
  * failed run never leaves partial output that looks complete. Provisional (flushed) segments
  * are not written: the completed segment will carry the same positions.
@@ -29,6 +31,7 @@ typedef struct sink {
     FILE *file;
     uint64_t rows;
     size_t width;
+    size_t elem_bytes; /* 4 (float32) or 2 (bf16), from the first rows; 0 before */
     uint64_t fnv;
     double sum, sum_sq;
     int finished;
@@ -37,7 +40,8 @@ typedef struct sink {
 
 static const sf_option sink_options[] = {
     {"out", SF_OPT_STRING, NULL, "output file ('-' = standard output); unset prints a digest"},
-    {"format", SF_OPT_STRING, "auto", "raw (float32), npy, digest, null, or auto (npy for *.npy, raw otherwise)"},
+    {"format", SF_OPT_STRING, "auto",
+     "raw (little-endian float32, or bf16 after norm dtype=bf16), npy, digest, null, or auto (npy for *.npy, raw otherwise)"},
     {NULL, 0, NULL, NULL}};
 
 static int ends_with(const char *s, const char *suffix)
@@ -61,9 +65,9 @@ static int sink_init(sf_stage *st)
     else if (strcmp(format, "npy") == 0) k->format = SINK_NPY;
     else if (strcmp(format, "digest") == 0) k->format = SINK_DIGEST;
     else if (strcmp(format, "null") == 0) k->format = SINK_NULL;
-    else return sf_error(SF_E_OPTION, "sink: unknown format '%s' (raw, npy, digest, null, auto)", format);
+    else return sf_error(SF_E_OPTION, "unknown format '%s' (raw, npy, digest, null, auto)", format);
     if (k->format == SINK_NPY && to_stdout)
-        return sf_error(SF_E_OPTION, "sink: .npy output needs a file (its header is written last)");
+        return sf_error(SF_E_OPTION, ".npy output needs a file (its header is written last)");
     k->checkpointing = sf_stage_checkpoint_every(st) > 0;
     if (k->format == SINK_NULL || k->format == SINK_DIGEST) return SF_OK;
     if (to_stdout) {
@@ -88,13 +92,23 @@ static int sink_init(sf_stage *st)
     return SF_OK;
 }
 
-static void digest_update(sink *k, const float *x, size_t count)
+/* FNV-1a over the bytes as written; the sums over the values (bf16 widened exactly). */
+static void digest_update(sink *k, const sf_packet *in)
 {
-    const uint8_t *bytes = (const uint8_t *)x;
-    for (size_t i = 0; i < count * sizeof(float); i++) k->fnv = (k->fnv ^ bytes[i]) * 0x100000001b3ull;
+    const size_t count = in->n * in->width, bytes_len = sf_packet_row_bytes(in);
+    const uint8_t *bytes = (const uint8_t *)in->x;
+    for (size_t i = 0; i < bytes_len; i++) k->fnv = (k->fnv ^ bytes[i]) * 0x100000001b3ull;
+    const int bf16 = (in->flags & SF_PACKET_BF16) != 0;
     for (size_t i = 0; i < count; i++) {
-        k->sum += x[i];
-        k->sum_sq += (double)x[i] * x[i];
+        float v;
+        if (bf16) {
+            uint32_t u = (uint32_t)((const uint16_t *)in->x)[i] << 16;
+            memcpy(&v, &u, sizeof v);
+        } else {
+            v = in->x[i];
+        }
+        k->sum += v;
+        k->sum_sq += (double)v * v;
     }
 }
 
@@ -103,14 +117,20 @@ static int sink_process(sf_stage *st, sf_packet *in)
     sink *k = sf_stage_priv(st);
     int rc = SF_OK;
     if (in->kind == SF_PACKET_HIDDEN && !(in->flags & SF_PACKET_PROVISIONAL) && in->n) {
+        const size_t elem = (in->flags & SF_PACKET_BF16) ? 2 : 4, bytes = sf_packet_row_bytes(in);
         if (k->width && k->width != in->width)
-            rc = sf_error(SF_E_INVAL, "sink: rows of width %zu after rows of width %zu", in->width, k->width);
-        k->width = in->width;
-        size_t count = in->n * in->width;
-        if (rc == SF_OK && k->file && fwrite(in->x, sizeof(float), count, k->file) != count)
-            rc = sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path ? k->path : "-", strerror(errno));
-        if (k->format == SINK_DIGEST) digest_update(k, in->x, count);
-        k->rows += in->n;
+            rc = sf_error(SF_E_INVAL, "rows of width %zu after rows of width %zu", in->width, k->width);
+        else if (k->elem_bytes && k->elem_bytes != elem)
+            rc = sf_error(SF_E_INVAL, "%s rows after %s rows", elem == 2 ? "bf16" : "float32",
+                          k->elem_bytes == 2 ? "bf16" : "float32");
+        if (rc == SF_OK) {
+            k->width = in->width;
+            k->elem_bytes = elem;
+            if (k->file && fwrite(in->x, 1, bytes, k->file) != bytes)
+                rc = sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path ? k->path : "-", strerror(errno));
+            if (k->format == SINK_DIGEST) digest_update(k, in);
+            k->rows += in->n;
+        }
     }
     sf_packet_free(in);
     return rc;
@@ -124,8 +144,8 @@ static int write_npy_header(sink *k)
     uint16_t dict_len = NPY_HEADER_BYTES - 10;
     header[8] = (char)(dict_len & 0xff);
     header[9] = (char)(dict_len >> 8);
-    int n = snprintf(header + 10, dict_len, "{'descr': '<f4', 'fortran_order': False, 'shape': (%" PRIu64 ", %zu), }",
-                     k->rows, k->width);
+    int n = snprintf(header + 10, dict_len, "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64 ", %zu), }",
+                     k->elem_bytes == 2 ? "<u2" : "<f4", k->rows, k->width);
     header[10 + n] = ' ';
     header[NPY_HEADER_BYTES - 1] = '\n';
     if (fseek(k->file, 0, SEEK_SET) != 0 || fwrite(header, 1, sizeof header, k->file) != sizeof header)
@@ -144,8 +164,9 @@ static int sink_flush(sf_stage *st)
             out = fopen(k->path, "w");
             if (!out) return sf_error(SF_E_IO, "cannot write output '%s': %s", k->path, strerror(errno));
         }
-        fprintf(out, "digest: rows=%" PRIu64 " width=%zu fnv1a64=%016" PRIx64 " mean=%.9g rms=%.9g\n", k->rows,
-                k->width, k->fnv, count ? k->sum / count : 0.0, count ? sqrt(k->sum_sq / count) : 0.0);
+        fprintf(out, "digest: rows=%" PRIu64 " width=%zu fnv1a64=%016" PRIx64 " mean=%.9g rms=%.9g%s\n", k->rows,
+                k->width, k->fnv, count ? k->sum / count : 0.0, count ? sqrt(k->sum_sq / count) : 0.0,
+                k->elem_bytes == 2 ? " dtype=bf16" : "");
         if (out != stdout && fclose(out) != 0) rc = sf_error(SF_E_IO, "writing '%s' failed", k->path);
         else if (out == stdout) fflush(stdout);
         k->finished = 1;
@@ -170,10 +191,10 @@ static int sink_flush(sf_stage *st)
     return rc;
 }
 
-/* State (only with checkpoints on; empty otherwise): u32 format, u32 zero, u64 rows, width,
- * fnv, double sum, sum_sq, u64 output bytes. */
+/* State (only with checkpoints on; empty otherwise): u32 format, u32 element bytes (4, 2 for
+ * bf16, 0 before any row), u64 rows, width, fnv, double sum, sum_sq, u64 output bytes. */
 typedef struct sink_state {
-    uint32_t format, zero;
+    uint32_t format, elem_bytes;
     uint64_t rows, width, fnv;
     double sum, sum_sq;
     uint64_t bytes;
@@ -183,7 +204,7 @@ static int sink_save(sf_stage *st, sf_buffer *out)
 {
     sink *k = sf_stage_priv(st);
     if (!k->checkpointing) return SF_OK;
-    sink_state v = {(uint32_t)k->format, 0, k->rows, k->width, k->fnv, k->sum, k->sum_sq, 0};
+    sink_state v = {(uint32_t)k->format, (uint32_t)k->elem_bytes, k->rows, k->width, k->fnv, k->sum, k->sum_sq, 0};
     if (k->file) {
         /* the checkpoint may only name bytes that are on disk */
         if (fflush(k->file) != 0 || fsync(fileno(k->file)) != 0)
@@ -203,6 +224,9 @@ static int sink_restore(sf_stage *st, const uint8_t *data, size_t len)
     if (len != sizeof v) return sf_error(SF_E_STATE, "sink state has %zu bytes, expected %zu", len, sizeof v);
     memcpy(&v, data, sizeof v);
     if (v.format != (uint32_t)k->format) return sf_error(SF_E_STATE, "sink state is for another output format");
+    if (v.elem_bytes != 0 && v.elem_bytes != 2 && v.elem_bytes != 4)
+        return sf_error(SF_E_STATE, "sink state names %u-byte output values", v.elem_bytes);
+    k->elem_bytes = v.elem_bytes;
     k->rows = v.rows;
     k->width = (size_t)v.width;
     k->fnv = v.fnv;
@@ -238,7 +262,7 @@ static void sink_free(sf_stage *st)
 
 const sf_stage_class sf_sink_stage = {
     .name = "sink",
-    .help = "write hidden states: raw float32, .npy, a digest line, or nothing",
+    .help = "write hidden states: raw float32 (or bf16), .npy, a digest line, or nothing",
     .options = sink_options,
     .init = sink_init,
     .process = sink_process,

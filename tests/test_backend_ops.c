@@ -457,6 +457,32 @@ static void test_rowwise(const target *t)
         CHECK_OK(t->be->ops->rmsnorm(t->be, n, dim, x.g, w.g, 1e-6f, y.g));
         snprintf(what, sizeof what, "rmsnorm n=%d dim=%d", n, dim);
         compare(what, t, y.g, y.c, count, TOL_F32);
+        if (t->be->ops->rmsnorm_typed) {
+            /* typed: float32 equal to rmsnorm's, bf16 its rounding to nearest even, bit for bit;
+             * both outputs poisoned first (0xFFFF is a NaN in bf16 and in either half of a float) */
+            float *want = malloc(count * sizeof *want);
+            uint16_t *bits = malloc(count * sizeof *bits);
+            float *got32 = malloc(count * sizeof *got32);
+            void *yt = t->be->ops->alloc(t->be, count * 4);
+            CHECK(want && bits && got32 && yt);
+            CHECK_OK(t->be->ops->download(t->be, want, y.g, count * 4));
+            memset(bits, 0xFF, count * 2);
+            CHECK_OK(t->be->ops->upload(t->be, yt, bits, count * 2));
+            CHECK_OK(t->be->ops->rmsnorm_typed(t->be, n, dim, x.g, w.g, 1e-6f, SF_DTYPE_BF16, yt));
+            CHECK_OK(t->be->ops->download(t->be, bits, yt, count * 2));
+            size_t off = 0;
+            for (size_t i = 0; i < count; i++) off += bits[i] != bf16_bits_of(want[i]);
+            CHECKF(off == 0, "%s rmsnorm_typed bf16 n=%d dim=%d: %zu of %zu values are not rmsnorm's rounded", t->label,
+                   n, dim, off, count);
+            memset(got32, 0xFF, count * 4);
+            CHECK_OK(t->be->ops->upload(t->be, yt, got32, count * 4));
+            CHECK_OK(t->be->ops->rmsnorm_typed(t->be, n, dim, x.g, w.g, 1e-6f, SF_DTYPE_F32, yt));
+            CHECK_OK(t->be->ops->download(t->be, got32, yt, count * 4));
+            CHECKF(memcmp(got32, want, count * 4) == 0, "%s rmsnorm_typed f32 n=%d dim=%d differs from rmsnorm", t->label,
+                   n, dim);
+            t->be->ops->free(t->be, yt);
+            free(want), free(bits), free(got32);
+        }
         /* in place (y aliases x) */
         CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, w.c, 1e-5f, x.c));
         CHECK_OK(t->be->ops->rmsnorm(t->be, n, dim, x.g, w.g, 1e-5f, x.g));

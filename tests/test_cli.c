@@ -161,6 +161,46 @@ int main(void)
     }
     CHECK(same && at == raw_len);
     sf_graph_free(g);
+
+    /* --out-dtype bf16: two bytes a value, each the float32 output rounded to nearest even
+     * (raw and .npy, whose header names uint16); its digest over the bf16 bytes */
+    const char *raw16 = check_tmp_path("out.bf16"), *npy16 = check_tmp_path("out16.npy");
+    CHECK(spawn_run((const char *[]){"seqflow", "run", "-i", "-", "-o", raw16, "--out-dtype", "bf16", "-q", NULL}, text, n,
+                    &r) == 0);
+    CHECKF(r.exit_code == 0, "%s", r.err);
+    size_t raw16_len;
+    unsigned char *raw16_bytes = check_read_file(raw16, &raw16_len);
+    CHECK(raw16_bytes && raw16_len * 2 == raw_len);
+    size_t mismatched = 0;
+    for (size_t i = 0; raw16_bytes && i < raw_len / 4 && raw16_len * 2 == raw_len; i++) {
+        uint32_t u;
+        memcpy(&u, raw_bytes + 4 * i, 4);
+        uint16_t want = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16), got;
+        memcpy(&got, raw16_bytes + 2 * i, 2);
+        mismatched += got != want;
+    }
+    CHECKF(mismatched == 0, "%zu bf16 values are not the float32 output rounded to nearest even", mismatched);
+    CHECK(spawn_run((const char *[]){"seqflow", "run", "-i", "-", "-o", npy16, "--out-dtype", "bf16", "-q", NULL}, text, n,
+                    &r) == 0);
+    unsigned char *npy16_bytes = check_read_file(npy16, &npy_len);
+    snprintf(shape, sizeof shape, "'shape': (%zu, %d)", n, cfg.dim);
+    CHECK(npy16_bytes && strstr((const char *)npy16_bytes + 10, "'descr': '<u2'") && strstr((const char *)npy16_bytes + 10, shape));
+    CHECK(npy16_bytes && raw16_bytes && npy_len == raw16_len + 128 && memcmp(npy16_bytes + 128, raw16_bytes, raw16_len) == 0);
+    free(npy16_bytes);
+    free(raw16_bytes);
+    CHECK(spawn_run((const char *[]){"seqflow", "run", "-i", "-", "--out-dtype", "bf16", "-q", NULL}, text, n, &r) == 0);
+    CHECK(r.exit_code == 0 && strstr(r.out, "digest: rows=") && strstr(r.out, "dtype=bf16"));
+    expect_failure("--out-dtype without a norm",
+                   (const char *[]){"seqflow", "run", "-i", "-", "--out-dtype", "bf16", "segment ! embed ! block", NULL}, text,
+                   n, "norm stage", NULL);
+    expect_failure("--out-dtype beside the norm's own", (const char *[]){"seqflow", "run", "-i", "-", "--out-dtype", "bf16",
+                                                                       "segment ! embed ! block ! norm dtype=f32", NULL},
+                   text, n, "own dtype", NULL);
+    expect_failure("--out-dtype unknown", (const char *[]){"seqflow", "run", "--out-dtype", "f16", NULL}, NULL, 0, "f32 or bf16",
+                   NULL);
+    expect_failure("bf16 rows into a block",
+                   (const char *[]){"seqflow", "run", "-i", "-", "segment ! embed ! norm dtype=bf16 ! block", NULL}, text, n,
+                   "bf16", NULL);
     free(raw_bytes);
 
     /* Ctrl-C: reading a stdin that never ends, SIGINT flushes what was read and exits 130 */

@@ -311,6 +311,64 @@ static void compare_graphs(const char *name, const sf_model *m, uint64_t seed)
     free(eager), free(graphed), free(cpu);
 }
 
+/* norm dtype=bf16 on the GPU (the rows written in bf16 on the device, half the download)
+ * against the same graph's float32 rows: each bf16 value within a rounding (2^-8 relative) of
+ * its float, and where the two runs' floats agree (the same products: SEQFLOW_CUDA_GEMM) the
+ * very float rounded to nearest even; every position of the stream is checked to have come. */
+static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t D = (size_t)c->dim, tokens = 2 * (size_t)c->segment + 5;
+    uint32_t *in = malloc(tokens * sizeof *in);
+    check_rng rng = {seed * 2654435761u + 1};
+    for (size_t i = 0; i < tokens; i++) in[i] = (uint32_t)(check_rng_next(&rng) % (uint64_t)c->vocab);
+    float *f32 = malloc(tokens * D * sizeof *f32);
+    uint16_t *b16 = malloc(tokens * D * sizeof *b16);
+    size_t f32_rows = 0, b16_rows = 0, b16_flagged = 0;
+    setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        sf_graph_options opts = {.device = "cuda", .precision = SF_PRECISION_BF16};
+        sf_graph *g = NULL;
+        CHECK_OK(sf_graph_create(m, &opts, &g));
+        if (!g) break;
+        CHECK_OK(sf_graph_parse(g, bf16 ? "segment ! embed ! block ! norm dtype=bf16" : "segment ! embed ! block ! norm"));
+        CHECK_OK(sf_graph_push(g, 0, in, tokens));
+        CHECK_OK(sf_graph_end(g, 0));
+        for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
+            if (p->kind != SF_PACKET_HIDDEN || !p->n || p->position + p->n > tokens) continue;
+            if (bf16) {
+                b16_flagged += (p->flags & SF_PACKET_BF16) ? p->n : 0;
+                memcpy(b16 + p->position * D, p->x, p->n * D * sizeof *b16);
+                b16_rows += p->n;
+            } else {
+                memcpy(f32 + p->position * D, p->x, p->n * D * sizeof *f32);
+                f32_rows += p->n;
+            }
+        }
+        sf_graph_free(g);
+    }
+    unsetenv("SEQFLOW_CUDA_GEMM");
+    CHECKF(f32_rows == tokens && b16_rows == tokens && b16_flagged == tokens,
+           "%s: %zu float32 rows, %zu bf16 rows (%zu flagged) of %zu", name, f32_rows, b16_rows, b16_flagged, tokens);
+    size_t exact = 0, outside = 0;
+    for (size_t i = 0; f32_rows == tokens && b16_rows == tokens && i < tokens * D; i++) {
+        uint32_t u;
+        memcpy(&u, &f32[i], 4);
+        exact += b16[i] == (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        uint32_t w = (uint32_t)b16[i] << 16;
+        float v;
+        memcpy(&v, &w, 4);
+        outside += !(fabsf(v - f32[i]) <= ldexpf(fabsf(f32[i]), -8) + 1e-6f);
+    }
+    CHECKF(outside == 0, "%s: %zu of %zu bf16 outputs further than a rounding from the float32 run's", name, outside,
+           tokens * D);
+    CHECKF(exact * 100 >= 99 * tokens * D, "%s: only %zu of %zu bf16 outputs are the float32 run's rounded", name, exact,
+           tokens * D);
+    printf("  %-48s %-14s norm dtype=bf16: %zu of %zu values the float32 run's rounded, %zu beyond a rounding\n", name,
+           "bf16 out", exact, tokens * D, outside);
+    free(in), free(f32), free(b16);
+}
+
 #ifdef SEQFLOW_HAVE_CUDA
 /* Device memory is fixed once a stream is running: 40 more segments add no byte. */
 static void check_memory_flat(const sf_model *m)
@@ -380,6 +438,7 @@ int main(void)
 #endif
         if (i == 2 || i == 7 || i == 9) compare_lanes(v->name, m, 300 + i);
         if (i == 2 || i == 7 || i == 9) compare_graphs(v->name, m, 400 + i);
+        if (i == 2 || i == 3 || i == 9) compare_bf16_out(v->name, m, 500 + i);
         if (i == 2 || i == 7 || i == 9) {
             scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
             compare("  two interleaved streams", m, &two, 100 + i);

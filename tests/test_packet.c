@@ -1,6 +1,7 @@
 /* Packet buffers (pipeline/packet.c): large activation buffers come from the installed host
  * allocator (a GPU backend's page-locked memory) and go back to the allocator that made them,
  * through the reuse cache; growing a packet keeps its contents across the small/large line. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +50,38 @@ static int owned_by_allocator(const void *x)
     return 0;
 }
 
+/* sf_packet_to_bf16 rounds in place to nearest even (ties to even, +-Inf kept, NaN stays
+ * NaN, overflow to Inf), sets the flag once, and halves sf_packet_row_bytes. */
+static void bf16_rows(void)
+{
+    const float in[] = {1.0f, -2.5f, 1.00390625f /* 1 + 2^-8: a tie, to even (1.0) */,
+                        1.01171875f /* 1 + 3*2^-8: a tie, to even (1 + 2^-6) */, 3.0e38f, 3.4e38f,
+                        INFINITY, -0.0f, NAN, 1e-40f /* subnormal */};
+    const uint16_t want[] = {0x3F80, 0xC020, 0x3F80, 0x3F82, 0x7F62, 0x7F80, 0x7F80, 0x8000, 0, 0x0001};
+    const size_t count = sizeof in / sizeof in[0];
+    sf_packet *p = sf_packet_new(SF_PACKET_HIDDEN, 0, count);
+    CHECK(p != NULL);
+    if (!p) return;
+    memcpy(p->x, in, sizeof in);
+    p->n = 2, p->width = count / 2;
+    CHECK(sf_packet_row_bytes(p) == count * 4);
+    CHECK_OK(sf_packet_to_bf16(p));
+    CHECK((p->flags & SF_PACKET_BF16) && sf_packet_row_bytes(p) == count * 2);
+    const uint16_t *got = (const uint16_t *)p->x;
+    for (size_t i = 0; i < count; i++) {
+        if (i == 8) CHECKF((got[i] & 0x7F80) == 0x7F80 && (got[i] & 0x7F), "NaN became %#x", got[i]);
+        else CHECKF(got[i] == want[i], "value %zu (%g): bf16 %#x, expected %#x", i, (double)in[i], got[i], want[i]);
+    }
+    uint16_t before[sizeof in / sizeof in[0]];
+    memcpy(before, got, sizeof before);
+    CHECK_OK(sf_packet_to_bf16(p)); /* already bf16: untouched */
+    CHECK(memcmp(before, p->x, sizeof before) == 0);
+    sf_packet_free(p);
+}
+
 int main(void)
 {
+    bf16_rows();
     const size_t big = (size_t)1 << 20; /* floats: 4 MiB, a large buffer */
     /* before any allocator: a large buffer from malloc, freed to the cache after install below */
     sf_packet *early = sf_packet_new(SF_PACKET_HIDDEN, 0, big + 5);

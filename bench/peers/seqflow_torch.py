@@ -6,7 +6,7 @@ for the compressive memory, cuBLAS products in bf16. It is seqflow's peer in the
 (bench/gpu_bench.sh): same model file, same tokens, outputs compared, both timed.
 
   seqflow_torch.py run --model M.safetensors --tokens T.u32 [--out H.npy] [--device cuda]
-                       [--precision bf16|f32] [--warmup-segments 2] [--json R.json]
+                       [--precision bf16|f32] [--out-dtype f32|bf16] [--warmup-segments 2] [--json R.json]
   seqflow_torch.py compare A.npy B.npy [--rows N] [--tol 2e-2]
   seqflow_torch.py attention --inputs DIR [--reps 50] [--json R.json]
 
@@ -283,7 +283,10 @@ def cmd_run(a):
     n_seg = (tokens.size + N - 1) // N
     cuda = model.dev.type == "cuda"
     tok = torch.from_numpy(tokens).to(model.dev)
-    out = torch.empty((tokens.size, D), dtype=torch.float32, pin_memory=cuda) if a.out else None
+    # --out-dtype bf16: the hidden states sent out as bf16 (half the bytes), as seqflow's
+    # --out-dtype bf16 does; the .npy then holds their bit patterns as uint16
+    out_dtype = torch.bfloat16 if a.out_dtype == "bf16" else torch.float32
+    out = torch.empty((tokens.size, D), dtype=out_dtype, pin_memory=cuda) if a.out else None
     events = [torch.cuda.Event(enable_timing=True) for _ in range(n_seg + 1)] if cuda else None
     host_t = [0.0] * (n_seg + 1)
     warm = min(a.warmup_segments, max(n_seg - 1, 0))
@@ -296,7 +299,7 @@ def cmd_run(a):
                 host_t[s] = time.perf_counter()
             y = model.segment(tok[s * N:(s + 1) * N])
             if out is not None:
-                out[s * N:s * N + y.shape[0]].copy_(y, non_blocking=True)
+                out[s * N:s * N + y.shape[0]].copy_(y.to(out_dtype), non_blocking=True)
         if cuda:
             events[n_seg].record()
             torch.cuda.synchronize()
@@ -305,7 +308,7 @@ def cmd_run(a):
     seconds = events[warm].elapsed_time(events[n_seg]) / 1e3 if cuda else host_t[n_seg] - host_t[warm]
     result = {
         "impl": "pytorch", "torch": torch.__version__, "device": a.device,
-        "gpu": torch.cuda.get_device_name() if cuda else "cpu", "precision": a.precision,
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu", "precision": a.precision, "out_dtype": a.out_dtype,
         "tokens": int(tokens.size), "segments": n_seg, "warmup_segments": warm,
         "timed_tokens": int(timed_tokens), "seconds": seconds,
         "tokens_per_s": timed_tokens / seconds if seconds > 0 else float("nan"),
@@ -313,7 +316,7 @@ def cmd_run(a):
         "flash": model.flash,
     }
     if a.out:
-        np.save(a.out, out.numpy())
+        np.save(a.out, out.view(torch.int16).numpy().view(np.uint16) if a.out_dtype == "bf16" else out.numpy())
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -331,9 +334,15 @@ def cmd_compare(a):
         sys.exit(1)
     num = den = 0.0
     worst = 0.0
+    def rows_f64(a, lo):
+        c = np.asarray(a[lo:lo + 8192])
+        if c.dtype == np.uint16:  # bf16 bit patterns (--out-dtype bf16)
+            c = (c.astype(np.uint32) << 16).view(np.float32)
+        return c.astype(np.float64)
+
     for lo in range(0, rows, 8192):
-        xa = np.asarray(x[lo:lo + 8192], dtype=np.float64)
-        ya = np.asarray(y[lo:lo + 8192], dtype=np.float64)
+        xa = rows_f64(x, lo)
+        ya = rows_f64(y, lo)
         num += float(((xa - ya) ** 2).sum())
         den += float((ya ** 2).sum())
         worst = max(worst, float(np.abs(xa - ya).max()) if xa.size else 0.0)
@@ -426,7 +435,9 @@ def main():
     r = sub.add_parser("run", help="run the model over a token file, time it, write the hidden states")
     r.add_argument("--model", required=True)
     r.add_argument("--tokens", required=True, help="little-endian uint32 token ids")
-    r.add_argument("--out", help="final hidden states, [tokens, D] float32 .npy")
+    r.add_argument("--out", help="final hidden states, [tokens, D] float32 .npy (uint16 bf16 bits with --out-dtype bf16)")
+    r.add_argument("--out-dtype", choices=["f32", "bf16"], default="f32",
+                   help="element type of the hidden states brought to the host and written")
     r.add_argument("--device", default="cuda")
     r.add_argument("--precision", choices=["bf16", "f32"], default="bf16")
     r.add_argument("--warmup-segments", type=int, default=2)

@@ -202,6 +202,12 @@ typedef struct sf_backend_ops {
      * graph_end(issue 0) drops what was recorded (after an error). NULL (the CPU): no graphs. */
     int (*graph_begin)(sf_backend *be, const void *key);
     int (*graph_end)(sf_backend *be, const void *key, int issue);
+    /* rmsnorm_typed: rmsnorm with y of element type otype (bf16: the float32 result rounded to
+     * nearest even once, bit-identical to rmsnorm followed by that rounding); y must not alias
+     * x. The final norm uses it to send out bf16 rows, so that the device-to-host copy halves.
+     * NULL (the CPU): callers run rmsnorm and round on the host. */
+    int (*rmsnorm_typed)(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, sf_dtype otype,
+                         void *y);
 } sf_backend_ops;
 
 #define SF_BACKEND_LANES 2

@@ -27,7 +27,12 @@ enum {
     SF_PACKET_FINAL = 1u << 0,
     /* A flushed partial segment: its outputs are real but state must not advance, and the
      * same positions will come again in the completed segment. */
-    SF_PACKET_PROVISIONAL = 1u << 1
+    SF_PACKET_PROVISIONAL = 1u << 1,
+    /* x holds n * width bfloat16 values (uint16_t bit patterns, float32 rounded to nearest
+     * even) instead of floats: half the bytes. The norm stage makes such packets with
+     * dtype=bf16 (the binary's --out-dtype bf16); sinks and sf_graph_pull's callers take them,
+     * stages that compute on x refuse them. */
+    SF_PACKET_BF16 = 1u << 2
 };
 
 typedef struct sf_packet {
@@ -83,6 +88,15 @@ void sf_packet_set_host_allocator(const sf_host_allocator *allocator);
 /* Brings device rows (dev) into x, grown as needed, and returns dev to its pool; SF_OK and
  * nothing done when the packet has none. On failure dev is released all the same. */
 int sf_packet_to_host(sf_packet *p);
+/* Rounds the rows to bf16 in x, in place, and sets SF_PACKET_BF16; device rows are brought to
+ * the host first. SF_OK and nothing done when the packet is bf16 already. */
+int sf_packet_to_bf16(sf_packet *p);
+/* For a packet with device rows: brings n * width bf16 values from dev_bf16 instead of dev's
+ * floats (backend memory of the same backend as dev: the rows converted there, which halves
+ * the download) into x, sets SF_PACKET_BF16, and returns dev to its pool (on failure too). */
+int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16);
+/* Bytes of the rows in x: n * width * 4, or * 2 with SF_PACKET_BF16. */
+size_t sf_packet_row_bytes(const sf_packet *p);
 
 #ifdef __cplusplus
 }

@@ -624,6 +624,7 @@ static const sf_backend_ops cuda_ops = {
     /* .ffn_h1_floats */ sf_cuda_ffn_h1_floats,
     /* .graph_begin */ sf_cuda_graph_begin,
     /* .graph_end */ sf_cuda_graph_end,
+    /* .rmsnorm_typed */ sf_cuda_rmsnorm_typed,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */

@@ -299,6 +299,8 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
                 const float *w3, const float *w2, float *u, float *h1, float *h3);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
+int sf_cuda_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
+                          sf_dtype otype, void *y);
 int sf_cuda_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y);
 int sf_cuda_swiglu(sf_backend *be, int n, int f, float *a, const float *b);
 int sf_cuda_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, sf_dtype kvtype,

@@ -142,6 +142,21 @@ int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float 
     return rc;
 }
 
+int sf_cuda_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
+                          sf_dtype otype, void *y)
+{
+    if (otype != SF_DTYPE_F32 && otype != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "rmsnorm_typed: output type %d is neither float32 nor bf16", (int)otype);
+    if (n <= 0 || dim <= 0) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = otype == SF_DTYPE_BF16 ? launch_rmsnorm(n, dim, x, weight, eps, (__nv_bfloat16 *)y, c->stream)
+                                : launch_rmsnorm(n, dim, x, weight, eps, (float *)y, c->stream);
+    sf_cuda_leave(c);
+    return rc;
+}
+
 __global__ static void embed_kernel(int dim, const uint32_t *tokens, const float *table, float *y)
 {
     const float *src = table + (size_t)tokens[blockIdx.x] * dim;

@@ -87,6 +87,11 @@ static int p_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float
 {
     PROFILED(OP_RMSNORM, rmsnorm(be, n, dim, x, w, eps, y));
 }
+static int p_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *w, float eps, sf_dtype otype,
+                           void *y)
+{
+    PROFILED(OP_RMSNORM, rmsnorm_typed(be, n, dim, x, w, eps, otype, y));
+}
 static int p_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y)
 {
     PROFILED(OP_EMBED, embed(be, n, dim, tokens, table, y));
@@ -192,6 +197,7 @@ int sf_cuda_profile_attach(sf_backend *be)
         if (inner->qkv) profiled.qkv = p_qkv;
         if (inner->memory_mix_to) profiled.memory_mix_to = p_memory_mix_to;
         if (inner->matmul_typed) profiled.matmul_typed = p_matmul_typed;
+        if (inner->rmsnorm_typed) profiled.rmsnorm_typed = p_rmsnorm_typed;
     }
     c->profile = p;
     be->ops = &profiled;
