@@ -314,6 +314,32 @@ int main(void)
     CHECK(spawn_run(seg32_resume, NULL, 0, &r) == 0);
     CHECKF(r.exit_code == 0 && same_as_reference(), "segment length=32 resumed: %s", r.err);
 
+    /* bf16 output (--out-dtype bf16): a kill and a resume lose nothing either; resuming a float32
+     * run's checkpoints with bf16 output is refused, not written as a mix */
+    const char *bf16_ref[] = {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", ref_path, "--out-dtype", "bf16", NULL};
+    CHECK(spawn_run(bf16_ref, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 0, "bf16 reference: %s", r.err);
+#define BF16_ARGV(resume_flag)                                                                                   {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", out_path, "--checkpoint", ckpt_dir,                  "--checkpoint-every", "4", "--out-dtype", "bf16", resume_flag, NULL}
+    const char *bf16_run[] = BF16_ARGV(NULL), *bf16_resume[] = BF16_ARGV("--resume");
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    int bf16_pid = spawn_start(bf16_run, &stdin_fd, err_path);
+    CHECK(bf16_pid > 0);
+    if (bf16_pid > 0) {
+        for (int waited = 0; waited < 40000 && newest_checkpoint() < 10; waited++) sleep_us(250);
+        kill(bf16_pid, SIGKILL);
+        CHECK(spawn_wait(bf16_pid) == 137);
+        close(stdin_fd);
+    }
+    CHECK(spawn_run(bf16_resume, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 0 && same_as_reference(), "bf16 output resumed: %s", r.err);
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    CHECK(run_and_kill(0, 0, 3) == 137); /* float32 output, checkpoints 1..3 at least */
+    CHECK(spawn_run(bf16_resume, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 1 && r.err_lines == 1, "float32 checkpoints resumed with bf16 output: exit %d: %s", r.exit_code,
+           r.err);
+
     remove_dir(ckpt_dir);
     remove_outputs();
     unlink(input_path);
