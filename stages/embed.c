@@ -3,7 +3,12 @@
  * On a GPU graph the table lives on the device and the rows are gathered there into a pooled
  * device buffer (packet.h, dev): only the token ids (4 bytes a row) cross the bus, and the
  * rows stay on the device until the final norm. When the pool is dry (every buffer still in
- * flight downstream) the packet takes the host path, which is slower but the same. */
+ * flight downstream) the packet takes the host path, which is slower but the same.
+ * Each pool buffer keeps its segment's token ids after its rows. No op issued before the lend
+ * touches them (a buffer goes back to the pool once its rows were downloaded, which waits for
+ * the work that read them, or once its packet was dropped), so the upload need not wait for the
+ * device work queued ahead of it (upload_unordered): the next segment's ids cross the bus while
+ * this one's layers run, instead of after them. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,8 +20,8 @@ typedef struct embed {
     sf_backend *be;
     sf_device_rows *pool; /* NULL: the host path */
     float *table;         /* [vocab, dim] on the device */
-    uint32_t *tokens;     /* [segment] on the device */
     size_t rows;          /* rows a pool buffer holds: the model's segment */
+    size_t dim;
 } embed;
 
 /* The default covers `embed ! block ! norm` at the default queue depth: two links of 4 packets
@@ -41,12 +46,13 @@ static int embed_init(sf_stage *st)
     long long buffers = sf_stage_option_int(st, "device_rows", 12);
     if (buffers < 1 || buffers > 1024) return sf_error(SF_E_OPTION, "device_rows=%lld is outside 1..1024", buffers);
     e->rows = (size_t)cfg->segment;
+    e->dim = (size_t)cfg->dim;
     size_t table_bytes = (size_t)cfg->vocab * cfg->dim * sizeof(float);
     e->table = be->ops->alloc(be, table_bytes);
-    e->tokens = be->ops->alloc(be, (size_t)cfg->segment * sizeof(uint32_t));
-    if (!e->table || !e->tokens) return sf_error(SF_E_NOMEM, "no device memory for the embedding table");
+    if (!e->table) return sf_error(SF_E_NOMEM, "no device memory for the embedding table");
     int rc = be->ops->upload(be, e->table, sf_model_embedding(m), table_bytes);
-    if (rc == SF_OK) rc = sf_device_rows_create(be, (int)buffers, e->rows * cfg->dim, &e->pool);
+    /* rows, then the token ids (uint32, as many as rows) */
+    if (rc == SF_OK) rc = sf_device_rows_create(be, (int)buffers, e->rows * e->dim + e->rows, &e->pool);
     return rc;
 }
 
@@ -56,7 +62,6 @@ static void embed_free(sf_stage *st)
     if (!e) return;
     sf_device_rows_free(e->pool);
     e->be->ops->free(e->be, e->table);
-    e->be->ops->free(e->be, e->tokens);
     free(e);
 }
 
@@ -67,8 +72,11 @@ static int embed_on_device(embed *e, sf_packet *in, int dim, int *rc)
      * block stage then refuses it with a message, as on the CPU) */
     if (!e || !e->pool || in->n == 0 || in->n > e->rows || !sf_device_rows_lend(e->pool, in)) return 0;
     const sf_backend_ops *ops = e->be->ops;
-    *rc = ops->upload(e->be, e->tokens, in->tokens, in->n * sizeof(uint32_t));
-    if (*rc == SF_OK) *rc = ops->embed(e->be, (int)in->n, dim, e->tokens, e->table, in->dev);
+    uint32_t *tokens = (uint32_t *)(in->dev + e->rows * e->dim);
+    const size_t bytes = in->n * sizeof(uint32_t);
+    *rc = ops->upload_unordered ? ops->upload_unordered(e->be, tokens, in->tokens, bytes)
+                                : ops->upload(e->be, tokens, in->tokens, bytes);
+    if (*rc == SF_OK) *rc = ops->embed(e->be, (int)in->n, dim, tokens, e->table, in->dev);
     return 1;
 }
 

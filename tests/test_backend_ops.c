@@ -506,6 +506,20 @@ static void test_rowwise(const target *t)
         snprintf(what, sizeof what, "embed n=%d dim=%d", n, dim);
         double err = compare(what, t, y.g, y.c, count, TOL_F32);
         CHECKF(err == 0, "%s %s: a lookup must be exact, error %.3g", t->label, what, err);
+        if (t->be->ops->upload_unordered) {
+            /* new ids through upload_unordered over the old ones, with a kernel that does not
+             * touch them queued ahead: the lookup issued after sees the new ids */
+            for (int i = 0; i < n; i++) tokens[i] = (uint32_t)(check_rng_next(&rng) % vocab);
+            CHECK_OK(t->be->ops->rmsnorm(t->be, n, dim, x.g, w.g, 1e-5f, x.g));
+            CHECK_OK(t->be->ops->upload_unordered(t->be, tok.g, tokens, (size_t)n * 4));
+            both_poison(t, y, count);
+            CHECK_OK(t->be->ops->embed(t->be, n, dim, tok.g, table.g, y.g));
+            CHECK_OK(cpu->ops->upload(cpu, tok.c, tokens, (size_t)n * 4));
+            CHECK_OK(cpu->ops->embed(cpu, n, dim, tok.c, table.c, y.c));
+            snprintf(what, sizeof what, "embed after upload_unordered n=%d dim=%d", n, dim);
+            err = compare(what, t, y.g, y.c, count, TOL_F32);
+            CHECKF(err == 0, "%s %s: error %.3g", t->label, what, err);
+        }
         both_free(t, x), both_free(t, w), both_free(t, y), both_free(t, a), both_free(t, b);
         both_free(t, table), both_free(t, tok);
         free(hx), free(hw), free(hb), free(ht), free(tokens);

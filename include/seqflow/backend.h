@@ -208,6 +208,11 @@ typedef struct sf_backend_ops {
      * NULL (the CPU): callers run rmsnorm and round on the host. */
     int (*rmsnorm_typed)(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, sf_dtype otype,
                          void *y);
+    /* upload_unordered: upload, ordered before the ops issued after it but not after those
+     * issued before it, so that the copy runs while they do (a GPU otherwise starts it only
+     * when they are done). The caller guarantees that no op issued before it reads or writes
+     * dst. NULL (the CPU): callers use upload. */
+    int (*upload_unordered)(sf_backend *be, void *dst, const void *host_src, size_t bytes);
 } sf_backend_ops;
 
 #define SF_BACKEND_LANES 2

@@ -195,7 +195,7 @@ static void cuda_free(sf_backend *be, void *ptr)
  * waits only for the work issued before it, not for what other stage threads queued since.
  * Larger or unreserved transfers (weights at init) are plain pageable copies on the compute
  * stream. Either way the copy is ordered after earlier ops and before later ones. */
-static int cuda_upload(sf_backend *be, void *dst, const void *host_src, size_t bytes)
+static int upload(sf_backend *be, void *dst, const void *host_src, size_t bytes, int after_earlier)
 {
     if (!bytes) return SF_OK;
     sf_cuda *c = sf_cuda_of(be);
@@ -213,9 +213,10 @@ static int cuda_upload(sf_backend *be, void *dst, const void *host_src, size_t b
     if (slot->pending) rc = sf_cuda_status(cudaEventSynchronize(slot->done), "upload (staging)");
     if (rc == SF_OK) {
         memcpy(slot->host, host_src, bytes);
-        rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "upload (order)");
+        if (after_earlier) rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "upload (order)");
     }
-    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->copy_in, slot->ready, 0), "upload (order)");
+    if (rc == SF_OK && after_earlier)
+        rc = sf_cuda_status(cudaStreamWaitEvent(c->copy_in, slot->ready, 0), "upload (order)");
     if (rc == SF_OK)
         rc = sf_cuda_status(cudaMemcpyAsync(dst, slot->host, bytes, cudaMemcpyHostToDevice, c->copy_in), "upload");
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(slot->done, c->copy_in), "upload (order)");
@@ -223,6 +224,18 @@ static int cuda_upload(sf_backend *be, void *dst, const void *host_src, size_t b
     slot->pending = 1;
     sf_cuda_leave(c);
     return rc;
+}
+
+static int cuda_upload(sf_backend *be, void *dst, const void *host_src, size_t bytes)
+{
+    return upload(be, dst, host_src, bytes, 1);
+}
+
+/* The copy stream does not wait for the compute stream: the copy overlaps the work queued
+ * ahead of it (the token ids of the next segment during this one's layers). */
+static int cuda_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes)
+{
+    return upload(be, dst, host_src, bytes, 0);
 }
 
 static int is_pinned(const void *host)
@@ -625,6 +638,7 @@ static const sf_backend_ops cuda_ops = {
     /* .graph_begin */ sf_cuda_graph_begin,
     /* .graph_end */ sf_cuda_graph_end,
     /* .rmsnorm_typed */ sf_cuda_rmsnorm_typed,
+    /* .upload_unordered */ cuda_upload_unordered,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */

@@ -70,6 +70,10 @@ static int end(sf_backend *be, sf_cuda_profile *p, int op, int rc)
 
 static int p_upload(sf_backend *be, void *dst, const void *src, size_t bytes) { PROFILED(OP_UPLOAD, upload(be, dst, src, bytes)); }
 static int p_download(sf_backend *be, void *dst, const void *src, size_t bytes) { PROFILED(OP_DOWNLOAD, download(be, dst, src, bytes)); }
+static int p_upload_unordered(sf_backend *be, void *dst, const void *src, size_t bytes)
+{
+    PROFILED(OP_UPLOAD, upload_unordered(be, dst, src, bytes));
+}
 static int p_copy(sf_backend *be, void *dst, const void *src, size_t bytes) { PROFILED(OP_COPY, copy(be, dst, src, bytes)); }
 static int p_zero(sf_backend *be, void *dst, size_t bytes) { PROFILED(OP_ZERO, zero(be, dst, bytes)); }
 static int p_sync(sf_backend *be) { PROFILED(OP_SYNC, sync(be)); }
@@ -198,6 +202,7 @@ int sf_cuda_profile_attach(sf_backend *be)
         if (inner->memory_mix_to) profiled.memory_mix_to = p_memory_mix_to;
         if (inner->matmul_typed) profiled.matmul_typed = p_matmul_typed;
         if (inner->rmsnorm_typed) profiled.rmsnorm_typed = p_rmsnorm_typed;
+        if (inner->upload_unordered) profiled.upload_unordered = p_upload_unordered;
     }
     c->profile = p;
     be->ops = &profiled;
