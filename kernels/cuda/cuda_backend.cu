@@ -235,7 +235,7 @@ static int cuda_upload(sf_backend *be, void *dst, const void *host_src, size_t b
  * ahead of it (the token ids of the next segment during this one's layers). */
 static int cuda_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes)
 {
-    return upload(be, dst, host_src, bytes, 0);
+    return upload(be, dst, host_src, bytes, sf_cuda_of(be)->uploads_ordered);
 }
 
 static int is_pinned(const void *host)
@@ -730,6 +730,8 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
     be->impl = c;
     /* SEQFLOW_PINNED_PACKETS=0 keeps packets in pageable memory (downloads then go through the
      * staging copy): for comparing the two in benchmarks */
+    const char *unordered = getenv("SEQFLOW_CUDA_UPLOAD_UNORDERED");
+    c->uploads_ordered = unordered && strcmp(unordered, "0") == 0;
     const char *pinned = getenv("SEQFLOW_PINNED_PACKETS");
     if (!(pinned && strcmp(pinned, "0") == 0)) sf_packet_set_host_allocator(&pinned_packets);
     be->precision = c->precision;

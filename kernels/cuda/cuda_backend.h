@@ -135,6 +135,7 @@ typedef struct sf_cuda {
     cudaStream_t copy_in, copy_out; /* host <-> device copies, off the compute stream */
     sf_cuda_staging up[SF_CUDA_STAGING_SLOTS], down[SF_CUDA_STAGING_SLOTS];
     int up_next;
+    int uploads_ordered; /* SEQFLOW_CUDA_UPLOAD_UNORDERED=0: upload_unordered waits as upload does */
     cublasHandle_t blas;
     void *blas_workspace;
     size_t blas_workspace_bytes;
