@@ -3,7 +3,10 @@
  * kernels, and what ran beside what, with the real clocks and the real concurrency (ncu
  * serializes kernels; Nsight Systems is not on the GPU machine). Memory copies go to the same
  * file, named "[memcpy KIND BYTES]" (KIND HtoD, DtoH, DtoD or other), so that the summary can
- * tell how busy the copies between host and device kept the bus. Used by bench/gpu_timeline.sh:
+ * tell how busy the copies between host and device kept the bus. With SEQFLOW_TRACE_API=1 the
+ * runtime API calls that took SEQFLOW_TRACE_API_US (20) microseconds or more go there too, as
+ * "[api NAME]" with the calling thread in the stream column: which host waits stood beside the
+ * device's idle gaps. Used by bench/gpu_timeline.sh:
  *
  *   SEQFLOW_TRACE_OUT=trace.csv CUDA_INJECTION64_PATH=build/bench/libsf_kernel_trace.so prog ...
  *
@@ -17,6 +20,7 @@
 #define TRACE_BUFFER_BYTES (8u << 20)
 
 static FILE *trace_file;
+static unsigned long long api_min_ns = 20000;
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
 {
@@ -38,6 +42,15 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
                                                                                 : "other";
             fprintf(trace_file, "%llu,%llu,%u,[memcpy %s %llu]\n", (unsigned long long)m->start,
                     (unsigned long long)m->end, m->streamId, kind, (unsigned long long)m->bytes);
+            continue;
+        }
+        if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+            const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)record;
+            if (a->end - a->start < api_min_ns) continue;
+            const char *name = NULL;
+            if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS || !name) name = "?";
+            fprintf(trace_file, "%llu,%llu,%u,[api %s]\n", (unsigned long long)a->start, (unsigned long long)a->end,
+                    a->threadId, name);
             continue;
         }
         if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
@@ -69,6 +82,13 @@ int InitializeInjection(void)
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS) {
         fprintf(stderr, "kernel_trace: CUPTI would not start\n");
         return 0;
+    }
+    const char *api = getenv("SEQFLOW_TRACE_API");
+    if (api && strcmp(api, "1") == 0) {
+        const char *us = getenv("SEQFLOW_TRACE_API_US");
+        if (us) api_min_ns = strtoull(us, NULL, 10) * 1000ull;
+        if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS)
+            fprintf(stderr, "kernel_trace: CUPTI would not trace the runtime API\n");
     }
     atexit(flush_at_exit);
     return 1;

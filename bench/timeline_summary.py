@@ -27,12 +27,13 @@ def short_name(name):
 def main():
     path = sys.argv[1]
     per = sys.argv[sys.argv.index("--per") + 1] if "--per" in sys.argv else "embed"
-    copies = []
+    copies, apis = [], []
     if path.endswith(".csv"):
         with open(path) as f:
             rows = sorted((int(r["start"]), int(r["end"]), int(r["stream"]), r["name"]) for r in csv.DictReader(f))
         copies = [r for r in rows if r[3].startswith("[memcpy")]
-        rows = [r for r in rows if not r[3].startswith("[memcpy")]
+        apis = [r for r in rows if r[3].startswith("[api")]
+        rows = [r for r in rows if not r[3].startswith("[memcpy") and not r[3].startswith("[api")]
         names = {}
     else:
         db = sqlite3.connect(path)
@@ -47,12 +48,15 @@ def main():
     window = max(e for _, e, _, _ in ks) - lo
     segments = sum(1 for k in ks if per in k[3]) or 1
     busy, gaps, cur_s, cur_e, last = 0, [], None, None, None
+    long_gaps = []  # (start, end) of idle gaps of 50 us and more
     gap_at = defaultdict(lambda: [0, 0])  # (kernel that ended last, kernel that starts) -> count, ns
     for s, e, _, n in ks:
         if cur_e is None or s > cur_e:
             if cur_e is not None:
                 busy += cur_e - cur_s
                 gaps.append(s - cur_e)
+                if s - cur_e >= 50000:
+                    long_gaps.append((cur_e, s))
                 g = gap_at[(last, n)]
                 g[0] += 1
                 g[1] += s - cur_e
@@ -98,6 +102,33 @@ def main():
         for (a, b), t in sorted(beside.items(), key=lambda x: -x[1])[:12]:
             print(f"  {t * us / segments:8.1f} us  {a} | {b}")
     report_copies([c for c in copies if lo <= c[0] <= lo + window], window, segments)
+    if apis:
+        report_api([a for a in apis if lo <= a[0] <= lo + window], long_gaps, segments)
+
+
+def report_api(apis, long_gaps, segments):
+    """The long host calls a segment by name, and the ones that spanned idle gaps of 50 us and
+    more (by how much of those gaps they covered), with the thread that made them."""
+    us = 1e-3
+    by_name = defaultdict(lambda: [0, 0])
+    for s, e, _, name in apis:
+        by_name[name][0] += 1
+        by_name[name][1] += e - s
+    print(f"host runtime calls of {min((e - s for s, e, _, _ in apis), default=0) * us:.0f} us and more "
+          f"(SEQFLOW_TRACE_API_US), a segment:")
+    for name, (c, t) in sorted(by_name.items(), key=lambda x: -x[1][1])[:10]:
+        print(f"  {c / segments:6.2f}x {t * us / segments:9.1f} us  {name}")
+    print(f"idle gaps of 50 us and more: {len(long_gaps) / segments:.2f} a segment, "
+          f"{sum(e - s for s, e in long_gaps) * us / segments:.1f} us a segment; host calls spanning them:")
+    spans = defaultdict(lambda: [0, 0])
+    for gs, ge in long_gaps:
+        for s, e, thread, name in apis:
+            if s < ge and e > gs:
+                k = (name, thread)
+                spans[k][0] += 1
+                spans[k][1] += min(e, ge) - max(s, gs)
+    for (name, thread), (c, t) in sorted(spans.items(), key=lambda x: -x[1][1])[:10]:
+        print(f"  {c / segments:6.2f}x {t * us / segments:9.1f} us of the gaps  {name} (thread {thread})")
 
 
 def report_copies(copies, window, segments):
