@@ -163,14 +163,10 @@ int sf_packet_to_bf16(sf_packet *p)
     if (!p) return sf_error(SF_E_INVAL, "sf_packet_to_bf16: NULL packet");
     if (p->flags & SF_PACKET_BF16) return SF_OK;
     int rc = sf_packet_to_host(p);
-    size_t count = p->n * p->width;
-    if (rc != SF_OK || !count) {
-        if (rc == SF_OK) p->flags |= SF_PACKET_BF16;
-        return rc;
-    }
+    const size_t count = p->n * p->width;
     /* in place: bf16 encodes each value before its bytes are overwritten (quantize.h) */
     const sf_quant_params bf16 = {SF_QUANT_BF16, 1};
-    rc = sf_quantize(&bf16, p->x, count, (uint8_t *)p->x, count * sizeof(float));
+    if (rc == SF_OK && count) rc = sf_quantize(&bf16, p->x, count, (uint8_t *)p->x, count * sizeof(float));
     if (rc == SF_OK) p->flags |= SF_PACKET_BF16;
     return rc;
 }

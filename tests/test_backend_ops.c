@@ -83,34 +83,17 @@ static double compare(const char *what, const target *t, const void *got_dev, co
     return err;
 }
 
-/* bf16 activations (SF_DTYPE_BF16): the bits of x rounded to nearest even, as the GPU rounds */
-static uint16_t bf16_bits_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static float float_of_bf16(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 /* h rounded to bf16 values in place (what the CPU reference then computes on) */
 static void round_to_bf16(float *h, size_t count)
 {
-    for (size_t i = 0; i < count; i++) h[i] = float_of_bf16(bf16_bits_of(h[i]));
+    for (size_t i = 0; i < count; i++) h[i] = check_bf16_float(check_bf16_bits(h[i]));
 }
 
 /* A new backend buffer holding h as bf16. */
 static void *bf16_upload(sf_backend *be, const float *h, size_t count)
 {
     uint16_t *bits = malloc(count * 2 + 2);
-    for (size_t i = 0; i < count; i++) bits[i] = bf16_bits_of(h[i]);
+    for (size_t i = 0; i < count; i++) bits[i] = check_bf16_bits(h[i]);
     void *d = to_backend(be, bits, count * 2);
     free(bits);
     return d;
@@ -122,7 +105,7 @@ static float *bf16_download(sf_backend *be, const void *d, size_t count)
     uint16_t *bits = malloc(count * 2 + 2);
     float *h = malloc(count * sizeof *h + 4);
     CHECK_OK(be->ops->download(be, bits, d, count * 2));
-    for (size_t i = 0; i < count; i++) h[i] = float_of_bf16(bits[i]);
+    for (size_t i = 0; i < count; i++) h[i] = check_bf16_float(bits[i]);
     free(bits);
     return h;
 }
@@ -471,7 +454,7 @@ static void test_rowwise(const target *t)
             CHECK_OK(t->be->ops->rmsnorm_typed(t->be, n, dim, x.g, w.g, 1e-6f, SF_DTYPE_BF16, yt));
             CHECK_OK(t->be->ops->download(t->be, bits, yt, count * 2));
             size_t off = 0;
-            for (size_t i = 0; i < count; i++) off += bits[i] != bf16_bits_of(want[i]);
+            for (size_t i = 0; i < count; i++) off += bits[i] != check_bf16_bits(want[i]);
             CHECKF(off == 0, "%s rmsnorm_typed bf16 n=%d dim=%d: %zu of %zu values are not rmsnorm's rounded", t->label,
                    n, dim, off, count);
             memset(got32, 0xFF, count * 4);

@@ -73,12 +73,10 @@ static void sleep_us(long us)
  * and SIGKILLs it. Kill points are tied to progress rather than to wall time alone so that they
  * land inside the run on fast and slow machines alike. Returns the exit code (137 when the kill
  * landed, 0 when the run finished first). */
-static int run_and_kill(int resume, long delay_us, uint64_t after)
+static int kill_after(const char *const *argv, long delay_us, uint64_t after)
 {
-    const char *with[] = CKPT_ARGV("--resume");
-    const char *without[] = CKPT_ARGV(NULL);
     int stdin_fd;
-    int pid = spawn_start(resume ? with : without, &stdin_fd, err_path);
+    int pid = spawn_start(argv, &stdin_fd, err_path);
     if (pid < 0) return -1;
     for (int waited = 0; after && waited < 40000 && newest_checkpoint() < after; waited++) sleep_us(250);
     sleep_us(delay_us);
@@ -86,6 +84,14 @@ static int run_and_kill(int resume, long delay_us, uint64_t after)
     int code = spawn_wait(pid);
     close(stdin_fd);
     return code;
+}
+
+/* kill_after for the checkpointed run (CKPT_ARGV), resumed or not. */
+static int run_and_kill(int resume, long delay_us, uint64_t after)
+{
+    const char *with[] = CKPT_ARGV("--resume");
+    const char *without[] = CKPT_ARGV(NULL);
+    return kill_after(resume ? with : without, delay_us, after);
 }
 
 static int same_as_reference(void)
@@ -303,14 +309,7 @@ int main(void)
     free(frame);
     remove_dir(ckpt_dir);
     remove_outputs();
-    int seg32_pid = spawn_start(seg32, &stdin_fd, err_path);
-    CHECK(seg32_pid > 0);
-    if (seg32_pid > 0) {
-        for (int waited = 0; waited < 40000 && newest_checkpoint() < 20; waited++) sleep_us(250);
-        kill(seg32_pid, SIGKILL);
-        CHECK(spawn_wait(seg32_pid) == 137);
-        close(stdin_fd);
-    }
+    CHECK(kill_after(seg32, 0, 20) == 137);
     CHECK(spawn_run(seg32_resume, NULL, 0, &r) == 0);
     CHECKF(r.exit_code == 0 && same_as_reference(), "segment length=32 resumed: %s", r.err);
 
@@ -323,14 +322,7 @@ int main(void)
     const char *bf16_run[] = BF16_ARGV(NULL), *bf16_resume[] = BF16_ARGV("--resume");
     remove_dir(ckpt_dir);
     remove_outputs();
-    int bf16_pid = spawn_start(bf16_run, &stdin_fd, err_path);
-    CHECK(bf16_pid > 0);
-    if (bf16_pid > 0) {
-        for (int waited = 0; waited < 40000 && newest_checkpoint() < 10; waited++) sleep_us(250);
-        kill(bf16_pid, SIGKILL);
-        CHECK(spawn_wait(bf16_pid) == 137);
-        close(stdin_fd);
-    }
+    CHECK(kill_after(bf16_run, 0, 10) == 137);
     CHECK(spawn_run(bf16_resume, NULL, 0, &r) == 0);
     CHECKF(r.exit_code == 0 && same_as_reference(), "bf16 output resumed: %s", r.err);
     remove_dir(ckpt_dir);

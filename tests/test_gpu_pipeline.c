@@ -352,13 +352,8 @@ static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
            "%s: %zu float32 rows, %zu bf16 rows (%zu flagged) of %zu", name, f32_rows, b16_rows, b16_flagged, tokens);
     size_t exact = 0, outside = 0;
     for (size_t i = 0; f32_rows == tokens && b16_rows == tokens && i < tokens * D; i++) {
-        uint32_t u;
-        memcpy(&u, &f32[i], 4);
-        exact += b16[i] == (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-        uint32_t w = (uint32_t)b16[i] << 16;
-        float v;
-        memcpy(&v, &w, 4);
-        outside += !(fabsf(v - f32[i]) <= ldexpf(fabsf(f32[i]), -8) + 1e-6f);
+        exact += b16[i] == check_bf16_bits(f32[i]);
+        outside += !(fabsf(check_bf16_float(b16[i]) - f32[i]) <= ldexpf(fabsf(f32[i]), -8) + 1e-6f);
     }
     CHECKF(outside == 0, "%s: %zu of %zu bf16 outputs further than a rounding from the float32 run's", name, outside,
            tokens * D);

@@ -65,6 +65,22 @@ void check_fill_normal(check_rng *r, float *x, size_t n, double scale)
     for (size_t i = 0; i < n; i++) x[i] = (float)(check_rng_normal(r) * scale);
 }
 
+uint16_t check_bf16_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+float check_bf16_float(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 double check_rel_err_f32_f64(const float *a, const double *b, size_t n)
 {
     double num = 0, den = 0;

@@ -39,6 +39,11 @@ double check_rng_normal(check_rng *r);
 /* x[i] = scale * a standard normal draw, for i < n. */
 void check_fill_normal(check_rng *r, float *x, size_t n, double scale);
 
+/* bfloat16: the bits of x rounded to nearest even (a NaN stays a NaN), as the GPU and the
+ * library round; and a bf16's value widened exactly. */
+uint16_t check_bf16_bits(float x);
+float check_bf16_float(uint16_t b);
+
 /* ||a - b||_2 / max(||b||_2, tiny) over n values. */
 double check_rel_err_f32_f64(const float *a, const double *b, size_t n);
 double check_rel_err_f32(const float *a, const float *b, size_t n);
