@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "memory/checkpoint.h"
+#include "state/checkpoint.h"
 #include "seqflow/seqflow.h"
 
 static double now(void)

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "kernels/cpu/attention.h"
-#include "pipeline/process_stats.h"
+#include "core/process_stats.h"
 #include "seqflow/seqflow.h"
 
 

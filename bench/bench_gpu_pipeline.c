@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "kernels/cpu/attention.h"
-#include "pipeline/process_stats.h"
+#include "core/process_stats.h"
 #include "seqflow/seqflow.h"
 
 #ifdef SEQFLOW_HAVE_CUDA

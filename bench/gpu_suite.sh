@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for a kernel change, on the GPU machine (after `source scripts/gpu-env.sh`):
 # the whole test suite with the GPU tests (scripts/gpu-test.sh, Release, build-gpu), the memory
-# kernels' checks and times (bench_cuda_memory, MEM_REPS runs), then an A/B of each setting in
+# kernels' checks and times (bench_cuda_compressive_memory, MEM_REPS runs), then an A/B of each setting in
 # AB_SETTINGS ("VAR=VALUE ..."; each against the default, bench/ab_pipeline.sh, AB_PAIRS pairs,
 # models AB_MODELS), SUITE_NCU=1 the device time per kernel, SUITE_NCU_KERNELS="regex" Nsight
 # Compute's sections for those kernels, SUITE_ATT_SETTINGS the attention op alone under each
@@ -17,12 +17,12 @@ if [ "${SUITE_TESTS:-1}" = 1 ]; then
   grep -E "tests passed|tests failed|^test_|FAIL" "$out/gpu-test.txt" | grep -v "rel err .* ok" | tail -20
 else
   { cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 &&
-    cmake --build build-gpu -j16 --target bench_gpu_pipeline bench_cuda_memory bench_cuda_attention; } > "$out/build.txt" 2>&1 ||
+    cmake --build build-gpu -j16 --target bench_gpu_pipeline bench_cuda_compressive_memory bench_cuda_attention; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 fi
 if [ "${MEM_REPS:-30}" != 0 ]; then
-  build-gpu/bench/bench_cuda_memory "${MEM_REPS:-30}" > "$out/bench_memory.txt" 2>&1
-  echo "bench_cuda_memory: exit $?"
+  build-gpu/bench/bench_cuda_compressive_memory "${MEM_REPS:-30}" > "$out/bench_memory.txt" 2>&1
+  echo "bench_cuda_compressive_memory: exit $?"
   grep -E "FAIL|all checks|^\| (memory_mix|update).*bf16 \| (fma16|mma16|dflt)" "$out/bench_memory.txt"
 fi
 for setting in ${AB_SETTINGS:-}; do

@@ -18,11 +18,11 @@ nvcc $flags90a -Xptxas -v -c -o $b/wgws.o kernels/cuda/attention_wgmma_ws.cu 2>>
 nvcc $flags -c -o $b/k.o kernels/cuda/attention_bf16.cu
 nvcc $flags -c -o $b/bench.o bench/bench_cuda_attention.cu
 nvcc $flags90a -o $b/wgmma_probe bench/wgmma_probe.cu
-nvcc -arch=sm_90 -o $b/bench_att $b/bench.o $b/k.o $b/ws.o $b/wg.o $b/wgws.o kernels/cpu/*.c pipeline/error.c -I. -Iinclude \
+nvcc -arch=sm_90 -o $b/bench_att $b/bench.o $b/k.o $b/ws.o $b/wg.o $b/wgws.o kernels/cpu/*.c core/error.c -I. -Iinclude \
   -lopenblas -Xcompiler -fopenmp
 gcc -O2 -DSEQFLOW_HAVE_CUDA=1 -I. -Iinclude -Itests -I/usr/local/cuda/include -c -o $b/t.o tests/test_cuda_attention.c
-nvcc -o $b/test_att $b/t.o tests/support/check.c pipeline/process_stats.c $b/k.o $b/ws.o $b/wg.o $b/wgws.o kernels/cpu/*.c \
-  pipeline/error.c -I. -Iinclude -Itests -lopenblas -Xcompiler -fopenmp
+nvcc -o $b/test_att $b/t.o tests/support/check.c core/process_stats.c $b/k.o $b/ws.o $b/wg.o $b/wgws.o kernels/cpu/*.c \
+  core/error.c -I. -Iinclude -Itests -lopenblas -Xcompiler -fopenmp
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $out/gpu.txt
 grep -E "registers|spill|C75" $out/ptxas_wgmma.txt || true
 echo "HGMMA in attention_wgmma SASS: $(cuobjdump -sass $b/wg.o 2>/dev/null | grep -c HGMMA), _ws: $(cuobjdump -sass $b/wgws.o 2>/dev/null | grep -c HGMMA)"

@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 #include "compress/quantize.h"
-#include "seqflow/stage.h" /* sf_buffer */
+#include "seqflow/buffer.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -2,7 +2,7 @@
  * source emitted before it (Chandy-Lamport over FIFO links): each stage thread, on popping it,
  * has processed exactly what came before and nothing after, so appending that stage's state
  * gives one consistent cut of the whole graph. The last stage writes the cut as a checkpoint
- * file (memory/checkpoint.h). Payload layout, little-endian:
+ * file (state/checkpoint.h). Payload layout, little-endian:
  *   "SFCK", u32 version, u64 seq, u32 fingerprint length, fingerprint (stages, options and
  *   model configuration as text), u64 state length, state (sf_graph_save layout). */
 #include <inttypes.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "memory/checkpoint.h"
+#include "state/checkpoint.h"
 #include "pipeline/graph_internal.h"
 
 #define PAYLOAD_MAGIC "SFCK"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "pipeline/graph_internal.h"
-#include "pipeline/process_stats.h"
+#include "core/process_stats.h"
 
 int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_graph **out)
 {
@@ -387,28 +387,4 @@ int sf_graph_restore(sf_graph *g, const uint8_t *data, size_t len)
     int rc = sf_graph_start(g, 0);
     if (rc != SF_OK) return rc;
     return sf_graph_restore_stages(g, data, len);
-}
-
-int sf_buffer_append(sf_buffer *b, const void *data, size_t len)
-{
-    if (len > SIZE_MAX - b->len) return sf_error(SF_E_NOMEM, "buffer too large");
-    if (b->len + len > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + len) cap = cap > SIZE_MAX / 2 ? b->len + len : cap * 2;
-        uint8_t *d = realloc(b->data, cap);
-        if (!d) return sf_error(SF_E_NOMEM, "out of memory");
-        b->data = d;
-        b->cap = cap;
-    }
-    if (len) memcpy(b->data + b->len, data, len);
-    b->len += len;
-    return SF_OK;
-}
-
-void sf_buffer_release(sf_buffer *b)
-{
-    if (!b) return;
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
 }

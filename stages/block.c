@@ -536,7 +536,7 @@ static int block_flush(sf_stage *st)
 static int block_process(sf_stage *st, sf_packet *in)
 {
     block *b = sf_stage_priv(st);
-    if (in->flags & SF_PACKET_BF16) {
+    if (in->dtype != SF_DTYPE_F32) {
         sf_packet_free(in);
         return sf_error(SF_E_INVAL, "its input rows are bf16 (a norm with dtype=bf16 ahead of it); "
                                     "only a sink takes bf16 rows");

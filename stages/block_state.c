@@ -100,7 +100,7 @@ void *sf_block_stream_create(void *ctx, uint64_t stream)
     return s;
 }
 
-/* ---- the state store (state_budget=): memory/state_store.h ---------------------------- */
+/* ---- the state store (state_budget=): state/state_store.h ---------------------------- */
 
 static size_t state_floats(const block *b)
 {

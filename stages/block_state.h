@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "memory/state_store.h"
+#include "state/state_store.h"
 #include "seqflow/stage.h"
 #include "stages/stream_table.h"
 

@@ -2,7 +2,7 @@
  * model has no final_norm. Host packets take the CPU kernel. Packets whose rows are still on
  * the device (packet.h, dev: a GPU graph) are normalized there and then brought to the host in
  * one download (pinned staging), so what leaves this stage is a host packet.
- * dtype=bf16 sends the hidden states out as bf16 (packet.h, SF_PACKET_BF16): on a GPU the norm
+ * dtype=bf16 sends the hidden states out as bf16 (packet.h, dtype SF_DTYPE_BF16): on a GPU the norm
  * writes them in bf16 on the device, so the download carries half the bytes. */
 #include <math.h>
 #include <stdlib.h>
@@ -114,7 +114,7 @@ static int norm_process(sf_stage *st, sf_packet *in)
     const float eps = sf_model_get_config(m)->norm_eps;
     norm *nm = sf_stage_priv(st);
     int rc = SF_OK;
-    if (in->flags & SF_PACKET_BF16) {
+    if (in->dtype != SF_DTYPE_F32) {
         rc = sf_error(SF_E_INVAL, "its input rows are bf16 already (a norm with dtype=bf16 ahead of it); "
                                   "only a sink takes bf16 rows");
     } else if (in->dev) {

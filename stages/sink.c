@@ -1,6 +1,6 @@
 /* sink: writes the committed hidden states of every segment, in arrival order (stream order
  * for one stream), as raw little-endian float32, a .npy file, a digest line, or nowhere; bf16
- * rows (packet.h, SF_PACKET_BF16: a norm with dtype=bf16) are written as they come, two bytes
+ * rows (packet.h, dtype SF_DTYPE_BF16: a norm with dtype=bf16) are written as they come, two bytes
  * a value (in .npy as uint16 bit patterns: numpy has no bfloat16).
  * Files are written under a temporary name and renamed only when the run succeeds, so a
  * failed run never leaves partial output that looks complete. Provisional (flushed) segments
@@ -96,13 +96,12 @@ static int sink_init(sf_stage *st)
 static void digest_update(sink *k, const sf_packet *in)
 {
     const size_t count = in->n * in->width, bytes_len = sf_packet_row_bytes(in);
-    const uint8_t *bytes = (const uint8_t *)in->x;
+    const uint8_t *bytes = sf_packet_rows(in);
     for (size_t i = 0; i < bytes_len; i++) k->fnv = (k->fnv ^ bytes[i]) * 0x100000001b3ull;
-    const int bf16 = (in->flags & SF_PACKET_BF16) != 0;
     for (size_t i = 0; i < count; i++) {
         float v;
-        if (bf16) {
-            uint32_t u = (uint32_t)((const uint16_t *)in->x)[i] << 16;
+        if (in->x_bf16) {
+            uint32_t u = (uint32_t)in->x_bf16[i] << 16;
             memcpy(&v, &u, sizeof v);
         } else {
             v = in->x[i];
@@ -117,7 +116,7 @@ static int sink_process(sf_stage *st, sf_packet *in)
     sink *k = sf_stage_priv(st);
     int rc = SF_OK;
     if (in->kind == SF_PACKET_HIDDEN && !(in->flags & SF_PACKET_PROVISIONAL) && in->n) {
-        const size_t elem = (in->flags & SF_PACKET_BF16) ? 2 : 4, bytes = sf_packet_row_bytes(in);
+        const size_t elem = sf_dtype_size(in->dtype), bytes = sf_packet_row_bytes(in);
         if (k->width && k->width != in->width)
             rc = sf_error(SF_E_INVAL, "rows of width %zu after rows of width %zu", in->width, k->width);
         else if (k->elem_bytes && k->elem_bytes != elem)
@@ -126,7 +125,7 @@ static int sink_process(sf_stage *st, sf_packet *in)
         if (rc == SF_OK) {
             k->width = in->width;
             k->elem_bytes = elem;
-            if (k->file && fwrite(in->x, 1, bytes, k->file) != bytes)
+            if (k->file && fwrite(sf_packet_rows(in), 1, bytes, k->file) != bytes)
                 rc = sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path ? k->path : "-", strerror(errno));
             if (k->format == SINK_DIGEST) digest_update(k, in);
             k->rows += in->n;

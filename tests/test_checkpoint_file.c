@@ -1,4 +1,4 @@
-/* Checkpoint files (memory/checkpoint.c) without the binary: an empty payload comes back with
+/* Checkpoint files (state/checkpoint.c) without the binary: an empty payload comes back with
  * length 0 under every codec; a file whose fstat fails is reported as an I/O error naming the
  * cause (fstat is replaced below so that it can be made to fail). */
 #define _GNU_SOURCE
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "memory/checkpoint.h"
+#include "state/checkpoint.h"
 #include "seqflow/error.h"
 #include "support/check.h"
 

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "memory/checkpoint.h"
+#include "state/checkpoint.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/files.h"

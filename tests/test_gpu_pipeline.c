@@ -337,8 +337,8 @@ static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
         for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
             if (p->kind != SF_PACKET_HIDDEN || !p->n || p->position + p->n > tokens) continue;
             if (bf16) {
-                b16_flagged += (p->flags & SF_PACKET_BF16) ? p->n : 0;
-                memcpy(b16 + p->position * D, p->x, p->n * D * sizeof *b16);
+                b16_flagged += p->dtype == SF_DTYPE_BF16 && p->x_bf16 ? p->n : 0;
+                memcpy(b16 + p->position * D, sf_packet_rows(p), p->n * D * sizeof *b16);
                 b16_rows += p->n;
             } else {
                 memcpy(f32 + p->position * D, p->x, p->n * D * sizeof *f32);

@@ -1,4 +1,4 @@
-/* Packet buffers (pipeline/packet.c): large activation buffers come from the installed host
+/* Packet buffers (core/packet.c): large activation buffers come from the installed host
  * allocator (a GPU backend's page-locked memory) and go back to the allocator that made them,
  * through the reuse cache; growing a packet keeps its contents across the small/large line. */
 #include <math.h>
@@ -66,8 +66,8 @@ static void bf16_rows(void)
     p->n = 2, p->width = count / 2;
     CHECK(sf_packet_row_bytes(p) == count * 4);
     CHECK_OK(sf_packet_to_bf16(p));
-    CHECK((p->flags & SF_PACKET_BF16) && sf_packet_row_bytes(p) == count * 2);
-    const uint16_t *got = (const uint16_t *)p->x;
+    CHECK(p->dtype == SF_DTYPE_BF16 && p->x == NULL && p->x_bf16 != NULL && sf_packet_row_bytes(p) == count * 2);
+    const uint16_t *got = p->x_bf16;
     for (size_t i = 0; i < count; i++) {
         if (i == 8) CHECKF((got[i] & 0x7F80) == 0x7F80 && (got[i] & 0x7F), "NaN became %#x", got[i]);
         else CHECKF(got[i] == want[i], "value %zu (%g): bf16 %#x, expected %#x", i, (double)in[i], got[i], want[i]);
@@ -75,7 +75,7 @@ static void bf16_rows(void)
     uint16_t before[sizeof in / sizeof in[0]];
     memcpy(before, got, sizeof before);
     CHECK_OK(sf_packet_to_bf16(p)); /* already bf16: untouched */
-    CHECK(memcmp(before, p->x, sizeof before) == 0);
+    CHECK(memcmp(before, p->x_bf16, sizeof before) == 0);
     sf_packet_free(p);
 }
 

@@ -1,4 +1,4 @@
-/* The state store of memory/: 10,000 streams of a small model's state under a budget smaller
+/* The state store (state/): 10,000 streams of a small model's state under a budget smaller
  * than their raw size come back bit for bit; the accounted peak never passes the budget;
  * entries move hot -> compressed -> spilled in least-recently-used order; lossy modes stay
  * within the quantizer's bound; removing streams deletes their files; damaged spill files and
@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "memory/state_store.h"
+#include "state/state_store.h"
 #include "seqflow/error.h"
 #include "support/check.h"
 #include "support/files.h"

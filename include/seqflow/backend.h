@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "seqflow/dtype.h"
 #include "seqflow/model.h"
 
 #ifdef __cplusplus
@@ -25,13 +26,10 @@ typedef enum sf_precision {
     SF_PRECISION_BF16 = 2
 } sf_precision;
 
-/* Element type of the attention activations q, k, v: what qkv writes and attention, memory_mix,
- * memory_update and summary read. A row stride ("ld") of such a buffer counts elements of this
- * type. Everything else (x, the attention output, M, z, global tokens) is float32. */
-typedef enum sf_dtype {
-    SF_DTYPE_F32 = 0,
-    SF_DTYPE_BF16 = 1 /* bfloat16, row-major like float32 (a [n, ld] buffer of n*ld*2 bytes) */
-} sf_dtype;
+/* sf_dtype (seqflow/dtype.h) is the element type of the attention activations q, k, v: what
+ * qkv writes and attention, memory_mix, memory_update and summary read. A row stride ("ld") of
+ * such a buffer counts elements of this type. Everything else (x, the attention output, M, z,
+ * global tokens) is float32. */
 
 /* Local dilated attention over one segment, with the global tokens as one more part
  * (SPEC sections 3 and 5). out[i, h*d + j] receives A_dot. */

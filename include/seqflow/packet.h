@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seqflow/dtype.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -27,12 +29,7 @@ enum {
     SF_PACKET_FINAL = 1u << 0,
     /* A flushed partial segment: its outputs are real but state must not advance, and the
      * same positions will come again in the completed segment. */
-    SF_PACKET_PROVISIONAL = 1u << 1,
-    /* x holds n * width bfloat16 values (uint16_t bit patterns, float32 rounded to nearest
-     * even) instead of floats: half the bytes. The norm stage makes such packets with
-     * dtype=bf16 (the binary's --out-dtype bf16); sinks and sf_graph_pull's callers take them,
-     * stages that compute on x refuse them. */
-    SF_PACKET_BF16 = 1u << 2
+    SF_PACKET_PROVISIONAL = 1u << 1
 };
 
 typedef struct sf_packet {
@@ -44,8 +41,15 @@ typedef struct sf_packet {
     size_t n;          /* rows (tokens) present */
     size_t width;      /* columns of x (0 when x is unused) */
     uint32_t *tokens;  /* [n] (capacity cap_tokens) */
-    float *x;          /* [n, width] row-major (capacity cap_x floats) */
-    size_t cap_tokens, cap_x;
+    /* The rows, [n, width] row-major, of element type dtype. Exactly one of x and x_bf16 is
+     * set (both NULL before the first reserve), so that code reading x never reads bf16 bit
+     * patterns as floats. bf16 rows (uint16_t bit patterns, float32 rounded to nearest even:
+     * half the bytes) come from the norm stage's dtype=bf16 (the binary's --out-dtype bf16);
+     * sinks and sf_graph_pull's callers take them, stages that compute on rows refuse them. */
+    sf_dtype dtype;
+    float *x;          /* float32 rows when dtype is SF_DTYPE_F32, else NULL */
+    uint16_t *x_bf16;  /* bfloat16 rows when dtype is SF_DTYPE_BF16, else NULL */
+    size_t cap_tokens, cap_x; /* cap_x: capacity of the rows' buffer in floats */
     uint8_t *state;    /* CHECKPOINT: saved state of the stages passed so far (owned, may be NULL) */
     size_t state_len, state_cap;
     /* Device rows (graphs on a GPU backend): when dev is non-NULL the activations x[n, width]
@@ -88,15 +92,18 @@ void sf_packet_set_host_allocator(const sf_host_allocator *allocator);
 /* Brings device rows (dev) into x, grown as needed, and returns dev to its pool; SF_OK and
  * nothing done when the packet has none. On failure dev is released all the same. */
 int sf_packet_to_host(sf_packet *p);
-/* Rounds the rows to bf16 in x, in place, and sets SF_PACKET_BF16; device rows are brought to
- * the host first. SF_OK and nothing done when the packet is bf16 already. */
+/* Rounds the rows to bf16 in place (x becomes x_bf16, dtype SF_DTYPE_BF16); device rows are
+ * brought to the host first. SF_OK and nothing done when the packet is bf16 already. */
 int sf_packet_to_bf16(sf_packet *p);
 /* For a packet with device rows: brings n * width bf16 values from dev_bf16 instead of dev's
  * floats (backend memory of the same backend as dev: the rows converted there, which halves
- * the download) into x, sets SF_PACKET_BF16, and returns dev to its pool (on failure too). */
+ * the download) into x_bf16 (dtype SF_DTYPE_BF16), and returns dev to its pool (on failure
+ * too). */
 int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16);
-/* Bytes of the rows in x: n * width * 4, or * 2 with SF_PACKET_BF16. */
+/* Bytes of the rows: n * width * sf_dtype_size(dtype). */
 size_t sf_packet_row_bytes(const sf_packet *p);
+/* The rows' buffer, whatever their type (x or x_bf16). */
+static inline const void *sf_packet_rows(const sf_packet *p) { return p->x ? (const void *)p->x : (const void *)p->x_bf16; }
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "seqflow/buffer.h"
 #include "seqflow/error.h"
 #include "seqflow/model.h"
 #include "seqflow/packet.h"
@@ -34,13 +35,6 @@ typedef struct sf_option {
     const char *help;
 } sf_option;
 
-/* A growable byte buffer for saving state. */
-typedef struct sf_buffer {
-    uint8_t *data;
-    size_t len, cap;
-} sf_buffer;
-int sf_buffer_append(sf_buffer *b, const void *data, size_t len);
-void sf_buffer_release(sf_buffer *b); /* frees data and zeroes the struct */
 
 typedef struct sf_stage_class {
     const char *name;

@@ -31,7 +31,7 @@
 
 #include "kernels/cuda/attention_bf16_variants.h"
 #include "kernels/cuda/attention_mma.cuh"
-#include "kernels/cuda/memory_stream.cuh"
+#include "kernels/cuda/compressive_memory_stream.cuh"
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/attention_wgmma_overlap.cuh"

@@ -41,7 +41,7 @@ int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
 /* Where the compressive-memory kernels of head size 32 and 64 compute their products, for tests
  * and benchmarks: 1 on the tensor cores (3xTF32), 0 on FP32 FMAs (either keeps the tiled kernels),
  * -1 back to the default (SEQFLOW_CUDA_MEMORY=mma|fma|tiled, else the stream kernels for d = 64
- * with bf16 operands and the faster of the two per op otherwise, kernels/cuda/memory.cu).
+ * with bf16 operands and the faster of the two per op otherwise, kernels/cuda/compressive_memory.cu).
  * Process-wide; not to be changed while another thread's memory ops are being issued. */
 void sf_cuda_memory_set_tensor_cores(int on);
 

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "pipeline/process_stats.h"
+#include "core/process_stats.h"
 #include "seqflow/error.h"
 
 int check_failures = 0;

@@ -9,8 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "memory/checkpoint.h"
-#include "memory/file_io.h"
+#include "state/checkpoint.h"
+#include "state/file_io.h"
 #include "seqflow/error.h"
 
 #define CKPT_PREFIX "ckpt-"

@@ -1,4 +1,4 @@
-#include "pipeline/process_stats.h"
+#include "core/process_stats.h"
 
 #include <stdio.h>
 #include <sys/resource.h>

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the CUDA backend, bench/bench_cuda_memory.cu and tests/test_backend_ops.c straight with
+# Builds the CUDA backend, bench/bench_cuda_compressive_memory.cu and tests/test_backend_ops.c straight with
 # nvcc/gcc (independent of the rest of the tree's build state), then runs the test and the
 # memory benchmark (checks against the CPU twin, then times).
-# On the GPU machine, repo root: source scripts/gpu-env.sh && bash bench/run_memory_bench.sh [reps]
+# On the GPU machine, repo root: source scripts/gpu-env.sh && bash bench/run_compressive_memory_bench.sh [reps]
 # Also builds tests/test_gpu_pipeline through CMake (build-gpu/) and runs it (MEM_PIPELINE_TEST=0:
 # not); MEM_NCU=1 adds an Nsight Compute pass over the new kernels; variants of memory.cu placed in
 # build-memvar/*.cu (ignored, carried) are checked and timed the same way (and run test_backend_ops
@@ -37,14 +37,14 @@ for f in kernels/cuda/*.cu; do
   pids+=($!)
   objs+=("$o")
 done
-for f in kernels/*.c kernels/cpu/*.c pipeline/error.c pipeline/process_stats.c pipeline/packet.c model/config.c \
+for f in kernels/*.c kernels/cpu/*.c core/error.c core/process_stats.c core/packet.c model/config.c \
          tests/support/check.c tests/support/gpu.c; do
   o=$b/$(echo "$f" | tr / _).o
   gcc $cflags -c -o "$o" "$f" &
   pids+=($!)
   objs+=("$o")
 done
-nvcc $flags -c -o $b/bench.o bench/bench_cuda_memory.cu &
+nvcc $flags -c -o $b/bench.o bench/bench_cuda_compressive_memory.cu &
 pids+=($!)
 # the variants (below) compile meanwhile too
 for f in build-memvar/*.cu; do

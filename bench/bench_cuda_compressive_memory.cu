@@ -1,5 +1,5 @@
 /* Checks the CUDA compressive-memory ops (memory_mix, memory_update linear and delta) against
- * the CPU twin kernels/cpu/memory.c on fresh random inputs of several shapes, with q, k, v as
+ * the CPU twin kernels/cpu/compressive_memory.c on fresh random inputs of several shapes, with q, k, v as
  * float32 and as bf16 (the CPU then gets the same values, rounded to bf16, as float32), then times
  * them at the reference shape (n=8192 rows, H=16 heads, d=64, ld=1024): median of many runs with
  * CUDA events after warm-up, against the bytes floor (each input row read once, a written once)
@@ -10,7 +10,7 @@
  * bench/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
  * call, so partials it fails to write show up as NaN; the delta update runs twice on the same
  * inputs and must give the same bits. Exit status 1 when any check fails.
- * Usage: bench_cuda_memory [reps] (0: the checks alone) */
+ * Usage: bench_cuda_compressive_memory [reps] (0: the checks alone) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/memory_general.h"
+#include "kernels/cuda/compressive_memory_general.h"
 #include "bench/cuda_check.h"
 #include "seqflow/seqflow.h"
 
@@ -314,7 +314,7 @@ int main(int argc, char **argv)
         sf_backend_free(gpu16);
         sf_backend_free(gpu);
         sf_backend_free(cpu);
-        printf("\nbench_cuda_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
+        printf("\nbench_cuda_compressive_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
         return failures ? 1 : 0;
     }
     /* timing: `sets` input sets of q/k (x), v (y) (32 MiB each, 16 as bf16) and a (32 MiB) */
@@ -357,6 +357,6 @@ int main(int argc, char **argv)
     sf_backend_free(gpu16);
     sf_backend_free(gpu);
     sf_backend_free(cpu);
-    printf("\nbench_cuda_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
+    printf("\nbench_cuda_compressive_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
     return failures ? 1 : 0;
 }

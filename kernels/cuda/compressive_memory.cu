@@ -1,4 +1,4 @@
-/* Compressive memory on the GPU (SPEC 4), the twin of kernels/cpu/memory.c. M and z stay
+/* Compressive memory on the GPU (SPEC 4), the twin of kernels/cpu/compressive_memory.c. M and z stay
  * float32 in every precision: they sum over the whole stream, and bf16 would lose it.
  *
  * Head sizes 32, 64 and 128 (with 16-byte aligned rows) take the tiled kernels here: a block of
@@ -8,7 +8,7 @@
  * the next tiles are in flight while the current one is computed; sigma and the denominators
  * sigma(x) . z (in double, as on the CPU) are computed once per element. The products are
  * float32 FMAs on 4x4 register tiles (bench/MEMORY_NOTES.md: what bounds them, what was tried),
- * or, for d = 32 and 64, products on the tensor cores (memory_mma.cuh: 3xTF32 in precision f32,
+ * or, for d = 32 and 64, products on the tensor cores (compressive_memory_mma.cuh: 3xTF32 in precision f32,
  * bf16 operands in bf16; the default for the updates, see use_tensor_cores).
  *   mix:    a = g * (sigma(q) M / den) + (1 - g) * a, written into a (or, memory_mix_to, as bf16
  *           into the output product's input).
@@ -20,16 +20,16 @@
  * q, k, v come as float32 or bf16 (seqflow/backend.h, sf_dtype): a kernel's element type T. bf16
  * tiles are copied raw (16 bytes = 8 elements) and widened to float where they are read, so the
  * math after the load is the float32 kernels'. Rows of bf16 need ld % 8 == 0 for the tiles.
- * The tensor-core twins are in memory_mma.cuh. Other head sizes, or unaligned rows, take the
- * general kernels of memory_general.cu. */
+ * The tensor-core twins are in compressive_memory_mma.cuh. Other head sizes, or unaligned rows, take the
+ * general kernels of compressive_memory_general.cu. */
 #include <atomic>
 #include <stdlib.h>
 #include <string.h>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/memory_general.h"
-#include "kernels/cuda/memory_stream.cuh" /* sigma, and the stream kernels */
+#include "kernels/cuda/compressive_memory_general.h"
+#include "kernels/cuda/compressive_memory_stream.cuh" /* sigma, and the stream kernels */
 
 #define MAX_HEAD_DIM 256
 
@@ -384,8 +384,8 @@ __global__ static void chunk_reduce_kernel(int chunks, size_t m_count, size_t z_
     }
 }
 
-#include "kernels/cuda/memory_mma.cuh"
-#include "kernels/cuda/memory_stream_update.cuh"
+#include "kernels/cuda/compressive_memory_mma.cuh"
+#include "kernels/cuda/compressive_memory_stream_update.cuh"
 
 /* The chunk partials of the update by the stream kernel (memory_stream_update.cuh): d = 64, bf16
  * k and v, bf16 operands; tiled_update's chunks and partials (its grid transposed: heads fastest),

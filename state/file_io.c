@@ -1,5 +1,5 @@
 /* Whole-file writes and reads. See file_io.h. */
-#include "memory/file_io.h"
+#include "state/file_io.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,8 +1,6 @@
 #include "seqflow/packet.h"
 #include "seqflow/error.h"
 
-#include "compress/quantize.h"
-
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +99,26 @@ static void x_free(float *x, size_t cap)
     else free(x);
 }
 
+/* The one buffer behind x or x_bf16. */
+static float *rows_buffer(const sf_packet *p) { return p->x ? p->x : (float *)p->x_bf16; }
+
+/* Points x or x_bf16 (the other NULL) at buf, as dtype says. */
+static void set_rows(sf_packet *p, sf_dtype dtype, float *buf)
+{
+    p->dtype = dtype;
+    p->x = dtype == SF_DTYPE_F32 ? buf : NULL;
+    p->x_bf16 = dtype == SF_DTYPE_BF16 ? (uint16_t *)buf : NULL;
+}
+
+/* float32 to bfloat16, rounded to nearest even; NaN stays a (quiet) NaN. */
+static uint16_t bf16_round(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 sf_packet *sf_packet_new(sf_packet_kind kind, size_t cap_tokens, size_t cap_x)
 {
     sf_packet *p = calloc(1, sizeof *p);
@@ -124,19 +142,19 @@ int sf_packet_reserve(sf_packet *p, size_t cap_tokens, size_t cap_x)
     }
     if (cap_x > p->cap_x) {
         if (cap_x > (SIZE_MAX - sizeof(large_header)) / sizeof(float)) return sf_error(SF_E_NOMEM, "packet too large");
-        float *x;
+        float *old = rows_buffer(p), *x;
         size_t got = cap_x;
         if (!is_large(cap_x)) {
-            x = realloc(p->x, cap_x * sizeof *x);
+            x = realloc(old, cap_x * sizeof *x);
             if (!x) return sf_error(SF_E_NOMEM, "out of memory for %zu activations", cap_x);
         } else {
             x = cache_take(cap_x, &got);
             if (!x) x = large_new(cap_x);
             if (!x) return sf_error(SF_E_NOMEM, "out of memory for %zu activations", cap_x);
-            if (p->cap_x) memcpy(x, p->x, p->cap_x * sizeof *x);
-            x_free(p->x, p->cap_x);
+            if (p->cap_x) memcpy(x, old, p->cap_x * sizeof *x);
+            x_free(old, p->cap_x);
         }
-        p->x = x;
+        set_rows(p, p->dtype, x);
         p->cap_x = got;
     }
     return SF_OK;
@@ -161,14 +179,17 @@ int sf_packet_to_host(sf_packet *p)
 int sf_packet_to_bf16(sf_packet *p)
 {
     if (!p) return sf_error(SF_E_INVAL, "sf_packet_to_bf16: NULL packet");
-    if (p->flags & SF_PACKET_BF16) return SF_OK;
+    if (p->dtype == SF_DTYPE_BF16) return SF_OK;
     int rc = sf_packet_to_host(p);
+    if (rc != SF_OK) return rc;
     const size_t count = p->n * p->width;
-    /* in place: bf16 encodes each value before its bytes are overwritten (quantize.h) */
-    const sf_quant_params bf16 = {SF_QUANT_BF16, 1};
-    if (rc == SF_OK && count) rc = sf_quantize(&bf16, p->x, count, (uint8_t *)p->x, count * sizeof(float));
-    if (rc == SF_OK) p->flags |= SF_PACKET_BF16;
-    return rc;
+    /* in place: value i is read before element i of the half-size array, which lies at or
+     * below it, is written */
+    float *x = p->x;
+    uint16_t *out = (uint16_t *)x;
+    for (size_t i = 0; i < count; i++) out[i] = bf16_round(x[i]);
+    set_rows(p, SF_DTYPE_BF16, x);
+    return SF_OK;
 }
 
 int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16)
@@ -179,16 +200,16 @@ int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16)
     }
     size_t count = p->n * p->width;
     int rc = sf_packet_reserve(p, 0, (count + 1) / 2);
-    if (rc == SF_OK && count)
-        rc = p->dev_ops->download(p->dev_pool, p->x, (const float *)dev_bf16, count * sizeof(uint16_t));
+    float *buf = rows_buffer(p);
+    if (rc == SF_OK && count) rc = p->dev_ops->download(p->dev_pool, buf, (const float *)dev_bf16, count * sizeof(uint16_t));
     release_device_rows(p);
-    if (rc == SF_OK) p->flags |= SF_PACKET_BF16;
+    if (rc == SF_OK) set_rows(p, SF_DTYPE_BF16, buf);
     return rc;
 }
 
 size_t sf_packet_row_bytes(const sf_packet *p)
 {
-    return p->n * p->width * ((p->flags & SF_PACKET_BF16) ? sizeof(uint16_t) : sizeof(float));
+    return p->n * p->width * sf_dtype_size(p->dtype);
 }
 
 void sf_packet_free(sf_packet *p)
@@ -196,7 +217,7 @@ void sf_packet_free(sf_packet *p)
     if (!p) return;
     release_device_rows(p);
     free(p->tokens);
-    x_free(p->x, p->cap_x);
+    x_free(rows_buffer(p), p->cap_x);
     free(p->state);
     free(p);
 }

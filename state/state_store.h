@@ -1,4 +1,4 @@
-/* A store of per-stream state under a byte budget (issue 4, memory/ 1).
+/* A store of per-stream state under a byte budget.
  *
  * A stream's state, to the store, is a float32 region (M and z per layer and head, the
  * global-token FIFO, a partial segment: whatever the caller lays out, given as a list of spans

@@ -1,5 +1,5 @@
-/* The compressive-memory kernels for head sizes without a tiled kernel (memory_general.cu),
- * called by kernels/cuda/memory.cu under the backend's lock on its compute stream. */
+/* The compressive-memory kernels for head sizes without a tiled kernel (compressive_memory_general.cu),
+ * called by kernels/cuda/compressive_memory.cu under the backend's lock on its compute stream. */
 #ifndef SEQFLOW_KERNELS_CUDA_MEMORY_GENERAL_H
 #define SEQFLOW_KERNELS_CUDA_MEMORY_GENERAL_H
 

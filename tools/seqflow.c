@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "compress/frame.h"
-#include "pipeline/process_stats.h"
+#include "core/process_stats.h"
 #include "seqflow/seqflow.h"
 
 #define DEFAULT_PIPELINE "segment ! embed ! block ! norm"

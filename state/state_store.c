@@ -1,6 +1,6 @@
 /* The state store: a hash map of stream entries in three tiers (hot raw, compressed in memory,
  * spilled to files), kept within a byte budget by a segmented LRU. See state_store.h. */
-#include "memory/state_store.h"
+#include "state/state_store.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "memory/file_io.h"
+#include "state/file_io.h"
 #include "seqflow/error.h"
 
 /* What malloc keeps beside each block (glibc: 8 to 16 bytes); counted so that the budget

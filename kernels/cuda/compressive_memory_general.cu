@@ -1,12 +1,12 @@
-/* Compressive memory on the GPU for head sizes without a tiled kernel (kernels/cuda/memory.cu
+/* Compressive memory on the GPU for head sizes without a tiled kernel (kernels/cuda/compressive_memory.cu
  * takes d = 32, 64, 128 with 16-byte aligned rows): simple kernels and cuBLAS products. The twin
- * of kernels/cpu/memory.c like the tiled kernels; M and z stay float32. q, k, v are float32 or
+ * of kernels/cpu/compressive_memory.c like the tiled kernels; M and z stay float32. q, k, v are float32 or
  * bf16 (T), widened where they are loaded; a bf16 v is widened into the scratch first, where the
  * float32 products read their target. Called by memory.cu's entry points under the backend's lock. */
 #include <type_traits>
 
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/memory_general.h"
+#include "kernels/cuda/compressive_memory_general.h"
 
 __device__ static inline float sigma(float x) { return x > 0 ? x + 1.0f : expf(x); } /* ELU + 1 */
 
