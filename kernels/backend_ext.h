@@ -1,0 +1,128 @@
+/* The built-in backends' extensions beyond the core ops of seqflow/backend.h: weight
+ * preparation, scratch reservation, fused ops and the ordering of a GPU's queues. Internal:
+ * stages never call a slot of this table. They call the sf_be_* functions below, which use a
+ * slot where the backend fills it and otherwise compose the same function from core ops (the
+ * one place that does). Every slot may be NULL; a backend without the table (ops->ext NULL,
+ * the CPU and any backend written against the public header) gets the composed forms.
+ *
+ * Ownership and memory are those of the core ops: pointers are backend memory, ops issue in
+ * order on the calling thread's queue. */
+#ifndef SEQFLOW_KERNELS_BACKEND_EXT_H
+#define SEQFLOW_KERNELS_BACKEND_EXT_H
+
+#include <stddef.h>
+
+#include "seqflow/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sf_backend_ext {
+    /* ---- weights and scratch ----
+     * prepare_weight_group: count weights of one shape [out, in] (backend memory, later passed
+     * to matmul as they are) will not change until freed; the backend may keep converted
+     * copies (bf16 on a GPU), made once here, and, where they multiply the same input (Q/K/V,
+     * W1/W3), one concatenated copy so that the products become one. Dropped when the weight
+     * is freed through ops->free.
+     * reserve: scratch for products and updates of up to `rows` rows of up to `width` columns,
+     * with attention and memory of `heads` heads of `head_dim` (0 and 0: products only), sized
+     * now so that no op allocates while a stream runs. Calls only ever grow it. */
+    int (*prepare_weight_group)(sf_backend *be, int count, const float *const *w, int out, int in);
+    int (*reserve)(sf_backend *be, int rows, int width, int heads, int head_dim);
+
+    /* ---- fused ops: each the same function as its composition in kernels/backend.c, with at
+     * most the rounding of the precision mode ----
+     * qkv_type: the type in which qkv should write q, k, v of heads of head_dim for the ops
+     * that read them to run fastest (bf16 on an H100 at d = 64; the ops take either).
+     * qkv: q, k, v [n, width] = u wq^T, u wk^T, u wv^T with u = rmsnorm(x; norm, eps), written
+     * as `type`; u ([n, dim]) is scratch.
+     * ffn: x += W2 (silu(W1 u) * (W3 u)) with u = rmsnorm(x; norm, eps); u, h1, h3 are scratch
+     * (h1 may be smaller, or NULL, as ffn_h1_floats says).
+     * ffn_h1_floats: float32 elements of ffn's h1 that ffn uses for n rows.
+     * attention_mix: attention, then (M non-NULL) memory_mix_to of its result into out as
+     * otype; a ([n, desc->ld] float32) is scratch.
+     * memory_mix_to: memory_mix with the result written as otype to out (a is then undefined).
+     * matmul_typed: matmul with x of element type xtype.
+     * rmsnorm_typed: rmsnorm with y of element type otype (bf16: the float32 result rounded to
+     * nearest even, bit-identical to rmsnorm then rounding); y must not alias x. */
+    sf_dtype (*qkv_type)(sf_backend *be, int head_dim);
+    int (*qkv)(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
+               const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v,
+               float *u);
+    int (*ffn)(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
+               const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
+    size_t (*ffn_h1_floats)(sf_backend *be, int n, int dim, int hidden);
+    int (*attention_mix)(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                         float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out);
+    int (*memory_mix_to)(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
+                         const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out);
+    int (*matmul_typed)(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
+                        const float *w, float *y, int ldy, int accumulate);
+    int (*rmsnorm_typed)(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
+                         sf_dtype otype, void *y);
+
+    /* ---- ordering ----
+     * upload_unordered: upload, ordered before the ops issued after it but not after those
+     * issued before it (the caller guarantees none of those touches dst).
+     * The side queue, for work whose result nothing needs soon (a layer's commit: the memory
+     * update and global tokens, read only by the next segment): side_begin: this thread's ops
+     * go to the side queue from now on, starting after everything issued so far; side_end:
+     * back to the main queue, which does not wait for the side; side_join: ops issued after it
+     * start after everything issued to the side before it; side_join_before_product: the same
+     * wait, placed in front of the next matrix product (so that the norm ahead of it still
+     * launches early). Side ops are device work only. */
+    int (*upload_unordered)(sf_backend *be, void *dst, const void *host_src, size_t bytes);
+    int (*side_begin)(sf_backend *be);
+    int (*side_end)(sf_backend *be);
+    int (*side_join)(sf_backend *be);
+    int (*side_join_before_product)(sf_backend *be);
+} sf_backend_ext;
+
+/* ---- what stages call (kernels/backend.c) ------------------------------------------------ */
+
+/* Whether the backend queues work beside the main queue (a side queue): the block stage then
+ * defers commits so that they run beside the next layer's attention. */
+int sf_be_has_side_queue(const sf_backend *be);
+/* prepare_weight_group, or nothing (the weights are used as they are). */
+int sf_be_prepare_weights(sf_backend *be, int count, const float *const *w, int out, int in);
+/* reserve, or nothing. */
+int sf_be_reserve(sf_backend *be, int rows, int width, int heads, int head_dim);
+/* The type qkv writes for head_dim: the backend's answer where it has a fused qkv and supports
+ * the type in every attention op, else float32. */
+sf_dtype sf_be_qkv_type(sf_backend *be, int head_dim);
+/* The type in which attention_mix hands the mixed attention to the output product: bf16 where
+ * q/k/v are bf16, the model has a memory and the backend has memory_mix_to and matmul_typed;
+ * else float32 (out is then a itself). */
+sf_dtype sf_be_mix_type(sf_backend *be, sf_dtype qkv_type, int has_memory);
+/* q, k, v = rmsnorm(x) Wq^T, Wk^T, Wv^T (float32 composed: rmsnorm, three matmuls). */
+int sf_be_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
+              const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u);
+/* Attention, then (M non-NULL) the memory retrieval and gate (SPEC 2: A = g A_mem + (1-g) A_dot)
+ * into out as otype (otype as sf_be_mix_type says; float32 out must be a). */
+int sf_be_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                        float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out);
+/* y (+)= x W^T with x of type xtype (float32 composed: matmul). */
+int sf_be_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
+                       const float *w, float *y, int ldy, int accumulate);
+/* float32 elements of h1 that sf_be_ffn needs for n rows. */
+size_t sf_be_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden);
+/* x += W2 (silu(W1 u) * (W3 u)), u = rmsnorm(x) (composed: rmsnorm, matmuls, swiglu, matmul). */
+int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
+              const float *w3, const float *w2, float *u, float *h1, float *h3);
+/* rmsnorm_typed where the backend has it: SF_E_UNSUPPORTED otherwise (callers round on the host). */
+int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
+                        sf_dtype otype, void *y);
+/* upload_unordered, or upload. */
+int sf_be_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes);
+/* The side queue, or nothing (ops then run in the order issued, which is what they would have
+ * joined to). */
+int sf_be_side_begin(sf_backend *be);
+int sf_be_side_end(sf_backend *be);
+int sf_be_side_join(sf_backend *be);
+int sf_be_side_join_before_product(sf_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
