@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A/B of two builds of the threaded `seqflow` binary on the GPU machine: does a change of code
+# (not of a setting) move the rate?
+#
+#   bash bench/ab_builds.sh BUILD_A BUILD_B [MODEL]
+#
+# Each side's steady rate is taken as gpu_bench.sh takes the binary's: null sink, a 64-segment
+# and a LONG-segment run of 8192-token segments, tokens/s from the difference (start-up cancels
+# out). AB_PAIRS (default 5) pairs, A then B, alternating so that drift falls on both alike; the
+# median of B/A is the answer. MODEL: a bench_gpu_pipeline preset (default reference), made with
+# BUILD_A's bench_gpu_pipeline, so both read the same file. Logs under $OUT (or /tmp/ab_out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in -h | --help | "") echo "usage: $0 BUILD_A BUILD_B [MODEL]  (AB_PAIRS, AB_LONG, OUT)"; exit 2 ;; esac
+[ $# -ge 2 ] || { echo "usage: $0 BUILD_A BUILD_B [MODEL]" >&2; exit 2; }
+A=$1 B=$2 MODEL=${3:-reference}
+out=${OUT:-/tmp/ab_out}
+D=/tmp/ab_data
+N=8192
+LONG=${AB_LONG:-1344}
+[ "$MODEL" = attention ] && LONG=${AB_LONG:-5376}
+mkdir -p "$out" "$D"
+MODEL_FILE=$D/$MODEL.st
+[ -f "$MODEL_FILE" ] || "$A/bench/bench_gpu_pipeline" --make-model "$MODEL_FILE" --preset "$MODEL" --seed 1 >/dev/null
+for segs in 64 $LONG; do
+  [ -f "$D/long$segs.u32" ] || "$A/bench/bench_gpu_pipeline" --make-tokens "$D/long$segs.u32" --count $((segs * N)) --seed 4 >/dev/null
+done
+seconds() { # build segments
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$1/seqflow" run -d cuda -m "$MODEL_FILE" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
+    >>"$out/ab_builds_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
+  t1=$(date +%s.%N)
+  python3 -c "print($t1 - $t0)"
+}
+rate() { # build
+  local short long
+  short=$(seconds "$1" 64)
+  long=$(seconds "$1" "$LONG")
+  python3 -c "print('%.0f' % (($LONG - 64) * $N / ($long - $short)))"
+}
+for r in $(seq "${AB_PAIRS:-5}"); do
+  a=$(rate "$A")
+  b=$(rate "$B")
+  echo "AB builds $MODEL pair $r: $A $a tokens/s, $B $b tokens/s, ratio $(python3 -c "print('%.4f' % ($b / $a))")"
+done | tee -a "$out/ab_builds.txt"
+ratios=$(sed -n "s/^AB builds $MODEL pair .* ratio \([0-9.]*\)$/\1/p" "$out/ab_builds.txt" | tail -n "${AB_PAIRS:-5}")
+echo "AB builds $MODEL $B / $A: median ratio $(python3 -c "import statistics; print('%.4f' % statistics.median([float(x) for x in '''$ratios'''.split()]))")" |
+  tee -a "$out/ab_builds.txt"
