@@ -4,7 +4,7 @@
 #   bash bench/ab_pipeline.sh BUILD_DIR VAR=VALUE [MODEL...]
 #
 # For each model (presets of bench_gpu_pipeline; default "reference attention"), AB_PAIRS (4)
-# pairs of runs, each pair the default then VAR=VALUE, alternating so that drift over the call
+# pairs of runs, each pair the default then VAR=VALUE, alternating so that drift over time
 # falls on both alike: 12 segments of 8192 tokens, 2 warm-up, bf16. Prints every pair's rates
 # and the median ratio (B / A). Push mode spreads far less than the binary (1-2% against ~10%
 # a round), which is what a change of a few percent needs. Logs under $OUT (or /tmp/ab_out).

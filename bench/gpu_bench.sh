@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark of issue 3 in one command, on the GPU machine, in the project root:
+# The GPU benchmark in one command, on the GPU machine, in the project root:
 #
 #   source scripts/gpu-env.sh && bash bench/gpu_bench.sh
 #
@@ -194,7 +194,7 @@ for model in reference attention; do
     # load, weight upload, cuBLAS init) cancels out of the rate; GPU_BENCH_BINARY_REPS (5)
     # repetitions, the median. The long runs take ~5 s on an H100 (1344 segments of the
     # reference model, 5376 of the attention-only one, which runs ~5x faster): with 1 s runs
-    # the start-up's jitter spread single repetitions by 10-30% (bench/RESULTS.md, run 11).
+    # the start-up's jitter spread single repetitions by 10-30% (bench/RESULTS.md).
     long=1344; [ "$model" = attention ] && long=5376
     binary_rate "$model" "$long" "" "null sink"
     echo "RESULT binary_tokens_per_s=$BIN_TPS" >"$LOGS/${model}_binary.txt"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quick loop of issue 3's pipeline work, one command on the GPU machine (project root):
+# The quick loop for tuning the GPU pipeline, one command on the GPU machine (project root):
 #
 #   source scripts/gpu-env.sh && bash bench/gpu_rate.sh
 #
@@ -47,7 +47,7 @@ for segs in 64 1344 5376; do
 done
 $B/bench/bench_gpu_pipeline --make-tokens "$D/t12.u32" --count $((12 * N)) --seed 3 >/dev/null
 # binary_rates MODEL CONFIG...: REPS rounds; each round times every CONFIG once, in turn, so that
-# drift over the call (clocks, temperature) falls on all of them alike. A CONFIG is a label, or
+# drift over time (clocks, temperature) falls on all of them alike. A CONFIG is a label, or
 # label|VAR=VALUE to run under that environment. One run = the 64- and the long-segment run;
 # the rate of each is (long - 64) x N / (t_long - t_64). Prints and records each median.
 binary_rates() {

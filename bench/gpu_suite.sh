@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for a kernel change, on the GPU machine (after `source scripts/gpu-env.sh`):
+# What a kernel change needs checked and timed, one command on the GPU machine (after `source scripts/gpu-env.sh`):
 # the whole test suite with the GPU tests (scripts/gpu-test.sh, Release, build-gpu), the memory
 # kernels' checks and times (bench_cuda_compressive_memory, MEM_REPS runs), then an A/B of each setting in
 # AB_SETTINGS ("VAR=VALUE ..."; each against the default, bench/ab_pipeline.sh, AB_PAIRS pairs,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3 (gpuperf): the whole-pipeline bench with host rows (SEQFLOW_DEVICE_ROWS=0, the old
+# The whole-pipeline bench (push mode) with host rows (SEQFLOW_DEVICE_ROWS=0, the old
 # data path) and device rows (the default), each timed plain and then once more with the
 # per-stage (SEQFLOW_PROFILE=1) and per-op (SEQFLOW_CUDA_PROFILE=1) profiles, and the outputs of
 # the two paths compared. Needs build-gpu (scripts/gpu-test.sh builds it). Log: $OUT/gpuperf.log.

@@ -10,7 +10,7 @@ out=${OUT:-/tmp}
 b=/tmp/attbuild
 mkdir -p "$b"
 flags="-O3 -arch=sm_90 -I. -Iinclude"
-# wgmma and setmaxnreg need the sm_90a target, and only the -gencode form of it (HOPPER.md)
+# wgmma and setmaxnreg need the sm_90a target, and only the -gencode form of it (nvcc accepts sm_90a only that way)
 flags90a="-O3 -gencode=arch=compute_90a,code=sm_90a -I. -Iinclude"
 nvcc $flags -Xptxas -v -c -o $b/ws.o kernels/cuda/attention_bf16_ws.cu 2> $out/ptxas_ws.txt
 nvcc $flags90a -Xptxas -v -c -o $b/wg.o kernels/cuda/attention_wgmma.cu 2> $out/ptxas_wgmma.txt

@@ -4,9 +4,9 @@
 # memory benchmark (checks against the CPU twin, then times).
 # On the GPU machine, repo root: source scripts/gpu-env.sh && bash bench/run_compressive_memory_bench.sh [reps]
 # Also builds tests/test_gpu_pipeline through CMake (build-gpu/) and runs it (MEM_PIPELINE_TEST=0:
-# not); MEM_NCU=1 adds an Nsight Compute pass over the new kernels; variants of memory.cu placed in
+# not); MEM_NCU=1 adds an Nsight Compute pass over the new kernels; variants of compressive_memory.cu placed in
 # build-memvar/*.cu (ignored, carried) are checked and timed the same way (and run test_backend_ops
-# while the call is younger than MEM_VARIANT_TEST_UNTIL seconds, default 170).
+# while the script has run less than MEM_VARIANT_TEST_UNTIL seconds, default 170).
 # Logs go to $OUT when set (the device tool), else /tmp.
 set -euo pipefail
 reps=${1:-50}
@@ -160,7 +160,7 @@ if [ -d build-memvar ]; then
     { { [ -f $b/$nm.o ] || { cat $b/$nm.err; false; }; } && link_bench bench_$nm $b/$nm.o &&
         OPENBLAS_NUM_THREADS=4 $b/bench_$nm "$reps"; echo "variant $nm bench: exit $?"; } >> "$out/bench_variants.txt" 2>&1
     rest=$(printf '%s\n' "${objs[@]}" | grep -v '/memory.cu.o$')
-    # (not when the call's time runs short: the tree's own run has the tests)
+    # (not when time runs short: the tree's own test run covers them)
     if [ $SECONDS -lt ${MEM_VARIANT_TEST_UNTIL:-170} ] && nvcc -arch=sm_90 -o $b/test_$nm $b/test.o $b/$nm.o $rest $libs 2>/dev/null; then
       (cd /tmp && OPENBLAS_NUM_THREADS=4 $b/test_$nm) > /tmp/test_$nm.txt 2>&1
       echo "variant $nm test_backend_ops: exit $? $(grep -E 'passed|failed' /tmp/test_$nm.txt | tail -1)" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GEMM work of issue 3 in one device call (bench/GEMM_NOTES.md). On the GPU machine, repo root:
+# The products (cuBLAS, cuBLASLt) and their effect on the pipeline, one command (bench/lab/GEMM_NOTES.md). On the GPU machine, repo root:
 #   source scripts/gpu-env.sh && bash bench/run_gemm_bench.sh
 # Builds build-gemm (only the targets below), runs bench_gemm_shapes (cublasGemmEx against
 # cuBLASLt's candidates and the batched Q/K/V call), test_backend_ops (its bf16lt mode forces

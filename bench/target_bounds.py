@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What issue 3's "7x PyTorch" targets require, from one benchmark run's own measurements.
+"""What the "7x PyTorch" targets require, from one benchmark run's own measurements.
 
 The reference model's useful work splits into the dilated attention (A MFLOP a token) and
 everything else (products, MLP, memory: the rest). The fastest the pipeline could possibly go

@@ -11,6 +11,9 @@ static const sf_option rownorm_options[] = {
     {"scale", SF_OPT_FLOAT, "1.0", "length of every output row"},
     {NULL, 0, NULL, NULL}};
 
+/* Takes ownership of p and passes it on. Hidden-state rows are float32 (p->x) unless a
+ * `norm dtype=bf16` sits upstream, which sends bf16 bit patterns (p->x_bf16, p->x NULL,
+ * p->dtype SF_DTYPE_BF16): a stage that computes on rows belongs before such a norm. */
 static int rownorm_process(sf_stage *st, sf_packet *p)
 {
     if (p->kind == SF_PACKET_HIDDEN) {

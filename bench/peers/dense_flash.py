@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The yardstick of issue 3's attention target: dense causal flash attention on one 2048-token
+"""The yardstick of the attention kernel's target: dense causal flash attention on one 2048-token
 window, timed with every PyTorch SDPA backend this GPU offers (flash, cuDNN, memory-efficient).
 
   dense_flash.py [--windows 4] [--window 2048] [--heads 16] [--head-dim 64] [--reps 50]

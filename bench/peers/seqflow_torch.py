@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The SPEC model (shared/SPEC.md sections 2-6) written the way a PyTorch user would write it:
+"""The SPEC model (docs/SPEC.md sections 2-6) written the way a PyTorch user would write it:
 eager mode, per branch a gather of the active rows of every window and one flash-attention call
 that also returns the log-sum-exp, the branches and the global tokens merged by their LSE, bmm
 for the compressive memory, cuBLAS products in bf16. It is seqflow's peer in the GPU benchmark
