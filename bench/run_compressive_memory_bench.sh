@@ -91,8 +91,8 @@ wait_cmake() {
 }
 # link_bench NAME [memory object]: the benchmark with this tree's backend, or the CMake library
 link_bench() {
-  local name=$1 mem=${2:-$b/memory.cu.o}
-  local rest=$(printf '%s\n' "${objs[@]}" | grep -v '/memory.cu.o$')
+  local name=$1 mem=${2:-$b/compressive_memory.cu.o}
+  local rest=$(printf '%s\n' "${objs[@]}" | grep -v '/compressive_memory.cu.o$')
   nvcc -arch=sm_90 -o $b/$name $b/bench.o $mem $rest $libs 2>/tmp/link_$name.err && return 0
   echo "note: $name: plain link failed ($(grep -m1 -o 'undefined reference to .*' /tmp/link_$name.err)); using the CMake library"
   wait_cmake
@@ -108,7 +108,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 date -u | tee -a "$out/gpu.txt"
 # what the tiled kernels compile to: FMAs, 16-byte shared loads, local memory (spills)
 if command -v cuobjdump >/dev/null; then
-  cuobjdump -sass $b/memory.cu.o | awk '/Function :/ {f=$3} /FFMA/ {ffma[f]++} /LDS.128/ {lds[f]++}
+  cuobjdump -sass $b/compressive_memory.cu.o | awk '/Function :/ {f=$3} /FFMA/ {ffma[f]++} /LDS.128/ {lds[f]++}
     /LDG.E.128/ {ldg[f]++} /LDL|STL/ {loc[f]++} /HMMA/ {hmma[f]++}
     END {for (f in ffma) printf "%s FFMA %d HMMA %d LDS.128 %d LDG.128 %d local %d\n", f, ffma[f], hmma[f], lds[f],
       ldg[f], loc[f]}' \
@@ -159,7 +159,7 @@ if [ -d build-memvar ]; then
     nm=$(basename "$f" .cu)
     { { [ -f $b/$nm.o ] || { cat $b/$nm.err; false; }; } && link_bench bench_$nm $b/$nm.o &&
         OPENBLAS_NUM_THREADS=4 $b/bench_$nm "$reps"; echo "variant $nm bench: exit $?"; } >> "$out/bench_variants.txt" 2>&1
-    rest=$(printf '%s\n' "${objs[@]}" | grep -v '/memory.cu.o$')
+    rest=$(printf '%s\n' "${objs[@]}" | grep -v '/compressive_memory.cu.o$')
     # (not when time runs short: the tree's own test run covers them)
     if [ $SECONDS -lt ${MEM_VARIANT_TEST_UNTIL:-170} ] && nvcc -arch=sm_90 -o $b/test_$nm $b/test.o $b/$nm.o $rest $libs 2>/dev/null; then
       (cd /tmp && OPENBLAS_NUM_THREADS=4 $b/test_$nm) > /tmp/test_$nm.txt 2>&1
