@@ -75,8 +75,9 @@ int sf_graph_save(sf_graph *g, sf_buffer *out);
 int sf_graph_restore(sf_graph *g, const uint8_t *data, size_t len);
 
 /* Checkpoint/resume for threaded runs (docs/FORMATS.md, "Checkpoints": what a checkpoint
- * holds). Every `every` tokens the source injects a marker; each stage adds its state as the marker passes (so the
- * states are consistent along the chain) and the last stage writes the checkpoint atomically
+ * holds). Every `every` tokens the source injects a marker; each stage adds its state as the
+ * marker passes (so the states are consistent along the chain) and the last stage writes the
+ * checkpoint atomically
  * into dir (temp file, fsync, rename, fsync of dir), keeping the newest `keep`.
  * With resume, sf_graph_run first loads the newest valid checkpoint of dir (each damaged one is
  * reported through `report` and skipped; all damaged is an error) and restores every stage from
