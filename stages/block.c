@@ -14,17 +14,28 @@
 #include "stages/stages.h"
 
 static const sf_option block_options[] = {
-    {"layers", SF_OPT_STRING, "all", "layers to run: all, K, or A-B (inclusive)"},
-    {"max_streams", SF_OPT_INT, "1024", "streams that may be open at once"},
-    {"state_budget", SF_OPT_INT, "0", "bytes of memory for the streams' state; idle streams are compressed, then spilled (0 = no limit)"},
-    {"spill", SF_OPT_STRING, NULL, "directory for state beyond state_budget (unset: exceeding it is an error)"},
-    {"spill_sync", SF_OPT_BOOL, "0", "fsync each spill file (only needed if spills must survive a crash)"},
-    {"state_quant", SF_OPT_STRING, "f32", "how idle state is quantized: f32 (lossless), bf16, int8, int4 or fp8 (lossy)"},
-    {"state_group", SF_OPT_INT, "64", "values sharing one scale for int8/int4/fp8 state (even for int4)"},
-    {"state_codec", SF_OPT_STRING, "zstd", "codec of idle state: zstd, lz4 or raw"},
-    {"batch", SF_OPT_INT, "1", "full segments of up to this many streams computed together (1-16): one product launch for all of them, batch times the activation memory"},
-    {"lanes", SF_OPT_INT, "0", "GPU: 2 runs consecutive segments on two device lanes, one's first layers beside the previous one's last (0: off; pays for mid-sized segments); costs a second set of activations and one more device_rows buffer; a segment leaves when the next is issued or no input waits"},
-    {NULL, 0, NULL, NULL}};
+    {.name = "layers", .type = SF_OPT_STRING, .default_value = "all", .help = "layers to run: all, K, or A-B (inclusive)"},
+    {.name = "max_streams", .type = SF_OPT_INT, .default_value = "1024", .min = 1, .max = 1 << 20, .unit = "streams",
+     .help = "streams that may be open at once"},
+    {.name = "state_budget", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = INFINITY, .unit = "bytes",
+     .help = "bytes of memory for the streams' state; idle streams are compressed, then spilled (0 = no limit)"},
+    {.name = "spill", .type = SF_OPT_STRING,
+     .help = "directory for state beyond state_budget (unset: exceeding it is an error)"},
+    {.name = "spill_sync", .type = SF_OPT_BOOL, .default_value = "0",
+     .help = "fsync each spill file (only needed if spills must survive a crash)"},
+    {.name = "state_quant", .type = SF_OPT_STRING, .default_value = "f32", .choices = "f32|bf16|int8|int4|fp8|fp8_e4m3",
+     .help = "how idle state is quantized: f32 (lossless), bf16, int8, int4 or fp8 (lossy)"},
+    {.name = "state_group", .type = SF_OPT_INT, .default_value = "64", .min = 1, .max = 1 << 24, .unit = "values",
+     .help = "values sharing one scale for int8/int4/fp8 state (even for int4)"},
+    {.name = "state_codec", .type = SF_OPT_STRING, .default_value = "zstd", .choices = "zstd|lz4|raw",
+     .help = "codec of idle state"},
+    {.name = "batch", .type = SF_OPT_INT, .default_value = "1", .min = 1, .max = SF_BLOCK_MAX_BATCH, .unit = "streams",
+     .help = "full segments of up to this many streams computed together: one product launch for all of them, batch "
+             "times the activation memory"},
+    {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
+     .help = "where the backend has a side queue, layers defer their commits to it: 0 off, 1 within the block, 2 also "
+             "the last layer's, until the next segment"},
+    {0}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
 {
@@ -81,13 +92,15 @@ static int prepare_backend(block *b)
 
 /* Whether layers defer their commits (block.defer_commit): only where a side queue exists,
  * there is a next layer in this block and an MLP to make the side worth it (layer_forward),
- * there is something to commit, and SEQFLOW_BLOCK_DEFER_COMMIT is not 0. The cost is a second
- * q/k/v set (3 N width elements). */
-static int defer_commit_wanted(const block *b)
+ * there is something to commit, and defer_commit= is not 0 (SEQFLOW_BLOCK_DEFER_COMMIT stands in
+ * for the option where the pipeline does not give it). The cost is a second q/k/v set (3 N width
+ * elements). */
+static int defer_commit_wanted(const sf_stage *st, const block *b)
 {
     const sf_model_config *c = b->cfg;
     const char *env = getenv("SEQFLOW_BLOCK_DEFER_COMMIT");
-    const int mode = env && *env ? atoi(env) : 2;
+    const int mode = sf_stage_option_given(st, "defer_commit") || !env || !*env ? (int)sf_stage_option_int(st, "defer_commit")
+                                                                                 : atoi(env);
     const int commits = c->memory != SF_MEMORY_NONE || (c->global_tokens > 0 && c->summary_tokens > 0);
     if (mode <= 0 || !b->be->ops->side_begin || b->count < 2 || c->mlp_hidden <= 0 || !commits) return 0;
     /* the last layer's commit waits for the next segment only where that segment's first
@@ -95,7 +108,7 @@ static int defer_commit_wanted(const block *b)
     return mode >= 2 && b->count % 2 == 0 ? 2 : 1;
 }
 
-/* Lanes (block.lanes) where asked for (the option lanes=, or SEQFLOW_BLOCK_LANES, which wins)
+/* Lanes (block.lanes) where asked for (SEQFLOW_BLOCK_LANES)
  * and possible: the backend has them, segments stay on the device, one segment at a time
  * (no batch, no state store), and every layer has a lane mark. Off by default: they paid
  * +8.6% on the reference layers with 1024-token segments but nothing on the reference model's
@@ -103,8 +116,9 @@ static int defer_commit_wanted(const block *b)
  * activations (bench/RESULTS.md, run 14). */
 static int lanes_wanted(sf_stage *st, const block *b)
 {
+    (void)st;
     const char *env = getenv("SEQFLOW_BLOCK_LANES");
-    const long long want = env && *env ? atoll(env) : sf_stage_option_int(st, "lanes", 0);
+    const long long want = env && *env ? atoll(env) : 0;
     if (want != 0 && want != 2) return sf_error(SF_E_OPTION, "lanes=%lld: expected 0 or 2", want);
     const sf_backend_ops *ops = b->be->ops;
     if (want == 0 || !ops->lanes || !sf_device_rows_wanted(b->be) || b->batch > 1 || b->store ||
@@ -161,14 +175,9 @@ static int block_init(sf_stage *st)
     const sf_model_config *c = b->cfg;
     int rc = parse_layers(sf_stage_option(st, "layers"), c->layers, &b->first, &b->count);
     if (rc != SF_OK) return rc;
-    long long max_streams = sf_stage_option_int(st, "max_streams", 1024);
-    if (max_streams < 1 || max_streams > (1 << 20))
-        return sf_error(SF_E_OPTION, "max_streams=%lld is outside 1..%d", max_streams, 1 << 20);
-    sf_stream_table_init(&b->streams, (int)max_streams, sf_block_stream_create, sf_block_stream_release, b);
-    long long batch = sf_stage_option_int(st, "batch", 1);
-    if (batch < 1 || batch > SF_BLOCK_MAX_BATCH)
-        return sf_error(SF_E_OPTION, "batch=%lld is outside 1..%d", batch, SF_BLOCK_MAX_BATCH);
-    b->batch = (int)batch;
+    sf_stream_table_init(&b->streams, (int)sf_stage_option_int(st, "max_streams"), sf_block_stream_create,
+                         sf_block_stream_release, b);
+    b->batch = (int)sf_stage_option_int(st, "batch");
     b->width = c->heads * c->head_dim;
     size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment * b->batch;
     b->weights = calloc((size_t)b->count, sizeof *b->weights);
@@ -195,7 +204,7 @@ static int block_init(sf_stage *st)
     b->qkv_size = b->qkv_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
     b->qkv_set_bytes = 3 * N * W * b->qkv_size;
     if (rc == SF_OK) rc = sf_block_store_init(st, b);
-    b->defer_commit = defer_commit_wanted(b);
+    b->defer_commit = defer_commit_wanted(st, b);
     /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
     if (b->store && b->defer_commit == 2) b->defer_commit = 1;
     if (rc == SF_OK) rc = lanes_wanted(st, b);
