@@ -1,5 +1,7 @@
-/* Stage options: "key=value" words checked against the class's option table, so a typo in a
- * pipeline string fails when the graph is built rather than being silently ignored. */
+/* Stage options: "key=value" words checked against the class's option table (name, type, range
+ * or choices: check_value), so a typo or an out-of-range value in a pipeline string fails when
+ * the graph is built, naming what is accepted, rather than being ignored or found by one stage's
+ * init; the table's defaults fill in what the pipeline leaves out. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -97,7 +99,8 @@ static int check_value(const sf_stage_class *cls, const sf_option *opt, const ch
         return sf_error(SF_E_OPTION, "stage '%s': %s %s=%s is not %s", cls->name, what, opt->name, value, want);
     char range[128];
     if (has_range(opt) && (f < opt->min || f > opt->max))
-        return sf_error(SF_E_OPTION, "stage '%s': %s %s=%s is outside %s", cls->name, what, opt->name, value,
+        return sf_error(SF_E_OPTION, "stage '%s': %s %s=%s %s %s", cls->name, what, opt->name, value,
+                        isinf(opt->min) || isinf(opt->max) ? "must be" : "is outside",
                         sf_option_format_range(opt, range, sizeof range));
     if (opt->type == SF_OPT_STRING && opt->choices && !is_choice(opt->choices, value))
         return sf_error(SF_E_OPTION, "stage '%s': %s %s=%s is not one of %s", cls->name, what, opt->name, value,

@@ -52,7 +52,7 @@ static void check_option_table(const sf_model *m)
     CHECK(parse_fails(m, "segment length=-1", SF_E_OPTION, "length=-1 is outside 0..16777216 tokens"));
     CHECK(parse_fails(m, "embed device_rows=0", SF_E_OPTION, "device_rows=0 is outside 1..1024 buffers"));
     CHECK(parse_fails(m, "block batch=17", SF_E_OPTION, "batch=17 is outside 1..16"));
-    CHECK(parse_fails(m, "block state_budget=-5", SF_E_OPTION, "state_budget=-5 is outside >= 0 bytes"));
+    CHECK(parse_fails(m, "block state_budget=-5", SF_E_OPTION, "state_budget=-5 must be >= 0 bytes"));
     CHECK(parse_fails(m, "block state_group=0", SF_E_OPTION, "state_group=0"));
     CHECK(parse_fails(m, "block defer_commit=3", SF_E_OPTION, "defer_commit=3 is outside 0..2"));
     CHECK(parse_fails(m, "block lanes=2", SF_E_OPTION, "lanes"));
@@ -105,7 +105,7 @@ static void check_option_table(const sf_model *m)
     CHECK(parse_fails(m, "typed gain=2.5", SF_E_OPTION, "stage 'typed': option gain=2.5 is outside 0..2 x"));
     CHECK(parse_fails(m, "typed gain=-0.1", SF_E_OPTION, "gain=-0.1 is outside"));
     CHECK(parse_fails(m, "typed gain=nan", SF_E_OPTION, "gain=nan is not a number"));
-    CHECK(parse_fails(m, "typed above=0.5", SF_E_OPTION, "above=0.5 is outside >= 1"));
+    CHECK(parse_fails(m, "typed above=0.5", SF_E_OPTION, "above=0.5 must be >= 1"));
     CHECK(parse_fails(m, "typed loud=maybe", SF_E_OPTION, "loud=maybe is not a boolean"));
     CHECK(parse_fails(m, "typed mode=c", SF_E_OPTION, "mode=c is not one of a|b|cc"));
     CHECK(parse_fails(m, "broken", SF_E_OPTION, "stage 'broken': the default of option n=0 is outside 1..9"));

@@ -90,9 +90,9 @@ int sf_stage_option_bool(const sf_stage *st, const char *name);
 /* Non-zero when the pipeline gave the option (rather than the table's default applying): for a
  * default that comes from elsewhere, e.g. the environment, which an explicit value overrides. */
 int sf_stage_option_given(const sf_stage *st, const char *name);
-/* Writes "MIN..MAX UNIT", ">= MIN UNIT", "A|B|C" or "" (no range, no choices) for the option
- * into buf (always terminated when size > 0): what `seqflow stages` and error messages show.
- * Returns buf. */
+/* Writes what the option accepts into buf (size bytes, terminated when size > 0, cut to fit):
+ * "MIN..MAX UNIT", ">= MIN UNIT" or "<= MAX UNIT" for a ranged number, "A|B|C" for a choice,
+ * else the unit alone or "". What `seqflow stages` and error messages show. Returns buf. */
 const char *sf_option_format_range(const sf_option *opt, char *buf, size_t size);
 
 /* The stage's private state pointer (set in init, freed by the class's free). */
