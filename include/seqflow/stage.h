@@ -31,9 +31,11 @@ typedef enum sf_option_type {
 /* One row of a class's option table (as FFmpeg's AVOption): everything about an option lives
  * here, and the graph checks every value against it when the pipeline is parsed (the values
  * given and the defaults, so that a broken table fails there too), so init() reads options
- * without repeating a default or a range check. Checks that relate options to each other or to the model stay in init().
- * help comes fourth so that rows written as {name, type, default, help} still mean "no range,
- * any text"; name the later fields or give them positionally after help. */
+ * without repeating a default or a range check; only checks that relate options to each other
+ * or to the model stay in init(). Write rows with designated initializers
+ * ({.name = "chunk", .type = SF_OPT_INT, .default_value = "65536", .min = 1, .max = 1 << 26,
+ * .unit = "bytes", .help = "..."}) and end the table with {0}. help stays fourth so that older
+ * rows written as {name, type, default, help} keep their meaning: no range, any text. */
 typedef struct sf_option {
     const char *name;
     sf_option_type type;
