@@ -8,8 +8,9 @@
 #include <seqflow/seqflow.h>
 
 static const sf_option rownorm_options[] = {
-    {"scale", SF_OPT_FLOAT, "1.0", "length of every output row"},
-    {NULL, 0, NULL, NULL}};
+    {.name = "scale", .type = SF_OPT_FLOAT, .default_value = "1.0", .min = 0, .max = INFINITY,
+     .help = "length of every output row"},
+    {0}};
 
 /* Takes ownership of p and passes it on. Hidden-state rows are float32 (p->x) unless a
  * `norm dtype=bf16` sits upstream, which sends bf16 bit patterns (p->x_bf16, p->x NULL,
@@ -17,7 +18,7 @@ static const sf_option rownorm_options[] = {
 static int rownorm_process(sf_stage *st, sf_packet *p)
 {
     if (p->kind == SF_PACKET_HIDDEN) {
-        double scale = sf_stage_option_float(st, "scale", 1.0);
+        double scale = sf_stage_option_float(st, "scale");
         for (size_t i = 0; i < p->n; i++) {
             float *row = p->x + i * p->width;
             double sq = 0;

@@ -12,6 +12,7 @@
 typedef struct sf_option_value {
     const sf_option *option;
     char *value; /* NULL when unset */
+    int given;   /* set by the pipeline text, not the table's default */
 } sf_option_value;
 
 struct sf_stage {

@@ -1,5 +1,7 @@
-/* Stage options: "key=value" words checked against the class's option table, so a typo in a
- * pipeline string fails when the graph is built rather than being silently ignored. */
+/* Stage options: "key=value" words checked against the class's option table (name, type, range
+ * or choices: check_value), so a typo or an out-of-range value in a pipeline string fails when
+ * the graph is built, naming what is accepted, rather than being ignored or found by one stage's
+ * init; the table's defaults fill in what the pipeline leaves out. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,22 +41,70 @@ static int parse_float(const char *s, double *out)
     return 1;
 }
 
-static int check_value(const sf_stage *st, const sf_option *opt, const char *value)
+/* Whether value is one of the '|'-separated choices. */
+static int is_choice(const char *choices, const char *value)
 {
-    long long i;
-    double f;
-    int b;
-    int ok = 1;
+    size_t len = strlen(value);
+    for (const char *c = choices;;) {
+        const char *bar = strchr(c, '|');
+        size_t n = bar ? (size_t)(bar - c) : strlen(c);
+        if (n == len && strncmp(c, value, n) == 0) return 1;
+        if (!bar) return 0;
+        c = bar + 1;
+    }
+}
+
+static int has_range(const sf_option *opt)
+{
+    return (opt->type == SF_OPT_INT || opt->type == SF_OPT_FLOAT) && opt->min != opt->max;
+}
+
+const char *sf_option_format_range(const sf_option *opt, char *buf, size_t size)
+{
+    if (!size) return buf;
+    buf[0] = '\0';
+    const char *unit = opt->unit ? opt->unit : "";
+    const char *space = *unit ? " " : "";
+    if (has_range(opt)) {
+        if (isinf(opt->max) && isinf(opt->min)) snprintf(buf, size, "any%s%s", space, unit);
+        else if (isinf(opt->max)) snprintf(buf, size, ">= %.15g%s%s", opt->min, space, unit);
+        else if (isinf(opt->min)) snprintf(buf, size, "<= %.15g%s%s", opt->max, space, unit);
+        else snprintf(buf, size, "%.15g..%.15g%s%s", opt->min, opt->max, space, unit);
+    } else if (opt->type == SF_OPT_STRING && opt->choices) {
+        snprintf(buf, size, "%s", opt->choices);
+    } else {
+        snprintf(buf, size, "%s", unit);
+    }
+    return buf;
+}
+
+/* The one check of an option value against its row: type, then range or choices. The message
+ * names the stage, the option, the value and what is accepted. */
+static int check_value(const sf_stage_class *cls, const sf_option *opt, const char *value, const char *what)
+{
+    long long i = 0;
+    double f = 0;
+    int b, ok = 1;
     const char *want = "";
     switch (opt->type) {
-    case SF_OPT_INT: ok = parse_int(value, &i), want = "an integer"; break;
+    case SF_OPT_INT: ok = parse_int(value, &i), f = (double)i, want = "an integer"; break;
     case SF_OPT_FLOAT: ok = parse_float(value, &f), want = "a number"; break;
     case SF_OPT_BOOL: ok = parse_bool(value, &b), want = "a boolean (1/0, true/false)"; break;
     case SF_OPT_STRING: break;
+    default:
+        return sf_error(SF_E_OPTION, "stage '%s': option %s has no known type (%d)", cls->name, opt->name,
+                        (int)opt->type);
     }
     if (!ok)
-        return sf_error(SF_E_OPTION, "stage '%s': option %s=%s is not %s", st->cls->name,
-                        opt->name, value, want);
+        return sf_error(SF_E_OPTION, "stage '%s': %s %s=%s is not %s", cls->name, what, opt->name, value, want);
+    char range[128];
+    if (has_range(opt) && (f < opt->min || f > opt->max))
+        return sf_error(SF_E_OPTION, "stage '%s': %s %s=%s %s %s", cls->name, what, opt->name, value,
+                        isinf(opt->min) || isinf(opt->max) ? "must be" : "is outside",
+                        sf_option_format_range(opt, range, sizeof range));
+    if (opt->type == SF_OPT_STRING && opt->choices && !is_choice(opt->choices, value))
+        return sf_error(SF_E_OPTION, "stage '%s': %s %s=%s is not one of %s", cls->name, what, opt->name, value,
+                        opt->choices);
     return SF_OK;
 }
 
@@ -110,6 +160,9 @@ int sf_stage_options_parse(sf_stage *st, const char *text)
     for (int i = 0; i < n; i++) {
         st->options[i].option = &cls->options[i];
         if (cls->options[i].default_value) {
+            /* a default the row itself refuses is a bug in the class: say so at once */
+            int rc = check_value(cls, &cls->options[i], cls->options[i].default_value, "the default of option");
+            if (rc != SF_OK) return rc;
             st->options[i].value = strdup(cls->options[i].default_value);
             if (!st->options[i].value) return sf_error(SF_E_NOMEM, "out of memory");
         }
@@ -136,10 +189,11 @@ int sf_stage_options_parse(sf_stage *st, const char *text)
             free(word);
             return err;
         }
-        int rc = check_value(st, &cls->options[found], eq + 1);
+        int rc = check_value(cls, &cls->options[found], eq + 1, "option");
         if (rc == SF_OK) {
             free(st->options[found].value);
             st->options[found].value = strdup(eq + 1);
+            st->options[found].given = 1;
             if (!st->options[found].value) rc = sf_error(SF_E_NOMEM, "out of memory");
         }
         free(word);
@@ -156,30 +210,44 @@ void sf_stage_options_free(sf_stage *st)
     st->n_options = 0;
 }
 
-const char *sf_stage_option(const sf_stage *st, const char *name)
+static const sf_option_value *find_value(const sf_stage *st, const char *name)
 {
     for (int i = 0; i < st->n_options; i++)
-        if (strcmp(st->options[i].option->name, name) == 0) return st->options[i].value;
+        if (strcmp(st->options[i].option->name, name) == 0) return &st->options[i];
     return NULL;
 }
 
-long long sf_stage_option_int(const sf_stage *st, const char *name, long long fallback)
+const char *sf_stage_option(const sf_stage *st, const char *name)
 {
-    const char *v = sf_stage_option(st, name);
+    const sf_option_value *v = find_value(st, name);
+    return v ? v->value : NULL;
+}
+
+int sf_stage_option_given(const sf_stage *st, const char *name)
+{
+    const sf_option_value *v = find_value(st, name);
+    return v && v->given;
+}
+
+/* The typed readers parse again what check_value accepted, so they cannot fail on a value of
+ * the right type; the value of an option of another type reads as 0. */
+long long sf_stage_option_int(const sf_stage *st, const char *name)
+{
+    const sf_option_value *v = find_value(st, name);
     long long out;
-    return v && parse_int(v, &out) ? out : fallback;
+    return v && v->value && v->option->type == SF_OPT_INT && parse_int(v->value, &out) ? out : 0;
 }
 
-double sf_stage_option_float(const sf_stage *st, const char *name, double fallback)
+double sf_stage_option_float(const sf_stage *st, const char *name)
 {
-    const char *v = sf_stage_option(st, name);
+    const sf_option_value *v = find_value(st, name);
     double out;
-    return v && parse_float(v, &out) ? out : fallback;
+    return v && v->value && v->option->type == SF_OPT_FLOAT && parse_float(v->value, &out) ? out : 0.0;
 }
 
-int sf_stage_option_bool(const sf_stage *st, const char *name, int fallback)
+int sf_stage_option_bool(const sf_stage *st, const char *name)
 {
-    const char *v = sf_stage_option(st, name);
+    const sf_option_value *v = find_value(st, name);
     int out;
-    return v && parse_bool(v, &out) ? out : fallback;
+    return v && v->value && v->option->type == SF_OPT_BOOL && parse_bool(v->value, &out) ? out : 0;
 }

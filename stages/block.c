@@ -15,17 +15,29 @@
 #include "stages/stages.h"
 
 static const sf_option block_options[] = {
-    {"layers", SF_OPT_STRING, "all", "layers to run: all, K, or A-B (inclusive)"},
-    {"max_streams", SF_OPT_INT, "1024", "streams that may be open at once"},
-    {"state_budget", SF_OPT_INT, "0", "bytes of memory for the streams' state; idle streams are compressed, then spilled (0 = no limit)"},
-    {"spill", SF_OPT_STRING, NULL, "directory for state beyond state_budget (unset: exceeding it is an error)"},
-    {"spill_sync", SF_OPT_BOOL, "0", "fsync each spill file (only needed if spills must survive a crash)"},
-    {"state_quant", SF_OPT_STRING, "f32", "how idle state is quantized: f32 (lossless), bf16, int8, int4 or fp8 (lossy)"},
-    {"state_group", SF_OPT_INT, "64", "values sharing one scale for int8/int4/fp8 state (even for int4)"},
-    {"state_codec", SF_OPT_STRING, "zstd", "codec of idle state: zstd, lz4 or raw"},
-    {"batch", SF_OPT_INT, "1", "full segments of up to this many streams computed together (1-16): one product launch for all of them, batch times the activation memory"},
-    {"defer_commit", SF_OPT_INT, NULL, "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next layer's attention, 2 also the last layer's beside the next segment's first (unset: SEQFLOW_BLOCK_DEFER_COMMIT, else 2)"},
-    {NULL, 0, NULL, NULL}};
+    {.name = "layers", .type = SF_OPT_STRING, .default_value = "all", .help = "layers to run: all, K, or A-B (inclusive)"},
+    {.name = "max_streams", .type = SF_OPT_INT, .default_value = "1024", .min = 1, .max = 1 << 20, .unit = "streams",
+     .help = "streams that may be open at once"},
+    {.name = "state_budget", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = INFINITY, .unit = "bytes",
+     .help = "bytes of memory for the streams' state; idle streams are compressed, then spilled (0 = no limit)"},
+    {.name = "spill", .type = SF_OPT_STRING,
+     .help = "directory for state beyond state_budget (unset: exceeding it is an error)"},
+    {.name = "spill_sync", .type = SF_OPT_BOOL, .default_value = "0",
+     .help = "fsync each spill file (only needed if spills must survive a crash)"},
+    {.name = "state_quant", .type = SF_OPT_STRING, .default_value = "f32", .choices = "f32|bf16|int8|int4|fp8|fp8_e4m3",
+     .help = "how idle state is quantized: f32 (lossless), bf16, int8, int4 or fp8 (lossy)"},
+    {.name = "state_group", .type = SF_OPT_INT, .default_value = "64", .min = 1, .max = 1 << 24, .unit = "values",
+     .help = "values sharing one scale for int8/int4/fp8 state (even for int4)"},
+    {.name = "state_codec", .type = SF_OPT_STRING, .default_value = "zstd", .choices = "zstd|lz4|raw",
+     .help = "codec of idle state"},
+    {.name = "batch", .type = SF_OPT_INT, .default_value = "1", .min = 1, .max = SF_BLOCK_MAX_BATCH, .unit = "streams",
+     .help = "full segments of up to this many streams computed together: one product launch for all of them, batch "
+             "times the activation memory"},
+    {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
+     .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
+             "layer's attention, 2 also the last layer's beside the next segment's first (SEQFLOW_BLOCK_DEFER_COMMIT "
+             "replaces the default)"},
+    {0}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
 {
@@ -91,9 +103,7 @@ static int defer_commit_wanted(sf_stage *st, const block *b, int *out)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, read_defer_commit_env);
     const sf_model_config *c = b->cfg;
-    const char *given = sf_stage_option(st, "defer_commit");
-    const long long mode = given ? sf_stage_option_int(st, "defer_commit", -1) : defer_commit_env;
-    if (given && (mode < 0 || mode > 2)) return sf_error(SF_E_OPTION, "defer_commit=%s: expected 0, 1 or 2", given);
+    const long long mode = sf_stage_option_given(st, "defer_commit") ? sf_stage_option_int(st, "defer_commit") : defer_commit_env;
     const int commits = c->memory != SF_MEMORY_NONE || (c->global_tokens > 0 && c->summary_tokens > 0);
     *out = 0;
     if (mode <= 0 || !sf_be_has_side_queue(b->be) || b->count < 2 || c->mlp_hidden <= 0 || !commits) return SF_OK;
@@ -149,14 +159,9 @@ static int block_init(sf_stage *st)
     const sf_model_config *c = b->cfg;
     int rc = parse_layers(sf_stage_option(st, "layers"), c->layers, &b->first, &b->count);
     if (rc != SF_OK) return rc;
-    long long max_streams = sf_stage_option_int(st, "max_streams", 1024);
-    if (max_streams < 1 || max_streams > (1 << 20))
-        return sf_error(SF_E_OPTION, "max_streams=%lld is outside 1..%d", max_streams, 1 << 20);
-    sf_stream_table_init(&b->streams, (int)max_streams, sf_block_stream_create, sf_block_stream_release, b);
-    long long batch = sf_stage_option_int(st, "batch", 1);
-    if (batch < 1 || batch > SF_BLOCK_MAX_BATCH)
-        return sf_error(SF_E_OPTION, "batch=%lld is outside 1..%d", batch, SF_BLOCK_MAX_BATCH);
-    b->batch = (int)batch;
+    sf_stream_table_init(&b->streams, (int)sf_stage_option_int(st, "max_streams"), sf_block_stream_create,
+                         sf_block_stream_release, b);
+    b->batch = (int)sf_stage_option_int(st, "batch");
     b->width = c->heads * c->head_dim;
     size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment * b->batch;
     b->weights = calloc((size_t)b->count, sizeof *b->weights);

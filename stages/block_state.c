@@ -156,13 +156,13 @@ int sf_block_state_put_back(block *b, uint64_t stream)
     return rc;
 }
 
+/* state_quant and state_group were checked one by one against the option table; what is left
+ * is how they go together. */
 static int parse_state_quant(const char *text, long long group, sf_quant_params *out)
 {
     sf_quant_kind kind;
-    if (sf_quant_kind_parse(text, &kind) != SF_OK)
-        return sf_error(SF_E_OPTION, "state_quant=%s: expected f32, bf16, int8, int4 or fp8", text ? text : "");
-    if (group < 1 || group > (1 << 24))
-        return sf_error(SF_E_OPTION, "state_group=%lld is outside 1..%d", group, 1 << 24);
+    int rc = sf_quant_kind_parse(text, &kind);
+    if (rc != SF_OK) return rc;
     if (kind == SF_QUANT_INT4 && group % 2)
         return sf_error(SF_E_OPTION, "state_group=%lld must be even for int4", group);
     *out = (sf_quant_params){kind, (int)group};
@@ -171,16 +171,14 @@ static int parse_state_quant(const char *text, long long group, sf_quant_params 
 
 int sf_block_store_init(sf_stage *st, block *b)
 {
-    long long budget = sf_stage_option_int(st, "state_budget", 0);
+    long long budget = sf_stage_option_int(st, "state_budget");
     const char *spill = sf_stage_option(st, "spill");
     const char *quant = sf_stage_option(st, "state_quant"), *codec = sf_stage_option(st, "state_codec");
     sf_quant_params qp;
     sf_codec cp;
-    int rc = parse_state_quant(quant, sf_stage_option_int(st, "state_group", 64), &qp);
+    int rc = parse_state_quant(quant, sf_stage_option_int(st, "state_group"), &qp);
+    if (rc == SF_OK) rc = sf_codec_parse(codec, &cp);
     if (rc != SF_OK) return rc;
-    if (sf_codec_parse(codec, &cp) != SF_OK)
-        return sf_error(SF_E_OPTION, "state_codec=%s: expected zstd, lz4 or raw", codec ? codec : "");
-    if (budget < 0) return sf_error(SF_E_OPTION, "state_budget=%lld must be 0 or more bytes", budget);
     if (budget == 0) {
         if (spill && *spill) return sf_error(SF_E_OPTION, "spill=%s needs a state_budget", spill);
         /* without a store every state stays live and exact: a lossy request would be ignored */
@@ -193,7 +191,7 @@ int sf_block_store_init(sf_stage *st, block *b)
     cfg.spill_dir = spill;
     cfg.quant = qp;
     cfg.codec = cp;
-    cfg.fsync = sf_stage_option_bool(st, "spill_sync", 0);
+    cfg.fsync = sf_stage_option_bool(st, "spill_sync");
     rc = sf_state_store_create(&cfg, &b->store);
     if (rc != SF_OK) return rc;
     b->work = sf_block_stream_create(b, 0);

@@ -28,9 +28,9 @@ typedef struct embed {
 /* The default covers `embed ! block ! norm` at the default queue depth: two links of 4 packets
  * plus one packet inside each of the three stages, and one spare. */
 static const sf_option embed_options[] = {
-    {"device_rows", SF_OPT_INT, "12",
-     "GPU graphs: device buffers of rows in flight at once (a packet finding none free takes the host path)"},
-    {NULL, 0, NULL, NULL}};
+    {.name = "device_rows", .type = SF_OPT_INT, .default_value = "12", .min = 1, .max = 1024, .unit = "buffers",
+     .help = "GPU graphs: device buffers of rows in flight at once (a packet finding none free takes the host path)"},
+    {0}};
 
 static int embed_init(sf_stage *st)
 {
@@ -43,8 +43,7 @@ static int embed_init(sf_stage *st)
     sf_stage_set_priv(st, e);
     e->be = be;
     const sf_model_config *cfg = sf_model_get_config(m);
-    long long buffers = sf_stage_option_int(st, "device_rows", 12);
-    if (buffers < 1 || buffers > 1024) return sf_error(SF_E_OPTION, "device_rows=%lld is outside 1..1024", buffers);
+    const long long buffers = sf_stage_option_int(st, "device_rows");
     e->rows = (size_t)cfg->segment;
     e->dim = (size_t)cfg->dim;
     size_t table_bytes = (size_t)cfg->vocab * cfg->dim * sizeof(float);

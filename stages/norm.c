@@ -24,10 +24,10 @@ typedef struct norm {
 } norm;
 
 static const sf_option norm_options[] = {
-    {"dtype", SF_OPT_STRING, "f32",
-     "element type of the hidden states it sends out: f32, or bf16 (half the bytes, rounded to nearest even; "
-     "on a GPU made on the device, so the download halves too)"},
-    {NULL, 0, NULL, NULL}};
+    {.name = "dtype", .type = SF_OPT_STRING, .default_value = "f32", .choices = "f32|bf16",
+     .help = "element type of the hidden states it sends out: f32, or bf16 (half the bytes, rounded to nearest even; "
+             "on a GPU made on the device, so the download halves too)"},
+    {0}};
 
 /* Device memory for n rows of bf16: sized at init for a model segment; grown only for a longer
  * segment (a segment stage's length= above the model's), so never per segment. */
@@ -47,8 +47,6 @@ static int norm_init(sf_stage *st)
     const sf_model *m = sf_stage_model(st);
     if (!m) return sf_error(SF_E_INVAL, "norm needs a model");
     const char *dtype = sf_stage_option(st, "dtype");
-    if (strcmp(dtype, "f32") != 0 && strcmp(dtype, "bf16") != 0)
-        return sf_error(SF_E_OPTION, "dtype '%s' is neither f32 nor bf16", dtype);
     norm *nm = calloc(1, sizeof *nm);
     if (!nm) return sf_error(SF_E_NOMEM, "out of memory");
     sf_stage_set_priv(st, nm);

@@ -20,9 +20,11 @@ typedef struct segmenter {
 } segmenter;
 
 static const sf_option segment_options[] = {
-    {"length", SF_OPT_INT, "0", "segment length N; 0 takes the model's"},
-    {"max_streams", SF_OPT_INT, "1024", "streams that may be open at once"},
-    {NULL, 0, NULL, NULL}};
+    {.name = "length", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 1 << 24, .unit = "tokens",
+     .help = "segment length N; 0 takes the model's"},
+    {.name = "max_streams", .type = SF_OPT_INT, .default_value = "1024", .min = 1, .max = 1 << 20, .unit = "streams",
+     .help = "streams that may be open at once"},
+    {0}};
 
 static void *pending_create(void *ctx, uint64_t stream)
 {
@@ -44,16 +46,13 @@ static int segment_init(sf_stage *st)
     segmenter *s = calloc(1, sizeof *s);
     if (!s) return sf_error(SF_E_NOMEM, "out of memory");
     sf_stage_set_priv(st, s);
-    long long length = sf_stage_option_int(st, "length", 0);
+    long long length = sf_stage_option_int(st, "length");
     const sf_model *m = sf_stage_model(st);
+    /* a model's segment is within the option's range (model/config.c caps it the same) */
     if (length == 0 && m) length = sf_model_get_config(m)->segment;
-    if (length < 1 || length > (1 << 24))
-        return sf_error(SF_E_OPTION, "segment length %lld is outside 1..%d (give length= or a model)", length, 1 << 24);
-    long long max_streams = sf_stage_option_int(st, "max_streams", 1024);
-    if (max_streams < 1 || max_streams > (1 << 20))
-        return sf_error(SF_E_OPTION, "max_streams=%lld is outside 1..%d", max_streams, 1 << 20);
+    if (length == 0) return sf_error(SF_E_OPTION, "segment length=0 takes the model's, and the graph has none: give length=");
     s->length = (size_t)length;
-    sf_stream_table_init(&s->streams, (int)max_streams, pending_create, pending_destroy, s);
+    sf_stream_table_init(&s->streams, (int)sf_stage_option_int(st, "max_streams"), pending_create, pending_destroy, s);
     return SF_OK;
 }
 

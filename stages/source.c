@@ -33,11 +33,14 @@ typedef struct source {
 } source;
 
 static const sf_option source_options[] = {
-    {"path", SF_OPT_STRING, "-", "file to read; '-' is standard input, '@builtin' the built-in text"},
-    {"format", SF_OPT_STRING, "bytes", "bytes (one token per byte), u32 (little-endian uint32) or text (decimal ids)"},
-    {"chunk", SF_OPT_INT, "65536", "bytes read per packet"},
-    {"stream", SF_OPT_INT, "0", "stream id given to the tokens"},
-    {NULL, 0, NULL, NULL}};
+    {.name = "path", .type = SF_OPT_STRING, .default_value = "-",
+     .help = "file to read; '-' is standard input, '@builtin' the built-in text"},
+    {.name = "format", .type = SF_OPT_STRING, .default_value = "bytes", .choices = "bytes|u32|text",
+     .help = "bytes (one token per byte), u32 (little-endian uint32) or text (decimal ids)"},
+    {.name = "chunk", .type = SF_OPT_INT, .default_value = "65536", .min = 1, .max = 1 << 26, .unit = "bytes",
+     .help = "bytes read per packet"},
+    {.name = "stream", .type = SF_OPT_INT, .default_value = "0", .help = "stream id given to the tokens"},
+    {0}};
 
 static int source_init(sf_stage *st)
 {
@@ -46,10 +49,8 @@ static int source_init(sf_stage *st)
     sf_stage_set_priv(st, s);
     int rc = sf_token_format_parse(sf_stage_option(st, "format"), &s->reader.format);
     if (rc != SF_OK) return rc;
-    long long chunk = sf_stage_option_int(st, "chunk", 65536);
-    if (chunk < 1 || chunk > (1 << 26)) return sf_error(SF_E_OPTION, "chunk=%lld is outside 1..%d", chunk, 1 << 26);
-    s->chunk = (size_t)chunk;
-    s->stream = (uint64_t)sf_stage_option_int(st, "stream", 0);
+    s->chunk = (size_t)sf_stage_option_int(st, "chunk");
+    s->stream = (uint64_t)sf_stage_option_int(st, "stream");
     s->path = sf_stage_option(st, "path");
     s->bytes = malloc(s->chunk);
     if (!s->bytes) return sf_error(SF_E_NOMEM, "out of memory");

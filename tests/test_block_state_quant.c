@@ -167,15 +167,19 @@ static void check_mode(const sf_model *m, const mode *md, const sf_buffer *want_
     sf_buffer_release(&saved);
 }
 
-/* A pipeline whose first push must fail with SF_E_OPTION naming `needle`. */
+/* A pipeline refused with SF_E_OPTION naming `needle`: by the option table when the pipeline is
+ * parsed (a value out of its range or choices), or else at the first push, when block's init
+ * checks how the options go together. */
 static void refused(const sf_model *m, const char *block_options, const char *needle)
 {
     char pipeline[256];
     snprintf(pipeline, sizeof pipeline, "segment ! embed ! block %s ! norm", block_options);
-    sf_graph *g = check_graph(m, pipeline);
-    CHECK(g != NULL);
-    if (!g) return;
-    int rc = sf_graph_push(g, 1, (const uint32_t[]){1}, 1);
+    sf_graph *g = NULL;
+    int rc = sf_graph_create(m, &(sf_graph_options){.threads = 1}, &g);
+    CHECK(rc == SF_OK);
+    if (rc != SF_OK) return;
+    rc = sf_graph_parse(g, pipeline);
+    if (rc == SF_OK) rc = sf_graph_push(g, 1, (const uint32_t[]){1}, 1);
     CHECKF(rc == SF_E_OPTION && strstr(sf_last_error(), needle), "%s: rc %d, %s", block_options, rc, sf_last_error());
     sf_graph_free(g);
 }
@@ -251,6 +255,7 @@ int main(void)
     refused(m, "state_budget=100000 state_quant=int4 state_group=5", "even");
     refused(m, "state_budget=100000 state_group=0 state_quant=int8", "state_group=0");
     refused(m, "state_budget=100000 state_codec=gzip", "state_codec=gzip");
+    refused(m, "state_budget=-1", "state_budget=-1");
     refused(m, "state_quant=int8", "needs a state_budget");
 
     sf_buffer_release(&want1);

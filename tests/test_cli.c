@@ -112,6 +112,11 @@ int main(void)
     CHECK(r.exit_code == 0 && strstr(r.out, "--branches") && strstr(r.out, "--out"));
     CHECK(spawn_run((const char *[]){"seqflow", "stages", NULL}, NULL, 0, &r) == 0);
     CHECK(r.exit_code == 0 && strstr(r.out, "segment") && strstr(r.out, "max_streams"));
+    /* each option with its default, range and unit, or its choices, from the stage's table */
+    CHECKF(strstr(r.out, "chunk=INT") && strstr(r.out, "bytes read per packet (default 65536, 1..67108864 bytes)"), "%s", r.out);
+    CHECK(strstr(r.out, "state_budget=INT") && strstr(r.out, "(default 0, >= 0 bytes)"));
+    CHECK(strstr(r.out, "dtype=f32|bf16") && strstr(r.out, "format=auto|raw|npy|digest|null"));
+    CHECK(strstr(r.out, "defer_commit=INT") && strstr(r.out, "(default 2, 0..2)") && !strstr(r.out, "lanes="));
 
     /* --out: raw float32 and .npy with [tokens, D] */
     const char *text = "hello seqflow, hello streams";

@@ -444,7 +444,7 @@ static int checkpoint_segment_length(const sf_graph *g, const sf_model_config *c
     for (int i = 0; i < sf_graph_size(g); i++) {
         sf_stage *st = sf_graph_stage(g, i);
         if (strcmp(sf_stage_name(st), "segment") != 0) continue;
-        long long length = sf_stage_option_int(st, "length", 0);
+        long long length = sf_stage_option_int(st, "length");
         if (length <= 0) length = cfg->segment;
         if (*out && *out != length)
             return sf_error(SF_E_UNSUPPORTED, "--checkpoint: the pipeline's segment stages cut segments of %lld and %lld tokens; "
@@ -623,16 +623,22 @@ static int cmd_run(int argc, char **argv)
     return status;
 }
 
+/* One line a stage, then one an option: KEY=TYPE (or KEY=A|B|C for a choice), its help, and its
+ * default and range from the class's table, which is what the graph checks values against. */
 static void print_stage(const sf_stage_class *cls, void *user)
 {
     (void)user;
     printf("%-10s %s\n", cls->name, cls->help ? cls->help : "");
     for (const sf_option *o = cls->options; o && o->name; o++) {
-        char key[64];
-        snprintf(key, sizeof key, "%s=%s", o->name,
-                 o->type == SF_OPT_INT ? "INT" : o->type == SF_OPT_FLOAT ? "NUMBER" : o->type == SF_OPT_BOOL ? "BOOL" : "TEXT");
-        printf("    %-22s %s%s%s%s\n", key, o->help, o->default_value ? " (default " : "",
-               o->default_value ? o->default_value : "", o->default_value ? ")" : "");
+        char key[96], range[128];
+        const char *type = o->type == SF_OPT_INT ? "INT" : o->type == SF_OPT_FLOAT ? "NUMBER" : o->type == SF_OPT_BOOL ? "BOOL" : "TEXT";
+        sf_option_format_range(o, range, sizeof range);
+        const int choice = o->type == SF_OPT_STRING && o->choices;
+        snprintf(key, sizeof key, "%s=%s", o->name, choice ? o->choices : type);
+        printf("    %-22s %s", key, o->help ? o->help : "");
+        if (o->default_value) printf(" (default %s%s%s)", o->default_value, !choice && *range ? ", " : "", choice ? "" : range);
+        else if (!choice && *range) printf(" (%s)", range);
+        printf("\n");
     }
 }
 

@@ -28,11 +28,27 @@ typedef enum sf_option_type {
     SF_OPT_STRING = 4
 } sf_option_type;
 
+/* One row of a class's option table (as FFmpeg's AVOption): everything about an option lives
+ * here, and the graph checks every value against it when the pipeline is parsed (the values
+ * given and the defaults, so that a broken table fails there too), so init() reads options
+ * without repeating a default or a range check; only checks that relate options to each other
+ * or to the model stay in init(). Write rows with designated initializers
+ * ({.name = "chunk", .type = SF_OPT_INT, .default_value = "65536", .min = 1, .max = 1 << 26,
+ * .unit = "bytes", .help = "..."}) and end the table with {0}. help stays fourth so that older
+ * rows written as {name, type, default, help} keep their meaning: no range, any text. */
 typedef struct sf_option {
     const char *name;
     sf_option_type type;
     const char *default_value; /* NULL: no default (the option is then unset) */
-    const char *help;
+    const char *help;          /* one line: what the option does */
+    /* SF_OPT_INT, SF_OPT_FLOAT: inclusive range of accepted values, either end may be
+     * -INFINITY / INFINITY; min == max (e.g. both left 0): any value. */
+    double min, max;
+    /* SF_OPT_STRING: the accepted values separated by '|' ("f32|bf16"), compared exactly;
+     * NULL: any text. */
+    const char *choices;
+    /* What a number counts ("tokens", "bytes"), shown with the range; NULL: a plain number. */
+    const char *unit;
 } sf_option;
 
 
@@ -64,12 +80,22 @@ typedef struct sf_stage_class {
     int (*idle)(sf_stage *st);
 } sf_stage_class;
 
-/* Options, as given in the pipeline (or the class default). Values are validated against the
- * option type when the graph is built. The returned string lives as long as the stage. */
+/* Options, as given in the pipeline, else the table's default. Values were checked against the
+ * option's row (type, range, choices) when the graph was built, so the typed readers below
+ * cannot fail: they return the value, or 0 for an option that is neither given nor defaulted
+ * (and for a name the table lacks, or of another type). The returned string lives as long as
+ * the stage. */
 const char *sf_stage_option(const sf_stage *st, const char *name); /* NULL when unset */
-long long sf_stage_option_int(const sf_stage *st, const char *name, long long fallback);
-double sf_stage_option_float(const sf_stage *st, const char *name, double fallback);
-int sf_stage_option_bool(const sf_stage *st, const char *name, int fallback);
+long long sf_stage_option_int(const sf_stage *st, const char *name);
+double sf_stage_option_float(const sf_stage *st, const char *name);
+int sf_stage_option_bool(const sf_stage *st, const char *name);
+/* Non-zero when the pipeline gave the option (rather than the table's default applying): for a
+ * default that comes from elsewhere, e.g. the environment, which an explicit value overrides. */
+int sf_stage_option_given(const sf_stage *st, const char *name);
+/* Writes what the option accepts into buf (size bytes, terminated when size > 0, cut to fit):
+ * "MIN..MAX UNIT", ">= MIN UNIT" or "<= MAX UNIT" for a ranged number, "A|B|C" for a choice,
+ * else the unit alone or "". What `seqflow stages` and error messages show. Returns buf. */
+const char *sf_option_format_range(const sf_option *opt, char *buf, size_t size);
 
 /* The stage's private state pointer (set in init, freed by the class's free). */
 void *sf_stage_priv(const sf_stage *st);

@@ -1,9 +1,10 @@
 /* Fuzzes the textual pipeline form (sf_graph_parse, pipeline/parse.c) and stage options
  * (pipeline/options.c). Input: the pipeline text (up to its first NUL). Stages are only added,
  * never initialized, so no file is opened. Besides the built-in stages, a stage "fuzzopts"
- * with one option of every type is registered, since no built-in takes floats or booleans.
- * A pipeline that parses must have one stage per unquoted '!' plus one, and every typed option
- * value it accepted must read back through the typed getter (not its fallback). */
+ * with one option of every type (ranged numbers, a choice) is registered, since no built-in
+ * takes floats. A pipeline that parses must have one stage per unquoted '!' plus one, and every
+ * option value it accepted must read back through the typed reader within the row's range or
+ * choices. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,11 +26,12 @@ static int fuzzopts_process(sf_stage *st, sf_packet *in)
 }
 
 static const sf_option fuzzopts_options[] = {
-    {"i", SF_OPT_INT, "7", "an integer"},
-    {"f", SF_OPT_FLOAT, "0.5", "a number"},
-    {"b", SF_OPT_BOOL, "true", "a boolean"},
-    {"s", SF_OPT_STRING, NULL, "a string without a default"},
-    {NULL, 0, NULL, NULL},
+    {.name = "i", .type = SF_OPT_INT, .default_value = "7", .min = -1000, .max = 1000, .help = "an integer"},
+    {.name = "f", .type = SF_OPT_FLOAT, .default_value = "0.5", .min = -1, .max = INFINITY, .help = "a number"},
+    {.name = "b", .type = SF_OPT_BOOL, .default_value = "true", .help = "a boolean"},
+    {.name = "s", .type = SF_OPT_STRING, .help = "a string without a default"},
+    {.name = "c", .type = SF_OPT_STRING, .default_value = "x", .choices = "x|yy|zzz", .help = "a choice"},
+    {0},
 };
 
 static const sf_stage_class fuzzopts_class = {
@@ -65,6 +67,13 @@ static int expected_stages(const char *text)
     return n;
 }
 
+static int in_range(const sf_option *opt, double v)
+{
+    return opt->min == opt->max || (v >= opt->min && v <= opt->max);
+}
+
+/* Every value the graph kept passed the table's check: the typed reader returns it, within the
+ * row's range, and a choice is one of the row's. */
 static void check_options(const sf_stage *st)
 {
     for (int i = 0; i < st->n_options; i++) {
@@ -75,21 +84,30 @@ static void check_options(const sf_stage *st)
             FUZZ_CHECK(opt->default_value == NULL);
             continue;
         }
+        char *end = NULL;
         switch (opt->type) {
-        case SF_OPT_INT:
-            FUZZ_CHECK(sf_stage_option_int(st, opt->name, 1) == sf_stage_option_int(st, opt->name, 2));
+        case SF_OPT_INT: {
+            long long a = sf_stage_option_int(st, opt->name);
+            FUZZ_CHECK(a == strtoll(value, &end, 10) && end != value && !*end && in_range(opt, (double)a));
             break;
+        }
         case SF_OPT_FLOAT: {
-            double a = sf_stage_option_float(st, opt->name, 1.5);
-            FUZZ_CHECK(isfinite(a) && a == sf_stage_option_float(st, opt->name, 2.5));
+            double a = sf_stage_option_float(st, opt->name);
+            FUZZ_CHECK(isfinite(a) && a == strtod(value, &end) && end != value && !*end && in_range(opt, a));
             break;
         }
         case SF_OPT_BOOL: {
-            int a = sf_stage_option_bool(st, opt->name, 2);
-            FUZZ_CHECK((a == 0 || a == 1) && a == sf_stage_option_bool(st, opt->name, 3));
+            int a = sf_stage_option_bool(st, opt->name);
+            FUZZ_CHECK(a == 0 || a == 1);
             break;
         }
-        case SF_OPT_STRING: break;
+        case SF_OPT_STRING:
+            if (opt->choices) {
+                const char *at = strstr(opt->choices, value);
+                size_t n = strlen(value);
+                FUZZ_CHECK(n && at && (at == opt->choices || at[-1] == '|') && (at[n] == '|' || !at[n]));
+            }
+            break;
         }
     }
 }
