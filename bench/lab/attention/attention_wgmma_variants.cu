@@ -1,8 +1,9 @@
-/* Dilated local attention on Hopper warpgroup MMA (wgmma, sm_90a), d = 64 (SPEC 3 and 5);
- * reference: sf_cpu_attention. Variants >= SF_CUDA_ATTENTION_FIRST_WGMMA_VARIANT of
- * sf_cuda_attention_bf16 (bench/ATTENTION_NOTES.md says what each measured).
+/* The lab's wgmma attention variants (sm_90a, d = 64; SPEC 3 and 5), reference:
+ * sf_cpu_attention. Variants >= SF_LAB_ATTENTION_FIRST_WGMMA_VARIANT of sf_lab_attention_variant
+ * (bench/lab/ATTENTION_NOTES.md says what each measured). The general template the product's
+ * kernel (kernels/cuda/attention_wgmma.cu) was cut from: variant 36 here is its lab twin.
  *
- * Same contract, workspace and block structure as the staged kernels (attention_bf16_ws.cu):
+ * Same contract, workspace and block structure as the staged kernels (attention_staged.cuh):
  * the shared pre-pass stages K/V/globals as bf16 [head][row][64]; a block of one warpgroup owns
  * T positions of one head, walks every branch's query tiles of 64 dilated rows and then the
  * global tokens, and merges each finished tile into `out` by log-sum-exp; heaviest blocks first.
@@ -21,21 +22,22 @@
  * Several blocks share a multiprocessor, so one block's softmax runs under another's products.
  * The default, 36, is the plain loop (Q in shared memory, 3 K/V stages, 3 blocks a multiprocessor,
  * evict-first float32 traffic) with the next tile's copies issued under S = Q K^T. Measured no
- * faster (bench/ATTENTION_NOTES.md): the in-warpgroup overlap (OVERLAP), FlashAttention-3's order,
- * warp specialization (attention_wgmma_ws.cu), a leaner softmax (attention_wgmma_softmax.cuh),
+ * faster (bench/lab/ATTENTION_NOTES.md): the in-warpgroup overlap (OVERLAP), FlashAttention-3's
+ * order, warp specialization (attention_wgmma_warpspec.cu), a leaner softmax (attention_wgmma_softmax.cuh),
  * the flow kernel (copies and Q loads ahead across query tiles, 39-42) and the kernel running
  * alongside its pre-pass (PRE, attention_wgmma_overlap.cuh, 43-44). */
 #include <math.h>
 #include <stdint.h>
 #include <cuda_bf16.h>
 
-#include "kernels/cuda/attention_bf16_variants.h"
+#include "bench/lab/attention/attention_lab.cuh"
+#include "bench/lab/attention/attention_variants.h"
+#include "bench/lab/attention/attention_wgmma_overlap.cuh"
+#include "bench/lab/attention/attention_wgmma_softmax.cuh"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/compressive_memory_stream.cuh"
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_wgmma.cuh"
-#include "kernels/cuda/attention_wgmma_overlap.cuh"
-#include "kernels/cuda/attention_wgmma_softmax.cuh"
 #include "kernels/cuda/attention_wgmma_tile.cuh"
 #include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/launch_early.cuh"
@@ -392,7 +394,7 @@ __device__ __forceinline__ void mix_block_rows(const sf_attention_desc &dd, int 
  * says where and how far apart their rows are). */
 template <class C, int MINB, int PRE = PRE_NONE, class QT = float, bool MIX = false>
 __global__ void __launch_bounds__(C::THREADS, MINB)
-    attention_wgmma(sf_attention_desc dd, att_branches br, int T, const QT *q, att_staged st, float *out,
+    attention_wgmma_variant(sf_attention_desc dd, att_branches br, int T, const QT *q, lab_staged st, float *out,
                     const att_order ord, int per_cta, sf_cuda_attention_mix mix)
 {
 #if SF_WGMMA_ENABLED
@@ -455,7 +457,7 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
 #endif
 }
 
-#include "kernels/cuda/attention_wgmma_flow.cuh"
+#include "bench/lab/attention/attention_wgmma_flow.cuh"
 
 /* ---- host side -------------------------------------------------------------------------- */
 
@@ -488,10 +490,10 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     if constexpr (FLOW)
         err = cudaFuncSetAttribute(attention_wgmma_flow<C, MINB, FLOW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     else
-        err = cudaFuncSetAttribute(attention_wgmma<C, MINB, PRE, QT, MIX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        err = cudaFuncSetAttribute(attention_wgmma_variant<C, MINB, PRE, QT, MIX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
-    att_staged st;
+    lab_staged st;
     static_assert(!PRE || (C::STREAM && !FLOW), "the overlapped pre-pass reads as the streaming one");
     if constexpr (IN_PLACE)
         rc = att_stage_globals(desc, k, v, ws, &st, stream, C::STREAM);
@@ -517,25 +519,13 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     if constexpr (FLOW)
         attention_wgmma_flow<C, MINB, FLOW><<<grid, C::THREADS, smem, stream>>>(*desc, br, (int)T, q, st, out, ord, per_cta);
     else if constexpr (PRE != PRE_NONE)
-        return att_launch_alongside(attention_wgmma<C, MINB, PRE>, grid, C::THREADS, smem, stream, *desc, br, (int)T, q,
+        return att_launch_alongside(attention_wgmma_variant<C, MINB, PRE>, grid, C::THREADS, smem, stream, *desc, br, (int)T, q,
                                     st, out, ord, per_cta, no_mix);
     else {
-        err = sf_cuda_launch_early(attention_wgmma<C, MINB, PRE_NONE, QT, MIX>, grid, C::THREADS, smem, stream, *desc,
+        err = sf_cuda_launch_early(attention_wgmma_variant<C, MINB, PRE_NONE, QT, MIX>, grid, C::THREADS, smem, stream, *desc,
                                    br, (int)T, q, st, out, ord, per_cta, MIX ? *mix : no_mix);
         if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
     }
-    return SF_OK;
-}
-
-int att_check_bf16_inputs(const sf_attention_desc *desc, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
-                          const __nv_bfloat16 *v)
-{
-    const int G = desc->n_global;
-    const bool aligned = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16 == 0;
-    if (desc->ld % 8 || !aligned || (G > 0 && (desc->global_ld % 4 || ((uintptr_t)desc->gk | (uintptr_t)desc->gv) % 16)))
-        return sf_error(SF_E_UNSUPPORTED,
-                        "cuda attention: bf16 q/k/v need 16-byte alignment and row strides a multiple of 8 (ld %d)",
-                        desc->ld);
     return SF_OK;
 }
 
@@ -568,7 +558,7 @@ bool att_wgmma_usable(const sf_attention_desc *desc)
         const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                         major == 9 && minor == 0 &&
-                        cudaFuncGetAttributes(&fa, attention_wgmma<wg_cfg<64, 2, false, true, 1>, 4>) == cudaSuccess;
+                        cudaFuncGetAttributes(&fa, attention_wgmma_variant<wg_cfg<64, 2, false, true, 1>, 4>) == cudaSuccess;
         cudaGetLastError(); /* a missing image must not linger as the next launch's error */
         known[dev] = ok ? 1 : -1;
     }
