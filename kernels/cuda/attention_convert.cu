@@ -21,8 +21,7 @@ extern "C" int sf_cuda_attention_convert(const sf_attention_desc *desc, const fl
     case 64: rc = launch_fused<64, 4, 64>(desc, br, q, k, v, out, stream); break;
     case 128: rc = launch_fused<128, 4, 32>(desc, br, q, k, v, out, stream); break;
     default:
-        return sf_error(SF_E_UNSUPPORTED, "cuda attention: head width %d not built (32, 64, 128 are)",
-                        desc->head_dim);
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: head width %d not built (32, 64, 128 are)", desc->head_dim);
     }
     if (rc) return rc;
     cudaError_t err = cudaGetLastError();

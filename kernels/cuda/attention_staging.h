@@ -40,8 +40,7 @@ size_t att_workspace_need(int rows, int g, int heads, int d);
 /* What every workspace launch checks first: the branch table (*br gets it), the global tokens'
  * pointers and the workspace's size (att_workspace_need for desc->n rows) and 256-byte
  * alignment. SF_E_INVAL/SF_E_UNSUPPORTED with sf_last_error() set, nothing launched. */
-int att_check_ws_launch(const sf_attention_desc *desc, const void *workspace, size_t workspace_bytes,
-                        att_branches *br);
+int att_check_ws_launch(const sf_attention_desc *desc, const void *workspace, size_t workspace_bytes, att_branches *br);
 
 /* Checks the alignment the staged kernels need (SF_E_UNSUPPORTED otherwise, nothing launched). */
 int att_check_staged_inputs(const sf_attention_desc *desc, const float *q, const float *k, const float *v);

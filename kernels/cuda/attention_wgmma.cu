@@ -45,7 +45,7 @@ struct wg_cfg {
     static constexpr int TILE = BN * WG_D * 2;   /* bytes of a K or a V tile */
     static constexpr int STAGE = 2 * TILE;       /* K tile then V tile, each 1024-byte aligned */
     static constexpr int KV_BYTES = STAGES * STAGE;
-    static constexpr int Q_BYTES = 64 * WG_D * 2; /* the Q tile */
+    static constexpr int Q_BYTES = 64 * WG_D * 2;       /* the Q tile */
     static constexpr int PER_THREAD = BN * 8 / THREADS; /* 16-byte chunks of a tile a thread */
 };
 
@@ -73,9 +73,9 @@ __device__ __forceinline__ void wg_issue_tile(const wg_src &s, int k0, uint32_t 
  * thread, it issues a tile's copies in ~20 instructions instead of wg_issue_tile's ~90. */
 struct wg_stream {
     const __nv_bfloat16 *k, *v; /* chunk u = 0 of key tile 0 */
-    size_t row16, tile;          /* elements between chunks u and u+1, and between tiles */
-    int key0, kend;              /* key of chunk u = 0 in tile 0, end of the keys */
-    uint32_t dst0;               /* shared offset of chunk u = 0 in a stage */
+    size_t row16, tile;         /* elements between chunks u and u+1, and between tiles */
+    int key0, kend;             /* key of chunk u = 0 in tile 0, end of the keys */
+    uint32_t dst0;              /* shared offset of chunk u = 0 in a stage */
 
     __device__ __forceinline__ wg_stream(const wg_src &s)
     {
@@ -106,8 +106,8 @@ struct wg_stream {
  * Every thread of the block calls it (it holds block barriers). `qaddr`, `kv`: shared addresses
  * of the Q tile and of the K/V stages. */
 template <class QT>
-__device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int qs, int qe, int opos0, int ostep,
-                        int P, float *out, size_t ld, float c, uint32_t qaddr, uint32_t kv, float *m_s, float *l_s)
+__device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int qs, int qe, int opos0, int ostep, int P,
+                        float *out, size_t ld, float c, uint32_t qaddr, uint32_t kv, float *m_s, float *l_s)
 {
     using C = wg_cfg;
     constexpr int BN = C::BN, STAGES = C::STAGES;
@@ -327,7 +327,8 @@ int att_check_bf16_inputs(const sf_attention_desc *desc, const __nv_bfloat16 *q,
 {
     const int G = desc->n_global;
     const bool aligned = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16 == 0;
-    if (desc->ld % 8 || !aligned || (G > 0 && (desc->global_ld % 4 || ((uintptr_t)desc->gk | (uintptr_t)desc->gv) % 16)))
+    if (desc->ld % 8 || !aligned ||
+        (G > 0 && (desc->global_ld % 4 || ((uintptr_t)desc->gk | (uintptr_t)desc->gv) % 16)))
         return sf_error(SF_E_UNSUPPORTED,
                         "cuda attention: bf16 q/k/v need 16-byte alignment and row strides a multiple of 8 (ld %d)",
                         desc->ld);
@@ -345,7 +346,7 @@ extern "C" int sf_cuda_attention_wgmma_usable(const sf_attention_desc *desc, con
         cudaFuncAttributes fa;
         const bool ok = cudaGetDevice(&cur) == cudaSuccess && cur == dev->device &&
                         cudaFuncGetAttributes(&fa, attention_wgmma<float, false>) == cudaSuccess;
-        cudaGetLastError(); /* a missing image must not linger as the next launch's error */
+        cudaGetLastError();               /* a missing image must not linger as the next launch's error */
         if (cur != dev->device) return 0; /* asked from another device's thread: look it up there */
         known[dev->device] = ok ? 1 : -1;
     }

@@ -81,13 +81,13 @@ int sf_cuda_attention_wgmma(const sf_attention_desc *desc, const void *q, const 
                             cudaStream_t stream);
 
 /* The staged kernel (attention_staged.cu): float32 q/k/v, d = 32, 64 or 128, a workspace. */
-int sf_cuda_attention_staged(const sf_attention_desc *desc, const float *q, const float *k, const float *v,
-                             float *out, void *workspace, size_t workspace_bytes, cudaStream_t stream);
+int sf_cuda_attention_staged(const sf_attention_desc *desc, const float *q, const float *k, const float *v, float *out,
+                             void *workspace, size_t workspace_bytes, cudaStream_t stream);
 
 /* The convert kernel (attention_convert.cu): float32 q/k/v, d = 32, 64 or 128, no workspace;
  * slower than the staged kernel (it converts every key tile to bf16 for every query tile). */
-int sf_cuda_attention_convert(const sf_attention_desc *desc, const float *q, const float *k, const float *v,
-                              float *out, cudaStream_t stream);
+int sf_cuda_attention_convert(const sf_attention_desc *desc, const float *q, const float *k, const float *v, float *out,
+                              cudaStream_t stream);
 
 /* float32 arithmetic throughout (precision mode f32, used for checking): float32 q/k/v, any
  * head width up to 256. */

@@ -42,8 +42,8 @@ int att_stage_workspace_overlapped(const sf_attention_desc *desc, const float *k
 bool att_wgmma_usable(const sf_attention_desc *desc);
 
 /* The wgmma variants (attention_wgmma_variants.cu), float32 q/k/v; the workspace is validated. */
-int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q,
-                     const float *k, const float *v, float *out, unsigned char *ws, cudaStream_t stream);
+int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q, const float *k,
+                     const float *v, float *out, unsigned char *ws, cudaStream_t stream);
 
 /* The same on bf16 q, k, v ([n, desc->ld], K/V read in place): variant 36 only (the product
  * kernel's lab twin), SF_E_UNSUPPORTED for others; mix non-NULL fuses the memory mix. */
