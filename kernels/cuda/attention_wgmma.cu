@@ -342,12 +342,16 @@ extern "C" int sf_cuda_attention_wgmma_usable(const sf_attention_desc *desc, con
     static signed char known[64]; /* 0 unknown, 1 usable, -1 not; a benign race fills it */
     if (dev->device < 0 || dev->device >= 64) return 0;
     if (!known[dev->device]) {
-        int cur = 0;
+        /* the image is looked up on the current device: ask again from a thread that runs `dev` */
+        int cur = -1;
+        if (cudaGetDevice(&cur) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        if (cur != dev->device) return 0;
         cudaFuncAttributes fa;
-        const bool ok = cudaGetDevice(&cur) == cudaSuccess && cur == dev->device &&
-                        cudaFuncGetAttributes(&fa, attention_wgmma<float, false>) == cudaSuccess;
-        cudaGetLastError();               /* a missing image must not linger as the next launch's error */
-        if (cur != dev->device) return 0; /* asked from another device's thread: look it up there */
+        const bool ok = cudaFuncGetAttributes(&fa, attention_wgmma<float, false>) == cudaSuccess;
+        cudaGetLastError(); /* a missing image must not linger as the next launch's error */
         known[dev->device] = ok ? 1 : -1;
     }
     return known[dev->device] > 0;
