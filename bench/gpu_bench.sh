@@ -5,7 +5,7 @@
 #
 # 1. builds seqflow (Release, CUDA arch 90) into build-gpu;
 # 2. measures the cuBLAS bf16 GEMM rate (bench_gemm, 8192^3, median), and the attention kernel
-#    against dense flash attention on 2048-token windows (bench_cuda_attention,
+#    against dense flash attention on 2048-token windows (bench_attention_variants,
 #    bench/peers/dense_flash.py: the attention target's yardstick) and against the peer's own
 #    attention on the same inputs (seqflow_torch.py attention), and the MLP's W1|W3 product
 #    with SwiGLU fused against cuBLAS + the SwiGLU pass (bench_cuda_swiglu_gate_up), and the
@@ -85,7 +85,7 @@ t0=$(date +%s)
 HAVE_CUDA=0
 if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DSEQFLOW_BUILD_TESTS=OFF \
       -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 &&
-   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_cuda_attention bench_cuda_swiglu_gate_up bench_cuda_residual_product bench_cuda_link >"$OUT/build.log" 2>&1; then
+   cmake --build "$BUILD" -j"$(nproc)" --target seqflow bench_gpu_pipeline bench_gemm bench_attention_variants bench_cuda_swiglu_gate_up bench_cuda_residual_product bench_cuda_link >"$OUT/build.log" 2>&1; then
   HAVE_CUDA=1
   BIN=$BUILD
 else
@@ -123,10 +123,10 @@ fi
 echo "== the attention kernel against dense flash attention (the attention target's yardstick)"
 # seqflow's kernel on the reference branches (with and without the 256 global tokens) and on
 # dense causal 2048-token windows, and PyTorch's SDPA backends on the same dense windows
-if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_cuda_attention" ]; then
+if [ "$HAVE_CUDA" = 1 ] && [ -x "$BUILD/bench/bench_attention_variants" ]; then
   mkdir -p "$DATA/attention_inputs"
-  ATT_DUMP="$DATA/attention_inputs" ATT_TIME_ONLY=1 "$BUILD/bench/bench_cuda_attention" 50 >"$LOGS/attention_kernel.txt" 2>&1
-  grep 'read in place' "$LOGS/attention_kernel.txt" | awk '{printf "attention kernel (default variant, bf16 q/k/v in place): %s %s %s: %s TFLOP/s\n", $1, $2, $3, $(NF-6)}' |
+  ATT_DUMP="$DATA/attention_inputs" ATT_TIME_ONLY=1 "$BUILD/bench/bench_attention_variants" 50 >"$LOGS/attention_kernel.txt" 2>&1
+  grep 'bf16 in place through sf_cuda_attention' "$LOGS/attention_kernel.txt" | awk '{printf "attention kernel (product, bf16 q/k/v in place): %s %s %s: %s TFLOP/s\n", $1, $2, $3, $NF}' |
     tee -a "$SUMMARY"
   # The attention alone against the peer's (its branches, global tokens and merge), on the
   # inputs the kernel bench just used (reference shape, G256), checked against its output

@@ -17,7 +17,7 @@ if [ "${SUITE_TESTS:-1}" = 1 ]; then
   grep -E "tests passed|tests failed|^test_|FAIL" "$out/gpu-test.txt" | grep -v "rel err .* ok" | tail -20
 else
   { cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 &&
-    cmake --build build-gpu -j16 --target bench_gpu_pipeline bench_cuda_compressive_memory bench_cuda_attention; } > "$out/build.txt" 2>&1 ||
+    cmake --build build-gpu -j16 --target bench_gpu_pipeline bench_cuda_compressive_memory bench_attention_variants; } > "$out/build.txt" 2>&1 ||
     { tail -20 "$out/build.txt"; exit 1; }
 fi
 if [ "${MEM_REPS:-30}" != 0 ]; then
@@ -54,12 +54,12 @@ if [ -n "${SUITE_NCU_KERNELS:-}" ] && command -v ncu >/dev/null; then
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|L2 Hit|L1/TEX Hit|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Registers Per|Stall|Block Limit" \
     "$out/ncu_sections.txt" | head -80
 fi
-# SUITE_ATT_SETTINGS="VAR=VALUE ...": the attention op alone (bench_cuda_attention, variant 36,
+# SUITE_ATT_SETTINGS="VAR=VALUE ...": the attention op alone (bench_attention_variants, variant 36,
 # 30 runs, checks first) with the default and then with each setting
 if [ -n "${SUITE_ATT_SETTINGS+x}" ]; then
   for setting in "" ${SUITE_ATT_SETTINGS}; do
-    echo "== bench_cuda_attention 30 36 ${setting:-(default)}"
-    env ${setting:-SEQFLOW_UNUSED=1} build-gpu/bench/bench_cuda_attention 30 36 > "$out/att_${setting:-default}.txt" 2>&1
+    echo "== bench_attention_variants 30 36 ${setting:-(default)}"
+    env ${setting:-SEQFLOW_UNUSED=1} build-gpu/bench/bench_attention_variants 30 36 > "$out/att_${setting:-default}.txt" 2>&1
     echo "exit $?"; grep -E "FAIL|in place" "$out/att_${setting:-default}.txt" | tail -8
   done
 fi

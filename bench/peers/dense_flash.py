@@ -6,7 +6,7 @@ window, timed with every PyTorch SDPA backend this GPU offers (flash, cuDNN, mem
                  [--json R.json]
 
 The batch is the reference segment cut into windows: 4 windows x 2048 tokens x 16 heads, d = 64,
-bf16, causal, the shape bench_cuda_attention times as "dense 2048 causal" (seqflow's kernel on
+bf16, causal, the shape bench_attention_variants times as "dense 2048 causal" (seqflow's kernel on
 branch 2048:1 alone). Useful FLOPs count each causal (query, key) pair once, as
 sf_attention_useful_flops does: 4 d * L (L + 1) / 2 per window and head. Each backend's median
 over --reps calls after 5 warm-ups, CUDA events; its output is checked against the math backend

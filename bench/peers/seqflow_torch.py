@@ -13,7 +13,7 @@ for the compressive memory, cuBLAS products in bf16. It is seqflow's peer in the
 `run` processes the stream segment by segment with the state carried (memory M/z and the
 global-token FIFO of every layer), a final partial segment included, and times the segments
 after the warm-up with CUDA events. `attention` times the attention alone (local_attention: the
-branches, the global tokens, the merge) on the inputs that bench_cuda_attention writes with
+branches, the global tokens, the merge) on the inputs that bench_attention_variants writes with
 ATT_DUMP=DIR, and checks it against the fused kernel's output there. Model files are read with numpy alone (no safetensors
 package needed): float32, float16 and bfloat16 tensors.
 """
@@ -373,7 +373,7 @@ def useful_attention_flops(cfg, n):
 
 def cmd_attention(a):
     """The peer's local attention (all branches, the global tokens and the LSE merge: what
-    seqflow's fused kernel does) on the inputs bench_cuda_attention wrote (ATT_DUMP), checked
+    seqflow's fused kernel does) on the inputs bench_attention_variants wrote (ATT_DUMP), checked
     against that kernel's output and timed with CUDA events beside its time."""
     import torch
     meta = json.load(open(f"{a.inputs}/attention.json"))
@@ -451,7 +451,7 @@ def main():
     c.add_argument("--tol", type=float, default=2e-2)
     c.add_argument("--json")
     c.set_defaults(fn=cmd_compare)
-    t = sub.add_parser("attention", help="time the peer's attention alone on the inputs bench_cuda_attention dumped")
+    t = sub.add_parser("attention", help="time the peer's attention alone on the inputs bench_attention_variants dumped")
     t.add_argument("--inputs", required=True, help="the directory ATT_DUMP named")
     t.add_argument("--device", default="cuda")
     t.add_argument("--reps", type=int, default=50)

@@ -1,7 +1,8 @@
 /* Hopper's asynchronous copies and the barriers they complete on, for the warp-specialized
- * kernels (attention_wgmma_ws.cu, swiglu_gate_up.cu): shared-memory mbarriers, named barriers,
- * and the bulk tensor copy engine (TMA: cp.async.bulk.tensor), loads completing on an mbarrier
- * and stores (or reductions) tracked by bulk groups. Tensor maps are encoded on the host (tensor_map.h) and
+ * kernels (swiglu_gate_up.cu, and the lab's bench/lab/attention/attention_wgmma_warpspec.cu):
+ * shared-memory mbarriers, named barriers, and the bulk tensor copy engine (TMA:
+ * cp.async.bulk.tensor), loads completing on an mbarrier and stores (or reductions) tracked by
+ * bulk groups. Tensor maps are encoded on the host (tensor_map.h) and
  * passed by value as __grid_constant__ kernel parameters. Header-only, device code, sm_90. */
 #ifndef SEQFLOW_KERNELS_CUDA_ASYNC_COPY_CUH
 #define SEQFLOW_KERNELS_CUDA_ASYNC_COPY_CUH

@@ -1,6 +1,7 @@
-/* Pieces shared by the bf16 attention kernels (attention_bf16.cu, attention_bf16_ws.cu): the
- * branch table passed by value to the kernels, its validation, and the mma.sync / ldmatrix /
- * cp.async wrappers. Header-only, static: each .cu gets its own copy. */
+/* Pieces shared by the bf16 attention kernels (attention_convert.cuh, attention_staged.cuh,
+ * attention_wgmma.cu, and the lab's variants): the branch table passed by value to the kernels,
+ * its validation, and the mma.sync / ldmatrix / cp.async wrappers. Header-only, static: each .cu
+ * gets its own copy. */
 #ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_MMA_CUH
 #define SEQFLOW_KERNELS_CUDA_ATTENTION_MMA_CUH
 

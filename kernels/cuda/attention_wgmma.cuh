@@ -1,7 +1,7 @@
 /* Hopper warpgroup MMA (wgmma, sm_90a) pieces for the attention kernels: shared-memory matrix
  * descriptors for 128-byte-swizzled tiles, the fence/commit/wait protocol and the bf16 -> f32
  * m64nNk16 instructions the kernels use. Encodings were pinned by bench/wgmma_probe.cu against
- * host products (bench/ATTENTION_NOTES.md, "wgmma"). Only an sm_90a device pass may expand
+ * host products (bench/lab/ATTENTION_NOTES.md, "wgmma"). Only an sm_90a device pass may expand
  * these: every use is guarded by SF_WGMMA_ENABLED. */
 #ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_CUH
 #define SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_CUH

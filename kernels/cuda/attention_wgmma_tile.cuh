@@ -1,7 +1,8 @@
-/* The tile pieces shared by the Hopper wgmma attention kernels (attention_wgmma.cu: one
- * warpgroup a block, variants 9-19; attention_wgmma_ws.cu: warp-specialized, 20+): the keys of a
- * tile, S = Q K^T and O += P V on swizzled shared-memory tiles, and the two halves of the online
- * softmax. sm_90a device code only under SF_WGMMA_ENABLED. C++ (CUDA) only. */
+/* The tile pieces of the Hopper wgmma attention kernel (attention_wgmma.cu) and of the lab's
+ * wgmma variants (bench/lab/attention/): the keys of a tile, S = Q K^T and O += P V on swizzled
+ * shared-memory tiles, and the two halves of the online softmax (RESCALE false and SUM false serve
+ * the lab's FlashAttention-3 order and lean softmax). sm_90a device code only under
+ * SF_WGMMA_ENABLED. C++ (CUDA) only. */
 #ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_TILE_CUH
 #define SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_TILE_CUH
 
@@ -16,7 +17,7 @@
 
 #define WG_D 64 /* head width: one 128-byte swizzle row a key */
 
-/* One tile's keys, as kv_src of attention_bf16_ws.cu: dilated key x is row x of k/v (already
+/* One tile's keys, as kv_src of attention_staged.cuh: dilated key x is row x of k/v (already
  * offset to the head and row o, `stride` bf16 apart); a key is masked for a query unless both
  * sit in the same window of `win` dilated rows and (causal) key <= query. */
 struct wg_src {
@@ -206,81 +207,6 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t saddr, const void *gme
                  : "memory");
 }
 
-/* The arguments wg_tile takes for one query tile. */
-struct wg_qtile {
-    wg_src src;
-    const float *qbase;
-    size_t qstride;
-    int qs, qe, opos0, ostep;
-};
-
-/* Q rows [qs, qe) of a tile in registers: chunk u of this thread is row tid/8 + 16u, columns
- * 8 (tid % 8) .. +8 (two float4); rows past qe are zeros. */
-template <bool STREAM>
-__device__ __forceinline__ void wg_q_load(const wg_qtile &t, float4 (&r)[8])
-{
-    const int row0 = threadIdx.x / 8, c8 = threadIdx.x % 8;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int x = t.qs + row0 + 16 * u;
-        r[2 * u] = r[2 * u + 1] = make_float4(0, 0, 0, 0);
-        if (x < t.qe) {
-            const float4 *qr = reinterpret_cast<const float4 *>(t.qbase + (size_t)x * t.qstride + c8 * 8);
-            r[2 * u] = STREAM ? __ldcs(qr) : __ldg(qr), r[2 * u + 1] = STREAM ? __ldcs(qr + 1) : __ldg(qr + 1);
-        }
-    }
-}
-
-/* ... as bf16 into the swizzled Q tile; the next key tile's barrier publishes it. */
-__device__ __forceinline__ void wg_q_store(uint32_t qaddr, const float4 (&r)[8])
-{
-    const int row0 = threadIdx.x / 8, c8 = threadIdx.x % 8;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const float4 a = r[2 * u], b = r[2 * u + 1];
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(qaddr + sw128_offset(row0 + 16 * u, c8)),
-                     "r"(pack_bf16x2(a.x, a.y)), "r"(pack_bf16x2(a.z, a.w)), "r"(pack_bf16x2(b.x, b.y)),
-                     "r"(pack_bf16x2(b.z, b.w))
-                     : "memory");
-    }
-    fence_proxy_async();
-}
-
-/* wg_stream with 32-bit steps (a tile is at most 64 r 64 elements), so that the copy cursor the
- * flow kernel keeps across query tiles costs fewer registers. */
-template <class C>
-struct wg_stream32 {
-    const __nv_bfloat16 *k, *v;
-    uint32_t row16, tile;
-    int key0, kend;
-    uint32_t dst0;
-
-    __device__ __forceinline__ void init(const wg_src &s)
-    {
-        const int row = threadIdx.x / 8, c8 = threadIdx.x % 8;
-        key0 = s.kbeg + row, kend = s.kend;
-        const size_t off = (size_t)key0 * s.stride + c8 * 8;
-        k = s.k + off, v = s.v + off;
-        row16 = 16 * (uint32_t)s.stride, tile = (uint32_t)C::BN * (uint32_t)s.stride;
-        dst0 = sw128_offset(row, c8);
-    }
-    __device__ __forceinline__ void issue(int nt, uint32_t stage) const
-    {
-        static_assert(C::THREADS == 128, "chunk u is 16 key rows below chunk u - 1");
-#pragma unroll
-        for (int u = 0; u < C::PER_THREAD; u++) {
-            const bool skip = key0 + nt * C::BN + 16 * u >= kend;
-            const uint32_t dst = stage + dst0 + u * 2048;
-            const uint32_t off = (uint32_t)nt * tile + u * row16;
-            cp_async16_zfill(dst, k + off, skip);
-            cp_async16_zfill(dst + C::TILE, v + off, skip);
-        }
-    }
-};
 #endif /* SF_WGMMA_ENABLED */
-
-/* The warp-specialized variants' launcher (attention_wgmma_ws.cu), for att_wgmma_launch. */
-int att_wgmma_ws_launch(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q,
-                        const float *k, const float *v, float *out, unsigned char *ws, cudaStream_t stream);
 
 #endif

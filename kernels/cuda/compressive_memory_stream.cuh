@@ -1,7 +1,7 @@
 /* The memory's stream kernels (d = 64, bf16 q/k/v, bf16 operands: the H100 pipeline's case): the
  * mix, and the pieces the update (memory_stream_update.cuh) shares with it (sigma, the lanes'
  * features, M_h staged as B fragments, the retrieval). Self-contained (device code), so that the
- * attention kernel can apply the mix to the rows it has just finished (sf_cuda_attention_mix_ws)
+ * attention kernel can apply the mix to the rows it has just finished (sf_cuda_attention_with_mix)
  * as well as memory.cu to a whole segment.
  *
  * Why a second mix: the tiled kernels (memory.cu) walk 64-row tiles with two or three block

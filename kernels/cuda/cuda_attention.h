@@ -5,47 +5,49 @@
  * every component: all branches of a head and the desc->n_global global tokens are merged by
  * their log-sum-exp; a query active in no branch and with no global token gets 0. q, k, v, out
  * and desc->gk/gv are device pointers laid out as sf_attention_desc says; desc->branches is a
- * host array. Launches go on `stream` and are asynchronous; nothing is allocated.
- * Return SF_OK, or SF_E_BACKEND/SF_E_UNSUPPORTED with sf_last_error() set (e.g. a head width
- * the kernel was not built for). */
+ * host array. Launches go on `stream` and are asynchronous; nothing is allocated. A workspace is
+ * device memory the caller owns, at least 256-byte aligned and sf_cuda_attention_workspace_bytes
+ * long, reused by the next call only after this call's work on `stream` has run.
+ * Return SF_OK, or SF_E_INVAL/SF_E_BACKEND/SF_E_UNSUPPORTED with sf_last_error() set;
+ * SF_E_UNSUPPORTED launches nothing.
+ *
+ * The kernels (bench/lab/README.md tells the variants they won against):
+ *   attention_wgmma.cu    Hopper wgmma (compute capability 9.0, sm_90a image), d = 64; reads
+ *                         float32 q/k/v through the bf16 pre-pass or bf16 q/k/v in place
+ *   attention_staged.cu   portable mma.sync, bf16 K/V staged by the pre-pass, d = 32, 64, 128
+ *   attention_convert.cu  portable mma.sync without a workspace: converts K/V in its inner loop
+ *   attention_f32.cu      float32 throughout, any d up to 256 (precision f32, and the fallback)
+ * sf_cuda_attention picks among them. */
 #ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_H
 #define SEQFLOW_KERNELS_CUDA_ATTENTION_H
 
 #include <stddef.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cuda_device.h"
 #include "seqflow/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* float32 arithmetic throughout (precision mode f32, used for checking). */
-int sf_cuda_attention_f32(const sf_attention_desc *desc, const float *q, const float *k,
-                          const float *v, float *out, cudaStream_t stream);
+/* Precision bf16: the fastest kernel for this device, head width and q/k/v type, bf16 tensor
+ * cores with float32 accumulation and softmax. `dev` is the device `stream` runs on (its compute
+ * capability picks the kernel; a test may pass another to force the portable kernels).
+ * - q/k/v of desc->qkv_type bf16 ([n, ld] as qkv wrote them): the wgmma kernel reads them in
+ *   place where it runs (workspace given); elsewhere SF_E_UNSUPPORTED, and the caller widens
+ *   them to float32 and calls again.
+ * - float32 q/k/v with a workspace: the wgmma kernel where it runs, else the staged kernel;
+ *   workspace NULL: the convert kernel. Shapes none of these was built for (other head widths,
+ *   unaligned rows or strides) run the float32 kernel: slower, never less exact.
+ * A non-NULL workspace smaller than sf_cuda_attention_workspace_bytes(desc) is SF_E_INVAL. */
+int sf_cuda_attention(const sf_attention_desc *desc, const void *q, const void *k, const void *v, float *out,
+                      void *workspace, size_t workspace_bytes, cudaStream_t stream, const sf_cuda_device_info *dev);
 
-/* bf16 tensor-core kernel with float32 accumulation and softmax (precision mode bf16).
- * Without a workspace this runs the slower kernel that converts K/V in its inner loop;
- * prefer sf_cuda_attention_bf16_ws. */
-int sf_cuda_attention_bf16(const sf_attention_desc *desc, const float *q, const float *k,
-                           const float *v, float *out, cudaStream_t stream);
-
-/* Device bytes the _ws entry needs for this desc: K and V of max(segment, n) rows and the
+/* Device bytes a workspace needs for this desc: K and V of max(segment, n) rows and the
  * n_global global tokens as bf16 (pass the largest n_global the stream will hold, i.e. G).
  * Host-only arithmetic; never fails. */
 size_t sf_cuda_attention_workspace_bytes(const sf_attention_desc *desc);
-
-/* As sf_cuda_attention_bf16, fast path: a pre-pass on `stream` converts K, V and the global
- * tokens to bf16 per head into `workspace` (device memory the caller owns, reused by the next
- * call only after this call's work on `stream` has run, at least 256-byte aligned), then the
- * main kernel streams them with cp.async. workspace NULL runs sf_cuda_attention_bf16; a
- * non-NULL workspace smaller than sf_cuda_attention_workspace_bytes(desc) is SF_E_INVAL.
- * q, k, v are of desc->qkv_type; bf16 ones (qkv's output on an H100) are read in place, with
- * only the global tokens staged, or refused with SF_E_UNSUPPORTED where that is not built
- * (sf_cuda_attention_bf16_variant_ws). The entries without a workspace take float32 only. */
-int sf_cuda_attention_bf16_ws(const sf_attention_desc *desc, const void *q, const void *k,
-                              const void *v, float *out, void *workspace, size_t workspace_bytes,
-                              cudaStream_t stream);
 
 /* The memory mix (SPEC 2: A = g_h A_mem + (1 - g_h) A_dot) applied by the attention kernel to the
  * rows it has just finished, written as bf16 to out ([n, desc->ld]); M ([heads][64][64]), z
@@ -55,13 +57,42 @@ typedef struct sf_cuda_attention_mix {
     void *out;
 } sf_cuda_attention_mix;
 
-/* sf_cuda_attention_bf16_ws on bf16 q/k/v read in place by the default kernel, with the mix
- * fused: out gets the mixed rows, `out` of the plain entry (here `a`) is scratch the kernel
- * may leave unnormalized. d = 64 on an H100 only: SF_E_UNSUPPORTED (nothing launched) where
- * the fused kernel does not run; the caller then runs the attention and memory_mix_to. */
-int sf_cuda_attention_mix_ws(const sf_attention_desc *desc, const void *q, const void *k, const void *v, float *a,
-                             const sf_cuda_attention_mix *mix, void *workspace, size_t workspace_bytes,
-                             cudaStream_t stream);
+/* sf_cuda_attention on bf16 q/k/v read in place by the wgmma kernel, with the mix fused: mix->out
+ * gets the mixed rows, `a` is scratch of [n, ld] float32 the kernel may leave unnormalized.
+ * SF_E_UNSUPPORTED (nothing launched, no error set) where the fused kernel does not run (another
+ * device or head width, float32 q/k/v, unaligned a or mix->out); the caller then runs
+ * sf_cuda_attention and the mix apart. */
+int sf_cuda_attention_with_mix(const sf_attention_desc *desc, const void *q, const void *k, const void *v, float *a,
+                               const sf_cuda_attention_mix *mix, void *workspace, size_t workspace_bytes,
+                               cudaStream_t stream, const sf_cuda_device_info *dev);
+
+/* ---- the kernels one by one (sf_cuda_attention's choices; tests check each) ------------- */
+
+/* Whether the wgmma kernel runs desc on device `dev`: compute capability 9.0, d = 64, and this
+ * binary holds its sm_90a image (looked up once a device). */
+int sf_cuda_attention_wgmma_usable(const sf_attention_desc *desc, const sf_cuda_device_info *dev);
+
+/* The wgmma kernel (attention_wgmma.cu), on float32 q/k/v (the pre-pass stages K/V/globals) or
+ * bf16 q/k/v (read in place, only the globals staged), as desc->qkv_type says; `mix` NULL, or
+ * the fused mix of sf_cuda_attention_with_mix. The caller has checked sf_cuda_attention_wgmma_usable;
+ * a workspace is required. */
+int sf_cuda_attention_wgmma(const sf_attention_desc *desc, const void *q, const void *k, const void *v, float *out,
+                            const sf_cuda_attention_mix *mix, void *workspace, size_t workspace_bytes,
+                            cudaStream_t stream);
+
+/* The staged kernel (attention_staged.cu): float32 q/k/v, d = 32, 64 or 128, a workspace. */
+int sf_cuda_attention_staged(const sf_attention_desc *desc, const float *q, const float *k, const float *v, float *out,
+                             void *workspace, size_t workspace_bytes, cudaStream_t stream);
+
+/* The convert kernel (attention_convert.cu): float32 q/k/v, d = 32, 64 or 128, no workspace;
+ * slower than the staged kernel (it converts every key tile to bf16 for every query tile). */
+int sf_cuda_attention_convert(const sf_attention_desc *desc, const float *q, const float *k, const float *v, float *out,
+                              cudaStream_t stream);
+
+/* float32 arithmetic throughout (precision mode f32, used for checking): float32 q/k/v, any
+ * head width up to 256. */
+int sf_cuda_attention_f32(const sf_attention_desc *desc, const float *q, const float *k, const float *v, float *out,
+                          cudaStream_t stream);
 
 #ifdef __cplusplus
 }

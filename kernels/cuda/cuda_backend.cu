@@ -444,10 +444,14 @@ static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const v
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     rc = SF_E_UNSUPPORTED;
-    const bool has_ws = sf_cuda_attention_workspace_bytes(desc) <= c->scratch_bytes;
-    /* bf16 q/k/v (qkv's output on an H100): the default kernel reads them in place */
-    if (desc->qkv_type == SF_DTYPE_BF16 && c->precision == SF_PRECISION_BF16 && has_ws)
-        rc = sf_cuda_attention_bf16_ws(desc, q, k, v, out, c->scratch, c->scratch_bytes, c->stream);
+    /* the scratch (reserve) holds the bf16 K/V staging of the fast kernels; without it the slower
+     * kernel that converts in its inner loop runs */
+    void *ws = sf_cuda_attention_workspace_bytes(desc) <= c->scratch_bytes ? c->scratch : NULL;
+    sf_cuda_device_info dev = {c->device, 0, 0}; /* unknown: the portable kernels */
+    if (sf_cuda_device_info_get(c->device, &dev) != SF_OK) sf_clear_error();
+    /* bf16 q/k/v (qkv's output on an H100): the wgmma kernel reads them in place */
+    if (desc->qkv_type == SF_DTYPE_BF16 && c->precision == SF_PRECISION_BF16)
+        rc = sf_cuda_attention(desc, q, k, v, out, ws, c->scratch_bytes, c->stream, &dev);
     sf_attention_desc wide;
     const float *f[3] = {(const float *)q, (const float *)k, (const float *)v};
     if (desc->qkv_type == SF_DTYPE_BF16 && rc == SF_E_UNSUPPORTED) {
@@ -456,20 +460,12 @@ static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const v
         rc = widen_qkv(c, desc, in, &wide, f);
         if (rc == SF_OK) desc = &wide, rc = SF_E_UNSUPPORTED;
     }
-    if (rc == SF_E_UNSUPPORTED && c->precision == SF_PRECISION_BF16) {
-        /* the scratch (reserve) holds the bf16 K/V staging of the fast kernel; the slower kernel,
-         * which converts in its inner loop, only runs for callers that reserved too little */
-        if (has_ws)
-            rc = sf_cuda_attention_bf16_ws(desc, f[0], f[1], f[2], out, c->scratch, c->scratch_bytes, c->stream);
-        else
-            rc = sf_cuda_attention_bf16(desc, f[0], f[1], f[2], out, c->stream);
-    }
-    /* shapes the tensor-core kernel was not built for (head widths other than 32/64/128, odd
-     * strides) still run, in float32: slower, never less exact */
-    if (rc == SF_E_UNSUPPORTED) {
-        sf_clear_error();
+    /* float32 q/k/v: sf_cuda_attention picks the kernel, the float32 one for shapes the
+     * tensor-core kernels were not built for */
+    if (rc == SF_E_UNSUPPORTED && c->precision == SF_PRECISION_BF16)
+        rc = sf_cuda_attention(desc, f[0], f[1], f[2], out, ws, c->scratch_bytes, c->stream, &dev);
+    else if (rc == SF_E_UNSUPPORTED)
         rc = sf_cuda_attention_f32(desc, f[0], f[1], f[2], out, c->stream);
-    }
     sf_cuda_leave(c);
     return rc;
 }
@@ -562,7 +558,9 @@ static int cuda_attention_mix(sf_backend *be, const sf_attention_desc *desc, con
         rc = sf_cuda_enter(c);
         if (rc != SF_OK) return rc;
         const sf_cuda_attention_mix mix = {M, z, gate, out};
-        rc = sf_cuda_attention_mix_ws(desc, q, k, v, a, &mix, c->scratch, c->scratch_bytes, c->stream);
+        sf_cuda_device_info dev = {c->device, 0, 0};
+        if (sf_cuda_device_info_get(c->device, &dev) != SF_OK) sf_clear_error();
+        rc = sf_cuda_attention_with_mix(desc, q, k, v, a, &mix, c->scratch, c->scratch_bytes, c->stream, &dev);
         sf_cuda_leave(c);
     }
     if (rc != SF_E_UNSUPPORTED) return rc;

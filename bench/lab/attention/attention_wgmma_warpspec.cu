@@ -1,13 +1,14 @@
 /* Dilated local attention on Hopper wgmma, warp-specialized (FlashAttention-3's layout), d = 64
- * (SPEC 3 and 5); reference: sf_cpu_attention. Variants 20+ of sf_cuda_attention_bf16
- * (bench/ATTENTION_NOTES.md says what each measured). Same contract, workspace, pre-pass, block
+ * (SPEC 3 and 5); reference: sf_cpu_attention. The lab's variants 20-28
+ * (bench/lab/ATTENTION_NOTES.md says what each measured). Same contract, workspace, pre-pass, block
  * structure (T positions of one head: every branch's query tiles, then the globals, merged into
- * `out` by log-sum-exp) and tile math (attention_wgmma_tile.cuh) as attention_wgmma.cu; what
+ * `out` by log-sum-exp) and tile math (attention_wgmma_tile.cuh) as attention_wgmma_variants.cu; what
  * changes is who loads and who waits. */
 #include <math.h>
 #include <stdint.h>
 #include <cuda_bf16.h>
 
+#include "bench/lab/attention/attention_lab.cuh"
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_staging.h"
@@ -18,7 +19,7 @@
 
 #if SF_WGMMA_ENABLED
 /* ---- a producer warp feeds 2 or 3 consumer warpgroups ------------------------------------
- * The variants of attention_wgmma.cu run load -> S -> softmax -> P V -> CTA barrier in series in
+ * The variants of attention_wgmma_variants.cu run load -> S -> softmax -> P V -> CTA barrier in series in
  * every block and hide latency only through 3 resident blocks (12 warps): ncu found them
  * latency-bound. Here one CTA a multiprocessor holds a producer warp that streams K/V tiles
  * through a ring of STAGES slots (cp.async, completion signalled on a "full" mbarrier per slot)
@@ -26,7 +27,7 @@
  * its "empty" mbarrier: no CTA-wide barrier per key tile, the producer runs ahead across query
  * tiles (no pipeline fill per tile), the warpgroups drift apart within a branch. OVERLAP 1: the
  * next S under this tile's exps; 2: FlashAttention-3's order (this softmax under the previous
- * tile's P V). None measured faster than variant 18 (bench/ATTENTION_NOTES.md). */
+ * tile's P V). None measured faster than variant 18 (bench/lab/ATTENTION_NOTES.md). */
 
 /* Shared-memory addresses of the ring: slot s at kv + s*STAGE, its barriers at full + 8s and
  * empty + 8s. `seq` counts tiles over the CTA's whole walk, the same in every role. */
@@ -269,7 +270,7 @@ struct ws_cfg {
  * [P, Pend) of head h, in the order every role of the CTA walks them: each branch b, then the
  * global tokens (b = br.count). */
 template <class C, class F>
-__device__ __forceinline__ void ws_walk(const sf_attention_desc &dd, const att_branches &br, const att_staged &st,
+__device__ __forceinline__ void ws_walk(const sf_attention_desc &dd, const att_branches &br, const lab_staged &st,
                                         const float *q, int h, int P, int T, int Pend, F tile)
 {
     const size_t ld = dd.ld;
@@ -292,7 +293,7 @@ __device__ __forceinline__ void ws_walk(const sf_attention_desc &dd, const att_b
 
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
-    attention_wgmma_ws(sf_attention_desc dd, att_branches br, int T, const float *q, att_staged st, float *out,
+    attention_wgmma_ws(sf_attention_desc dd, att_branches br, int T, const float *q, lab_staged st, float *out,
                        const att_order ord)
 {
 #if SF_WGMMA_ENABLED
@@ -355,7 +356,7 @@ static int launch_wgmma_ws(const sf_attention_desc *desc, const att_branches &br
     cudaError_t err =
         cudaFuncSetAttribute(attention_wgmma_ws<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma ws): %s", cudaGetErrorString(err));
-    att_staged st;
+    lab_staged st;
     rc = att_stage_workspace(desc, k, v, ws, &st, stream, C::STREAM);
     if (rc) return rc;
     const int nblocks = (int)((desc->n + T - 1) / T);

@@ -1,5 +1,5 @@
-/* A leaner online softmax for the plain wgmma loop (attention_wgmma.cu, variants 31+), built
- * from three independent options (bench/ATTENTION_NOTES.md says what each measured):
+/* A leaner online softmax for the plain wgmma loop (the lab's variants 31+), built from three
+ * independent options (bench/lab/ATTENTION_NOTES.md says what each measured):
  *
  * SM_LAZY: the running max of a row moves only when a tile's max exceeds it by more than
  * SM_LAZY_THRESH (log2 units), and the warp rescales O and the sums only when one of its rows
@@ -21,12 +21,12 @@
  * with SM_TCSUM: the float32 P needed for the sums no longer exists. On sm_90 ptxas 13.0 lowers
  * the bf16x2 form to two MUFU.EX2.BF16 (one a half) plus repacking, so nothing is saved there.
  *
- * Measured (bench/ATTENTION_NOTES.md, variants 31-35): none beat the staged kernels' softmax;
+ * Measured (bench/lab/ATTENTION_NOTES.md, variants 31-35): none beat the staged kernels' softmax;
  * the loop is latency-bound, not issue-bound.
  *
  * sm_90a device code only under SF_WGMMA_ENABLED. C++ (CUDA) only. */
-#ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_SOFTMAX_CUH
-#define SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_SOFTMAX_CUH
+#ifndef SEQFLOW_BENCH_LAB_ATTENTION_WGMMA_SOFTMAX_CUH
+#define SEQFLOW_BENCH_LAB_ATTENTION_WGMMA_SOFTMAX_CUH
 
 #include <math.h>
 #include <stdint.h>

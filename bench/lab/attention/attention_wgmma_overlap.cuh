@@ -1,19 +1,20 @@
-/* The main wgmma kernel running alongside its pre-pass (variants 43, 44 of attention_wgmma.cu):
+/* The main wgmma kernel running alongside its pre-pass (the lab's variants 43, 44):
  * the pre-pass (att_stage_workspace_overlapped) raises a flag a chunk of staged rows, and the
  * main kernel, launched with programmatic stream serialization, waits on the chunks a branch's
  * keys cover before that branch's first copy. The pre-pass is bound by DRAM (~100 MB in ~30 us
- * at the reference shape, bench/ATTENTION_NOTES.md) and the main kernel by issue, so they can
+ * at the reference shape, bench/lab/ATTENTION_NOTES.md) and the main kernel by issue, so they can
  * share the machine. C++ (CUDA) only. */
-#ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_OVERLAP_CUH
-#define SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_OVERLAP_CUH
+#ifndef SEQFLOW_BENCH_LAB_ATTENTION_WGMMA_OVERLAP_CUH
+#define SEQFLOW_BENCH_LAB_ATTENTION_WGMMA_OVERLAP_CUH
 
 #include <cuda_runtime.h>
 
+#include "bench/lab/attention/attention_lab.cuh"
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/launch_early.cuh"
 #include "seqflow/error.h"
 
-/* PRE options of attention_wgmma: how the main kernel meets its pre-pass */
+/* PRE options of attention_wgmma_variant: how the main kernel meets its pre-pass */
 enum { PRE_NONE = 0, /* launched after it (stream order) */
        PRE_BRANCH = 1, /* alongside: each branch waits on the chunks its keys cover */
        PRE_ALL = 2 /* alongside, but every block waits on every chunk first: only the launch overlaps */ };
@@ -21,7 +22,7 @@ enum { PRE_NONE = 0, /* launched after it (stream order) */
 /* Every thread of the block calls it: returns once ready[c0..c1] are all raised (acquire by
  * warp 0, then a barrier), so that the block's later copies of those rows see the pre-pass's
  * stores. One warp polls, with a back-off: hundreds of blocks polling the same few lines with
- * every thread slowed the pre-pass itself (first measurement, bench/ATTENTION_NOTES.md). */
+ * every thread slowed the pre-pass itself (first measurement, bench/lab/ATTENTION_NOTES.md). */
 __device__ __forceinline__ void att_wait_ready(const unsigned *ready, int c0, int c1)
 {
     if (threadIdx.x < 32) {
@@ -40,7 +41,7 @@ __device__ __forceinline__ void att_wait_ready(const unsigned *ready, int c0, in
 }
 
 /* Sequence rows [first, last] as chunk flags (none when last < first). */
-__device__ __forceinline__ void att_wait_rows(const att_staged &st, int first, int last)
+__device__ __forceinline__ void att_wait_rows(const lab_staged &st, int first, int last)
 {
     if (last >= first) att_wait_ready(st.ready, first / SF_ATT_CHUNK_ROWS, last / SF_ATT_CHUNK_ROWS);
 }

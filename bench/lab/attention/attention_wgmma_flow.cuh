@@ -1,11 +1,11 @@
-/* The flow kernel of attention_wgmma.cu (variants 39-42), kept with its measurements
- * (bench/ATTENTION_NOTES.md); included by attention_wgmma.cu only, after the main kernel, whose
- * helpers and configuration it uses. */
-#ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_FLOW_CUH
-#define SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_FLOW_CUH
+/* The flow kernel of the lab's wgmma variants (39-42), kept with its measurements
+ * (bench/lab/ATTENTION_NOTES.md); included by attention_wgmma_variants.cu only, after the main
+ * kernel, whose helpers and configuration it uses. */
+#ifndef SEQFLOW_BENCH_LAB_ATTENTION_WGMMA_FLOW_CUH
+#define SEQFLOW_BENCH_LAB_ATTENTION_WGMMA_FLOW_CUH
 
 /* ---- the flow kernel (variants 39, 40): one stream of key tiles across query tiles ----------
- * In attention_wgmma every query tile starts cold: its Q is loaded and its first key tiles are
+ * In attention_wgmma_variant every query tile starts cold: its Q is loaded and its first key tiles are
  * requested only once the previous tile has merged, so each query tile (12 key tiles on average at
  * the reference shape) pays a global-load round trip for Q, another for the first K/V tile and the
  * merge's read of `out`, one after the other. Here a block's query tiles (every branch, then the
@@ -16,9 +16,83 @@
 enum { FL_CROSS = 1, /* copies run ahead across query tiles */
        FL_EARLY_Q = 2 /* the next query tile's Q loads go out before this one's merge */ };
 
+#if SF_WGMMA_ENABLED
+/* The arguments wg_tile takes for one query tile. */
+struct wg_qtile {
+    wg_src src;
+    const float *qbase;
+    size_t qstride;
+    int qs, qe, opos0, ostep;
+};
+
+/* Q rows [qs, qe) of a tile in registers: chunk u of this thread is row tid/8 + 16u, columns
+ * 8 (tid % 8) .. +8 (two float4); rows past qe are zeros. */
+template <bool STREAM>
+__device__ __forceinline__ void wg_q_load(const wg_qtile &t, float4 (&r)[8])
+{
+    const int row0 = threadIdx.x / 8, c8 = threadIdx.x % 8;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int x = t.qs + row0 + 16 * u;
+        r[2 * u] = r[2 * u + 1] = make_float4(0, 0, 0, 0);
+        if (x < t.qe) {
+            const float4 *qr = reinterpret_cast<const float4 *>(t.qbase + (size_t)x * t.qstride + c8 * 8);
+            r[2 * u] = STREAM ? __ldcs(qr) : __ldg(qr), r[2 * u + 1] = STREAM ? __ldcs(qr + 1) : __ldg(qr + 1);
+        }
+    }
+}
+
+/* ... as bf16 into the swizzled Q tile; the next key tile's barrier publishes it. */
+__device__ __forceinline__ void wg_q_store(uint32_t qaddr, const float4 (&r)[8])
+{
+    const int row0 = threadIdx.x / 8, c8 = threadIdx.x % 8;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const float4 a = r[2 * u], b = r[2 * u + 1];
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(qaddr + sw128_offset(row0 + 16 * u, c8)),
+                     "r"(pack_bf16x2(a.x, a.y)), "r"(pack_bf16x2(a.z, a.w)), "r"(pack_bf16x2(b.x, b.y)),
+                     "r"(pack_bf16x2(b.z, b.w))
+                     : "memory");
+    }
+    fence_proxy_async();
+}
+
+/* wg_stream with 32-bit steps (a tile is at most 64 r 64 elements), so that the copy cursor the
+ * flow kernel keeps across query tiles costs fewer registers. */
+template <class C>
+struct wg_stream32 {
+    const __nv_bfloat16 *k, *v;
+    uint32_t row16, tile;
+    int key0, kend;
+    uint32_t dst0;
+
+    __device__ __forceinline__ void init(const wg_src &s)
+    {
+        const int row = threadIdx.x / 8, c8 = threadIdx.x % 8;
+        key0 = s.kbeg + row, kend = s.kend;
+        const size_t off = (size_t)key0 * s.stride + c8 * 8;
+        k = s.k + off, v = s.v + off;
+        row16 = 16 * (uint32_t)s.stride, tile = (uint32_t)C::BN * (uint32_t)s.stride;
+        dst0 = sw128_offset(row, c8);
+    }
+    __device__ __forceinline__ void issue(int nt, uint32_t stage) const
+    {
+        static_assert(C::THREADS == 128, "chunk u is 16 key rows below chunk u - 1");
+#pragma unroll
+        for (int u = 0; u < C::PER_THREAD; u++) {
+            const bool skip = key0 + nt * C::BN + 16 * u >= kend;
+            const uint32_t dst = stage + dst0 + u * 2048;
+            const uint32_t off = (uint32_t)nt * tile + u * row16;
+            cp_async16_zfill(dst, k + off, skip);
+            cp_async16_zfill(dst + C::TILE, v + off, skip);
+        }
+    }
+};
+#endif /* SF_WGMMA_ENABLED */
+
 template <class C, int MINB, int FLOW>
 __global__ void __launch_bounds__(C::THREADS, MINB)
-    attention_wgmma_flow(sf_attention_desc dd, att_branches br, int T, const float *q, att_staged st, float *out,
+    attention_wgmma_flow(sf_attention_desc dd, att_branches br, int T, const float *q, lab_staged st, float *out,
                          const att_order ord, int per_cta)
 {
 #if SF_WGMMA_ENABLED

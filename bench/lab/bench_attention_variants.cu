@@ -1,11 +1,15 @@
-/* Checks every variant of sf_cuda_attention_bf16 against the CPU twin sf_cpu_attention on
- * random inputs, then times each on the reference shape (H=16, d=64, N=8192, branches
- * 2048:1,4096:2,8192:4, causal, with and without 256 global tokens): median of many runs with
- * CUDA events after warm-up, reported as useful TFLOP/s (sf_attention_useful_flops / time).
- * Workspace variants get a workspace allocated once per shape (sf_cuda_attention_workspace_bytes),
+/* The attention lab (bench/lab/README.md): checks every variant of sf_lab_attention_variant
+ * (bench/lab/attention/) against the CPU twin sf_cpu_attention on random inputs, then times each
+ * variant that passed on the reference shape (H=16, d=64, N=8192, branches 2048:1,4096:2,8192:4,
+ * causal, with and without 256 global tokens): median of many runs with CUDA events after
+ * warm-up, reported as useful TFLOP/s (sf_attention_useful_flops / time). A variant that failed
+ * its check is not timed. Also checks the product's dispatch (sf_cuda_attention) on every shape,
+ * and that the product's wgmma kernel gives the bits of its lab twin, variant 36.
+ * Workspace variants get a workspace allocated once per shape (sf_lab_attention_workspace_bytes),
  * so their times include the bf16 pre-pass but no allocation.
- * Exit status 1 when any check fails. Usage: bench_cuda_attention [reps] [variant]
- * (environment ATT_TIME_ONLY=1 skips the checks) */
+ * Exit status 1 when any check fails. Usage: bench_attention_variants [reps] [variant]
+ * (environment ATT_TIME_ONLY=1 skips the checks, so that a profiler's first kernel is the
+ * reference shape's) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +21,7 @@ extern "C" { /* the CPU kernels' headers are plain C */
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_kernels.h"
 }
-#include "kernels/cuda/attention_bf16_variants.h"
+#include "bench/lab/attention/attention_variants.h"
 #include "kernels/cuda/cuda_attention.h"
 #include "bench/cuda_check.h"
 #include "bench/event_timing.cuh"
@@ -66,7 +70,7 @@ static void problem_make(problem &p, const shape &s)
     CUDA_OK(cudaMemcpy(p.dq, p.q.data(), p.rows_bytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(p.dk, p.k.data(), p.rows_bytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(p.dv, p.v.data(), p.rows_bytes, cudaMemcpyHostToDevice));
-    p.ws_bytes = sf_cuda_attention_workspace_bytes(&p.desc);
+    p.ws_bytes = sf_lab_attention_workspace_bytes(&p.desc);
     CUDA_OK(cudaMalloc(&p.ws, p.ws_bytes));
     p.dgk = p.dgv = NULL;
     if (gcnt) {
@@ -124,9 +128,34 @@ static double compare_output(const problem &p, const std::vector<float> &ref, st
     return sqrt(num / (den > 0 ? den : 1e-300));
 }
 
-static int check_all(int only_variant)
+/* The device the product's dispatch is told it runs on. */
+static sf_cuda_device_info this_device(void)
+{
+    sf_cuda_device_info dev = {0, 0, 0};
+    int index = 0;
+    CUDA_OK(cudaGetDevice(&index));
+    if (sf_cuda_device_info_get(index, &dev)) {
+        fprintf(stderr, "device info: %s\n", sf_last_error());
+        exit(2);
+    }
+    return dev;
+}
+
+/* Whether two device outputs of `bytes` agree bit for bit. */
+static bool same_bits(const void *a, const void *b, size_t bytes)
+{
+    std::vector<unsigned char> x(bytes), y(bytes);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(x.data(), a, bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(y.data(), b, bytes, cudaMemcpyDeviceToHost));
+    return memcmp(x.data(), y.data(), bytes) == 0;
+}
+
+/* failed[var] is set for each variant that failed a check (never timed then). */
+static int check_all(int only_variant, bool *failed)
 {
     int failures = 0;
+    const sf_cuda_device_info dev = this_device();
     printf("%-32s %-8s %-40s %s\n", "shape", "variant", "", "rel.err");
     for (const shape &s : SHAPES) {
         problem p;
@@ -137,43 +166,60 @@ static int check_all(int only_variant)
             fprintf(stderr, "cpu attention failed: %s\n", sf_last_error());
             exit(2);
         }
-        for (int var = 0; var < SF_CUDA_ATTENTION_VARIANTS; var++) {
+        for (int var = 0; var < SF_LAB_ATTENTION_VARIANTS; var++) {
             if (only_variant >= 0 && var != only_variant && var != 0) continue;
             CUDA_OK(cudaMemset(p.dout, 0xff, p.rows_bytes)); /* NaN everywhere */
             sf_attention_desc dd = dev_desc(p);
-            int rc = sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0);
+            int rc = sf_lab_attention_variant(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0);
             if (rc) {
                 printf("%-32s %-8d FAILED to run: %s\n", s.name, var, sf_last_error());
                 failures++;
+                failed[var] = true;
                 continue;
             }
             size_t nan = 0;
             double rel = compare_output(p, ref, got, &nan);
             int ok = nan == 0 && rel <= 2e-2;
             failures += !ok;
-            printf("%-32s %-8d %-40s %.3e %s", s.name, var, sf_cuda_attention_bf16_variant_name(var), rel,
+            if (!ok) failed[var] = true;
+            printf("%-32s %-8d %-40s %.3e %s", s.name, var, sf_lab_attention_variant_name(var), rel,
                    ok ? "ok" : "FAIL");
             if (nan) printf(" (%zu non-finite)", nan);
             printf("\n");
         }
-        /* the public entry with a workspace, and the default through the no-workspace entry */
+        /* the product's dispatch with and without a workspace */
         for (int mode = 0; mode < 2; mode++) {
             CUDA_OK(cudaMemset(p.dout, 0xff, p.rows_bytes));
             sf_attention_desc dd = dev_desc(p);
-            int rc = mode ? sf_cuda_attention_bf16_variant(SF_CUDA_ATTENTION_DEFAULT_VARIANT, &dd, p.dq, p.dk, p.dv,
-                                                           p.dout, 0)
-                          : sf_cuda_attention_bf16_ws(&dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0);
+            int rc = sf_cuda_attention(&dd, p.dq, p.dk, p.dv, p.dout, mode ? NULL : p.ws, mode ? 0 : p.ws_bytes, 0, &dev);
             size_t nan = 0;
             double rel = compare_output(p, ref, got, &nan);
             int ok = rc == 0 && nan == 0 && rel <= 2e-2;
             failures += !ok;
-            printf("%-32s %-8s %-40s %.3e %s\n", s.name, mode ? "dflt" : "ws", mode ? "variant(default), own workspace" :
-                   "sf_cuda_attention_bf16_ws", rel, ok ? "ok" : "FAIL");
+            printf("%-32s %-8s %-40s %.3e %s\n", s.name, "product",
+                   mode ? "sf_cuda_attention, no workspace" : "sf_cuda_attention", rel, ok ? "ok" : "FAIL");
+        }
+        /* the product's wgmma kernel against its lab twin: the same bits */
+        sf_attention_desc dd = dev_desc(p);
+        if (sf_cuda_attention_wgmma_usable(&dd, &dev) && (only_variant < 0 || only_variant == SF_LAB_ATTENTION_WGMMA)) {
+            float *twin = NULL;
+            CUDA_OK(cudaMalloc(&twin, p.rows_bytes));
+            CUDA_OK(cudaMemset(p.dout, 0xff, p.rows_bytes));
+            CUDA_OK(cudaMemset(twin, 0xff, p.rows_bytes));
+            int rc = sf_cuda_attention_wgmma(&dd, p.dq, p.dk, p.dv, p.dout, NULL, p.ws, p.ws_bytes, 0);
+            rc |= sf_lab_attention_variant(SF_LAB_ATTENTION_WGMMA, &dd, p.dq, p.dk, p.dv, twin, p.ws, p.ws_bytes, 0);
+            const bool ok = rc == 0 && same_bits(p.dout, twin, p.rows_bytes);
+            failures += !ok;
+            printf("%-32s %-8s %-40s %s\n", s.name, "product", "wgmma kernel == lab variant 36, bitwise",
+                   ok ? "ok" : "FAIL");
+            cudaFree(twin);
         }
         problem_free(p);
     }
     return failures;
 }
+
+static int bf16_twin_failures; /* time_bf16_in_place's bitwise checks that failed */
 
 static uint16_t bf16_bits(float x)
 {
@@ -188,7 +234,7 @@ static void write_file(const char *dir, const char *file, const void *data, size
     snprintf(path, sizeof path, "%s/%s", dir, file);
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(data, 1, bytes, f) != bytes || fclose(f) != 0) {
-        fprintf(stderr, "bench_cuda_attention: cannot write %s\n", path);
+        fprintf(stderr, "bench_attention_variants: cannot write %s\n", path);
         exit(2);
     }
 }
@@ -224,12 +270,13 @@ static void dump_problem(const char *dir, const problem &p, std::vector<uint16_t
     write_file(dir, "attention.json", meta, (size_t)len);
 }
 
-/* The default variant on bf16 q, k, v as qkv writes them on an H100 (desc.qkv_type bf16): K/V
- * read in place, only the global tokens staged. The inputs are the float ones rounded to bf16,
- * which the float path rounds identically, so its output must equal the float path's. */
+/* Variant 36 and the product's wgmma kernel on bf16 q, k, v as qkv writes them on an H100
+ * (desc.qkv_type bf16): K/V read in place, only the global tokens staged. The inputs are the
+ * float ones rounded to bf16, which the float path rounds identically, so its output must equal
+ * the float path's; the product's must equal variant 36's bit for bit. */
 static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const char *name, double flops)
 {
-    const int var = SF_CUDA_ATTENTION_DEFAULT_VARIANT;
+    const int var = SF_LAB_ATTENTION_WGMMA;
     const size_t cnt = p.q.size();
     std::vector<uint16_t> bits(cnt);
     void *b[3];
@@ -240,30 +287,47 @@ static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const
         CUDA_OK(cudaMemcpy(b[i], bits.data(), cnt * 2, cudaMemcpyHostToDevice));
     }
     std::vector<float> want(cnt), got(cnt);
-    if (sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0))
+    if (sf_lab_attention_variant(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0))
         printf("variant %d failed: %s\n", var, sf_last_error());
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(want.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
     dd.qkv_type = SF_DTYPE_BF16;
-    if (sf_cuda_attention_bf16_variant_ws(var, &dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0)) {
+    if (sf_lab_attention_variant(var, &dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0)) {
         printf("variant %d on bf16 q/k/v failed: %s\n", var, sf_last_error());
     } else {
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(got.data(), p.dout, p.rows_bytes, cudaMemcpyDeviceToHost));
         double maxdiff = 0;
         for (size_t j = 0; j < cnt; j++) maxdiff = std::max(maxdiff, (double)fabsf(got[j] - want[j]));
+        /* the product's kernel on the same bf16 inputs: its lab twin's bits */
+        float *twin = NULL;
+        CUDA_OK(cudaMalloc(&twin, p.rows_bytes));
+        const int rc = sf_cuda_attention_wgmma(&dd, b[0], b[1], b[2], twin, NULL, p.ws, p.ws_bytes, 0);
+        CUDA_OK(cudaDeviceSynchronize());
+        const bool same = rc == 0 && same_bits(p.dout, twin, p.rows_bytes);
+        cudaFree(twin);
+        printf("%-24s product wgmma kernel on bf16 q/k/v == lab variant %d, bitwise: %s\n", name, var,
+               same ? "ok" : "FAIL");
+        if (!same) bf16_twin_failures++;
         const std::vector<float> ms = event_times_ms(
-            reps, [&] { sf_cuda_attention_bf16_variant_ws(var, &dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0); });
+            reps, [&] { sf_lab_attention_variant(var, &dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0); });
         const float med = ms[ms.size() / 2];
         printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f   (max |diff| to float inputs %.3g)\n", name, var,
                "bf16 q/k/v read in place (qkv's output)", med, ms[0], flops / (med * 1e-3) / 1e12, maxdiff);
+        /* the product as the backend calls it */
+        const sf_cuda_device_info dev = this_device();
+        const std::vector<float> pms = event_times_ms(
+            reps, [&] { sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev); });
+        const float pmed = pms[pms.size() / 2];
+        printf("%-24s %-8s %-40s %10.3f %10.3f %10.1f\n", name, "product", "bf16 in place through sf_cuda_attention",
+               pmed, pms[0], flops / (pmed * 1e-3) / 1e12);
         const char *dir = getenv("ATT_DUMP");
-        if (dir && strcmp(name, "ref causal G256") == 0) dump_problem(dir, p, bits, got, med, flops);
+        if (dir && strcmp(name, "ref causal G256") == 0) dump_problem(dir, p, bits, got, pmed, flops);
     }
     for (int i = 0; i < 3; i++) cudaFree(b[i]);
 }
 
-static void time_all(int reps, int only_variant)
+static void time_all(int reps, int only_variant, const bool *failed)
 {
     printf("\n%-24s %-8s %-40s %10s %10s %10s\n", "shape", "variant", "", "median ms", "min ms", "TFLOP/s");
     /* The third shape is the target's yardstick: dense causal attention on 2048-token windows
@@ -275,27 +339,31 @@ static void time_all(int reps, int only_variant)
         {"dense 2048 causal", 16, 64, 8192, 8192, 1, 0, 1, {{2048, 1}}}};
     for (int g = 0; g < 3; g++) {
         const shape &s = shapes[g];
-        if (g == 2 && only_variant < 0) only_variant = SF_CUDA_ATTENTION_DEFAULT_VARIANT;
+        if (g == 2 && only_variant < 0) only_variant = SF_LAB_ATTENTION_WGMMA;
         problem p;
         problem_make(p, s);
         sf_attention_desc dd = dev_desc(p);
         const double flops = sf_attention_useful_flops(&dd);
-        for (int var = 0; var < SF_CUDA_ATTENTION_VARIANTS; var++) {
+        for (int var = 0; var < SF_LAB_ATTENTION_VARIANTS; var++) {
             if (only_variant >= 0 && var != only_variant) continue;
+            if (failed[var]) {
+                printf("%-24s %-8d %-40s not timed: failed its check\n", s.name, var, sf_lab_attention_variant_name(var));
+                continue;
+            }
             int n_reps = var == 0 ? 3 : reps;
             for (int w = 0; w < 3; w++)
-                if (sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0)) {
+                if (sf_lab_attention_variant(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0)) {
                     printf("variant %d failed: %s\n", var, sf_last_error());
                     break;
                 }
             CUDA_OK(cudaDeviceSynchronize());
             const std::vector<float> ms = event_times_ms(
-                n_reps, [&] { sf_cuda_attention_bf16_variant_ws(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0); });
+                n_reps, [&] { sf_lab_attention_variant(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0); });
             const float med = ms[ms.size() / 2];
-            printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f\n", s.name, var, sf_cuda_attention_bf16_variant_name(var),
+            printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f\n", s.name, var, sf_lab_attention_variant_name(var),
                    med, ms[0], flops / (med * 1e-3) / 1e12);
         }
-        if (only_variant < 0 || only_variant == SF_CUDA_ATTENTION_DEFAULT_VARIANT) time_bf16_in_place(p, dd, reps, s.name, flops);
+        if (only_variant < 0 || only_variant == SF_LAB_ATTENTION_WGMMA) time_bf16_in_place(p, dd, reps, s.name, flops);
         printf("%-24s useful GFLOP per call: %.2f\n", s.name, flops / 1e9);
         problem_free(p);
     }
@@ -315,8 +383,10 @@ int main(int argc, char **argv)
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     /* ATT_TIME_ONLY=1: the timing alone, so that a profiler's first kernel of the variant is the
      * reference shape (ncu -k regex:attention_wgmma -c 1) */
-    int failures = getenv("ATT_TIME_ONLY") ? 0 : check_all(only);
+    static bool failed[SF_LAB_ATTENTION_VARIANTS];
+    int failures = getenv("ATT_TIME_ONLY") ? 0 : check_all(only, failed);
     printf("checks: %d failed\n", failures);
-    time_all(reps, only);
+    time_all(reps, only, failed);
+    failures += bf16_twin_failures;
     return failures ? 1 : 0;
 }
