@@ -7,7 +7,7 @@
  * c->gemm_plans, and every later product of that shape issues it with no further choice.
  * Candidates that split K are skipped: the others sum each output in the same order (their
  * results matched cublasGemmEx's bit for bit there), so which one wins a noisy timing never
- * changes the numbers. SEQFLOW_CUDA_GEMM=gemmex never uses Lt; =lt takes Lt's fastest even
+ * changes the numbers. Setting gemm=gemmex never uses Lt; gemm=lt takes Lt's fastest even
  * where cublasGemmEx is faster (the tests use it to exercise that path). */
 #include "kernels/cuda/cuda_backend.h"
 
@@ -129,9 +129,8 @@ static void *timing_target(const sf_cuda *c, const sf_cuda_gemm_args *g, size_t 
 static int choose_path(sf_cuda *c, sf_cuda_gemm_plan *p, const sf_cuda_gemm_args *g)
 {
     p->use_lt = 0;
-    const char *mode = getenv("SEQFLOW_CUDA_GEMM");
-    if ((mode && !strcmp(mode, "gemmex")) || describe(p) != CUBLAS_STATUS_SUCCESS) return SF_OK;
-    const int force_lt = mode && !strcmp(mode, "lt");
+    if (c->settings.gemm == SF_CUDA_GEMM_GEMMEX || describe(p) != CUBLAS_STATUS_SUCCESS) return SF_OK;
+    const int force_lt = c->settings.gemm == SF_CUDA_GEMM_LT;
     cublasLtMatmulPreferenceOpaque_t pref;
     const uint64_t workspace = c->blas_workspace_bytes;
     const uint32_t align = (uint32_t)p->align;
