@@ -4,12 +4,10 @@
  * MLP, head widths the bf16 attention kernel has (32, 64) and ones it has not (8, 12: they
  * run the f32 kernel), partial segments, a provisional flush, two interleaved streams, three
  * streams batched through one set of products (block batch=3) and one stage per layer; and
- * threaded runs of many segments with the block on two device lanes (block lanes=2) against
- * lanes=0. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
+ * threaded runs of many segments (a source reading ahead of the block), with one block stage
+ * and with one a layer. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
  * Where the backend passes bf16 q/k/v (an H100, d = 64), bf16 runs a second time with float32
- * ones (SEQFLOW_CUDA_QKV=f32), the path of other GPUs. bf16 also runs with every repeated
- * segment shape recorded as a CUDA graph (SEQFLOW_CUDA_GRAPHS=1), and threaded runs compare
- * graphs with op by op launches row for row.
+ * ones (backend setting qkv=f32), the path of other GPUs.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
 #include <stdio.h>
@@ -60,9 +58,10 @@ static void collect(sf_graph *g, outputs *o, size_t tokens, int dim)
     }
 }
 
-/* Runs the scenario on one device; the chunking is fixed, so every device sees the same packets. */
-static int run(const sf_model *m, const char *device, sf_precision precision, const scenario *sc,
-               uint32_t *const *tokens, outputs *o)
+/* Runs the scenario on one device with the backend's `settings` (NULL: defaults); the chunking
+ * is fixed, so every device sees the same packets. */
+static int run(const sf_model *m, const char *device, sf_precision precision, const char *settings,
+               const scenario *sc, uint32_t *const *tokens, outputs *o)
 {
     const sf_model_config *c = sf_model_get_config(m);
     const size_t D = (size_t)c->dim;
@@ -71,7 +70,7 @@ static int run(const sf_model *m, const char *device, sf_precision precision, co
         o->x[s] = malloc(sc->tokens * D * sizeof(float));
         for (size_t i = 0; i < sc->tokens * D; i++) o->x[s][i] = NAN;
     }
-    sf_graph_options opts = {.device = device, .precision = precision};
+    sf_graph_options opts = {.device = device, .precision = precision, .backend_settings = settings};
     sf_graph *g = NULL;
     int rc = sf_graph_create(m, &opts, &g);
     CHECKF(rc == SF_OK, "graph on %s: %s", device, sf_last_error());
@@ -99,19 +98,6 @@ static void outputs_free(outputs *o)
     free(o->provisional);
 }
 
-/* Segments run as CUDA graphs in the "bf16 graphs" runs of compare (block.last_n: every segment
- * that repeats the previous one's shape); checked to be more than none at the end. */
-static unsigned long long graph_segments;
-
-static unsigned long long graphs_launched(void)
-{
-    unsigned long long launched = 0;
-#ifdef SEQFLOW_HAVE_CUDA
-    sf_cuda_graph_counts(&launched, NULL);
-#endif
-    return launched;
-}
-
 /* Whether the CUDA backend in bf16 passes q, k, v of this head width as bf16 (sf_be_qkv_type). */
 static int cuda_passes_bf16_qkv(int head_dim)
 {
@@ -133,32 +119,22 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
         for (size_t i = 0; i < sc->tokens; i++) tokens[s][i] = (uint32_t)(check_rng_next(&r) % (uint64_t)c->vocab);
     }
     outputs want;
-    if (run(m, "cpu", SF_PRECISION_F32, sc, tokens, &want) == SF_OK) {
-        /* bf16 also with float32 q/k/v (SEQFLOW_CUDA_QKV=f32, read at each graph's start): an H100
-         * passes bf16 ones between the ops of d = 64 layers, other GPUs float32 ones */
+    if (run(m, "cpu", SF_PRECISION_F32, NULL, sc, tokens, &want) == SF_OK) {
+        /* bf16 also with float32 q/k/v (setting qkv=f32): an H100 passes bf16 ones between the
+         * ops of d = 64 layers, other GPUs float32 ones */
         static const struct {
             sf_precision p;
             const char *label;
             double tol;
-            int f32_qkv;
-            int graphs;
-        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, 0, 0},
-                     {SF_PRECISION_BF16, "bf16", TOL_BF16, 0, 0},
-                     {SF_PRECISION_BF16, "bf16 f32 q/k/v", TOL_BF16, 1, 0},
-                     {SF_PRECISION_BF16, "bf16 graphs", TOL_BF16, 0, 1}};
+            const char *settings;
+        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, NULL},
+                     {SF_PRECISION_BF16, "bf16", TOL_BF16, NULL},
+                     {SF_PRECISION_BF16, "bf16 f32 q/k/v", TOL_BF16, "qkv=f32"}};
         const int bf16_qkv = cuda_passes_bf16_qkv(c->head_dim);
         for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
-            if (modes[mi].f32_qkv && !bf16_qkv) continue; /* the same run as plain bf16 */
+            if (modes[mi].settings && !bf16_qkv) continue; /* the same run as plain bf16 */
             outputs got;
-            if (modes[mi].f32_qkv) setenv("SEQFLOW_CUDA_QKV", "f32", 1);
-            setenv("SEQFLOW_CUDA_GRAPHS", modes[mi].graphs ? "1" : "0", 1);
-            const unsigned long long launched = graphs_launched();
-            const int ran = run(m, "cuda", modes[mi].p, sc, tokens, &got);
-            if (modes[mi].graphs) graph_segments += graphs_launched() - launched;
-            else CHECKF(graphs_launched() == launched, "%s [%s]: a graph ran with SEQFLOW_CUDA_GRAPHS=0", name,
-                        modes[mi].label);
-            unsetenv("SEQFLOW_CUDA_GRAPHS");
-            unsetenv("SEQFLOW_CUDA_QKV");
+            const int ran = run(m, "cuda", modes[mi].p, modes[mi].settings, sc, tokens, &got);
             if (ran != SF_OK) continue;
             double worst = 0;
             for (int s = 0; s < sc->streams; s++) {
@@ -186,18 +162,18 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
 }
 
 /* A threaded run (sf_graph_run: a source reading a token file ahead of the block, so the block
- * finds the next segment waiting and runs consecutive segments on its two device lanes at once)
- * of `pipeline` with block option `lanes`, on `device`; the rows as float32 [tokens, D] in *out.
- * The chain ends in a sink writing raw float32 to a file. */
-static int run_threaded(const sf_model *m, const char *device, sf_precision precision, const char *blocks,
-                        const char *tokens_path, size_t tokens, float **out)
+ * finds the next segment waiting) with the block stages `blocks`, on `device` with the backend's
+ * `settings` (NULL: defaults); the rows as float32 [tokens, D] in *out. The chain ends in a sink
+ * writing raw float32 to a file. */
+static int run_threaded(const sf_model *m, const char *device, sf_precision precision, const char *settings,
+                        const char *blocks, const char *tokens_path, size_t tokens, float **out)
 {
     const size_t D = (size_t)sf_model_get_config(m)->dim;
-    const char *raw = check_tmp_path("lanes.f32");
+    const char *raw = check_tmp_path("threaded.f32");
     char pipeline[1024];
     snprintf(pipeline, sizeof pipeline, "source path=%s format=text chunk=97 ! segment ! embed device_rows=13 ! %s ! norm ! sink out=%s",
              tokens_path, blocks, raw);
-    sf_graph_options opts = {.device = device, .precision = precision};
+    sf_graph_options opts = {.device = device, .precision = precision, .backend_settings = settings};
     sf_graph *g = NULL;
     int rc = sf_graph_create(m, &opts, &g);
     if (rc == SF_OK) rc = sf_graph_parse(g, pipeline);
@@ -230,91 +206,52 @@ static const char *threaded_input(const sf_model *m, uint64_t seed, const char *
     for (size_t i = 0; i < tokens; i++)
         fprintf(f, "%llu%c", (unsigned long long)(check_rng_next(&r) % (uint64_t)c->vocab), i % 16 == 15 ? '\n' : ' ');
     fclose(f);
-    return run_threaded(m, "cpu", SF_PRECISION_F32, "block", path, tokens, cpu) == SF_OK ? path : NULL;
+    return run_threaded(m, "cpu", SF_PRECISION_F32, NULL, "block", path, tokens, cpu) == SF_OK ? path : NULL;
 }
 
-/* The block stage on device lanes (block lanes=2, the default on a GPU) against lanes=0 and the
- * CPU, in threaded runs of many segments (a partial last one included), where a segment's first
- * layers run beside the previous one's last: each layer must wait for the previous segment's
- * commit of that layer, or its memory and global tokens are stale and the rows differ. With
- * several block stages (one per layer) the stages share the two lanes. */
-static void compare_lanes(const char *name, const sf_model *m, uint64_t seed)
+/* Threaded runs of many segments (a partial last one included) on the GPU against the CPU, where
+ * the source reads ahead of the block and the side queue's commits of one segment run beside the
+ * next one's first layers: each layer must wait for the previous segment's commit of that layer,
+ * or its memory and global tokens are stale and the rows differ. With two layers, also one block
+ * stage a layer against one for both: the same kernels on the same inputs in the same order, so
+ * the same rows. */
+static void compare_threaded(const char *name, const sf_model *m, uint64_t seed)
 {
     const sf_model_config *c = sf_model_get_config(m);
     const size_t D = (size_t)c->dim, tokens = threaded_tokens(m);
     float *cpu = NULL;
-    const char *path = threaded_input(m, seed, "lanes.txt", &cpu);
+    const char *path = threaded_input(m, seed, "threaded.txt", &cpu);
     if (!path) return;
     static const struct {
         sf_precision p;
         const char *label;
         double tol;
     } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32}, {SF_PRECISION_BF16, "bf16", TOL_BF16}};
-    const char *split = c->layers == 2 ? "block layers=0 lanes=2 ! block layers=1 lanes=2" : NULL;
+    const char *split = c->layers == 2 ? "block layers=0 ! block layers=1" : NULL;
     /* cuBLAS's own choice of algorithm for every product: the Lt plans are timed per graph and
      * may differ between the runs, and with them the rounding */
-    setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1);
+    const char *settings = "gemm=gemmex";
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
-        float *off = NULL, *on = NULL, *on_split = NULL;
-        if (run_threaded(m, "cuda", modes[mi].p, "block lanes=0", path, tokens, &off) == SF_OK &&
-            run_threaded(m, "cuda", modes[mi].p, "block lanes=2", path, tokens, &on) == SF_OK) {
-            /* the same kernels on the same inputs in the same order on each row: the lanes change
-             * when work runs, not what it computes */
-            const double same = check_rel_err_f32(on, off, tokens * D);
-            const double cpu_err = check_rel_err_f32(on, cpu, tokens * D);
-            CHECKF(same <= 1e-6, "%s [%s] lanes=2 against lanes=0: relative error %.3g", name, modes[mi].label, same);
-            CHECKF(cpu_err <= modes[mi].tol, "%s [%s] lanes=2 against the CPU: relative error %.3g", name,
+        float *one = NULL, *per_layer = NULL;
+        if (run_threaded(m, "cuda", modes[mi].p, settings, "block", path, tokens, &one) == SF_OK) {
+            const double cpu_err = check_rel_err_f32(one, cpu, tokens * D);
+            CHECKF(cpu_err <= modes[mi].tol, "%s [%s] threaded against the CPU: relative error %.3g", name,
                    modes[mi].label, cpu_err);
-            printf("  %-48s %-14s lanes=2 vs 0 %.2e, vs CPU %.2e\n", name, modes[mi].label, same, cpu_err);
-            if (split && run_threaded(m, "cuda", modes[mi].p, split, path, tokens, &on_split) == SF_OK) {
-                const double err = check_rel_err_f32(on_split, off, tokens * D);
-                CHECKF(err <= 1e-6, "%s [%s] one stage a layer on lanes against lanes=0: relative error %.3g", name,
+            printf("  %-48s %-14s threaded vs CPU %.2e\n", name, modes[mi].label, cpu_err);
+            if (split && run_threaded(m, "cuda", modes[mi].p, settings, split, path, tokens, &per_layer) == SF_OK) {
+                const double err = check_rel_err_f32(per_layer, one, tokens * D);
+                CHECKF(err <= 1e-6, "%s [%s] one stage a layer against one block stage: relative error %.3g", name,
                        modes[mi].label, err);
             }
         }
-        free(off), free(on), free(on_split);
+        free(one), free(per_layer);
     }
-    unsetenv("SEQFLOW_CUDA_GEMM");
     free(cpu);
-}
-
-/* The block's layers recorded as one CUDA graph a segment (SEQFLOW_CUDA_GRAPHS=1) against op
- * by op (=0), in threaded runs of 12 full segments and a partial one: the same kernels on the
- * same inputs in the same order, so the same rows. Every full segment after the first must
- * have run as a graph (the first of a shape runs op by op, the partial one too), or this
- * would compare op by op with op by op. */
-static void compare_graphs(const char *name, const sf_model *m, uint64_t seed)
-{
-    const sf_model_config *c = sf_model_get_config(m);
-    const size_t D = (size_t)c->dim, tokens = threaded_tokens(m);
-    float *cpu = NULL;
-    const char *path = threaded_input(m, seed, "graphs.txt", &cpu);
-    if (!path) return;
-    setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1); /* the same algorithm for every product in both runs */
-    float *eager = NULL, *graphed = NULL;
-    setenv("SEQFLOW_CUDA_GRAPHS", "0", 1);
-    const int eager_rc = run_threaded(m, "cuda", SF_PRECISION_BF16, "block lanes=0", path, tokens, &eager);
-    setenv("SEQFLOW_CUDA_GRAPHS", "1", 1);
-    const unsigned long long before = graphs_launched();
-    const int graphed_rc = run_threaded(m, "cuda", SF_PRECISION_BF16, "block lanes=0", path, tokens, &graphed);
-    const unsigned long long launched = graphs_launched() - before;
-    unsetenv("SEQFLOW_CUDA_GRAPHS");
-    unsetenv("SEQFLOW_CUDA_GEMM");
-    if (eager_rc == SF_OK && graphed_rc == SF_OK) {
-        const double same = check_rel_err_f32(graphed, eager, tokens * D);
-        const double cpu_err = check_rel_err_f32(graphed, cpu, tokens * D);
-        CHECKF(launched >= 11, "%s: %llu segments ran as graphs, want the 11 full ones after the first", name, launched);
-        CHECKF(same <= 1e-6, "%s [bf16] graphs against op by op: relative error %.3g", name, same);
-        CHECKF(cpu_err <= TOL_BF16, "%s [bf16] graphs against the CPU: relative error %.3g", name, cpu_err);
-        printf("  %-48s %-14s graphs vs op by op %.2e, vs CPU %.2e (%llu graphs)\n", name, "bf16", same, cpu_err,
-               launched);
-    }
-    free(eager), free(graphed), free(cpu);
 }
 
 /* norm dtype=bf16 on the GPU (the rows written in bf16 on the device, half the download)
  * against the same graph's float32 rows: each bf16 value within a rounding (2^-8 relative) of
- * its float, and where the two runs' floats agree (the same products: SEQFLOW_CUDA_GEMM) the
+ * its float, and where the two runs' floats agree (the same products: setting gemm=gemmex) the
  * very float rounded to nearest even; every position of the stream is checked to have come. */
 static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
 {
@@ -326,9 +263,8 @@ static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
     float *f32 = malloc(tokens * D * sizeof *f32);
     uint16_t *b16 = malloc(tokens * D * sizeof *b16);
     size_t f32_rows = 0, b16_rows = 0, b16_flagged = 0;
-    setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1);
     for (int bf16 = 0; bf16 < 2; bf16++) {
-        sf_graph_options opts = {.device = "cuda", .precision = SF_PRECISION_BF16};
+        sf_graph_options opts = {.device = "cuda", .precision = SF_PRECISION_BF16, .backend_settings = "gemm=gemmex"};
         sf_graph *g = NULL;
         CHECK_OK(sf_graph_create(m, &opts, &g));
         if (!g) break;
@@ -348,7 +284,6 @@ static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
         }
         sf_graph_free(g);
     }
-    unsetenv("SEQFLOW_CUDA_GEMM");
     CHECKF(f32_rows == tokens && b16_rows == tokens && b16_flagged == tokens,
            "%s: %zu float32 rows, %zu bf16 rows (%zu flagged) of %zu", name, f32_rows, b16_rows, b16_flagged, tokens);
     size_t exact = 0, outside = 0;
@@ -432,8 +367,7 @@ int main(void)
 #ifdef SEQFLOW_HAVE_CUDA
         if (i == 7) check_memory_flat(m);
 #endif
-        if (i == 2 || i == 7 || i == 9) compare_lanes(v->name, m, 300 + i);
-        if (i == 2 || i == 7 || i == 9) compare_graphs(v->name, m, 400 + i);
+        if (i == 2 || i == 7 || i == 9) compare_threaded(v->name, m, 300 + i);
         if (i == 2 || i == 3 || i == 9) compare_bf16_out(v->name, m, 500 + i);
         if (i == 2 || i == 7 || i == 9) {
             scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
@@ -444,7 +378,5 @@ int main(void)
         }
         sf_model_free(m);
     }
-    CHECKF(graph_segments > 0, "no segment ran as a graph in the \"bf16 graphs\" runs");
-    printf("  %llu segments ran as graphs in the \"bf16 graphs\" runs\n", graph_segments);
     return check_finish("test_gpu_pipeline");
 }
