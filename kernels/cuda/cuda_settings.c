@@ -74,13 +74,8 @@ static int assign(const setting *s, sf_cuda_settings *out, const char *value, si
 int sf_cuda_settings_parse(const char *text, sf_cuda_settings *out)
 {
     sf_cuda_settings_defaults(out);
-    /* the environment first, so that the string's keys are assigned last and win */
-    for (int i = 0; i < N_SETTINGS; i++) {
-        const char *env = getenv(settings[i].env);
-        if (!env || !*env) continue;
-        int rc = assign(&settings[i], out, env, strlen(env), settings[i].env);
-        if (rc != SF_OK) return rc;
-    }
+    /* the string first, into its own copy, so that a key it gives never reads the environment */
+    sf_cuda_settings from_text;
     int given[N_SETTINGS] = {0};
     const char *p = text ? text : "";
     while (*p) {
@@ -96,11 +91,22 @@ int sf_cuda_settings_parse(const char *text, sf_cuda_settings *out)
         if (found < 0) return sf_error(SF_E_OPTION, "cuda settings: unknown key '%.*s'", (int)key_len, p);
         if (given[found]) return sf_error(SF_E_OPTION, "cuda setting %s: given twice", settings[found].key);
         given[found] = 1;
-        int rc = assign(&settings[found], out, eq + 1, len - key_len - 1, "settings");
+        int rc = assign(&settings[found], &from_text, eq + 1, len - key_len - 1, "settings");
         if (rc != SF_OK) return rc;
         p += len;
         if (*p == ',') p++;
         if (end && !*p) return sf_error(SF_E_OPTION, "cuda settings: empty entry in '%s'", text);
+    }
+    for (int i = 0; i < N_SETTINGS; i++) {
+        const size_t at = settings[i].offset;
+        if (given[i]) {
+            memcpy((char *)out + at, (const char *)&from_text + at, sizeof(int));
+            continue;
+        }
+        const char *env = getenv(settings[i].env);
+        if (!env || !*env) continue;
+        int rc = assign(&settings[i], out, env, strlen(env), settings[i].env);
+        if (rc != SF_OK) return rc;
     }
     return SF_OK;
 }

@@ -42,9 +42,10 @@ typedef struct sf_cuda_settings {
 /* The built-in defaults (the fastest measured), ignoring the environment. */
 void sf_cuda_settings_defaults(sf_cuda_settings *out);
 
-/* Fills *out from `text` ("key=value,..."; NULL or "" for none) over the environment defaults
- * over the built-in ones. An unknown key, a key given twice, or a bad value (in the string or
- * in an environment variable) is SF_E_OPTION naming it; *out is then unspecified. */
+/* Fills *out from `text` ("key=value,..."; NULL or "" for none; borrowed) over the environment
+ * defaults over the built-in ones. A key the string gives never reads its variable. An unknown
+ * key, a key given twice, an empty entry, or a bad value (in the string or in a variable that
+ * is read) is SF_E_OPTION naming it; *out is then unspecified. */
 int sf_cuda_settings_parse(const char *text, sf_cuda_settings *out);
 
 #ifdef __cplusplus
