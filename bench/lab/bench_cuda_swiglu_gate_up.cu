@@ -150,7 +150,8 @@ static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
             cluster = cl;
             const double t_fused = median_event_ms(reps, fused, c->stream);
             printf("  fused: cooperative, cluster %d%s %8.4f ms  %6.1f TFLOP/s  (%+.1f%% vs composed)\n", cl,
-                   cl == 1 ? " (default)" : "          ", t_fused, flop / t_fused / 1e9, 100.0 * (t_comp / t_fused - 1.0));
+                   cl == 1 ? " (default)" : "          ", t_fused, flop / t_fused / 1e9,
+                   100.0 * (t_comp / t_fused - 1.0));
         }
         cluster = 1;
     }

@@ -357,9 +357,10 @@ static int cuda_sync(sf_backend *be)
     return rc;
 }
 
-/* The side queue (kernels/backend_ext.h), on a stream of its own. begin and end mark the boundaries with events under the
- * lock, so another thread's work cannot slip between the record and the wait. When disabled
- * all three do nothing and every op stays on the one stream, in the order issued. */
+/* The side queue (kernels/backend_ext.h), on a stream of its own. begin and end mark the
+ * boundaries with events under the lock, so another thread's work cannot slip between the
+ * record and the wait. When disabled all four do nothing and every op stays on the one stream,
+ * in the order issued. */
 static int cuda_side_begin(sf_backend *be)
 {
     sf_cuda *c = sf_cuda_of(be);
@@ -661,7 +662,7 @@ static void pinned_free(void *p)
 static const sf_host_allocator pinned_packets = {pinned_alloc, pinned_free};
 
 /* cuBLAS workspace of the side queue: its products (none in the block stage today) must not
- * share the main queue's, and fall back to algorithms that need less when it is too small. */
+ * share the main stream's, and fall back to algorithms that need less when it is too small. */
 #define SIDE_BLAS_WORKSPACE_BYTES ((size_t)4 << 20)
 
 /* The side queue's stream, unless side_queue=0 or the per-op profile is on (it times each op

@@ -167,7 +167,7 @@ int sf_cublas_status(cublasStatus_t st, const char *what);
 /* Checks the last launch (configuration errors surface here, not at the call). */
 static inline int sf_cuda_launched(const char *kernel) { return sf_cuda_status(cudaGetLastError(), kernel); }
 
-/* The wait side_join_before_product left for the next main-queue product, if any (under the
+/* The wait side_join_before_product left for the next main-stream product, if any (under the
  * lock): sf_cuda_gemm calls it, and every product path before it first reads its input. */
 int sf_cuda_join_at_product(sf_cuda *c);
 

@@ -309,7 +309,8 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     if (rc == SF_OK && gate_up) {
         rc = sf_cuda_join_at_product(c);
         if (rc == SF_OK) rc = sf_cuda_swiglu_gate_up(n, dim, hidden, ub, b1->bf16, b3->bf16, g3, c->stream);
-        if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+        if (rc == SF_OK)
+            rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
         sf_cuda_leave(c);
         return rc;
     }
