@@ -239,8 +239,8 @@ static void test_fused_products(const target *t)
         for (int i = 0; i < 3; i++) {
             CHECK_OK(t->be->ops->matmul(t->be, n, dim, hidden, x.g, dim, w[i].g, y[i].g, hidden, 0));
             CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, x.c, dim, w[i].c, y[i].c, hidden, 0));
-            snprintf(what, sizeof what, "matmul (prepared%s) n=%d in=%d out=%d product %d", grouped && i < 2 ? ", grouped" : "",
-                     n, dim, hidden, i);
+            snprintf(what, sizeof what, "matmul (prepared%s) n=%d in=%d out=%d product %d",
+                     grouped && i < 2 ? ", grouped" : "", n, dim, hidden, i);
             compare(what, t, y[i].g, y[i].c, nh, t->tol_products);
         }
         if (ext(t->be)->qkv) {

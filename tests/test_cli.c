@@ -201,6 +201,10 @@ int main(void)
     expect_failure("bf16 rows into a block",
                    (const char *[]){"seqflow", "run", "-i", "-", "segment ! embed ! norm dtype=bf16 ! block", NULL}, text, n,
                    "bf16", NULL);
+    /* the cpu backend has no settings: one given is refused by name, not ignored */
+    expect_failure("--backend-settings on cpu",
+                   (const char *[]){"seqflow", "run", "-i", "-", "--backend-settings", "gemm=lt", NULL}, text, n,
+                   "no setting 'gemm'", NULL);
     free(raw_bytes);
 
     /* Ctrl-C: reading a stdin that never ends, SIGINT flushes what was read and exits 130 */

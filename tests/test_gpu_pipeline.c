@@ -171,7 +171,7 @@ static int run_threaded(const sf_model *m, const char *device, sf_precision prec
     const size_t D = (size_t)sf_model_get_config(m)->dim;
     const char *raw = check_tmp_path("threaded.f32");
     char pipeline[1024];
-    snprintf(pipeline, sizeof pipeline, "source path=%s format=text chunk=97 ! segment ! embed device_rows=13 ! %s ! norm ! sink out=%s",
+    snprintf(pipeline, sizeof pipeline, "source path=%s format=text chunk=97 ! segment ! embed ! %s ! norm ! sink out=%s",
              tokens_path, blocks, raw);
     sf_graph_options opts = {.device = device, .precision = precision, .backend_settings = settings};
     sf_graph *g = NULL;

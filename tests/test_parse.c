@@ -51,6 +51,16 @@ int main(void)
     CHECK(sf_graph_push(g, 0, (const uint32_t[]){1}, 1) == SF_E_OPTION);
     CHECKF(strstr(sf_last_error(), "layers=7") != NULL, "%s", sf_last_error());
     sf_graph_free(g);
+    /* defer_commit takes 0, 1 or 2 (with no side queue, as on the CPU, every one runs in order) */
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECK_OK(sf_graph_parse(g, "segment ! embed ! block defer_commit=3"));
+    CHECK(sf_graph_push(g, 0, (const uint32_t[]){1}, 1) == SF_E_OPTION);
+    CHECKF(strstr(sf_last_error(), "defer_commit=3") != NULL, "%s", sf_last_error());
+    sf_graph_free(g);
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECK_OK(sf_graph_parse(g, "segment ! embed ! block defer_commit=0"));
+    CHECK_OK(sf_graph_push(g, 0, (const uint32_t[]){1}, 1));
+    sf_graph_free(g);
     /* a source in push mode, and a threaded graph without one, are refused */
     CHECK_OK(sf_graph_create(m, NULL, &g));
     CHECK_OK(sf_graph_parse(g, "source ! segment"));

@@ -30,6 +30,7 @@ typedef struct run_args {
     const char *state_codec;     /* --state-codec (validated), NULL = the default */
     const char *checkpoint_codec; /* --checkpoint-codec (validated), NULL = raw */
     sf_precision precision;      /* --precision, AUTO when not given */
+    const char *backend_settings; /* --backend-settings KEY=V[,KEY=V], NULL = the defaults */
     uint64_t seed;
     sf_model_config cfg;         /* defaults, then the user's overrides */
     unsigned overrides;          /* which fields of cfg the user set */
@@ -76,6 +77,9 @@ static void usage(FILE *f)
         "execution:\n"
         "  -d, --device NAME       cpu (default) or cuda (when built with CUDA and a GPU is present)\n"
         "      --precision P       bf16 or f32 products (default: bf16 on cuda, f32 on cpu)\n"
+        "      --backend-settings KEY=V[,KEY=V]\n"
+        "                          the device backend's own settings (cuda: docs/CUDA.md); each wins\n"
+        "                          over its environment default; cpu has none\n"
         "  -t, --threads N         CPU compute threads (default: all cores)\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
         "      --progress          report tokens, tokens/s and memory on stderr every second\n"
@@ -180,7 +184,8 @@ static int parse_args(int argc, char **argv, run_args *a)
     enum { O_SINK_FORMAT = 1000, O_QUEUE, O_PROGRESS, O_NO_PROGRESS, O_SEGMENT, O_BRANCHES, O_CAUSAL,
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
-           O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE };
+           O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE,
+           O_BACKEND_SETTINGS };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -207,6 +212,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"state-quant", required_argument, 0, O_STATE_QUANT},
         {"state-codec", required_argument, 0, O_STATE_CODEC},
         {"checkpoint-codec", required_argument, 0, O_CHECKPOINT_CODEC},
+        {"backend-settings", required_argument, 0, O_BACKEND_SETTINGS},
         {0, 0, 0, 0}};
     long long v;
     int c;
@@ -276,6 +282,7 @@ static int parse_args(int argc, char **argv, run_args *a)
             if (!parse_codec("--checkpoint-codec", optarg)) return 2;
             a->checkpoint_codec = optarg;
             break;
+        case O_BACKEND_SETTINGS: a->backend_settings = optarg; break;
         case O_PRECISION:
             if (strcmp(optarg, "bf16") == 0) a->precision = SF_PRECISION_BF16;
             else if (strcmp(optarg, "f32") == 0) a->precision = SF_PRECISION_F32;
@@ -536,7 +543,8 @@ static int cmd_run(int argc, char **argv)
     }
 
     sf_graph_options opts = {.device = a.device ? a.device : "cpu", .threads = a.threads,
-                             .queue_depth = a.queue_depth, .precision = a.precision};
+                             .queue_depth = a.queue_depth, .precision = a.precision,
+                             .backend_settings = a.backend_settings};
     sf_graph *graph = NULL;
     int rc = sf_graph_create(model, &opts, &graph);
     if (rc == SF_OK) rc = sf_graph_parse(graph, pipeline);

@@ -58,7 +58,7 @@ typedef struct sf_stage_class {
      * dev). Other stages are handed host packets: the graph downloads the rows first. */
     int device_rows;
     /* No input is waiting: emit what is held back only to overlap its work with the next
-     * packet's (the block stage on device lanes), so that a slow or interactive input never
+     * packet's (e.g. device work still in flight), so that a slow or interactive input never
      * waits for the next one. Called in threaded runs before the stage blocks for input, and
      * in push mode after each push has gone through the graph. May be NULL. */
     int (*idle)(sf_stage *st);
