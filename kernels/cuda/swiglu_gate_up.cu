@@ -18,8 +18,8 @@
  * Tried variants (bench/lab/GEMM_NOTES.md, "W1|W3 with SwiGLU in the epilogue"; the code in
  * bench/lab/swiglu_gate_up_variants.cu): clusters of 2 or 4 CTAs sharing each W1|W3 slice by TMA
  * multicast (the loads were not the bound: 1.5% and 10% slower), and a pingpong schedule (15%
- * slower). CPU twin: the
- * CPU backend's matmul then swiglu (tests/test_backend_ops.c, ffn). Built for sm_90a only. */
+ * slower). CPU twin: the CPU backend's matmul then swiglu (tests/test_backend_ops.c, ffn).
+ * Built for sm_90a only. */
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/cuda_backend.h"
