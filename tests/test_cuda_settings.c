@@ -14,9 +14,10 @@
 
 /* Every variable the settings read, cleared so that the caller's environment cannot leak in. */
 static const char *const vars[] = {
-    "SEQFLOW_CUDA_QKV",        "SEQFLOW_CUDA_GEMM",          "SEQFLOW_CUDA_MEMORY",     "SEQFLOW_CUDA_MEMORY_BF16",
-    "SEQFLOW_CUDA_ATTENTION_MIX", "SEQFLOW_CUDA_GATE_UP",    "SEQFLOW_CUDA_SIDE_QUEUE", "SEQFLOW_CUDA_PDL",
-    "SEQFLOW_CUDA_UPLOAD_UNORDERED", "SEQFLOW_PINNED_PACKETS", "SEQFLOW_CUDA_PROFILE"};
+    "SEQFLOW_CUDA_QKV",         "SEQFLOW_CUDA_GEMM",          "SEQFLOW_CUDA_MEMORY",
+    "SEQFLOW_CUDA_MEMORY_BF16", "SEQFLOW_CUDA_ATTENTION_MIX", "SEQFLOW_CUDA_GATE_UP",
+    "SEQFLOW_CUDA_SIDE_QUEUE",  "SEQFLOW_CUDA_PDL",           "SEQFLOW_CUDA_UPLOAD_UNORDERED",
+    "SEQFLOW_PINNED_PACKETS",   "SEQFLOW_CUDA_PROFILE"};
 
 /* The parse of text fails with SF_E_OPTION and a message naming `names`. */
 static void refused(const char *text, const char *names)

@@ -26,17 +26,17 @@ typedef enum sf_cuda_memory_mode {
 } sf_cuda_memory_mode;
 
 typedef struct sf_cuda_settings {
-    int qkv_bf16;           /* qkv: 1 ("bf16") bf16 q/k/v where attention reads them in place; 0 ("f32") */
-    int gemm;               /* gemm: an sf_cuda_gemm_mode */
-    int memory;             /* memory: an sf_cuda_memory_mode */
-    int memory_bf16;        /* memory_bf16: bf16 operands for the memory's tensor-core products in bf16 */
-    int attention_mix;      /* attention_mix: the memory mix inside the attention kernel where it runs */
-    int gate_up;            /* gate_up: W1, W3 and SwiGLU as one kernel on an H100 */
-    int side_queue;         /* side_queue: commits on a second stream */
-    int early_launch;       /* early_launch: programmatic dependent launch of the backend's kernels */
-    int upload_unordered;   /* upload_unordered: upload_unordered does not wait for earlier work */
-    int pinned_packets;     /* pinned_packets: page-locked packet buffers */
-    int profile;            /* profile: per-op device times, printed when the backend is freed */
+    int qkv_bf16;         /* qkv: 1 ("bf16") bf16 q/k/v where attention reads them in place; 0 ("f32") */
+    int gemm;             /* gemm: an sf_cuda_gemm_mode */
+    int memory;           /* memory: an sf_cuda_memory_mode */
+    int memory_bf16;      /* memory_bf16: bf16 operands for the memory's tensor-core products in bf16 */
+    int attention_mix;    /* attention_mix: the memory mix inside the attention kernel where it runs */
+    int gate_up;          /* gate_up: W1, W3 and SwiGLU as one kernel on an H100 */
+    int side_queue;       /* side_queue: commits on a second stream */
+    int early_launch;     /* early_launch: programmatic dependent launch of the backend's kernels */
+    int upload_unordered; /* upload_unordered: upload_unordered does not wait for earlier work */
+    int pinned_packets;   /* pinned_packets: page-locked packet buffers */
+    int profile;          /* profile: per-op device times, printed when the backend is freed */
 } sf_cuda_settings;
 
 /* The built-in defaults (the fastest measured), ignoring the environment. */
