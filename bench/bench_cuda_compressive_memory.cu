@@ -118,8 +118,11 @@ struct impl {
     const char *settings; /* the backend's settings (NULL: the default choice) */
     bool bf16;            /* precision bf16, bf16 inputs only, the mix into a bf16 out */
 };
-static const impl impls[] = {{"fma", "memory=fma", false}, {"mma", "memory=mma", false}, {"fma16", "memory=fma", true},
-                             {"mma16", "memory=mma", true}, {"dflt", NULL, true}};
+static const impl impls[] = {{"fma", "memory=fma", false},
+                             {"mma", "memory=mma", false},
+                             {"fma16", "memory=fma", true},
+                             {"mma16", "memory=mma", true},
+                             {"dflt", NULL, true}};
 #define N_IMPLS (int)(sizeof impls / sizeof impls[0])
 #define TOL_BF16 4e-3 /* test_backend_ops's for bf16 products and a bf16 mix output */
 

@@ -60,8 +60,8 @@ static void collect(sf_graph *g, outputs *o, size_t tokens, int dim)
 
 /* Runs the scenario on one device with the backend's `settings` (NULL: defaults); the chunking
  * is fixed, so every device sees the same packets. */
-static int run(const sf_model *m, const char *device, sf_precision precision, const char *settings,
-               const scenario *sc, uint32_t *const *tokens, outputs *o)
+static int run(const sf_model *m, const char *device, sf_precision precision, const char *settings, const scenario *sc,
+               uint32_t *const *tokens, outputs *o)
 {
     const sf_model_config *c = sf_model_get_config(m);
     const size_t D = (size_t)c->dim;
@@ -171,8 +171,9 @@ static int run_threaded(const sf_model *m, const char *device, sf_precision prec
     const size_t D = (size_t)sf_model_get_config(m)->dim;
     const char *raw = check_tmp_path("threaded.f32");
     char pipeline[1024];
-    snprintf(pipeline, sizeof pipeline, "source path=%s format=text chunk=97 ! segment ! embed ! %s ! norm ! sink out=%s",
-             tokens_path, blocks, raw);
+    snprintf(pipeline, sizeof pipeline,
+             "source path=%s format=text chunk=97 ! segment ! embed ! %s ! norm ! sink out=%s", tokens_path, blocks,
+             raw);
     sf_graph_options opts = {.device = device, .precision = precision, .backend_settings = settings};
     sf_graph *g = NULL;
     int rc = sf_graph_create(m, &opts, &g);

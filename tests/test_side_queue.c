@@ -156,19 +156,17 @@ int main(void)
         double err_y = check_rel_err_f32(y, want_y, rows);
         CHECKF(err_M <= 1e-4, "%s: M after the side's updates, relative error %.3g", modes[m], err_M);
         CHECKF(err_a <= 1e-4, "%s: retrieval after the join, relative error %.3g", modes[m], err_a);
-        CHECKF(err_y <= 2e-2, "%s: main-queue product beside the side, relative error %.3g",
-               modes[m], err_y);
+        CHECKF(err_y <= 2e-2, "%s: main-queue product beside the side, relative error %.3g", modes[m], err_y);
         /* M is float32-accurate (3xTF32 updates; 12 of them by now, hence 1e-3 for the SGEMM) and
          * each batch of updates moves it by far more, so a product that read it early fails */
         const size_t ym_count = (size_t)H * D * W;
         double err_bf16 = check_rel_err_f32(ym, want_ym, ym_count);
         double err_f32 = check_rel_err_f32(ym + ym_count, want_ym + ym_count, ym_count);
-        CHECKF(err_bf16 <= 2e-2, "%s: bf16 product after side_join_before_product, relative error %.3g",
-               modes[m], err_bf16);
-        CHECKF(err_f32 <= 1e-3, "%s: SGEMM after side_join_before_product, relative error %.3g",
-               modes[m], err_f32);
-        printf("%s: M %.2e, a %.2e, product %.2e, after the deferred joins %.2e / %.2e\n",
-               modes[m], err_M, err_a, err_y, err_bf16, err_f32);
+        CHECKF(err_bf16 <= 2e-2, "%s: bf16 product after side_join_before_product, relative error %.3g", modes[m],
+               err_bf16);
+        CHECKF(err_f32 <= 1e-3, "%s: SGEMM after side_join_before_product, relative error %.3g", modes[m], err_f32);
+        printf("%s: M %.2e, a %.2e, product %.2e, after the deferred joins %.2e / %.2e\n", modes[m], err_M, err_a,
+               err_y, err_bf16, err_f32);
         free(a), free(M), free(y), free(ym);
         sf_backend_free(gpu);
     }

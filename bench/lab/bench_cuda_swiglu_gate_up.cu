@@ -80,9 +80,10 @@ static void check_swiglu_w2(sf_cuda *c, int n, int D, int F, const __nv_bfloat16
     if (bad) failures++;
     if (reps > 0) {
         const double flop = 2.0 * n * D * F;
-        const double t_blas = median_event_ms(reps, [&] { (void)sf_cuda_gemm(c, &g2, "W2"); }, c->stream);
-        const double t_lab =
-            median_event_ms(reps, [&] { (void)sf_lab_swiglu_w2(n, D, F, h, w2, x_lab, c->stream); }, c->stream);
+        const double t_blas = median_event_ms(
+            reps, [&] { (void)sf_cuda_gemm(c, &g2, "W2"); }, c->stream);
+        const double t_lab = median_event_ms(
+            reps, [&] { (void)sf_lab_swiglu_w2(n, D, F, h, w2, x_lab, c->stream); }, c->stream);
         printf("  W2 product alone (cuBLAS, g given)     %8.4f ms  %6.1f TFLOP/s\n", t_blas, flop / t_blas / 1e9);
         printf("  swiglu_w2 (SwiGLU in the load)         %8.4f ms  %6.1f TFLOP/s\n", t_lab, flop / t_lab / 1e9);
     }
@@ -137,7 +138,8 @@ static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
     if (reps > 0) {
         const double flop = 2.0 * n * D * 2.0 * F;
         const double t_comp = median_event_ms(reps, composed, c->stream);
-        const double t_gemm = median_event_ms(reps, [&] { (void)sf_cuda_gemm(c, &g, "W1|W3"); }, c->stream);
+        const double t_gemm = median_event_ms(
+            reps, [&] { (void)sf_cuda_gemm(c, &g, "W1|W3"); }, c->stream);
         printf("time  n=%d D=%d F=%d (median of %d)\n", n, D, F, reps);
         printf("  composed: W1|W3 product + SwiGLU pass  %8.4f ms  %6.1f TFLOP/s\n", t_comp, flop / t_comp / 1e9);
         printf("    of which the W1|W3 product alone     %8.4f ms  %6.1f TFLOP/s\n", t_gemm, flop / t_gemm / 1e9);

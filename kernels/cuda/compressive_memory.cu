@@ -441,11 +441,10 @@ static size_t tiled_update_bytes(int n, int heads, int d)
 static bool use_tensor_cores(const sf_cuda *c, int d, bool update)
 {
     const int chosen = c->settings.memory;
-    return (d == 32 || d == 64) &&
-           (chosen == SF_CUDA_MEMORY_FMA   ? false
-            : chosen == SF_CUDA_MEMORY_MMA ? true
-            : update                       ? UPDATE_TENSOR_CORES
-                                           : MIX_TENSOR_CORES);
+    return (d == 32 || d == 64) && (chosen == SF_CUDA_MEMORY_FMA   ? false
+                                    : chosen == SF_CUDA_MEMORY_MMA ? true
+                                    : update                       ? UPDATE_TENSOR_CORES
+                                                                   : MIX_TENSOR_CORES);
 }
 
 /* The tensor-core products take bf16 operands in precision bf16 (float32 accumulation; M and z

@@ -71,7 +71,7 @@ int sf_cuda_early_launch(void) { return early_launch_of_thread; }
  * lock). cublasSetStream drops the handle's workspace, so it is set again right after. */
 static int swap_stream(sf_cuda *c, sf_cuda_stream *q)
 {
-    sf_cuda_stream main_q = {c->stream, c->scratch, c->scratch_bytes, c->blas_workspace, c->blas_workspace_bytes,
+    sf_cuda_stream main_q = {c->stream,  c->scratch,      c->scratch_bytes, c->blas_workspace, c->blas_workspace_bytes,
                              c->widened, c->widened_bytes};
     c->stream = q->stream, c->scratch = q->scratch, c->scratch_bytes = q->scratch_bytes;
     c->blas_workspace = q->blas_workspace, c->blas_workspace_bytes = q->blas_workspace_bytes;

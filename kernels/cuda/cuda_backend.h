@@ -141,7 +141,7 @@ typedef struct sf_cuda {
     void *widened;
     size_t widened_bytes;
     size_t allocated, peak;
-    sf_cuda_profile *profile; /* settings.profile only */
+    sf_cuda_profile *profile;                         /* settings.profile only */
     sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* gemm_plan.cu, under the lock */
     int n_gemm_plans;
     /* The side queue (ext side_begin/end/join): its own stream. While a thread is on it,
@@ -151,7 +151,7 @@ typedef struct sf_cuda {
      * side_queue=0, or profiling). */
     sf_cuda_stream side;
     sf_cuda_stream *swapped; /* the stream whose fields are swapped in now (inside enter/leave) */
-    int join_at_product; /* side_join_before_product: the next main-stream product waits first */
+    int join_at_product;     /* side_join_before_product: the next main-stream product waits first */
     cudaEvent_t side_start, side_done;
 } sf_cuda;
 
@@ -235,8 +235,8 @@ typedef struct sf_cuda_gemm_args {
 int sf_cuda_gemm(sf_cuda *c, const sf_cuda_gemm_args *g, const char *what);
 
 /* The core ops (seqflow/backend.h) and the ext slots (kernels/backend_ext.h): contracts there. */
-int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
-                   int ldy, int accumulate);
+int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y, int ldy,
+                   int accumulate);
 int sf_cuda_prepare_weight_group(sf_backend *be, int count, const float *const *w, int out, int in);
 int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
                 const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u);

@@ -233,7 +233,7 @@ int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype,
  * is then the GEMM of sf_cuda_matmul. In f32, or for a weight never prepared, it is exactly
  * sf_cuda_matmul per weight. */
 static int matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
-                          const float *const *w, float *const *y, int ldy)
+                         const float *const *w, float *const *y, int ldy)
 {
     if (n <= 0 || out <= 0 || count <= 0) return SF_OK;
     sf_cuda *c = sf_cuda_of(be);
@@ -268,10 +268,11 @@ size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
 /* ffn (kernels/backend_ext.h). In bf16 with prepared weights the intermediates never exist in
  * float32: the norm writes bf16 straight into the scratch, W1 and W3 write bf16 side by side
  * into the caller's h1, SwiGLU writes bf16 into h3, and W2 accumulates into x in float32
- * (beta = 1, the residual); on an H100 W1, W3 and SwiGLU are one kernel writing h3 (below). Against the float32 composition this saves the
- * [n, hidden] float32 writes and reads of W1/W3, SwiGLU and W2's input conversion: about
- * 10 n*hidden bytes of the 24 n*hidden it moved. The only new rounding is of W1 u and W3 u to
- * bf16 before SwiGLU. Otherwise (f32, unprepared weights) it is the composed sequence. */
+ * (beta = 1, the residual); on an H100 W1, W3 and SwiGLU are one kernel writing h3 (below).
+ * Against the float32 composition this saves the [n, hidden] float32 writes and reads of W1/W3,
+ * SwiGLU and W2's input conversion: about 10 n*hidden bytes of the 24 n*hidden it moved. The
+ * only new rounding is of W1 u and W3 u to bf16 before SwiGLU. Otherwise (f32, unprepared
+ * weights) it is the composed sequence. */
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3)
 {

@@ -135,9 +135,8 @@ static int p_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype
     PROFILED_EXT(OP_MATMUL, matmul_typed(be, n, in, out, xtype, x, ldx, w, y, ldy, acc));
 }
 
-static int p_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k,
-                           const void *v, float *a, const float *M, const float *z, const float *gate, sf_dtype otype,
-                           void *out)
+static int p_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                           float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out)
 {
     PROFILED_EXT(OP_ATTENTION, attention_mix(be, desc, q, k, v, a, M, z, gate, otype, out));
 }
