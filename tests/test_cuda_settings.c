@@ -1,8 +1,8 @@
 /* The CUDA backend's settings string (kernels/cuda/cuda_settings.h, docs/CUDA.md): built-in
  * defaults, an environment variable as a key's default, an explicit key winning over it (even
- * over a variable with a bad value), and
- * SF_E_OPTION naming an unknown key, a bad value (in the string or the environment), a key given
- * twice or an empty entry. Needs no GPU (parsing touches no device), only a CUDA build: without
+ * over a variable with a bad value), and SF_E_OPTION naming an unknown key, a bad value (in the
+ * string or the environment), a key given twice or an empty entry, also through
+ * sf_backend_create_opts. Needs no GPU (parsing touches no device), only a CUDA build: without
  * one this prints "skipped: no CUDA build" and exits 77. */
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +81,19 @@ int main(void)
     refused("gate_up=0,", "empty");
     refused(",gate_up=0", "empty");
     refused("GATE_UP=0", "GATE_UP"); /* keys are lower case */
+
+    /* through the backend: the settings are checked before the device is looked for, so a bad
+     * one is SF_E_OPTION on any machine and leaves no backend */
+    sf_backend_options opts = {0};
+    sf_backend *be = NULL;
+    opts.settings = "side_queue=2";
+    CHECK(sf_backend_create_opts("cuda", &opts, &be) == SF_E_OPTION && be == NULL);
+    CHECKF(strstr(sf_last_error(), "side_queue") != NULL, "error '%s' does not name side_queue", sf_last_error());
+    opts.settings = "side_queue=0";
+    const int rc = sf_backend_create_opts("cuda", &opts, &be);
+    CHECKF(rc == SF_OK || rc == SF_E_BACKEND, "good settings: returned %d (%s)", rc, sf_last_error());
+    CHECK((rc == SF_OK) == (be != NULL));
+    sf_backend_free(be);
     return check_finish("test_cuda_settings");
 }
 #else
