@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/backend_ext.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/compressive_memory_general.h"
 #include "bench/cuda_check.h"
@@ -106,25 +107,29 @@ static std::vector<float> download(const float *d, size_t count)
     return h;
 }
 
-/* The tiled kernels with their products on FP32 FMAs and on the tensor cores (3xTF32), switched
- * through sf_cuda_memory_set_tensor_cores before each use (d = 128 and the general head sizes run
- * the same kernels under both names); then, for bf16 q/k/v only, a backend in precision bf16 as the
+/* The tiled kernels with their products on FP32 FMAs and on the tensor cores (3xTF32), each on a
+ * backend of its own created with the setting memory=fma or memory=mma (d = 128 and the general
+ * head sizes run the same kernels under both names); then, for bf16 q/k/v only, a backend in precision bf16 as the
  * H100 pipeline runs it: the tiled kernels with bf16 operands ("fma16", "mma16") and the default
  * choice ("dflt": the stream kernels of memory_stream*.cuh for d = 64), the mix writing bf16 into
  * the output product's input (memory_mix_to). */
 struct impl {
     const char *name;
-    int tensor_cores; /* -1: the backend's default choice */
-    bool bf16;        /* precision bf16, bf16 inputs only, the mix into a bf16 out */
+    const char *settings; /* the backend's settings (NULL: the default choice) */
+    bool bf16;            /* precision bf16, bf16 inputs only, the mix into a bf16 out */
 };
-static const impl impls[] = {{"fma", 0, false}, {"mma", 1, false}, {"fma16", 0, true}, {"mma16", 1, true},
-                             {"dflt", -1, true}};
+static const impl impls[] = {{"fma", "memory=fma", false},
+                             {"mma", "memory=mma", false},
+                             {"fma16", "memory=fma", true},
+                             {"mma16", "memory=mma", true},
+                             {"dflt", NULL, true}};
+#define N_IMPLS (int)(sizeof impls / sizeof impls[0])
 #define TOL_BF16 4e-3 /* test_backend_ops's for bf16 products and a bf16 mix output */
 
-static sf_backend *cpu, *gpu, *gpu16;
+static sf_backend *cpu, *backends[N_IMPLS]; /* one a row of impls */
 static int failures;
 
-static sf_backend *backend_of(const impl &im) { return im.bf16 ? gpu16 : gpu; }
+static sf_backend *backend_of(const impl &im) { return backends[&im - impls]; }
 
 static void poison_scratch(sf_backend *be)
 {
@@ -136,8 +141,8 @@ static void poison_scratch(sf_backend *be)
 static int run_mix(const impl &im, int n, int H, int d, int ld, sf_dtype type, const void *q, const float *M,
                    const float *z, const float *g, float *a, uint16_t *out16)
 {
-    if (!im.bf16) return sf_cuda_memory_mix(gpu, n, H, d, ld, type, q, M, z, g, a);
-    return sf_cuda_memory_mix_to(gpu16, n, H, d, ld, type, q, M, z, g, a, SF_DTYPE_BF16, out16);
+    if (!im.bf16) return sf_cuda_memory_mix(backend_of(im), n, H, d, ld, type, q, M, z, g, a);
+    return sf_cuda_memory_mix_to(backend_of(im), n, H, d, ld, type, q, M, z, g, a, SF_DTYPE_BF16, out16);
 }
 
 static const char *type_name(sf_dtype type) { return type == SF_DTYPE_BF16 ? "bf16" : "f32"; }
@@ -174,7 +179,6 @@ static void check_shape_as(sf_dtype type, int n, int H, int d, int ld, int ld_of
         if (im.bf16 && type != SF_DTYPE_BF16) continue;
         sf_backend *be = backend_of(im);
         const double tol = im.bf16 ? TOL_BF16 : TOL;
-        sf_cuda_memory_set_tensor_cores(im.tensor_cores);
         float *da = upload(a);
         uint16_t *out16;
         CUDA_OK(cudaMalloc(&out16, rows * 2 + 16));
@@ -245,7 +249,6 @@ static void time_op(const impl &im, int op, sf_dtype type, int reps, int n, int 
     sf_cuda *c = sf_cuda_of(backend_of(im));
     const int ld = H * d, warm = 5;
     const size_t mbytes = (size_t)H * d * d * 4, zbytes = (size_t)H * d * 4;
-    sf_cuda_memory_set_tensor_cores(im.tensor_cores);
     std::vector<cudaEvent_t> ev(2 * (size_t)reps);
     for (cudaEvent_t &e : ev) CUDA_OK(cudaEventCreate(&e));
     for (int r = -warm; r < reps; r++) {
@@ -281,12 +284,15 @@ int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     SF_OK_OR_DIE(sf_backend_create("cpu", 0, &cpu));
-    SF_OK_OR_DIE(sf_backend_create_ex("cuda", 0, SF_PRECISION_F32, &gpu));
-    SF_OK_OR_DIE(sf_backend_create_ex("cuda", 0, SF_PRECISION_BF16, &gpu16));
     const int n = 8192, H = 16, d = 64, ld = H * d, sets = 3;
-    /* as the pipeline does: reserve sizes the scratch for the reference shape */
-    for (sf_backend *be : {gpu, gpu16})
-        if (be->ops->reserve) SF_OK_OR_DIE(be->ops->reserve(be, n, ld, H, d));
+    for (int i = 0; i < N_IMPLS; i++) {
+        sf_backend_options opts = {};
+        opts.precision = impls[i].bf16 ? SF_PRECISION_BF16 : SF_PRECISION_F32;
+        opts.settings = impls[i].settings;
+        SF_OK_OR_DIE(sf_backend_create_opts("cuda", &opts, &backends[i]));
+        /* as the pipeline does: reserve sizes the scratch for the reference shape */
+        SF_OK_OR_DIE(sf_be_reserve(backends[i], n, ld, H, d));
+    }
     cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -311,8 +317,7 @@ int main(int argc, char **argv)
     check_shape(100, 2, 64, 128, 4);      /* bf16 base 8 bytes off 16: the general kernels */
 
     if (reps <= 0) { /* checks only (e.g. under a profiler) */
-        sf_backend_free(gpu16);
-        sf_backend_free(gpu);
+        for (sf_backend *be : backends) sf_backend_free(be);
         sf_backend_free(cpu);
         printf("\nbench_cuda_compressive_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
         return failures ? 1 : 0;
@@ -354,8 +359,7 @@ int main(int argc, char **argv)
     }
     for (float *p : {M0, z0, M, z, gate}) CUDA_OK(cudaFree(p));
     CUDA_OK(cudaFree(out16));
-    sf_backend_free(gpu16);
-    sf_backend_free(gpu);
+    for (sf_backend *be : backends) sf_backend_free(be);
     sf_backend_free(cpu);
     printf("\nbench_cuda_compressive_memory: %s (%d failed checks)\n", failures ? "FAILED" : "all checks passed", failures);
     return failures ? 1 : 0;

@@ -1,6 +1,7 @@
-/* Every op of sf_backend_ops on every non-CPU backend (today: cuda in f32, in bf16, and in bf16
- * with every product forced through cuBLASLt, SEQFLOW_CUDA_GEMM=lt) against
- * the CPU backend, on random inputs of several shapes. Outputs are poisoned with NaN before
+/* Every op of sf_backend_ops on every non-CPU backend (today: cuda in f32, in bf16, in bf16 with
+ * every product forced through cuBLASLt (setting gemm=lt), and the MLP in bf16 on its composed
+ * path (gate_up=0); the memory ops also on each of their kernels (memory=fma, memory=mma))
+ * against the CPU backend, on random inputs of several shapes. Outputs are poisoned with NaN before
  * each run, so an element an op fails to write fails the comparison. Relative error (L2) at
  * most 1e-4 in f32; in bf16 the products and attention may reach 2e-2, the memory's products
  * (bf16 operands, float32 M and z) 4e-3, the other ops (norms, pooling, z: float32 in every
@@ -208,9 +209,9 @@ static void test_matmul(const target *t)
  * u = rmsnorm(x)), which the CPU backend composes (kernels/backend.c). */
 static void test_fused_products(const target *t)
 {
-    /* the last two fit the H100's fused SwiGLU + W2 kernel (dim % 256, hidden % 128; rows not a
-     * multiple of its 128); every shape but {5, 16, 20} fits the fused gate/up kernel (dim and
-     * hidden % 8), with partial row and column tiles */
+    /* every shape but {5, 16, 20} fits the fused gate/up kernel (dim and hidden % 8), with
+     * partial row and column tiles; the last two have the shapes the lab's SwiGLU + W2 kernel
+     * took (dim % 256, hidden % 128; rows not a multiple of its 128) */
     static const int shapes[][3] = {/* n, dim, hidden */ {1, 8, 16},     {37, 24, 40},     {128, 64, 256},
                                     {200, 96, 384}, {50, 32, 72},     {5, 16, 20},
                                     {300, 256, 384}, {129, 512, 128}};
@@ -292,38 +293,6 @@ static void test_fused_products(const target *t)
                    hidden, err);
             printf("  %-5s ffn n=%3d dim=%3d hidden=%3d %s MLP output rel err %.2e\n", t->label, n, dim, hidden,
                    grouped ? "W1|W3 grouped " : "W1, W3 apart  ", err);
-            /* the CUDA backend's other MLP paths (environment switches; on a backend or device
-             * without them, the same default path again), each on fresh rows against the same
-             * CPU result, the MLP's own contribution included: the composed W1|W3 product + SwiGLU
-             * pass, W2 on the residual kernel instead of cuBLAS, the fused gate/up kernel's pingpong schedule and its clusters of 2 and 4, and
-             * SwiGLU inside W2 (the shapes it takes: dim % 256, hidden % 128) */
-            static const struct {
-                const char *var, *value;
-                int w2_only;
-            } variants[] = {{"SEQFLOW_CUDA_GATE_UP", "0", 0},
-                            {"SEQFLOW_CUDA_RESIDUAL_PRODUCT", "1", 0},
-                            {"SEQFLOW_CUDA_GATE_UP_SCHEDULE", "pingpong", 0},
-                            {"SEQFLOW_CUDA_GATE_UP_CLUSTER", "2", 0},
-                            {"SEQFLOW_CUDA_GATE_UP_CLUSTER", "4", 0},
-                            {"SEQFLOW_CUDA_SWIGLU_W2", "1", 1}};
-            for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
-                if (variants[v].w2_only && (dim % 256 || hidden % 128)) continue;
-                pair x2 = both(t, hx, nx * 4);
-                for (int i = 0; i < 2; i++) both_poison(t, y[i], nh);
-                setenv(variants[v].var, variants[v].value, 1);
-                CHECK_OK(sf_be_ffn(t->be, n, dim, hidden, x2.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g,
-                                         y[0].g, y[1].g));
-                unsetenv(variants[v].var);
-                snprintf(what, sizeof what, "ffn (%s=%s) n=%d dim=%d hidden=%d", variants[v].var, variants[v].value, n,
-                         dim, hidden);
-                compare(what, t, x2.g, x.c, nx, t->tol_products);
-                float *vx = to_host(t->be, x2.g, nx);
-                for (size_t i = 0; i < nx; i++) vx[i] -= hx[i];
-                const double verr = check_rel_err_f32(vx, cx, nx);
-                CHECKF(verr <= t->tol_products, "%s %s: MLP output rel err %.3g", t->label, what, verr);
-                free(vx);
-                both_free(t, x2);
-            }
             /* no h1 where the backend says ffn uses none of it (ffn_h1_floats; the block stage
              * then allocates none): the same rows as the default run above, which had one */
             const size_t h1_floats = sf_be_ffn_h1_floats(t->be, n, dim, hidden);
@@ -684,14 +653,12 @@ static void test_memory(const target *t)
  * weight is prepared) and padded ones (widened first) */
 static void test_matmul_typed(const target *t)
 {
-    /* on an H100 the contiguous ones go through cuBLAS and, with SEQFLOW_CUDA_RESIDUAL_PRODUCT=1,
-     * through residual_product.cu (several row and column tiles, partial, in the last) */
+    /* on an H100 the contiguous ones go through cuBLAS (several row and column tiles, partial, in
+     * the last) */
     static const int shapes[][4] = {/* n, in, out, ldx */ {64, 96, 40, 96}, {33, 64, 128, 72}, {1, 32, 8, 32},
                                     {300, 256, 520, 256}};
     if (!ext(t->be)->matmul_typed) return;
-    for (size_t r = 0; r < 2 * sizeof shapes / sizeof *shapes; r++) {
-        const size_t s = r / 2;
-        if (r % 2) setenv("SEQFLOW_CUDA_RESIDUAL_PRODUCT", "1", 1);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int n = shapes[s][0], in = shapes[s][1], out = shapes[s][2], ldx = shapes[s][3];
         const size_t nx = (size_t)n * ldx, ny = (size_t)n * out;
         float *hx = random_host(nx, 1), *hw = random_host((size_t)out * in, 1.0 / sqrt(in)), *hy = random_host(ny, 1);
@@ -702,9 +669,7 @@ static void test_matmul_typed(const target *t)
         CHECK_OK(cpu->ops->matmul(cpu, n, in, out, x.c, ldx, w.c, y.c, out, 1));
         CHECK_OK(sf_be_matmul_typed(t->be, n, in, out, SF_DTYPE_BF16, xb, ldx, w.g, y.g, out, 1));
         char what[96];
-        unsetenv("SEQFLOW_CUDA_RESIDUAL_PRODUCT");
-        snprintf(what, sizeof what, "matmul_typed (bf16 x) n=%d in=%d out=%d ldx=%d, accumulate%s", n, in, out, ldx,
-                 r % 2 ? " (residual kernel)" : "");
+        snprintf(what, sizeof what, "matmul_typed (bf16 x) n=%d in=%d out=%d ldx=%d, accumulate", n, in, out, ldx);
         compare(what, t, y.g, y.c, ny, t->tol_products);
         t->be->ops->free(t->be, xb);
         both_free(t, x), both_free(t, w), both_free(t, y);
@@ -822,23 +787,36 @@ int main(void)
 {
     if (!check_have_gpu()) return check_skip("no GPU");
     CHECK_OK(sf_backend_create("cpu", 0, &cpu));
+    /* Settings name what each mode changes and leave the rest to the environment, so that a run
+     * with e.g. SEQFLOW_CUDA_MEMORY=mma checks that path throughout (bench/run_*.sh do). */
     static const struct {
         sf_precision precision;
         const char *label;
         double tol;
-        int force_lt; /* SEQFLOW_CUDA_GEMM=lt: every bf16 product through cuBLASLt (matmul.cu) */
-    } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, 0},
-                 {SF_PRECISION_BF16, "bf16", TOL_BF16, 0},
-                 {SF_PRECISION_BF16, "bf16lt", TOL_BF16, 1}};
+        const char *settings; /* the backend's settings (docs/CUDA.md) */
+        int mlp_only;         /* the MLP paths alone: the mode differs from the one above only there */
+    } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, "gemm=fastest", 0},
+                 {SF_PRECISION_BF16, "bf16", TOL_BF16, "gemm=fastest", 0},
+                 /* every bf16 product through cuBLASLt (gemm_plan.cu) */
+                 {SF_PRECISION_BF16, "bf16lt", TOL_BF16, "gemm=lt", 0},
+                 /* the MLP composed: cuBLAS's W1|W3 product, then the SwiGLU pass (not the fused
+                  * gate/up kernel an H100 runs by default) */
+                 {SF_PRECISION_BF16, "bf16mlp", TOL_BF16, "gemm=fastest,gate_up=0", 1}};
     for (size_t m = 0; m < sizeof modes / sizeof *modes && cpu; m++) {
         target t = {NULL, modes[m].label, modes[m].tol, modes[m].tol == TOL_F32 ? TOL_F32 : TOL_BF16_OUTPUT};
-        /* read when a product shape is first planned, i.e. during this mode's tests only */
-        if (modes[m].force_lt) setenv("SEQFLOW_CUDA_GEMM", "lt", 1);
-        else unsetenv("SEQFLOW_CUDA_GEMM");
-        CHECK_OK(sf_backend_create_ex("cuda", 0, modes[m].precision, &t.be));
+        sf_backend_options opts = {0};
+        opts.precision = modes[m].precision;
+        opts.settings = modes[m].settings;
+        CHECK_OK(sf_backend_create_opts("cuda", &opts, &t.be));
         if (!t.be) continue;
         CHECK(t.be->precision == modes[m].precision);
         CHECK_OK(sf_be_reserve(t.be, 256, 384, 6, 64));
+        if (modes[m].mlp_only) {
+            test_fused_products(&t);
+            CHECK_OK(t.be->ops->sync(t.be));
+            sf_backend_free(t.be);
+            continue;
+        }
         test_buffers(&t);
         test_matmul(&t);
         test_fused_products(&t);
@@ -847,23 +825,35 @@ int main(void)
         test_rowwise(&t);
         test_summary(&t);
         test_memory(&t);
-#ifdef SEQFLOW_HAVE_CUDA
         /* the default picks tensor cores for the updates and FMAs for the retrieval: check the
-         * other kernel of each op too (the tensor-core products are 3xTF32 in f32 and take bf16
-         * operands in bf16) */
-        if (m <= 1) { /* f32: 3xTF32 products; bf16: bf16 operands */
-            for (int tc = 0; tc <= 1; tc++) {
-                sf_cuda_memory_set_tensor_cores(tc);
-                test_memory(&t);
-            }
-            sf_cuda_memory_set_tensor_cores(-1);
+         * other kernel of each op too, on a backend of this precision set to it (the tensor-core
+         * products are 3xTF32 in f32 and take bf16 operands in bf16) */
+        static const char *const memory_kernels[] = {"gemm=fastest,memory=fma", "gemm=fastest,memory=mma"};
+        for (int k = 0; k < 2 && m <= 1; k++) {
+            target tm = t;
+            opts.settings = memory_kernels[k];
+            CHECK_OK(sf_backend_create_opts("cuda", &opts, &tm.be));
+            if (!tm.be) continue;
+            CHECK_OK(sf_be_reserve(tm.be, 256, 384, 6, 64));
+            test_memory(&tm);
+            CHECK_OK(tm.be->ops->sync(tm.be));
+            sf_backend_free(tm.be);
         }
-#endif
         test_attention(&t);
         CHECK_OK(t.be->ops->sync(t.be));
         sf_backend_free(t.be);
     }
-    unsetenv("SEQFLOW_CUDA_GEMM");
+    /* settings: an unknown key or a bad value is refused, naming it, and leaves no backend */
+    {
+        sf_backend_options bad = {0};
+        sf_backend *none = NULL;
+        bad.settings = "gate_up=maybe";
+        CHECK(sf_backend_create_opts("cuda", &bad, &none) == SF_E_OPTION && none == NULL);
+        CHECKF(strstr(sf_last_error(), "gate_up") != NULL, "bad value: error names the key: %s", sf_last_error());
+        bad.settings = "no_such_key=1";
+        CHECK(sf_backend_create_opts("cuda", &bad, &none) == SF_E_OPTION && none == NULL);
+        CHECKF(strstr(sf_last_error(), "no_such_key") != NULL, "unknown key: error names it: %s", sf_last_error());
+    }
     /* bf16 is a GPU precision: the CPU refuses it rather than silently computing in f32 */
     sf_backend *refused = NULL;
     CHECK(sf_backend_create_ex("cpu", 0, SF_PRECISION_BF16, &refused) == SF_E_UNSUPPORTED && refused == NULL);

@@ -3,10 +3,11 @@
  * causal and not, memory none/linear/delta, global tokens, several layers with and without
  * MLP, head widths the bf16 attention kernel has (32, 64) and ones it has not (8, 12: they
  * run the f32 kernel), partial segments, a provisional flush, two interleaved streams, three
- * streams batched through one set of products (block batch=3), one stage per layer, and
- * threaded runs of many segments. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
+ * streams batched through one set of products (block batch=3) and one stage per layer; and
+ * threaded runs of many segments (a source reading ahead of the block), with one block stage
+ * and with one a layer. Precision f32 must agree to 1e-4 (relative, L2), bf16 to 2e-2.
  * Where the backend passes bf16 q/k/v (an H100, d = 64), bf16 runs a second time with float32
- * ones (SEQFLOW_CUDA_QKV=f32), the path of other GPUs.
+ * ones (backend setting qkv=f32), the path of other GPUs.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
 #include <stdio.h>
@@ -57,8 +58,9 @@ static void collect(sf_graph *g, outputs *o, size_t tokens, int dim)
     }
 }
 
-/* Runs the scenario on one device; the chunking is fixed, so every device sees the same packets. */
-static int run(const sf_model *m, const char *device, sf_precision precision, const scenario *sc,
+/* Runs the scenario on one device with the backend's `settings` (NULL: defaults); the chunking
+ * is fixed, so every device sees the same packets. */
+static int run(const sf_model *m, const char *device, sf_precision precision, const char *settings, const scenario *sc,
                uint32_t *const *tokens, outputs *o)
 {
     const sf_model_config *c = sf_model_get_config(m);
@@ -68,7 +70,7 @@ static int run(const sf_model *m, const char *device, sf_precision precision, co
         o->x[s] = malloc(sc->tokens * D * sizeof(float));
         for (size_t i = 0; i < sc->tokens * D; i++) o->x[s][i] = NAN;
     }
-    sf_graph_options opts = {.device = device, .precision = precision};
+    sf_graph_options opts = {.device = device, .precision = precision, .backend_settings = settings};
     sf_graph *g = NULL;
     int rc = sf_graph_create(m, &opts, &g);
     CHECKF(rc == SF_OK, "graph on %s: %s", device, sf_last_error());
@@ -117,24 +119,22 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
         for (size_t i = 0; i < sc->tokens; i++) tokens[s][i] = (uint32_t)(check_rng_next(&r) % (uint64_t)c->vocab);
     }
     outputs want;
-    if (run(m, "cpu", SF_PRECISION_F32, sc, tokens, &want) == SF_OK) {
-        /* bf16 also with float32 q/k/v (SEQFLOW_CUDA_QKV=f32, read at each graph's start): an H100
-         * passes bf16 ones between the ops of d = 64 layers, other GPUs float32 ones */
+    if (run(m, "cpu", SF_PRECISION_F32, NULL, sc, tokens, &want) == SF_OK) {
+        /* bf16 also with float32 q/k/v (setting qkv=f32): an H100 passes bf16 ones between the
+         * ops of d = 64 layers, other GPUs float32 ones */
         static const struct {
             sf_precision p;
             const char *label;
             double tol;
-            int f32_qkv;
-        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, 0},
-                     {SF_PRECISION_BF16, "bf16", TOL_BF16, 0},
-                     {SF_PRECISION_BF16, "bf16 f32 q/k/v", TOL_BF16, 1}};
+            const char *settings;
+        } modes[] = {{SF_PRECISION_F32, "f32", TOL_F32, NULL},
+                     {SF_PRECISION_BF16, "bf16", TOL_BF16, NULL},
+                     {SF_PRECISION_BF16, "bf16 f32 q/k/v", TOL_BF16, "qkv=f32"}};
         const int bf16_qkv = cuda_passes_bf16_qkv(c->head_dim);
         for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
-            if (modes[mi].f32_qkv && !bf16_qkv) continue; /* the same run as plain bf16 */
+            if (modes[mi].settings && !bf16_qkv) continue; /* the same run as plain bf16 */
             outputs got;
-            if (modes[mi].f32_qkv) setenv("SEQFLOW_CUDA_QKV", "f32", 1);
-            const int ran = run(m, "cuda", modes[mi].p, sc, tokens, &got);
-            unsetenv("SEQFLOW_CUDA_QKV");
+            const int ran = run(m, "cuda", modes[mi].p, modes[mi].settings, sc, tokens, &got);
             if (ran != SF_OK) continue;
             double worst = 0;
             for (int s = 0; s < sc->streams; s++) {
@@ -162,18 +162,19 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
 }
 
 /* A threaded run (sf_graph_run: a source reading a token file ahead of the block, so the block
- * finds the next segment waiting) with the block stages `blocks`, on `device`; the rows as
- * float32 [tokens, D] in *out.
- * The chain ends in a sink writing raw float32 to a file. */
-static int run_threaded(const sf_model *m, const char *device, sf_precision precision, const char *blocks,
-                        const char *tokens_path, size_t tokens, float **out)
+ * finds the next segment waiting) with the block stages `blocks`, on `device` with the backend's
+ * `settings` (NULL: defaults); the rows as float32 [tokens, D] in *out. The chain ends in a sink
+ * writing raw float32 to a file. */
+static int run_threaded(const sf_model *m, const char *device, sf_precision precision, const char *settings,
+                        const char *blocks, const char *tokens_path, size_t tokens, float **out)
 {
     const size_t D = (size_t)sf_model_get_config(m)->dim;
     const char *raw = check_tmp_path("threaded.f32");
     char pipeline[1024];
-    snprintf(pipeline, sizeof pipeline, "source path=%s format=text chunk=97 ! segment ! embed ! %s ! norm ! sink out=%s",
-             tokens_path, blocks, raw);
-    sf_graph_options opts = {.device = device, .precision = precision};
+    snprintf(pipeline, sizeof pipeline,
+             "source path=%s format=text chunk=97 ! segment ! embed ! %s ! norm ! sink out=%s", tokens_path, blocks,
+             raw);
+    sf_graph_options opts = {.device = device, .precision = precision, .backend_settings = settings};
     sf_graph *g = NULL;
     int rc = sf_graph_create(m, &opts, &g);
     if (rc == SF_OK) rc = sf_graph_parse(g, pipeline);
@@ -206,13 +207,15 @@ static const char *threaded_input(const sf_model *m, uint64_t seed, const char *
     for (size_t i = 0; i < tokens; i++)
         fprintf(f, "%llu%c", (unsigned long long)(check_rng_next(&r) % (uint64_t)c->vocab), i % 16 == 15 ? '\n' : ' ');
     fclose(f);
-    return run_threaded(m, "cpu", SF_PRECISION_F32, "block", path, tokens, cpu) == SF_OK ? path : NULL;
+    return run_threaded(m, "cpu", SF_PRECISION_F32, NULL, "block", path, tokens, cpu) == SF_OK ? path : NULL;
 }
 
-/* Threaded runs of many segments (a partial last one included) on the GPU against the CPU: the
- * block finds the next segment waiting while the device still runs the last one, so each
- * layer's commit must have been ordered before the next segment's reads of that layer. With two
- * layers, one block stage a layer too, which must give the one stage's rows. */
+/* Threaded runs of many segments (a partial last one included) on the GPU against the CPU, where
+ * the source reads ahead of the block and the side queue's commits of one segment run beside the
+ * next one's first layers: each layer must wait for the previous segment's commit of that layer,
+ * or its memory and global tokens are stale and the rows differ. With two layers, also one block
+ * stage a layer against one for both: the same kernels on the same inputs in the same order, so
+ * the same rows. */
 static void compare_threaded(const char *name, const sf_model *m, uint64_t seed)
 {
     const sf_model_config *c = sf_model_get_config(m);
@@ -228,30 +231,28 @@ static void compare_threaded(const char *name, const sf_model *m, uint64_t seed)
     const char *split = c->layers == 2 ? "block layers=0 ! block layers=1" : NULL;
     /* cuBLAS's own choice of algorithm for every product: the Lt plans are timed per graph and
      * may differ between the runs, and with them the rounding */
-    setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1);
+    const char *settings = "gemm=gemmex";
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
         float *one = NULL, *per_layer = NULL;
-        if (run_threaded(m, "cuda", modes[mi].p, "block", path, tokens, &one) == SF_OK) {
+        if (run_threaded(m, "cuda", modes[mi].p, settings, "block", path, tokens, &one) == SF_OK) {
             const double cpu_err = check_rel_err_f32(one, cpu, tokens * D);
             CHECKF(cpu_err <= modes[mi].tol, "%s [%s] threaded against the CPU: relative error %.3g", name,
                    modes[mi].label, cpu_err);
             printf("  %-48s %-14s threaded vs CPU %.2e\n", name, modes[mi].label, cpu_err);
-            if (split && run_threaded(m, "cuda", modes[mi].p, split, path, tokens, &per_layer) == SF_OK) {
-                /* the same kernels on the same inputs in the same order on each row */
+            if (split && run_threaded(m, "cuda", modes[mi].p, settings, split, path, tokens, &per_layer) == SF_OK) {
                 const double err = check_rel_err_f32(per_layer, one, tokens * D);
-                CHECKF(err <= 1e-6, "%s [%s] one stage a layer against one stage: relative error %.3g", name,
+                CHECKF(err <= 1e-6, "%s [%s] one stage a layer against one block stage: relative error %.3g", name,
                        modes[mi].label, err);
             }
         }
         free(one), free(per_layer);
     }
-    unsetenv("SEQFLOW_CUDA_GEMM");
     free(cpu);
 }
 
 /* norm dtype=bf16 on the GPU (the rows written in bf16 on the device, half the download)
  * against the same graph's float32 rows: each bf16 value within a rounding (2^-8 relative) of
- * its float, and where the two runs' floats agree (the same products: SEQFLOW_CUDA_GEMM) the
+ * its float, and where the two runs' floats agree (the same products: setting gemm=gemmex) the
  * very float rounded to nearest even; every position of the stream is checked to have come. */
 static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
 {
@@ -263,9 +264,8 @@ static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
     float *f32 = malloc(tokens * D * sizeof *f32);
     uint16_t *b16 = malloc(tokens * D * sizeof *b16);
     size_t f32_rows = 0, b16_rows = 0, b16_flagged = 0;
-    setenv("SEQFLOW_CUDA_GEMM", "gemmex", 1);
     for (int bf16 = 0; bf16 < 2; bf16++) {
-        sf_graph_options opts = {.device = "cuda", .precision = SF_PRECISION_BF16};
+        sf_graph_options opts = {.device = "cuda", .precision = SF_PRECISION_BF16, .backend_settings = "gemm=gemmex"};
         sf_graph *g = NULL;
         CHECK_OK(sf_graph_create(m, &opts, &g));
         if (!g) break;
@@ -285,7 +285,6 @@ static void compare_bf16_out(const char *name, const sf_model *m, uint64_t seed)
         }
         sf_graph_free(g);
     }
-    unsetenv("SEQFLOW_CUDA_GEMM");
     CHECKF(f32_rows == tokens && b16_rows == tokens && b16_flagged == tokens,
            "%s: %zu float32 rows, %zu bf16 rows (%zu flagged) of %zu", name, f32_rows, b16_rows, b16_flagged, tokens);
     size_t exact = 0, outside = 0;

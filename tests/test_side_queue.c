@@ -5,7 +5,7 @@
  * reads k that a long main-queue product delays (k is NaN until then), the retrieval after the
  * join reads M that several memory updates on the side are still writing, and so do a bf16
  * product and an SGEMM after side_join_before_product. Run with the side queue on (default) and off
- * (SEQFLOW_CUDA_SIDE_QUEUE=0): both must give the same result.
+ * (backend setting side_queue=0): both must give the same result.
  * Without a GPU this prints "skipped: no GPU" and exits 77. */
 #include <math.h>
 #include <stdlib.h>
@@ -138,12 +138,12 @@ int main(void)
 
     /* 3xTF32 memory products (float32-accurate) in bf16 as well, so that the 1e-4 below sees any
      * ordering fault; the bf16-operand products are checked in test_backend_ops */
-    setenv("SEQFLOW_CUDA_MEMORY_BF16", "0", 1);
-    static const char *const modes[] = {"1", "0"};
+    static const char *const modes[] = {"side_queue=1,memory_bf16=0", "side_queue=0,memory_bf16=0"};
     for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
-        setenv("SEQFLOW_CUDA_SIDE_QUEUE", modes[m], 1);
+        sf_backend_options opts = {0}; /* bf16 */
+        opts.settings = modes[m];
         sf_backend *gpu = NULL;
-        CHECK_OK(sf_backend_create("cuda", 0, &gpu)); /* bf16 */
+        CHECK_OK(sf_backend_create_opts("cuda", &opts, &gpu));
         if (!gpu) continue;
         CHECK(sf_be_has_side_queue(gpu));
         CHECK_OK(sf_be_reserve(gpu, N, W, H, D));
@@ -154,25 +154,22 @@ int main(void)
         double err_M = check_rel_err_f32(M, want_M, (size_t)H * D * D);
         double err_a = check_rel_err_f32(a, want_a, rows);
         double err_y = check_rel_err_f32(y, want_y, rows);
-        CHECKF(err_M <= 1e-4, "SEQFLOW_CUDA_SIDE_QUEUE=%s: M after the side's updates, relative error %.3g", modes[m], err_M);
-        CHECKF(err_a <= 1e-4, "SEQFLOW_CUDA_SIDE_QUEUE=%s: retrieval after the join, relative error %.3g", modes[m], err_a);
-        CHECKF(err_y <= 2e-2, "SEQFLOW_CUDA_SIDE_QUEUE=%s: main-queue product beside the side, relative error %.3g",
-               modes[m], err_y);
+        CHECKF(err_M <= 1e-4, "%s: M after the side's updates, relative error %.3g", modes[m], err_M);
+        CHECKF(err_a <= 1e-4, "%s: retrieval after the join, relative error %.3g", modes[m], err_a);
+        CHECKF(err_y <= 2e-2, "%s: main-queue product beside the side, relative error %.3g", modes[m], err_y);
         /* M is float32-accurate (3xTF32 updates; 12 of them by now, hence 1e-3 for the SGEMM) and
          * each batch of updates moves it by far more, so a product that read it early fails */
         const size_t ym_count = (size_t)H * D * W;
         double err_bf16 = check_rel_err_f32(ym, want_ym, ym_count);
         double err_f32 = check_rel_err_f32(ym + ym_count, want_ym + ym_count, ym_count);
-        CHECKF(err_bf16 <= 2e-2, "SEQFLOW_CUDA_SIDE_QUEUE=%s: bf16 product after side_join_before_product, relative error %.3g",
-               modes[m], err_bf16);
-        CHECKF(err_f32 <= 1e-3, "SEQFLOW_CUDA_SIDE_QUEUE=%s: SGEMM after side_join_before_product, relative error %.3g",
-               modes[m], err_f32);
-        printf("SEQFLOW_CUDA_SIDE_QUEUE=%s: M %.2e, a %.2e, product %.2e, after the deferred joins %.2e / %.2e\n",
-               modes[m], err_M, err_a, err_y, err_bf16, err_f32);
+        CHECKF(err_bf16 <= 2e-2, "%s: bf16 product after side_join_before_product, relative error %.3g", modes[m],
+               err_bf16);
+        CHECKF(err_f32 <= 1e-3, "%s: SGEMM after side_join_before_product, relative error %.3g", modes[m], err_f32);
+        printf("%s: M %.2e, a %.2e, product %.2e, after the deferred joins %.2e / %.2e\n", modes[m], err_M, err_a,
+               err_y, err_bf16, err_f32);
         free(a), free(M), free(y), free(ym);
         sf_backend_free(gpu);
     }
-    unsetenv("SEQFLOW_CUDA_SIDE_QUEUE");
     free(want_a), free(want_M), free(want_y), free(want_ym);
     sf_backend_free(cpu);
     float *all[] = {in.k, in.v, in.q, in.a, in.M, in.z, in.gate, in.x, in.w, in.big_x, in.big_w, in.wm};

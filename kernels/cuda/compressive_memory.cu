@@ -22,7 +22,6 @@
  * math after the load is the float32 kernels'. Rows of bf16 need ld % 8 == 0 for the tiles.
  * The tensor-core twins are in compressive_memory_mma.cuh. Other head sizes, or unaligned rows, take the
  * general kernels of compressive_memory_general.cu. */
-#include <atomic>
 #include <stdlib.h>
 #include <string.h>
 #include <type_traits>
@@ -434,49 +433,31 @@ static size_t tiled_update_bytes(int n, int heads, int d)
 
 /* Where the products of d = 32 and 64 run: on the tensor cores (3xTF32) or on FP32 FMAs. By
  * default the updates take the tensor cores and the mix the FMAs, the faster of the two for each
- * on the H100 (bench/MEMORY_NOTES.md, session 3). SEQFLOW_CUDA_MEMORY=mma or fma in the
- * environment puts both on one (to test and time either in any program), and
- * sf_cuda_memory_set_tensor_cores (tests, the benchmark) overrides that. */
+ * on the H100 (bench/lab/MEMORY_NOTES.md, session 3). The backend's setting memory=mma or fma
+ * puts both on one (to test and time either). */
 #define MIX_TENSOR_CORES 0
 #define UPDATE_TENSOR_CORES 1
-static std::atomic<int> tensor_cores_forced(-1);
 
-void sf_cuda_memory_set_tensor_cores(int on) { tensor_cores_forced = on < 0 ? -1 : on != 0; }
-
-/* -1: the default choice, 0: the tiled kernels on FMAs, 1: the tiled kernels on the tensor cores,
- * 2: the tiled kernels with the default products (SEQFLOW_CUDA_MEMORY=tiled: the stream kernels off) */
-static int tiled_products_chosen(void)
+static bool use_tensor_cores(const sf_cuda *c, int d, bool update)
 {
-    static const int from_env = [] {
-        const char *m = getenv("SEQFLOW_CUDA_MEMORY");
-        return !m ? -1 : !strcmp(m, "mma") ? 1 : !strcmp(m, "fma") ? 0 : !strcmp(m, "tiled") ? 2 : -1;
-    }();
-    const int forced = tensor_cores_forced;
-    return forced >= 0 ? forced : from_env;
-}
-
-static bool use_tensor_cores(int d, bool update)
-{
-    const int chosen = tiled_products_chosen();
-    return (d == 32 || d == 64) &&
-           (chosen == 0 || chosen == 1 ? chosen : update ? UPDATE_TENSOR_CORES : MIX_TENSOR_CORES);
+    const int chosen = c->settings.memory;
+    return (d == 32 || d == 64) && (chosen == SF_CUDA_MEMORY_FMA   ? false
+                                    : chosen == SF_CUDA_MEMORY_MMA ? true
+                                    : update                       ? UPDATE_TENSOR_CORES
+                                                                   : MIX_TENSOR_CORES);
 }
 
 /* The tensor-core products take bf16 operands in precision bf16 (float32 accumulation; M and z
- * stay float32), 3xTF32 in precision f32. SEQFLOW_CUDA_MEMORY_BF16=0 keeps 3xTF32 in bf16 too
- * (A/B timing). */
-static bool bf16_operands(const sf_cuda *c)
-{
-    static const bool allowed = [] {
-        const char *e = getenv("SEQFLOW_CUDA_MEMORY_BF16");
-        return !(e && !strcmp(e, "0"));
-    }();
-    return allowed && c->precision == SF_PRECISION_BF16;
-}
+ * stay float32), 3xTF32 in precision f32. Setting memory_bf16=0 keeps 3xTF32 in bf16 too (A/B
+ * timing). */
+static bool bf16_operands(const sf_cuda *c) { return c->settings.memory_bf16 && c->precision == SF_PRECISION_BF16; }
 
 /* The stream kernels (memory_stream*.cuh) serve d = 64 with bf16 operands unless the tiled
- * kernels are asked for (SEQFLOW_CUDA_MEMORY=tiled|mma|fma, sf_cuda_memory_set_tensor_cores). */
-static bool use_stream(const sf_cuda *c, int d) { return d == 64 && bf16_operands(c) && tiled_products_chosen() < 0; }
+ * kernels are asked for (setting memory=tiled|mma|fma). */
+static bool use_stream(const sf_cuda *c, int d)
+{
+    return d == 64 && bf16_operands(c) && c->settings.memory == SF_CUDA_MEMORY_AUTO;
+}
 
 int sf_cuda_memory_stream_usable(sf_backend *be, int d, int ld) { return use_stream(sf_cuda_of(be), d) && ld % 8 == 0; }
 
@@ -490,7 +471,7 @@ static int tiled_mix(sf_cuda *c, int n, int heads, int ld, const T *q, const flo
     void (*kernel)(int, int, int, const T *, const float *, const float *, const float *, const float *, OT *) =
         tiled_mix_kernel<D, T, OT>;
     if constexpr (D <= 64)
-        if (use_tensor_cores(D, false)) {
+        if (use_tensor_cores(c, D, false)) {
             kernel = bf16_operands(c) ? mma_mix_kernel<D, T, OT, true> : mma_mix_kernel<D, T, OT, false>;
             shared = mma_shared_bytes<D>(true);
         }
@@ -511,7 +492,7 @@ static int tiled_update_partials(sf_cuda *c, int n, int rows, int chunks, int he
     void (*kernel)(int, int, int, int, const T *, const T *, const float *, const float *, float *, double *) =
         tiled_update_kernel<D, DELTA, T>;
     if constexpr (D <= 64)
-        if (use_tensor_cores(D, true)) {
+        if (use_tensor_cores(c, D, true)) {
             kernel = bf16_operands(c) ? mma_update_kernel<D, DELTA, T, true> : mma_update_kernel<D, DELTA, T, false>;
             shared = mma_shared_bytes<D>(DELTA);
         }

@@ -1,6 +1,8 @@
-/* The CUDA backend's op table, buffers, lock and lifetime (see cuda_backend.h). */
+/* The CUDA backend's op tables, buffers, lock, settings and lifetime (see cuda_backend.h). */
+#include "kernels/backend_ext.h"
 #include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch_early.cuh"
 #include "seqflow/packet.h"
 #include "kernels/cuda/profile.h"
 
@@ -44,25 +46,33 @@ int sf_cublas_status(cublasStatus_t st, const char *what)
     return sf_error(SF_E_BACKEND, "cuBLAS: %s: %s", what, cublasGetStatusString(st));
 }
 
-/* The queue this thread issues to (side_begin .. side_end, lane_begin .. lane_end), if any, and
- * the backend it belongs to. */
-static thread_local sf_cuda *queue_owner;
-static thread_local sf_cuda_queue *queue_of_thread;
+/* The stream this thread issues to (side_begin .. side_end), if any, and the backend it
+ * belongs to. */
+static thread_local sf_cuda *stream_owner;
+static thread_local sf_cuda_stream *stream_of_thread;
 
-void sf_cuda_set_thread_queue(sf_cuda *c, sf_cuda_queue *q)
+void sf_cuda_set_thread_stream(sf_cuda *c, sf_cuda_stream *s)
 {
-    queue_owner = q ? c : NULL;
-    queue_of_thread = q;
+    stream_owner = s ? c : NULL;
+    stream_of_thread = s;
 }
 
-sf_cuda_queue *sf_cuda_thread_queue(const sf_cuda *c) { return queue_owner == c ? queue_of_thread : NULL; }
+sf_cuda_stream *sf_cuda_thread_stream(const sf_cuda *c) { return stream_owner == c ? stream_of_thread : NULL; }
 
-/* Exchanges the main queue's stream, scratch, cuBLAS workspace and widened copies with q's
- * (under the lock). cublasSetStream drops the handle's workspace, so it is set again right after. */
-static int swap_queue(sf_cuda *c, sf_cuda_queue *q)
+/* The early_launch setting of the backend this thread last entered: the kernels launched
+ * through sf_cuda_launch_early read it there, since their entry points (the attention
+ * kernels among them) take a stream, not the backend. Kernels called outside any backend
+ * (benchmarks of one kernel) launch early, the default. */
+static thread_local int early_launch_of_thread = 1;
+
+int sf_cuda_early_launch(void) { return early_launch_of_thread; }
+
+/* Exchanges the main stream, scratch, cuBLAS workspace and widened copies with q's (under the
+ * lock). cublasSetStream drops the handle's workspace, so it is set again right after. */
+static int swap_stream(sf_cuda *c, sf_cuda_stream *q)
 {
-    sf_cuda_queue main_q = {c->stream, c->scratch, c->scratch_bytes, c->blas_workspace, c->blas_workspace_bytes,
-                            c->widened, c->widened_bytes};
+    sf_cuda_stream main_q = {c->stream,  c->scratch,      c->scratch_bytes, c->blas_workspace, c->blas_workspace_bytes,
+                             c->widened, c->widened_bytes};
     c->stream = q->stream, c->scratch = q->scratch, c->scratch_bytes = q->scratch_bytes;
     c->blas_workspace = q->blas_workspace, c->blas_workspace_bytes = q->blas_workspace_bytes;
     c->widened = q->widened, c->widened_bytes = q->widened_bytes;
@@ -80,9 +90,10 @@ int sf_cuda_enter(sf_cuda *c)
     pthread_mutex_lock(&c->lock);
     /* the current device is per host thread, and stage threads come and go */
     int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
-    if (rc == SF_OK && queue_owner == c) rc = swap_queue(c, queue_of_thread);
+    early_launch_of_thread = c->settings.early_launch;
+    if (rc == SF_OK && stream_owner == c) rc = swap_stream(c, stream_of_thread);
     if (rc != SF_OK) {
-        if (c->swapped) swap_queue(c, c->swapped);
+        if (c->swapped) swap_stream(c, c->swapped);
         pthread_mutex_unlock(&c->lock);
     }
     return rc;
@@ -90,7 +101,7 @@ int sf_cuda_enter(sf_cuda *c)
 
 void sf_cuda_leave(sf_cuda *c)
 {
-    if (c->swapped) swap_queue(c, c->swapped);
+    if (c->swapped) swap_stream(c, c->swapped);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -133,7 +144,7 @@ static int grow_scratch(sf_cuda *c, void **scratch, size_t *have, size_t bytes)
 int sf_cuda_scratch(sf_cuda *c, size_t bytes) { return grow_scratch(c, &c->scratch, &c->scratch_bytes, bytes); }
 int sf_cuda_widened(sf_cuda *c, size_t bytes) { return grow_scratch(c, &c->widened, &c->widened_bytes, bytes); }
 
-int sf_cuda_queue_create(sf_cuda *c, sf_cuda_queue *q, size_t scratch_bytes, size_t blas_workspace_bytes)
+int sf_cuda_stream_create(sf_cuda *c, sf_cuda_stream *q, size_t scratch_bytes, size_t blas_workspace_bytes)
 {
     int rc = sf_cuda_status(cudaStreamCreateWithFlags(&q->stream, cudaStreamNonBlocking), "stream");
     if (rc == SF_OK) rc = grow_scratch(c, &q->scratch, &q->scratch_bytes, scratch_bytes);
@@ -141,7 +152,7 @@ int sf_cuda_queue_create(sf_cuda *c, sf_cuda_queue *q, size_t scratch_bytes, siz
     return rc;
 }
 
-void sf_cuda_queue_release(sf_cuda *c, sf_cuda_queue *q)
+void sf_cuda_stream_release(sf_cuda *c, sf_cuda_stream *q)
 {
     if (q->stream) cudaStreamSynchronize(q->stream);
     sf_cuda_free_counted(c, q->scratch, q->scratch_bytes);
@@ -235,7 +246,7 @@ static int cuda_upload(sf_backend *be, void *dst, const void *host_src, size_t b
  * ahead of it (the token ids of the next segment during this one's layers). */
 static int cuda_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes)
 {
-    return upload(be, dst, host_src, bytes, sf_cuda_of(be)->uploads_ordered);
+    return upload(be, dst, host_src, bytes, !sf_cuda_of(be)->settings.upload_unordered);
 }
 
 static int is_pinned(const void *host)
@@ -337,45 +348,41 @@ static int cuda_sync(sf_backend *be)
     /* the handles are read under the lock (a side thread's op swaps them inside it); the
      * waits happen outside it, so other stage threads keep issuing work meanwhile */
     pthread_mutex_lock(&c->lock);
-    cudaStream_t main_stream = c->stream, side_stream = c->side.stream, lanes[SF_BACKEND_LANES];
-    const int n_lanes = c->n_lanes;
-    for (int i = 0; i < n_lanes; i++) lanes[i] = c->lane[i].stream;
+    cudaStream_t main_stream = c->stream, side_stream = c->side.stream;
     c->join_at_product = 0; /* everything issued so far is waited for below */
     pthread_mutex_unlock(&c->lock);
     int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(main_stream), "synchronize");
     if (rc == SF_OK && side_stream) rc = sf_cuda_status(cudaStreamSynchronize(side_stream), "synchronize (side)");
-    for (int i = 0; i < n_lanes && rc == SF_OK; i++)
-        rc = sf_cuda_status(cudaStreamSynchronize(lanes[i]), "synchronize (lane)");
     return rc;
 }
 
-/* The side queue (seqflow/backend.h). begin and end mark the boundaries with events under the
- * lock, so another thread's work cannot slip between the record and the wait. When disabled
- * all three do nothing and every op stays on the one stream, in the order issued. */
+/* The side queue (kernels/backend_ext.h), on a stream of its own. begin and end mark the
+ * boundaries with events under the lock, so another thread's work cannot slip between the
+ * record and the wait. When disabled all four do nothing and every op stays on the one stream,
+ * in the order issued. */
 static int cuda_side_begin(sf_backend *be)
 {
     sf_cuda *c = sf_cuda_of(be);
-    if (!c->side.stream || sf_cuda_thread_queue(c) == &c->side) return SF_OK;
-    if (queue_owner) return sf_error(SF_E_INVAL, "side_begin: this thread is on a lane or another backend's side queue");
+    if (!c->side.stream || sf_cuda_thread_stream(c) == &c->side) return SF_OK;
+    if (stream_owner) return sf_error(SF_E_INVAL, "side_begin: this thread is on another backend's side queue");
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     rc = sf_cuda_status(cudaEventRecord(c->side_start, c->stream), "side_begin (record)");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->side.stream, c->side_start, 0), "side_begin (wait)");
     sf_cuda_leave(c);
-    if (rc == SF_OK) sf_cuda_set_thread_queue(c, &c->side);
+    if (rc == SF_OK) sf_cuda_set_thread_stream(c, &c->side);
     return rc;
 }
 
 static int cuda_side_end(sf_backend *be)
 {
     sf_cuda *c = sf_cuda_of(be);
-    if (sf_cuda_thread_queue(c) != &c->side) return SF_OK;
+    if (sf_cuda_thread_stream(c) != &c->side) return SF_OK;
     int rc = sf_cuda_enter(c); /* on the side: c->stream is the side stream here */
-    sf_cuda_set_thread_queue(c, NULL);
+    sf_cuda_set_thread_stream(c, NULL);
     if (rc != SF_OK) return rc;
     rc = sf_cuda_status(cudaEventRecord(c->side_done, c->stream), "side_end (record)");
-    if (rc == SF_OK && c->capturing) c->side_done_captured = 1;
     sf_cuda_leave(c);
     return rc;
 }
@@ -389,7 +396,7 @@ static int cuda_side_join(sf_backend *be)
     c->join_at_product = 0; /* this wait covers what that one would have */
     /* side_done was last recorded at the latest side_end of any thread: waiting on it covers
      * every side op issued before, since the side stream runs them in order */
-    rc = sf_cuda_wait_side_done(c, "side_join (wait)");
+    rc = sf_cuda_status(cudaStreamWaitEvent(c->stream, c->side_done, 0), "side_join (wait)");
     sf_cuda_leave(c);
     return rc;
 }
@@ -410,7 +417,7 @@ int sf_cuda_join_at_product(sf_cuda *c)
 {
     if (!c->join_at_product || c->swapped) return SF_OK;
     c->join_at_product = 0;
-    return sf_cuda_wait_side_done(c, "side_join (before a product)");
+    return sf_cuda_status(cudaStreamWaitEvent(c->stream, c->side_done, 0), "side_join (before a product)");
 }
 
 /* float32 copies of bf16 q, k, v ([n, ld] each) in c->widened, for the kernels that read float32
@@ -447,11 +454,9 @@ static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const v
     /* the scratch (reserve) holds the bf16 K/V staging of the fast kernels; without it the slower
      * kernel that converts in its inner loop runs */
     void *ws = sf_cuda_attention_workspace_bytes(desc) <= c->scratch_bytes ? c->scratch : NULL;
-    sf_cuda_device_info dev = {c->device, 0, 0}; /* unknown: the portable kernels */
-    if (sf_cuda_device_info_get(c->device, &dev) != SF_OK) sf_clear_error();
     /* bf16 q/k/v (qkv's output on an H100): the wgmma kernel reads them in place */
     if (desc->qkv_type == SF_DTYPE_BF16 && c->precision == SF_PRECISION_BF16)
-        rc = sf_cuda_attention(desc, q, k, v, out, ws, c->scratch_bytes, c->stream, &dev);
+        rc = sf_cuda_attention(desc, q, k, v, out, ws, c->scratch_bytes, c->stream, &c->info);
     sf_attention_desc wide;
     const float *f[3] = {(const float *)q, (const float *)k, (const float *)v};
     if (desc->qkv_type == SF_DTYPE_BF16 && rc == SF_E_UNSUPPORTED) {
@@ -463,7 +468,7 @@ static int cuda_attention(sf_backend *be, const sf_attention_desc *desc, const v
     /* float32 q/k/v: sf_cuda_attention picks the kernel, the float32 one for shapes the
      * tensor-core kernels were not built for */
     if (rc == SF_E_UNSUPPORTED && c->precision == SF_PRECISION_BF16)
-        rc = sf_cuda_attention(desc, f[0], f[1], f[2], out, ws, c->scratch_bytes, c->stream, &dev);
+        rc = sf_cuda_attention(desc, f[0], f[1], f[2], out, ws, c->scratch_bytes, c->stream, &c->info);
     else if (rc == SF_E_UNSUPPORTED)
         rc = sf_cuda_attention_f32(desc, f[0], f[1], f[2], out, c->stream);
     sf_cuda_leave(c);
@@ -493,9 +498,6 @@ static int cuda_reserve(sf_backend *be, int rows, int width, int heads, int head
     rc = sf_cuda_scratch(c, bytes);
     /* the side queue runs the memory updates (and the summaries, which need no scratch) */
     if (rc == SF_OK && c->side.stream) rc = grow_scratch(c, &c->side.scratch, &c->side.scratch_bytes, update);
-    /* a lane runs what the main queue runs */
-    for (int i = 0; i < c->n_lanes && rc == SF_OK; i++)
-        rc = grow_scratch(c, &c->lane[i].scratch, &c->lane[i].scratch_bytes, bytes);
     /* a block stage moves [segment, D] activations in and out (width >= D covers them); with
      * device rows and page-locked packets no activation goes through staging at all, so it is
      * capped: a larger copy is a plain one, slower but never wrong */
@@ -512,9 +514,7 @@ static void release(sf_cuda *c)
     for (int i = 0; i < c->n_weights; i++)
         if (c->weights[i].owned) cudaFree(c->weights[i].bf16);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].ptr);
-    sf_cuda_graphs_release(c);
-    sf_cuda_lanes_release(c);
-    sf_cuda_queue_release(c, &c->side);
+    sf_cuda_stream_release(c, &c->side);
     cudaFree(c->scratch);
     cudaFree(c->widened);
     cudaFree(c->blas_workspace);
@@ -541,26 +541,20 @@ static void release(sf_cuda *c)
 
 /* The mix fused into the attention kernel where it runs (bf16 q/k/v read in place, d = 64, an
  * H100, the memory's stream kernels chosen: sf_cuda_memory_stream_usable), else the two ops.
- * SEQFLOW_CUDA_ATTENTION_MIX=0 keeps them apart (A/B timing, tests). */
+ * Setting attention_mix=0 keeps them apart (A/B timing, tests). */
 static int cuda_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k,
                               const void *v, float *a, const float *M, const float *z, const float *gate,
                               sf_dtype otype, void *out)
 {
-    static const bool fuse = [] {
-        const char *e = getenv("SEQFLOW_CUDA_ATTENTION_MIX");
-        return !(e && !strcmp(e, "0"));
-    }();
     sf_cuda *c = sf_cuda_of(be);
     int rc = SF_E_UNSUPPORTED;
-    if (fuse && otype == SF_DTYPE_BF16 && desc->qkv_type == SF_DTYPE_BF16 && desc->n > 0 &&
+    if (c->settings.attention_mix && otype == SF_DTYPE_BF16 && desc->qkv_type == SF_DTYPE_BF16 && desc->n > 0 &&
         sf_cuda_memory_stream_usable(be, desc->head_dim, desc->ld) &&
         sf_cuda_attention_workspace_bytes(desc) <= c->scratch_bytes) {
         rc = sf_cuda_enter(c);
         if (rc != SF_OK) return rc;
         const sf_cuda_attention_mix mix = {M, z, gate, out};
-        sf_cuda_device_info dev = {c->device, 0, 0};
-        if (sf_cuda_device_info_get(c->device, &dev) != SF_OK) sf_clear_error();
-        rc = sf_cuda_attention_with_mix(desc, q, k, v, a, &mix, c->scratch, c->scratch_bytes, c->stream, &dev);
+        rc = sf_cuda_attention_with_mix(desc, q, k, v, a, &mix, c->scratch, c->scratch_bytes, c->stream, &c->info);
         sf_cuda_leave(c);
     }
     if (rc != SF_E_UNSUPPORTED) return rc;
@@ -572,19 +566,11 @@ static int cuda_attention_mix(sf_backend *be, const sf_attention_desc *desc, con
 }
 
 /* bf16 q, k, v where the default attention kernel reads them in place (compute capability 9.0,
- * d = 64, precision bf16); SEQFLOW_CUDA_QKV=f32 keeps them float32 (for A/B timing and tests). */
+ * d = 64, precision bf16); setting qkv=f32 keeps them float32 (for A/B timing and tests). */
 static sf_dtype cuda_qkv_type(sf_backend *be, int head_dim)
 {
     const sf_cuda *c = sf_cuda_of(be);
-    const char *env = getenv("SEQFLOW_CUDA_QKV");
-    if (c->precision != SF_PRECISION_BF16 || head_dim != 64 || (env && !strcmp(env, "f32"))) return SF_DTYPE_F32;
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device) != cudaSuccess) {
-        cudaGetLastError();
-        return SF_DTYPE_F32;
-    }
-    return major == 9 && minor == 0 ? SF_DTYPE_BF16 : SF_DTYPE_F32;
+    return c->bf16_in_place && head_dim == 64 ? SF_DTYPE_BF16 : SF_DTYPE_F32;
 }
 
 static void cuda_destroy(sf_backend *be)
@@ -594,49 +580,61 @@ static void cuda_destroy(sf_backend *be)
     be->impl = NULL;
 }
 
+/* Which core ops take bf16 activations: attention, memory_mix, memory_update and summary read
+ * bf16 q/k/v in place on the devices where qkv_type hands them bf16 (bf16_in_place; qkv_type
+ * adds the head width). Elsewhere their kernels would take bf16 only through a conversion, so
+ * the answer is no and callers pass float32. */
+static int cuda_supports_op(sf_backend *be, sf_op op, sf_dtype type)
+{
+    if (type == SF_DTYPE_F32) return op >= 0 && op < SF_OP_COUNT;
+    if (type != SF_DTYPE_BF16) return 0;
+    switch (op) {
+    case SF_OP_ATTENTION:
+    case SF_OP_MEMORY_MIX:
+    case SF_OP_MEMORY_UPDATE:
+    case SF_OP_SUMMARY: return sf_cuda_of(be)->bf16_in_place;
+    default: return 0;
+    }
+}
+
+static const sf_backend_ext cuda_ext = {
+    .prepare_weight_group = sf_cuda_prepare_weight_group,
+    .reserve = cuda_reserve,
+    .qkv_type = cuda_qkv_type,
+    .qkv = sf_cuda_qkv,
+    .ffn = sf_cuda_ffn,
+    .ffn_h1_floats = sf_cuda_ffn_h1_floats,
+    .attention_mix = cuda_attention_mix,
+    .memory_mix_to = sf_cuda_memory_mix_to,
+    .matmul_typed = sf_cuda_matmul_typed,
+    .rmsnorm_typed = sf_cuda_rmsnorm_typed,
+    .upload_unordered = cuda_upload_unordered,
+    .side_begin = cuda_side_begin,
+    .side_end = cuda_side_end,
+    .side_join = cuda_side_join,
+    .side_join_before_product = cuda_side_join_before_product,
+};
+
 static const sf_backend_ops cuda_ops = {
-    /* .name */ "cuda",
-    /* .alloc */ cuda_alloc,
-    /* .free */ cuda_free,
-    /* .upload */ cuda_upload,
-    /* .download */ cuda_download,
-    /* .copy */ cuda_copy,
-    /* .zero */ cuda_zero,
-    /* .sync */ cuda_sync,
-    /* .matmul */ sf_cuda_matmul,
-    /* .rmsnorm */ sf_cuda_rmsnorm,
-    /* .embed */ sf_cuda_embed,
-    /* .swiglu */ sf_cuda_swiglu,
-    /* .attention */ cuda_attention,
-    /* .memory_mix */ sf_cuda_memory_mix,
-    /* .memory_update */ sf_cuda_memory_update,
-    /* .summary */ sf_cuda_summary,
-    /* .destroy */ cuda_destroy,
-    /* .prepare_weight */ sf_cuda_prepare_weight,
-    /* .reserve */ cuda_reserve,
-    /* .matmul_shared */ sf_cuda_matmul_shared,
-    /* .qkv */ sf_cuda_qkv,
-    /* .ffn */ sf_cuda_ffn,
-    /* .prepare_weight_group */ sf_cuda_prepare_weight_group,
-    /* .side_begin */ cuda_side_begin,
-    /* .side_end */ cuda_side_end,
-    /* .side_join */ cuda_side_join,
-    /* .qkv_type */ cuda_qkv_type,
-    /* .memory_mix_to */ sf_cuda_memory_mix_to,
-    /* .matmul_typed */ sf_cuda_matmul_typed,
-    /* .attention_mix */ cuda_attention_mix,
-    /* .side_join_before_product */ cuda_side_join_before_product,
-    /* .lanes */ sf_cuda_lanes,
-    /* .lane_begin */ sf_cuda_lane_begin,
-    /* .lane_end */ sf_cuda_lane_end,
-    /* .lane_join */ sf_cuda_lane_join,
-    /* .lane_signal */ sf_cuda_lane_signal,
-    /* .lane_wait */ sf_cuda_lane_wait,
-    /* .ffn_h1_floats */ sf_cuda_ffn_h1_floats,
-    /* .graph_begin */ sf_cuda_graph_begin,
-    /* .graph_end */ sf_cuda_graph_end,
-    /* .rmsnorm_typed */ sf_cuda_rmsnorm_typed,
-    /* .upload_unordered */ cuda_upload_unordered,
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .zero = cuda_zero,
+    .sync = cuda_sync,
+    .matmul = sf_cuda_matmul,
+    .rmsnorm = sf_cuda_rmsnorm,
+    .embed = sf_cuda_embed,
+    .swiglu = sf_cuda_swiglu,
+    .attention = cuda_attention,
+    .memory_mix = sf_cuda_memory_mix,
+    .memory_update = sf_cuda_memory_update,
+    .summary = sf_cuda_summary,
+    .destroy = cuda_destroy,
+    .supports_op = cuda_supports_op,
+    .ext = &cuda_ext,
 };
 
 /* Page-locked packet buffers (seqflow/packet.h): outputs come down straight into them. */
@@ -658,17 +656,16 @@ static void pinned_free(void *p)
 static const sf_host_allocator pinned_packets = {pinned_alloc, pinned_free};
 
 /* cuBLAS workspace of the side queue: its products (none in the block stage today) must not
- * share the main queue's, and fall back to algorithms that need less when it is too small. */
+ * share the main stream's, and fall back to algorithms that need less when it is too small. */
 #define SIDE_BLAS_WORKSPACE_BYTES ((size_t)4 << 20)
 
-/* The side queue, unless SEQFLOW_CUDA_SIDE_QUEUE=0 or the per-op profile is on (it times each
- * op alone on the main stream). Stream priorities were tried (side lowest or highest) and were
- * slower than equal ones (bench/RESULTS.md, run 9). */
+/* The side queue's stream, unless side_queue=0 or the per-op profile is on (it times each op
+ * alone on the main stream). Stream priorities were tried (side lowest or highest) and were
+ * slower than equal ones (bench/RESULTS.md). */
 static int create_side_queue(sf_cuda *c)
 {
-    const char *mode = getenv("SEQFLOW_CUDA_SIDE_QUEUE");
-    if ((mode && strcmp(mode, "0") == 0) || sf_cuda_profile_wanted()) return SF_OK;
-    int rc = sf_cuda_queue_create(c, &c->side, 0, SIDE_BLAS_WORKSPACE_BYTES);
+    if (!c->settings.side_queue || c->settings.profile) return SF_OK;
+    int rc = sf_cuda_stream_create(c, &c->side, 0, SIDE_BLAS_WORKSPACE_BYTES);
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&c->side_start, cudaEventDisableTiming), "event");
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming), "event");
     /* until the first side_end, joining must not wait on a never-recorded event: record it now */
@@ -676,8 +673,11 @@ static int create_side_queue(sf_cuda *c)
     return rc;
 }
 
-extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
+extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *settings)
 {
+    sf_cuda_settings parsed;
+    int rc = sf_cuda_settings_parse(settings, &parsed);
+    if (rc != SF_OK) return rc;
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
@@ -690,14 +690,17 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
     sf_cuda *c = (sf_cuda *)calloc(1, sizeof *c);
     if (!c) return sf_error(SF_E_NOMEM, "out of memory");
     c->device = device;
+    c->info.device = device; /* compute capability unknown (0.0): the portable kernels */
+    if (sf_cuda_device_info_get(device, &c->info) != SF_OK) sf_clear_error();
+    c->settings = parsed;
     c->precision = be->precision == SF_PRECISION_BF16 ? SF_PRECISION_BF16 : SF_PRECISION_F32;
-    /* recursive: a graph's recording holds it while that thread's ops take it again */
+    /* recursive: an op composed of others may hold it while they take it again */
     pthread_mutexattr_t recursive;
     pthread_mutexattr_init(&recursive);
     pthread_mutexattr_settype(&recursive, PTHREAD_MUTEX_RECURSIVE);
     pthread_mutex_init(&c->lock, &recursive);
     pthread_mutexattr_destroy(&recursive);
-    int rc = sf_cuda_status(cudaSetDevice(device), "cudaSetDevice");
+    rc = sf_cuda_status(cudaSetDevice(device), "cudaSetDevice");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "stream");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->copy_in, cudaStreamNonBlocking), "stream");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&c->copy_out, cudaStreamNonBlocking), "stream");
@@ -720,21 +723,24 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device)
                               "cublasSetWorkspace");
     }
     if (rc == SF_OK) rc = create_side_queue(c);
+    int major = 0, minor = 0;
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "attribute");
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "attribute");
+    c->bf16_in_place = c->precision == SF_PRECISION_BF16 && c->settings.qkv_bf16 && major == 9 && minor == 0;
     if (rc != SF_OK) {
         release(c);
         return rc;
     }
     be->ops = &cuda_ops;
     be->impl = c;
-    /* SEQFLOW_PINNED_PACKETS=0 keeps packets in pageable memory (downloads then go through the
-     * staging copy): for comparing the two in benchmarks */
-    const char *unordered = getenv("SEQFLOW_CUDA_UPLOAD_UNORDERED");
-    c->uploads_ordered = unordered && strcmp(unordered, "0") == 0;
-    const char *pinned = getenv("SEQFLOW_PINNED_PACKETS");
-    if (!(pinned && strcmp(pinned, "0") == 0)) sf_packet_set_host_allocator(&pinned_packets);
+    /* pinned_packets=0 keeps packets in pageable memory (downloads then go through the staging
+     * copy): for comparing the two in benchmarks */
+    if (c->settings.pinned_packets) sf_packet_set_host_allocator(&pinned_packets);
     be->precision = c->precision;
     /* a profile that cannot start leaves the backend unprofiled, never broken */
-    if (sf_cuda_profile_wanted() && sf_cuda_profile_attach(be) != SF_OK) sf_clear_error();
+    if (c->settings.profile && sf_cuda_profile_attach(be) != SF_OK) sf_clear_error();
     return SF_OK;
 }
 

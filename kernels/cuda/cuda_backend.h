@@ -9,23 +9,31 @@
  * inside the stream and shared scratch is safe; download and sync wait outside the lock.
  *
  * Memory: ops->alloc is cudaMalloc (counted, see sf_cuda_backend_memory); the bf16 weight
- * copies (prepare_weight) and the scratch (reserve) are counted too. Ops allocate nothing. */
+ * copies (prepare_weight_group) and the scratch (reserve) are counted too. Ops allocate nothing.
+ *
+ * Settings (cuda_settings.h, docs/CUDA.md) are parsed once in sf_cuda_backend_init and kept in
+ * the backend; the kernels' entry points take what they need from there. */
 #ifndef SEQFLOW_KERNELS_CUDA_BACKEND_H
 #define SEQFLOW_KERNELS_CUDA_BACKEND_H
 
 #include <stddef.h>
 
 #include "seqflow/backend.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_settings.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* Fills *be (ops, impl) for GPU `device` with be->precision already resolved (F32 or BF16).
- * Creates the stream, the cuBLAS handle and its workspace. Returns SF_OK, or SF_E_BACKEND
- * naming the CUDA failure (no GPU, no driver, bad ordinal); nothing is left allocated then.
- * ops->destroy releases everything (the caller frees *be itself, as sf_backend_free does). */
-int sf_cuda_backend_init(sf_backend *be, int device);
+ * settings: the backend's "key=value,..." string (sf_backend_options.settings; NULL or "" for
+ * the environment defaults), read here only, never kept. Creates the streams, the cuBLAS
+ * handle and its workspace. Returns SF_OK; SF_E_OPTION naming a bad setting (checked before
+ * the device is touched); or SF_E_BACKEND naming the CUDA failure (no GPU, no driver, bad
+ * ordinal). Nothing is left allocated on failure. ops->destroy releases everything (the caller
+ * frees *be itself, as sf_backend_free does). */
+int sf_cuda_backend_init(sf_backend *be, int device, const char *settings);
 
 typedef struct sf_cuda_memory {
     size_t allocated;      /* bytes held now through this backend (buffers, bf16 weights, scratch, workspace) */
@@ -37,18 +45,6 @@ typedef struct sf_cuda_memory {
 /* Memory figures of a CUDA backend (for benchmarks). be must be a "cuda" backend:
  * SF_E_INVAL otherwise; SF_E_BACKEND when cudaMemGetInfo fails. */
 int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
-
-/* Where the compressive-memory kernels of head size 32 and 64 compute their products, for tests
- * and benchmarks: 1 on the tensor cores (3xTF32), 0 on FP32 FMAs (either keeps the tiled kernels),
- * -1 back to the default (SEQFLOW_CUDA_MEMORY=mma|fma|tiled, else the stream kernels for d = 64
- * with bf16 operands and the faster of the two per op otherwise, kernels/cuda/compressive_memory.cu).
- * Process-wide; not to be changed while another thread's memory ops are being issued. */
-void sf_cuda_memory_set_tensor_cores(int on);
-
-/* How many graphs (ops graph_begin/end) this process's CUDA backends have launched, and how
- * many of those needed a new executable (the others updated the key's kept one), for tests
- * and benchmarks. Either pointer may be NULL. */
-void sf_cuda_graph_counts(unsigned long long *launched, unsigned long long *instantiated);
 
 #ifdef __cplusplus
 }
@@ -108,9 +104,9 @@ typedef struct sf_cuda_gemm_plan {
 
 #define SF_CUDA_GEMM_PLANS 32 /* shapes planned; later ones take cublasGemmEx untimed */
 
-/* What an op issues to: the stream, the scratch, the cuBLAS workspace and the float32 copies
- * (widened) it may use. */
-typedef struct sf_cuda_queue {
+/* A compute stream with what an op issuing to it may use: the scratch, the cuBLAS workspace
+ * and the float32 copies (widened). */
+typedef struct sf_cuda_stream {
     cudaStream_t stream;
     void *scratch;
     size_t scratch_bytes;
@@ -118,24 +114,20 @@ typedef struct sf_cuda_queue {
     size_t blas_workspace_bytes;
     void *widened;
     size_t widened_bytes;
-} sf_cuda_queue;
-
-/* A kept graph (graph.cu): the executable of the last sequence recorded under key. */
-typedef struct sf_cuda_graph {
-    const void *key;
-    cudaGraphExec_t exec; /* NULL until the first sequence of key was recorded */
-} sf_cuda_graph;
-
-#define SF_CUDA_GRAPHS 16 /* keys with a kept graph; graph_begin declines further ones */
+} sf_cuda_stream;
 
 typedef struct sf_cuda {
     int device;
+    sf_cuda_device_info info; /* compute capability, asked once at init: the kernels are picked by it */
     sf_precision precision;
+    sf_cuda_settings settings; /* parsed once at init; read-only afterwards */
+    /* the attention kernel reads bf16 q/k/v in place: precision bf16, compute capability 9.0,
+     * settings.qkv_bf16 (qkv_type and supports_op answer from it) */
+    int bf16_in_place;
     cudaStream_t stream;
     cudaStream_t copy_in, copy_out; /* host <-> device copies, off the compute stream */
     sf_cuda_staging up[SF_CUDA_STAGING_SLOTS], down[SF_CUDA_STAGING_SLOTS];
     int up_next;
-    int uploads_ordered; /* SEQFLOW_CUDA_UPLOAD_UNORDERED=0: upload_unordered waits as upload does */
     cublasHandle_t blas;
     void *blas_workspace;
     size_t blas_workspace_bytes;
@@ -151,28 +143,18 @@ typedef struct sf_cuda {
     void *widened;
     size_t widened_bytes;
     size_t allocated, peak;
-    sf_cuda_profile *profile; /* SEQFLOW_CUDA_PROFILE=1 only */
+    sf_cuda_profile *profile;                         /* settings.profile only */
     sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* gemm_plan.cu, under the lock */
     int n_gemm_plans;
-    /* The side queue (ops side_begin/end/join) and the lanes (ops lanes, lane_*: lanes.cu).
-     * While a thread is on one of them, sf_cuda_enter swaps that queue with the fields above
-     * (stream, scratch, cuBLAS stream and workspace, widened), so every op issues to it
-     * unchanged and never shares scratch with the main queue; leave swaps back.
-     * side.stream is NULL when disabled (SEQFLOW_CUDA_SIDE_QUEUE=0, or profiling). */
-    sf_cuda_queue side;
-    sf_cuda_queue *swapped; /* the queue whose fields are swapped in now (inside enter/leave) */
-    int join_at_product; /* side_join_before_product: the next main-queue product waits first */
+    /* The side queue (ext side_begin/end/join): its own stream. While a thread is on it,
+     * sf_cuda_enter swaps it with the fields above (stream, scratch, cuBLAS stream and
+     * workspace, widened), so every op issues to it unchanged and never shares scratch with
+     * the main stream; leave swaps back. side.stream is NULL when disabled (settings
+     * side_queue=0, or profiling). */
+    sf_cuda_stream side;
+    sf_cuda_stream *swapped; /* the stream whose fields are swapped in now (inside enter/leave) */
+    int join_at_product;     /* side_join_before_product: the next main-stream product waits first */
     cudaEvent_t side_start, side_done;
-    sf_cuda_queue lane[SF_BACKEND_LANES];
-    int n_lanes;
-    cudaEvent_t lane_start[SF_BACKEND_LANES], lane_done[SF_BACKEND_LANES];
-    cudaEvent_t lane_mark[SF_BACKEND_LANES][SF_BACKEND_LANE_MARKS];
-    /* Graphs (ops graph_begin/end: graph.cu). While the main stream is recorded the lock stays
-     * held by the recording thread (it is recursive, so that thread's ops still take it). */
-    int capturing;
-    int side_done_captured; /* side_done was recorded since graph_begin: a join may wait on it */
-    sf_cuda_graph graphs[SF_CUDA_GRAPHS];
-    int n_graphs;
 } sf_cuda;
 
 static inline sf_cuda *sf_cuda_of(sf_backend *be) { return (sf_cuda *)be->impl; }
@@ -187,36 +169,22 @@ int sf_cublas_status(cublasStatus_t st, const char *what);
 /* Checks the last launch (configuration errors surface here, not at the call). */
 static inline int sf_cuda_launched(const char *kernel) { return sf_cuda_status(cudaGetLastError(), kernel); }
 
-/* The wait side_join_before_product left for the next main-queue product, if any (under the
+/* The wait side_join_before_product left for the next main-stream product, if any (under the
  * lock): sf_cuda_gemm calls it, and every product path before it first reads its input. */
 int sf_cuda_join_at_product(sf_cuda *c);
 
-/* Takes the backend's lock and makes its device current on this thread; unlock releases. */
+/* Takes the backend's lock, makes its device current on this thread and its early_launch
+ * setting the one sf_cuda_launch_early uses on this thread (launch_early.cuh); leave unlocks. */
 int sf_cuda_enter(sf_cuda *c);
 void sf_cuda_leave(sf_cuda *c);
-/* The queue of c that this thread's ops go to (NULL: the main queue), set outside enter/leave;
- * the queue this thread is on now, if it belongs to c. */
-void sf_cuda_set_thread_queue(sf_cuda *c, sf_cuda_queue *q);
-sf_cuda_queue *sf_cuda_thread_queue(const sf_cuda *c);
-/* A queue's own stream, scratch of scratch_bytes and cuBLAS workspace (under the lock), and
+/* The stream of c that this thread's ops go to (NULL: the main stream), set outside
+ * enter/leave; the stream this thread is on now, if it belongs to c. */
+void sf_cuda_set_thread_stream(sf_cuda *c, sf_cuda_stream *s);
+sf_cuda_stream *sf_cuda_thread_stream(const sf_cuda *c);
+/* A stream of its own with scratch of scratch_bytes and cuBLAS workspace (under the lock), and
  * their release (nothing issued to it may still run). */
-int sf_cuda_queue_create(sf_cuda *c, sf_cuda_queue *q, size_t scratch_bytes, size_t blas_workspace_bytes);
-void sf_cuda_queue_release(sf_cuda *c, sf_cuda_queue *q);
-/* lanes.cu: the lane ops, and their teardown (syncs the lanes first). */
-int sf_cuda_lanes(sf_backend *be, int want);
-int sf_cuda_lane_begin(sf_backend *be, int lane);
-int sf_cuda_lane_end(sf_backend *be);
-int sf_cuda_lane_join(sf_backend *be, int lane);
-int sf_cuda_lane_signal(sf_backend *be, int mark);
-int sf_cuda_lane_wait(sf_backend *be, int lane, int mark);
-void sf_cuda_lanes_release(sf_cuda *c);
-/* graph.cu: the graph ops, and the release of the kept graphs. */
-int sf_cuda_graph_begin(sf_backend *be, const void *key);
-int sf_cuda_graph_end(sf_backend *be, const void *key, int issue);
-void sf_cuda_graphs_release(sf_cuda *c);
-/* The wait on side_done a join issues now, if any: none while recording when the side queue
- * was given nothing since graph_begin (graph_begin waited for everything before). */
-int sf_cuda_wait_side_done(sf_cuda *c, const char *what);
+int sf_cuda_stream_create(sf_cuda *c, sf_cuda_stream *s, size_t scratch_bytes, size_t blas_workspace_bytes);
+void sf_cuda_stream_release(sf_cuda *c, sf_cuda_stream *s);
 /* Grows the counted scratch to at least `bytes` (under the lock). */
 int sf_cuda_scratch(sf_cuda *c, size_t bytes);
 /* Counted device allocation / release for the backend's own buffers (under the lock). */
@@ -246,30 +214,13 @@ int sf_cuda_hopper_kernel_fits(const void *kernel, int smem_bytes);
 /* The per-device memo of such an answer: known[dev] 0 means not asked yet; a benign race may
  * fill an entry twice with the same value. Returns the answer for the current device. */
 int sf_cuda_hopper_known(int *known, const void *kernel, int smem_bytes);
-/* swiglu_w2.cu (sm_90a): x[n, dim] += (silu(h[:, :hidden]) * h[:, hidden:]) w2^T with h [n, 2 hidden]
- * and w2 [dim, hidden] bf16, SwiGLU applied as the product's operand is loaded. usable: an H100
- * class device (compute capability 9.0 with the sm_90a image), dim % 256 == 0, hidden % 128 == 0. */
-int sf_cuda_swiglu_w2_usable(int dim, int hidden);
-int sf_cuda_swiglu_w2(int n, int dim, int hidden, const __nv_bfloat16 *h, const __nv_bfloat16 *w2, float *x,
-                      cudaStream_t stream);
-
 /* swiglu_gate_up.cu (sm_90a): g[n, hidden] = silu(u w1^T) * (u w3^T), u [n, dim], w1 and w3
  * [hidden, dim], g bf16, SwiGLU in the products' epilogue (float32 accumulators, one rounding).
  * usable: the multiprocessor count when this is an H100 class device (compute capability 9.0
  * with the sm_90a image) and dim, hidden are multiples of 8; else 0. Pointers 16-byte aligned. */
 int sf_cuda_swiglu_gate_up_usable(int dim, int hidden);
-/* How many clusters of `cluster` (1, 2, 4) CTAs of the kernel fit on this device at once. */
-int sf_cuda_swiglu_gate_up_clusters(int cluster);
 int sf_cuda_swiglu_gate_up(int n, int dim, int hidden, const __nv_bfloat16 *u, const __nv_bfloat16 *w1,
                            const __nv_bfloat16 *w3, __nv_bfloat16 *g, cudaStream_t stream);
-
-/* residual_product.cu (sm_90a): x[n, out] += a[n, in] w^T, a and w [out, in] bf16, x float32
- * with rows of `out` (cuBLAS's beta = 1), the tile added by the copy engine's reduction. usable:
- * the multiprocessor count on an H100 class device with in, out multiples of 8; else 0.
- * Pointers 16-byte aligned. */
-int sf_cuda_residual_product_usable(int in, int out);
-int sf_cuda_residual_product(int n, int in, int out, const __nv_bfloat16 *a, const __nv_bfloat16 *w, float *x,
-                             cudaStream_t stream);
 
 /* A bf16 product on cuBLAS (gemm_plan.cu): y (float32 or bf16, rows ldy apart) = x w^T + beta y
  * for `batch` weights stride_w elements apart with one shared x, outputs stride_y elements
@@ -285,16 +236,13 @@ typedef struct sf_cuda_gemm_args {
 } sf_cuda_gemm_args;
 int sf_cuda_gemm(sf_cuda *c, const sf_cuda_gemm_args *g, const char *what);
 
-/* The ops of sf_backend_ops (contracts in seqflow/backend.h). */
-int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y,
-                   int ldy, int accumulate);
-int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
-                          const float *const *w, float *const *y, int ldy);
-int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in);
+/* The core ops (seqflow/backend.h) and the ext slots (kernels/backend_ext.h): contracts there. */
+int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y, int ldy,
+                   int accumulate);
 int sf_cuda_prepare_weight_group(sf_backend *be, int count, const float *const *w, int out, int in);
 int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
                 const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u);
-/* ops->ffn_h1_floats: 0 where ffn takes the W1|W3 SwiGLU kernel (which writes only h3). */
+/* ext ffn_h1_floats: 0 where ffn takes the W1|W3 SwiGLU kernel (which writes only h3). */
 size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden);
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3);

@@ -7,7 +7,7 @@
  * c->gemm_plans, and every later product of that shape issues it with no further choice.
  * Candidates that split K are skipped: the others sum each output in the same order (their
  * results matched cublasGemmEx's bit for bit there), so which one wins a noisy timing never
- * changes the numbers. SEQFLOW_CUDA_GEMM=gemmex never uses Lt; =lt takes Lt's fastest even
+ * changes the numbers. Setting gemm=gemmex never uses Lt; gemm=lt takes Lt's fastest even
  * where cublasGemmEx is faster (the tests use it to exercise that path). */
 #include "kernels/cuda/cuda_backend.h"
 
@@ -34,7 +34,7 @@ static int run_gemmex(sf_cuda *c, const sf_cuda_gemm_args *g, const char *what)
 }
 
 /* A cuBLAS handle is a cuBLASLt handle too (cuBLAS documentation, cublasLtHandle_t), so the
- * backend needs no second handle; stream and workspace are the current queue's. */
+ * backend needs no second handle; stream and workspace are those of the stream the op issues to. */
 static cublasStatus_t run_lt(sf_cuda *c, sf_cuda_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const sf_cuda_gemm_args *g)
 {
     const float alpha = 1.0f;
@@ -129,9 +129,8 @@ static void *timing_target(const sf_cuda *c, const sf_cuda_gemm_args *g, size_t 
 static int choose_path(sf_cuda *c, sf_cuda_gemm_plan *p, const sf_cuda_gemm_args *g)
 {
     p->use_lt = 0;
-    const char *mode = getenv("SEQFLOW_CUDA_GEMM");
-    if ((mode && !strcmp(mode, "gemmex")) || describe(p) != CUBLAS_STATUS_SUCCESS) return SF_OK;
-    const int force_lt = mode && !strcmp(mode, "lt");
+    if (c->settings.gemm == SF_CUDA_GEMM_GEMMEX || describe(p) != CUBLAS_STATUS_SUCCESS) return SF_OK;
+    const int force_lt = c->settings.gemm == SF_CUDA_GEMM_LT;
     cublasLtMatmulPreferenceOpaque_t pref;
     const uint64_t workspace = c->blas_workspace_bytes;
     const uint32_t align = (uint32_t)p->align;
@@ -181,22 +180,20 @@ static int same_shape(const sf_cuda_gemm_plan *p, const sf_cuda_gemm_args *g, in
 }
 
 /* The plan for g's shape, chosen now if this is its first use; NULL: plain cublasGemmEx (the
- * table is full, or the stream is being captured into a graph, where nothing may be timed). */
+ * table is full). */
 static int find_plan(sf_cuda *c, const sf_cuda_gemm_args *g, sf_cuda_gemm_plan **plan)
 {
     *plan = NULL;
     const int align = operand_alignment(g);
     for (int i = 0; i < c->n_gemm_plans; i++)
         if (same_shape(&c->gemm_plans[i], g, align)) return *plan = &c->gemm_plans[i], SF_OK;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    int rc = sf_cuda_status(cudaStreamIsCapturing(c->stream, &capture), "cudaStreamIsCapturing");
-    if (rc != SF_OK || capture != cudaStreamCaptureStatusNone || c->n_gemm_plans == SF_CUDA_GEMM_PLANS) return rc;
+    if (c->n_gemm_plans == SF_CUDA_GEMM_PLANS) return SF_OK;
     sf_cuda_gemm_plan *p = &c->gemm_plans[c->n_gemm_plans];
     memset(p, 0, sizeof *p);
     p->n = g->n, p->in = g->in, p->out = g->out, p->ldy = g->ldy, p->batch = g->batch;
     p->accumulate = g->beta != 0.0f, p->align = align, p->stride_w = g->stride_w, p->stride_y = g->stride_y;
     p->ytype = g->ytype;
-    rc = choose_path(c, p, g);
+    const int rc = choose_path(c, p, g);
     if (rc == SF_OK) c->n_gemm_plans++, *plan = p;
     return rc;
 }

@@ -1,7 +1,8 @@
-/* The warp-specialized Hopper product both fused-epilogue kernels share (swiglu_gate_up.cu,
- * residual_product.cu): tiles of 128 rows x 256 product columns, A [rows, K] and B [columns, K]
- * bf16 K-major, float32 accumulators, an epilogue of the caller's (CUTLASS's "cooperative"
- * kernel, written out with PTX).
+/* The warp-specialized Hopper product the fused-epilogue kernels share (swiglu_gate_up.cu; the
+ * lab's variants of it and residual_product.cu in bench/lab/, which also use the clusters):
+ * tiles of 128 rows x 256 product columns, A [rows, K] and B [columns, K] bf16 K-major, float32
+ * accumulators, an epilogue of the caller's (CUTLASS's "cooperative" kernel, written out with
+ * PTX).
  *
  * One persistent CTA a multiprocessor, 384 threads. Warpgroup 0 is the producer: one thread
  * issues, for every 64-wide K step, the bulk tensor copies (TMA, 128-byte swizzle) of A's 128 x

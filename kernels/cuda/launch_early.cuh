@@ -4,13 +4,11 @@
  * 3-5 us (bench/RESULTS.md, run 13: the kernel timeline). Launched early, a kernel's blocks
  * are placed while the product ahead of it drains; each such kernel first waits in
  * sf_wait_prior_grid for that grid to finish and its writes to be visible, so it reads
- * exactly what it read before. SEQFLOW_CUDA_PDL=0 launches them the plain way. */
+ * exactly what it read before. The backend's setting early_launch=0 launches them the plain way. */
 #ifndef SEQFLOW_KERNELS_CUDA_LAUNCH_EARLY_CUH
 #define SEQFLOW_KERNELS_CUDA_LAUNCH_EARLY_CUH
 
 #include <cuda_runtime.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* The first statement touching device memory in every kernel sf_cuda_launch_early launches: a
  * no-op when the kernel was launched the plain way. */
@@ -21,14 +19,9 @@ __device__ __forceinline__ void sf_wait_prior_grid()
 #endif
 }
 
-static inline int sf_cuda_pdl_enabled(void)
-{
-    static const int on = [] {
-        const char *e = getenv("SEQFLOW_CUDA_PDL");
-        return !(e && strcmp(e, "0") == 0);
-    }();
-    return on;
-}
+/* The early_launch setting of the backend whose op this thread is issuing (sf_cuda_enter sets
+ * it, cuda_backend.cu); 1 on a thread that never entered one. */
+int sf_cuda_early_launch(void);
 
 /* kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
  * `early`: the kernel may start before the kernel ahead of it in the stream has finished.
@@ -46,12 +39,12 @@ static inline cudaError_t sf_cuda_launch_programmatic(bool early, void (*kernel)
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
 }
 
-/* The same, early unless SEQFLOW_CUDA_PDL=0 (see above). */
+/* The same, early unless the backend's early_launch setting is 0 (see above). */
 template <class... Params, class... Args>
 static inline cudaError_t sf_cuda_launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                                cudaStream_t stream, Args &&...args)
 {
-    return sf_cuda_launch_programmatic(sf_cuda_pdl_enabled() != 0, kernel, grid, block, smem, stream,
+    return sf_cuda_launch_programmatic(sf_cuda_early_launch() != 0, kernel, grid, block, smem, stream,
                                        static_cast<Args &&>(args)...);
 }
 

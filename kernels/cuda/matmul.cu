@@ -2,7 +2,7 @@
  * y^T (out x n) = W^T (out x in, W stored as in x out) times x^T (in x n): one GEMM with
  * op(A) = T, op(B) = N and no copies.
  * Precision f32: cublasSgemm in DEFAULT math (no TF32). Precision bf16: weights get a bf16
- * copy once (prepare_weight), x is rounded into the reserved scratch, and cuBLAS (cublasLt's
+ * copy once (prepare_weight_group), x is rounded into the reserved scratch, and cuBLAS (cublasLt's
  * algorithm timed fastest for the shape, or cublasGemmEx: gemm_plan.cu) multiplies bf16 operands
  * with float32 accumulation into the float32 y. A weight that was
  * never prepared is multiplied in f32, which is slower but exact. qkv and ffn (below) fuse the
@@ -27,24 +27,6 @@ static int gemm_bf16(sf_cuda *c, int n, int in, int out, const __nv_bfloat16 *x,
 {
     const sf_cuda_gemm_args g = {n, in, out, ldy, 1, 0, 0, x, w, y, ytype, beta};
     return sf_cuda_gemm(c, &g, what);
-}
-
-/* y[n, out] += x w^T (beta 1, float32 y with rows of `out`) on cuBLAS; with
- * SEQFLOW_CUDA_RESIDUAL_PRODUCT=1 (or =w2: only the MLP's W2) on an H100, the hand-written kernel
- * that adds the product into y through the copy engine (residual_product.cu): a tried variant,
- * faster alone (W2 +1.7%, O +11%) but not in the pipeline, where its O product cannot share the
- * multiprocessors with the side queue's kernels (bench/GEMM_NOTES.md). Under the lock. */
-static int residual_gemm_bf16(sf_cuda *c, int n, int in, int out, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
-                              float *y, int ldy, int mlp, const char *what)
-{
-    const char *e = getenv("SEQFLOW_CUDA_RESIDUAL_PRODUCT");
-    const int on = e && (strcmp(e, "1") == 0 || (strcmp(e, "w2") == 0 && mlp));
-    const int aligned = (((uintptr_t)x | (uintptr_t)w | (uintptr_t)y) & 15) == 0;
-    if (ldy == out && aligned && on && sf_cuda_residual_product_usable(in, out)) {
-        int rc = sf_cuda_join_at_product(c); /* cuBLAS's path waits in sf_cuda_gemm */
-        return rc == SF_OK ? sf_cuda_residual_product(n, in, out, x, w, y, c->stream) : rc;
-    }
-    return gemm_bf16(c, n, in, out, x, w, y, ldy, CUDA_R_32F, 1.0f, what);
 }
 
 /* w's bf16 copy when this backend multiplies in bf16 and w was prepared with this shape (a
@@ -94,7 +76,7 @@ static int shared_input_gemms_bf16(sf_cuda *c, int n, int in, int out, const __n
 }
 
 /* Rounds x once into the scratch, then the products of shared_input_gemms_bf16 (all prepared). */
-#define SHARED_MAX 8 /* products matmul_shared takes in one pass (Q/K/V: 3) */
+#define SHARED_MAX 8 /* products matmul_shared takes in one pass (Q/K/V: 3, W1/W3: 2) */
 
 static int shared_input_gemms(sf_cuda *c, int n, int in, int out, const float *x, int ldx, int count,
                               const sf_cuda_weight *const *wb, float *const *y, int ldy, const char *what)
@@ -150,11 +132,6 @@ static int prepare_group(sf_cuda *c, int count, const float *const *w, int out, 
         slot->owned = i == 0 ? count * each : 0;
     }
     return SF_OK;
-}
-
-int sf_cuda_prepare_weight(sf_backend *be, const float *w, int out, int in)
-{
-    return w ? sf_cuda_prepare_weight_group(be, 1, &w, out, in) : SF_OK;
 }
 
 int sf_cuda_prepare_weight_group(sf_backend *be, int count, const float *const *w, int out, int in)
@@ -221,7 +198,7 @@ int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int l
     return rc;
 }
 
-/* matmul_typed (seqflow/backend.h): a bf16 x (the mixed attention output of an H100 layer) goes
+/* matmul_typed (kernels/backend_ext.h): a bf16 x (the mixed attention output of an H100 layer) goes
  * to the GEMM as it is, with no conversion pass, when w was prepared and the rows are
  * contiguous; otherwise x is widened to float32 and multiplied as sf_cuda_matmul does. */
 int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
@@ -235,10 +212,8 @@ int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype,
     if (rc != SF_OK) return rc;
     const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
     if (wb && ldx == in) {
-        rc = accumulate ? residual_gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, 0,
-                                             "bf16 GEMM (bf16 input)")
-                        : gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, CUDA_R_32F, 0.0f,
-                                    "bf16 GEMM (bf16 input)");
+        rc = gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, CUDA_R_32F, accumulate ? 1.0f : 0.0f,
+                       "bf16 GEMM (bf16 input)");
         sf_cuda_leave(c);
         return rc;
     }
@@ -253,11 +228,12 @@ int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype,
     return rc;
 }
 
-/* matmul_shared (seqflow/backend.h): in bf16, x is rounded into the scratch once for all the
- * products (Q/K/V: 3 conversions become 1); each product is then the GEMM of sf_cuda_matmul.
- * In f32, or for a weight never prepared, it is exactly sf_cuda_matmul per weight. */
-int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
-                          const float *const *w, float *const *y, int ldy)
+/* y[i] = x w[i]^T for count weights sharing x (qkv's and ffn's float32 input paths): in bf16, x
+ * is rounded into the scratch once for all the products (3 conversions become 1); each product
+ * is then the GEMM of sf_cuda_matmul. In f32, or for a weight never prepared, it is exactly
+ * sf_cuda_matmul per weight. */
+static int matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
+                         const float *const *w, float *const *y, int ldy)
 {
     if (n <= 0 || out <= 0 || count <= 0) return SF_OK;
     sf_cuda *c = sf_cuda_of(be);
@@ -276,20 +252,11 @@ int sf_cuda_matmul_shared(sf_backend *be, int n, int in, int out, const float *x
     return rc;
 }
 
-/* Whether ffn applies SwiGLU inside the W2 product (SEQFLOW_CUDA_SWIGLU_W2=1, where usable), and
- * whether it takes the W1|W3 SwiGLU kernel in bf16 (the default on an H100; SEQFLOW_CUDA_GATE_UP=0
- * takes the composed path). ffn and ffn_h1_floats ask both, so they agree on which path runs. */
-static int fused_w2_wanted(int dim, int hidden)
-{
-    const char *w2_env = getenv("SEQFLOW_CUDA_SWIGLU_W2");
-    return w2_env && strcmp(w2_env, "1") == 0 && sf_cuda_swiglu_w2_usable(dim, hidden);
-}
-
+/* Whether ffn takes the W1|W3 SwiGLU kernel in bf16 (the default on an H100; setting gate_up=0
+ * takes the composed path). ffn and ffn_h1_floats both ask, so they agree on which path runs. */
 static int gate_up_wanted(const sf_cuda *c, int dim, int hidden)
 {
-    const char *gate_up_env = getenv("SEQFLOW_CUDA_GATE_UP");
-    return c->precision == SF_PRECISION_BF16 && !fused_w2_wanted(dim, hidden) &&
-           !(gate_up_env && strcmp(gate_up_env, "0") == 0) && sf_cuda_swiglu_gate_up_usable(dim, hidden);
+    return c->precision == SF_PRECISION_BF16 && c->settings.gate_up && sf_cuda_swiglu_gate_up_usable(dim, hidden);
 }
 
 size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
@@ -298,13 +265,14 @@ size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
     return gate_up_wanted(sf_cuda_of(be), dim, hidden) ? 0 : (size_t)n * hidden;
 }
 
-/* ffn (seqflow/backend.h). In bf16 with prepared weights the intermediates never exist in
+/* ffn (kernels/backend_ext.h). In bf16 with prepared weights the intermediates never exist in
  * float32: the norm writes bf16 straight into the scratch, W1 and W3 write bf16 side by side
  * into the caller's h1, SwiGLU writes bf16 into h3, and W2 accumulates into x in float32
- * (beta = 1, the residual); on an H100 W1, W3 and SwiGLU are one kernel writing h3 (below). Against the float32 composition this saves the
- * [n, hidden] float32 writes and reads of W1/W3, SwiGLU and W2's input conversion: about
- * 10 n*hidden bytes of the 24 n*hidden it moved. The only new rounding is of W1 u and W3 u to
- * bf16 before SwiGLU. Otherwise (f32, unprepared weights) it is the composed sequence. */
+ * (beta = 1, the residual); on an H100 W1, W3 and SwiGLU are one kernel writing h3 (below).
+ * Against the float32 composition this saves the [n, hidden] float32 writes and reads of W1/W3,
+ * SwiGLU and W2's input conversion: about 10 n*hidden bytes of the 24 n*hidden it moved. The
+ * only new rounding is of W1 u and W3 u to bf16 before SwiGLU. Otherwise (f32, unprepared
+ * weights) it is the composed sequence. */
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3)
 {
@@ -328,7 +296,7 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
         const float *w13[2] = {w1, w3};
         float *y13[2] = {h1, h3};
         rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
-        if (rc == SF_OK) rc = sf_cuda_matmul_shared(be, n, dim, hidden, u, dim, 2, w13, y13, hidden);
+        if (rc == SF_OK) rc = matmul_shared(be, n, dim, hidden, u, dim, 2, w13, y13, hidden);
         if (rc == SF_OK) rc = sf_cuda_swiglu(be, n, hidden, h1, h3);
         if (rc == SF_OK) rc = sf_cuda_matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 1);
         return rc;
@@ -338,12 +306,12 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
     /* The default on an H100: W1 u and W3 u stay in registers and SwiGLU runs in the products'
      * epilogue (swiglu_gate_up.cu), g straight into h3, no [n, 2 hidden] written and read back.
-     * SEQFLOW_CUDA_GATE_UP=0 takes the composed path below. */
-    const int fused_w2 = fused_w2_wanted(dim, hidden);
+     * Setting gate_up=0 takes the composed path below. */
     if (rc == SF_OK && gate_up) {
         rc = sf_cuda_join_at_product(c);
         if (rc == SF_OK) rc = sf_cuda_swiglu_gate_up(n, dim, hidden, ub, b1->bf16, b3->bf16, g3, c->stream);
-        if (rc == SF_OK) rc = residual_gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, 1, "bf16 GEMM (ffn W2)");
+        if (rc == SF_OK)
+            rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
         sf_cuda_leave(c);
         return rc;
     }
@@ -357,19 +325,13 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
         if (rc == SF_OK)
             rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
     }
-    /* SEQFLOW_CUDA_SWIGLU_W2=1, on an H100: the W2 product applies SwiGLU as it loads h1
-     * (swiglu_w2.cu), no [n, hidden] pass written and read back. A tried variant, not the
-     * default: it ran 1.7x slower than the SwiGLU pass and cuBLAS together (bench/RESULTS.md,
-     * run 14, calls 9-10) */
-    if (rc == SF_OK && fused_w2) rc = sf_cuda_join_at_product(c);
-    if (rc == SF_OK && fused_w2) rc = sf_cuda_swiglu_w2(n, dim, hidden, g1, b2->bf16, x, c->stream);
-    if (rc == SF_OK && !fused_w2) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
-    if (rc == SF_OK && !fused_w2) rc = residual_gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, 1, "bf16 GEMM (ffn W2)");
+    if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
+    if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
     sf_cuda_leave(c);
     return rc;
 }
 
-/* qkv (seqflow/backend.h): in bf16 with prepared weights the norm writes bf16 straight into the
+/* qkv (kernels/backend_ext.h): in bf16 with prepared weights the norm writes bf16 straight into the
  * scratch (no float32 u written and read back for the conversion); bit-identical to the
  * composition, since that rounds the same float32 norm once. With type bf16 the products write
  * q, k, v in bf16 (rounded from the float32 accumulators): half the bytes, and attention reads
@@ -393,7 +355,7 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
         sf_cuda_leave(c);
         float *f[3] = {(float *)q, (float *)k, (float *)v};
         rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
-        if (rc == SF_OK) rc = sf_cuda_matmul_shared(be, n, dim, width, u, dim, 3, w, f, width);
+        if (rc == SF_OK) rc = matmul_shared(be, n, dim, width, u, dim, 3, w, f, width);
         return rc;
     }
     if (!all_bf16) {

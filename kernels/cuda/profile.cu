@@ -1,8 +1,9 @@
-/* The opt-in per-op profile of the CUDA backend (SEQFLOW_CUDA_PROFILE=1, see profile.h).
+/* The opt-in per-op profile of the CUDA backend (setting profile=1, see profile.h).
  * Every op of the table runs between two events on the compute stream and is waited for, so
  * the device time of each op is its own (no overlap with the next); the host time is the wall
  * time of the call, waits included. Both are summed per op kind and printed at destroy.
  * This serializes host and device: profile to see where time goes, not to time the whole. */
+#include "kernels/backend_ext.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/profile.h"
 
@@ -28,7 +29,8 @@ struct sf_cuda_profile {
     double host_t0;
 };
 
-static const sf_backend_ops *inner; /* the unprofiled table (there is one) */
+static const sf_backend_ops *inner;     /* the unprofiled table (there is one) */
+static const sf_backend_ext *inner_ext; /* and its extensions */
 
 static double now_ms(void)
 {
@@ -67,12 +69,17 @@ static int end(sf_backend *be, sf_cuda_profile *p, int op, int rc)
         sf_cuda_profile *p_ = begin(be);       \
         return end(be, p_, op, inner->call);   \
     } while (0)
+#define PROFILED_EXT(op, call)                   \
+    do {                                         \
+        sf_cuda_profile *p_ = begin(be);         \
+        return end(be, p_, op, inner_ext->call); \
+    } while (0)
 
 static int p_upload(sf_backend *be, void *dst, const void *src, size_t bytes) { PROFILED(OP_UPLOAD, upload(be, dst, src, bytes)); }
 static int p_download(sf_backend *be, void *dst, const void *src, size_t bytes) { PROFILED(OP_DOWNLOAD, download(be, dst, src, bytes)); }
 static int p_upload_unordered(sf_backend *be, void *dst, const void *src, size_t bytes)
 {
-    PROFILED(OP_UPLOAD, upload_unordered(be, dst, src, bytes));
+    PROFILED_EXT(OP_UPLOAD, upload_unordered(be, dst, src, bytes));
 }
 static int p_copy(sf_backend *be, void *dst, const void *src, size_t bytes) { PROFILED(OP_COPY, copy(be, dst, src, bytes)); }
 static int p_zero(sf_backend *be, void *dst, size_t bytes) { PROFILED(OP_ZERO, zero(be, dst, bytes)); }
@@ -82,11 +89,6 @@ static int p_matmul(sf_backend *be, int n, int in, int out, const float *x, int 
 {
     PROFILED(OP_MATMUL, matmul(be, n, in, out, x, ldx, w, y, ldy, acc));
 }
-static int p_matmul_shared(sf_backend *be, int n, int in, int out, const float *x, int ldx, int count,
-                           const float *const *w, float *const *y, int ldy)
-{
-    PROFILED(OP_MATMUL, matmul_shared(be, n, in, out, x, ldx, count, w, y, ldy));
-}
 static int p_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *w, float eps, float *y)
 {
     PROFILED(OP_RMSNORM, rmsnorm(be, n, dim, x, w, eps, y));
@@ -94,7 +96,7 @@ static int p_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float
 static int p_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *w, float eps, sf_dtype otype,
                            void *y)
 {
-    PROFILED(OP_RMSNORM, rmsnorm_typed(be, n, dim, x, w, eps, otype, y));
+    PROFILED_EXT(OP_RMSNORM, rmsnorm_typed(be, n, dim, x, w, eps, otype, y));
 }
 static int p_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y)
 {
@@ -125,23 +127,28 @@ static int p_summary(sf_backend *be, int n, int segment, int s, int width, int l
 static int p_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
                            const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out)
 {
-    PROFILED(OP_MEMORY_MIX, memory_mix_to(be, n, heads, d, ld, qtype, q, M, z, gate, a, otype, out));
+    PROFILED_EXT(OP_MEMORY_MIX, memory_mix_to(be, n, heads, d, ld, qtype, q, M, z, gate, a, otype, out));
 }
 static int p_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
                           const float *w, float *y, int ldy, int acc)
 {
-    PROFILED(OP_MATMUL, matmul_typed(be, n, in, out, xtype, x, ldx, w, y, ldy, acc));
+    PROFILED_EXT(OP_MATMUL, matmul_typed(be, n, in, out, xtype, x, ldx, w, y, ldy, acc));
 }
 
+static int p_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                           float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out)
+{
+    PROFILED_EXT(OP_ATTENTION, attention_mix(be, desc, q, k, v, a, M, z, gate, otype, out));
+}
 static int p_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
                  const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u)
 {
-    PROFILED(OP_QKV, qkv(be, n, dim, width, x, norm, eps, wq, wk, wv, type, q, k, v, u));
+    PROFILED_EXT(OP_QKV, qkv(be, n, dim, width, x, norm, eps, wq, wk, wv, type, q, k, v, u));
 }
 static int p_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                  const float *w3, const float *w2, float *u, float *h1, float *h3)
 {
-    PROFILED(OP_FFN, ffn(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3));
+    PROFILED_EXT(OP_FFN, ffn(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3));
 }
 
 static void p_destroy(sf_backend *be)
@@ -169,12 +176,7 @@ static void p_destroy(sf_backend *be)
 }
 
 static sf_backend_ops profiled;
-
-int sf_cuda_profile_wanted(void)
-{
-    const char *env = getenv("SEQFLOW_CUDA_PROFILE");
-    return env && *env && strcmp(env, "0") != 0;
-}
+static sf_backend_ext profiled_ext;
 
 int sf_cuda_profile_attach(sf_backend *be)
 {
@@ -191,18 +193,21 @@ int sf_cuda_profile_attach(sf_backend *be)
     }
     if (!inner) {
         inner = be->ops;
+        inner_ext = inner->ext;
         profiled = *inner;
+        profiled_ext = *inner_ext;
+        profiled.ext = &profiled_ext;
         profiled.upload = p_upload, profiled.download = p_download, profiled.copy = p_copy, profiled.zero = p_zero;
         profiled.sync = p_sync, profiled.matmul = p_matmul, profiled.rmsnorm = p_rmsnorm, profiled.embed = p_embed;
         profiled.swiglu = p_swiglu, profiled.attention = p_attention, profiled.memory_mix = p_memory_mix;
         profiled.memory_update = p_memory_update, profiled.summary = p_summary, profiled.destroy = p_destroy;
-        if (inner->matmul_shared) profiled.matmul_shared = p_matmul_shared;
-        if (inner->ffn) profiled.ffn = p_ffn;
-        if (inner->qkv) profiled.qkv = p_qkv;
-        if (inner->memory_mix_to) profiled.memory_mix_to = p_memory_mix_to;
-        if (inner->matmul_typed) profiled.matmul_typed = p_matmul_typed;
-        if (inner->rmsnorm_typed) profiled.rmsnorm_typed = p_rmsnorm_typed;
-        if (inner->upload_unordered) profiled.upload_unordered = p_upload_unordered;
+        if (inner_ext->attention_mix) profiled_ext.attention_mix = p_attention_mix;
+        if (inner_ext->ffn) profiled_ext.ffn = p_ffn;
+        if (inner_ext->qkv) profiled_ext.qkv = p_qkv;
+        if (inner_ext->memory_mix_to) profiled_ext.memory_mix_to = p_memory_mix_to;
+        if (inner_ext->matmul_typed) profiled_ext.matmul_typed = p_matmul_typed;
+        if (inner_ext->rmsnorm_typed) profiled_ext.rmsnorm_typed = p_rmsnorm_typed;
+        if (inner_ext->upload_unordered) profiled_ext.upload_unordered = p_upload_unordered;
     }
     c->profile = p;
     be->ops = &profiled;

@@ -1,3 +1,9 @@
+/* Lab record, not built: CUDA graph capture of the block stage's layers, as it ran behind the
+ * old backend interface's graph_begin/graph_end (off by default; measured 3% slower than plain
+ * launches with early launch on, bench/RESULTS.md). The interface it plugged into, the sf_cuda
+ * fields it used (capturing, graphs) and the block stage's calls are gone from the product;
+ * bringing it back means restoring those from git history (the commit that moved this file).
+ * Kept as the record of how capture with the side queue's events was made to work. */
 /* The CUDA backend's graphs (seqflow/backend.h, ops graph_begin and graph_end): a caller's
  * sequence of ops (the block stage's layers of one segment) is recorded by stream capture
  * and run as one CUDA graph, whose kernels the device starts back to back instead of one

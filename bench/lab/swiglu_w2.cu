@@ -8,12 +8,14 @@
  * shared memory (cp.async, three stages), every warp turns its gate and up fragments (ldmatrix)
  * into the product's A fragments in registers, and wgmma (A from registers, W2 as a K-major
  * 128-byte-swizzled operand) accumulates a 128 x 256 tile in float32, added to x at the end.
- * silu(a) * b is computed in float32 (fast exponential and division) and rounded to bf16. CPU twin: the
+ * silu(a) * b is computed in float32 (fast exponential and division) and rounded to bf16. Lab: it ran
+ * 1.7x slower than the SwiGLU pass and cuBLAS together (bench/RESULTS.md). CPU twin: the
  * CPU backend's swiglu then matmul (tests/test_backend_ops.c, ffn). Built for sm_90a only. */
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch_early.cuh"
+#include "bench/lab/lab_kernels.h"
 
 namespace {
 
@@ -164,18 +166,18 @@ swiglu_w2_kernel(int n, int dim, int f, const __nv_bfloat16 *__restrict__ h, con
 
 } // namespace
 
-int sf_cuda_swiglu_w2_usable(int dim, int hidden)
+int sf_lab_swiglu_w2_usable(int dim, int hidden)
 {
     if (dim <= 0 || hidden <= 0 || dim % BN || hidden % (2 * BK)) return 0;
     static int known[64]; /* per device, sf_cuda_hopper_known */
     return sf_cuda_hopper_known(known, (const void *)swiglu_w2_kernel, SMEM_BYTES) > 0;
 }
 
-int sf_cuda_swiglu_w2(int n, int dim, int hidden, const __nv_bfloat16 *h, const __nv_bfloat16 *w2, float *x,
+int sf_lab_swiglu_w2(int n, int dim, int hidden, const __nv_bfloat16 *h, const __nv_bfloat16 *w2, float *x,
                       cudaStream_t stream)
 {
     if (n <= 0) return SF_OK;
-    if (!sf_cuda_swiglu_w2_usable(dim, hidden))
+    if (!sf_lab_swiglu_w2_usable(dim, hidden))
         return sf_error(SF_E_UNSUPPORTED, "swiglu_w2: dim %d, hidden %d or this device", dim, hidden);
     dim3 grid((unsigned)((n + BM - 1) / BM), (unsigned)(dim / BN));
     sf_cuda_launch_early(swiglu_w2_kernel, grid, THREADS, SMEM_BYTES, stream, n, dim, hidden, h, w2, x);

@@ -13,13 +13,15 @@
  * element of x gets exactly one addition, so the result is deterministic and equals x + (a w^T)
  * rounded once, as beta = 1. Launched early (programmatic dependent launch), so it also removes
  * the gap before the product that cuBLAS's own launches leave. A tried variant
- * (SEQFLOW_CUDA_RESIDUAL_PRODUCT=1): faster than cuBLAS alone, not in the pipeline
- * (bench/GEMM_NOTES.md). CPU twin: the CPU backend's matmul
+ * (lab): faster than cuBLAS alone, not in the pipeline
+ * (bench/lab/GEMM_NOTES.md). Checked against cuBLAS by bench/lab/bench_cuda_residual_product.cu;
+ * before it moved here, also against the CPU backend's matmul
  * with accumulate (tests/test_backend_ops.c, ffn and matmul_typed). Built for sm_90a only. */
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm_tma.cuh"
 #include "kernels/cuda/launch_early.cuh"
+#include "bench/lab/lab_kernels.h"
 #include "kernels/cuda/tensor_map.h"
 
 namespace {
@@ -79,18 +81,18 @@ residual_product_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_
 
 } // namespace
 
-int sf_cuda_residual_product_usable(int in, int out)
+int sf_lab_residual_product_usable(int in, int out)
 {
     if (in <= 0 || out <= 0 || in % 8 || out % 8) return 0;
     static int known[64]; /* per device, sf_cuda_hopper_known */
     return sf_cuda_hopper_known(known, (const void *)residual_product_kernel, SMEM_BYTES);
 }
 
-int sf_cuda_residual_product(int n, int in, int out, const __nv_bfloat16 *a, const __nv_bfloat16 *w, float *x,
+int sf_lab_residual_product(int n, int in, int out, const __nv_bfloat16 *a, const __nv_bfloat16 *w, float *x,
                              cudaStream_t stream)
 {
     if (n <= 0) return SF_OK;
-    const int sms = sf_cuda_residual_product_usable(in, out);
+    const int sms = sf_lab_residual_product_usable(in, out);
     if (!sms) return sf_error(SF_E_UNSUPPORTED, "residual_product: in %d, out %d or this device", in, out);
     CUtensorMap map_a, map_w, map_x;
     int rc = sf_cuda_tensor_map_bf16_sw128(&map_a, a, n, in, in, BM);

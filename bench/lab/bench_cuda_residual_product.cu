@@ -21,6 +21,7 @@
 #include "bench/cuda_check.h"
 #include "bench/event_timing.cuh"
 #include "bench/gemm_bench_common.cuh"
+#include "bench/lab/lab_kernels.h"
 
 static int failures = 0;
 
@@ -55,7 +56,7 @@ static void one_shape(sf_cuda *c, const char *name, int n, int in, int out, int 
         }
     };
     auto kernel = [&] {
-        if (sf_cuda_residual_product(n, in, out, a, w, x_kernel, c->stream) != SF_OK) {
+        if (sf_lab_residual_product(n, in, out, a, w, x_kernel, c->stream) != SF_OK) {
             fprintf(stderr, "kernel failed: %s\n", sf_last_error());
             exit(2);
         }
@@ -96,7 +97,7 @@ int main(int argc, char **argv)
     int exit_code = 0;
     sf_cuda *c = bench_cuda_open(&be, &exit_code);
     if (!c) return exit_code;
-    if (!sf_cuda_residual_product_usable(1024, 1024)) {
+    if (!sf_lab_residual_product_usable(1024, 1024)) {
         printf("skipped: residual_product needs an sm_90 device\n");
         bench_cuda_close(be);
         return 0;

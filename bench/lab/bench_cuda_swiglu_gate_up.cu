@@ -2,7 +2,12 @@
  *
  *   composed: the backend's W1|W3 product (sf_cuda_gemm: the cuBLASLt algorithm it times fastest
  *             for the shape) into [n, 2F] bf16, then the SwiGLU pass (swiglu_rows_bf16);
- *   fused:    swiglu_gate_up.cu (TMA + wgmma, SwiGLU in the epilogue), g written directly.
+ *   fused:    the product's kernel (TMA + wgmma, SwiGLU in the epilogue, g written directly) and
+ *             its tried schedules, from the lab's copy (swiglu_gate_up_variants.cu): cooperative
+ *             in clusters of 1 (the product's), 2 and 4 CTAs, and pingpong.
+ *
+ * Also checks and times the lab's swiglu_w2.cu (SwiGLU folded into the W2 product) where the
+ * shape suits it (D % 256, F % 128), against the SwiGLU pass and cuBLAS's W2.
  *
  * Checks the fused g against the composed one on random operands (g poisoned with NaN before
  * every checked call, so an element it fails to write fails; the two differ by the composed
@@ -21,6 +26,7 @@
 #include "bench/cuda_check.h"
 #include "bench/event_timing.cuh"
 #include "bench/gemm_bench_common.cuh"
+#include "bench/lab/lab_kernels.h"
 
 static int failures = 0;
 
@@ -32,6 +38,60 @@ static std::vector<float> to_host(const __nv_bfloat16 *d, size_t count)
     for (size_t i = 0; i < count; i++) f[i] = __bfloat162float(h[i]);
     return f;
 }
+
+/* swiglu_w2.cu: x += (silu(h1) * h3) W2^T from the composed path's h = [h1 | h3] against cuBLAS's
+ * W2 product (beta = 1) of that path's g = silu(h1) * h3. Both add to the same random x; the
+ * contributions (x after minus x before) must agree within 2e-2 of their scale (the lab kernel
+ * rounds silu(h1) * h3 from float32 itself, cuBLAS reads the pass's bf16 g), so an element the
+ * kernel fails to add to is off by its whole contribution. With reps, times both (the composed
+ * side: the W2 product alone, g already there). */
+static void check_swiglu_w2(sf_cuda *c, int n, int D, int F, const __nv_bfloat16 *h, const __nv_bfloat16 *g, int reps)
+{
+    __nv_bfloat16 *w2 = random_bf16((size_t)D * F, 3 + D, 0.2f);
+    const size_t nx = (size_t)n * D;
+    std::vector<float> x0(nx);
+    for (size_t i = 0; i < nx; i++) x0[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    float *x_blas, *x_lab;
+    CUDA_OK(cudaMalloc(&x_blas, nx * 4));
+    CUDA_OK(cudaMalloc(&x_lab, nx * 4));
+    CUDA_OK(cudaMemcpy(x_blas, x0.data(), nx * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(x_lab, x0.data(), nx * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize()); /* filled on the default stream */
+    const sf_cuda_gemm_args g2 = {n, F, D, D, 1, 0, 0, g, w2, x_blas, CUDA_R_32F, 1.0f};
+    if (sf_cuda_gemm(c, &g2, "W2") != SF_OK || sf_lab_swiglu_w2(n, D, F, h, w2, x_lab, c->stream) != SF_OK) {
+        fprintf(stderr, "swiglu_w2 check failed to run: %s\n", sf_last_error());
+        exit(2);
+    }
+    CUDA_OK(cudaStreamSynchronize(c->stream));
+    std::vector<float> a(nx), b(nx);
+    CUDA_OK(cudaMemcpy(a.data(), x_lab, nx * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(b.data(), x_blas, nx * 4, cudaMemcpyDeviceToHost));
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < nx; i++) scale = std::max(scale, fabs((double)b[i] - x0[i]));
+    size_t bad = 0;
+    for (size_t i = 0; i < nx; i++) {
+        const double e = fabs(((double)a[i] - x0[i]) - ((double)b[i] - x0[i])) / (scale > 0 ? scale : 1);
+        if (!(e <= 2e-2)) bad++;
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+    }
+    printf("check n=%-5d D=%-5d F=%-5d swiglu_w2 vs SwiGLU pass + cuBLAS W2: max error %.3g of the contribution "
+           "scale %.3g, %zu elements over 2e-2: %s\n",
+           n, D, F, worst, scale, bad, bad ? "FAIL" : "ok");
+    if (bad) failures++;
+    if (reps > 0) {
+        const double flop = 2.0 * n * D * F;
+        const double t_blas = median_event_ms(
+            reps, [&] { (void)sf_cuda_gemm(c, &g2, "W2"); }, c->stream);
+        const double t_lab = median_event_ms(
+            reps, [&] { (void)sf_lab_swiglu_w2(n, D, F, h, w2, x_lab, c->stream); }, c->stream);
+        printf("  W2 product alone (cuBLAS, g given)     %8.4f ms  %6.1f TFLOP/s\n", t_blas, flop / t_blas / 1e9);
+        printf("  swiglu_w2 (SwiGLU in the load)         %8.4f ms  %6.1f TFLOP/s\n", t_lab, flop / t_lab / 1e9);
+    }
+    for (void *p : {(void *)w2, (void *)x_blas, (void *)x_lab}) CUDA_OK(cudaFree(p));
+}
+
+/* The variant one_shape's fused path runs (the timing loop sets each in turn). */
+static int pingpong_schedule = 0, cluster = 1;
 
 static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
 {
@@ -50,7 +110,7 @@ static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
         }
     };
     auto fused = [&] {
-        if (sf_cuda_swiglu_gate_up(n, D, F, u, w1, w3, got, c->stream) != SF_OK) {
+        if (sf_lab_swiglu_gate_up(n, D, F, u, w1, w3, got, pingpong_schedule, cluster, c->stream) != SF_OK) {
             fprintf(stderr, "fused path failed: %s\n", sf_last_error());
             exit(2);
         }
@@ -73,25 +133,29 @@ static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
            "2e-2: %s\n",
            n, D, F, worst, scale, bad, bad ? "FAIL" : "ok");
     if (bad) failures++;
+    /* once a shape: with the product's schedule */
+    if (cluster == 1 && !pingpong_schedule && sf_lab_swiglu_w2_usable(D, F)) check_swiglu_w2(c, n, D, F, h, want, reps);
     if (reps > 0) {
         const double flop = 2.0 * n * D * 2.0 * F;
         const double t_comp = median_event_ms(reps, composed, c->stream);
-        const double t_gemm = median_event_ms(reps, [&] { (void)sf_cuda_gemm(c, &g, "W1|W3"); }, c->stream);
+        const double t_gemm = median_event_ms(
+            reps, [&] { (void)sf_cuda_gemm(c, &g, "W1|W3"); }, c->stream);
         printf("time  n=%d D=%d F=%d (median of %d)\n", n, D, F, reps);
         printf("  composed: W1|W3 product + SwiGLU pass  %8.4f ms  %6.1f TFLOP/s\n", t_comp, flop / t_comp / 1e9);
         printf("    of which the W1|W3 product alone     %8.4f ms  %6.1f TFLOP/s\n", t_gemm, flop / t_gemm / 1e9);
-        setenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE", "pingpong", 1);
+        pingpong_schedule = 1;
         const double t_ping = median_event_ms(reps, fused, c->stream);
         printf("  fused: swiglu_gate_up, pingpong        %8.4f ms  %6.1f TFLOP/s  (%+.1f%% vs composed)\n", t_ping,
                flop / t_ping / 1e9, 100.0 * (t_comp / t_ping - 1.0));
-        unsetenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE");
-        for (const char *cl : {"1", "2", "4"}) {
-            setenv("SEQFLOW_CUDA_GATE_UP_CLUSTER", cl, 1);
+        pingpong_schedule = 0;
+        for (int cl : {1, 2, 4}) {
+            cluster = cl;
             const double t_fused = median_event_ms(reps, fused, c->stream);
-            printf("  fused: cooperative, cluster %s%s %8.4f ms  %6.1f TFLOP/s  (%+.1f%% vs composed)\n", cl,
-                   cl[0] == '1' ? " (default)" : "          ", t_fused, flop / t_fused / 1e9, 100.0 * (t_comp / t_fused - 1.0));
+            printf("  fused: cooperative, cluster %d%s %8.4f ms  %6.1f TFLOP/s  (%+.1f%% vs composed)\n", cl,
+                   cl == 1 ? " (default)" : "          ", t_fused, flop / t_fused / 1e9,
+                   100.0 * (t_comp / t_fused - 1.0));
         }
-        unsetenv("SEQFLOW_CUDA_GATE_UP_CLUSTER");
+        cluster = 1;
     }
     for (void *p : {(void *)u, (void *)w13, (void *)h, (void *)want, (void *)got}) CUDA_OK(cudaFree(p));
 }
@@ -104,25 +168,25 @@ int main(int argc, char **argv)
     int exit_code = 0;
     sf_cuda *c = bench_cuda_open(&be, &exit_code);
     if (!c) return exit_code;
-    if (!sf_cuda_swiglu_gate_up_usable(1024, 4096)) {
+    if (!sf_lab_swiglu_gate_up_usable(1024, 4096)) {
         printf("skipped: swiglu_gate_up needs an sm_90 device\n");
         bench_cuda_close(be);
         return 0;
     }
     const int shapes[][3] = {{300, 256, 384}, {129, 512, 128}, {1000, 1024, 4096}, {77, 72, 200}, {8192, 1024, 4096}};
-    printf("clusters resident at once: %d of 1 CTA, %d of 2, %d of 4\n", sf_cuda_swiglu_gate_up_clusters(1),
-           sf_cuda_swiglu_gate_up_clusters(2), sf_cuda_swiglu_gate_up_clusters(4));
-    /* every cluster size on every shape (SEQFLOW_CUDA_GATE_UP_CLUSTER, read at each call) */
-    for (const char *cl : {"1", "4", "2"}) {
-        setenv("SEQFLOW_CUDA_GATE_UP_CLUSTER", cl, 1);
-        printf("cooperative, cluster %s:\n", cl);
+    printf("clusters resident at once: %d of 1 CTA, %d of 2, %d of 4\n", sf_lab_swiglu_gate_up_clusters(1),
+           sf_lab_swiglu_gate_up_clusters(2), sf_lab_swiglu_gate_up_clusters(4));
+    /* every cluster size on every shape */
+    for (int cl : {1, 4, 2}) {
+        cluster = cl;
+        printf("cooperative, cluster %d:\n", cl);
         for (const auto &s : shapes) one_shape(c, s[0], s[1], s[2], 0);
     }
-    unsetenv("SEQFLOW_CUDA_GATE_UP_CLUSTER");
-    setenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE", "pingpong", 1);
+    cluster = 1;
+    pingpong_schedule = 1;
     printf("pingpong:\n");
     for (const auto &s : shapes) one_shape(c, s[0], s[1], s[2], 0);
-    unsetenv("SEQFLOW_CUDA_GATE_UP_SCHEDULE");
+    pingpong_schedule = 0;
     one_shape(c, 8192, 1024, 4096, reps);
     bench_cuda_close(be);
     printf("%s\n", failures ? "FAILED" : "all checks passed");

@@ -1,3 +1,8 @@
+/* Lab record, not built: lanes, further compute streams that ran consecutive segments side by
+ * side behind the old backend interface's lanes/lane_* ops (no shipped configuration turned
+ * them on). The interface, the sf_cuda fields they used (lane, lane_start/done/mark) and the
+ * block stage's calls are gone from the product; bringing them back means restoring those
+ * from git history (the commit that moved this file). Kept as the record of the ordering. */
 /* The CUDA backend's lanes (seqflow/backend.h, ops lanes .. lane_wait): compute queues beside
  * the main one, each a stream with its own scratch and cuBLAS workspace, ordered against the
  * main queue and each other by events recorded under the backend's lock. The block stage runs

@@ -1,0 +1,39 @@
+/* Lab kernels: variants that were tried against the product's and lost (bench/lab/GEMM_NOTES.md
+ * has the measurements). They are built only with the benchmarks (the seqflow_lab library in
+ * bench/CMakeLists.txt, sm_90a), never reach the library, and are checked against cuBLAS or the
+ * product's kernel in their benchmarks in this folder. Each takes the stream it launches on;
+ * pointers are device memory, 16-byte aligned. Launches follow the backend's early_launch
+ * setting of the calling thread (launch_early.cuh). */
+#ifndef SEQFLOW_BENCH_LAB_LAB_KERNELS_H
+#define SEQFLOW_BENCH_LAB_LAB_KERNELS_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+/* swiglu_gate_up_variants.cu: the product's g[n, hidden] = silu(u w1^T) * (u w3^T) kernel
+ * (kernels/cuda/swiglu_gate_up.cu) with its tried schedules: pingpong_schedule 1 the pingpong
+ * kernel (cluster ignored), else the cooperative kernel in clusters of `cluster` CTAs (1, 2, 4;
+ * 1 is the product's; a cluster that does not fit on the device runs as 1). usable: non-zero on
+ * an H100 class device with dim, hidden multiples of 8. clusters: how many clusters of
+ * `cluster` CTAs fit at once (0: none). */
+int sf_lab_swiglu_gate_up_usable(int dim, int hidden);
+int sf_lab_swiglu_gate_up_clusters(int cluster);
+int sf_lab_swiglu_gate_up(int n, int dim, int hidden, const __nv_bfloat16 *u, const __nv_bfloat16 *w1,
+                          const __nv_bfloat16 *w3, __nv_bfloat16 *g, int pingpong_schedule, int cluster,
+                          cudaStream_t stream);
+
+/* swiglu_w2.cu: x[n, dim] += (silu(h[:, :hidden]) * h[:, hidden:]) w2^T with h [n, 2 hidden] and
+ * w2 [dim, hidden] bf16, SwiGLU applied as the product's operand is loaded. usable: an H100 class
+ * device, dim % 256 == 0, hidden % 128 == 0. */
+int sf_lab_swiglu_w2_usable(int dim, int hidden);
+int sf_lab_swiglu_w2(int n, int dim, int hidden, const __nv_bfloat16 *h, const __nv_bfloat16 *w2, float *x,
+                     cudaStream_t stream);
+
+/* residual_product.cu: x[n, out] += a[n, in] w^T, a and w [out, in] bf16, x float32 with rows of
+ * `out` (cuBLAS's beta = 1), the tile added by the copy engine's reduction. usable: the
+ * multiprocessor count on an H100 class device with in, out multiples of 8; else 0. */
+int sf_lab_residual_product_usable(int in, int out);
+int sf_lab_residual_product(int n, int in, int out, const __nv_bfloat16 *a, const __nv_bfloat16 *w, float *x,
+                            cudaStream_t stream);
+
+#endif

@@ -1,0 +1,54 @@
+/* The CUDA backend's settings (docs/CUDA.md, "Settings"): read once, when the backend is
+ * created, from the "key=value,key=value" string of sf_backend_options.settings, each key
+ * that the string does not name taking its environment variable's value, else the built-in
+ * default. This is the one place in kernels/ that reads the environment. Plain C, so that
+ * tests and benchmarks can fill one without nvcc. */
+#ifndef SEQFLOW_KERNELS_CUDA_SETTINGS_H
+#define SEQFLOW_KERNELS_CUDA_SETTINGS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How each product shape picks its cuBLAS path (key gemm). */
+typedef enum sf_cuda_gemm_mode {
+    SF_CUDA_GEMM_FASTEST = 0, /* "fastest": cublasGemmEx or cuBLASLt, timed at the shape's first use */
+    SF_CUDA_GEMM_GEMMEX,      /* "gemmex": cublasGemmEx only */
+    SF_CUDA_GEMM_LT           /* "lt": cuBLASLt's fastest candidate always */
+} sf_cuda_gemm_mode;
+
+/* Which compressive-memory kernels run (key memory). */
+typedef enum sf_cuda_memory_mode {
+    SF_CUDA_MEMORY_AUTO = 0, /* "auto": stream kernels for d = 64 in bf16, else tiled (updates mma, mix fma) */
+    SF_CUDA_MEMORY_TILED,    /* "tiled": the tiled kernels for d = 64 too, default products */
+    SF_CUDA_MEMORY_FMA,      /* "fma": tiled, both products on FP32 FMAs */
+    SF_CUDA_MEMORY_MMA       /* "mma": tiled, both products on the tensor cores */
+} sf_cuda_memory_mode;
+
+typedef struct sf_cuda_settings {
+    int qkv_bf16;         /* qkv: 1 ("bf16") bf16 q/k/v where attention reads them in place; 0 ("f32") */
+    int gemm;             /* gemm: an sf_cuda_gemm_mode */
+    int memory;           /* memory: an sf_cuda_memory_mode */
+    int memory_bf16;      /* memory_bf16: bf16 operands for the memory's tensor-core products in bf16 */
+    int attention_mix;    /* attention_mix: the memory mix inside the attention kernel where it runs */
+    int gate_up;          /* gate_up: W1, W3 and SwiGLU as one kernel on an H100 */
+    int side_queue;       /* side_queue: commits on a second stream */
+    int early_launch;     /* early_launch: programmatic dependent launch of the backend's kernels */
+    int upload_unordered; /* upload_unordered: upload_unordered does not wait for earlier work */
+    int pinned_packets;   /* pinned_packets: page-locked packet buffers */
+    int profile;          /* profile: per-op device times, printed when the backend is freed */
+} sf_cuda_settings;
+
+/* The built-in defaults (the fastest measured), ignoring the environment. */
+void sf_cuda_settings_defaults(sf_cuda_settings *out);
+
+/* Fills *out from `text` ("key=value,..."; NULL or "" for none; borrowed) over the environment
+ * defaults over the built-in ones. A key the string gives never reads its variable. An unknown
+ * key, a key given twice, an empty entry, or a bad value (in the string or in a variable that
+ * is read) is SF_E_OPTION naming it; *out is then unspecified. */
+int sf_cuda_settings_parse(const char *text, sf_cuda_settings *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
