@@ -1,6 +1,7 @@
 /* Stage options: "key=value" words checked against the class's option table, so a typo in a
  * pipeline string fails when the graph is built rather than being silently ignored. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +35,8 @@ static int parse_float(const char *s, double *out)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return 0;
+    /* an underflow (ERANGE with a result near zero) is a valid, tiny number */
+    if ((errno && !(errno == ERANGE && fabs(v) <= DBL_MIN)) || end == s || *end || !isfinite(v)) return 0;
     *out = v;
     return 1;
 }
