@@ -268,7 +268,8 @@ static int sink_process(sf_stage *st, sf_packet *in)
             k->width = in->width;
             k->elem_bytes = elem;
             if (k->file && k->format != SINK_DIGEST && fwrite(sf_packet_rows(in), 1, bytes, k->file) != bytes)
-                rc = sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path ? k->path : "-", strerror(errno));
+                rc = sf_error(SF_E_IO, "writing %s%s%s failed: %s", k->file == stdout ? "standard output" : "output '",
+                              k->file == stdout ? "" : k->path, k->file == stdout ? "" : "'", strerror(errno));
             if (k->format == SINK_DIGEST) digest_update(k, in);
             k->rows += in->n;
         }
