@@ -1,9 +1,11 @@
 /* Backend selection by name: "cpu" always; "cuda" when the build has CUDA (creating it fails
- * with SF_E_BACKEND when no GPU is usable). */
+ * with SF_E_BACKEND when no GPU is usable). Also the sf_be_* functions of kernels/backend_ext.h:
+ * the one place where stages' fused steps are composed from core ops. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "kernels/cpu/cpu_backend.h"
 #ifdef SEQFLOW_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -26,9 +28,29 @@ int sf_backend_create(const char *name, int device, sf_backend **out)
 
 int sf_backend_create_ex(const char *name, int device, sf_precision precision, sf_backend **out)
 {
+    const sf_backend_options opts = {.device = device, .precision = precision};
+    return sf_backend_create_opts(name, &opts, out);
+}
+
+/* The CPU backend has no settings: the first key of a non-empty settings string is refused by
+ * name, so that a setting meant for another device does not pass silently. */
+static int cpu_settings(const char *settings)
+{
+    if (!settings) return SF_OK;
+    while (*settings == ',' || *settings == ' ') settings++;
+    if (!*settings) return SF_OK;
+    const size_t len = strcspn(settings, "=,");
+    return sf_error(SF_E_OPTION, "cpu backend has no setting '%.*s'", (int)len, settings);
+}
+
+int sf_backend_create_opts(const char *name, const sf_backend_options *opts, sf_backend **out)
+{
     if (!out) return sf_error(SF_E_INVAL, "sf_backend_create: out is NULL");
     *out = NULL;
+    const sf_backend_options defaults = {0};
+    if (!opts) opts = &defaults;
     if (!name) name = "cpu";
+    const sf_precision precision = opts->precision;
     if (precision != SF_PRECISION_AUTO && precision != SF_PRECISION_F32 && precision != SF_PRECISION_BF16)
         return sf_error(SF_E_INVAL, "sf_backend_create: unknown precision %d", (int)precision);
     int is_cuda = strcmp(name, "cuda") == 0;
@@ -48,17 +70,22 @@ int sf_backend_create_ex(const char *name, int device, sf_precision precision, s
     }
     if (!is_cuda && precision == SF_PRECISION_BF16)
         return sf_error(SF_E_UNSUPPORTED, "precision bf16 needs a GPU device; the cpu backend computes in f32");
+    if (!is_cuda) {
+        int rc = cpu_settings(opts->settings);
+        if (rc != SF_OK) return rc;
+    }
     sf_backend *be = calloc(1, sizeof *be);
     if (!be) return sf_error(SF_E_NOMEM, "out of memory");
+    be->threads = opts->threads;
     int rc;
 #ifdef SEQFLOW_HAVE_CUDA
     if (is_cuda) {
         be->precision = precision == SF_PRECISION_AUTO ? SF_PRECISION_BF16 : precision;
-        rc = sf_cuda_backend_init(be, device);
+        rc = sf_cuda_backend_init(be, opts->device, opts->settings);
     } else
 #endif
     {
-        (void)device; /* the CPU backend has one device */
+        /* the CPU backend has one device */
         be->precision = SF_PRECISION_F32;
         rc = sf_cpu_backend_init(be);
     }
@@ -75,4 +102,156 @@ void sf_backend_free(sf_backend *be)
     if (!be) return;
     if (be->ops && be->ops->destroy) be->ops->destroy(be);
     free(be);
+}
+
+/* ---- the internal extensions (kernels/backend_ext.h) --------------------------------------
+ * Each function uses the backend's slot where it has one and composes the core ops otherwise.
+ * The compositions are the CPU's arithmetic, in the order the block stage always issued it, so
+ * that the CPU's output does not depend on whether a step is fused. */
+
+static const sf_backend_ext *ext_of(const sf_backend *be) { return be && be->ops ? be->ops->ext : NULL; }
+
+/* Whether be runs op on activations of type (NULL supports_op: float32 only). */
+static int supports(sf_backend *be, sf_op op, sf_dtype type)
+{
+    if (type == SF_DTYPE_F32) return 1;
+    return be->ops->supports_op && be->ops->supports_op(be, op, type);
+}
+
+int sf_be_has_side_queue(const sf_backend *be)
+{
+    const sf_backend_ext *x = ext_of(be);
+    return x && x->side_begin && x->side_end && x->side_join;
+}
+
+int sf_be_prepare_weights(sf_backend *be, int count, const float *const *w, int out, int in)
+{
+    const sf_backend_ext *x = ext_of(be);
+    return x && x->prepare_weight_group ? x->prepare_weight_group(be, count, w, out, in) : SF_OK;
+}
+
+int sf_be_reserve(sf_backend *be, int rows, int width, int heads, int head_dim)
+{
+    const sf_backend_ext *x = ext_of(be);
+    return x && x->reserve ? x->reserve(be, rows, width, heads, head_dim) : SF_OK;
+}
+
+sf_dtype sf_be_qkv_type(sf_backend *be, int head_dim)
+{
+    const sf_backend_ext *x = ext_of(be);
+    if (!x || !x->qkv || !x->qkv_type) return SF_DTYPE_F32;
+    const sf_dtype t = x->qkv_type(be, head_dim);
+    /* every op that reads q, k or v must take the type, or the composed float32 path is used */
+    const sf_op readers[] = {SF_OP_ATTENTION, SF_OP_MEMORY_MIX, SF_OP_MEMORY_UPDATE, SF_OP_SUMMARY};
+    for (size_t i = 0; i < sizeof readers / sizeof *readers; i++)
+        if (!supports(be, readers[i], t)) return SF_DTYPE_F32;
+    return t;
+}
+
+sf_dtype sf_be_mix_type(sf_backend *be, sf_dtype qkv_type, int has_memory)
+{
+    const sf_backend_ext *x = ext_of(be);
+    if (qkv_type == SF_DTYPE_BF16 && has_memory && x && x->memory_mix_to && x->matmul_typed) return SF_DTYPE_BF16;
+    return SF_DTYPE_F32;
+}
+
+int sf_be_qkv(sf_backend *be, int n, int dim, int width, const float *x, const float *norm, float eps,
+              const float *wq, const float *wk, const float *wv, sf_dtype type, void *q, void *k, void *v, float *u)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->qkv) return e->qkv(be, n, dim, width, x, norm, eps, wq, wk, wv, type, q, k, v, u);
+    if (type != SF_DTYPE_F32)
+        return sf_error(SF_E_UNSUPPORTED, "%s backend: qkv writes float32 only, not type %d", be->ops->name, (int)type);
+    int rc = be->ops->rmsnorm(be, n, dim, x, norm, eps, u);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, width, u, dim, wq, q, width, 0);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, width, u, dim, wk, k, width, 0);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, width, u, dim, wv, v, width, 0);
+    return rc;
+}
+
+int sf_be_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
+                        float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out)
+{
+    const sf_backend_ext *x = ext_of(be);
+    /* the fused form only where the mix hands on another type: float32 goes through a anyway */
+    if (M && otype != SF_DTYPE_F32 && x && x->attention_mix)
+        return x->attention_mix(be, desc, q, k, v, a, M, z, gate, otype, out);
+    if (otype == SF_DTYPE_F32 && out != a)
+        return sf_error(SF_E_INVAL, "attention_mix: a float32 result goes to a itself");
+    if (otype != SF_DTYPE_F32 && !(M && x && x->memory_mix_to))
+        return sf_error(SF_E_UNSUPPORTED, "%s backend: attention_mix writes float32 only, not type %d", be->ops->name,
+                        (int)otype);
+    int rc = be->ops->attention(be, desc, q, k, v, a);
+    if (rc != SF_OK || !M) return rc;
+    const int n = desc->n, H = desc->heads, d = desc->head_dim, ld = desc->ld;
+    if (otype != SF_DTYPE_F32) return x->memory_mix_to(be, n, H, d, ld, desc->qkv_type, q, M, z, gate, a, otype, out);
+    return be->ops->memory_mix(be, n, H, d, ld, desc->qkv_type, q, M, z, gate, a);
+}
+
+int sf_be_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
+                       const float *w, float *y, int ldy, int accumulate)
+{
+    if (xtype == SF_DTYPE_F32) return be->ops->matmul(be, n, in, out, x, ldx, w, y, ldy, accumulate);
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->matmul_typed) return e->matmul_typed(be, n, in, out, xtype, x, ldx, w, y, ldy, accumulate);
+    return sf_error(SF_E_UNSUPPORTED, "%s backend: matmul takes float32 input only, not type %d", be->ops->name,
+                    (int)xtype);
+}
+
+size_t sf_be_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
+{
+    const sf_backend_ext *x = ext_of(be);
+    if (x && x->ffn && x->ffn_h1_floats) return x->ffn_h1_floats(be, n, dim, hidden);
+    return (size_t)n * (size_t)hidden;
+}
+
+int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
+              const float *w3, const float *w2, float *u, float *h1, float *h3)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->ffn) return e->ffn(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3);
+    int rc = be->ops->rmsnorm(be, n, dim, x, norm, eps, u);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w1, h1, hidden, 0);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w3, h3, hidden, 0);
+    if (rc == SF_OK) rc = be->ops->swiglu(be, n, hidden, h1, h3);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 1);
+    return rc;
+}
+
+int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
+                        sf_dtype otype, void *y)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->rmsnorm_typed) return e->rmsnorm_typed(be, n, dim, x, weight, eps, otype, y);
+    /* an expected answer, not a failure: the caller rounds on the host (sf_last_error untouched) */
+    return SF_E_UNSUPPORTED;
+}
+
+int sf_be_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->upload_unordered) return e->upload_unordered(be, dst, host_src, bytes);
+    return be->ops->upload(be, dst, host_src, bytes);
+}
+
+int sf_be_side_begin(sf_backend *be)
+{
+    return sf_be_has_side_queue(be) ? be->ops->ext->side_begin(be) : SF_OK;
+}
+
+int sf_be_side_end(sf_backend *be)
+{
+    return sf_be_has_side_queue(be) ? be->ops->ext->side_end(be) : SF_OK;
+}
+
+int sf_be_side_join(sf_backend *be)
+{
+    return sf_be_has_side_queue(be) ? be->ops->ext->side_join(be) : SF_OK;
+}
+
+int sf_be_side_join_before_product(sf_backend *be)
+{
+    if (!sf_be_has_side_queue(be)) return SF_OK;
+    const sf_backend_ext *e = be->ops->ext;
+    return e->side_join_before_product ? e->side_join_before_product(be) : e->side_join(be);
 }

@@ -19,12 +19,17 @@ int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_grap
     g->model = model;
     pthread_mutex_init(&g->error_lock, NULL);
     atomic_init(&g->tokens_out, 0);
-    int rc = sf_backend_create_ex(g->opts.device, g->opts.device_index, g->opts.precision, &g->backend);
+    const sf_backend_options bopts = {.device = g->opts.device_index,
+                                      .precision = g->opts.precision,
+                                      .threads = g->opts.threads,
+                                      .settings = g->opts.backend_settings};
+    int rc = sf_backend_create_opts(g->opts.device, &bopts, &g->backend);
+    /* the settings string is the caller's: not kept beyond this call */
+    g->opts.backend_settings = NULL;
     if (rc != SF_OK) {
         sf_graph_free(g);
         return rc;
     }
-    g->backend->threads = g->opts.threads;
     const char *profile = getenv("SEQFLOW_PROFILE");
     g->profile = profile && *profile && strcmp(profile, "0") != 0;
     *out = g;

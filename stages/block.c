@@ -5,12 +5,13 @@
  * over several stage threads. Every buffer is sized for a full segment at init: nothing is
  * allocated per segment, and per-stream state is fixed-size. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "stages/block_state.h"
-#include "stages/device_rows.h"
 #include "stages/stages.h"
 
 static const sf_option block_options[] = {
@@ -23,7 +24,7 @@ static const sf_option block_options[] = {
     {"state_group", SF_OPT_INT, "64", "values sharing one scale for int8/int4/fp8 state (even for int4)"},
     {"state_codec", SF_OPT_STRING, "zstd", "codec of idle state: zstd, lz4 or raw"},
     {"batch", SF_OPT_INT, "1", "full segments of up to this many streams computed together (1-16): one product launch for all of them, batch times the activation memory"},
-    {"lanes", SF_OPT_INT, "0", "GPU: 2 runs consecutive segments on two device lanes, one's first layers beside the previous one's last (0: off; pays for mid-sized segments); costs a second set of activations and one more device_rows buffer; a segment leaves when the next is issued or no input waits"},
+    {"defer_commit", SF_OPT_INT, NULL, "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next layer's attention, 2 also the last layer's beside the next segment's first (unset: SEQFLOW_BLOCK_DEFER_COMMIT, else 2)"},
     {NULL, 0, NULL, NULL}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -46,79 +47,66 @@ static int parse_layers(const char *text, int layers, int *first, int *count)
     return SF_OK;
 }
 
-/* The backend's optional ops: weight copies (bf16 on the GPU) made once here, and scratch
- * for the widest product of a full segment, so that no op allocates while streams run. */
+/* Weight copies (bf16 on a GPU) made once here, and scratch for the widest product of a full
+ * segment, so that no op allocates while streams run (both nothing on the CPU). */
 static int prepare_backend(block *b)
 {
-    const sf_backend_ops *ops = b->be->ops;
     const sf_model_config *c = b->cfg;
     const int D = c->dim, W = b->width, F = c->mlp_hidden;
     int rc = SF_OK;
-    for (int l = 0; l < b->count && rc == SF_OK && ops->prepare_weight; l++) {
+    for (int l = 0; l < b->count && rc == SF_OK; l++) {
         const layer_weights *w = &b->weights[l];
         /* Q, K, V as one group: with q, k, v one buffer apart (block_init) a GPU may run the
-         * three products as one batched launch */
-        const float *wqkv[3] = {w->wq, w->wk, w->wv};
-        if (ops->prepare_weight_group) rc = ops->prepare_weight_group(b->be, 3, wqkv, W, D);
-        for (int i = 0; i < 3 && rc == SF_OK && !ops->prepare_weight_group; i++) rc = ops->prepare_weight(b->be, wqkv[i], W, D);
-        if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->wo, D, W);
-        const float *w13[2] = {w->w1, w->w3};
-        if (rc == SF_OK && F && ops->prepare_weight_group) rc = ops->prepare_weight_group(b->be, 2, w13, F, D);
-        else if (rc == SF_OK && F) {
-            rc = ops->prepare_weight(b->be, w->w1, F, D);
-            if (rc == SF_OK) rc = ops->prepare_weight(b->be, w->w3, F, D);
-        }
-        if (rc == SF_OK && F) rc = ops->prepare_weight(b->be, w->w2, D, F);
+         * three products as one batched launch; W1 and W3 likewise multiply the same input */
+        const float *wqkv[3] = {w->wq, w->wk, w->wv}, *w13[2] = {w->w1, w->w3};
+        const float *wo = w->wo, *w2 = w->w2;
+        rc = sf_be_prepare_weights(b->be, 3, wqkv, W, D);
+        if (rc == SF_OK) rc = sf_be_prepare_weights(b->be, 1, &wo, D, W);
+        if (rc == SF_OK && F) rc = sf_be_prepare_weights(b->be, 2, w13, F, D);
+        if (rc == SF_OK && F) rc = sf_be_prepare_weights(b->be, 1, &w2, D, F);
     }
     int widest = D > W ? D : W;
     if (F > widest) widest = F;
     /* + G rows: a GPU backend stages the segment's K/V and the global tokens there for attention */
-    if (rc == SF_OK && ops->reserve) rc = ops->reserve(b->be, c->segment + c->global_tokens, widest, c->heads, c->head_dim);
+    if (rc == SF_OK) rc = sf_be_reserve(b->be, c->segment + c->global_tokens, widest, c->heads, c->head_dim);
     /* batched products take batch * N rows of at most D or W columns (no attention, no memory) */
-    if (rc == SF_OK && ops->reserve && b->batch > 1) rc = ops->reserve(b->be, c->segment * b->batch, D > W ? D : W, 0, 0);
+    if (rc == SF_OK && b->batch > 1) rc = sf_be_reserve(b->be, c->segment * b->batch, D > W ? D : W, 0, 0);
     return rc;
 }
 
-/* Whether layers defer their commits (block.defer_commit): only where a side queue exists,
- * there is a next layer in this block and an MLP to make the side worth it (layer_forward),
- * there is something to commit, and SEQFLOW_BLOCK_DEFER_COMMIT is not 0. The cost is a second
- * q/k/v set (3 N width elements). */
-static int defer_commit_wanted(const block *b)
+/* SEQFLOW_BLOCK_DEFER_COMMIT, the default of defer_commit=, read once per process. */
+static int defer_commit_env = 2;
+static void read_defer_commit_env(void)
 {
-    const sf_model_config *c = b->cfg;
     const char *env = getenv("SEQFLOW_BLOCK_DEFER_COMMIT");
-    const int mode = env && *env ? atoi(env) : 2;
-    const int commits = c->memory != SF_MEMORY_NONE || (c->global_tokens > 0 && c->summary_tokens > 0);
-    if (mode <= 0 || !b->be->ops->side_begin || b->count < 2 || c->mlp_hidden <= 0 || !commits) return 0;
-    /* the last layer's commit waits for the next segment only where that segment's first
-     * layer writes the other q/k/v set (and not with a state store: block_init) */
-    return mode >= 2 && b->count % 2 == 0 ? 2 : 1;
+    if (env && *env) defer_commit_env = atoi(env);
 }
 
-/* Lanes (block.lanes) where asked for (the option lanes=, or SEQFLOW_BLOCK_LANES, which wins)
- * and possible: the backend has them, segments stay on the device, one segment at a time
- * (no batch, no state store), and every layer has a lane mark. Off by default: they paid
- * +8.6% on the reference layers with 1024-token segments but nothing on the reference model's
- * 8192 (29 pairs: median ratio 1.003) and -12% on a host-bound tiny model, for a second set of
- * activations (bench/RESULTS.md, run 14). */
-static int lanes_wanted(sf_stage *st, const block *b)
+/* block.defer_commit from defer_commit= (else its environment default): deferred only where a
+ * side queue exists, there is a next layer in this block and an MLP to make the side worth it
+ * (layer_forward), and there is something to commit. The cost is a second q/k/v set (3 N width
+ * elements). */
+static int defer_commit_wanted(sf_stage *st, const block *b, int *out)
 {
-    const char *env = getenv("SEQFLOW_BLOCK_LANES");
-    const long long want = env && *env ? atoll(env) : sf_stage_option_int(st, "lanes", 0);
-    if (want != 0 && want != 2) return sf_error(SF_E_OPTION, "lanes=%lld: expected 0 or 2", want);
-    const sf_backend_ops *ops = b->be->ops;
-    if (want == 0 || !ops->lanes || !sf_device_rows_wanted(b->be) || b->batch > 1 || b->store ||
-        b->first + b->count > SF_BACKEND_LANE_MARKS)
-        return 0;
-    const int have = ops->lanes(b->be, 2);
-    return have < 0 ? have : have >= 2 ? 2 : 0;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, read_defer_commit_env);
+    const sf_model_config *c = b->cfg;
+    const char *given = sf_stage_option(st, "defer_commit");
+    const long long mode = given ? sf_stage_option_int(st, "defer_commit", -1) : defer_commit_env;
+    if (given && (mode < 0 || mode > 2)) return sf_error(SF_E_OPTION, "defer_commit=%s: expected 0, 1 or 2", given);
+    const int commits = c->memory != SF_MEMORY_NONE || (c->global_tokens > 0 && c->summary_tokens > 0);
+    *out = 0;
+    if (mode <= 0 || !sf_be_has_side_queue(b->be) || b->count < 2 || c->mlp_hidden <= 0 || !commits) return SF_OK;
+    /* the last layer's commit waits for the next segment only where that segment's first
+     * layer writes the other q/k/v set (and not with a state store: block_init) */
+    *out = mode >= 2 && b->count % 2 == 0 ? 2 : 1;
+    return SF_OK;
 }
 
 /* One segment's activations (its rows x aside) into *act. */
 static int alloc_activations(block *b, size_t N, block_activations *act)
 {
     const sf_model_config *c = b->cfg;
-    const sf_backend_ops *ops = b->be->ops;
     size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden;
     int rc = SF_OK;
     act->u = sf_block_upload(b, NULL, N * D, &rc);
@@ -129,11 +117,10 @@ static int alloc_activations(block *b, size_t N, block_activations *act)
     act->q = (unsigned char *)sf_block_upload(b, NULL, qkv_floats, &rc);
     if (act->q) act->k = act->q + N * W * b->qkv_size, act->v = act->k + N * W * b->qkv_size;
     act->a = sf_block_upload(b, NULL, N * W, &rc);
-    if (b->qkv_type == SF_DTYPE_BF16 && c->memory != SF_MEMORY_NONE && ops->memory_mix_to && ops->matmul_typed)
-        act->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
+    if (b->mix_type == SF_DTYPE_BF16) act->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
     if (F) {
-        /* a GPU's ffn may need less of h1, or none (ffn_h1_floats) */
-        const size_t h1_floats = ops->ffn && ops->ffn_h1_floats ? ops->ffn_h1_floats(b->be, (int)N, (int)D, (int)F) : N * F;
+        /* a GPU's ffn may need less of h1, or none */
+        const size_t h1_floats = sf_be_ffn_h1_floats(b->be, (int)N, (int)D, (int)F);
         if (h1_floats) act->h1 = sf_block_upload(b, NULL, h1_floats, &rc);
         act->h3 = sf_block_upload(b, NULL, N * F, &rc);
     }
@@ -149,6 +136,7 @@ static void free_activations(block *b, const block_activations *act)
     void *buffers[] = {act->u, act->q /* and k, v */, act->a, act->ao, act->h1, act->h3, act->sk, act->sv};
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; i++) b->be->ops->free(b->be, buffers[i]);
 }
+
 static int block_init(sf_stage *st)
 {
     const sf_model *m = sf_stage_model(st);
@@ -190,20 +178,14 @@ static int block_init(sf_stage *st)
         }
     }
     b->x = sf_block_upload(b, NULL, N * D, &rc);
-    const sf_backend_ops *ops = b->be->ops;
-    b->qkv_type = ops->qkv && ops->qkv_type ? ops->qkv_type(b->be, c->head_dim) : SF_DTYPE_F32;
+    b->qkv_type = sf_be_qkv_type(b->be, c->head_dim);
+    b->mix_type = sf_be_mix_type(b->be, b->qkv_type, c->memory != SF_MEMORY_NONE);
     b->qkv_size = b->qkv_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
     b->qkv_set_bytes = 3 * N * W * b->qkv_size;
     if (rc == SF_OK) rc = sf_block_store_init(st, b);
-    b->defer_commit = defer_commit_wanted(b);
+    if (rc == SF_OK) rc = defer_commit_wanted(st, b, &b->defer_commit);
     /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
     if (b->store && b->defer_commit == 2) b->defer_commit = 1;
-    if (rc == SF_OK) rc = lanes_wanted(st, b);
-    if (rc < 0) return rc;
-    b->lanes = rc, rc = SF_OK;
-    /* on a lane commits run inline, so one q/k/v set does; each lane has its own activations */
-    if (b->lanes) b->defer_commit = 0;
-    if (b->lanes) rc = alloc_activations(b, N, &b->idle);
     if (rc == SF_OK) rc = alloc_activations(b, N, &b->act);
     return rc == SF_OK ? prepare_backend(b) : rc;
 }
@@ -237,17 +219,6 @@ static int push_global_tokens(block *b, stream_state *s, int l, int n, const voi
     return rc;
 }
 
-/* y[i] = x w[i]^T for products that share x (contiguous [n, in], outputs [n, out]): one
- * matmul_shared where the backend has it (the GPU rounds x to bf16 once), else one matmul each. */
-static int shared_products(sf_backend *be, int n, int in, int out, const float *x, int count, const float *const *w,
-                           float *const *y)
-{
-    if (be->ops->matmul_shared) return be->ops->matmul_shared(be, n, in, out, x, in, count, w, y, out);
-    int rc = SF_OK;
-    for (int i = 0; i < count && rc == SF_OK; i++) rc = be->ops->matmul(be, n, in, out, x, in, w[i], y[i], out, 0);
-    return rc;
-}
-
 /* Layer l's q/k/v set (block.defer_commit): set l % 2 when commits are deferred, else the one. */
 static unsigned char *qkv_set(const block *b, int l)
 {
@@ -274,17 +245,13 @@ static int commit_layer(block *b, stream_state *const *states, int count, int l,
     return rc;
 }
 
-/* commit_layer on the side queue when the backend has one (side_begin .. side_end). */
+/* commit_layer on the side queue where the backend has one (in order otherwise). */
 static int commit_layer_beside(block *b, stream_state *const *states, int count, int l, int n)
 {
-    const sf_backend_ops *ops = b->be->ops;
-    int rc = ops->side_begin ? ops->side_begin(b->be) : SF_OK;
+    int rc = sf_be_side_begin(b->be);
     if (rc == SF_OK) rc = commit_layer(b, states, count, l, n);
-    if (ops->side_end) {
-        int end_rc = ops->side_end(b->be);
-        if (rc == SF_OK) rc = end_rc;
-    }
-    return rc;
+    int end_rc = sf_be_side_end(b->be);
+    return rc == SF_OK ? end_rc : rc;
 }
 
 /* Issues the last layer's commit that waits in b->late, if any (defer_commit 2). Called by the
@@ -296,108 +263,110 @@ static int flush_late_commit(block *b, int join)
     const int count = b->late.count;
     b->late.count = 0;
     int rc = commit_layer_beside(b, b->late.states, count, b->count - 1, b->late.n);
-    if (rc == SF_OK && join && b->be->ops->side_join) rc = b->be->ops->side_join(b->be);
+    if (rc == SF_OK && join) rc = sf_be_side_join(b->be);
     return rc;
 }
 
-/* One layer over `count` streams' segments of n rows each, stacked in b->x (count > 1 only for
- * full segments): the products, norms and MLP see all count * n rows at once. */
+/* The commits deferred to layer l, issued after its qkv: the previous layer's (the attention
+ * that read the memory and tokens it writes is long done, and it runs beside this layer's
+ * attention, issued next) and, in the first layer, the previous segment's last (defer_commit 2). */
+static int commit_begin(block *b, stream_state *const *states, int count, int l, int n, int commit)
+{
+    int rc = SF_OK;
+    if (commit && b->defer_commit && l > 0) rc = commit_layer_beside(b, states, count, l - 1, n);
+    if (rc == SF_OK && l == 0) rc = flush_late_commit(b, 0);
+    return rc;
+}
+
+/* Layer l's own commit, issued after its attention, or left for later. The commit reads k and v
+ * and writes the memory and the global tokens, which only the next segment reads.
+ * Not deferring, it runs on the side queue beside the output product and the MLP issued after it:
+ * the attention and the retrieval read the old memory and tokens, and were issued first, so the
+ * side starts after them. Without an MLP there is too little to run beside it, and the
+ * cross-queue waits cost more than they hide: it runs in order.
+ * Deferring, the next layer issues it (commit_begin), and the commits issued so far (the
+ * previous layer's and the previous segment's last) are joined in this layer, not before the
+ * next layer's qkv: a wait ahead of the qkv's norm would keep that norm from launching early.
+ * They run beside this layer's attention, mostly in its tail, and beside the output product
+ * (joined before the output product instead, the product waited for them). The join goes before
+ * the MLP's products (*join_owed, for ffn), or, where this layer's own commit follows now (the
+ * last layer, defer_commit 1), before that commit. */
+static int commit_end(block *b, stream_state *const *states, int count, int l, int n, int commit, int *join_owed)
+{
+    *join_owed = b->defer_commit != 0;
+    if (!commit || (b->defer_commit && l + 1 < b->count)) return SF_OK;
+    if (b->defer_commit == 2) {
+        memcpy(b->late.states, states, (size_t)count * sizeof *states);
+        b->late.count = count, b->late.n = n;
+        return SF_OK;
+    }
+    int rc = *join_owed ? sf_be_side_join(b->be) : SF_OK;
+    *join_owed = 0;
+    if (rc != SF_OK) return rc;
+    return b->cfg->mlp_hidden > 0 ? commit_layer_beside(b, states, count, l, n) : commit_layer(b, states, count, l, n);
+}
+
+/* Stream i's attention of layer l (A_dot over its segment and global tokens) mixed with its
+ * memory retrieval (SPEC 2) into its rows of the output product's input (block.mix_type). */
+static int attention_mix(block *b, stream_state *s, int l, int i, int n, const unsigned char *qkv)
+{
+    const sf_model_config *c = b->cfg;
+    const int H = c->heads, d = c->head_dim, W = b->width, G = c->global_tokens;
+    const size_t part = (size_t)n * W, part_bytes = part * b->qkv_size;
+    const unsigned char *q = qkv + i * part_bytes, *k = q + (b->act.k - b->act.q), *v = q + (b->act.v - b->act.q);
+    const int memory = c->memory != SF_MEMORY_NONE;
+    float *a = b->act.a + i * part;
+    void *out = b->mix_type == SF_DTYPE_BF16 ? (void *)(b->act.ao + i * part * 2) : (void *)a;
+    sf_attention_desc desc = {
+        .n = n, .segment = c->segment, .heads = H, .head_dim = d, .ld = W, .causal = c->causal,
+        .n_branches = c->n_branches, .branches = c->branches,
+        .n_global = G ? s->g_count[l] : 0, .global_ld = W,
+        .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
+        .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type};
+    return sf_be_attention_mix(b->be, &desc, q, k, v, a, memory ? s->M + (size_t)l * H * d * d : NULL,
+                               memory ? s->z + (size_t)l * H * d : NULL, b->weights[l].gate, b->mix_type, out);
+}
+
+/* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x): the MLP of layer l over `rows` rows, after the
+ * wait for the side queue that commit_end left owed (the MLP's norm touches nothing the side
+ * does, so the wait can sit in front of its products). */
+static int ffn(block *b, int l, int rows, int join_owed)
+{
+    const sf_model_config *c = b->cfg;
+    const layer_weights *w = &b->weights[l];
+    int rc = join_owed ? sf_be_side_join_before_product(b->be) : SF_OK;
+    if (rc == SF_OK)
+        rc = sf_be_ffn(b->be, rows, c->dim, c->mlp_hidden, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2,
+                       b->act.u, b->act.h1, b->act.h3);
+    return rc;
+}
+
+/* One layer (SPEC 2) over `count` streams' segments of n rows each, stacked in b->x (count > 1
+ * only for full segments): the products, norms and MLP see all count * n rows at once. */
 static int layer_forward(block *b, stream_state *const *states, int count, int l, int n, int commit)
 {
     const sf_model_config *c = b->cfg;
-    const sf_backend_ops *ops = b->be->ops;
     sf_backend *be = b->be;
     const layer_weights *w = &b->weights[l];
-    const int D = c->dim, W = b->width, H = c->heads, d = c->head_dim, F = c->mlp_hidden, rows = count * n;
-    const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part = (size_t)n * W;
-    const size_t part_bytes = part * b->qkv_size; /* one stream's q (k, v) rows */
-    unsigned char *qs = qkv_set(b, l), *ks = qs + (b->act.k - b->act.q), *vs = qs + (b->act.v - b->act.q);
-    /* a commit on the side queue may still read the k and v this layer's qkv overwrites: the
-     * previous layer's (deferring, the one before it, which used this set, was joined in the
-     * previous layer: below) */
-    int rc = ops->side_join && !b->defer_commit && !b->on_lane ? ops->side_join(be) : SF_OK;
-    if (rc != SF_OK) return rc;
-    if (ops->qkv) {
-        rc = ops->qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, qs, ks, vs,
-                      b->act.u);
-    } else {
-        const float *qkv_w[3] = {w->wq, w->wk, w->wv};
-        float *qkv[3] = {(float *)qs, (float *)ks, (float *)vs};
-        rc = ops->rmsnorm(be, rows, D, b->x, w->attn_norm, c->norm_eps, b->act.u);
-        if (rc == SF_OK) rc = shared_products(be, rows, D, W, b->act.u, 3, qkv_w, qkv);
-    }
-    /* the previous layer's deferred commit: it starts after this qkv, when that layer's
-     * attention (which read the memory and tokens it writes) is long done, and runs beside this
-     * layer's attention issued next */
-    if (rc == SF_OK && commit && b->defer_commit && l > 0) rc = commit_layer_beside(b, states, count, l - 1, n);
-    if (rc == SF_OK && l == 0) rc = flush_late_commit(b, 0);
-    /* on a lane, the previous segment (on the other lane) must have committed this layer: the
-     * attention and the mix read its memory and global tokens */
-    if (rc == SF_OK && b->on_lane) rc = ops->lane_wait(be, 1 - b->act_lane, b->first + l);
-    const int G = c->global_tokens;
-    for (int i = 0; i < count && rc == SF_OK; i++) {
-        stream_state *s = states[i];
-        const void *q = qs + i * part_bytes, *k = ks + i * part_bytes, *v = vs + i * part_bytes;
-        float *a = b->act.a + i * part;
-        sf_attention_desc desc = {
-            .n = n, .segment = c->segment, .heads = H, .head_dim = d, .ld = W, .causal = c->causal,
-            .n_branches = c->n_branches, .branches = c->branches,
-            .n_global = G ? s->g_count[l] : 0, .global_ld = W,
-            .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
-            .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type};
-        if (c->memory != SF_MEMORY_NONE && b->act.ao && ops->attention_mix) {
-            rc = ops->attention_mix(be, &desc, q, k, v, a, s->M + l * hdd, s->z + l * hd, w->gate, SF_DTYPE_BF16,
-                                    b->act.ao + i * part * 2);
-            continue;
-        }
-        rc = ops->attention(be, &desc, q, k, v, a);
-        if (rc == SF_OK && c->memory != SF_MEMORY_NONE && b->act.ao)
-            rc = ops->memory_mix_to(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a,
-                                    SF_DTYPE_BF16, b->act.ao + i * part * 2);
-        else if (rc == SF_OK && c->memory != SF_MEMORY_NONE)
-            rc = ops->memory_mix(be, n, H, d, W, b->qkv_type, q, s->M + l * hdd, s->z + l * hd, w->gate, a);
-    }
-    /* The commit reads k and v and writes the memory and the global tokens, which only the
-     * next segment reads. Deferred, the next layer issues it (above). Otherwise, on a side
-     * queue, it runs beside the output product and the MLP issued after it: the attention and
-     * the retrieval above read the old memory and tokens, and were issued first, so the side
-     * starts after them. Without an MLP there is too little to run beside it, and the
-     * cross-stream waits cost more than they hide (bench/RESULTS.md, runs 9 and 10: the
-     * attention-only model 5-11% slower with the side queue).
-     * Deferring, the commits issued so far (the previous layer's, from above, and the previous
-     * segment's last) are joined in this layer, not before the next layer's qkv: a wait ahead
-     * of the qkv's norm would keep that norm from launching early (launch_early.cuh in the CUDA
-     * backend). They run beside this layer's attention, mostly in its tail, and beside the
-     * output product (bench/RESULTS.md, run 13: joined before the output product instead, the
-     * product waited ~12 us a layer for them). The join goes before the MLP's products, or,
-     * where this layer's own commit follows now (the last layer, defer_commit 1), before that
-     * commit. */
-    const int deferred = b->defer_commit && l + 1 < b->count; /* the next layer issues it */
-    const int own_commit_now = rc == SF_OK && commit && !deferred && b->defer_commit != 2;
-    int joined = !b->defer_commit || !ops->side_join;
-    if (rc == SF_OK && !joined && own_commit_now) rc = ops->side_join(be), joined = 1;
-    if (rc == SF_OK && commit && !deferred && b->defer_commit == 2) {
-        memcpy(b->late.states, states, (size_t)count * sizeof *states);
-        b->late.count = count, b->late.n = n;
-    } else if (rc == SF_OK && commit && !deferred)
-        rc = F > 0 && !b->on_lane ? commit_layer_beside(b, states, count, l, n) : commit_layer(b, states, count, l, n);
-    /* the next segment's layer l may read the state now (and its commit overwrite it) */
-    if (rc == SF_OK && b->on_lane) rc = ops->lane_signal(be, b->first + l);
-    if (rc == SF_OK && b->act.ao) rc = ops->matmul_typed(be, rows, W, D, SF_DTYPE_BF16, b->act.ao, W, w->wo, b->x, D, 1);
-    else if (rc == SF_OK) rc = ops->matmul(be, rows, W, D, b->act.a, W, w->wo, b->x, D, 1);
-    /* the MLP's norm touches nothing the side does: the wait can sit in front of its products */
-    if (rc == SF_OK && !joined)
-        rc = ops->side_join_before_product ? ops->side_join_before_product(be) : ops->side_join(be);
-    if (rc == SF_OK && F && ops->ffn) {
-        rc = ops->ffn(be, rows, D, F, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->act.u, b->act.h1, b->act.h3);
-    } else if (rc == SF_OK && F) {
-        rc = ops->rmsnorm(be, rows, D, b->x, w->mlp_norm, c->norm_eps, b->act.u);
-        const float *gate_w[2] = {w->w1, w->w3};
-        float *gate_y[2] = {b->act.h1, b->act.h3};
-        if (rc == SF_OK) rc = shared_products(be, rows, D, F, b->act.u, 2, gate_w, gate_y);
-        if (rc == SF_OK) rc = ops->swiglu(be, rows, F, b->act.h1, b->act.h3);
-        if (rc == SF_OK) rc = ops->matmul(be, rows, F, D, b->act.h1, F, w->w2, b->x, D, 1);
-    }
+    const int D = c->dim, W = b->width, rows = count * n;
+    unsigned char *q = qkv_set(b, l), *k = q + (b->act.k - b->act.q), *v = q + (b->act.v - b->act.q);
+    /* not deferring, the previous layer's commit may still read the k and v this qkv overwrites
+     * (deferring, the one that used this set was joined in the previous layer) */
+    int rc = b->defer_commit ? SF_OK : sf_be_side_join(be);
+    /* q, k, v = u Wq^T, u Wk^T, u Wv^T with u = rmsnorm(x) */
+    if (rc == SF_OK)
+        rc = sf_be_qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, q, k, v,
+                       b->act.u);
+    if (rc == SF_OK) rc = commit_begin(b, states, count, l, n, commit);
+    /* A = g A_mem + (1 - g) A_dot, stream by stream */
+    for (int i = 0; i < count && rc == SF_OK; i++) rc = attention_mix(b, states[i], l, i, n, q);
+    int join_owed = 0;
+    if (rc == SF_OK) rc = commit_end(b, states, count, l, n, commit, &join_owed);
+    /* x += A Wo^T */
+    const void *mixed = b->mix_type == SF_DTYPE_BF16 ? (const void *)b->act.ao : (const void *)b->act.a;
+    if (rc == SF_OK) rc = sf_be_matmul_typed(be, rows, W, D, b->mix_type, mixed, W, w->wo, b->x, D, 1);
+    /* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x) */
+    if (rc == SF_OK && c->mlp_hidden > 0) rc = ffn(b, l, rows, join_owed);
     return rc;
 }
 
@@ -405,78 +374,10 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
  * download, the next stage, a save) may read anything the layers wrote. */
 static int layers_forward(block *b, stream_state *const *states, int count, int n, int commit)
 {
-    const sf_backend_ops *ops = b->be->ops;
-    const int repeat = count == b->last_count && n == b->last_n; /* block.last_n */
-    b->last_count = count, b->last_n = n;
-    const int recording = repeat && ops->graph_begin ? ops->graph_begin(b->be, b) : 0;
-    if (recording < 0) return recording;
     int rc = SF_OK;
     for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, states, count, l, n, commit);
-    if (ops->side_join) {
-        int join_rc = ops->side_join(b->be);
-        if (rc == SF_OK) rc = join_rc;
-    }
-    if (recording) {
-        int end_rc = ops->graph_end(b->be, b, rc == SF_OK);
-        if (rc == SF_OK) rc = end_rc;
-    }
-    return rc;
-}
-
-/* Emits the segment waiting in b->held, once the main queue (everything downstream) waits
- * for its lane. */
-static int emit_held(sf_stage *st)
-{
-    block *b = sf_stage_priv(st);
-    sf_packet *p = b->held;
-    if (!p) return SF_OK;
-    b->held = NULL;
-    int rc = b->be->ops->lane_join(b->be, b->held_lane);
-    if (rc != SF_OK) {
-        sf_packet_free(p);
-        return rc;
-    }
-    return sf_stage_emit(st, p);
-}
-
-/* What may run on a lane: a committed segment (full or partial, not a stream's last) whose rows
- * are on the device. Anything else runs on the main queue after the lanes are drained. */
-static int lane_eligible(const block *b, const sf_packet *p)
-{
-    return b->lanes > 0 && p->kind == SF_PACKET_HIDDEN && p->dev && p->n > 0 && p->n <= (size_t)b->cfg->segment &&
-           p->width == (size_t)b->cfg->dim && !(p->flags & (SF_PACKET_PROVISIONAL | SF_PACKET_FINAL));
-}
-
-/* Issues every layer of `in` to the next lane, then emits the segment before it (block.held).
- * Takes ownership of in. */
-static int run_on_lane(sf_stage *st, sf_packet *in)
-{
-    block *b = sf_stage_priv(st);
-    const sf_backend_ops *ops = b->be->ops;
-    stream_state *s = sf_stream_table_get(&b->streams, in->stream);
-    int rc = s ? SF_OK : SF_E_NOMEM;
-    const int lane = b->next_lane;
-    b->next_lane = 1 - lane;
-    if (b->act_lane != lane) {
-        const block_activations in_use = b->act;
-        b->act = b->idle, b->idle = in_use, b->act_lane = lane;
-    }
-    if (rc == SF_OK) rc = ops->lane_begin(b->be, lane);
-    if (rc == SF_OK) {
-        float *own_x = b->x;
-        b->x = in->dev, b->on_lane = 1;
-        for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, &s, 1, l, (int)in->n, 1);
-        b->x = own_x, b->on_lane = 0;
-        const int end_rc = ops->lane_end(b->be);
-        if (rc == SF_OK) rc = end_rc;
-    }
-    if (rc == SF_OK) rc = emit_held(st);
-    if (rc != SF_OK) {
-        sf_packet_free(in);
-        return rc;
-    }
-    b->held = in, b->held_lane = lane;
-    return SF_OK;
+    int join_rc = sf_be_side_join(b->be);
+    return rc == SF_OK ? join_rc : rc;
 }
 
 static int batchable(const block *b, const sf_packet *p)
@@ -527,8 +428,7 @@ static int run_pending(sf_stage *st)
 
 static int block_flush(sf_stage *st)
 {
-    int rc = emit_held(st);
-    if (rc == SF_OK) rc = run_pending(st);
+    int rc = run_pending(st);
     int late_rc = flush_late_commit(sf_stage_priv(st), 1);
     return rc == SF_OK ? late_rc : rc;
 }
@@ -540,12 +440,6 @@ static int block_process(sf_stage *st, sf_packet *in)
         sf_packet_free(in);
         return sf_error(SF_E_INVAL, "its input rows are bf16 (a norm with dtype=bf16 ahead of it); "
                                     "only a sink takes bf16 rows");
-    }
-    if (lane_eligible(b, in)) return run_on_lane(st, in);
-    int held_rc = emit_held(st);
-    if (held_rc != SF_OK) {
-        sf_packet_free(in);
-        return held_rc;
     }
     if (batchable(b, in)) {
         b->pending[b->n_pending++] = in;
@@ -603,18 +497,14 @@ static int run_one(sf_stage *st, sf_packet *in)
 static int block_save(sf_stage *st, sf_buffer *out)
 {
     block *b = sf_stage_priv(st);
-    int rc = emit_held(st);
-    if (rc == SF_OK) rc = run_pending(st);
+    int rc = run_pending(st);
     if (rc == SF_OK) rc = flush_late_commit(b, 1);
     return rc == SF_OK ? sf_block_state_save(b, out) : rc;
 }
 
 static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
 {
-    block *b = sf_stage_priv(st);
-    /* a segment still on its lane reads and writes the states being replaced */
-    int rc = b->held ? b->be->ops->lane_join(b->be, b->held_lane) : SF_OK;
-    return rc == SF_OK ? sf_block_state_restore(b, data, len) : rc;
+    return sf_block_state_restore(sf_stage_priv(st), data, len);
 }
 
 static void block_free(sf_stage *st)
@@ -622,7 +512,6 @@ static void block_free(sf_stage *st)
     block *b = sf_stage_priv(st);
     if (!b) return;
     for (int i = 0; i < b->n_pending; i++) sf_packet_free(b->pending[i]);
-    sf_packet_free(b->held);
     sf_block_state_free(b);
     sf_backend *be = b->be;
     for (int l = 0; b->weights && l < b->count; l++) {
@@ -632,7 +521,6 @@ static void block_free(sf_stage *st)
     free(b->weights);
     be->ops->free(be, b->x);
     free_activations(b, &b->act);
-    free_activations(b, &b->idle);
     free(b);
 }
 
@@ -647,5 +535,4 @@ const sf_stage_class sf_block_stage = {
     .restore = block_restore,
     .free = block_free,
     .device_rows = 1,
-    .idle = emit_held,
 };

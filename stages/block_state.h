@@ -27,7 +27,7 @@ typedef struct stream_state {
  * otherwise), qkv_size bytes an element; three equal parts of one buffer. With deferred commits
  * (block.defer_commit) a second such set follows, and layer l uses set l % 2. ao: with bf16
  * q/k/v and a memory, the mixed attention output as the output product's bf16 input ([N,
- * width], memory_mix_to writes it, matmul_typed reads it); NULL otherwise. */
+ * width], the mix writes it, the output product reads it); NULL otherwise. */
 typedef struct block_activations {
     float *u, *a, *h1, *h3, *sk, *sv;
     unsigned char *q, *k, *v, *ao;
@@ -40,8 +40,11 @@ typedef struct block {
     int width;              /* H*d */
     layer_weights *weights; /* [count], backend memory */
     float *x;
-    block_activations act; /* in use (with lanes: the current lane's) */
+    block_activations act;
     sf_dtype qkv_type;
+    /* the type of the output product's input: bf16 where the mix writes act.ao (sf_be_mix_type),
+     * float32 where it is act.a */
+    sf_dtype mix_type;
     size_t qkv_size, qkv_set_bytes;
     /* A layer's commit (memory update, global tokens) is issued to the side queue after the
      * next layer's Q/K/V, so it runs beside that layer's attention, mostly in its tail, where
@@ -76,25 +79,6 @@ typedef struct block {
     int batch;
     sf_packet *pending[SF_BLOCK_MAX_BATCH];
     int n_pending;
-    /* lanes 2: full or partial committed segments whose rows are on the device run on the
-     * backend's two lanes in turn, so that on the device one segment's first layers run beside
-     * the previous one's last (layer l of a segment waits for layer l of the one before, whose
-     * memory and global tokens it reads: lane_wait on mark first + l). Each lane has its own
-     * activations: those of the lane not in use wait in `idle` (swapped with `act` when the
-     * lane changes), and commits run inline (defer_commit 0). A segment is emitted when the
-     * next one has been issued (`held`), when no input waits (the stage's idle callback), or
-     * before anything else runs (emit_held in block.c). */
-    int lanes;
-    int next_lane, act_lane; /* the lane the next segment takes; the one whose activations are in use */
-    int on_lane;             /* layer_forward runs on a lane: inline commits, lane marks */
-    sf_packet *held;
-    int held_lane;
-    block_activations idle;
-    /* Graphs (ops graph_begin/end): a segment whose stacked rows (count x n) repeat the last
-     * segment's runs its layers as one recorded graph; the first of a shape runs op by op, so
-     * that its products choose their algorithms (by timing, which recording cannot do) and
-     * every kernel is set up before anything is recorded. */
-    int last_count, last_n;
 } block;
 
 /* A backend buffer of n floats, filled from host when host is not NULL; NULL with *rc set on

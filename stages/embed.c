@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "seqflow/stage.h"
 #include "stages/device_rows.h"
 #include "stages/stages.h"
@@ -25,8 +26,7 @@ typedef struct embed {
 } embed;
 
 /* The default covers `embed ! block ! norm` at the default queue depth: two links of 4 packets
- * plus one packet inside each of the three stages, and one spare (which a block on lanes,
- * holding one packet more, takes: give it 13). */
+ * plus one packet inside each of the three stages, and one spare. */
 static const sf_option embed_options[] = {
     {"device_rows", SF_OPT_INT, "12",
      "GPU graphs: device buffers of rows in flight at once (a packet finding none free takes the host path)"},
@@ -71,12 +71,10 @@ static int embed_on_device(embed *e, sf_packet *in, int dim, int *rc)
     /* a `segment length=` longer than the model's does not fit a pool buffer: host path (the
      * block stage then refuses it with a message, as on the CPU) */
     if (!e || !e->pool || in->n == 0 || in->n > e->rows || !sf_device_rows_lend(e->pool, in)) return 0;
-    const sf_backend_ops *ops = e->be->ops;
     uint32_t *tokens = (uint32_t *)(in->dev + e->rows * e->dim);
     const size_t bytes = in->n * sizeof(uint32_t);
-    *rc = ops->upload_unordered ? ops->upload_unordered(e->be, tokens, in->tokens, bytes)
-                                : ops->upload(e->be, tokens, in->tokens, bytes);
-    if (*rc == SF_OK) *rc = ops->embed(e->be, (int)in->n, dim, tokens, e->table, in->dev);
+    *rc = sf_be_upload_unordered(e->be, tokens, in->tokens, bytes);
+    if (*rc == SF_OK) *rc = e->be->ops->embed(e->be, (int)in->n, dim, tokens, e->table, in->dev);
     return 1;
 }
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "seqflow/stage.h"
 #include "stages/device_rows.h"
@@ -19,6 +20,7 @@ typedef struct norm {
     int bf16;         /* dtype=bf16 */
     void *rows_bf16;  /* device rows converted for the download (dtype=bf16 on a device) */
     size_t rows_bf16_bytes;
+    int host_round;   /* the backend has no bf16 norm (sf_be_rmsnorm_typed): round on the host */
 } norm;
 
 static const sf_option norm_options[] = {
@@ -63,8 +65,7 @@ static int norm_init(sf_stage *st)
         int rc = be->ops->upload(be, nm->weight, w, bytes);
         if (rc != SF_OK) return rc;
     }
-    if (nm->bf16 && nm->weight && be->ops->rmsnorm_typed)
-        return reserve_rows_bf16(nm, (size_t)cfg->segment * cfg->dim * sizeof(uint16_t));
+    if (nm->bf16 && nm->weight) return reserve_rows_bf16(nm, (size_t)cfg->segment * cfg->dim * sizeof(uint16_t));
     return SF_OK;
 }
 
@@ -88,16 +89,19 @@ static int device_rows_out(norm *nm, sf_packet *in, const float *w, float eps)
         sf_packet_to_host(in); /* returns the rows to their pool */
         return sf_error(SF_E_INVAL, "device rows on a graph without a device final norm");
     }
-    if (nm->bf16 && be->ops->rmsnorm_typed) {
+    if (nm->bf16 && !nm->host_round) {
         int rc = reserve_rows_bf16(nm, in->n * in->width * sizeof(uint16_t));
         if (rc == SF_OK)
-            rc = be->ops->rmsnorm_typed(be, (int)in->n, (int)in->width, in->dev, nm->weight, eps, SF_DTYPE_BF16,
-                                        nm->rows_bf16);
-        if (rc != SF_OK) {
+            rc = sf_be_rmsnorm_typed(be, (int)in->n, (int)in->width, in->dev, nm->weight, eps, SF_DTYPE_BF16,
+                                     nm->rows_bf16);
+        if (rc == SF_OK) return sf_packet_to_host_bf16(in, nm->rows_bf16);
+        /* a backend without a bf16 norm says so before it touches anything: from now on the
+         * float32 norm below, rounded on the host */
+        nm->host_round = rc == SF_E_UNSUPPORTED;
+        if (!nm->host_round) {
             sf_packet_to_host(in);
             return rc;
         }
-        return sf_packet_to_host_bf16(in, nm->rows_bf16);
     }
     int rc = be->ops->rmsnorm(be, (int)in->n, (int)in->width, in->dev, nm->weight, eps, in->dev);
     if (rc != SF_OK) {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/gpu.h"
@@ -26,6 +27,14 @@
 
 static sf_backend *cpu;
 static check_rng rng = {12345};
+
+/* The backend's extension table, or an empty one: which fused ops it has. They are called
+ * through the sf_be_* functions, as the stages call them. */
+static const sf_backend_ext *ext(const sf_backend *be)
+{
+    static const sf_backend_ext none;
+    return be->ops->ext ? be->ops->ext : &none;
+}
 
 typedef struct target {
     sf_backend *be;
@@ -169,7 +178,7 @@ static void test_matmul(const target *t)
             float *hy = random_host((size_t)n * ldy, 1);
             pair x = both(t, hx, (size_t)n * ldx * 4), w = both(t, hw, (size_t)out * in * 4);
             pair y = both(t, hy, (size_t)n * ldy * 4);
-            if (variant != 2 && t->be->ops->prepare_weight) CHECK_OK(t->be->ops->prepare_weight(t->be, w.g, out, in));
+            if (variant != 2) CHECK_OK(sf_be_prepare_weights(t->be, 1, (const float *const *)&w.g, out, in));
             if (variant == 0) both_poison(t, y, (size_t)n * ldy);
             if (variant == 0) {
                 /* the padding columns must stay as they were: put finite values there */
@@ -194,9 +203,9 @@ static void test_matmul(const target *t)
     }
 }
 
-/* The fused products against the CPU composed from plain ops: matmul_shared, qkv (rmsnorm, then
- * three products) and ffn (x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x)), which the CPU backend
- * leaves NULL. */
+/* The fused products against the CPU composed from plain ops: products of prepared (and
+ * grouped) weights, qkv (rmsnorm, then three products) and ffn (x += W2 (silu(W1 u) * W3 u),
+ * u = rmsnorm(x)), which the CPU backend composes (kernels/backend.c). */
 static void test_fused_products(const target *t)
 {
     /* the last two fit the H100's fused SwiGLU + W2 kernel (dim % 256, hidden % 128; rows not a
@@ -220,25 +229,23 @@ static void test_fused_products(const target *t)
         }
         /* every other shape prepares the first two as a group (ffn's W1|W3: one product) */
         const float *group[2] = {w[0].g, w[1].g};
-        int grouped = (s % 2 == 1) && t->be->ops->prepare_weight_group;
-        if (grouped) CHECK_OK(t->be->ops->prepare_weight_group(t->be, 2, group, hidden, dim));
+        int grouped = (s % 2 == 1) && ext(t->be)->prepare_weight_group;
+        if (grouped) CHECK_OK(sf_be_prepare_weights(t->be, 2, group, hidden, dim));
         for (int i = grouped ? 2 : 0; i < 3; i++)
-            if (t->be->ops->prepare_weight) CHECK_OK(t->be->ops->prepare_weight(t->be, w[i].g, hidden, dim));
-        if (t->be->ops->prepare_weight) CHECK_OK(t->be->ops->prepare_weight(t->be, w2.g, dim, hidden));
-        if (t->be->ops->matmul_shared) {
-            const float *wg[3] = {w[0].g, w[1].g, w[2].g};
-            float *yg[3] = {y[0].g, y[1].g, y[2].g};
-            CHECK_OK(t->be->ops->matmul_shared(t->be, n, dim, hidden, x.g, dim, 3, wg, yg, hidden));
-            for (int i = 0; i < 3; i++) {
-                CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, x.c, dim, w[i].c, y[i].c, hidden, 0));
-                snprintf(what, sizeof what, "matmul_shared n=%d in=%d out=%d product %d", n, dim, hidden, i);
-                compare(what, t, y[i].g, y[i].c, nh, t->tol_products);
-            }
+            CHECK_OK(sf_be_prepare_weights(t->be, 1, (const float *const *)&w[i].g, hidden, dim));
+        CHECK_OK(sf_be_prepare_weights(t->be, 1, (const float *const *)&w2.g, dim, hidden));
+        /* each prepared weight (grouped or not) multiplied on its own */
+        for (int i = 0; i < 3; i++) {
+            CHECK_OK(t->be->ops->matmul(t->be, n, dim, hidden, x.g, dim, w[i].g, y[i].g, hidden, 0));
+            CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, x.c, dim, w[i].c, y[i].c, hidden, 0));
+            snprintf(what, sizeof what, "matmul (prepared%s) n=%d in=%d out=%d product %d", grouped && i < 2 ? ", grouped" : "",
+                     n, dim, hidden, i);
+            compare(what, t, y[i].g, y[i].c, nh, t->tol_products);
         }
-        if (t->be->ops->qkv) {
+        if (ext(t->be)->qkv) {
             pair u = both(t, NULL, nx * 4);
             for (int i = 0; i < 3; i++) both_poison(t, y[i], nh);
-            CHECK_OK(t->be->ops->qkv(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_F32,
+            CHECK_OK(sf_be_qkv(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_F32,
                                      y[0].g, y[1].g, y[2].g, u.g));
             CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, norm.c, 1e-6f, u.c));
             for (int i = 0; i < 3; i++) {
@@ -251,7 +258,7 @@ static void test_fused_products(const target *t)
             float *nan = malloc(nh * 4 + 4);
             for (size_t i = 0; i < nh; i++) nan[i] = NAN;
             for (int i = 0; i < 3; i++) yb[i] = bf16_upload(t->be, nan, nh);
-            CHECK_OK(t->be->ops->qkv(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_BF16,
+            CHECK_OK(sf_be_qkv(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_BF16,
                                      yb[0], yb[1], yb[2], u.g));
             const double tol = t->tol_products > TOL_BF16_OUTPUT ? t->tol_products : TOL_BF16_OUTPUT;
             for (int i = 0; i < 3; i++) {
@@ -265,10 +272,10 @@ static void test_fused_products(const target *t)
             free(nan);
             both_free(t, u);
         }
-        if (t->be->ops->ffn) {
+        if (ext(t->be)->ffn) {
             pair u = both(t, NULL, nx * 4);
             for (int i = 0; i < 2; i++) both_poison(t, y[i], nh);
-            CHECK_OK(t->be->ops->ffn(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g, y[0].g,
+            CHECK_OK(sf_be_ffn(t->be, n, dim, hidden, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g, y[0].g,
                                      y[1].g));
             CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, norm.c, 1e-6f, u.c));
             CHECK_OK(cpu->ops->matmul(cpu, n, dim, hidden, u.c, dim, w[0].c, y[0].c, hidden, 0));
@@ -304,7 +311,7 @@ static void test_fused_products(const target *t)
                 pair x2 = both(t, hx, nx * 4);
                 for (int i = 0; i < 2; i++) both_poison(t, y[i], nh);
                 setenv(variants[v].var, variants[v].value, 1);
-                CHECK_OK(t->be->ops->ffn(t->be, n, dim, hidden, x2.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g,
+                CHECK_OK(sf_be_ffn(t->be, n, dim, hidden, x2.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g,
                                          y[0].g, y[1].g));
                 unsetenv(variants[v].var);
                 snprintf(what, sizeof what, "ffn (%s=%s) n=%d dim=%d hidden=%d", variants[v].var, variants[v].value, n,
@@ -319,13 +326,13 @@ static void test_fused_products(const target *t)
             }
             /* no h1 where the backend says ffn uses none of it (ffn_h1_floats; the block stage
              * then allocates none): the same rows as the default run above, which had one */
-            const size_t h1_floats = t->be->ops->ffn_h1_floats ? t->be->ops->ffn_h1_floats(t->be, n, dim, hidden) : nh;
+            const size_t h1_floats = sf_be_ffn_h1_floats(t->be, n, dim, hidden);
             CHECKF(h1_floats == 0 || h1_floats == nh, "%s ffn_h1_floats n=%d hidden=%d: %zu, want 0 or %zu", t->label,
                    n, hidden, h1_floats, nh);
             if (h1_floats == 0) {
                 pair x3 = both(t, hx, nx * 4);
                 both_poison(t, y[1], nh);
-                CHECK_OK(t->be->ops->ffn(t->be, n, dim, hidden, x3.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g, NULL,
+                CHECK_OK(sf_be_ffn(t->be, n, dim, hidden, x3.g, norm.g, 1e-6f, w[0].g, w[1].g, w2.g, u.g, NULL,
                                          y[1].g));
                 float *with_h1 = to_host(t->be, x.g, nx), *without = to_host(t->be, x3.g, nx);
                 const double diff = check_rel_err_f32(without, with_h1, nx);
@@ -351,7 +358,7 @@ static void test_qkv_grouped(const target *t)
 {
     static const int shapes[][4] = {/* n, n_max, dim, width */ {64, 80, 32, 48}, {200, 256, 96, 128},
                                     {37, 40, 24, 40}, {1, 3, 16, 8}};
-    if (!t->be->ops->prepare_weight_group || !t->be->ops->qkv) return;
+    if (!ext(t->be)->prepare_weight_group || !ext(t->be)->qkv) return;
     char what[112];
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int n = shapes[s][0], n_max = shapes[s][1], dim = shapes[s][2], width = shapes[s][3];
@@ -365,31 +372,31 @@ static void test_qkv_grouped(const target *t)
             want[i] = both(t, NULL, nh * 4);
         }
         const float *group[3] = {w[0].g, w[1].g, w[2].g};
-        CHECK_OK(t->be->ops->prepare_weight_group(t->be, 3, group, width, dim));
+        CHECK_OK(sf_be_prepare_weights(t->be, 3, group, width, dim));
         float *qkv = to_backend(t->be, NULL, 3 * slice * 4);
         float *gy[3] = {qkv, qkv + slice, qkv + 2 * slice};
-        for (int pass = 0; pass < 2; pass++) { /* qkv, then matmul_shared on the same layout */
+        for (int pass = 0; pass < 2; pass++) { /* qkv, then rmsnorm and matmul per weight on the same layout */
             poison(t->be, qkv, 3 * slice);
             CHECK_OK(cpu->ops->rmsnorm(cpu, n, dim, x.c, norm.c, 1e-6f, u.c));
             if (pass == 0) {
-                CHECK_OK(t->be->ops->qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g,
+                CHECK_OK(sf_be_qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g,
                                          SF_DTYPE_F32, gy[0], gy[1], gy[2], u.g));
             } else {
-                if (!t->be->ops->matmul_shared) break;
                 CHECK_OK(t->be->ops->rmsnorm(t->be, n, dim, x.g, norm.g, 1e-6f, u.g));
-                CHECK_OK(t->be->ops->matmul_shared(t->be, n, dim, width, u.g, dim, 3, group, gy, width));
+                for (int i = 0; i < 3; i++)
+                    CHECK_OK(t->be->ops->matmul(t->be, n, dim, width, u.g, dim, group[i], gy[i], width, 0));
             }
             for (int i = 0; i < 3; i++) {
                 CHECK_OK(cpu->ops->matmul(cpu, n, dim, width, u.c, dim, w[i].c, want[i].c, width, 0));
                 snprintf(what, sizeof what, "%s grouped n=%d (slices %d rows apart) dim=%d width=%d product %d",
-                         pass ? "matmul_shared" : "qkv", n, n_max, dim, width, i);
+                         pass ? "matmul of a grouped weight" : "qkv", n, n_max, dim, width, i);
                 compare(what, t, gy[i], want[i].c, nh, t->tol_products);
             }
             float *all = to_host(t->be, qkv, 3 * slice);
             size_t written = 0;
             for (size_t i = 0; i < 3 * slice; i++) written += !isnan(all[i]) && i % slice >= nh;
             CHECKF(written == 0, "%s %s grouped n=%d n_max=%d: %zu elements written past the slices' n rows",
-                   t->label, pass ? "matmul_shared" : "qkv", n, n_max, written);
+                   t->label, pass ? "matmul of a grouped weight" : "qkv", n, n_max, written);
             free(all);
         }
         { /* bf16 outputs in the same layout, slices n_max*width bf16 elements apart (stages/block.c) */
@@ -397,7 +404,7 @@ static void test_qkv_grouped(const target *t)
             for (size_t i = 0; i < 3 * slice; i++) nan[i] = NAN;
             unsigned char *qkvb = bf16_upload(t->be, nan, 3 * slice);
             free(nan);
-            CHECK_OK(t->be->ops->qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_BF16,
+            CHECK_OK(sf_be_qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_BF16,
                                      qkvb, qkvb + 2 * slice, qkvb + 4 * slice, u.g));
             float *all = bf16_download(t->be, qkvb, 3 * slice);
             const double tol = t->tol_products > TOL_BF16_OUTPUT ? t->tol_products : TOL_BF16_OUTPUT;
@@ -440,7 +447,7 @@ static void test_rowwise(const target *t)
         CHECK_OK(t->be->ops->rmsnorm(t->be, n, dim, x.g, w.g, 1e-6f, y.g));
         snprintf(what, sizeof what, "rmsnorm n=%d dim=%d", n, dim);
         compare(what, t, y.g, y.c, count, TOL_F32);
-        if (t->be->ops->rmsnorm_typed) {
+        if (ext(t->be)->rmsnorm_typed) {
             /* typed: float32 equal to rmsnorm's, bf16 its rounding to nearest even, bit for bit;
              * both outputs poisoned first (0xFFFF is a NaN in bf16 and in either half of a float) */
             float *want = malloc(count * sizeof *want);
@@ -451,7 +458,7 @@ static void test_rowwise(const target *t)
             CHECK_OK(t->be->ops->download(t->be, want, y.g, count * 4));
             memset(bits, 0xFF, count * 2);
             CHECK_OK(t->be->ops->upload(t->be, yt, bits, count * 2));
-            CHECK_OK(t->be->ops->rmsnorm_typed(t->be, n, dim, x.g, w.g, 1e-6f, SF_DTYPE_BF16, yt));
+            CHECK_OK(sf_be_rmsnorm_typed(t->be, n, dim, x.g, w.g, 1e-6f, SF_DTYPE_BF16, yt));
             CHECK_OK(t->be->ops->download(t->be, bits, yt, count * 2));
             size_t off = 0;
             for (size_t i = 0; i < count; i++) off += bits[i] != check_bf16_bits(want[i]);
@@ -459,7 +466,7 @@ static void test_rowwise(const target *t)
                    n, dim, off, count);
             memset(got32, 0xFF, count * 4);
             CHECK_OK(t->be->ops->upload(t->be, yt, got32, count * 4));
-            CHECK_OK(t->be->ops->rmsnorm_typed(t->be, n, dim, x.g, w.g, 1e-6f, SF_DTYPE_F32, yt));
+            CHECK_OK(sf_be_rmsnorm_typed(t->be, n, dim, x.g, w.g, 1e-6f, SF_DTYPE_F32, yt));
             CHECK_OK(t->be->ops->download(t->be, got32, yt, count * 4));
             CHECKF(memcmp(got32, want, count * 4) == 0, "%s rmsnorm_typed f32 n=%d dim=%d differs from rmsnorm", t->label,
                    n, dim);
@@ -489,12 +496,12 @@ static void test_rowwise(const target *t)
         snprintf(what, sizeof what, "embed n=%d dim=%d", n, dim);
         double err = compare(what, t, y.g, y.c, count, TOL_F32);
         CHECKF(err == 0, "%s %s: a lookup must be exact, error %.3g", t->label, what, err);
-        if (t->be->ops->upload_unordered) {
+        if (ext(t->be)->upload_unordered) {
             /* new ids through upload_unordered over the old ones, with a kernel that does not
              * touch them queued ahead: the lookup issued after sees the new ids */
             for (int i = 0; i < n; i++) tokens[i] = (uint32_t)(check_rng_next(&rng) % vocab);
             CHECK_OK(t->be->ops->rmsnorm(t->be, n, dim, x.g, w.g, 1e-5f, x.g));
-            CHECK_OK(t->be->ops->upload_unordered(t->be, tok.g, tokens, (size_t)n * 4));
+            CHECK_OK(sf_be_upload_unordered(t->be, tok.g, tokens, (size_t)n * 4));
             both_poison(t, y, count);
             CHECK_OK(t->be->ops->embed(t->be, n, dim, tok.g, table.g, y.g));
             CHECK_OK(cpu->ops->upload(cpu, tok.c, tokens, (size_t)n * 4));
@@ -620,12 +627,12 @@ static void test_memory(const target *t)
             CHECK_OK(t->be->ops->memory_mix(t->be, n, H, d, bld, SF_DTYPE_BF16, gq + off, M.g, z.g, g.g, ab.g));
             snprintf(what, sizeof what, "memory_mix (bf16 q) n=%d H=%d d=%d ld=%d, row 0 at %d", n, H, d, bld, off);
             compare(what, t, ab.g, ab.c, (size_t)n * bld, t->tol_memory);
-            if (t->be->ops->memory_mix_to) { /* the same mix into a NaN-poisoned bf16 out, rows bld apart */
+            if (ext(t->be)->memory_mix_to) { /* the same mix into a NaN-poisoned bf16 out, rows bld apart */
                 float *nan = malloc((size_t)n * bld * 4 + 4);
                 for (size_t i = 0; i < (size_t)n * bld; i++) nan[i] = NAN;
                 void *out = bf16_upload(t->be, nan, (size_t)n * bld);
                 CHECK_OK(t->be->ops->upload(t->be, ab.g, ba, (size_t)n * bld * 4));
-                CHECK_OK(t->be->ops->memory_mix_to(t->be, n, H, d, bld, SF_DTYPE_BF16, gq + off, M.g, z.g, g.g, ab.g,
+                CHECK_OK(ext(t->be)->memory_mix_to(t->be, n, H, d, bld, SF_DTYPE_BF16, gq + off, M.g, z.g, g.g, ab.g,
                                                    SF_DTYPE_BF16, out));
                 float *got = bf16_download(t->be, out, (size_t)n * bld), *want = to_host(cpu, ab.c, (size_t)n * bld);
                 /* the rows' H*d columns, side by side; the padding is not the op's to write */
@@ -681,7 +688,7 @@ static void test_matmul_typed(const target *t)
      * through residual_product.cu (several row and column tiles, partial, in the last) */
     static const int shapes[][4] = {/* n, in, out, ldx */ {64, 96, 40, 96}, {33, 64, 128, 72}, {1, 32, 8, 32},
                                     {300, 256, 520, 256}};
-    if (!t->be->ops->matmul_typed) return;
+    if (!ext(t->be)->matmul_typed) return;
     for (size_t r = 0; r < 2 * sizeof shapes / sizeof *shapes; r++) {
         const size_t s = r / 2;
         if (r % 2) setenv("SEQFLOW_CUDA_RESIDUAL_PRODUCT", "1", 1);
@@ -691,9 +698,9 @@ static void test_matmul_typed(const target *t)
         round_to_bf16(hx, nx);
         pair x = both(t, hx, nx * 4), w = both(t, hw, (size_t)out * in * 4), y = both(t, hy, ny * 4);
         void *xb = bf16_upload(t->be, hx, nx);
-        if (t->be->ops->prepare_weight) CHECK_OK(t->be->ops->prepare_weight(t->be, w.g, out, in));
+        CHECK_OK(sf_be_prepare_weights(t->be, 1, (const float *const *)&w.g, out, in));
         CHECK_OK(cpu->ops->matmul(cpu, n, in, out, x.c, ldx, w.c, y.c, out, 1));
-        CHECK_OK(t->be->ops->matmul_typed(t->be, n, in, out, SF_DTYPE_BF16, xb, ldx, w.g, y.g, out, 1));
+        CHECK_OK(sf_be_matmul_typed(t->be, n, in, out, SF_DTYPE_BF16, xb, ldx, w.g, y.g, out, 1));
         char what[96];
         unsetenv("SEQFLOW_CUDA_RESIDUAL_PRODUCT");
         snprintf(what, sizeof what, "matmul_typed (bf16 x) n=%d in=%d out=%d ldx=%d, accumulate%s", n, in, out, ldx,
@@ -777,7 +784,7 @@ static void test_attention(const target *t)
                t->label, ac->branches, ac->n, ac->heads, ac->head_dim, ac->causal, G, ld, err);
         printf("  %-5s attention %-20s n=%4d d=%3d causal=%d G=%2d  bf16 q/k/v%s rel err %.2e\n", t->label,
                ac->branches, ac->n, ac->head_dim, ac->causal, G, ld % 8 || ac->head_dim != 64 ? " (widened)" : "", err);
-        if (t->be->ops->attention_mix) {
+        if (ext(t->be)->attention_mix) {
             /* attention then the memory mix into a NaN-poisoned bf16 out: fused by the kernel that
              * reads K/V in place (an H100, d = 64, ld % 8 == 0), the two ops elsewhere */
             const int H = ac->heads, d = ac->head_dim;
@@ -788,7 +795,7 @@ static void test_attention(const target *t)
             void *mixed = bf16_upload(t->be, nan, rows);
             CHECK_OK(cpu->ops->memory_mix(cpu, ac->n, H, d, ld, SF_DTYPE_F32, q.c, M.c, z.c, g.c, out.c));
             poison(t->be, out.g, rows); /* scratch for the op; the CPU's mixed rows are the reference */
-            CHECK_OK(t->be->ops->attention_mix(t->be, &desc, qb, kb, vb, out.g, M.g, z.g, g.g, SF_DTYPE_BF16, mixed));
+            CHECK_OK(sf_be_attention_mix(t->be, &desc, qb, kb, vb, out.g, M.g, z.g, g.g, SF_DTYPE_BF16, mixed));
             float *gm = bf16_download(t->be, mixed, rows), *wm = to_host(cpu, out.c, rows);
             for (int i = 0; i < ac->n; i++) {
                 memcpy(gw + (size_t)i * W, gm + (size_t)i * ld, (size_t)W * 4);
@@ -831,7 +838,7 @@ int main(void)
         CHECK_OK(sf_backend_create_ex("cuda", 0, modes[m].precision, &t.be));
         if (!t.be) continue;
         CHECK(t.be->precision == modes[m].precision);
-        if (t.be->ops->reserve) CHECK_OK(t.be->ops->reserve(t.be, 256, 384, 6, 64));
+        CHECK_OK(sf_be_reserve(t.be, 256, 384, 6, 64));
         test_buffers(&t);
         test_matmul(&t);
         test_fused_products(&t);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/gpu.h"
@@ -111,12 +112,12 @@ static unsigned long long graphs_launched(void)
     return launched;
 }
 
-/* Whether the CUDA backend in bf16 passes q, k, v of this head width as bf16 (ops->qkv_type). */
+/* Whether the CUDA backend in bf16 passes q, k, v of this head width as bf16 (sf_be_qkv_type). */
 static int cuda_passes_bf16_qkv(int head_dim)
 {
     sf_backend *be = NULL;
     if (sf_backend_create_ex("cuda", 0, SF_PRECISION_BF16, &be) != SF_OK) return 0;
-    const int yes = be->ops->qkv_type && be->ops->qkv_type(be, head_dim) == SF_DTYPE_BF16;
+    const int yes = sf_be_qkv_type(be, head_dim) == SF_DTYPE_BF16;
     sf_backend_free(be);
     return yes;
 }

@@ -1,5 +1,5 @@
-/* The backend's side queue (side_begin / side_end / side_join / side_join_before_product,
- * seqflow/backend.h) on the GPU: side work starts after what the main queue issued before it,
+/* The backend's side queue (sf_be_side_begin / _end / _join / _join_before_product,
+ * kernels/backend_ext.h) on the GPU: side work starts after what the main queue issued before it,
  * the main queue's work after a join sees everything the side wrote, and both queues compute
  * what the CPU computes in order. Each ordering is checked where breaking it shows: the side
  * reads k that a long main-queue product delays (k is NaN until then), the retrieval after the
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/gpu.h"
@@ -45,20 +46,20 @@ typedef struct inputs {
     float *k, *v, *q, *a, *M, *z, *gate, *x, *w, *big_x, *big_w, *wm;
 } inputs;
 
-/* UPDATES delta updates of M, z on the side, then side_join_before_product (side_join where the
- * backend has none) and y = M wm^T ([H*D, D] rows of M; wm [W, D]): the product reads what the
+/* UPDATES delta updates of M, z on the side, then sf_be_side_join_before_product (a plain join
+ * where the backend has no deferred one) and y = M wm^T ([H*D, D] rows of M; wm [W, D]): the product reads what the
  * side writes, so it shows whether the deferred wait is in front of it. wm prepared: the bf16
  * products' path; not: SGEMM's. */
 static void join_at_product(sf_backend *be, int use_side, const float *k, const float *v, float *M, float *z,
                             const float *wm, float *y)
 {
     const sf_backend_ops *ops = be->ops;
-    if (use_side) CHECK_OK(ops->side_begin(be));
+    if (use_side) CHECK_OK(sf_be_side_begin(be));
     for (int i = 0; i < UPDATES; i++)
         CHECK_OK(ops->memory_update(be, SF_MEMORY_DELTA, N, H, D, W, SF_DTYPE_F32, k, v, M, z));
     if (use_side) {
-        CHECK_OK(ops->side_end(be));
-        CHECK_OK(ops->side_join_before_product ? ops->side_join_before_product(be) : ops->side_join(be));
+        CHECK_OK(sf_be_side_end(be));
+        CHECK_OK(sf_be_side_join_before_product(be));
     }
     CHECK_OK(ops->matmul(be, H * D, D, W, M, D, wm, y, W, 0));
 }
@@ -81,23 +82,23 @@ static void run(sf_backend *be, const inputs *in, int use_side, float **a_out, f
     float *nan = malloc(rows * sizeof *nan);
     for (size_t i = 0; i < rows; i++) nan[i] = NAN;
     CHECK_OK(ops->upload(be, k, nan, rows * sizeof(float)));
-    if (ops->prepare_weight) CHECK_OK(ops->prepare_weight(be, w, W, W));
+    CHECK_OK(sf_be_prepare_weights(be, 1, (const float *const *)&w, W, W));
     CHECK_OK(ops->sync(be));
 
     CHECK_OK(ops->matmul(be, BIG, BIG, BIG, big_x, BIG, big_w, big_y, BIG, 0));
     CHECK_OK(ops->copy(be, k, k_src, rows * sizeof(float)));
     if (use_side) {
-        CHECK_OK(ops->side_begin(be));
-        CHECK_OK(ops->side_begin(be)); /* again: still on the side, nothing else changes */
+        CHECK_OK(sf_be_side_begin(be));
+        CHECK_OK(sf_be_side_begin(be)); /* again: still on the side, nothing else changes */
     }
     for (int i = 0; i < UPDATES; i++)
         CHECK_OK(ops->memory_update(be, SF_MEMORY_DELTA, N, H, D, W, SF_DTYPE_F32, k, v, M, z));
     if (use_side) {
-        CHECK_OK(ops->side_end(be));
-        CHECK_OK(ops->side_end(be)); /* not on the side any more: nothing to do */
+        CHECK_OK(sf_be_side_end(be));
+        CHECK_OK(sf_be_side_end(be)); /* not on the side any more: nothing to do */
     }
     CHECK_OK(ops->matmul(be, N, W, W, x, W, w, y, W, 0));
-    if (use_side) CHECK_OK(ops->side_join(be));
+    if (use_side) CHECK_OK(sf_be_side_join(be));
     CHECK_OK(ops->memory_mix(be, N, H, D, W, SF_DTYPE_F32, q, M, z, gate, a));
     *a_out = back(be, a, rows);
     *M_out = back(be, M, (size_t)H * D * D);
@@ -106,7 +107,7 @@ static void run(sf_backend *be, const inputs *in, int use_side, float **a_out, f
      * the same values, not prepared); ym_out holds both results */
     const size_t ym = (size_t)H * D * W;
     float *wm = on(be, in->wm, (size_t)W * D), *wu = on(be, in->wm, (size_t)W * D), *y2 = on(be, NULL, 2 * ym);
-    if (ops->prepare_weight) CHECK_OK(ops->prepare_weight(be, wm, W, D));
+    CHECK_OK(sf_be_prepare_weights(be, 1, (const float *const *)&wm, W, D));
     join_at_product(be, use_side, k, v, M, z, wm, y2);
     join_at_product(be, use_side, k, v, M, z, wu, y2 + ym);
     *ym_out = back(be, y2, 2 * ym);
@@ -131,7 +132,7 @@ int main(void)
     sf_backend *cpu = NULL;
     CHECK_OK(sf_backend_create("cpu", 0, &cpu));
     if (!cpu) return check_finish("test_side_queue");
-    CHECK(cpu->ops->side_begin == NULL && cpu->ops->side_end == NULL && cpu->ops->side_join == NULL);
+    CHECK(!sf_be_has_side_queue(cpu)); /* the calls below then run in order */
     float *want_a, *want_M, *want_y, *want_ym;
     run(cpu, &in, 0, &want_a, &want_M, &want_y, &want_ym);
 
@@ -144,8 +145,8 @@ int main(void)
         sf_backend *gpu = NULL;
         CHECK_OK(sf_backend_create("cuda", 0, &gpu)); /* bf16 */
         if (!gpu) continue;
-        CHECK(gpu->ops->side_begin && gpu->ops->side_end && gpu->ops->side_join);
-        CHECK_OK(gpu->ops->reserve(gpu, N, W, H, D));
+        CHECK(sf_be_has_side_queue(gpu));
+        CHECK_OK(sf_be_reserve(gpu, N, W, H, D));
         float *a, *M, *y, *ym;
         run(gpu, &in, 1, &a, &M, &y, &ym);
         /* the memory is float32 in every precision; the product and the retrieval's input mix

@@ -27,6 +27,9 @@ typedef struct sf_graph_options {
     int queue_depth;        /* packets per link, default 4 */
     int threads;            /* CPU compute threads, 0 = all cores */
     sf_precision precision; /* AUTO (0): bf16 on a GPU, f32 on the CPU; see backend.h */
+    /* The backend's own settings, "key=value,key=value" (NULL or "": defaults), passed to
+     * sf_backend_create_opts; borrowed, read only by sf_graph_create. */
+    const char *backend_settings;
 } sf_graph_options;
 
 /* Creates an empty graph. model may be NULL for graphs whose stages need none. opts may be

@@ -86,6 +86,15 @@ static int cpu_summary(sf_backend *be, int n, int segment, int summary_tokens, i
     return rc != SF_OK ? rc : sf_cpu_summary(be, n, segment, summary_tokens, width, ld, k, v, sk, sv, count);
 }
 
+/* Every core op, on float32 activations only (f32_only above refuses the rest). */
+static int cpu_supports_op(sf_backend *be, sf_op op, sf_dtype type)
+{
+    (void)be;
+    return (int)op >= 0 && (int)op < SF_OP_COUNT && type == SF_DTYPE_F32;
+}
+
+/* Core ops only (ext NULL): the stages' fused steps are the compositions of kernels/backend.c,
+ * which is what the CPU computed before there were fused forms. */
 const sf_backend_ops sf_cpu_backend_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -104,6 +113,8 @@ const sf_backend_ops sf_cpu_backend_ops = {
     .memory_update = cpu_memory_update,
     .summary = cpu_summary,
     .destroy = cpu_destroy,
+    .supports_op = cpu_supports_op,
+    .ext = NULL,
 };
 
 static void blas_single_thread(void) { openblas_set_num_threads(1); }

@@ -5,7 +5,8 @@
 
 #include "seqflow/backend.h"
 
-/* The op table of the CPU backend (every op of sf_backend_ops is implemented). */
+/* The op table of the CPU backend: every core op, float32 activations only, no extensions
+ * (ext NULL: kernels/backend.c composes the fused steps from these ops). */
 extern const sf_backend_ops sf_cpu_backend_ops;
 
 /* Fills *be (ops, impl = NULL); keeps be->threads as set by the caller (0 = every OpenMP
