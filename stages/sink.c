@@ -99,13 +99,17 @@ static int ends_with(const char *s, const char *suffix)
 }
 
 /* The path that writing `path` reaches: symlinks followed one by one (also when the last
- * target does not exist yet, so that it is created where the link points). */
-static int follow_links(const char *path, char **out)
+ * target does not exist yet, so that it is created where the link points). *via_fd is set
+ * when the chain passes through /proc (/dev/stdout is /proc/self/fd/1): such a link names an
+ * open descriptor, which is written in place, whatever it is. */
+static int follow_links(const char *path, char **out, int *via_fd)
 {
     char *cur = strdup(path);
     if (!cur) return sf_error(SF_E_NOMEM, "out of memory");
+    *via_fd = 0;
     for (int hops = 0;; hops++) {
         struct stat sb;
+        if (strncmp(cur, "/proc/", 6) == 0) *via_fd = 1;
         if (lstat(cur, &sb) != 0 || !S_ISLNK(sb.st_mode)) break;
         if (hops == 40) {
             free(cur);
@@ -135,7 +139,7 @@ static int follow_links(const char *path, char **out)
     return SF_OK;
 }
 
-/* Opens a device, FIFO or socket for writing in place. open() on a FIFO waits for a reader;
+/* Opens a device, FIFO, socket or open descriptor for writing in place. open() on a FIFO waits for a reader;
  * a signal that interrupts the wait is retried unless the run was interrupted. */
 static int open_in_place(sf_stage *st, sink *k, const struct stat *sb)
 {
@@ -153,7 +157,11 @@ static int open_in_place(sf_stage *st, sink *k, const struct stat *sb)
             errno = e;
         }
     } else {
-        do fd = open(k->target, O_WRONLY | O_CLOEXEC);
+        /* a regular file here is an open descriptor (/dev/stdout onto a file): appended to, as
+         * `>>` would; what `>` opened is empty anyway. A .npy rewrites its header, so starts over. */
+        int flags = O_WRONLY | O_CLOEXEC;
+        if (S_ISREG(sb->st_mode)) flags |= k->format == SINK_NPY ? O_TRUNC : O_APPEND;
+        do fd = open(k->target, flags);
         while (fd < 0 && errno == EINTR && !sf_stage_interrupted(st));
     }
     if (fd < 0) return sf_error(SF_E_IO, "cannot write output '%s': %s", k->path, strerror(errno));
@@ -175,13 +183,19 @@ static int open_in_place(sf_stage *st, sink *k, const struct stat *sb)
 static int open_output(sf_stage *st, sink *k)
 {
     if (!*k->path) return sf_error(SF_E_OPTION, "the output name is empty ('-' is standard output)");
-    int rc = follow_links(k->path, &k->target);
+    int via_fd = 0;
+    int rc = follow_links(k->path, &k->target, &via_fd);
     if (rc != SF_OK) return rc;
     struct stat sb;
-    if (stat(k->target, &sb) == 0 && !S_ISREG(sb.st_mode)) {
-        if (S_ISDIR(sb.st_mode)) return sf_error(SF_E_OPTION, "output '%s' is a directory; give a file name", k->path);
+    /* stat follows the links itself, also those of /proc that name no path */
+    int exists = stat(k->path, &sb) == 0;
+    if (exists && S_ISDIR(sb.st_mode)) return sf_error(SF_E_OPTION, "output '%s' is a directory; give a file name", k->path);
+    if (exists && (!S_ISREG(sb.st_mode) || via_fd)) {
+        free(k->target);
+        k->target = strdup(k->path);
+        if (!k->target) return sf_error(SF_E_NOMEM, "out of memory");
         if (k->checkpointing)
-            return sf_error(SF_E_OPTION, "output '%s' is a device, FIFO or socket, which cannot be checkpointed (it cannot be taken back on resume); give a file",
+            return sf_error(SF_E_OPTION, "output '%s' is a device, FIFO, socket or open descriptor, which cannot be checkpointed (it cannot be taken back on resume); give a file",
                             k->path);
         return open_in_place(st, k, &sb);
     }

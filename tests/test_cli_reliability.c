@@ -266,6 +266,29 @@ static void test_outputs(int can_mknod)
     CHECKF(lmode(link) == S_IFLNK, "-o onto a symlink replaced the link");
     CHECKF(file_size(target) == want, "the link's target holds %ld bytes, want %ld", file_size(target), want);
     CHECK(count_prefixed("target.f32.partial") == 0 && count_prefixed("link.f32.partial") == 0);
+    /* a link to an open descriptor (what /dev/stdout is; a link of our own, so that a broken
+     * binary replaces nothing outside this directory) writes through it: into a pipe, and
+     * appended to a file */
+    const char *fd1 = in_dir("my-stdout");
+    CHECK(symlink("/proc/self/fd/1", fd1) == 0);
+    int p[2];
+    CHECK(pipe(p) == 0);
+    pid = start((const char *[]){"seqflow", "run", "-i", text, "-o", fd1, "-q", NULL}, -1, p[1]);
+    close(p[1]);
+    got = 0;
+    for (ssize_t n; (n = read(p[0], buf, sizeof buf)) > 0;) got += n;
+    close(p[0]);
+    code = wait_for(pid, 60);
+    CHECKF(code == 0 && got == want, "-o a link to stdout, a pipe: exit %d, %ld of %ld bytes", code, got, want);
+    const char *appended = in_dir("appended.f32");
+    write_file(appended, "head", 4);
+    int afd = open(appended, O_WRONLY | O_APPEND);
+    code = run_fds((const char *[]){"seqflow", "run", "-i", text, "-o", fd1, "-q", NULL}, -1, afd, 60, NULL);
+    close(afd);
+    CHECKF(code == 0 && file_size(appended) == 4 + want, "-o a link to stdout, a file: exit %d, %ld bytes", code,
+           file_size(appended));
+    CHECK(lmode(fd1) == S_IFLNK && count_prefixed("my-stdout.partial") == 0);
+
     /* a link to a file that does not exist yet creates the file where it points */
     CHECK(symlink("created.f32", in_dir("new-link.f32")) == 0);
     CHECK(run((const char *[]){"seqflow", "run", "-i", text, "-o", in_dir("new-link.f32"), "-q", NULL}) == 0);

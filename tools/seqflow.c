@@ -743,7 +743,8 @@ static int cmd_run(int argc, char **argv)
     uint64_t tokens = sf_graph_tokens_out(graph);
     if (rc != SF_OK && rc != SF_E_INTERRUPTED) {
         fprintf(stderr, "seqflow: %s\n", sf_graph_error(graph));
-        status = exit_status_of(rc);
+        /* a run that failed because a signal cut a call short still ends as stopped by it */
+        status = stop_signal ? 128 + stop_signal : exit_status_of(rc);
     } else {
         if (!a.quiet) {
             char branches[256];
