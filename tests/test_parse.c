@@ -16,6 +16,16 @@ static int parse_fails(const sf_model *m, const char *text, int want, const char
     return ok;
 }
 
+static int pass_process(sf_stage *st, sf_packet *in)
+{
+    (void)st;
+    sf_packet_free(in);
+    return SF_OK;
+}
+static const sf_option eps_options[] = {{"eps", SF_OPT_FLOAT, "1e-6", "a number"}, {NULL, 0, NULL, NULL}};
+static const sf_stage_class eps_class = {.name = "test_eps", .help = "a float option", .options = eps_options,
+                                         .process = pass_process};
+
 int main(void)
 {
     sf_model_config cfg;
@@ -99,6 +109,13 @@ int main(void)
     CHECK(sf_graph_run(g) == SF_E_PARSE);
     CHECKF(strstr(sf_last_error(), "stage 2 (sink)") != NULL, "%s", sf_last_error());
     sf_graph_free(g);
+    /* a valid but tiny number (it underflows a double) is a number, not "not a number" */
+    CHECK_OK(sf_register_stage(&eps_class));
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECKF(sf_graph_parse(g, "test_eps eps=1e-320") == SF_OK, "%s", sf_last_error());
+    CHECK(sf_stage_option_float(sf_graph_stage(g, 0), "eps", 1.0) < 1e-300);
+    sf_graph_free(g);
+    CHECK(parse_fails(m, "test_eps eps=1e999", SF_E_OPTION, "eps=1e999"));
     /* unknown device */
     CHECK(sf_graph_create(m, &(sf_graph_options){.device = "tpu"}, &g) == SF_E_BACKEND);
     CHECK(g == NULL);
