@@ -370,6 +370,38 @@ static void test_signals(void)
         CHECKF(file_size(out) == 100 * (long)row_bytes, "%s: output holds %ld bytes", names[i], file_size(out));
     }
 
+    /* a run whose compute is slow (a model of 1024 wide layers on one thread, seconds a
+     * segment; a slow GPU call is the same): SIGTERM leaves after its grace, a second SIGINT at
+     * once; either way without output and with FILE.partial-PID removed */
+    const char *slow_in = in_dir("slow.in");
+    char tokens[1024];
+    for (size_t t = 0; t < sizeof tokens; t++) tokens[t] = (char)(t * 7 + 3);
+    write_file(slow_in, tokens, sizeof tokens);
+    const int stop_sigs[] = {SIGTERM, SIGINT};
+    for (int i = 0; i < 2; i++) {
+        const char *out = in_dir(i ? "slow-int.f32" : "slow-term.f32");
+        pid = start((const char *[]){"seqflow", "run", "--dim", "1024", "--heads", "8", "--head-dim", "128", "--layers", "4",
+                                     "--mlp", "4096", "-t", "1", "-i", slow_in, "-o", out, "--no-progress", NULL},
+                    -1, -1);
+        char partial[PATH_MAX + 32];
+        snprintf(partial, sizeof partial, "%s.partial-%d", out, pid);
+        for (int waited = 0; waited < 6000 && file_size(partial) < 0; waited++) sleep_s(0.01);
+        CHECKF(file_size(partial) >= 0, "the slow run never started its sink");
+        sleep_s(0.5);
+        t0 = now();
+        kill(pid, stop_sigs[i]);
+        if (stop_sigs[i] == SIGINT) {
+            sleep_s(0.3);
+            kill(pid, SIGINT);
+        }
+        code = wait_for(pid, 60);
+        took = now() - t0;
+        CHECKF(code == 128 + stop_sigs[i] && took < (i ? 2.0 : 8.0), "slow run, signal %d: exit %d after %.1f s: %s",
+               stop_sigs[i], code, took, err_text);
+        CHECKF(file_size(partial) < 0 && file_size(out) < 0, "slow run, signal %d: output %ld bytes, temporary %ld",
+               stop_sigs[i], file_size(out), file_size(partial));
+    }
+
     /* all of it is documented */
     CHECK(run((const char *[]){"seqflow", "--help", NULL}) == 0);
     unsigned char *help = read_stdout();
