@@ -4,6 +4,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -45,7 +46,8 @@ enum { OV_DIM = 1, OV_HEADS = 2, OV_HEAD_DIM = 4, OV_LAYERS = 8, OV_MLP = 16, OV
        OV_EPS = 2048, OV_VOCAB = 4096, OV_FINAL_NORM = 8192 };
 
 /* Seconds SIGTERM and SIGHUP leave the run to flush what was read before it is abandoned:
- * an output pipe nobody reads, or a slow device call, must not keep a stopped run alive. */
+ * an output pipe nobody reads, or a slow device call, must not keep a stopped run alive.
+ * usage() and the README say 3. */
 #define STOP_GRACE_SECONDS 3
 
 static sf_graph *volatile running_graph;
@@ -157,7 +159,6 @@ static void usage(FILE *f)
         "      --dim D  --heads H  --head-dim d  --layers L  --mlp F (0 = no MLP)\n"
         "      --vocab V  --final-norm 0|1  --seed S\n"
         "\n"
-        "\n"
         "Outputs: a regular FILE (or a new one) is written as FILE.partial-PID and renamed when\n"
         "the run succeeds; a symlink is followed; a device, FIFO or socket is written in place.\n"
         "\n"
@@ -176,8 +177,6 @@ static void usage(FILE *f)
         "  128+N    stopped by signal N: 130 SIGINT, 143 SIGTERM, 129 SIGHUP\n",
         f);
 }
-
-static int isfinite_double(double v) { return v - v == 0.0; }
 
 static int parse_int_arg(const char *name, const char *s, long long lo, long long hi, long long *out)
 {
@@ -310,7 +309,7 @@ static int parse_args(int argc, char **argv, run_args *a)
             errno = 0;
             double e = strtod(optarg, &end);
             /* an underflow is still a valid positive number (ERANGE with a tiny result) */
-            if (end == optarg || *end || !(e > 0) || !isfinite_double(e) || (errno == ERANGE && e > DBL_MIN)) {
+            if (end == optarg || *end || !(e > 0) || !isfinite(e) || (errno == ERANGE && e > DBL_MIN)) {
                 fprintf(stderr, "seqflow: --norm-eps expects a positive number, got '%s'\n", optarg);
                 return 2;
             }
@@ -729,6 +728,8 @@ static int cmd_run(int argc, char **argv)
         sem_post(&stop_posted);
         pthread_join(watchdog, NULL);
     }
+    /* the handlers stay installed: the semaphores are static, so a late signal still finds
+     * them (and leaves at once if it is a second one) */
     double elapsed = sf_monotonic_seconds() - prog.start;
     if (have_progress) {
         pthread_mutex_lock(&prog.lock);
