@@ -11,8 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -293,6 +295,48 @@ static void test_outputs(int can_mknod)
     CHECK(symlink("created.f32", in_dir("new-link.f32")) == 0);
     CHECK(run((const char *[]){"seqflow", "run", "-i", text, "-o", in_dir("new-link.f32"), "-q", NULL}) == 0);
     CHECK(lmode(in_dir("new-link.f32")) == S_IFLNK && file_size(in_dir("created.f32")) == want);
+}
+
+/* A Unix socket listening at path; accepts one connection and counts its bytes. */
+typedef struct listener {
+    int fd;
+    long got;
+} listener;
+
+static void *accept_and_count(void *arg)
+{
+    listener *l = arg;
+    struct pollfd p = {.fd = l->fd, .events = POLLIN};
+    if (poll(&p, 1, 30000) != 1) return NULL; /* a run that never connects */
+    int c = accept(l->fd, NULL, NULL);
+    if (c < 0) return NULL;
+    char buf[65536];
+    for (ssize_t n; (n = read(c, buf, sizeof buf)) > 0;) l->got += n;
+    close(c);
+    return NULL;
+}
+
+static void test_socket_output(void)
+{
+    const char *text = in_dir("text.in");
+    const long want = 14 * (long)row_bytes;
+    const char *path = in_dir("out.sock");
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path) {
+        fprintf(stderr, "test_cli_reliability: socket path too long here; socket case skipped\n");
+        return;
+    }
+    strcpy(addr.sun_path, path);
+    listener l = {socket(AF_UNIX, SOCK_STREAM, 0), 0};
+    CHECK(l.fd >= 0 && bind(l.fd, (struct sockaddr *)&addr, sizeof addr) == 0 && listen(l.fd, 1) == 0);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, accept_and_count, &l) == 0);
+    int code = run((const char *[]){"seqflow", "run", "-i", text, "-o", path, "-q", NULL});
+    pthread_join(t, NULL);
+    close(l.fd);
+    CHECKF(code == 0 && l.got == want, "-o a socket: exit %d, the listener got %ld of %ld bytes: %s", code, l.got, want,
+           err_text);
+    CHECKF(lmode(path) == S_IFSOCK, "-o onto a socket replaced it");
 }
 
 /* ---- 2: signals ---------------------------------------------------------------------------- */
@@ -588,6 +632,7 @@ int main(void)
     if (!can_mknod) fprintf(stderr, "test_cli_reliability: no mknod here (%s); device cases skipped\n", strerror(errno));
 
     test_outputs(can_mknod);
+    test_socket_output();
     test_signals();
     test_refusals();
     test_messages();
