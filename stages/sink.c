@@ -202,8 +202,14 @@ static int open_output(sf_stage *st, sink *k)
     size_t len = strlen(k->target) + 32;
     k->tmp_path = malloc(len);
     if (!k->tmp_path) return sf_error(SF_E_NOMEM, "out of memory");
-    if (k->checkpointing) snprintf(k->tmp_path, len, "%s.partial", k->target);
-    else snprintf(k->tmp_path, len, "%s.partial-%d", k->target, (int)getpid());
+    /* a name near NAME_MAX leaves no room for the suffix: the temporary name then keeps as
+     * much of it as fits (the same every time, so that a resume finds OUT.partial again) */
+    const char *slash = strrchr(k->target, '/');
+    size_t dir_len = slash ? (size_t)(slash - k->target) + 1 : 0, base_len = strlen(k->target) - dir_len;
+    const size_t suffix_room = 24; /* ".partial-" and a pid */
+    int keep = (int)(base_len + suffix_room > NAME_MAX ? NAME_MAX - suffix_room : base_len);
+    if (k->checkpointing) snprintf(k->tmp_path, len, "%.*s%.*s.partial", (int)dir_len, k->target, keep, k->target + dir_len);
+    else snprintf(k->tmp_path, len, "%.*s%.*s.partial-%d", (int)dir_len, k->target, keep, k->target + dir_len, (int)getpid());
     if (sf_stage_resuming(st)) return SF_OK;
     k->file = fopen(k->tmp_path, "wb");
     if (!k->file) return sf_error(SF_E_IO, "cannot write output '%s': %s", k->path, strerror(errno));

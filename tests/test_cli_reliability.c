@@ -474,6 +474,13 @@ static void test_refusals(void)
     memset(long_name, 'n', sizeof long_name - 1);
     long_name[sizeof long_name - 1] = '\0';
     EXPECT_FAIL("-o a name over NAME_MAX", 2, "NAME_MAX", "run", "-i", text, "-o", in_dir(long_name));
+    /* a name just under NAME_MAX is fine, though its temporary name must be shortened */
+    memset(long_name, 'm', NAME_MAX - 2);
+    long_name[NAME_MAX - 2] = '\0';
+    code = run((const char *[]){"seqflow", "run", "-i", text, "-o", in_dir(long_name), "-q", NULL});
+    CHECKF(code == 0 && file_size(in_dir(long_name)) == 9 * (long)row_bytes, "-o a name of NAME_MAX - 2 bytes: exit %d: %s",
+           code, err_text);
+    CHECK(count_prefixed("mmmm") == 1);
     EXPECT_FAIL("a pipeline's own sink onto a directory", 2, "directory", "run", "-i", text,
                 "segment ! embed ! block ! norm ! sink out=/");
 
