@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -374,11 +375,14 @@ static int config_from_metadata(const loader *ld, sf_model_config *cfg)
         char *end;
         errno = 0;
         double v = strtod(eps, &end);
+        /* underflow (ERANGE with a tiny result) is a valid number: it counts as the smallest
+         * positive float, the nearest epsilon a float can hold */
         if (eps[0] == '\0' || (eps[0] != '-' && eps[0] != '.' && (eps[0] < '0' || eps[0] > '9')) ||
-            *end != '\0' || !isfinite(v) || errno == ERANGE)
+            *end != '\0' || !isfinite(v) || (errno == ERANGE && fabs(v) > DBL_MIN))
             return fail(ld, SF_E_MODEL, "metadata key seqflow.norm_eps: \"%.40s\" is not a number",
                         eps);
         cfg->norm_eps = (float)v;
+        if (eps[0] != '-' && cfg->norm_eps == 0.0f && (v > 0 || errno == ERANGE)) cfg->norm_eps = FLT_TRUE_MIN;
     }
     return SF_OK;
 }

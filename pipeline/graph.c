@@ -78,6 +78,8 @@ int sf_graph_add_class(sf_graph *g, const sf_stage_class *cls, const char *optio
 {
     if (!g || !cls) return sf_error(SF_E_INVAL, "sf_graph_add_class: NULL argument");
     if (g->started) return sf_error(SF_E_INVAL, "stages cannot be added to a started graph");
+    if (g->n_stages >= SF_GRAPH_MAX_STAGES)
+        return sf_error(SF_E_INVAL, "a graph holds at most %d stages", SF_GRAPH_MAX_STAGES);
     if (g->n_stages == g->cap_stages) {
         int cap = g->cap_stages ? 2 * g->cap_stages : 8;
         sf_stage **s = realloc(g->stages, (size_t)cap * sizeof *s);
@@ -150,6 +152,8 @@ int sf_graph_start(sf_graph *g, int threaded)
         sf_stage *st = g->stages[i];
         if (i > 0 && st->cls->generate && !st->cls->process)
             return sf_error(SF_E_PARSE, "source stage '%s' can only come first", st->cls->name);
+        if (i + 1 < g->n_stages && st->cls->terminal)
+            return sf_error(SF_E_PARSE, "stage %d (%s) ends the pipeline and can only come last", i + 1, st->cls->name);
         if (i == 0 && threaded && !st->cls->generate)
             return sf_error(SF_E_PARSE, "a pipeline that runs on its own starts with a source, not '%s'",
                             st->cls->name);

@@ -3,6 +3,7 @@
  * the graph is built, naming what is accepted, rather than being ignored or found by one stage's
  * init; the table's defaults fill in what the pipeline leaves out. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,8 @@ static int parse_float(const char *s, double *out)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) return 0;
+    /* an underflow (ERANGE with a result near zero) is a valid, tiny number */
+    if ((errno && !(errno == ERANGE && fabs(v) <= DBL_MIN)) || end == s || *end || !isfinite(v)) return 0;
     *out = v;
     return 1;
 }

@@ -60,7 +60,10 @@ static int source_init(sf_stage *st)
     } else if (strcmp(s->path, "-") == 0) {
         s->fd = STDIN_FILENO;
     } else {
-        s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
+        /* opening a FIFO waits for its writer; a signal handled meanwhile (without SA_RESTART)
+         * is no reason to fail, an interrupt of the run is */
+        do s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
+        while (s->fd < 0 && errno == EINTR && !sf_stage_interrupted(st));
         if (s->fd < 0) return sf_error(SF_E_IO, "cannot open input '%s': %s", s->path, strerror(errno));
         s->owns_fd = 1;
     }

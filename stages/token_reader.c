@@ -41,20 +41,25 @@ static int feed_text(sf_token_reader *r, const uint8_t *b, size_t len, uint32_t 
         if (is_space(b[i])) {
             if (r->carry_len) {
                 uint32_t id = 0;
-                int rc = text_id(r, r->carry, r->carry_len, r->offset + i - r->carry_len, &id);
+                int rc = text_id(r, r->carry, r->carry_len, r->offset + i - r->carry_len - r->carry_zeros, &id);
                 if (rc != SF_OK) return rc;
                 out[(*n)++] = id;
                 r->carry_len = 0;
+                r->carry_zeros = 0;
             }
             i++;
             continue;
         }
         if (r->carry_len == sizeof r->carry)
             return sf_error(SF_E_INPUT, "text input: the id at byte %llu does not fit in 32 bits",
-                            (unsigned long long)(r->offset + i - r->carry_len));
+                            (unsigned long long)(r->offset + i - r->carry_len - r->carry_zeros));
         if (b[i] < '0' || b[i] > '9')
             return sf_error(SF_E_INPUT, "text input: '%c' at byte %llu is not a digit or space",
                             b[i] >= 32 && b[i] < 127 ? b[i] : '?', (unsigned long long)(r->offset + i));
+        if (r->carry_len == 1 && r->carry[0] == '0') { /* a leading zero: 007 is 7, not octal */
+            r->carry_len = 0;
+            r->carry_zeros++;
+        }
         r->carry[r->carry_len++] = b[i++];
     }
     return SF_OK;
@@ -94,10 +99,11 @@ int sf_token_reader_finish(sf_token_reader *r, uint32_t *out, size_t *n_out)
                         (unsigned long long)r->offset, r->carry_len);
     if (r->format == SF_TOKENS_TEXT && r->carry_len) {
         uint32_t id = 0;
-        int rc = text_id(r, r->carry, r->carry_len, r->offset - r->carry_len, &id);
+        int rc = text_id(r, r->carry, r->carry_len, r->offset - r->carry_len - r->carry_zeros, &id);
         if (rc != SF_OK) return rc;
         out[(*n_out)++] = id;
         r->carry_len = 0;
+        r->carry_zeros = 0;
     }
     return SF_OK;
 }

@@ -17,6 +17,7 @@ typedef struct sf_token_reader {
     uint64_t offset;     /* bytes consumed so far, for error messages */
     uint8_t carry[16];   /* an unfinished id from the previous chunk */
     size_t carry_len;
+    size_t carry_zeros;  /* text: leading zeros of that id, dropped (ids are decimal) */
 } sf_token_reader;
 
 /* Parses "bytes", "u32" or "text". SF_E_OPTION on anything else. */

@@ -262,14 +262,15 @@ int main(void)
     CHECK(spawn_run(other, NULL, 0, &r) == 0);
     CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "different"), "changed config: %s", r.err);
 
-    /* stdin from a pipe cannot be resumed; stdout cannot be taken back */
+    /* stdin from a pipe cannot be resumed; stdout cannot be taken back: usage errors (exit 2),
+     * refused before any work */
     const char *piped[] = {"seqflow", "run", MODEL_ARGS, "-i", "-", "-o", out_path, "--checkpoint", ckpt_dir, NULL};
     int stdin_fd, pid = spawn_start(piped, &stdin_fd, err_path);
     CHECK(pid > 0);
     if (pid > 0) {
         if (write(stdin_fd, "abc", 3) != 3) CHECK(0);
         close(stdin_fd);
-        CHECK(spawn_wait(pid) == 1);
+        CHECK(spawn_wait(pid) == 2);
         size_t len;
         char *err = (char *)check_read_file(err_path, &len);
         CHECKF(err && strstr(err, "standard input") && count_lines_with(err, "seqflow:") == 1, "pipe: %s",
@@ -278,7 +279,7 @@ int main(void)
     }
     const char *to_stdout[] = {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", "-", "--checkpoint", ckpt_dir, NULL};
     CHECK(spawn_run(to_stdout, NULL, 0, &r) == 0);
-    CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "standard output"), "stdout: %s", r.err);
+    CHECKF(r.exit_code == 2 && r.err_lines == 1 && strstr(r.err, "standard output"), "stdout: %s", r.err);
     const char *no_dir[] = {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", out_path, "--resume", NULL};
     CHECK(spawn_run(no_dir, NULL, 0, &r) == 0);
     CHECKF(r.exit_code == 2 && r.err_lines == 1, "--resume without --checkpoint: %d %s", r.exit_code, r.err);

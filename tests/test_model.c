@@ -741,6 +741,7 @@ static void layers_fewer(st_file *st) { set_meta(st, "seqflow.layers", "0"); }
 static void window_bad(st_file *st) { set_meta(st, "seqflow.branches", "3:1"); }
 static void summary_bad(st_file *st) { set_meta(st, "seqflow.summary_tokens", "9"); }
 static void eps_zero(st_file *st) { set_meta(st, "seqflow.norm_eps", "0"); }
+static void eps_tiny(st_file *st) { set_meta(st, "seqflow.norm_eps", "1e-320"); }
 
 static void test_bad_tensors(void)
 {
@@ -809,6 +810,17 @@ static void test_bad_metadata(void)
               c->summary_tokens == 0 && c->norm_eps == 1e-6f && c->mlp_hidden == 3 &&
               c->final_norm == 1);
     }
+    sf_model_free(m);
+
+    /* a valid but tiny epsilon (below the smallest double even) is a number: it loads as the
+     * smallest positive float */
+    tiny_file(&st);
+    eps_tiny(&st);
+    st_write(path, &st);
+    st_free(&st);
+    m = NULL;
+    CHECKF(sf_model_load(path, &m) == SF_OK, "tiny norm_eps: %s", sf_last_error());
+    CHECK(m && sf_model_get_config(m)->norm_eps > 0.0f);
     sf_model_free(m);
     unlink(path);
 }

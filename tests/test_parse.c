@@ -1,5 +1,6 @@
 /* The textual pipeline form and stage options: every failure names the stage or option. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "seqflow/seqflow.h"
@@ -129,6 +130,10 @@ static void check_option_table(const sf_model *m)
     char tiny[4];
     CHECK(strcmp(sf_option_format_range(&typed_options[0], tiny, sizeof tiny), "0..") == 0); /* cut, terminated */
 }
+static const sf_option eps_options[] = {
+    {.name = "eps", .type = SF_OPT_FLOAT, .default_value = "1e-6", .help = "a number"}, {0}};
+static const sf_stage_class eps_class = {.name = "test_eps", .help = "a float option", .options = eps_options,
+                                         .process = pass_process};
 
 int main(void)
 {
@@ -157,7 +162,37 @@ int main(void)
     CHECK(parse_fails(m, "segment ! ! sink", SF_E_PARSE, "empty stage"));
     CHECK(parse_fails(m, "segment lengthX", SF_E_OPTION, "key=value"));
     CHECK(parse_fails(m, "source path='unterminated", SF_E_PARSE, "quote"));
-    CHECK(parse_fails(m, "", SF_E_PARSE, "empty stage"));
+    /* an empty text is an empty pipeline, not an empty first stage */
+    CHECK(parse_fails(m, "", SF_E_PARSE, "empty pipeline"));
+    CHECK(parse_fails(m, " \t\n", SF_E_PARSE, "empty pipeline"));
+
+    /* a sink or a source in the middle would swallow or starve the rest: refused when parsed,
+     * naming the stage's position in the text */
+    CHECK(parse_fails(m, "segment ! embed ! sink ! block ! norm", SF_E_PARSE, "stage 3 of the pipeline (sink)"));
+    CHECK(parse_fails(m, "sink format=null ! segment", SF_E_PARSE, "stage 1 of the pipeline (sink)"));
+    CHECK(parse_fails(m, "segment ! source path=x ! embed", SF_E_PARSE, "stage 2 of the pipeline (source)"));
+    CHECK(parse_fails(m, "source ! segment ! sink ! sink", SF_E_PARSE, "stage 3 of the pipeline (sink)"));
+    /* a runaway pipeline fails on its size, before a stage is built */
+    {
+        size_t stages = SF_GRAPH_MAX_STAGES + 1, len = stages * 10 + 1;
+        char *many = calloc(1, len);
+        for (size_t i = 0; i < stages; i++) strcat(many, i ? " ! norm" : "norm");
+        CHECK(parse_fails(m, many, SF_E_PARSE, "at most 256"));
+        many[strlen(many) - strlen(" ! norm")] = '\0'; /* exactly the limit parses */
+        CHECK_OK(sf_graph_create(m, NULL, &g));
+        CHECK_OK(sf_graph_parse(g, many));
+        CHECK(sf_graph_size(g) == SF_GRAPH_MAX_STAGES);
+        CHECK(sf_graph_add(g, "norm", NULL, NULL) == SF_E_INVAL);
+        CHECK(sf_graph_size(g) == SF_GRAPH_MAX_STAGES);
+        sf_graph_free(g);
+        free(many);
+        char *longtext = malloc(SF_GRAPH_MAX_PIPELINE_BYTES + 2);
+        memset(longtext, ' ', SF_GRAPH_MAX_PIPELINE_BYTES + 1);
+        memcpy(longtext, "segment", 7);
+        longtext[SF_GRAPH_MAX_PIPELINE_BYTES + 1] = '\0';
+        CHECK(parse_fails(m, longtext, SF_E_PARSE, "longer than 65536 bytes"));
+        free(longtext);
+    }
 
     /* bad values of typed options are caught when the graph is built */
     CHECK(parse_fails(m, "block max_streams=1.5", SF_E_OPTION, "max_streams"));
@@ -184,6 +219,21 @@ int main(void)
     CHECK_OK(sf_graph_parse(g, "segment ! sink format=null"));
     CHECK(sf_graph_run(g) == SF_E_PARSE);
     sf_graph_free(g);
+    /* stages added one by one are checked when the graph starts */
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECK_OK(sf_graph_add(g, "source", "path=@builtin", NULL));
+    CHECK_OK(sf_graph_add(g, "sink", "format=null", NULL));
+    CHECK_OK(sf_graph_add(g, "segment", NULL, NULL));
+    CHECK(sf_graph_run(g) == SF_E_PARSE);
+    CHECKF(strstr(sf_last_error(), "stage 2 (sink)") != NULL, "%s", sf_last_error());
+    sf_graph_free(g);
+    /* a valid but tiny number (it underflows a double) is a number, not "not a number" */
+    CHECK_OK(sf_register_stage(&eps_class));
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECKF(sf_graph_parse(g, "test_eps eps=1e-320") == SF_OK, "%s", sf_last_error());
+    CHECK(sf_stage_option_float(sf_graph_stage(g, 0), "eps") < 1e-300);
+    sf_graph_free(g);
+    CHECK(parse_fails(m, "test_eps eps=1e999", SF_E_OPTION, "eps=1e999"));
     /* unknown device */
     CHECK(sf_graph_create(m, &(sf_graph_options){.device = "tpu"}, &g) == SF_E_BACKEND);
     CHECK(g == NULL);

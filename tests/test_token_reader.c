@@ -52,5 +52,15 @@ int main(void)
     CHECK(decode(SF_TOKENS_TEXT, (const uint8_t *)"-1", 2, 1, out, &n) == SF_E_INPUT);
     CHECK_OK(decode(SF_TOKENS_TEXT, (const uint8_t *)"", 0, 1, out, &n));
     CHECK(n == 0);
+
+    /* leading zeros are decimal, however many, split anywhere: 0000...0042 is 42, 010 is 10 */
+    const char *zeros = "0000000000000000000000000042 010 0 000 04294967295";
+    for (size_t chunk = 1; chunk <= strlen(zeros); chunk++) {
+        CHECK_OK(decode(SF_TOKENS_TEXT, (const uint8_t *)zeros, strlen(zeros), chunk, out, &n));
+        CHECK(n == 5 && out[0] == 42 && out[1] == 10 && out[2] == 0 && out[3] == 0 && out[4] == 4294967295u);
+    }
+    /* an id too large after its zeros is still refused, at the byte where it starts */
+    CHECK(decode(SF_TOKENS_TEXT, (const uint8_t *)"7 0004294967296", 15, 4, out, &n) == SF_E_INPUT);
+    CHECKF(strstr(sf_last_error(), "byte 2 ") != NULL, "%s", sf_last_error());
     return check_finish("test_token_reader");
 }

@@ -1,18 +1,24 @@
 /* The seqflow command-line program. */
 #include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <math.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "compress/frame.h"
 #include "core/process_stats.h"
 #include "seqflow/seqflow.h"
+#include "stages/stages.h"
 
 #define DEFAULT_PIPELINE "segment ! embed ! block ! norm"
 
@@ -40,12 +46,53 @@ enum { OV_DIM = 1, OV_HEADS = 2, OV_HEAD_DIM = 4, OV_LAYERS = 8, OV_MLP = 16, OV
        OV_BRANCHES = 64, OV_CAUSAL = 128, OV_MEMORY = 256, OV_GLOBAL = 512, OV_SUMMARY = 1024,
        OV_EPS = 2048, OV_VOCAB = 4096, OV_FINAL_NORM = 8192 };
 
-static sf_graph *volatile running_graph;
+/* Seconds SIGTERM and SIGHUP leave the run to flush what was read before it is abandoned:
+ * an output pipe nobody reads, or a slow device call, must not keep a stopped run alive.
+ * usage() and the README say 3. */
+#define STOP_GRACE_SECONDS 3
 
-static void on_sigint(int sig)
+static sf_graph *volatile running_graph;
+static volatile sig_atomic_t stop_signal; /* the first stopping signal, 0 before */
+static sem_t stop_posted;                 /* posted by SIGTERM/SIGHUP, or when the run ends */
+static sem_t run_ended;                   /* posted when sf_graph_run returned */
+
+/* Leaves at once: the unfinished outputs removed, 128 + sig. Async-signal-safe. */
+static void leave_now(int sig, const char *why)
 {
-    (void)sig;
+    sf_sink_discard_partials();
+    static const char prefix[] = "seqflow: ";
+    static const char suffix[] = "; unfinished output removed\n";
+    if (write(STDERR_FILENO, prefix, sizeof prefix - 1) < 0 || write(STDERR_FILENO, why, strlen(why)) < 0 ||
+        write(STDERR_FILENO, suffix, sizeof suffix - 1) < 0) {
+        /* nothing left to tell it with */
+    }
+    _exit(128 + sig);
+}
+
+/* SIGINT, SIGTERM, SIGHUP: the first stops reading and lets the run flush what was read (on
+ * SIGTERM and SIGHUP for STOP_GRACE_SECONDS at most, see stop_watchdog); a second one of any
+ * of them leaves at once. */
+static void on_stop_signal(int sig)
+{
+    if (stop_signal) leave_now(sig, "stopped again");
+    stop_signal = sig;
     if (running_graph) sf_graph_interrupt(running_graph);
+    if (sig != SIGINT) sem_post(&stop_posted);
+}
+
+/* Waits for a SIGTERM/SIGHUP (or the end of the run); after one, gives the run
+ * STOP_GRACE_SECONDS to finish and leaves without it otherwise. */
+static void *stop_watchdog(void *arg)
+{
+    (void)arg;
+    while (sem_wait(&stop_posted) != 0) {}
+    if (!stop_signal) return NULL; /* the run ended */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += STOP_GRACE_SECONDS;
+    while (sem_timedwait(&run_ended, &until) != 0)
+        if (errno == ETIMEDOUT) leave_now(stop_signal, "the run did not stop in time");
+    return NULL;
 }
 
 static void usage(FILE *f)
@@ -116,8 +163,22 @@ static void usage(FILE *f)
         "      --dim D  --heads H  --head-dim d  --layers L  --mlp F (0 = no MLP)\n"
         "      --vocab V  --final-norm 0|1  --seed S\n"
         "\n"
-        "Exit status: 0 on success, 1 on error (one line on stderr), 2 on bad usage,\n"
-        "130 when interrupted (Ctrl-C flushes what was read and writes it out).\n",
+        "Outputs: a regular FILE (or a new one) is written as FILE.partial-PID and renamed when\n"
+        "the run succeeds; a symlink is followed; a device, FIFO or socket is written in place.\n"
+        "\n"
+        "Signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP stop reading; what was read is flushed and\n"
+        "written out. SIGTERM and SIGHUP allow that 3 seconds (an output nobody reads, a slow\n"
+        "GPU call), then leave without it. A second signal leaves at once. Leaving early removes\n"
+        "FILE.partial-PID.\n"
+        "\n"
+        "Exit status:\n"
+        "  0        success\n"
+        "  1        runtime error: a file, the model or the input is bad, or writing failed\n"
+        "           (one line on stderr)\n"
+        "  2        usage error, refused before any work: an unknown or bad option, a bad\n"
+        "           pipeline, an output that cannot be written (\"\", a directory, a missing\n"
+        "           directory, a name over NAME_MAX), a FIFO or pipe input with --checkpoint\n"
+        "  128+N    stopped by signal N: 130 SIGINT, 143 SIGTERM, 129 SIGHUP\n",
         f);
 }
 
@@ -251,12 +312,15 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_SUMMARY: if (!parse_int_arg("--summary-tokens", optarg, 0, 1 << 24, &v)) return 2; a->cfg.summary_tokens = (int)v; a->overrides |= OV_SUMMARY; break;
         case O_EPS: {
             char *end;
+            errno = 0;
             double e = strtod(optarg, &end);
-            if (end == optarg || *end || !(e > 0)) {
+            /* an underflow is still a valid positive number (ERANGE with a tiny result) */
+            if (end == optarg || *end || !(e > 0) || !isfinite(e) || (errno == ERANGE && e > DBL_MIN)) {
                 fprintf(stderr, "seqflow: --norm-eps expects a positive number, got '%s'\n", optarg);
                 return 2;
             }
-            a->cfg.norm_eps = (float)e;
+            /* below the smallest float it is the smallest float, not 0 */
+            a->cfg.norm_eps = (float)e > 0.0f ? (float)e : FLT_TRUE_MIN;
             a->overrides |= OV_EPS;
             break;
         }
@@ -308,6 +372,58 @@ static int parse_args(int argc, char **argv, run_args *a)
         return 2;
     }
     return 0;
+}
+
+/* Refuses, before any work, outputs that cannot be written and inputs that cannot be resumed;
+ * what is found here would otherwise fail only after the whole input was processed (a rename
+ * onto a directory) or mid-run. Returns 0 or the exit status 2, with the message printed. */
+static int check_output(const char *out)
+{
+    if (!out || strcmp(out, "-") == 0) return 0;
+    if (!*out) {
+        fprintf(stderr, "seqflow: -o needs a file name ('-' is standard output)\n");
+        return 2;
+    }
+    const char *slash = strrchr(out, '/');
+    const char *base = slash ? slash + 1 : out;
+    struct stat sb;
+    if (strlen(base) > NAME_MAX) {
+        fprintf(stderr, "seqflow: output name '%.40s...' has %zu bytes, more than NAME_MAX (%d)\n", base, strlen(base), NAME_MAX);
+        return 2;
+    }
+    if (!*base || (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode))) {
+        fprintf(stderr, "seqflow: output '%s' is a directory; give a file name\n", out);
+        return 2;
+    }
+    if (slash) {
+        size_t dir_len = slash == out ? 1 : (size_t)(slash - out);
+        char *dir = strndup(out, dir_len);
+        int missing = dir && (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode));
+        if (missing) fprintf(stderr, "seqflow: cannot write output '%s': directory '%s' does not exist\n", out, dir);
+        free(dir);
+        if (missing) return 2;
+    }
+    return 0;
+}
+
+/* A checkpointed run is resumed by seeking its input: a FIFO, a pipe or a terminal cannot be. */
+static int check_resumable_input(const char *input)
+{
+    if (!input || strcmp(input, "@builtin") == 0) return 0;
+    struct stat sb;
+    int is_stdin = strcmp(input, "-") == 0;
+    if ((is_stdin ? fstat(STDIN_FILENO, &sb) : stat(input, &sb)) != 0) return 0; /* reported when opened */
+    if (S_ISREG(sb.st_mode) || S_ISBLK(sb.st_mode)) return 0;
+    fprintf(stderr, "seqflow: --checkpoint needs an input it can seek on resume; %s is a %s: give the input as a file\n",
+            is_stdin ? "standard input" : input, S_ISFIFO(sb.st_mode) ? "pipe or FIFO" : S_ISSOCK(sb.st_mode) ? "socket" : "terminal or device");
+    return 2;
+}
+
+/* Errors in what the user asked for (a pipeline, a stage option) are usage errors, the rest
+ * (files, the model, the input, writing) runtime errors. */
+static int exit_status_of(int rc)
+{
+    return rc == SF_E_PARSE || rc == SF_E_STAGE || rc == SF_E_OPTION ? 2 : 1;
 }
 
 /* Loads the model file or builds the built-in one, applying the user's overrides. */
@@ -455,6 +571,27 @@ static int checkpoint_segment_length(const sf_graph *g, const sf_model_config *c
     return SF_OK;
 }
 
+/* Parses the user's pipeline on its own, before the model is loaded and before the CLI adds
+ * its source and sink, so that a bad pipeline is a usage error whose positions count the
+ * user's stages; its own source and sink get the checks of --input and --out. Returns 0 or 2. */
+static int check_pipeline(const char *body, int checkpointing)
+{
+    sf_graph *g = NULL;
+    if (sf_graph_create(NULL, NULL, &g) != SF_OK) return 0; /* reported again by the real graph */
+    int status = 0;
+    if (sf_graph_parse(g, body) != SF_OK) {
+        fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        status = 2;
+    }
+    int n = sf_graph_size(g);
+    if (!status && n > 0 && strcmp(sf_stage_name(sf_graph_stage(g, 0)), "source") == 0 && checkpointing)
+        status = check_resumable_input(sf_stage_option(sf_graph_stage(g, 0), "path"));
+    if (!status && n > 0 && strcmp(sf_stage_name(sf_graph_stage(g, n - 1)), "sink") == 0)
+        status = check_output(sf_stage_option(sf_graph_stage(g, n - 1), "out"));
+    sf_graph_free(g);
+    return status;
+}
+
 typedef struct progress {
     sf_graph *graph;
     double start;
@@ -492,6 +629,10 @@ static int cmd_run(int argc, char **argv)
     a.progress = isatty(STDERR_FILENO);
     int status = parse_args(argc, argv, &a);
     if (status) return status < 0 ? 0 : status;
+    if ((status = check_output(a.out)) != 0) return status;
+    if (a.checkpoint_dir && (status = check_resumable_input(a.input)) != 0) return status;
+    if ((status = check_pipeline(a.pipeline ? a.pipeline : DEFAULT_PIPELINE, a.checkpoint_dir != NULL)) != 0)
+        return status;
 
     sf_model *model = NULL;
     if (make_model(&a, &model) != SF_OK) {
@@ -548,8 +689,6 @@ static int cmd_run(int argc, char **argv)
     sf_graph *graph = NULL;
     int rc = sf_graph_create(model, &opts, &graph);
     if (rc == SF_OK) rc = sf_graph_parse(graph, pipeline);
-    if (rc == SF_OK && a.checkpoint_dir && a.input && strcmp(a.input, "-") == 0 && lseek(STDIN_FILENO, 0, SEEK_CUR) < 0)
-        rc = sf_error(SF_E_UNSUPPORTED, "standard input here is a pipe or terminal, which cannot be resumed; give the input as a file (-i FILE) to checkpoint");
     if (rc == SF_OK && a.checkpoint_dir) {
         long long segments = a.checkpoint_every ? a.checkpoint_every : 16, length = 0;
         rc = checkpoint_segment_length(graph, cfg, &length);
@@ -566,15 +705,22 @@ static int cmd_run(int argc, char **argv)
         sf_graph_free(graph);
         free(pipeline);
         sf_model_free(model);
-        return 1;
+        return exit_status_of(rc);
     }
 
+    /* no SA_RESTART: a blocking call of the thread that takes the signal returns, and the
+     * stages look at the interrupt flag */
+    sem_init(&stop_posted, 0, 0);
+    sem_init(&run_ended, 0, 0);
+    pthread_t watchdog;
+    int have_watchdog = pthread_create(&watchdog, NULL, stop_watchdog, NULL) == 0;
     struct sigaction sa = {0};
-    sa.sa_handler = on_sigint;
+    sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     running_graph = graph;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 
     progress prog = {.graph = graph, .start = sf_monotonic_seconds()};
     pthread_t prog_thread;
@@ -585,6 +731,13 @@ static int cmd_run(int argc, char **argv)
         have_progress = pthread_create(&prog_thread, NULL, progress_thread, &prog) == 0;
     }
     rc = sf_graph_run(graph);
+    sem_post(&run_ended);
+    if (have_watchdog) {
+        sem_post(&stop_posted);
+        pthread_join(watchdog, NULL);
+    }
+    /* the handlers stay installed: the semaphores are static, so a late signal still finds
+     * them (and leaves at once if it is a second one) */
     double elapsed = sf_monotonic_seconds() - prog.start;
     if (have_progress) {
         pthread_mutex_lock(&prog.lock);
@@ -599,7 +752,8 @@ static int cmd_run(int argc, char **argv)
     uint64_t tokens = sf_graph_tokens_out(graph);
     if (rc != SF_OK && rc != SF_E_INTERRUPTED) {
         fprintf(stderr, "seqflow: %s\n", sf_graph_error(graph));
-        status = 1;
+        /* a run that failed because a signal cut a call short still ends as stopped by it */
+        status = stop_signal ? 128 + stop_signal : exit_status_of(rc);
     } else {
         if (!a.quiet) {
             char branches[256];
@@ -614,7 +768,7 @@ static int cmd_run(int argc, char **argv)
         }
         if (rc == SF_E_INTERRUPTED) {
             fprintf(stderr, "seqflow: interrupted; output flushed\n");
-            status = 130;
+            status = 128 + (stop_signal ? stop_signal : SIGINT);
         }
     }
     sf_graph_free(graph);
@@ -672,6 +826,8 @@ static int cmd_info(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* a closed output pipe is a write error (EPIPE, exit 1), not a silent death by SIGPIPE */
+    signal(SIGPIPE, SIG_IGN);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -37,15 +37,26 @@ typedef struct sf_graph_options {
 int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_graph **out);
 void sf_graph_free(sf_graph *g);
 
+/* Limits of one graph: stages, and bytes of pipeline text for sf_graph_parse. Far above any
+ * real pipeline; they keep a runaway generated one from allocating stage after stage. */
+#define SF_GRAPH_MAX_STAGES 256
+#define SF_GRAPH_MAX_PIPELINE_BYTES 65536
+
 /* Appends one stage. options is "key=value key=value" (may be NULL). On success *out (when
- * out is non-NULL) is the graph-owned instance. Fails with SF_E_STAGE / SF_E_OPTION. */
+ * out is non-NULL) is the graph-owned instance. Fails with SF_E_STAGE / SF_E_OPTION, or
+ * SF_E_INVAL when the graph already has SF_GRAPH_MAX_STAGES stages. */
 int sf_graph_add(sf_graph *g, const char *stage, const char *options, sf_stage **out);
 int sf_graph_add_class(sf_graph *g, const sf_stage_class *cls, const char *options,
                        sf_stage **out);
 
 /* Appends the stages of a textual pipeline, e.g.
  *   "source path=in.txt format=text ! segment ! embed ! block ! norm ! sink out=h.npy"
- * Errors name the offending stage or option (SF_E_PARSE, SF_E_STAGE, SF_E_OPTION). */
+ * Errors name the offending stage or option (SF_E_PARSE, SF_E_STAGE, SF_E_OPTION), and are
+ * found before any stage is added when the text is empty, longer than
+ * SF_GRAPH_MAX_PIPELINE_BYTES or has more than SF_GRAPH_MAX_STAGES stages. Once the stages are
+ * added, a source anywhere but first or a stage that ends the pipeline (stage.h, terminal: the
+ * sink) anywhere but last is SF_E_PARSE naming its position (1 = the first stage of the text);
+ * the stages stay in the graph. */
 int sf_graph_parse(sf_graph *g, const char *pipeline);
 
 /* Number of stages and the i-th stage. */

@@ -78,6 +78,10 @@ typedef struct sf_stage_class {
      * waits for the next one. Called in threaded runs before the stage blocks for input, and
      * in push mode after each push has gone through the graph. May be NULL. */
     int (*idle)(sf_stage *st);
+    /* Non-zero: the stage ends the pipeline, consuming its input and emitting nothing (the
+     * sink). Anywhere but last it would swallow what the later stages wait for, so the graph
+     * refuses that (sf_graph_parse, sf_graph_run). */
+    int terminal;
 } sf_stage_class;
 
 /* Options, as given in the pipeline, else the table's default. Values were checked against the
