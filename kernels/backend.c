@@ -227,6 +227,13 @@ int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const fl
     return SF_E_UNSUPPORTED;
 }
 
+int sf_be_device_rows(sf_backend *be)
+{
+    if (!be || strcmp(be->ops->name, "cpu") == 0) return 0;
+    const sf_backend_ext *e = ext_of(be);
+    return e && e->device_rows ? e->device_rows(be) : 1;
+}
+
 int sf_be_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes)
 {
     const sf_backend_ext *e = ext_of(be);

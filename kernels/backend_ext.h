@@ -77,6 +77,11 @@ typedef struct sf_backend_ext {
     int (*side_end)(sf_backend *be);
     int (*side_join)(sf_backend *be);
     int (*side_join_before_product)(sf_backend *be);
+
+    /* ---- settings the stages follow ----
+     * device_rows: whether rows stay in backend memory between stages (0: every stage boundary
+     * goes through the host, for comparing the two paths). NULL: they stay. */
+    int (*device_rows)(sf_backend *be);
 } sf_backend_ext;
 
 /* ---- what stages call (kernels/backend.c) ------------------------------------------------ */
@@ -113,6 +118,9 @@ int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float 
 /* rmsnorm_typed where the backend has it: SF_E_UNSUPPORTED otherwise (callers round on the host). */
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                         sf_dtype otype, void *y);
+/* Whether stages keep rows in backend memory between them: never on the CPU (host memory is
+ * backend memory there), else the backend's device_rows, else yes. */
+int sf_be_device_rows(sf_backend *be);
 /* upload_unordered, or upload. */
 int sf_be_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes);
 /* The side queue, or nothing (ops then run in the order issued, which is what they would have

@@ -150,6 +150,8 @@ static char *next_word(const char **cursor, int *err)
     return word;
 }
 
+static int parse_given(sf_stage *st, const char *text);
+
 int sf_stage_options_parse(sf_stage *st, const char *text)
 {
     const sf_stage_class *cls = st->cls;
@@ -160,16 +162,41 @@ int sf_stage_options_parse(sf_stage *st, const char *text)
     if (!st->options) return sf_error(SF_E_NOMEM, "out of memory");
     st->n_options = n;
     for (int i = 0; i < n; i++) {
-        st->options[i].option = &cls->options[i];
-        if (cls->options[i].default_value) {
+        const sf_option *row = &cls->options[i];
+        st->options[i].option = row;
+        if (row->default_value) {
             /* a default the row itself refuses is a bug in the class: say so at once */
-            int rc = check_value(cls, &cls->options[i], cls->options[i].default_value, "the default of option");
+            int rc = check_value(cls, row, row->default_value, "the default of option");
             if (rc != SF_OK) return rc;
-            st->options[i].value = strdup(cls->options[i].default_value);
+        }
+        if (row->default_value) {
+            st->options[i].value = strdup(row->default_value);
             if (!st->options[i].value) return sf_error(SF_E_NOMEM, "out of memory");
         }
     }
-    if (!text) return SF_OK;
+    int rc = text ? parse_given(st, text) : SF_OK;
+    /* the environment's defaults, read here only, once per stage, for options the pipeline did
+     * not give (a given value wins and its variable is never read) */
+    for (int i = 0; rc == SF_OK && i < n; i++) {
+        const sf_option *row = &cls->options[i];
+        const char *env = row->env && !st->options[i].given ? getenv(row->env) : NULL;
+        if (!env || !*env) continue;
+        char what[96];
+        snprintf(what, sizeof what, "%s sets option", row->env);
+        rc = check_value(cls, row, env, what);
+        if (rc != SF_OK) break;
+        free(st->options[i].value);
+        st->options[i].value = strdup(env);
+        if (!st->options[i].value) rc = sf_error(SF_E_NOMEM, "out of memory");
+    }
+    return rc;
+}
+
+/* Reads the pipeline's key=value words into st's options (checked against their rows). */
+static int parse_given(sf_stage *st, const char *text)
+{
+    const sf_stage_class *cls = st->cls;
+    const int n = st->n_options;
     const char *cursor = text;
     int err = SF_OK;
     char *word;

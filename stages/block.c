@@ -5,7 +5,6 @@
  * over several stage threads. Every buffer is sized for a full segment at init: nothing is
  * allocated per segment, and per-stream state is fixed-size. */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +34,8 @@ static const sf_option block_options[] = {
              "times the activation memory"},
     {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
      .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
-             "layer's attention, 2 also the last layer's beside the next segment's first (SEQFLOW_BLOCK_DEFER_COMMIT "
-             "replaces the default)"},
+             "layer's attention, 2 also the last layer's beside the next segment's first",
+     .env = "SEQFLOW_BLOCK_DEFER_COMMIT"},
     {0}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -86,24 +85,14 @@ static int prepare_backend(block *b)
     return rc;
 }
 
-/* SEQFLOW_BLOCK_DEFER_COMMIT, the default of defer_commit=, read once per process. */
-static int defer_commit_env = 2;
-static void read_defer_commit_env(void)
-{
-    const char *env = getenv("SEQFLOW_BLOCK_DEFER_COMMIT");
-    if (env && *env) defer_commit_env = atoi(env);
-}
-
-/* block.defer_commit from defer_commit= (else its environment default): deferred only where a
+/* block.defer_commit from defer_commit= (its row names the environment default): deferred only where a
  * side queue exists, there is a next layer in this block and an MLP to make the side worth it
  * (layer_forward), and there is something to commit. The cost is a second q/k/v set (3 N width
  * elements). */
 static int defer_commit_wanted(sf_stage *st, const block *b, int *out)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, read_defer_commit_env);
     const sf_model_config *c = b->cfg;
-    const long long mode = sf_stage_option_given(st, "defer_commit") ? sf_stage_option_int(st, "defer_commit") : defer_commit_env;
+    const long long mode = sf_stage_option_int(st, "defer_commit");
     const int commits = c->memory != SF_MEMORY_NONE || (c->global_tokens > 0 && c->summary_tokens > 0);
     *out = 0;
     if (mode <= 0 || !sf_be_has_side_queue(b->be) || b->count < 2 || c->mlp_hidden <= 0 || !commits) return SF_OK;

@@ -19,22 +19,6 @@ struct sf_device_rows {
     float **free; /* [n_free] */
 };
 
-/* SEQFLOW_DEVICE_ROWS, read once per process: 0 keeps every graph on the host path. */
-static int device_rows_env = 1;
-static void read_device_rows_env(void)
-{
-    const char *env = getenv("SEQFLOW_DEVICE_ROWS");
-    device_rows_env = !(env && strcmp(env, "0") == 0);
-}
-
-int sf_device_rows_wanted(const sf_backend *be)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    if (!be || strcmp(be->ops->name, "cpu") == 0) return 0;
-    pthread_once(&once, read_device_rows_env);
-    return device_rows_env;
-}
-
 static void destroy(sf_device_rows *pool)
 {
     for (int i = 0; i < pool->count; i++) pool->be->ops->free(pool->be, pool->all[i]);

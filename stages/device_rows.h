@@ -14,11 +14,6 @@
 
 typedef struct sf_device_rows sf_device_rows;
 
-/* Non-zero when rows should stay on be's device: be is not the CPU backend, and the
- * environment does not say SEQFLOW_DEVICE_ROWS=0 (the host path, kept for comparison; read
- * once, at the first call in the process). */
-int sf_device_rows_wanted(const sf_backend *be);
-
 /* count buffers of `floats` floats each on be. SF_E_NOMEM when the device has no room. */
 int sf_device_rows_create(sf_backend *be, int count, size_t floats, sf_device_rows **out);
 /* Drops the creator's reference (NULL accepted). */

@@ -37,7 +37,7 @@ static int embed_init(sf_stage *st)
     const sf_model *m = sf_stage_model(st);
     if (!m) return sf_error(SF_E_INVAL, "embed needs a model");
     sf_backend *be = sf_stage_backend(st);
-    if (!sf_device_rows_wanted(be)) return SF_OK;
+    if (!sf_be_device_rows(be)) return SF_OK;
     embed *e = calloc(1, sizeof *e);
     if (!e) return sf_error(SF_E_NOMEM, "out of memory");
     sf_stage_set_priv(st, e);

@@ -53,7 +53,7 @@ static int norm_init(sf_stage *st)
     nm->bf16 = strcmp(dtype, "bf16") == 0;
     sf_backend *be = sf_stage_backend(st);
     const float *w = sf_model_final_norm(m);
-    if (!sf_device_rows_wanted(be)) return SF_OK;
+    if (!sf_be_device_rows(be)) return SF_OK;
     nm->be = be;
     const sf_model_config *cfg = sf_model_get_config(m);
     if (w) {

@@ -17,7 +17,7 @@ static const char *const vars[] = {
     "SEQFLOW_CUDA_QKV",         "SEQFLOW_CUDA_GEMM",          "SEQFLOW_CUDA_MEMORY",
     "SEQFLOW_CUDA_MEMORY_BF16", "SEQFLOW_CUDA_ATTENTION_MIX", "SEQFLOW_CUDA_GATE_UP",
     "SEQFLOW_CUDA_SIDE_QUEUE",  "SEQFLOW_CUDA_PDL",           "SEQFLOW_CUDA_UPLOAD_UNORDERED",
-    "SEQFLOW_PINNED_PACKETS",   "SEQFLOW_CUDA_PROFILE"};
+    "SEQFLOW_PINNED_PACKETS",   "SEQFLOW_CUDA_PROFILE",       "SEQFLOW_DEVICE_ROWS"};
 
 /* The parse of text fails with SF_E_OPTION and a message naming `names`. */
 static void refused(const char *text, const char *names)
@@ -38,6 +38,18 @@ int main(void)
     CHECK(d.qkv_bf16 == 1 && d.gemm == SF_CUDA_GEMM_FASTEST && d.memory == SF_CUDA_MEMORY_AUTO);
     CHECK(d.memory_bf16 == 1 && d.attention_mix == 1 && d.gate_up == 1 && d.side_queue == 1);
     CHECK(d.early_launch == 1 && d.upload_unordered == 1 && d.pinned_packets == 1 && d.profile == 0);
+    CHECK(d.device_rows == 1);
+    /* device_rows: given, from its variable, and the given key winning over the variable */
+    CHECK_OK(sf_cuda_settings_parse("device_rows=0", &s));
+    CHECK(s.device_rows == 0);
+    setenv("SEQFLOW_DEVICE_ROWS", "0", 1);
+    CHECK_OK(sf_cuda_settings_parse(NULL, &s));
+    CHECK(s.device_rows == 0);
+    CHECK_OK(sf_cuda_settings_parse("device_rows=1", &s));
+    CHECK(s.device_rows == 1);
+    setenv("SEQFLOW_DEVICE_ROWS", "maybe", 1);
+    refused(NULL, "SEQFLOW_DEVICE_ROWS");
+    unsetenv("SEQFLOW_DEVICE_ROWS");
     CHECK_OK(sf_cuda_settings_parse(NULL, &s));
     CHECK(memcmp(&s, &d, sizeof s) == 0);
     CHECK_OK(sf_cuda_settings_parse("", &s));

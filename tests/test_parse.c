@@ -210,6 +210,26 @@ int main(void)
     CHECK_OK(sf_graph_parse(g, "segment ! embed ! block defer_commit=0"));
     CHECK_OK(sf_graph_push(g, 0, (const uint32_t[]){1}, 1));
     sf_graph_free(g);
+    /* its row names SEQFLOW_BLOCK_DEFER_COMMIT as the default: read when the stage is created,
+     * checked as a given value, and a value in the pipeline wins over it */
+    setenv("SEQFLOW_BLOCK_DEFER_COMMIT", "1", 1);
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECK_OK(sf_graph_parse(g, "segment ! embed ! block ! block defer_commit=0"));
+    CHECK(sf_stage_option_int(sf_graph_stage(g, 2), "defer_commit") == 1);
+    CHECK(!sf_stage_option_given(sf_graph_stage(g, 2), "defer_commit"));
+    CHECK(sf_stage_option_int(sf_graph_stage(g, 3), "defer_commit") == 0);
+    sf_graph_free(g);
+    setenv("SEQFLOW_BLOCK_DEFER_COMMIT", "7", 1);
+    CHECK(parse_fails(m, "segment ! embed ! block", SF_E_OPTION, "SEQFLOW_BLOCK_DEFER_COMMIT sets option defer_commit=7"));
+    CHECK_OK(sf_graph_create(m, NULL, &g)); /* given: the bad variable is not read */
+    CHECK_OK(sf_graph_parse(g, "segment ! embed ! block defer_commit=2"));
+    sf_graph_free(g);
+    setenv("SEQFLOW_BLOCK_DEFER_COMMIT", "", 1); /* empty: unset */
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECK_OK(sf_graph_parse(g, "segment ! embed ! block"));
+    CHECK(sf_stage_option_int(sf_graph_stage(g, 2), "defer_commit") == 2);
+    sf_graph_free(g);
+    unsetenv("SEQFLOW_BLOCK_DEFER_COMMIT");
     /* a source in push mode, and a threaded graph without one, are refused */
     CHECK_OK(sf_graph_create(m, NULL, &g));
     CHECK_OK(sf_graph_parse(g, "source ! segment"));

@@ -778,7 +778,8 @@ static int cmd_run(int argc, char **argv)
 }
 
 /* One line a stage, then one an option: KEY=TYPE (or KEY=A|B|C for a choice), its help, and its
- * default and range from the class's table, which is what the graph checks values against. */
+ * default, range and environment default from the class's table, which is what the graph checks
+ * values against. */
 static void print_stage(const sf_stage_class *cls, void *user)
 {
     (void)user;
@@ -792,6 +793,7 @@ static void print_stage(const sf_stage_class *cls, void *user)
         printf("    %-22s %s", key, o->help ? o->help : "");
         if (o->default_value) printf(" (default %s%s%s)", o->default_value, !choice && *range ? ", " : "", choice ? "" : range);
         else if (!choice && *range) printf(" (%s)", range);
+        if (o->env) printf(" [environment default: %s]", o->env);
         printf("\n");
     }
 }

@@ -49,6 +49,10 @@ typedef struct sf_option {
     const char *choices;
     /* What a number counts ("tokens", "bytes"), shown with the range; NULL: a plain number. */
     const char *unit;
+    /* An environment variable whose value, when set and not empty, replaces default_value: read
+     * when the stage is created and checked as a given value would be (a bad one fails the
+     * parse, naming the variable). A value given in the pipeline always wins. NULL: none. */
+    const char *env;
 } sf_option;
 
 

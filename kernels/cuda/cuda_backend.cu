@@ -597,6 +597,8 @@ static int cuda_supports_op(sf_backend *be, sf_op op, sf_dtype type)
     }
 }
 
+static int cuda_device_rows(sf_backend *be) { return sf_cuda_of(be)->settings.device_rows; }
+
 static const sf_backend_ext cuda_ext = {
     .prepare_weight_group = sf_cuda_prepare_weight_group,
     .reserve = cuda_reserve,
@@ -613,6 +615,7 @@ static const sf_backend_ext cuda_ext = {
     .side_end = cuda_side_end,
     .side_join = cuda_side_join,
     .side_join_before_product = cuda_side_join_before_product,
+    .device_rows = cuda_device_rows,
 };
 
 static const sf_backend_ops cuda_ops = {

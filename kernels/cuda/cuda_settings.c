@@ -34,6 +34,7 @@ static const setting settings[] = {
     {"upload_unordered", "SEQFLOW_CUDA_UPLOAD_UNORDERED", FIELD(upload_unordered), off_on},
     {"pinned_packets", "SEQFLOW_PINNED_PACKETS", FIELD(pinned_packets), off_on},
     {"profile", "SEQFLOW_CUDA_PROFILE", FIELD(profile), off_on},
+    {"device_rows", "SEQFLOW_DEVICE_ROWS", FIELD(device_rows), off_on},
 };
 #define N_SETTINGS (int)(sizeof settings / sizeof settings[0])
 
@@ -51,6 +52,7 @@ void sf_cuda_settings_defaults(sf_cuda_settings *out)
     out->upload_unordered = 1;
     out->pinned_packets = 1;
     out->profile = 0;
+    out->device_rows = 1;
 }
 
 /* Sets s's field (an int: a flag or an enum's value) from value (len bytes); `from` names the

@@ -37,6 +37,7 @@ typedef struct sf_cuda_settings {
     int upload_unordered; /* upload_unordered: upload_unordered does not wait for earlier work */
     int pinned_packets;   /* pinned_packets: page-locked packet buffers */
     int profile;          /* profile: per-op device times, printed when the backend is freed */
+    int device_rows;      /* device_rows: rows stay on the device between stages (0: through the host) */
 } sf_cuda_settings;
 
 /* The built-in defaults (the fastest measured), ignoring the environment. */
