@@ -34,6 +34,7 @@ int sf_graph_set_checkpoint(sf_graph *g, const sf_graph_checkpoint_options *opts
     }
     sf_graph_checkpoint_free(g);
     cp->opts = *opts;
+    cp->lock_fd = -1;
     cp->dir = dir;
     cp->opts.dir = dir;
     if (cp->opts.keep == 0) cp->opts.keep = 3;
@@ -44,6 +45,7 @@ int sf_graph_set_checkpoint(sf_graph *g, const sf_graph_checkpoint_options *opts
 void sf_graph_checkpoint_free(sf_graph *g)
 {
     if (!g || !g->checkpoint) return;
+    sf_checkpoint_unlock(g->checkpoint->lock_fd);
     free(g->checkpoint->dir);
     free(g->checkpoint->loaded);
     free(g->checkpoint);
@@ -123,6 +125,9 @@ int sf_graph_checkpoint_prepare(sf_graph *g)
 {
     sf_graph_checkpointing *cp = g->checkpoint;
     int rc = sf_checkpoint_dir_prepare(cp->dir);
+    /* held until the graph is freed, so that no second run reads or clears the directory
+     * while this one writes it */
+    if (rc == SF_OK && cp->lock_fd < 0) rc = sf_checkpoint_lock(cp->dir, &cp->lock_fd);
     if (rc != SF_OK) return rc;
     cp->next_seq = 1;
     if (cp->opts.resume) {

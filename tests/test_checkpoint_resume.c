@@ -29,7 +29,10 @@ static char input_path[512], ref_path[512], out_path[512], ckpt_dir[512], err_pa
 
 static void remove_dir(const char *dir)
 {
+    char lock[600];
+    snprintf(lock, sizeof lock, "%s/seqflow.lock", dir);
     sf_checkpoint_clear(dir);
+    unlink(lock);
     rmdir(dir);
 }
 
@@ -228,6 +231,29 @@ int main(void)
     }
     /* every kill point lies at least a few intervals before the end; allow for a stalled killer */
     CHECKF(total_kills >= 6, "only %d of 8 kills landed before the run finished", total_kills);
+
+    /* one run per directory: a second run on the directory of a live (here stopped) run fails
+     * at once naming its PID; after kill -9 of the holder the resume goes on */
+    {
+        remove_dir(ckpt_dir);
+        remove_outputs();
+        const char *first[] = CKPT_ARGV(NULL);
+        int stdin_fd, pid = spawn_start(first, &stdin_fd, err_path);
+        CHECK(pid > 0);
+        for (int waited = 0; waited < 40000 && newest_checkpoint() < 2; waited++) sleep_us(250);
+        kill(pid, SIGSTOP);
+        const char *second[] = CKPT_ARGV("--resume");
+        CHECK(spawn_run(second, NULL, 0, &r) == 0);
+        char holder[32];
+        snprintf(holder, sizeof holder, "PID %d", pid);
+        CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "in use") && strstr(r.err, holder),
+               "second run on a locked directory: exit %d: %s", r.exit_code, r.err);
+        kill(pid, SIGKILL);
+        CHECK(spawn_wait(pid) == 137);
+        close(stdin_fd);
+        CHECK(run_to_end(1, &r) == 0);
+        CHECKF(r.exit_code == 0 && same_as_reference(), "resume after kill -9 of the lock holder: %s", r.err);
+    }
 
     damaged_newest(0, &rng);
     damaged_newest(1, &rng);
