@@ -601,7 +601,8 @@ static int cmd_run(int argc, char **argv)
         fprintf(stderr, "seqflow: %s\n", sf_graph_error(graph));
         status = 1;
     } else {
-        if (!a.quiet) {
+        /* a resumed finished run computes nothing: the graph said so, a "0 tokens" line would mislead */
+        if (!a.quiet && !sf_graph_checkpoint_finished(graph)) {
             char branches[256];
             sf_branches_format(cfg, branches, sizeof branches);
             fprintf(stderr,
