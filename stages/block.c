@@ -158,7 +158,7 @@ static int block_init(sf_stage *st)
     if (batch < 1 || batch > SF_BLOCK_MAX_BATCH)
         return sf_error(SF_E_OPTION, "batch=%lld is outside 1..%d", batch, SF_BLOCK_MAX_BATCH);
     b->batch = (int)batch;
-    b->check_finite = sf_stage_option_int(st, "check_finite", 1) != 0;
+    b->check_finite = sf_stage_option_int(st, "check_finite", 1) != 0 && sf_check_finite_enabled();
     b->host_rows = strcmp(b->be->ops->name, "cpu") == 0; /* its memory is host memory */
     b->width = c->heads * c->head_dim;
     size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment * b->batch;

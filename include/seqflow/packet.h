@@ -107,6 +107,11 @@ int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16);
  * SF_E_NONFINITE naming `where` (e.g. "after layer 3"), the value (NaN or infinite), the
  * stream, the position and the column of the first one. Device rows are not read. */
 int sf_packet_check_finite(const sf_packet *p, const char *where);
+/* Process-wide switch of the finiteness checks (on by default): off, sf_packet_to_host and the
+ * block stage's check_finite skip their scans (for measuring what they cost, or for a model
+ * known to produce infinities on purpose). Thread-safe; read by the block stage at init. */
+void sf_set_check_finite(int on);
+int sf_check_finite_enabled(void);
 /* Bytes of the rows: n * width * sf_dtype_size(dtype). */
 size_t sf_packet_row_bytes(const sf_packet *p);
 /* The rows' buffer, whatever their type (x or x_bf16). */
