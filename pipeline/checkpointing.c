@@ -88,7 +88,11 @@ static int fingerprint(const sf_graph *g, sf_buffer *out)
         snprintf(text, sizeof text, "weights xxh3=%016" PRIx64 "\n", g->checkpoint->weights_hash);
         if (rc == SF_OK) rc = sf_buffer_append(out, text, strlen(text));
     }
-    snprintf(text, sizeof text, "backend %s precision=%d\n", g->opts.device ? g->opts.device : "cpu", (int)g->opts.precision);
+    /* the backend's resolved precision: AUTO and F32 are the same thing on the CPU */
+    const char *device = g->backend ? g->backend->ops->name : g->opts.device ? g->opts.device : "cpu";
+    sf_precision precision = g->backend ? g->backend->precision : g->opts.precision;
+    snprintf(text, sizeof text, "backend %s precision=%s\n", device,
+             precision == SF_PRECISION_BF16 ? "bf16" : precision == SF_PRECISION_F32 ? "f32" : "auto");
     if (rc == SF_OK) rc = sf_buffer_append(out, text, strlen(text));
     for (int i = 0; i < g->n_stages && rc == SF_OK; i++) {
         const sf_stage *st = g->stages[i];
