@@ -113,6 +113,15 @@ int main(void)
                    strstr(r.err, "position"),
                "binary with overflowing weights: exit %d: %s", r.exit_code, r.err);
         CHECK(!check_path_exists(out_path));
+        /* --check-finite 0: the same run completes (its output holds the infinities) */
+        const char *unchecked[] = {"seqflow", "run", "-m", model_path, "-q", "-o", out_path, "--check-finite", "0", NULL};
+        CHECK(spawn_run(unchecked, NULL, 0, &r) == 0);
+        CHECKF(r.exit_code == 0 && check_path_exists(out_path), "--check-finite 0: exit %d: %s", r.exit_code, r.err);
+        unlink(out_path);
+        const char *bad_value[] = {"seqflow", "run", "-q", "--check-finite", "2", NULL};
+        CHECK(spawn_run(bad_value, NULL, 0, &r) == 0);
+        CHECKF(r.exit_code == 2 && r.err_lines == 1 && strstr(r.err, "--check-finite"), "--check-finite 2: exit %d: %s",
+               r.exit_code, r.err);
         unlink(model_path);
     }
     memcpy(wo, wo_saved, n_wo * sizeof *wo);
