@@ -4,6 +4,14 @@
  * bench/RESULTS.md by hand).
  *
  *   bench_cpu [--rss-tokens N] [--segments N] [--skip-medium] [--attention-only]
+ *   bench_cpu --check-finite [--segments N] [--rounds R] [--ref-segment N]
+ *
+ * --check-finite measures what the finiteness check costs on the reference model (D=1024,
+ * H=16, d=64, 4 layers, MLP 4096, N=8192, 256 global and 8 summary tokens, delta memory):
+ * whole-pipeline tokens/s with block check_finite=1 and =0, alternating R rounds (best of
+ * each), and the scan alone over the rows it reads (every layer's D floats a row), timed
+ * apart, as a share of the time of a segment. --ref-segment shrinks N (branches N/4:1,
+ * N/2:2, N:4) where a full-size run is too slow.
  */
 #include <cblas.h>
 #include <math.h>
@@ -72,10 +80,11 @@ static double attention_gflops(sf_backend *be, const sf_model_config *c, int rep
 }
 
 /* Pushes `tokens` random tokens and returns tokens/s; reports RSS at checkpoints. */
-static double pipeline_tokens_per_s(const sf_model *m, size_t tokens, size_t rss_at, size_t *rss_first, size_t *rss_last)
+static double pipeline_tokens_per_s(const sf_model *m, const char *pipeline, size_t tokens, size_t rss_at,
+                                    size_t *rss_first, size_t *rss_last)
 {
     sf_graph *g;
-    if (sf_graph_create(m, NULL, &g) != SF_OK || sf_graph_parse(g, "segment ! embed ! block ! norm") != SF_OK) {
+    if (sf_graph_create(m, NULL, &g) != SF_OK || sf_graph_parse(g, pipeline) != SF_OK) {
         fprintf(stderr, "bench: %s\n", sf_last_error());
         exit(1);
     }
@@ -107,6 +116,58 @@ static double pipeline_tokens_per_s(const sf_model *m, size_t tokens, size_t rss
     return rate;
 }
 
+#define DEFAULT_PIPELINE "segment ! embed ! block ! norm"
+
+/* --check-finite (see the top of the file). */
+static int check_finite_cost(int segments, int rounds, int ref_segment)
+{
+    sf_model_config c;
+    sf_model_config_default(&c);
+    c.vocab = 256, c.dim = 1024, c.heads = 16, c.head_dim = 64, c.segment = ref_segment;
+    c.causal = 1, c.memory = SF_MEMORY_DELTA, c.global_tokens = 256, c.summary_tokens = 8;
+    c.layers = 4, c.mlp_hidden = 4096, c.final_norm = 1;
+    char branches[96];
+    snprintf(branches, sizeof branches, "%d:1,%d:2,%d:4", ref_segment / 4, ref_segment / 2, ref_segment);
+    sf_model *m;
+    if (sf_branches_parse(branches, &c) != SF_OK || sf_model_create_random(&c, 1, &m) != SF_OK) {
+        fprintf(stderr, "bench: %s\n", sf_last_error());
+        return 1;
+    }
+    size_t tokens = (size_t)segments * c.segment, r0 = 0, r1 = 0;
+    double best[2] = {0, 0};
+    pipeline_tokens_per_s(m, DEFAULT_PIPELINE, c.segment, 0, &r0, &r1); /* warm-up */
+    for (int r = 0; r < rounds; r++)
+        for (int on = 1; on >= 0; on--) {
+            double tps = pipeline_tokens_per_s(m, on ? "segment ! embed ! block check_finite=1 ! norm"
+                                                     : "segment ! embed ! block check_finite=0 ! norm",
+                                               tokens, 0, &r0, &r1);
+            printf("round %d check_finite=%d: %.1f tokens/s\n", r + 1, on, tps);
+            if (tps > best[on]) best[on] = tps;
+        }
+    /* the scan alone: what check_finite=1 adds per segment, layers x N x D floats */
+    size_t floats = (size_t)c.segment * c.dim;
+    float *rows = random_floats(floats, 3);
+    double scan_best = 1e30;
+    size_t sink = 0;
+    for (int r = 0; r < 20; r++) {
+        double t0 = sf_monotonic_seconds();
+        for (int l = 0; l < c.layers; l++) sink += sf_first_non_finite(rows, SF_DTYPE_F32, floats);
+        double t = sf_monotonic_seconds() - t0;
+        if (t < scan_best) scan_best = t;
+    }
+    free(rows);
+    double segment_s = c.segment / best[0];
+    printf("reference model N=%d (D=%d H=%d d=%d L=%d MLP %d, G=%d): check_finite=1 %.1f tokens/s, =0 %.1f tokens/s "
+           "(best of %d rounds of %d segments): %+.2f%% throughput\n",
+           c.segment, c.dim, c.heads, c.head_dim, c.layers, c.mlp_hidden, c.global_tokens, best[1], best[0], rounds,
+           segments, 100.0 * (best[1] / best[0] - 1.0));
+    printf("scan alone: %.3f ms per segment (%d layers x %zu floats, %.1f GB/s) = %.3f%% of a segment's %.1f ms%s\n",
+           scan_best * 1e3, c.layers, floats, c.layers * floats * 4.0 / scan_best / 1e9, 100.0 * scan_best / segment_s,
+           segment_s * 1e3, sink == (size_t)c.layers * 20 * floats ? "" : " (found a non-finite value?)");
+    sf_model_free(m);
+    return 0;
+}
+
 static void model_config(sf_model_config *c, int medium)
 {
     sf_model_config_default(c);
@@ -124,19 +185,31 @@ static void model_config(sf_model_config *c, int medium)
 int main(int argc, char **argv)
 {
     size_t rss_tokens = 0;
-    int segments = 4, skip_medium = 0, attention_only = 0;
+    int segments = 4, skip_medium = 0, attention_only = 0, check_finite = 0, rounds = 3, ref_segment = 8192,
+        segments_given = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--rss-tokens") == 0 && i + 1 < argc) rss_tokens = strtoull(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "--segments") == 0 && i + 1 < argc) segments = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--segments") == 0 && i + 1 < argc) segments = atoi(argv[++i]), segments_given = 1;
+        else if (strcmp(argv[i], "--check-finite") == 0) check_finite = 1;
+        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--ref-segment") == 0 && i + 1 < argc) ref_segment = atoi(argv[++i]);
         else if (strcmp(argv[i], "--skip-medium") == 0) skip_medium = 1;
         else if (strcmp(argv[i], "--attention-only") == 0) attention_only = 1;
         else {
-            fprintf(stderr, "usage: bench_cpu [--rss-tokens N] [--segments N] [--skip-medium] [--attention-only]\n");
+            fprintf(stderr, "usage: bench_cpu [--rss-tokens N] [--segments N] [--skip-medium] [--attention-only]\n"
+                            "       bench_cpu --check-finite [--segments N] [--rounds R] [--ref-segment N]\n");
             return 2;
         }
     }
     openblas_set_num_threads(1);
     printf("threads: %d\n", omp_get_max_threads());
+    if (check_finite) {
+        if (rounds < 1 || ref_segment < 4 || ref_segment % 4) {
+            fprintf(stderr, "bench_cpu: --rounds must be >= 1 and --ref-segment a positive multiple of 4\n");
+            return 2;
+        }
+        return check_finite_cost(segments_given ? segments : 2, rounds, ref_segment);
+    }
     double gemm = sgemm_gflops(2048);
     printf("sgemm 2048^3 (OpenBLAS, all threads): %.1f GFLOP/s\n", gemm);
     sf_backend *be;
@@ -158,12 +231,12 @@ int main(int argc, char **argv)
             return 1;
         }
         size_t r0 = 0, r1 = 0;
-        double tps = pipeline_tokens_per_s(m, (size_t)segments * c.segment, 0, &r0, &r1);
+        double tps = pipeline_tokens_per_s(m, DEFAULT_PIPELINE, (size_t)segments * c.segment, 0, &r0, &r1);
         printf("%s pipeline (D=%d H=%d d=%d N=%d L=%d MLP %d, delta memory): %.0f tokens/s over %d segments\n",
                medium ? "medium" : "small", c.dim, c.heads, c.head_dim, c.segment, c.layers, c.mlp_hidden, tps, segments);
         if (!medium && rss_tokens) {
             size_t step = rss_tokens / 10;
-            tps = pipeline_tokens_per_s(m, rss_tokens, step, &r0, &r1);
+            tps = pipeline_tokens_per_s(m, DEFAULT_PIPELINE, rss_tokens, step, &r0, &r1);
             printf("small pipeline resident memory: %.1f MiB after %zu tokens, %.1f MiB after %zu tokens (%.0f tokens/s)\n",
                    r0 / 1048576.0, step, r1 / 1048576.0, rss_tokens, tps);
         }

@@ -30,6 +30,7 @@ const char *sf_strerror(int code)
     case SF_E_FRAME_VERSION: return "unsupported frame version";
     case SF_E_FRAME_TOO_LARGE: return "frame larger than allowed";
     case SF_E_BUDGET: return "state budget exceeded";
+    case SF_E_NONFINITE: return "non-finite value";
     default: return "unknown error";
     }
 }

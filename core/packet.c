@@ -2,6 +2,7 @@
 #include "seqflow/error.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,7 +174,36 @@ int sf_packet_to_host(sf_packet *p)
     int rc = sf_packet_reserve(p, 0, count);
     if (rc == SF_OK && count) rc = p->dev_ops->download(p->dev_pool, p->x, p->dev, count * sizeof(float));
     release_device_rows(p);
+    if (rc == SF_OK && sf_check_finite_enabled()) rc = sf_packet_check_finite(p, "in the rows brought from the device");
     return rc;
+}
+
+static atomic_int check_finite_on = 1;
+
+void sf_set_check_finite(int on) { atomic_store(&check_finite_on, on != 0); }
+int sf_check_finite_enabled(void) { return atomic_load(&check_finite_on); }
+
+int sf_packet_check_finite(const sf_packet *p, const char *where)
+{
+    const void *rows = sf_packet_rows(p);
+    const size_t count = p->n * p->width;
+    if (!rows || !count) return SF_OK;
+    size_t i = sf_first_non_finite(rows, p->dtype, count);
+    if (i == count) return SF_OK;
+    float value;
+    if (p->dtype == SF_DTYPE_BF16) {
+        uint16_t h;
+        memcpy(&h, (const unsigned char *)rows + 2 * i, 2);
+        uint32_t bits = (uint32_t)h << 16;
+        memcpy(&value, &bits, 4);
+    } else {
+        memcpy(&value, (const unsigned char *)rows + 4 * i, 4);
+    }
+    return sf_error(SF_E_NONFINITE,
+                    "non-finite value (%s) %s: stream %llu, position %llu, column %zu; the weights or the input "
+                    "overflow float32",
+                    value != value ? "NaN" : value > 0 ? "+inf" : "-inf", where, (unsigned long long)p->stream,
+                    (unsigned long long)(p->position + i / p->width), i % p->width);
 }
 
 int sf_packet_to_bf16(sf_packet *p)
@@ -204,6 +234,7 @@ int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16)
     if (rc == SF_OK && count) rc = p->dev_ops->download(p->dev_pool, buf, (const float *)dev_bf16, count * sizeof(uint16_t));
     release_device_rows(p);
     if (rc == SF_OK) set_rows(p, SF_DTYPE_BF16, buf);
+    if (rc == SF_OK && sf_check_finite_enabled()) rc = sf_packet_check_finite(p, "in the rows brought from the device");
     return rc;
 }
 

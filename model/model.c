@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 static int add_size(size_t *acc, size_t a, size_t b)
 {
@@ -135,6 +136,12 @@ const sf_model_config *sf_model_get_config(const sf_model *model)
 }
 
 const float *sf_model_embedding(const sf_model *model) { return model ? model->embed : NULL; }
+
+uint64_t sf_model_weights_hash(const sf_model *model)
+{
+    if (!model || !model->arena) return 0;
+    return XXH3_64bits(model->arena, model->arena_floats * sizeof *model->arena);
+}
 
 const float *sf_model_final_norm(const sf_model *model)
 {

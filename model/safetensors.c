@@ -526,6 +526,27 @@ static float bfloat_to_float(uint16_t b)
     return f;
 }
 
+/* Index of the first NaN or infinity in x[0..n), or n when there is none. The loop reads the
+ * exponent bits without branching so that it vectorizes: the scan costs about what reading
+ * the weights from memory costs, small next to reading them from the file. */
+static size_t first_non_finite(const float *x, size_t n)
+{
+    const size_t block = 4096;
+    for (size_t at = 0; at < n; at += block) {
+        size_t end = n - at < block ? n : at + block;
+        uint32_t bad = 0;
+        for (size_t i = at; i < end; i++) {
+            uint32_t bits;
+            memcpy(&bits, &x[i], sizeof bits);
+            bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
+        }
+        if (!bad) continue;
+        for (size_t i = at; i < end; i++)
+            if (!isfinite(x[i])) return i;
+    }
+    return n;
+}
+
 static int read_tensor(const loader *ld, const tensor_entry *e, unsigned char *buf)
 {
     if (fseeko(ld->file, (off_t)(8 + ld->header_len + e->begin), SEEK_SET) != 0)
@@ -549,6 +570,12 @@ static int read_tensor(const loader *ld, const tensor_entry *e, unsigned char *b
                 dst[done + i] = e->type == DT_F16 ? half_to_float(bits) : bfloat_to_float(bits);
             }
         }
+        /* A NaN or infinity in a weight turns every row it touches non-finite; refusing the
+         * file here names the tensor, which no later symptom could. */
+        size_t bad = first_non_finite(dst + done, n);
+        if (bad < n)
+            return fail(ld, SF_E_MODEL, "tensor %s: element %zu is %s; weights must be finite numbers", e->name,
+                        done + bad, isnan(dst[done + bad]) ? "NaN" : "infinite");
         done += n;
     }
     return SF_OK;

@@ -64,6 +64,9 @@ typedef struct sf_graph_checkpointing {
     uint8_t *loaded;              /* the loaded checkpoint's stage states (until restored) */
     size_t loaded_len;
     uint64_t resumed_seq, next_seq, written_seq;
+    int lock_fd;                  /* the directory's lock (state/checkpoint.h), -1 when not held */
+    int finished;                 /* the checkpoint resumed from records a finished run */
+    uint64_t weights_hash;        /* sf_model_weights_hash, taken once in prepare */
 } sf_graph_checkpointing;
 
 /* Called by sf_graph_run: before init, loads the newest checkpoint (resume) or clears the

@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ../shared/device/fetch-debs.sh >/dev/null
 cd .offline-debs
-apt-get download -qq libopenblas0-pthread libopenblas-pthread-dev libcjson1 libcjson-dev liblz4-1 liblz4-dev libzstd1 libzstd-dev \
+apt-get download -qq libopenblas0-pthread libopenblas-pthread-dev libcjson1 libcjson-dev liblz4-1 liblz4-dev libzstd1 libzstd-dev libxxhash0 libxxhash-dev \
   pkgconf pkgconf-bin libpkgconf3 libgfortran5 2>&1 | grep -v '^W:' || true
 ls -1

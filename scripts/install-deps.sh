@@ -4,7 +4,7 @@
 #   scripts/install-deps.sh --fuzz   also clang, libFuzzer's runtime and OpenMP for clang
 #                                    (the fuzz build of scripts/fuzz.sh; scripts/test.sh asks)
 set -euo pipefail
-packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-dev libzstd-dev libzmq3-dev)
+packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-dev libzstd-dev libxxhash-dev libzmq3-dev)
 [ "${1:-}" = --fuzz ] && packages+=(clang libclang-rt-dev libomp-dev)
 missing=()
 for p in "${packages[@]}"; do

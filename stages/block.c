@@ -32,6 +32,9 @@ static const sf_option block_options[] = {
     {.name = "batch", .type = SF_OPT_INT, .default_value = "1", .min = 1, .max = SF_BLOCK_MAX_BATCH, .unit = "streams",
      .help = "full segments of up to this many streams computed together: one product launch for all of them, batch "
              "times the activation memory"},
+    {.name = "check_finite", .type = SF_OPT_BOOL, .default_value = "1",
+     .help = "stop at the first NaN or infinity in the hidden rows, naming the layer, stream and position (CPU: after "
+             "every layer; a GPU: where rows reach the host)"},
     {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
      .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
              "layer's attention, 2 also the last layer's beside the next segment's first",
@@ -151,6 +154,8 @@ static int block_init(sf_stage *st)
     sf_stream_table_init(&b->streams, (int)sf_stage_option_int(st, "max_streams"), sf_block_stream_create,
                          sf_block_stream_release, b);
     b->batch = (int)sf_stage_option_int(st, "batch");
+    b->check_finite = sf_stage_option_bool(st, "check_finite") && sf_check_finite_enabled();
+    b->host_rows = strcmp(b->be->ops->name, "cpu") == 0; /* its memory is host memory */
     b->width = c->heads * c->head_dim;
     size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment * b->batch;
     b->weights = calloc((size_t)b->count, sizeof *b->weights);
@@ -364,12 +369,37 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     return rc;
 }
 
+/* Host rows after layer l: a NaN or infinity stops the run here, naming the layer where it first
+ * appeared, rather than flowing on into every later layer and the output. packets[i] holds the
+ * stream and position of rows [i n, (i + 1) n). One pass over D floats a row, next to the
+ * layer's O(D W + D F) work a row: under 1% (bench/bench_cpu --check-finite). */
+static int check_layer_rows(const block *b, sf_packet *const *packets, int count, int n, int l)
+{
+    const size_t D = (size_t)b->cfg->dim, floats = (size_t)n * D;
+    for (int i = 0; i < count; i++) {
+        const float *rows = b->x + (size_t)i * floats;
+        size_t at = sf_first_non_finite(rows, SF_DTYPE_F32, floats);
+        if (at == floats) continue;
+        float v = rows[at];
+        return sf_error(SF_E_NONFINITE,
+                        "layer %d produced a non-finite value (%s): stream %llu, position %llu, column %zu; the "
+                        "weights or the input overflow float32",
+                        b->first + l, v != v ? "NaN" : v > 0 ? "+inf" : "-inf", (unsigned long long)packets[i]->stream,
+                        (unsigned long long)(packets[i]->position + at / D), at % D);
+    }
+    return SF_OK;
+}
+
 /* Every layer over the stacked segments, then the side queue joined: what follows (the
  * download, the next stage, a save) may read anything the layers wrote. */
-static int layers_forward(block *b, stream_state *const *states, int count, int n, int commit)
+static int layers_forward(block *b, stream_state *const *states, sf_packet *const *packets, int count, int n,
+                          int commit)
 {
     int rc = SF_OK;
-    for (int l = 0; l < b->count && rc == SF_OK; l++) rc = layer_forward(b, states, count, l, n, commit);
+    for (int l = 0; l < b->count && rc == SF_OK; l++) {
+        rc = layer_forward(b, states, count, l, n, commit);
+        if (rc == SF_OK && b->check_finite && b->host_rows) rc = check_layer_rows(b, packets, count, n, l);
+    }
     int join_rc = sf_be_side_join(b->be);
     return rc == SF_OK ? join_rc : rc;
 }
@@ -385,6 +415,16 @@ static int batchable(const block *b, const sf_packet *p)
 }
 
 static int run_one(sf_stage *st, sf_packet *in);
+
+/* Rows of a device backend downloaded after the block's layers (host rows were checked after
+ * each layer already). */
+static int check_downloaded(const block *b, const sf_packet *p)
+{
+    if (!b->check_finite || b->host_rows) return SF_OK;
+    char where[64];
+    snprintf(where, sizeof where, "after layers %d-%d", b->first, b->first + b->count - 1);
+    return sf_packet_check_finite(p, where);
+}
 
 /* Runs the waiting segments as one batch and emits them in arrival order. A lone segment runs
  * as any other, in place: stacking it would only add two copies of its rows. */
@@ -407,12 +447,13 @@ static int run_pending(sf_stage *st)
         if (rc == SF_OK) rc = p->dev ? ops->copy(b->be, dst, p->dev, floats * sizeof(float))
                                      : ops->upload(b->be, dst, p->x, floats * sizeof(float));
     }
-    if (rc == SF_OK) rc = layers_forward(b, states, count, (int)rows, 1);
+    if (rc == SF_OK) rc = layers_forward(b, states, b->pending, count, (int)rows, 1);
     for (int i = 0; i < count && rc == SF_OK; i++) {
         sf_packet *p = b->pending[i];
         const float *src = b->x + i * floats;
         rc = p->dev ? ops->copy(b->be, p->dev, src, floats * sizeof(float))
                     : ops->download(b->be, p->x, src, floats * sizeof(float));
+        if (rc == SF_OK && !p->dev) rc = check_downloaded(b, p);
     }
     int i = 0;
     for (; i < count && rc == SF_OK; i++) rc = sf_stage_emit(st, b->pending[i]);
@@ -466,8 +507,9 @@ static int run_one(sf_stage *st, sf_packet *in)
         float *host_rows_x = b->x;
         if (in->dev) b->x = in->dev;
         else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
-        if (rc == SF_OK) rc = layers_forward(b, &s, 1, (int)in->n, commit);
+        if (rc == SF_OK) rc = layers_forward(b, &s, &in, 1, (int)in->n, commit);
         if (rc == SF_OK && !in->dev) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
+        if (rc == SF_OK && !in->dev) rc = check_downloaded(b, in);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
             rc = sf_block_state_put_back(b, in->stream);

@@ -79,6 +79,10 @@ typedef struct block {
     int batch;
     sf_packet *pending[SF_BLOCK_MAX_BATCH];
     int n_pending;
+    /* check_finite=1: rows in host memory (the CPU backend) are scanned after every layer,
+     * other backends' rows where they reach the host (after the download here, or
+     * sf_packet_to_host downstream) */
+    int check_finite, host_rows;
 } block;
 
 /* A backend buffer of n floats, filled from host when host is not NULL; NULL with *rc set on

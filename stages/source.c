@@ -2,7 +2,10 @@
  * chunks. The stream ends (a FINAL packet) at end of input or when the graph is interrupted.
  * With checkpoints on, reads stop at every multiple of the interval (exactly, for bytes and u32
  * input; at the next chunk end for text) and a checkpoint marker follows; the saved state is the
- * input byte offset and the reader's carry, so a resume seeks the input and goes on. */
+ * input byte offset and the reader's carry, so a resume seeks the input and goes on. The state
+ * also holds an XXH3 hash of the bytes consumed so far: a resume hashes the same prefix of its
+ * input again and refuses an input that changed there, instead of mixing old state with new
+ * tokens. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -11,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "seqflow/stage.h"
 #include "stages/builtin_text.h"
@@ -30,6 +35,7 @@ typedef struct source {
     int done;
     uint64_t consumed;       /* input bytes read so far (the resume offset) */
     uint64_t next_checkpoint; /* position of the next marker (0 = not computed yet) */
+    XXH3_state_t *hash;       /* of the bytes consumed so far */
 } source;
 
 static const sf_option source_options[] = {
@@ -53,7 +59,9 @@ static int source_init(sf_stage *st)
     s->stream = (uint64_t)sf_stage_option_int(st, "stream");
     s->path = sf_stage_option(st, "path");
     s->bytes = malloc(s->chunk);
-    if (!s->bytes) return sf_error(SF_E_NOMEM, "out of memory");
+    s->hash = XXH3_createState();
+    if (!s->bytes || !s->hash) return sf_error(SF_E_NOMEM, "out of memory");
+    XXH3_64bits_reset(s->hash);
     if (strcmp(s->path, "@builtin") == 0) {
         s->builtin = (const uint8_t *)sf_builtin_text();
         s->builtin_len = sf_builtin_text_length();
@@ -112,6 +120,7 @@ static int source_generate(sf_stage *st)
     size_t got = sf_stage_interrupted(st) ? 0 : read_bytes(st, s, limit, &err);
     if (err != SF_OK) return err;
     s->consumed += got;
+    if (got) XXH3_64bits_update(s->hash, s->bytes, got);
     int interrupted = got == 0 && sf_stage_interrupted(st);
     sf_packet *p = sf_packet_new(SF_PACKET_TOKENS, got + 1, 0);
     if (!p) return sf_error(SF_E_NOMEM, "out of memory");
@@ -136,27 +145,53 @@ static int source_generate(sf_stage *st)
      * so that a resume goes on from the last marker instead of from the cut-short end */
     if (every && ((!s->done && s->position >= s->next_checkpoint) || (s->done && !interrupted))) {
         s->next_checkpoint = (s->position / every + 1) * every;
-        rc = sf_stage_emit_checkpoint(st);
+        rc = s->done ? sf_stage_emit_final_checkpoint(st) : sf_stage_emit_checkpoint(st);
         if (rc != SF_OK) return rc;
     }
     return s->done ? 0 : 1;
 }
 
 /* State: u64 stream, position, consumed bytes, reader offset; u32 carry length, u32 done;
- * 16 carry bytes. */
+ * 16 carry bytes; u64 XXH3 of the consumed bytes. */
 typedef struct source_state {
     uint64_t stream, position, consumed, reader_offset;
     uint32_t carry_len, done;
     uint8_t carry[16];
+    uint64_t input_hash;
 } source_state;
 
 static int source_save(sf_stage *st, sf_buffer *out)
 {
     source *s = sf_stage_priv(st);
     source_state v = {s->stream, s->position, s->consumed, s->reader.offset, (uint32_t)s->reader.carry_len,
-                      (uint32_t)s->done, {0}};
+                      (uint32_t)s->done, {0}, XXH3_64bits_digest(s->hash)};
     memcpy(v.carry, s->reader.carry, sizeof v.carry);
     return sf_buffer_append(out, &v, sizeof v);
+}
+
+/* Hashes the first `bytes` bytes of the input into s->hash (reset first): what a run that
+ * consumed them would have hashed. Reads with pread, so the file offset is left alone. */
+static int rehash_prefix(source *s, uint64_t bytes)
+{
+    XXH3_64bits_reset(s->hash);
+    if (s->builtin) {
+        XXH3_64bits_update(s->hash, s->builtin, (size_t)bytes);
+        return SF_OK;
+    }
+    for (uint64_t at = 0; at < bytes;) {
+        size_t want = bytes - at < s->chunk ? (size_t)(bytes - at) : s->chunk;
+        ssize_t n = pread(s->fd, s->bytes, want, (off_t)at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0)
+            return sf_error(SF_E_UNSUPPORTED, "input '%s' cannot be resumed: its first %llu bytes cannot be read again (%s); give the input as a file",
+                            strcmp(s->path, "-") == 0 ? "standard input" : s->path, (unsigned long long)bytes, strerror(errno));
+        if (n == 0)
+            return sf_error(SF_E_STATE, "input '%s' has %llu bytes, fewer than the %llu read before the checkpoint", s->path,
+                            (unsigned long long)at, (unsigned long long)bytes);
+        XXH3_64bits_update(s->hash, s->bytes, (size_t)n);
+        at += (uint64_t)n;
+    }
+    return SF_OK;
 }
 
 static int source_restore(sf_stage *st, const uint8_t *data, size_t len)
@@ -179,6 +214,19 @@ static int source_restore(sf_stage *st, const uint8_t *data, size_t len)
             return sf_error(SF_E_UNSUPPORTED, "input '%s' cannot be resumed: it is not seekable (%s); give the input as a file",
                             strcmp(s->path, "-") == 0 ? "standard input" : s->path, strerror(errno));
     }
+    if (!v.done) {
+        /* the state continues only the input it was computed from */
+        int rc = rehash_prefix(s, v.consumed);
+        if (rc != SF_OK) return rc;
+        if (XXH3_64bits_digest(s->hash) != v.input_hash)
+            return sf_error(SF_E_STATE,
+                            "input '%s' changed: its first %llu bytes, read before the checkpoint, are not the same any "
+                            "more (XXH3 %016llx, the checkpoint has %016llx); resume with the same input (or start "
+                            "without --resume)",
+                            s->builtin ? "@builtin" : strcmp(s->path, "-") == 0 ? "standard input" : s->path,
+                            (unsigned long long)v.consumed, (unsigned long long)XXH3_64bits_digest(s->hash),
+                            (unsigned long long)v.input_hash);
+    }
     s->position = v.position;
     s->consumed = v.consumed;
     s->reader.offset = v.reader_offset;
@@ -194,6 +242,7 @@ static void source_free(sf_stage *st)
     source *s = sf_stage_priv(st);
     if (!s) return;
     if (s->owns_fd) close(s->fd);
+    XXH3_freeState(s->hash);
     free(s->bytes);
     free(s);
 }

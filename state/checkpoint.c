@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,6 +33,50 @@ int sf_checkpoint_dir_prepare(const char *dir)
         return sf_error(SF_E_IO, "checkpoint directory '%s' is not a directory", dir);
     }
     return sf_error(SF_E_IO, "cannot create checkpoint directory '%s': %s", dir, strerror(errno));
+}
+
+#define LOCK_NAME "seqflow.lock"
+
+int sf_checkpoint_lock(const char *dir, int *fd_out)
+{
+    *fd_out = -1;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s/" LOCK_NAME, dir);
+    if (n < 0 || (size_t)n >= sizeof path) return sf_error(SF_E_INVAL, "checkpoint path under '%s' is too long", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return sf_error(SF_E_IO, "cannot open the lock file '%s': %s", path, strerror(errno));
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        if (err != EWOULDBLOCK) {
+            close(fd);
+            return sf_error(SF_E_IO, "cannot lock '%s': %s", path, strerror(err));
+        }
+        /* the holder writes its PID right after taking the lock; an empty file means it is
+         * between the two */
+        char text[32] = {0};
+        ssize_t got = pread(fd, text, sizeof text - 1, 0);
+        long pid = got > 0 ? strtol(text, NULL, 10) : 0;
+        close(fd);
+        if (pid > 0)
+            return sf_error(SF_E_IO, "checkpoint directory '%s' is in use by another run (PID %ld holds %s)", dir, pid, path);
+        return sf_error(SF_E_IO, "checkpoint directory '%s' is in use by another run (it holds %s)", dir, path);
+    }
+    char text[32];
+    int len = snprintf(text, sizeof text, "%ld\n", (long)getpid());
+    /* the PID is for the message above only: the lock itself is the flock */
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)len, 0) != len) {
+        int err = errno;
+        close(fd);
+        return sf_error(SF_E_IO, "cannot write the lock file '%s': %s", path, strerror(err));
+    }
+    *fd_out = fd;
+    return SF_OK;
+}
+
+void sf_checkpoint_unlock(int fd)
+{
+    if (fd >= 0) close(fd); /* closing the last descriptor releases the flock */
 }
 
 static int fsync_dir(const char *dir)

@@ -29,6 +29,15 @@ int sf_checkpoint_dir_prepare(const char *dir);
 int sf_checkpoint_write(const char *dir, uint64_t seq, const void *payload, size_t len, sf_codec codec,
                         int keep);
 
+/* A checkpoint directory belongs to one run at a time: sf_checkpoint_lock takes an exclusive
+ * flock on DIR/seqflow.lock (created when missing) and writes the caller's PID into it. The
+ * kernel drops the lock when the process dies, however it dies, so a killed run never blocks
+ * the resume that follows. When another process holds it, fails at once with SF_E_IO naming
+ * that process's PID. On success *fd is the open lock file, to be passed to
+ * sf_checkpoint_unlock (which accepts -1) when the run is over; the lock file stays. */
+int sf_checkpoint_lock(const char *dir, int *fd);
+void sf_checkpoint_unlock(int fd);
+
 /* Sequence numbers of the checkpoint files in dir, ascending (*seqs malloc'd, free(); NULL when
  * *n is 0). A missing directory holds none. */
 int sf_checkpoint_list(const char *dir, uint64_t **seqs, size_t *n);

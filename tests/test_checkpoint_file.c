@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "state/checkpoint.h"
@@ -74,12 +76,55 @@ static void test_fstat_failure(const char *dir)
     free(payload);
 }
 
+/* One holder at a time: a second lock fails at once naming the holder's PID (here our own: a
+ * second open file description conflicts like another process), an unlock frees it, and a
+ * child killed with SIGKILL while holding it leaves no stale lock behind. */
+static void test_lock(const char *dir)
+{
+    int a = -1, b = -1;
+    CHECK_OK(sf_checkpoint_lock(dir, &a));
+    CHECK(a >= 0);
+    char pid[32];
+    snprintf(pid, sizeof pid, "PID %ld", (long)getpid());
+    CHECK(sf_checkpoint_lock(dir, &b) == SF_E_IO && b == -1);
+    CHECKF(strstr(sf_last_error(), pid) && strstr(sf_last_error(), "in use"), "message: %s", sf_last_error());
+    sf_checkpoint_unlock(a);
+    CHECK_OK(sf_checkpoint_lock(dir, &b));
+    sf_checkpoint_unlock(b);
+    sf_checkpoint_unlock(-1);
+
+    int ready[2];
+    CHECK(pipe(ready) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        int fd;
+        if (sf_checkpoint_lock(dir, &fd) != SF_OK) _exit(1);
+        if (write(ready[1], "x", 1) != 1) _exit(1);
+        for (;;) pause();
+    }
+    char c;
+    CHECK(child > 0 && read(ready[0], &c, 1) == 1);
+    snprintf(pid, sizeof pid, "PID %ld", (long)child);
+    CHECK(sf_checkpoint_lock(dir, &b) == SF_E_IO);
+    CHECKF(strstr(sf_last_error(), pid), "message: %s", sf_last_error());
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    CHECK_OK(sf_checkpoint_lock(dir, &b));
+    sf_checkpoint_unlock(b);
+    close(ready[0]);
+    close(ready[1]);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/seqflow.lock", dir);
+    CHECK(unlink(path) == 0);
+}
+
 int main(void)
 {
     const char *dir = check_tmp_path("ckpt-file");
     CHECK_OK(sf_checkpoint_dir_prepare(dir));
     test_empty_payload(dir);
     test_fstat_failure(dir);
+    test_lock(dir);
     CHECK_OK(sf_checkpoint_clear(dir));
     rmdir(dir);
     return check_finish("test_checkpoint_file");

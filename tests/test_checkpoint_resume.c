@@ -29,7 +29,10 @@ static char input_path[512], ref_path[512], out_path[512], ckpt_dir[512], err_pa
 
 static void remove_dir(const char *dir)
 {
+    char lock[600];
+    snprintf(lock, sizeof lock, "%s/seqflow.lock", dir);
     sf_checkpoint_clear(dir);
+    unlink(lock);
     rmdir(dir);
 }
 
@@ -197,9 +200,23 @@ int main(void)
     snprintf(partial, sizeof partial, "%s.partial", out_path);
     CHECK(!check_path_exists(partial));
 
-    /* resuming a finished run changes nothing */
+    /* resuming a finished run changes nothing, and says that the run had finished (one line,
+     * no "0 tokens" summary: MODEL_ARGS has -q, so check that without it too) */
     CHECK(run_to_end(1, &r) == 0);
     CHECKF(r.exit_code == 0 && same_as_reference(), "resume of a finished run: %s", r.err);
+    CHECKF(r.err_lines == 1 && strstr(r.err, "had finished"), "resume of a finished run says: %s", r.err);
+    {
+        const char *with_q[] = CKPT_ARGV("--resume");
+        const char *argv2[64];
+        size_t k = 0;
+        for (size_t i = 0; with_q[i] && k < 63; i++)
+            if (strcmp(with_q[i], "-q") != 0) argv2[k++] = with_q[i]; /* the summary line must not appear */
+        argv2[k] = NULL;
+        CHECK(spawn_run(argv2, NULL, 0, &r) == 0);
+        CHECKF(r.exit_code == 0 && r.err_lines == 1 && strstr(r.err, "had finished") && !strstr(r.err, "tokens in"),
+               "resume of a finished run without -q: %s", r.err);
+        CHECK(same_as_reference());
+    }
 
     /* SIGKILL at pseudo-random moments: after a random checkpoint plus a random part of one
      * checkpoint interval (so inside segment processing, output writes and checkpoint writes
@@ -228,6 +245,29 @@ int main(void)
     }
     /* every kill point lies at least a few intervals before the end; allow for a stalled killer */
     CHECKF(total_kills >= 6, "only %d of 8 kills landed before the run finished", total_kills);
+
+    /* one run per directory: a second run on the directory of a live (here stopped) run fails
+     * at once naming its PID; after kill -9 of the holder the resume goes on */
+    {
+        remove_dir(ckpt_dir);
+        remove_outputs();
+        const char *first[] = CKPT_ARGV(NULL);
+        int stdin_fd, pid = spawn_start(first, &stdin_fd, err_path);
+        CHECK(pid > 0);
+        for (int waited = 0; waited < 40000 && newest_checkpoint() < 2; waited++) sleep_us(250);
+        kill(pid, SIGSTOP);
+        const char *second[] = CKPT_ARGV("--resume");
+        CHECK(spawn_run(second, NULL, 0, &r) == 0);
+        char holder[32];
+        snprintf(holder, sizeof holder, "PID %d", pid);
+        CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "in use") && strstr(r.err, holder),
+               "second run on a locked directory: exit %d: %s", r.exit_code, r.err);
+        kill(pid, SIGKILL);
+        CHECK(spawn_wait(pid) == 137);
+        close(stdin_fd);
+        CHECK(run_to_end(1, &r) == 0);
+        CHECKF(r.exit_code == 0 && same_as_reference(), "resume after kill -9 of the lock holder: %s", r.err);
+    }
 
     damaged_newest(0, &rng);
     damaged_newest(1, &rng);
@@ -260,7 +300,50 @@ int main(void)
     const char *other[] = {"seqflow", "run", MODEL_ARGS, "--layers", "1", "-i", input_path, "-o", out_path,
                            "--checkpoint", ckpt_dir, "--resume", NULL};
     CHECK(spawn_run(other, NULL, 0, &r) == 0);
-    CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "different"), "changed config: %s", r.err);
+    CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "different model configuration") && strstr(r.err, "L=1"),
+           "changed config: %s", r.err);
+
+    /* another built-in seed (other weights, same configuration) is refused, naming the weights */
+    const char *seed[] = {"seqflow", "run", MODEL_ARGS, "--seed", "99", "-i", input_path, "-o", out_path,
+                          "--checkpoint", ckpt_dir, "--resume", NULL};
+    CHECK(spawn_run(seed, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "weights differ"), "changed seed: %s", r.err);
+
+    /* another sink format is refused, naming the sink stage */
+    const char *fmt[] = {"seqflow", "run", MODEL_ARGS, "-i", input_path, "-o", out_path, "--sink-format", "npy",
+                         "--checkpoint", ckpt_dir, "--resume", NULL};
+    CHECK(spawn_run(fmt, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "different sink stage") && strstr(r.err, "format=npy"),
+           "changed sink format: %s", r.err);
+
+    /* the input changed inside the part read before the checkpoint: refused, naming the input;
+     * the original input again: resumed */
+    remove_dir(ckpt_dir);
+    remove_outputs();
+    CHECK(run_and_kill(0, 0, 3) == 137);
+    CHECK(newest_checkpoint() >= 3 && newest_checkpoint() < 33);
+    {
+        size_t in_len;
+        unsigned char *orig = check_read_file(input_path, &in_len);
+        CHECK(orig && in_len == INPUT_BYTES);
+        unsigned char *edited = malloc(in_len);
+        memcpy(edited, orig, in_len);
+        edited[10] ^= 1;
+        FILE *w = fopen(input_path, "wb");
+        fwrite(edited, 1, in_len, w);
+        fclose(w);
+        CHECK(run_to_end(1, &r) == 0);
+        CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "changed") && strstr(r.err, input_path),
+               "edited input: %s", r.err);
+        /* back to the original: the same checkpoints resume */
+        w = fopen(input_path, "wb");
+        fwrite(orig, 1, in_len, w);
+        fclose(w);
+        CHECK(run_to_end(1, &r) == 0);
+        CHECKF(r.exit_code == 0 && same_as_reference(), "resume with the original input again: %s", r.err);
+        free(orig);
+        free(edited);
+    }
 
     /* stdin from a pipe cannot be resumed; stdout cannot be taken back: usage errors (exit 2),
      * refused before any work */

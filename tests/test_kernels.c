@@ -274,6 +274,33 @@ static void check_attention_threads(void)
     free(q), free(k), free(v), free(out[0]), free(out[1]), free(out[2]);
 }
 
+/* Causal masking skips later keys rather than weighting them by zero: a NaN or infinity in the
+ * key and value of position `bad` must leave every earlier row finite and equal (to rounding)
+ * to the clean result, while rows from `bad` on see it. */
+static void check_masked_non_finite(sf_backend *be, const char *branches, int bad, float poison)
+{
+    sf_model_config cfg = {0};
+    CHECK_OK(sf_branches_parse(branches, &cfg));
+    const int heads = 2, d = 16, n = 200, ld = heads * d;
+    float *q = randoms((size_t)n * ld, 1.0), *k = randoms((size_t)n * ld, 1.0), *v = randoms((size_t)n * ld, 1.0);
+    float *clean = poisoned((size_t)n * ld), *out = poisoned((size_t)n * ld);
+    sf_attention_desc dd = {.n = n, .segment = 256, .heads = heads, .head_dim = d, .ld = ld, .causal = 1,
+                            .n_branches = cfg.n_branches, .branches = cfg.branches, .scale = 0.25f};
+    CHECK_OK(be->ops->attention(be, &dd, q, k, v, clean));
+    for (int e = 0; e < ld; e++) k[(size_t)bad * ld + e] = poison, v[(size_t)bad * ld + e] = poison;
+    CHECK_OK(be->ops->attention(be, &dd, q, k, v, out));
+    int earlier_ok = 1, later_hit = 0;
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < ld; e++) {
+            float got = out[(size_t)i * ld + e], want = clean[(size_t)i * ld + e];
+            if (i < bad) earlier_ok &= isfinite(got) && fabsf(got - want) <= 1e-5f * (1.0f + fabsf(want));
+            else later_hit |= !isfinite(got);
+        }
+    CHECKF(earlier_ok, "%s: a non-finite key/value at %d leaked into earlier rows", branches, bad);
+    CHECKF(later_hit, "%s: the non-finite key/value at %d reached no row", branches, bad);
+    free(q), free(k), free(v), free(clean), free(out);
+}
+
 static void check_buffers(sf_backend *be)
 {
     float *a = be->ops->alloc(be, 100 * sizeof(float)), *b = be->ops->alloc(be, 100 * sizeof(float));
@@ -302,6 +329,28 @@ static void check_fast_exp(void)
         worst = fmax(worst, fabs(sf_fast_expf((float)x) / exp((double)(float)x) - 1));
     CHECKF(worst < 5e-7, "fast exp relative error %.3g", worst);
     CHECK(sf_fast_expf(-INFINITY) == 0.0f && sf_fast_expf(-200.0f) == 0.0f);
+    /* Extreme inputs: the exponent must be clamped before its conversion to an integer (the
+     * sanitizer build aborts on the signed overflow a NaN or huge input used to cause), large
+     * inputs saturate at e^88 and NaN stays NaN. */
+    {
+        volatile float extreme[] = {NAN, -NAN, INFINITY, 1e30f, 3.4e38f, -3.4e38f, 88.5f, 1000.0f};
+        const float top = sf_fast_expf(SF_EXP_HI);
+        CHECK(isnan(sf_fast_expf(extreme[0])) && isnan(sf_fast_expf(extreme[1])));
+        for (int i = 2; i < 5; i++) CHECKF(sf_fast_expf(extreme[i]) == top, "exp(%g) = %g", extreme[i], sf_fast_expf(extreme[i]));
+        CHECK(sf_fast_expf(extreme[5]) == 0.0f);
+        CHECK(sf_fast_expf(extreme[6]) == top && sf_fast_expf(extreme[7]) == top && isfinite(top));
+    }
+#ifdef SF_HAVE_AVX2_FMA
+    {
+        float in[8] = {NAN, INFINITY, 1e30f, -3.4e38f, 3.4e38f, 88.5f, -NAN, 1.0f}, out[8];
+        _mm256_storeu_ps(out, sf_fast_exp8(_mm256_loadu_ps(in)));
+        float top = sf_fast_expf(SF_EXP_HI);
+        CHECKF(isnan(out[0]) && out[1] == top && out[2] == top && out[3] == 0.0f && out[4] == top && out[5] == top &&
+                   isnan(out[6]) && out[7] == sf_fast_expf(1.0f),
+               "fast_exp8 extremes: %g %g %g %g %g %g %g %g", out[0], out[1], out[2], out[3], out[4], out[5], out[6],
+               out[7]);
+    }
+#endif
 #ifdef SF_HAVE_AVX2_FMA
     float in[8] = {-INFINITY, -200.0f, -87.5f, -20.25f, -1.0f, 0.0f, 0.3466f, 80.0f}, lanes[8];
     _mm256_storeu_ps(lanes, sf_fast_exp8(_mm256_loadu_ps(in)));
@@ -345,6 +394,10 @@ int main(void)
         attn_qscale = 1.0;
     }
     check_attention_threads();
+    check_masked_non_finite(be, "256:1", 150, NAN);
+    check_masked_non_finite(be, "256:1", 130, INFINITY);
+    check_masked_non_finite(be, "64:1,128:2", 100, NAN);
+    check_masked_non_finite(be, "256:1", 5, NAN); /* inside the first tile */
     check_memory(be, SF_MEMORY_DELTA, 50, 3, 8, 2, 0);
     check_memory(be, SF_MEMORY_LINEAR, 17, 2, 16, 0, 0);
     check_memory(be, SF_MEMORY_DELTA, 300, 2, 64, 16, 0);

@@ -491,7 +491,32 @@ static float half_reference(uint16_t h)
     return sign ? -v : v;
 }
 
-/* Re-encodes embed.weight in a 16-bit dtype, appended at the end of the data buffer. */
+/* Writes a tiny model whose embed.weight is re-encoded in a 16-bit dtype (32 values), appended
+ * at the end of the data buffer. */
+static const char *write_half_file(int bfloat, const uint16_t *values)
+{
+    st_file st;
+    tiny_file(&st);
+    size_t at = st.data_len;
+    st.data = realloc(st.data, st.data_len + 64);
+    for (int i = 0; i < 32; i++) {
+        st.data[at + 2 * (size_t)i] = (unsigned char)(values[i] & 0xff);
+        st.data[at + 2 * (size_t)i + 1] = (unsigned char)(values[i] >> 8);
+    }
+    st.data_len += 64;
+    cJSON *e = tensor(&st, "embed.weight");
+    cJSON_ReplaceItemInObjectCaseSensitive(e, "dtype", cJSON_CreateString(bfloat ? "BF16" : "F16"));
+    double offs[2] = {(double)at, (double)at + 64};
+    set_ints(e, "data_offsets", 2, offs);
+    const char *path = check_tmp_path(bfloat ? "bf16.safetensors" : "f16.safetensors");
+    st_write(path, &st);
+    st_free(&st);
+    return path;
+}
+
+/* Every 16-bit encoding converts exactly. Finite values are loaded and compared; infinities
+ * and NaNs are refused at load (weights must be finite), and the refusal says which of the
+ * two the value converted to, at which element. */
 static void test_half_types(void)
 {
     static const uint16_t halves[32] = {
@@ -506,40 +531,43 @@ static void test_half_types(void)
         0x5f00, 0x2000};
     for (int pass = 0; pass < 2; pass++) {
         const uint16_t *values = pass == 0 ? halves : bfloats;
-        st_file st;
-        tiny_file(&st);
-        size_t at = st.data_len;
-        st.data = realloc(st.data, st.data_len + 64);
+        float want[32];
+        uint16_t finite[32];
         for (int i = 0; i < 32; i++) {
-            st.data[at + 2 * (size_t)i] = (unsigned char)(values[i] & 0xff);
-            st.data[at + 2 * (size_t)i + 1] = (unsigned char)(values[i] >> 8);
+            if (pass == 0) {
+                want[i] = half_reference(values[i]);
+            } else {
+                uint32_t bits = (uint32_t)values[i] << 16;
+                memcpy(&want[i], &bits, 4);
+            }
+            finite[i] = isfinite(want[i]) ? values[i] : 0x0000;
         }
-        st.data_len += 64;
-        cJSON *e = tensor(&st, "embed.weight");
-        cJSON_ReplaceItemInObjectCaseSensitive(e, "dtype", cJSON_CreateString(pass ? "BF16" : "F16"));
-        double offs[2] = {(double)at, (double)at + 64};
-        set_ints(e, "data_offsets", 2, offs);
-        const char *path = check_tmp_path(pass ? "bf16.safetensors" : "f16.safetensors");
-        st_write(path, &st);
-        st_free(&st);
+        /* each non-finite encoding alone in an otherwise finite tensor */
+        int refusals = 0;
+        for (int i = 0; i < 32; i++) {
+            if (isfinite(want[i])) continue;
+            uint16_t one[32];
+            memcpy(one, finite, sizeof one);
+            one[i] = values[i];
+            char what[64];
+            snprintf(what, sizeof what, "element %d is %s", i, isnan(want[i]) ? "NaN" : "infinite");
+            EXPECT_REFUSED(write_half_file(pass, one), SF_E_MODEL, "embed.weight", what);
+            refusals++;
+        }
+        CHECK(refusals == (pass == 0 ? 5 : 4));
+        const char *path = write_half_file(pass, finite);
         sf_model *m = NULL;
         CHECK_OK(sf_model_load(path, &m));
         if (!m) continue;
         const float *embed = sf_model_embedding(m);
         int exact = 1;
         for (int i = 0; i < 32; i++) {
-            float want;
-            if (pass == 0) {
-                want = half_reference(values[i]);
-            } else {
-                uint32_t bits = (uint32_t)values[i] << 16;
-                memcpy(&want, &bits, 4);
-            }
+            if (!isfinite(want[i])) continue;
             float got = embed[i];
-            int ok = isnan(want) ? isnan(got) : (got == want && signbit(got) == signbit(want));
+            int ok = got == want[i] && signbit(got) == signbit(want[i]);
             if (!ok) {
                 CHECKF(0, "%s value %d (0x%04x): got %a, want %a", pass ? "BF16" : "F16", i,
-                       values[i], (double)got, (double)want);
+                       values[i], (double)got, (double)want[i]);
                 exact = 0;
             }
         }
@@ -547,11 +575,11 @@ static void test_half_types(void)
         /* Spot checks written out by hand, independent of half_reference. */
         if (pass == 0)
             CHECK(embed[2] == 1.0f && embed[3] == -2.0f && embed[4] == 65504.0f &&
-                  embed[6] == 0x1p-24f && embed[8] == 0x3ffp-24f && isinf(embed[11]) &&
-                  embed[12] < 0 && isnan(embed[13]));
+                  embed[6] == 0x1p-24f && embed[8] == 0x3ffp-24f && isinf(want[11]) &&
+                  want[12] < 0 && isinf(want[12]) && isnan(want[13]));
         else
             CHECK(embed[0] == 1.0f && embed[1] == -2.5f && embed[2] == 0x1p-133f &&
-                  embed[7] == 3.140625f && isinf(embed[4]) && isnan(embed[6]));
+                  embed[7] == 3.140625f && isinf(want[4]) && isnan(want[6]));
         sf_model_free(m);
         unlink(path);
     }
@@ -825,6 +853,41 @@ static void test_bad_metadata(void)
     unlink(path);
 }
 
+/* A NaN or infinity anywhere in the weights is refused at load, naming the tensor and the
+ * element: the first tensor in the data buffer and one in the middle of a block. */
+static void test_non_finite_weights(void)
+{
+    static const struct {
+        const char *name;
+        uint32_t bits;
+        size_t element;
+        const char *what;
+    } cases[] = {
+        {"embed.weight", 0x7fc00000u, 3, "element 3 is NaN"},
+        {"blocks.0.attn.q.weight", 0x7f800000u, 5, "element 5 is infinite"},
+        {"blocks.0.attn.q.weight", 0xff800000u, 0, "element 0 is infinite"},
+    };
+    const char *path = check_tmp_path("non-finite.safetensors");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        st_file st = {0};
+        CHECK(st_read(good_path, &st));
+        cJSON *entry = tensor(&st, cases[c].name);
+        CHECKF(entry != NULL, "no tensor %s", cases[c].name);
+        if (!entry) {
+            st_free(&st);
+            continue;
+        }
+        cJSON *offsets = cJSON_GetObjectItemCaseSensitive(entry, "data_offsets");
+        size_t at = (size_t)cJSON_GetArrayItem(offsets, 0)->valuedouble + cases[c].element * 4;
+        CHECK(at + 4 <= st.data_len);
+        for (int i = 0; i < 4; i++) st.data[at + i] = (unsigned char)(cases[c].bits >> (8 * i));
+        st_write(path, &st);
+        st_free(&st);
+        EXPECT_REFUSED(path, SF_E_MODEL, cases[c].name, cases[c].what);
+    }
+    unlink(path);
+}
+
 /* Random corruption of a good file: every outcome must be a clean load or a clean refusal. */
 static void test_corruption(void)
 {
@@ -894,6 +957,7 @@ int main(void)
     test_bad_tensors();
     test_bad_metadata();
     test_corruption();
+    test_non_finite_weights();
     unlink(good_path);
     return check_finish("test_model");
 }

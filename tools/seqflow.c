@@ -127,7 +127,10 @@ static void usage(FILE *f)
         "      --backend-settings KEY=V[,KEY=V]\n"
         "                          the device backend's own settings (cuda: docs/CUDA.md); each wins\n"
         "                          over its environment default; cpu has none\n"
-        "  -t, --threads N         CPU compute threads (default: all cores)\n"
+        "  -t, --threads N         CPU compute threads (default: all cores; the output does not\n"
+        "                          depend on it)\n"
+        "      --check-finite 0|1  stop with an error at the first NaN or infinity in the hidden\n"
+        "                          rows, naming layer, stream and position (default 1)\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
         "      --progress          report tokens, tokens/s and memory on stderr every second\n"
         "                          (default when stderr is a terminal)\n"
@@ -246,7 +249,7 @@ static int parse_args(int argc, char **argv, run_args *a)
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
            O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE,
-           O_BACKEND_SETTINGS };
+           O_BACKEND_SETTINGS, O_CHECK_FINITE };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -274,6 +277,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"state-codec", required_argument, 0, O_STATE_CODEC},
         {"checkpoint-codec", required_argument, 0, O_CHECKPOINT_CODEC},
         {"backend-settings", required_argument, 0, O_BACKEND_SETTINGS},
+        {"check-finite", required_argument, 0, O_CHECK_FINITE},
         {0, 0, 0, 0}};
     long long v;
     int c;
@@ -332,6 +336,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_VOCAB: if (!parse_int_arg("--vocab", optarg, 1, 1 << 26, &v)) return 2; a->cfg.vocab = (int)v; a->overrides |= OV_VOCAB; break;
         case O_FINAL_NORM: if (!parse_int_arg("--final-norm", optarg, 0, 1, &v)) return 2; a->cfg.final_norm = (int)v; a->overrides |= OV_FINAL_NORM; break;
         case O_SEED: if (!parse_int_arg("--seed", optarg, 0, INT64_MAX, &v)) return 2; a->seed = (uint64_t)v; break;
+        case O_CHECK_FINITE: if (!parse_int_arg("--check-finite", optarg, 0, 1, &v)) return 2; sf_set_check_finite((int)v); break;
         case O_CHECKPOINT: a->checkpoint_dir = optarg; break;
         case O_CHECKPOINT_EVERY: if (!parse_int_arg("--checkpoint-every", optarg, 1, 1LL << 40, &v)) return 2; a->checkpoint_every = v; break;
         case O_RESUME: a->resume = 1; break;
@@ -755,7 +760,8 @@ static int cmd_run(int argc, char **argv)
         /* a run that failed because a signal cut a call short still ends as stopped by it */
         status = stop_signal ? 128 + stop_signal : exit_status_of(rc);
     } else {
-        if (!a.quiet) {
+        /* a resumed finished run computes nothing: the graph said so, a "0 tokens" line would mislead */
+        if (!a.quiet && !sf_graph_checkpoint_finished(graph)) {
             char branches[256];
             sf_branches_format(cfg, branches, sizeof branches);
             fprintf(stderr,

@@ -96,7 +96,10 @@ int sf_graph_restore(sf_graph *g, const uint8_t *data, size_t len);
  * With resume, sf_graph_run first loads the newest valid checkpoint of dir (each damaged one is
  * reported through `report` and skipped; all damaged is an error) and restores every stage from
  * it; when dir holds none the run starts from the beginning. Without resume, checkpoints left in
- * dir are deleted when the run starts. */
+ * dir are deleted when the run starts. A resume is refused (SF_E_STATE, naming the first
+ * difference) when the model (configuration or weights), backend, pipeline, stage options or the
+ * input consumed so far differ from the run that wrote the checkpoint. dir is locked for one
+ * run at a time (a second fails at once naming the holder's PID) until sf_graph_free. */
 typedef struct sf_graph_checkpoint_options {
     const char *dir;       /* created when missing; copied */
     uint64_t every;        /* tokens between checkpoints (> 0) */
@@ -115,6 +118,10 @@ int sf_graph_set_checkpoint(sf_graph *g, const sf_graph_checkpoint_options *opts
  * one written (0: none). */
 uint64_t sf_graph_checkpoint_resumed(const sf_graph *g);
 uint64_t sf_graph_checkpoint_written(const sf_graph *g);
+/* Non-zero after sf_graph_run found that the checkpoint to resume from was written after the
+ * end of the input: the run had finished. sf_graph_run reports that, restores the stages and
+ * runs them on no input (a sink puts its output in place again). */
+int sf_graph_checkpoint_finished(const sf_graph *g);
 
 /* Tokens that left the last stage so far (for progress reports); thread-safe. */
 uint64_t sf_graph_tokens_out(const sf_graph *g);

@@ -97,6 +97,10 @@ void sf_model_free(sf_model *model);
 /* Accessors; the returned pointers live as long as the model. */
 const sf_model_config *sf_model_get_config(const sf_model *model);
 const float *sf_model_embedding(const sf_model *model);  /* [vocab, D] */
+/* XXH3 (64-bit) of every weight, in the model's tensor order: two models with equal hashes and
+ * equal configurations compute the same thing (checkpoints use it to refuse a resume with
+ * another model file or seed). Reads all weights, at memory speed; 0 for NULL. */
+uint64_t sf_model_weights_hash(const sf_model *model);
 const float *sf_model_final_norm(const sf_model *model); /* [D] or NULL */
 const sf_block_weights *sf_model_block(const sf_model *model, int layer);
 

@@ -125,6 +125,9 @@ int sf_stage_resuming(const sf_stage *st);
  * goes into it first; every later stage adds its state as the marker passes, and the graph
  * writes the checkpoint when it leaves the last stage. Threaded runs only. */
 int sf_stage_emit_checkpoint(sf_stage *st);
+/* The same, after the stage's FINAL packet: the checkpoint records a finished run, and a later
+ * resume from it says so instead of running. */
+int sf_stage_emit_final_checkpoint(sf_stage *st);
 
 /* Hands a packet downstream. Blocks while the downstream queue is full (back-pressure).
  * Returns SF_E_CLOSED when the graph is shutting down. Takes ownership of p in every case. */

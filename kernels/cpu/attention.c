@@ -13,6 +13,7 @@
  * O(TILE_Q * TILE_K + n * d) floats per thread. */
 #include <cblas.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,33 @@ static float softmax_row(float *s, int limit, int tk, float *m, float *l)
     return corr;
 }
 
+static int all_finite(const float *x, size_t n)
+{
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    return !bad;
+}
+
+/* o[a] += sum over b < limit(a) of p[a][b] v[b], where limit(a) = first + a + 1 keys are visible
+ * to row a. The tile product multiplies the masked keys' values by p = 0, and 0 times NaN or
+ * infinity is NaN: a non-finite value at a later position would leak into earlier rows. Only
+ * a diagonal tile whose values are not all finite takes this path, so finite inputs keep the
+ * sgemm's exact sums. */
+static void masked_pv(const float *p, int tq, int tk, const float *v, int d, int first, float *o)
+{
+    for (int a = 0; a < tq; a++) {
+        int limit = first + a + 1 < tk ? first + a + 1 : tk;
+        const float *prow = p + (size_t)a * TILE_K;
+        float *orow = o + (size_t)a * d;
+        for (int b = 0; b < limit; b++)
+            for (int e = 0; e < d; e++) orow[e] += prow[b] * v[(size_t)b * d + e];
+    }
+}
+
 /* Dense attention of rows q[0..nq) against keys k/v[0..nk). When `causal`, query a sees the keys
  * b <= a + q_offset (q_offset: position of the first query in key order); key tiles past a query
  * tile's last query are skipped, and only tiles crossing the diagonal are masked. Each query
@@ -153,8 +181,12 @@ static void attend_block(head_work *w, const float *q, int nq, const float *k, c
                     for (int e = 0; e < d; e++) o[e] *= corr;
                 }
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk, 1.0f, w->s, TILE_K,
-                        v + (size_t)k0 * d, d, 1.0f, w->o, d);
+            const float *vt = v + (size_t)k0 * d;
+            if (diagonal && !all_finite(vt, (size_t)tk * d))
+                masked_pv(w->s, tq, tk, vt, d, q_offset + q0 - k0, w->o);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk, 1.0f, w->s, TILE_K, vt, d, 1.0f,
+                            w->o, d);
         }
         merge_rows(w, pos + q0, tq, d);
     }

@@ -1,6 +1,8 @@
 /* expf that the compiler can vectorize (glibc's expf is a library call it will not): Cody-Waite
  * range reduction x = k ln2 + r, |r| <= ln2/2, and a degree-6 polynomial for e^r. Relative
- * error below 3e-7 on [-87, 88]; returns 0 below -87 (so exp(-inf) = 0, as softmax needs).
+ * error below 3e-7 on [-87, 88]; returns 0 below -87 (so exp(-inf) = 0, as softmax needs),
+ * e^88 above 88 and NaN for NaN. The clamp also keeps the exponent in range before it is
+ * converted to an integer: converting NaN or a huge float is undefined behaviour in C.
  * sf_fast_exp8 is the same function on eight lanes of AVX2 (built with -march=x86-64-v3). */
 #ifndef SEQFLOW_KERNELS_CPU_FAST_EXP_H
 #define SEQFLOW_KERNELS_CPU_FAST_EXP_H
@@ -25,15 +27,18 @@
 
 static inline float sf_fast_expf(float x)
 {
-    float clamped = x < SF_EXP_LO ? SF_EXP_LO : (x > SF_EXP_HI ? SF_EXP_HI : x);
+    /* written so that NaN fails both tests and lands on SF_EXP_LO: every input reaches the
+     * conversion below as a small integer-valued float */
+    float clamped = x >= SF_EXP_LO ? (x <= SF_EXP_HI ? x : SF_EXP_HI) : SF_EXP_LO;
     float kf = __builtin_roundf(clamped * SF_EXP_LOG2E);
     float r = clamped - kf * SF_EXP_LN2_HI;
     r = r - kf * SF_EXP_LN2_LO;
     float p = 1.0f + r * (1.0f + r * (SF_EXP_C2 + r * (SF_EXP_C3 + r * (SF_EXP_C4 + r * (SF_EXP_C5 + r * SF_EXP_C6)))));
-    int32_t bits = ((int32_t)kf + 127) * (1 << 23);
+    uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23; /* kf in [-126, 127] */
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     float y = p * scale;
+    if (x != x) return x; /* NaN stays NaN, so that a finiteness check downstream sees it */
     return x < SF_EXP_LO ? 0.0f : y;
 }
 
@@ -54,8 +59,9 @@ static inline __m256 sf_fast_exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-    return _mm256_andnot_ps(under, y);
+    __m256 y = _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+    /* max/min above turned NaN into SF_EXP_LO; give NaN back, as the scalar form does */
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 #endif
 

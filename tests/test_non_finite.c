@@ -1,0 +1,152 @@
+/* Non-finite numbers never pass silently. A NaN entering the hidden rows at one token (here:
+ * its embedding row) stops the block stage at layer 0, naming the stream and that token's
+ * position, not an earlier one: causal attention skips masked keys instead of weighting them
+ * by zero, so the NaN cannot reach earlier rows. Weights so large that activations overflow
+ * stop the run at the layer where the overflow happens. check_finite=0 turns the check off
+ * (the NaN then reaches the output). Through the binary, the same is exit 1 and one line. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "seqflow/seqflow.h"
+#include "support/check.h"
+#include "support/files.h"
+#include "support/small_model.h"
+#include "support/spawn.h"
+
+enum { SEGMENT = 256, BAD_TOKEN = 7, BAD_AT = 100, STREAM = 5, START = 3 * SEGMENT };
+
+static sf_model *make_model(void)
+{
+    sf_model_config cfg;
+    check_small_model_config(&cfg, 3, SEGMENT, 4);
+    CHECK_OK(sf_branches_parse("64:1,128:2,256:4", &cfg));
+    sf_model *m = NULL;
+    CHECK_OK(sf_model_create_random(&cfg, 3, &m));
+    return m;
+}
+
+/* Tokens of a stream: never BAD_TOKEN except at BAD_AT (when bad). */
+static void fill(uint32_t *tokens, int n, int bad)
+{
+    for (int i = 0; i < n; i++) tokens[i] = 8 + (uint32_t)((i * 7 + i / 3) % 40);
+    if (bad) tokens[BAD_AT] = BAD_TOKEN;
+}
+
+/* Pushes two segments of stream STREAM (the second holding the bad token when bad, so that
+ * positions past the first segment are named correctly); returns the first failure's code
+ * with its message in msg. */
+static int run(const sf_model *m, const char *pipeline, int bad, char *msg, size_t msg_size, int *nan_out)
+{
+    sf_graph *g = check_graph(m, pipeline);
+    CHECK(g != NULL);
+    if (!g) return SF_E_INVAL;
+    uint32_t tokens[SEGMENT];
+    int rc = SF_OK;
+    msg[0] = 0;
+    *nan_out = 0;
+    for (int s = 0; s < 2 && rc == SF_OK; s++) {
+        fill(tokens, SEGMENT, bad && s == 1);
+        rc = sf_graph_push(g, STREAM, tokens, SEGMENT);
+        for (sf_packet *p; rc == SF_OK && (p = sf_graph_pull(g)); sf_packet_free(p))
+            for (size_t i = 0; i < p->n * p->width; i++) *nan_out |= !isfinite(p->x[i]);
+    }
+    if (rc == SF_OK) rc = sf_graph_end(g, STREAM);
+    if (rc != SF_OK) snprintf(msg, msg_size, "%s", sf_graph_error(g)[0] ? sf_graph_error(g) : sf_last_error());
+    sf_graph_free(g);
+    return rc;
+}
+
+int main(void)
+{
+    sf_model *m = make_model();
+    if (!m) return check_finish("test_non_finite");
+    const sf_model_config *cfg = sf_model_get_config(m);
+    char msg[1024], want[128];
+    int nan_out;
+
+    /* clean input: no error */
+    CHECK_OK(run(m, "segment ! embed ! block ! norm", 1, msg, sizeof msg, &nan_out));
+    CHECK(!nan_out);
+
+    /* a NaN embedding row: the block stops at layer 0, at the token's own position */
+    float *embed = (float *)sf_model_embedding(m);
+    float saved = embed[(size_t)BAD_TOKEN * cfg->dim + 3];
+    embed[(size_t)BAD_TOKEN * cfg->dim + 3] = NAN;
+    int rc = run(m, "segment ! embed ! block ! norm", 1, msg, sizeof msg, &nan_out);
+    snprintf(want, sizeof want, "stream %d, position %d,", STREAM, SEGMENT + BAD_AT);
+    CHECKF(rc == SF_E_NONFINITE && strstr(msg, "layer 0 ") && strstr(msg, want) && strstr(msg, "NaN"),
+           "NaN embedding: rc %d: %s (want layer 0 and '%s')", rc, msg, want);
+    /* with the check off it reaches the output */
+    rc = run(m, "segment ! embed ! block check_finite=0 ! norm", 1, msg, sizeof msg, &nan_out);
+    CHECKF(rc == SF_OK && nan_out, "check_finite=0: rc %d, NaN in output %d: %s", rc, nan_out, msg);
+    /* the token absent: nothing happens */
+    CHECK_OK(run(m, "segment ! embed ! block ! norm", 0, msg, sizeof msg, &nan_out));
+    embed[(size_t)BAD_TOKEN * cfg->dim + 3] = saved;
+
+    /* finite but huge output projection in layer 1: activations overflow there */
+    const sf_block_weights *w = sf_model_block(m, 1);
+    float *wo = (float *)w->wo;
+    size_t n_wo = (size_t)cfg->dim * cfg->heads * cfg->head_dim;
+    float *wo_saved = malloc(n_wo * sizeof *wo_saved);
+    memcpy(wo_saved, wo, n_wo * sizeof *wo);
+    for (size_t i = 0; i < n_wo; i++) wo[i] = wo[i] < 0 ? -FLT_MAX : FLT_MAX;
+    rc = run(m, "segment ! embed ! block ! norm", 0, msg, sizeof msg, &nan_out);
+    CHECKF(rc == SF_E_NONFINITE && strstr(msg, "layer 1 ") && strstr(msg, "overflow"), "huge Wo in layer 1: rc %d: %s",
+           rc, msg);
+    /* a block running only layers 1-2 names the model's layer number too */
+    rc = run(m, "segment ! embed ! block layers=0 ! block layers=1-2 ! norm", 0, msg, sizeof msg, &nan_out);
+    CHECKF(rc == SF_E_NONFINITE && strstr(msg, "layer 1 "), "layers=1-2: rc %d: %s", rc, msg);
+    /* through the binary: exit 1, one line naming the stage and the layer; no output left */
+    if (spawn_binary()) {
+        char model_path[512], out_path[512];
+        snprintf(model_path, sizeof model_path, "%s", check_tmp_path("overflow.safetensors"));
+        snprintf(out_path, sizeof out_path, "%s", check_tmp_path("overflow.raw"));
+        CHECK_OK(sf_model_save(m, model_path));
+        const char *argv[] = {"seqflow", "run", "-m", model_path, "-q", "-o", out_path, NULL};
+        spawn_result r;
+        CHECK(spawn_run(argv, NULL, 0, &r) == 0);
+        CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "block") && strstr(r.err, "layer 1 ") &&
+                   strstr(r.err, "position"),
+               "binary with overflowing weights: exit %d: %s", r.exit_code, r.err);
+        CHECK(!check_path_exists(out_path));
+        /* --check-finite 0: the same run completes (its output holds the infinities) */
+        const char *unchecked[] = {"seqflow", "run", "-m", model_path, "-q", "-o", out_path, "--check-finite", "0", NULL};
+        CHECK(spawn_run(unchecked, NULL, 0, &r) == 0);
+        CHECKF(r.exit_code == 0 && check_path_exists(out_path), "--check-finite 0: exit %d: %s", r.exit_code, r.err);
+        unlink(out_path);
+        const char *bad_value[] = {"seqflow", "run", "-q", "--check-finite", "2", NULL};
+        CHECK(spawn_run(bad_value, NULL, 0, &r) == 0);
+        CHECKF(r.exit_code == 2 && r.err_lines == 1 && strstr(r.err, "--check-finite"), "--check-finite 2: exit %d: %s",
+               r.exit_code, r.err);
+        unlink(model_path);
+    }
+    memcpy(wo, wo_saved, n_wo * sizeof *wo);
+    free(wo_saved);
+    CHECK_OK(run(m, "segment ! embed ! block ! norm", 0, msg, sizeof msg, &nan_out));
+
+    /* packets: the check names stream, position and column, float32 and bf16 alike */
+    sf_packet *p = sf_packet_new(SF_PACKET_HIDDEN, 0, 32);
+    CHECK(p != NULL);
+    if (p) {
+        p->n = 4, p->width = 8, p->stream = 2, p->position = 40;
+        for (int i = 0; i < 32; i++) p->x[i] = (float)i;
+        CHECK_OK(sf_packet_check_finite(p, "here"));
+        p->x[19] = -INFINITY;
+        CHECK(sf_packet_check_finite(p, "here") == SF_E_NONFINITE);
+        CHECKF(strstr(sf_last_error(), "-inf") && strstr(sf_last_error(), "here: stream 2, position 42, column 3"),
+               "packet check: %s", sf_last_error());
+        p->x[19] = 19.0f;
+        p->x[30] = NAN;
+        CHECK_OK(sf_packet_to_bf16(p));
+        CHECK(sf_packet_check_finite(p, "in bf16") == SF_E_NONFINITE);
+        CHECKF(strstr(sf_last_error(), "NaN") && strstr(sf_last_error(), "position 43, column 6"), "bf16 check: %s",
+               sf_last_error());
+        sf_packet_free(p);
+    }
+    sf_model_free(m);
+    return check_finish("test_non_finite");
+}
