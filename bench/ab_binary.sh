@@ -2,6 +2,7 @@
 # A/B of one environment setting on the threaded `seqflow` binary, on the GPU machine:
 #
 #   bash bench/ab_binary.sh BUILD_DIR VAR=VALUE [MODEL]
+#   bash bench/ab_binary.sh BUILD_DIR "--option value" [MODEL]
 #
 # The binary's rate as gpu_bench.sh takes it (null sink; 64 and LONG segments, start-up cancels
 # out of the difference), AB_PAIRS (5) pairs, each the default then VAR=VALUE, alternating so
@@ -9,7 +10,8 @@
 # whose host work can hide a device-side change; this times what the benchmark table reports.
 # Model: a bench_gpu_pipeline preset (default reference). AB_PIPELINE: a pipeline for both sides
 # (e.g. "segment ! embed device_rows=13 ! block ! norm"; default the binary's own). VAR=VALUE may
-# be several settings in one quoted word ("A=1 B=2"). AB_MODEL_ARGS: more --make-model options
+# be several settings in one quoted word ("A=1 B=2"); a word starting with "--" is command-line
+# options of `seqflow run` instead (e.g. "--check-finite 0"). AB_MODEL_ARGS: more --make-model options
 # (e.g. "--segment 1024 --branches 256:1,512:2,1024:4"); AB_LONG: the long run's segments of
 # 8192 tokens. Logs under $OUT (or /tmp/ab_out).
 set -uo pipefail
@@ -30,8 +32,11 @@ done
 seconds() { # env-setting segments
   local t0 t1
   t0=$(date +%s.%N)
-  env $1 $B/seqflow run -d cuda -m "$MODEL_FILE" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
-    ${AB_PIPELINE:+"$AB_PIPELINE"} >>"$out/ab_binary_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
+  local vars=$1 args=""
+  case "$1" in --*) vars=SEQFLOW_UNUSED=1 args=$1 ;; esac
+  # shellcheck disable=SC2086 # both are lists of words
+  env $vars $B/seqflow run -d cuda -m "$MODEL_FILE" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
+    $args ${AB_PIPELINE:+"$AB_PIPELINE"} >>"$out/ab_binary_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
   t1=$(date +%s.%N)
   python3 -c "print($t1 - $t0)"
 }
