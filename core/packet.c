@@ -174,7 +174,6 @@ int sf_packet_to_host(sf_packet *p)
     int rc = sf_packet_reserve(p, 0, count);
     if (rc == SF_OK && count) rc = p->dev_ops->download(p->dev_pool, p->x, p->dev, count * sizeof(float));
     release_device_rows(p);
-    if (rc == SF_OK && sf_check_finite_enabled()) rc = sf_packet_check_finite(p, "in the rows brought from the device");
     return rc;
 }
 
@@ -234,7 +233,6 @@ int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16)
     if (rc == SF_OK && count) rc = p->dev_ops->download(p->dev_pool, buf, (const float *)dev_bf16, count * sizeof(uint16_t));
     release_device_rows(p);
     if (rc == SF_OK) set_rows(p, SF_DTYPE_BF16, buf);
-    if (rc == SF_OK && sf_check_finite_enabled()) rc = sf_packet_check_finite(p, "in the rows brought from the device");
     return rc;
 }
 

@@ -220,6 +220,9 @@ static int rows_for(sf_graph *g, int to, sf_packet *p)
     if (!p->dev || (to < g->n_stages && g->stages[to]->cls->device_rows)) return SF_OK;
     double t0 = g->profile ? sf_monotonic_seconds() : 0;
     int rc = sf_packet_to_host(p);
+    /* rows leaving the graph (sf_graph_pull) are checked as a sink checks them */
+    if (rc == SF_OK && to >= g->n_stages && p->kind == SF_PACKET_HIDDEN && sf_check_finite_enabled())
+        rc = sf_packet_check_finite(p, "in the rows leaving the graph");
     if (g->profile && g->push_mode) g->profile_to_host += sf_monotonic_seconds() - t0; /* one thread */
     if (rc != SF_OK) sf_packet_free(p);
     return rc;

@@ -34,7 +34,7 @@ static const sf_option block_options[] = {
              "times the activation memory"},
     {.name = "check_finite", .type = SF_OPT_BOOL, .default_value = "1",
      .help = "stop at the first NaN or infinity in the hidden rows, naming the layer, stream and position (CPU: after "
-             "every layer; a GPU: where rows reach the host)"},
+             "every layer; a GPU: where rows leave the graph)"},
     {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
      .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
              "layer's attention, 2 also the last layer's beside the next segment's first",

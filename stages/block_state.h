@@ -80,8 +80,8 @@ typedef struct block {
     sf_packet *pending[SF_BLOCK_MAX_BATCH];
     int n_pending;
     /* check_finite=1: rows in host memory (the CPU backend) are scanned after every layer,
-     * other backends' rows where they reach the host (after the download here, or
-     * sf_packet_to_host downstream) */
+     * other backends' rows where they leave the graph (after the download here, or in the
+     * sink or sf_graph_pull downstream) */
     int check_finite, host_rows;
 } block;
 

@@ -90,10 +90,9 @@ typedef struct sf_host_allocator {
 void sf_packet_set_host_allocator(const sf_host_allocator *allocator);
 
 /* Brings device rows (dev) into x, grown as needed, and returns dev to its pool; SF_OK and
- * nothing done when the packet has none. On failure dev is released all the same. Rows that
- * arrive non-finite fail with SF_E_NONFINITE (sf_packet_check_finite): where device rows
- * reach the host is where a GPU run's NaN or overflow is caught. The same holds for
- * sf_packet_to_host_bf16. */
+ * nothing done when the packet has none. On failure dev is released all the same. The rows
+ * are not scanned here: the sink, and sf_graph_pull, check what leaves a graph
+ * (sf_packet_check_finite), on their own thread rather than on the one that feeds the GPU. */
 int sf_packet_to_host(sf_packet *p);
 /* Rounds the rows to bf16 in place (x becomes x_bf16, dtype SF_DTYPE_BF16); device rows are
  * brought to the host first. SF_OK and nothing done when the packet is bf16 already. */
@@ -107,8 +106,8 @@ int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16);
  * SF_E_NONFINITE naming `where` (e.g. "after layer 3"), the value (NaN or infinite), the
  * stream, the position and the column of the first one. Device rows are not read. */
 int sf_packet_check_finite(const sf_packet *p, const char *where);
-/* Process-wide switch of the finiteness checks (on by default): off, sf_packet_to_host and the
- * block stage's check_finite skip their scans (for measuring what they cost, or for a model
+/* Process-wide switch of the finiteness checks (on by default): off, the sink, sf_graph_pull
+ * and the block stage's check_finite skip their scans (for measuring what they cost, or for a model
  * known to produce infinities on purpose). Thread-safe; read by the block stage at init. */
 void sf_set_check_finite(int on);
 int sf_check_finite_enabled(void);
