@@ -177,10 +177,17 @@ int sf_packet_to_host(sf_packet *p)
     return rc;
 }
 
-static atomic_int check_finite_on = 1;
+static atomic_int check_finite_mode = SF_CHECK_FINITE_HOST;
 
-void sf_set_check_finite(int on) { atomic_store(&check_finite_on, on != 0); }
-int sf_check_finite_enabled(void) { return atomic_load(&check_finite_on); }
+int sf_set_check_finite(sf_check_finite_mode mode)
+{
+    if (mode != SF_CHECK_FINITE_OFF && mode != SF_CHECK_FINITE_ON && mode != SF_CHECK_FINITE_HOST)
+        return sf_error(SF_E_INVAL, "sf_set_check_finite: unknown mode %d", (int)mode);
+    atomic_store(&check_finite_mode, (int)mode);
+    return SF_OK;
+}
+
+sf_check_finite_mode sf_check_finite(void) { return (sf_check_finite_mode)atomic_load(&check_finite_mode); }
 
 int sf_packet_check_finite(const sf_packet *p, const char *where)
 {

@@ -221,7 +221,8 @@ static int rows_for(sf_graph *g, int to, sf_packet *p)
     double t0 = g->profile ? sf_monotonic_seconds() : 0;
     int rc = sf_packet_to_host(p);
     /* rows leaving the graph (sf_graph_pull) are checked as a sink checks them */
-    if (rc == SF_OK && to >= g->n_stages && p->kind == SF_PACKET_HIDDEN && sf_check_finite_enabled())
+    if (rc == SF_OK && to >= g->n_stages && p->kind == SF_PACKET_HIDDEN &&
+        sf_check_finite() == SF_CHECK_FINITE_ON)
         rc = sf_packet_check_finite(p, "in the rows leaving the graph");
     if (g->profile && g->push_mode) g->profile_to_host += sf_monotonic_seconds() - t0; /* one thread */
     if (rc != SF_OK) sf_packet_free(p);

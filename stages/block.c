@@ -34,7 +34,7 @@ static const sf_option block_options[] = {
              "times the activation memory"},
     {.name = "check_finite", .type = SF_OPT_BOOL, .default_value = "1",
      .help = "stop at the first NaN or infinity in the hidden rows, naming the layer, stream and position (CPU: after "
-             "every layer; a GPU: where rows leave the graph)"},
+             "every layer; a GPU's rows only with --check-finite 1 / sf_set_check_finite ON, where they leave the graph)"},
     {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
      .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
              "layer's attention, 2 also the last layer's beside the next segment's first",
@@ -154,7 +154,7 @@ static int block_init(sf_stage *st)
     sf_stream_table_init(&b->streams, (int)sf_stage_option_int(st, "max_streams"), sf_block_stream_create,
                          sf_block_stream_release, b);
     b->batch = (int)sf_stage_option_int(st, "batch");
-    b->check_finite = sf_stage_option_bool(st, "check_finite") && sf_check_finite_enabled();
+    b->check_finite = sf_stage_option_bool(st, "check_finite") ? (int)sf_check_finite() : SF_CHECK_FINITE_OFF;
     b->host_rows = strcmp(b->be->ops->name, "cpu") == 0; /* its memory is host memory */
     b->width = c->heads * c->head_dim;
     size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment * b->batch;
@@ -420,7 +420,7 @@ static int run_one(sf_stage *st, sf_packet *in);
  * each layer already). */
 static int check_downloaded(const block *b, const sf_packet *p)
 {
-    if (!b->check_finite || b->host_rows) return SF_OK;
+    if (b->check_finite != SF_CHECK_FINITE_ON || b->host_rows) return SF_OK;
     char where[64];
     snprintf(where, sizeof where, "after layers %d-%d", b->first, b->first + b->count - 1);
     return sf_packet_check_finite(p, where);

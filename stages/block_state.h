@@ -79,9 +79,10 @@ typedef struct block {
     int batch;
     sf_packet *pending[SF_BLOCK_MAX_BATCH];
     int n_pending;
-    /* check_finite=1: rows in host memory (the CPU backend) are scanned after every layer,
-     * other backends' rows where they leave the graph (after the download here, or in the
-     * sink or sf_graph_pull downstream) */
+    /* check_finite: an sf_check_finite_mode (OFF when the stage's option is 0). Rows in host
+     * memory (the CPU backend) are scanned after every layer unless OFF; other backends' rows,
+     * only when ON, where they leave the graph (after the download here, or in the sink or
+     * sf_graph_pull downstream) */
     int check_finite, host_rows;
 } block;
 

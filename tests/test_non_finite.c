@@ -83,6 +83,17 @@ int main(void)
     /* with the check off it reaches the output */
     rc = run(m, "segment ! embed ! block check_finite=0 ! norm", 1, msg, sizeof msg, &nan_out);
     CHECKF(rc == SF_OK && nan_out, "check_finite=0: rc %d, NaN in output %d: %s", rc, nan_out, msg);
+    /* the sink scans what reaches it only with checks ON (a GPU run's rows), not in the default
+     * HOST mode, where the block has scanned host rows already */
+    CHECK(sf_check_finite() == SF_CHECK_FINITE_HOST);
+    rc = run(m, "segment ! embed ! block check_finite=0 ! norm ! sink format=null", 1, msg, sizeof msg, &nan_out);
+    CHECKF(rc == SF_OK, "HOST, block check off, null sink: rc %d: %s", rc, msg);
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
+    rc = run(m, "segment ! embed ! block check_finite=0 ! norm ! sink format=null", 1, msg, sizeof msg, &nan_out);
+    CHECKF(rc == SF_E_NONFINITE && strstr(msg, "reaching the sink") && strstr(msg, want),
+           "ON, block check off, null sink: rc %d: %s (want the sink and '%s')", rc, msg, want);
+    CHECK(sf_set_check_finite((sf_check_finite_mode)7) == SF_E_INVAL && sf_check_finite() == SF_CHECK_FINITE_ON);
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_HOST));
     /* the token absent: nothing happens */
     CHECK_OK(run(m, "segment ! embed ! block ! norm", 0, msg, sizeof msg, &nan_out));
     embed[(size_t)BAD_TOKEN * cfg->dim + 3] = saved;

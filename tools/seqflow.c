@@ -129,8 +129,11 @@ static void usage(FILE *f)
         "                          over its environment default; cpu has none\n"
         "  -t, --threads N         CPU compute threads (default: all cores; the output does not\n"
         "                          depend on it)\n"
-        "      --check-finite 0|1  stop with an error at the first NaN or infinity in the hidden\n"
-        "                          rows, naming layer, stream and position (default 1)\n"
+        "      --check-finite M    stop with an error at the first NaN or infinity in the hidden\n"
+        "                          rows, naming layer, stream and position: auto (default) checks\n"
+        "                          rows computed on the CPU, after every layer; 1 also a GPU's\n"
+        "                          rows as they leave it (an extra host pass: several percent of\n"
+        "                          a GPU run's rate); 0 checks nothing\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
         "      --progress          report tokens, tokens/s and memory on stderr every second\n"
         "                          (default when stderr is a terminal)\n"
@@ -336,7 +339,11 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_VOCAB: if (!parse_int_arg("--vocab", optarg, 1, 1 << 26, &v)) return 2; a->cfg.vocab = (int)v; a->overrides |= OV_VOCAB; break;
         case O_FINAL_NORM: if (!parse_int_arg("--final-norm", optarg, 0, 1, &v)) return 2; a->cfg.final_norm = (int)v; a->overrides |= OV_FINAL_NORM; break;
         case O_SEED: if (!parse_int_arg("--seed", optarg, 0, INT64_MAX, &v)) return 2; a->seed = (uint64_t)v; break;
-        case O_CHECK_FINITE: if (!parse_int_arg("--check-finite", optarg, 0, 1, &v)) return 2; sf_set_check_finite((int)v); break;
+        case O_CHECK_FINITE:
+            if (strcmp(optarg, "auto") == 0) v = SF_CHECK_FINITE_HOST;
+            else if (!parse_int_arg("--check-finite", optarg, 0, 1, &v)) return 2;
+            sf_set_check_finite((sf_check_finite_mode)v);
+            break;
         case O_CHECKPOINT: a->checkpoint_dir = optarg; break;
         case O_CHECKPOINT_EVERY: if (!parse_int_arg("--checkpoint-every", optarg, 1, 1LL << 40, &v)) return 2; a->checkpoint_every = v; break;
         case O_RESUME: a->resume = 1; break;

@@ -106,11 +106,21 @@ int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16);
  * SF_E_NONFINITE naming `where` (e.g. "after layer 3"), the value (NaN or infinite), the
  * stream, the position and the column of the first one. Device rows are not read. */
 int sf_packet_check_finite(const sf_packet *p, const char *where);
-/* Process-wide switch of the finiteness checks (on by default): off, the sink, sf_graph_pull
- * and the block stage's check_finite skip their scans (for measuring what they cost, or for a model
- * known to produce infinities on purpose). Thread-safe; read by the block stage at init. */
-void sf_set_check_finite(int on);
-int sf_check_finite_enabled(void);
+/* Process-wide finiteness checks. HOST (the default): rows computed in host memory (the CPU
+ * backend) are scanned after every layer by the block stage, which costs well under 1% of a
+ * CPU segment; rows computed on a GPU are not scanned. ON: also the rows of a GPU run, where
+ * they leave the graph (the sink, sf_graph_pull), one more pass over every value on the host,
+ * which costs the reference model several percent of its rate on an H100 (bench/RESULTS.md).
+ * OFF: no scan (for a model known to produce infinities on purpose). Thread-safe; read by the
+ * block stage at init and by the sink per packet. */
+typedef enum sf_check_finite_mode {
+    SF_CHECK_FINITE_OFF = 0,
+    SF_CHECK_FINITE_ON = 1,
+    SF_CHECK_FINITE_HOST = 2
+} sf_check_finite_mode;
+/* SF_E_INVAL for a mode not in the enum (the mode is then unchanged). */
+int sf_set_check_finite(sf_check_finite_mode mode);
+sf_check_finite_mode sf_check_finite(void);
 /* Bytes of the rows: n * width * sf_dtype_size(dtype). */
 size_t sf_packet_row_bytes(const sf_packet *p);
 /* The rows' buffer, whatever their type (x or x_bf16). */

@@ -7,7 +7,7 @@
 typedef struct spawn_result {
     int exit_code;       /* exit status, or 128 + signal */
     char err[4096];      /* stderr (truncated) */
-    char out[4096];      /* stdout (truncated) */
+    char out[16384];     /* stdout (truncated; --help fits) */
     int err_lines;       /* newline count of stderr */
 } spawn_result;
 
