@@ -7,7 +7,7 @@
  * tensor cores ("mma", 3xTF32), for float32 and bf16 inputs; and, for bf16 inputs, in precision
  * bf16 as the H100 pipeline runs: the tiled kernels with bf16 operands ("fma16", "mma16") and the
  * default choice ("dflt": the stream kernels for d = 64). (Earlier versions' numbers are in
- * bench/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
+ * bench/lab/MEMORY_NOTES.md.) The update's scratch is filled with NaN before each checked
  * call, so partials it fails to write show up as NaN; the delta update runs twice on the same
  * inputs and must give the same bits. Exit status 1 when any check fails.
  * Usage: bench_cuda_compressive_memory [reps] (0: the checks alone) */

@@ -18,6 +18,10 @@ static const sf_option rownorm_options[] = {
 static int rownorm_process(sf_stage *st, sf_packet *p)
 {
     if (p->kind == SF_PACKET_HIDDEN) {
+        if (p->dtype != SF_DTYPE_F32) {
+            sf_packet_free(p); /* the stage owns p, also when it fails */
+            return sf_error(SF_E_INVAL, "rownorm computes on float32 rows; put it before `norm dtype=bf16`");
+        }
         double scale = sf_stage_option_float(st, "scale");
         for (size_t i = 0; i < p->n; i++) {
             float *row = p->x + i * p->width;

@@ -7,7 +7,7 @@
  * 16-byte asynchronous copies into shared memory issued a tile (or two) ahead, so the loads of
  * the next tiles are in flight while the current one is computed; sigma and the denominators
  * sigma(x) . z (in double, as on the CPU) are computed once per element. The products are
- * float32 FMAs on 4x4 register tiles (bench/MEMORY_NOTES.md: what bounds them, what was tried),
+ * float32 FMAs on 4x4 register tiles (bench/lab/MEMORY_NOTES.md: what bounds them, what was tried),
  * or, for d = 32 and 64, products on the tensor cores (compressive_memory_mma.cuh: 3xTF32 in precision f32,
  * bf16 operands in bf16; the default for the updates, see use_tensor_cores).
  *   mix:    a = g * (sigma(q) M / den) + (1 - g) * a, written into a (or, memory_mix_to, as bf16

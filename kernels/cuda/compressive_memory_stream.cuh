@@ -5,7 +5,7 @@
  * as well as memory.cu to a whole segment.
  *
  * Why a second mix: the tiled kernels (memory.cu) walk 64-row tiles with two or three block
- * barriers each and reach ~1/3 of the bytes floor (bench/MEMORY_NOTES.md). Here a warp owns 16
+ * barriers each and reach ~1/3 of the bytes floor (bench/lab/MEMORY_NOTES.md). Here a warp owns 16
  * rows of one head at a time and needs no barrier after M_h is staged: it loads its rows of q and
  * a straight into registers, applies sigma there, multiplies by M_h on the tensor cores and
  * writes its rows. Nothing is exchanged between warps, so latency is hidden by the warps alone.

@@ -4,7 +4,7 @@
  * waiting on barriers. memory.cu includes it after compressive_memory_mma.cuh (bf16; memory_stream.cuh:
  * sigma, the lanes' features, M_h's staging). Device code and the size of its shared memory.
  *
- * Why it is shaped so (bench/MEMORY_NOTES.md: the tiled kernels were latency-bound, three block
+ * Why it is shaped so (bench/lab/MEMORY_NOTES.md: the tiled kernels were latency-bound, three block
  * barriers and a copy round trip per 64-row tile, 2 blocks an SM):
  * - Tiles of 128 rows, one barrier each. The row phase needs no other warp: warp w reads rows
  *   16w..16w+15 of k and v straight into registers (thread (g, t) of the warp: rows g and g + 8,

@@ -2,7 +2,7 @@
  * algorithm chosen once per shape (sf_cuda_gemm, cuda_backend.h; the ops are in matmul.cu).
  * On the H100 the heuristic's first Lt algorithm is about what cublasGemmEx runs, but another
  * of its top candidates is 12-26% faster on three of the model's four product shapes
- * (bench/GEMM_NOTES.md). Which one wins is only known by timing, so each shape's first product
+ * (bench/lab/GEMM_NOTES.md). Which one wins is only known by timing, so each shape's first product
  * times the candidates (and cublasGemmEx) on its own operands, keeps the fastest in
  * c->gemm_plans, and every later product of that shape issues it with no further choice.
  * Candidates that split K are skipped: the others sum each output in the same order (their

@@ -56,7 +56,7 @@ static long long equal_output_stride(int n, int out, int count, void *const *y, 
  * xb. Weights prepared as one group (consecutive in one allocation) with equally spaced outputs
  * (stages/block.c: q, k, v in one buffer) go out as ONE strided-batched GEMM: for Q/K/V at
  * n=8192, 1024x1024 on the H100 that is 9% faster than three cublasGemmEx calls, and 21-26%
- * with the Lt algorithm the plan picks (bench/GEMM_NOTES.md). Otherwise one GEMM per weight. */
+ * with the Lt algorithm the plan picks (bench/lab/GEMM_NOTES.md). Otherwise one GEMM per weight. */
 static int shared_input_gemms_bf16(sf_cuda *c, int n, int in, int out, const __nv_bfloat16 *xb, int count,
                                    const sf_cuda_weight *const *wb, void *const *y, int ldy, cudaDataType ytype,
                                    const char *what)
