@@ -12,9 +12,10 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_BUILD_TESTS=ON -DSEQFLO
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
 # ctest lists skipped tests without their output: say why the GPU tests skipped, if they did
-for t in test_backend_ops test_cuda_attention test_gpu_pipeline test_gpu_checkpoint; do
+for t in test_backend_ops test_cuda_attention test_gpu_pipeline test_gpu_checkpoint test_side_queue; do
   if [ -x "build/tests/$t" ] && ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "$t: $(SEQFLOW_TEST_TMP=build/tests/tmp "build/tests/$t" 2>&1 | grep -m1 'skipped' || echo 'did not skip')"
+    said=$(SEQFLOW_TEST_TMP=build/tests/tmp "build/tests/$t" 2>&1 || true)
+    echo "$t: $(printf '%s\n' "$said" | grep -m1 'skipped' || echo 'did not skip')"
   fi
 done
 # every libFuzzer target of tests/fuzz for FUZZ_SECONDS (default 20) seconds each
