@@ -227,6 +227,14 @@ int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const fl
     return SF_E_UNSUPPORTED;
 }
 
+int sf_be_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found)
+{
+    const sf_backend_ext *e = ext_of(be);
+    *found = 0;
+    if (e && e->any_non_finite) return e->any_non_finite(be, x, type, count, found);
+    return SF_E_UNSUPPORTED; /* an expected answer: sf_last_error untouched */
+}
+
 int sf_be_device_rows(sf_backend *be)
 {
     if (!be || strcmp(be->ops->name, "cpu") == 0) return 0;

@@ -78,6 +78,12 @@ typedef struct sf_backend_ext {
     int (*side_join)(sf_backend *be);
     int (*side_join_before_product)(sf_backend *be);
 
+    /* ---- checks ----
+     * any_non_finite: *found = whether any of the first `count` elements of x (backend memory,
+     * of element type `type`) is NaN or infinite. Waits, as download does, for the ops issued
+     * before it. Lets a GPU run check its rows where they are, instead of a pass on the host. */
+    int (*any_non_finite)(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found);
+
     /* ---- settings the stages follow ----
      * device_rows: whether rows stay in backend memory between stages (0: every stage boundary
      * goes through the host, for comparing the two paths). NULL: they stay. */
@@ -118,6 +124,9 @@ int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float 
 /* rmsnorm_typed where the backend has it: SF_E_UNSUPPORTED otherwise (callers round on the host). */
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                         sf_dtype otype, void *y);
+/* any_non_finite where the backend has it: SF_E_UNSUPPORTED otherwise (sf_last_error untouched;
+ * the caller then scans on the host, or not at all). */
+int sf_be_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found);
 /* Whether stages keep rows in backend memory between them: never on the CPU (host memory is
  * backend memory there), else the backend's device_rows, else yes. */
 int sf_be_device_rows(sf_backend *be);

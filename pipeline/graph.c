@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "pipeline/graph_internal.h"
 #include "core/process_stats.h"
 
@@ -219,10 +220,18 @@ static int rows_for(sf_graph *g, int to, sf_packet *p)
 {
     if (!p->dev || (to < g->n_stages && g->stages[to]->cls->device_rows)) return SF_OK;
     double t0 = g->profile ? sf_monotonic_seconds() : 0;
+    /* rows leaving the graph (sf_graph_pull) are checked: in mode HOST where they are, on the
+     * device, when the backend can (a hit is then located on the host); in mode ON on the host */
+    const int leaving = to >= g->n_stages && p->kind == SF_PACKET_HIDDEN;
+    const sf_check_finite_mode mode = sf_check_finite();
+    int found = 0, scan = SF_OK;
+    if (leaving && mode == SF_CHECK_FINITE_HOST) {
+        scan = sf_be_any_non_finite(g->backend, p->dev, SF_DTYPE_F32, p->n * p->width, &found);
+        if (scan == SF_E_UNSUPPORTED) scan = SF_OK;
+    }
     int rc = sf_packet_to_host(p);
-    /* rows leaving the graph (sf_graph_pull) are checked as a sink checks them */
-    if (rc == SF_OK && to >= g->n_stages && p->kind == SF_PACKET_HIDDEN &&
-        sf_check_finite() == SF_CHECK_FINITE_ON)
+    if (rc == SF_OK) rc = scan;
+    if (rc == SF_OK && leaving && (mode == SF_CHECK_FINITE_ON || found))
         rc = sf_packet_check_finite(p, "in the rows leaving the graph");
     if (g->profile && g->push_mode) g->profile_to_host += sf_monotonic_seconds() - t0; /* one thread */
     if (rc != SF_OK) sf_packet_free(p);

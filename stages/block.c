@@ -34,7 +34,7 @@ static const sf_option block_options[] = {
              "times the activation memory"},
     {.name = "check_finite", .type = SF_OPT_BOOL, .default_value = "1",
      .help = "stop at the first NaN or infinity in the hidden rows, naming the layer, stream and position (CPU: after "
-             "every layer; a GPU's rows only with --check-finite 1 / sf_set_check_finite ON, where they leave the graph)"},
+             "every layer; a GPU: where its rows leave the graph)"},
     {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
      .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
              "layer's attention, 2 also the last layer's beside the next segment's first",
@@ -416,11 +416,18 @@ static int batchable(const block *b, const sf_packet *p)
 
 static int run_one(sf_stage *st, sf_packet *in);
 
-/* Rows of a device backend downloaded after the block's layers (host rows were checked after
- * each layer already). */
-static int check_downloaded(const block *b, const sf_packet *p)
+/* Rows of a device backend downloaded after the block's layers from dev (host rows were checked
+ * after each layer already): in mode HOST scanned on the device where the backend can, a hit
+ * then located in the downloaded p; in mode ON scanned on the host. */
+static int check_downloaded(const block *b, const sf_packet *p, const float *dev)
 {
-    if (b->check_finite != SF_CHECK_FINITE_ON || b->host_rows) return SF_OK;
+    if (!b->check_finite || b->host_rows) return SF_OK;
+    int found = b->check_finite == SF_CHECK_FINITE_ON;
+    if (!found) {
+        int rc = sf_be_any_non_finite(b->be, dev, SF_DTYPE_F32, p->n * p->width, &found);
+        if (rc != SF_OK && rc != SF_E_UNSUPPORTED) return rc;
+    }
+    if (!found) return SF_OK;
     char where[64];
     snprintf(where, sizeof where, "after layers %d-%d", b->first, b->first + b->count - 1);
     return sf_packet_check_finite(p, where);
@@ -453,7 +460,7 @@ static int run_pending(sf_stage *st)
         const float *src = b->x + i * floats;
         rc = p->dev ? ops->copy(b->be, p->dev, src, floats * sizeof(float))
                     : ops->download(b->be, p->x, src, floats * sizeof(float));
-        if (rc == SF_OK && !p->dev) rc = check_downloaded(b, p);
+        if (rc == SF_OK && !p->dev) rc = check_downloaded(b, p, src);
     }
     int i = 0;
     for (; i < count && rc == SF_OK; i++) rc = sf_stage_emit(st, b->pending[i]);
@@ -509,7 +516,7 @@ static int run_one(sf_stage *st, sf_packet *in)
         else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
         if (rc == SF_OK) rc = layers_forward(b, &s, &in, 1, (int)in->n, commit);
         if (rc == SF_OK && !in->dev) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
-        if (rc == SF_OK && !in->dev) rc = check_downloaded(b, in);
+        if (rc == SF_OK && !in->dev) rc = check_downloaded(b, in, b->x);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
             rc = sf_block_state_put_back(b, in->stream);

@@ -14,6 +14,7 @@
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/files.h"
+#include "support/gpu.h"
 #include "support/small_model.h"
 #include "support/spawn.h"
 
@@ -39,9 +40,20 @@ static void fill(uint32_t *tokens, int n, int bad)
 /* Pushes two segments of stream STREAM (the second holding the bad token when bad, so that
  * positions past the first segment are named correctly); returns the first failure's code
  * with its message in msg. */
-static int run(const sf_model *m, const char *pipeline, int bad, char *msg, size_t msg_size, int *nan_out)
+static int run_on(const sf_model *m, const char *device, const char *pipeline, int bad, char *msg, size_t msg_size,
+                  int *nan_out)
 {
-    sf_graph *g = check_graph(m, pipeline);
+    sf_graph *g = NULL;
+    if (strcmp(device, "cpu") == 0) {
+        g = check_graph(m, pipeline);
+    } else {
+        const sf_graph_options opts = {.device = device};
+        if (sf_graph_create(m, &opts, &g) != SF_OK || sf_graph_parse(g, pipeline) != SF_OK) {
+            fprintf(stderr, "  %s on %s: %s\n", pipeline, device, sf_last_error());
+            sf_graph_free(g);
+            g = NULL;
+        }
+    }
     CHECK(g != NULL);
     if (!g) return SF_E_INVAL;
     uint32_t tokens[SEGMENT];
@@ -52,12 +64,44 @@ static int run(const sf_model *m, const char *pipeline, int bad, char *msg, size
         fill(tokens, SEGMENT, bad && s == 1);
         rc = sf_graph_push(g, STREAM, tokens, SEGMENT);
         for (sf_packet *p; rc == SF_OK && (p = sf_graph_pull(g)); sf_packet_free(p))
-            for (size_t i = 0; i < p->n * p->width; i++) *nan_out |= !isfinite(p->x[i]);
+            for (size_t i = 0; i < p->n * p->width; i++)
+                *nan_out |= p->x ? !isfinite(p->x[i]) : (p->x_bf16[i] & 0x7f80u) == 0x7f80u;
     }
     if (rc == SF_OK) rc = sf_graph_end(g, STREAM);
     if (rc != SF_OK) snprintf(msg, msg_size, "%s", sf_graph_error(g)[0] ? sf_graph_error(g) : sf_last_error());
     sf_graph_free(g);
     return rc;
+}
+
+static int run(const sf_model *m, const char *pipeline, int bad, char *msg, size_t msg_size, int *nan_out)
+{
+    return run_on(m, "cpu", pipeline, bad, msg, msg_size, nan_out);
+}
+
+/* On a GPU: the rows are scanned on the device where they leave the graph (the final norm, the
+ * block's download, sf_graph_pull) in the default mode, on the host in mode ON, not at all in
+ * OFF; a hit names the stream and a position at or before the bad token's (masked keys on the
+ * GPU may carry a NaN up to one key tile back). */
+static void check_gpu(const sf_model *m)
+{
+    char msg[1024], want[64];
+    int nan_out;
+    snprintf(want, sizeof want, "stream %d, position", STREAM);
+    const char *pipelines[] = {"segment ! embed ! block ! norm", "segment ! embed ! block",
+                               "segment ! embed ! block ! norm dtype=bf16"};
+    for (int i = 0; i < 3; i++) {
+        int rc = run_on(m, "cuda", pipelines[i], 1, msg, sizeof msg, &nan_out);
+        CHECKF(rc == SF_E_NONFINITE && strstr(msg, want), "cuda, %s: rc %d: %s", pipelines[i], rc, msg);
+        rc = run_on(m, "cuda", pipelines[i], 0, msg, sizeof msg, &nan_out);
+        CHECKF(rc == SF_OK && !nan_out, "cuda, %s, clean input: rc %d: %s", pipelines[i], rc, msg);
+    }
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
+    int rc = run_on(m, "cuda", "segment ! embed ! block ! norm ! sink format=null", 1, msg, sizeof msg, &nan_out);
+    CHECKF(rc == SF_E_NONFINITE && strstr(msg, "reaching the sink"), "cuda, ON, sink: rc %d: %s", rc, msg);
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_OFF));
+    rc = run_on(m, "cuda", "segment ! embed ! block ! norm", 1, msg, sizeof msg, &nan_out);
+    CHECKF(rc == SF_OK && nan_out, "cuda, OFF: rc %d, NaN in output %d: %s", rc, nan_out, msg);
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_HOST));
 }
 
 int main(void)
@@ -96,6 +140,8 @@ int main(void)
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_HOST));
     /* the token absent: nothing happens */
     CHECK_OK(run(m, "segment ! embed ! block ! norm", 0, msg, sizeof msg, &nan_out));
+    if (check_have_gpu()) check_gpu(m);
+    else printf("test_non_finite: GPU cases skipped: no GPU\n");
     embed[(size_t)BAD_TOKEN * cfg->dim + 3] = saved;
 
     /* finite but huge output projection in layer 1: activations overflow there */

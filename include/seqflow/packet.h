@@ -108,10 +108,12 @@ int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16);
 int sf_packet_check_finite(const sf_packet *p, const char *where);
 /* Process-wide finiteness checks. HOST (the default): rows computed in host memory (the CPU
  * backend) are scanned after every layer by the block stage, which costs well under 1% of a
- * CPU segment; rows computed on a GPU are not scanned. ON: also the rows of a GPU run, where
- * they leave the graph (the sink, sf_graph_pull), one more pass over every value on the host,
- * which costs the reference model several percent of its rate on an H100 (bench/RESULTS.md).
- * OFF: no scan (for a model known to produce infinities on purpose). Thread-safe; read by the
+ * CPU segment; rows computed on a GPU are scanned where they leave the graph (the final norm,
+ * the block's download, sf_graph_pull) on the device, by a pass at device-memory speed, and
+ * only a hit is located on the host. ON: the rows of a GPU run are scanned on the host instead
+ * (the sink, sf_graph_pull), one more pass over every value there, which costs the reference
+ * model several percent of its rate on an H100 (bench/RESULTS.md). OFF: no scan (for a model
+ * known to produce infinities on purpose). Thread-safe; read by the
  * block stage at init and by the sink per packet. */
 typedef enum sf_check_finite_mode {
     SF_CHECK_FINITE_OFF = 0,

@@ -518,6 +518,7 @@ static void release(sf_cuda *c)
     cudaFree(c->scratch);
     cudaFree(c->widened);
     cudaFree(c->blas_workspace);
+    if (c->finite_flags) cudaFreeHost(c->finite_flags);
     if (c->side_start) cudaEventDestroy(c->side_start);
     if (c->side_done) cudaEventDestroy(c->side_done);
     if (c->blas) cublasDestroy(c->blas);
@@ -615,6 +616,7 @@ static const sf_backend_ext cuda_ext = {
     .side_end = cuda_side_end,
     .side_join = cuda_side_join,
     .side_join_before_product = cuda_side_join_before_product,
+    .any_non_finite = sf_cuda_any_non_finite,
     .device_rows = cuda_device_rows,
 };
 
@@ -726,6 +728,11 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *sett
                               "cublasSetWorkspace");
     }
     if (rc == SF_OK) rc = create_side_queue(c);
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaHostAlloc((void **)&c->finite_flags, SF_CUDA_FINITE_FLAGS * sizeof(int), cudaHostAllocMapped),
+                            "page-locked flags");
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaHostGetDevicePointer((void **)&c->finite_flags_dev, c->finite_flags, 0), "mapped flags");
     int major = 0, minor = 0;
     if (rc == SF_OK)
         rc = sf_cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "attribute");

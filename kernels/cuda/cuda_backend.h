@@ -116,8 +116,15 @@ typedef struct sf_cuda_stream {
     size_t widened_bytes;
 } sf_cuda_stream;
 
+#define SF_CUDA_FINITE_FLAGS 64
+
 typedef struct sf_cuda {
     int device;
+    /* any_non_finite's answers: mapped page-locked ints the kernel writes from the device, one
+     * per call in turn (a call waits for its own before returning, so 64 never wrap onto one
+     * that is still in use) */
+    int *finite_flags, *finite_flags_dev;
+    unsigned finite_next;
     sf_cuda_device_info info; /* compute capability, asked once at init: the kernels are picked by it */
     sf_precision precision;
     sf_cuda_settings settings; /* parsed once at init; read-only afterwards */
@@ -248,6 +255,8 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
                 const float *w3, const float *w2, float *u, float *h1, float *h3);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
+/* The any_non_finite op (elementwise.cu): a kernel over x on the thread's stream, then a wait. */
+int sf_cuda_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found);
 int sf_cuda_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                           sf_dtype otype, void *y);
 int sf_cuda_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y);

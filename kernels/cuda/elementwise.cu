@@ -440,3 +440,47 @@ int sf_cuda_bf16_to_f32(const __nv_bfloat16 *src, size_t count, float *dst, cuda
     bf16_to_f32_kernel<<<grid_for(count), 256, 0, stream>>>(src, count, dst);
     return sf_cuda_launched("bf16 to f32");
 }
+
+/* Sets *flag when any of n 32-bit words holds a NaN or an infinity: a float32 each, or two bf16
+ * (bf16 = the high half of a float32: exponent bits 0x7f80 all set). A tail bf16 of an odd count
+ * is one more word whose high half is ignored (last_mask). */
+__global__ static void any_non_finite_kernel(const uint32_t *w, size_t n, int bf16, uint32_t last_mask, int *flag)
+{
+    int bad = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t v = w[i];
+        if (i == n - 1) v &= last_mask;
+        bad |= bf16 ? ((v & 0x7f80u) == 0x7f80u) | ((v & 0x7f800000u) == 0x7f800000u) : (v & 0x7f800000u) == 0x7f800000u;
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *(volatile int *)flag = 1;
+}
+
+int sf_cuda_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found)
+{
+    *found = 0;
+    if (!count) return SF_OK;
+    if (type != SF_DTYPE_F32 && type != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda any_non_finite: unknown element type %d", (int)type);
+    if (((uintptr_t)x & 3) != 0) return sf_error(SF_E_INVAL, "cuda any_non_finite: rows not 4-byte aligned");
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    const unsigned slot = c->finite_next++ % SF_CUDA_FINITE_FLAGS;
+    volatile int *host = c->finite_flags + slot;
+    *host = 0;
+    const int bf16 = type == SF_DTYPE_BF16;
+    const size_t words = bf16 ? (count + 1) / 2 : count;
+    /* little-endian: an odd bf16 count's last element is the low half of the last word */
+    const uint32_t last_mask = bf16 && (count & 1) ? 0x0000ffffu : 0xffffffffu;
+    const size_t want = (words + 4 * ROW_THREADS - 1) / (4 * ROW_THREADS);
+    const unsigned blocks = (unsigned)(want < 1024 ? (want ? want : 1) : 1024);
+    any_non_finite_kernel<<<blocks, ROW_THREADS, 0, c->stream>>>((const uint32_t *)x, words, bf16, last_mask,
+                                                                  c->finite_flags_dev + slot);
+    rc = sf_cuda_status(cudaGetLastError(), "any_non_finite");
+    cudaStream_t issued_on = c->stream; /* read under the lock: a side thread swaps it */
+    sf_cuda_leave(c);
+    /* waiting outside the lock lets other stage threads keep issuing work meanwhile */
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(issued_on), "any_non_finite (synchronize)");
+    if (rc == SF_OK) *found = *host != 0;
+    return rc;
+}
