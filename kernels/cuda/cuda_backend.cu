@@ -519,6 +519,8 @@ static void release(sf_cuda *c)
     cudaFree(c->widened);
     cudaFree(c->blas_workspace);
     if (c->finite_flags) cudaFreeHost(c->finite_flags);
+    for (int i = 0; i < SF_CUDA_FINITE_FLAGS; i++)
+        if (c->finite_done[i]) cudaEventDestroy(c->finite_done[i]);
     if (c->side_start) cudaEventDestroy(c->side_start);
     if (c->side_done) cudaEventDestroy(c->side_done);
     if (c->blas) cublasDestroy(c->blas);
@@ -733,6 +735,8 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *sett
                             "page-locked flags");
     if (rc == SF_OK)
         rc = sf_cuda_status(cudaHostGetDevicePointer((void **)&c->finite_flags_dev, c->finite_flags, 0), "mapped flags");
+    for (int i = 0; i < SF_CUDA_FINITE_FLAGS && rc == SF_OK; i++)
+        rc = sf_cuda_status(cudaEventCreateWithFlags(&c->finite_done[i], cudaEventDisableTiming), "event");
     int major = 0, minor = 0;
     if (rc == SF_OK)
         rc = sf_cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "attribute");

@@ -124,6 +124,7 @@ typedef struct sf_cuda {
      * per call in turn (a call waits for its own before returning, so 64 never wrap onto one
      * that is still in use) */
     int *finite_flags, *finite_flags_dev;
+    cudaEvent_t finite_done[SF_CUDA_FINITE_FLAGS]; /* recorded behind each call's kernel */
     unsigned finite_next;
     sf_cuda_device_info info; /* compute capability, asked once at init: the kernels are picked by it */
     sf_precision precision;

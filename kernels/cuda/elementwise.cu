@@ -477,10 +477,12 @@ int sf_cuda_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t 
     any_non_finite_kernel<<<blocks, ROW_THREADS, 0, c->stream>>>((const uint32_t *)x, words, bf16, last_mask,
                                                                   c->finite_flags_dev + slot);
     rc = sf_cuda_status(cudaGetLastError(), "any_non_finite");
-    cudaStream_t issued_on = c->stream; /* read under the lock: a side thread swaps it */
+    /* an event right behind the kernel: the stream may be shared with other stage threads, whose
+     * later work (the next segment's layers) this call must not wait for */
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(c->finite_done[slot], c->stream), "any_non_finite (order)");
     sf_cuda_leave(c);
     /* waiting outside the lock lets other stage threads keep issuing work meanwhile */
-    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(issued_on), "any_non_finite (synchronize)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventSynchronize(c->finite_done[slot]), "any_non_finite (synchronize)");
     if (rc == SF_OK) *found = *host != 0;
     return rc;
 }
