@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #endif
 #include "seqflow/error.h"
+#include "seqflow/packet.h"
 
 static const char *const backend_names[] = {
     "cpu",
@@ -233,6 +234,15 @@ int sf_be_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t co
     *found = 0;
     if (e && e->any_non_finite) return e->any_non_finite(be, x, type, count, found);
     return SF_E_UNSUPPORTED; /* an expected answer: sf_last_error untouched */
+}
+
+int sf_be_check_rows(sf_backend *be, const void *rows, sf_dtype type, size_t count, int *scan_host)
+{
+    *scan_host = 0;
+    if (sf_check_finite() != SF_CHECK_FINITE_ON || !count) return SF_OK;
+    int rc = sf_be_any_non_finite(be, rows, type, count, scan_host);
+    if (rc == SF_E_UNSUPPORTED) *scan_host = 1, rc = SF_OK;
+    return rc;
 }
 
 int sf_be_device_rows(sf_backend *be)

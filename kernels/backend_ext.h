@@ -127,6 +127,11 @@ int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const fl
 /* any_non_finite where the backend has it: SF_E_UNSUPPORTED otherwise (sf_last_error untouched;
  * the caller then scans on the host, or not at all). */
 int sf_be_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found);
+/* For rows in backend memory about to be brought to the host: with checks ON
+ * (sf_set_check_finite) scans them where they are (any_non_finite); *scan_host is then 1 when the
+ * caller must scan its host copy, to name the first non-finite value (or because the backend
+ * cannot look). In other modes *scan_host is 0 and nothing runs. */
+int sf_be_check_rows(sf_backend *be, const void *rows, sf_dtype type, size_t count, int *scan_host);
 /* Whether stages keep rows in backend memory between them: never on the CPU (host memory is
  * backend memory there), else the backend's device_rows, else yes. */
 int sf_be_device_rows(sf_backend *be);

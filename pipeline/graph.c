@@ -220,19 +220,15 @@ static int rows_for(sf_graph *g, int to, sf_packet *p)
 {
     if (!p->dev || (to < g->n_stages && g->stages[to]->cls->device_rows)) return SF_OK;
     double t0 = g->profile ? sf_monotonic_seconds() : 0;
-    /* rows leaving the graph (sf_graph_pull) are checked: in mode HOST where they are, on the
-     * device, when the backend can (a hit is then located on the host); in mode ON on the host */
-    const int leaving = to >= g->n_stages && p->kind == SF_PACKET_HIDDEN;
-    const sf_check_finite_mode mode = sf_check_finite();
-    int found = 0, scan = SF_OK;
-    if (leaving && mode == SF_CHECK_FINITE_HOST) {
-        scan = sf_be_any_non_finite(g->backend, p->dev, SF_DTYPE_F32, p->n * p->width, &found);
-        if (scan == SF_E_UNSUPPORTED) scan = SF_OK;
-    }
+    /* with checks ON, rows brought to the host are scanned where they are first (a hit is then
+     * named from the host copy) */
+    int found = 0;
+    const int scan = p->kind == SF_PACKET_HIDDEN
+                         ? sf_be_check_rows(g->backend, p->dev, SF_DTYPE_F32, p->n * p->width, &found)
+                         : SF_OK;
     int rc = sf_packet_to_host(p);
     if (rc == SF_OK) rc = scan;
-    if (rc == SF_OK && leaving && (mode == SF_CHECK_FINITE_ON || found))
-        rc = sf_packet_check_finite(p, "in the rows leaving the graph");
+    if (rc == SF_OK && found) rc = sf_packet_check_finite(p, "in the rows brought to the host");
     if (g->profile && g->push_mode) g->profile_to_host += sf_monotonic_seconds() - t0; /* one thread */
     if (rc != SF_OK) sf_packet_free(p);
     return rc;

@@ -34,7 +34,7 @@ static const sf_option block_options[] = {
              "times the activation memory"},
     {.name = "check_finite", .type = SF_OPT_BOOL, .default_value = "1",
      .help = "stop at the first NaN or infinity in the hidden rows, naming the layer, stream and position (CPU: after "
-             "every layer; a GPU: where its rows leave the graph)"},
+             "every layer; a GPU's rows with --check-finite 1, on the GPU, where they leave it)"},
     {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
      .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
              "layer's attention, 2 also the last layer's beside the next segment's first",
@@ -417,17 +417,14 @@ static int batchable(const block *b, const sf_packet *p)
 static int run_one(sf_stage *st, sf_packet *in);
 
 /* Rows of a device backend downloaded after the block's layers from dev (host rows were checked
- * after each layer already): in mode HOST scanned on the device where the backend can, a hit
- * then located in the downloaded p; in mode ON scanned on the host. */
+ * after each layer already): with checks ON scanned on the device, a hit then named from the
+ * downloaded p. */
 static int check_downloaded(const block *b, const sf_packet *p, const float *dev)
 {
-    if (!b->check_finite || b->host_rows) return SF_OK;
-    int found = b->check_finite == SF_CHECK_FINITE_ON;
-    if (!found) {
-        int rc = sf_be_any_non_finite(b->be, dev, SF_DTYPE_F32, p->n * p->width, &found);
-        if (rc != SF_OK && rc != SF_E_UNSUPPORTED) return rc;
-    }
-    if (!found) return SF_OK;
+    if (b->check_finite != SF_CHECK_FINITE_ON || b->host_rows) return SF_OK;
+    int found = 0;
+    int rc = sf_be_check_rows(b->be, dev, SF_DTYPE_F32, p->n * p->width, &found);
+    if (rc != SF_OK || !found) return rc;
     char where[64];
     snprintf(where, sizeof where, "after layers %d-%d", b->first, b->first + b->count - 1);
     return sf_packet_check_finite(p, where);

@@ -78,25 +78,16 @@ static void norm_free(sf_stage *st)
     free(nm);
 }
 
-/* The rows of a GPU run leave the graph here, mostly: in the default checking mode (HOST) they
- * are scanned where they are (any_non_finite, a pass at device-memory speed), and only a hit is
- * located on the host, after the download. Mode ON leaves the scan to the sink, on the host. */
-static int scan_on_device(sf_backend *be, const void *rows, sf_dtype type, size_t count, int *found)
-{
-    *found = 0;
-    if (!be || sf_check_finite() != SF_CHECK_FINITE_HOST) return SF_OK;
-    int rc = sf_be_any_non_finite(be, rows, type, count, found);
-    return rc == SF_E_UNSUPPORTED ? SF_OK : rc;
-}
-
-/* Brings the rows (device rows, or bf16 ones in rows_bf16 when non-NULL) to the host packet after
- * scanning them there; a non-finite value is then named by stage, stream and position. */
+/* Brings the rows (device rows, or bf16 ones in rows_bf16 when non-NULL) to the host packet. The
+ * rows of a GPU run leave the graph here, mostly: with checks ON they are scanned where they are
+ * first (sf_be_check_rows), and a hit is named by stream and position from the host copy. */
 static int to_host_checked(norm *nm, sf_packet *in, const void *rows_bf16)
 {
     int found = 0;
     const size_t count = in->n * in->width;
-    const int scan = rows_bf16 ? scan_on_device(nm->be, rows_bf16, SF_DTYPE_BF16, count, &found)
-                               : scan_on_device(nm->be, in->dev, SF_DTYPE_F32, count, &found);
+    const int scan = !nm->be ? SF_OK
+                     : rows_bf16 ? sf_be_check_rows(nm->be, rows_bf16, SF_DTYPE_BF16, count, &found)
+                                 : sf_be_check_rows(nm->be, in->dev, SF_DTYPE_F32, count, &found);
     int rc = rows_bf16 ? sf_packet_to_host_bf16(in, rows_bf16) : nm->bf16 ? sf_packet_to_bf16(in) : sf_packet_to_host(in);
     if (rc == SF_OK) rc = scan;
     if (rc == SF_OK && found) rc = sf_packet_check_finite(in, "in the rows of the final norm");

@@ -283,10 +283,6 @@ static int sink_process(sf_stage *st, sf_packet *in)
         else if (k->elem_bytes && k->elem_bytes != elem)
             rc = sf_error(SF_E_INVAL, "%s rows after %s rows", elem == 2 ? "bf16" : "float32",
                           k->elem_bytes == 2 ? "bf16" : "float32");
-        /* with checks ON the rows of a GPU run are scanned here (or in sf_graph_pull), on the
-         * sink's thread rather than the one feeding the device, before anything is written; a
-         * CPU run's rows were scanned after every layer (HOST, the default) */
-        if (rc == SF_OK && sf_check_finite() == SF_CHECK_FINITE_ON) rc = sf_packet_check_finite(in, "in the rows reaching the sink");
         if (rc == SF_OK) {
             k->width = in->width;
             k->elem_bytes = elem;

@@ -78,28 +78,33 @@ static int run(const sf_model *m, const char *pipeline, int bad, char *msg, size
     return run_on(m, "cpu", pipeline, bad, msg, msg_size, nan_out);
 }
 
-/* On a GPU: the rows are scanned on the device where they leave the graph (the final norm, the
- * block's download, sf_graph_pull) in the default mode, on the host in mode ON, not at all in
- * OFF; a hit names the stream and a position at or before the bad token's (masked keys on the
- * GPU may carry a NaN up to one key tile back). */
+/* On a GPU: by default (HOST) a GPU run's rows are not scanned, so the NaN reaches the output;
+ * with checks ON they are scanned on the device where they are brought to the host (the final
+ * norm, in float32 and bf16, the graph's own download for a pull), and a hit names the stream
+ * and a position at or before the bad token's (masked keys on the GPU may carry a NaN up to one
+ * key tile back); a clean input passes; OFF scans nothing. */
 static void check_gpu(const sf_model *m)
 {
     char msg[1024], want[64];
     int nan_out;
     snprintf(want, sizeof want, "stream %d, position", STREAM);
     const char *pipelines[] = {"segment ! embed ! block ! norm", "segment ! embed ! block",
-                               "segment ! embed ! block ! norm dtype=bf16"};
-    for (int i = 0; i < 3; i++) {
+                               "segment ! embed ! block ! norm dtype=bf16",
+                               "segment ! embed ! block ! norm ! sink format=null"};
+    const int n_pipelines = (int)(sizeof pipelines / sizeof *pipelines);
+    for (int i = 0; i < n_pipelines; i++) {
         int rc = run_on(m, "cuda", pipelines[i], 1, msg, sizeof msg, &nan_out);
-        CHECKF(rc == SF_E_NONFINITE && strstr(msg, want), "cuda, %s: rc %d: %s", pipelines[i], rc, msg);
-        rc = run_on(m, "cuda", pipelines[i], 0, msg, sizeof msg, &nan_out);
-        CHECKF(rc == SF_OK && !nan_out, "cuda, %s, clean input: rc %d: %s", pipelines[i], rc, msg);
+        CHECKF(rc == SF_OK && (nan_out || i == 3), "cuda, HOST, %s: rc %d, NaN out %d: %s", pipelines[i], rc, nan_out, msg);
     }
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
-    int rc = run_on(m, "cuda", "segment ! embed ! block ! norm ! sink format=null", 1, msg, sizeof msg, &nan_out);
-    CHECKF(rc == SF_E_NONFINITE && strstr(msg, "reaching the sink"), "cuda, ON, sink: rc %d: %s", rc, msg);
+    for (int i = 0; i < n_pipelines; i++) {
+        int rc = run_on(m, "cuda", pipelines[i], 1, msg, sizeof msg, &nan_out);
+        CHECKF(rc == SF_E_NONFINITE && strstr(msg, want), "cuda, ON, %s: rc %d: %s", pipelines[i], rc, msg);
+        rc = run_on(m, "cuda", pipelines[i], 0, msg, sizeof msg, &nan_out);
+        CHECKF(rc == SF_OK && !nan_out, "cuda, ON, %s, clean input: rc %d: %s", pipelines[i], rc, msg);
+    }
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_OFF));
-    rc = run_on(m, "cuda", "segment ! embed ! block ! norm", 1, msg, sizeof msg, &nan_out);
+    int rc = run_on(m, "cuda", "segment ! embed ! block ! norm", 1, msg, sizeof msg, &nan_out);
     CHECKF(rc == SF_OK && nan_out, "cuda, OFF: rc %d, NaN in output %d: %s", rc, nan_out, msg);
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_HOST));
 }
@@ -127,15 +132,9 @@ int main(void)
     /* with the check off it reaches the output */
     rc = run(m, "segment ! embed ! block check_finite=0 ! norm", 1, msg, sizeof msg, &nan_out);
     CHECKF(rc == SF_OK && nan_out, "check_finite=0: rc %d, NaN in output %d: %s", rc, nan_out, msg);
-    /* the sink scans what reaches it only with checks ON (a GPU run's rows), not in the default
-     * HOST mode, where the block has scanned host rows already */
+    /* the modes: HOST by default; an unknown one is refused and changes nothing */
     CHECK(sf_check_finite() == SF_CHECK_FINITE_HOST);
-    rc = run(m, "segment ! embed ! block check_finite=0 ! norm ! sink format=null", 1, msg, sizeof msg, &nan_out);
-    CHECKF(rc == SF_OK, "HOST, block check off, null sink: rc %d: %s", rc, msg);
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
-    rc = run(m, "segment ! embed ! block check_finite=0 ! norm ! sink format=null", 1, msg, sizeof msg, &nan_out);
-    CHECKF(rc == SF_E_NONFINITE && strstr(msg, "reaching the sink") && strstr(msg, want),
-           "ON, block check off, null sink: rc %d: %s (want the sink and '%s')", rc, msg, want);
     CHECK(sf_set_check_finite((sf_check_finite_mode)7) == SF_E_INVAL && sf_check_finite() == SF_CHECK_FINITE_ON);
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_HOST));
     /* the token absent: nothing happens */

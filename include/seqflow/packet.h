@@ -91,8 +91,7 @@ void sf_packet_set_host_allocator(const sf_host_allocator *allocator);
 
 /* Brings device rows (dev) into x, grown as needed, and returns dev to its pool; SF_OK and
  * nothing done when the packet has none. On failure dev is released all the same. The rows
- * are not scanned here: the sink, and sf_graph_pull, check what leaves a graph
- * (sf_packet_check_finite), on their own thread rather than on the one that feeds the GPU. */
+ * are not scanned here (see sf_set_check_finite for where they are). */
 int sf_packet_to_host(sf_packet *p);
 /* Rounds the rows to bf16 in place (x becomes x_bf16, dtype SF_DTYPE_BF16); device rows are
  * brought to the host first. SF_OK and nothing done when the packet is bf16 already. */
@@ -108,12 +107,11 @@ int sf_packet_to_host_bf16(sf_packet *p, const void *dev_bf16);
 int sf_packet_check_finite(const sf_packet *p, const char *where);
 /* Process-wide finiteness checks. HOST (the default): rows computed in host memory (the CPU
  * backend) are scanned after every layer by the block stage, which costs well under 1% of a
- * CPU segment; rows computed on a GPU are scanned where they leave the graph (the final norm,
- * the block's download, sf_graph_pull) on the device, by a pass at device-memory speed, and
- * only a hit is located on the host. ON: the rows of a GPU run are scanned on the host instead
- * (the sink, sf_graph_pull), one more pass over every value there, which costs the reference
- * model several percent of its rate on an H100 (bench/RESULTS.md). OFF: no scan (for a model
- * known to produce infinities on purpose). Thread-safe; read by the
+ * CPU segment; rows computed on a GPU are not scanned. ON: also the rows of a GPU run, where
+ * they are brought to the host (the final norm, the block's download, the graph's own), by a
+ * pass on the device (the backend's any_non_finite; on the host where it has none), a hit then
+ * named from the host copy; this costs the reference model several percent of its rate on an
+ * H100 (bench/RESULTS.md). OFF: no scan (for a model known to produce infinities on purpose). Thread-safe; read by the
  * block stage at init and by the sink per packet. */
 typedef enum sf_check_finite_mode {
     SF_CHECK_FINITE_OFF = 0,
