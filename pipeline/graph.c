@@ -31,8 +31,7 @@ int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_grap
         sf_graph_free(g);
         return rc;
     }
-    const char *profile = getenv("SEQFLOW_PROFILE");
-    g->profile = profile && *profile && strcmp(profile, "0") != 0;
+    g->profile = sf_graph_profile_wanted();
     *out = g;
     return SF_OK;
 }

@@ -97,6 +97,9 @@ void sf_graph_count_output(sf_graph *g, const sf_packet *p);
 /* Options of a stage instance: "k=v k=v" validated against the class table. */
 int sf_stage_options_parse(sf_stage *st, const char *text);
 void sf_stage_options_free(sf_stage *st);
+/* SEQFLOW_PROFILE set to anything but "" or "0" (options.c, which reads the environment for the
+ * whole pipeline layer): each stage's host time in push mode. Read by sf_graph_create. */
+int sf_graph_profile_wanted(void);
 
 /* Built-in classes, in registry order. */
 extern const sf_stage_class *const sf_builtin_stages[];

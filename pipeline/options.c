@@ -1,7 +1,9 @@
 /* Stage options: "key=value" words checked against the class's option table (name, type, range
  * or choices: check_value), so a typo or an out-of-range value in a pipeline string fails when
  * the graph is built, naming what is accepted, rather than being ignored or found by one stage's
- * init; the table's defaults fill in what the pipeline leaves out. */
+ * init; the table's defaults fill in what the pipeline leaves out. This file is also where the
+ * pipeline reads the environment, and only here: the option rows' environment defaults and the
+ * graph's SEQFLOW_PROFILE. */
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -279,4 +281,10 @@ int sf_stage_option_bool(const sf_stage *st, const char *name)
     const sf_option_value *v = find_value(st, name);
     int out;
     return v && v->value && v->option->type == SF_OPT_BOOL && parse_bool(v->value, &out) ? out : 0;
+}
+
+int sf_graph_profile_wanted(void)
+{
+    const char *profile = getenv("SEQFLOW_PROFILE");
+    return profile && *profile && strcmp(profile, "0") != 0;
 }
