@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "seqflow/dtype.h"
 #include "seqflow/error.h"
 
 /* Bits of a float32 above which the magnitude is Inf or NaN (0x7F800000 and up). */
@@ -178,13 +179,6 @@ static float dec(double q, float s)
     return (float)v;
 }
 
-static uint16_t f2bf(float x)
-{
-    uint32_t b = f2u(x);
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((b >> 16) | 0x40u); /* stays NaN */
-    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
-
 static float bf2f(uint16_t h) { return u2f((uint32_t)h << 16); }
 
 static int check_sizes(const sf_quant_params *p, const void *x, size_t n, const void *buf,
@@ -228,7 +222,7 @@ int sf_quantize(const sf_quant_params *p, const float *x, size_t n, uint8_t *out
         return SF_OK;
     case SF_QUANT_BF16:
         for (size_t i = 0; i < n; i++) {
-            uint16_t h = f2bf(x[i]);
+            uint16_t h = sf_bf16_round(x[i]);
             out[2 * i] = (uint8_t)h;
             out[2 * i + 1] = (uint8_t)(h >> 8);
         }
@@ -400,7 +394,7 @@ int sf_quantize_with_feedback(const sf_quant_params *p, sf_quant_feedback *f, co
                 put_u32(out + 4 * i, f2u(v));
                 d = v;
             } else {
-                uint16_t h = f2bf(v);
+                uint16_t h = sf_bf16_round(v);
                 out[2 * i] = (uint8_t)h;
                 out[2 * i + 1] = (uint8_t)(h >> 8);
                 d = bf2f(h);

@@ -112,14 +112,6 @@ static void set_rows(sf_packet *p, sf_dtype dtype, float *buf)
 }
 
 /* float32 to bfloat16, rounded to nearest even; NaN stays a (quiet) NaN. */
-static uint16_t bf16_round(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 sf_packet *sf_packet_new(sf_packet_kind kind, size_t cap_tokens, size_t cap_x)
 {
     sf_packet *p = calloc(1, sizeof *p);
@@ -223,7 +215,7 @@ int sf_packet_to_bf16(sf_packet *p)
      * below it, is written */
     float *x = p->x;
     uint16_t *out = (uint16_t *)x;
-    for (size_t i = 0; i < count; i++) out[i] = bf16_round(x[i]);
+    for (size_t i = 0; i < count; i++) out[i] = sf_bf16_round(x[i]);
     set_rows(p, SF_DTYPE_BF16, x);
     return SF_OK;
 }

@@ -18,6 +18,16 @@ typedef enum sf_dtype {
 /* Bytes of one element. */
 static inline size_t sf_dtype_size(sf_dtype t) { return t == SF_DTYPE_BF16 ? 2 : 4; }
 
+/* v rounded to bfloat16, to nearest even (a NaN stays a NaN, quiet): the one rounding every
+ * bf16 value on the host goes through (packets' rows, quantized state). */
+static inline uint16_t sf_bf16_round(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* Index of the first NaN or infinity among the n values of type t at x, or n when all are
  * finite. Blocks are tested with a branch-free OR of the exponent bits, which the compiler
  * vectorizes: the all-finite case costs about one pass over the memory. */
