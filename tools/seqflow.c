@@ -129,10 +129,10 @@ static void usage(FILE *f)
         "                          over its environment default; cpu has none\n"
         "  -t, --threads N         CPU compute threads (default: all cores; the output does not\n"
         "                          depend on it)\n"
-        "      --check-finite M    stop with an error at the first NaN or infinity in the hidden\n"
-        "                          rows, naming layer, stream and position: auto (default) checks\n"
-        "                          rows computed on the CPU, after every layer; 1 also a GPU's rows,\n"
-        "                          on the GPU as they leave it (several percent of its rate); 0 none\n"
+        "      --check-finite 1|0  stop with an error at the first NaN or infinity in the hidden\n"
+        "                          rows, naming layer, stream and position: 1 (default; also auto)\n"
+        "                          checks rows computed on the CPU after every layer and a GPU's rows\n"
+        "                          on the GPU as they leave it (under 1% of the rate); 0 none\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
         "      --progress          report tokens, tokens/s and memory on stderr every second\n"
         "                          (default when stderr is a terminal)\n"
@@ -339,7 +339,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_FINAL_NORM: if (!parse_int_arg("--final-norm", optarg, 0, 1, &v)) return 2; a->cfg.final_norm = (int)v; a->overrides |= OV_FINAL_NORM; break;
         case O_SEED: if (!parse_int_arg("--seed", optarg, 0, INT64_MAX, &v)) return 2; a->seed = (uint64_t)v; break;
         case O_CHECK_FINITE:
-            if (strcmp(optarg, "auto") == 0) v = SF_CHECK_FINITE_HOST;
+            if (strcmp(optarg, "auto") == 0) v = SF_CHECK_FINITE_ON;
             else if (!parse_int_arg("--check-finite", optarg, 0, 1, &v)) return 2;
             sf_set_check_finite((sf_check_finite_mode)v);
             break;
