@@ -112,7 +112,10 @@ static void usage(FILE *f)
         "\n"
         "input and output:\n"
         "  -m, --model FILE        safetensors model (default: the built-in model)\n"
-        "  -i, --input FILE        token input; '-' is standard input (default: built-in text)\n"
+        "  -i, --input FILE        token input; '-' is standard input (default: built-in text);\n"
+        "                          repeat for several streams: input k is stream k, the inputs read\n"
+        "                          in turn, one 64 KiB chunk each, and the output holds every\n"
+        "                          stream's segments in the order they leave the pipeline\n"
         "  -f, --format FMT        bytes (one token per byte, default), u32 (little-endian\n"
         "                          uint32 ids) or text (whitespace-separated decimal ids)\n"
         "  -o, --out FILE          write the final hidden states, [tokens, D] float32 row-major\n"
@@ -245,6 +248,31 @@ static int parse_state_quant(const char *s, run_args *a)
 }
 
 /* Returns 0 to go on, or the exit status. */
+/* -i may repeat: each input is a stream of its own (the source's path=a,b,...), so a name
+ * holding ',' cannot be one of them. */
+static int add_input(run_args *a, const char *path)
+{
+    if (!*path || strchr(path, ',')) {
+        fprintf(stderr, "seqflow: --input '%s': %s\n", path, *path ? "a name with ',' cannot be an input" : "empty name");
+        return 0;
+    }
+    if (!a->input) {
+        a->input = path;
+        return 1;
+    }
+    static char *joined; /* lives as long as the run's arguments */
+    const size_t len = strlen(a->input) + strlen(path) + 2;
+    char *more = malloc(len);
+    if (!more) {
+        fprintf(stderr, "seqflow: out of memory\n");
+        return 0;
+    }
+    snprintf(more, len, "%s,%s", a->input, path);
+    free(joined);
+    a->input = joined = more;
+    return 1;
+}
+
 static int parse_args(int argc, char **argv, run_args *a)
 {
     enum { O_SINK_FORMAT = 1000, O_QUEUE, O_PROGRESS, O_NO_PROGRESS, O_SEGMENT, O_BRANCHES, O_CAUSAL,
@@ -286,7 +314,9 @@ static int parse_args(int argc, char **argv, run_args *a)
     while ((c = getopt_long(argc, argv, "m:i:f:o:d:t:qh", long_options, NULL)) != -1) {
         switch (c) {
         case 'm': a->model_path = optarg; break;
-        case 'i': a->input = optarg; break;
+        case 'i':
+            if (!add_input(a, optarg)) return 2;
+            break;
         case 'f': a->format = optarg; break;
         case 'o': a->out = optarg; break;
         case O_SINK_FORMAT: a->sink_format = optarg; break;
@@ -417,10 +447,9 @@ static int check_output(const char *out)
     return 0;
 }
 
-/* A checkpointed run is resumed by seeking its input: a FIFO, a pipe or a terminal cannot be. */
-static int check_resumable_input(const char *input)
+static int check_resumable_one(const char *input)
 {
-    if (!input || strcmp(input, "@builtin") == 0) return 0;
+    if (strcmp(input, "@builtin") == 0) return 0;
     struct stat sb;
     int is_stdin = strcmp(input, "-") == 0;
     if ((is_stdin ? fstat(STDIN_FILENO, &sb) : stat(input, &sb)) != 0) return 0; /* reported when opened */
@@ -429,6 +458,21 @@ static int check_resumable_input(const char *input)
             is_stdin ? "standard input" : input, S_ISFIFO(sb.st_mode) ? "pipe or FIFO" : S_ISSOCK(sb.st_mode) ? "socket" : "terminal or device");
     return 2;
 }
+
+/* A checkpointed run is resumed by seeking its inputs (one, or several separated by ','): a FIFO,
+ * a pipe or a terminal cannot be. */
+static int check_resumable_input(const char *inputs)
+{
+    if (!inputs) return 0;
+    char *list = strdup(inputs);
+    if (!list) return 0; /* reported when opened */
+    int status = 0;
+    for (char *save = NULL, *one = strtok_r(list, ",", &save); one && !status; one = strtok_r(NULL, ",", &save))
+        status = check_resumable_one(one);
+    free(list);
+    return status;
+}
+
 
 /* Errors in what the user asked for (a pipeline, a stage option) are usage errors, the rest
  * (files, the model, the input, writing) runtime errors. */
@@ -582,6 +626,18 @@ static int checkpoint_segment_length(const sf_graph *g, const sf_model_config *c
     return SF_OK;
 }
 
+/* The segment length of the user's pipeline text (its segment stage's, else the model's). */
+static long long pipeline_segment_length(const char *body, const sf_model_config *cfg)
+{
+    long long length = cfg->segment;
+    sf_graph *g = NULL;
+    if (sf_graph_create(NULL, NULL, &g) == SF_OK && sf_graph_parse(g, body) == SF_OK &&
+        checkpoint_segment_length(g, cfg, &length) != SF_OK)
+        length = cfg->segment; /* several lengths: reported by --checkpoint, if given */
+    sf_graph_free(g);
+    return length;
+}
+
 /* Parses the user's pipeline on its own, before the model is loaded and before the CLI adds
  * its source and sink, so that a bad pipeline is a usage error whose positions count the
  * user's stages; its own source and sink get the checks of --input and --out. Returns 0 or 2. */
@@ -671,6 +727,13 @@ static int cmd_run(int argc, char **argv)
         strcpy(pipeline, "source");
         append_option(pipeline, size, "path", a.input ? a.input : "@builtin");
         append_option(pipeline, size, "format", a.format ? a.format : "bytes");
+        if (a.input && strchr(a.input, ',')) {
+            /* several inputs take turns of one segment each: the segments then leave in the same
+             * order whatever the chunk size and the checkpoint interval */
+            char turn[32];
+            snprintf(turn, sizeof turn, "%lld", pipeline_segment_length(body, cfg));
+            append_option(pipeline, size, "turn", turn);
+        }
         strcat(pipeline, " ! ");
     } else if (a.input || a.format) {
         fprintf(stderr, "seqflow: the pipeline has its own source; drop --input/--format\n");
