@@ -18,6 +18,8 @@
  *     SF_E_INVAL naming both launchers and both variables, e.g.
  *     "launchers disagree: torchrun says rank 3 (RANK=3) but slurm says rank 1 (SLURM_PROCID=1)".
  *     A world or local rank the first one lacks is taken from an agreeing one.
+ *   - kubernetes counts only when no other launcher is present (a pod may run any of them, so
+ *     its index is never compared).
  * Explicit options (--rank, --world, --local-rank) override all of this (sf_launcher_apply).
  * A variable given twice in envp counts once, the first (as getenv). */
 #ifndef SEQFLOW_PIPELINE_LAUNCHER_H
