@@ -60,8 +60,8 @@ typedef struct sf_topology_link {
 typedef struct sf_topology_rank {
     int id;                         /* 0..world-1 */
     const char *endpoint;           /* "tcp://host:port" or "ipc://path": where it binds */
-    const char *public_key;         /* Z85, SF_Z85_KEY_LEN chars; NULL when none was given
-                                       (only allowed under plaintext) */
+    const char *public_key;         /* Z85, SF_Z85_KEY_LEN chars; NULL under plaintext (a key
+                                       given there is checked, then not used) */
     const char *host;               /* the rank's "host", else its node's "host", else the
                                        node's name: for messages */
     const char *const *devices;     /* e.g. {"cpu"} or {"cuda:0", "cuda:1"}; never NULL */
