@@ -672,16 +672,21 @@ static int client_recv(client *cl, long long *deadline, zmq_msg_t *msg, const ch
             if (zmq_errno() == EINTR) continue;
             return sf_error(SF_E_IO, "rendezvous: poll: %s", zmq_strerror(zmq_errno()));
         }
+        if (items[0].revents & ZMQ_POLLIN) {
+            if (zmq_msg_recv(msg, cl->sock, ZMQ_DONTWAIT) >= 0) return SF_OK;
+            if (zmq_errno() != EAGAIN && zmq_errno() != EINTR)
+                return sf_error(SF_E_PEER, "rendezvous at %s: %s", cl->c->endpoint, zmq_strerror(zmq_errno()));
+        }
         if (items[1].revents & ZMQ_POLLIN) {
             int failed, before = cl->handshake_ok;
             const char *why = monitor_event(cl, &failed);
-            if (failed) return sf_error(SF_E_PEER, "rendezvous at %s %s", cl->c->endpoint, why);
+            if (failed) {
+                /* a refusal sent just before the server closed may still be on its way in */
+                zmq_pollitem_t last = {cl->sock, 0, ZMQ_POLLIN, 0};
+                if (zmq_poll(&last, 1, 200) == 1 && zmq_msg_recv(msg, cl->sock, ZMQ_DONTWAIT) >= 0) return SF_OK;
+                return sf_error(SF_E_PEER, "rendezvous at %s %s", cl->c->endpoint, why);
+            }
             if (!before && cl->handshake_ok) *deadline = now_ms() + 2LL * cl->c->timeout_ms + 5000;
-        }
-        if (items[0].revents & ZMQ_POLLIN) {
-            if (zmq_msg_recv(msg, cl->sock, 0) >= 0) return SF_OK;
-            if (zmq_errno() != EAGAIN && zmq_errno() != EINTR)
-                return sf_error(SF_E_PEER, "rendezvous at %s: %s", cl->c->endpoint, zmq_strerror(zmq_errno()));
         }
     }
 }
@@ -810,4 +815,37 @@ int sf_rendezvous_join(const sf_rendezvous_config *c, const sf_hello *own, sf_re
     if (cl.sock) zmq_close(cl.sock);
     zmq_ctx_term(cl.ctx);
     return rc;
+}
+
+int sf_rendezvous_config_from_topology(const sf_topology *t, int rank, const char *secret_key,
+                                       char public_key[SF_Z85_KEY_LEN + 1], const char **keys,
+                                       const char **endpoints, sf_rendezvous_config *out)
+{
+    if (!t || !out || !keys || !endpoints || !public_key)
+        return sf_error(SF_E_INVAL, "sf_rendezvous_config_from_topology: NULL argument");
+    const sf_topology_rank *self = sf_topology_rank_get(t, rank);
+    if (!self) return sf_error(SF_E_INVAL, "rank %d is not in the topology (ranks 0..%d)", rank, sf_topology_world(t) - 1);
+    int world = sf_topology_world(t);
+    for (int r = 0; r < world; r++) {
+        keys[r] = sf_topology_rank_get(t, r)->public_key;
+        endpoints[r] = sf_topology_rank_get(t, r)->endpoint;
+    }
+    *out = (sf_rendezvous_config){.endpoint = sf_topology_rendezvous(t),
+                                  .plaintext = sf_topology_get_security(t) == SF_SECURITY_PLAINTEXT,
+                                  .rank_keys = keys, .rank_endpoints = endpoints,
+                                  .timeout_ms = sf_topology_rendezvous_timeout_ms(t)};
+    public_key[0] = '\0';
+    if (out->plaintext) {
+        out->rank_keys = NULL;
+        return SF_OK;
+    }
+    int rc = sf_curve_public_key(secret_key, public_key);
+    if (rc != SF_OK) return rc;
+    if (strcmp(public_key, self->public_key) != 0)
+        return sf_error(SF_E_INVAL, "the secret key given is not rank %d's: its public key is %s, the topology lists %s",
+                        rank, public_key, self->public_key);
+    out->server_public_key = sf_topology_rank_get(t, 0)->public_key;
+    out->secret_key = secret_key;
+    out->public_key = public_key;
+    return SF_OK;
 }

@@ -252,6 +252,63 @@ static void check_keys_and_timeouts(void)
     job_free(&j);
 }
 
+typedef struct topo_member {
+    sf_rendezvous_config c;
+    sf_hello hello;
+    int rc;
+    sf_rendezvous_result *result;
+} topo_member;
+
+static void *topo_thread(void *arg)
+{
+    topo_member *m = arg;
+    m->rc = m->hello.rank == 0 ? sf_rendezvous_serve(&m->c, &m->hello, NULL, NULL, &m->result)
+                               : sf_rendezvous_join(&m->c, &m->hello, &m->result);
+    if (m->rc) fprintf(stderr, "  rank %d: %s\n", m->hello.rank, sf_last_error());
+    return NULL;
+}
+
+/* The configuration each rank derives from the topology file and its own secret key. */
+static void check_from_topology(void)
+{
+    char pub[2][41], sec[2][41], other_pub[41], other_sec[41];
+    for (int r = 0; r < 2; r++) CHECK_OK(sf_curve_keypair(pub[r], sec[r]));
+    CHECK_OK(sf_curve_keypair(other_pub, other_sec));
+    int port = free_port(), data = free_port();
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"version\": 1, \"rendezvous\": \"tcp://127.0.0.1:%d\", \"rendezvous_timeout_ms\": 5000, \"datacenters\": "
+             "[{\"name\": \"a\", \"nodes\": [{\"name\": \"n\", \"host\": \"127.0.0.1\", \"ranks\": ["
+             "{\"id\": 0, \"endpoint\": \"tcp://127.0.0.1:%d\", \"public_key\": \"%s\"},"
+             "{\"id\": 1, \"endpoint\": \"tcp://127.0.0.1:%d\", \"public_key\": \"%s\"}]}]}]}",
+             port, data, pub[0], data + 1, pub[1]);
+    sf_topology *t = NULL;
+    CHECK_OK(sf_topology_parse(text, strlen(text), "t.json", &t));
+    if (!t) return;
+    const char *keys[2][2], *endpoints[2][2];
+    char mine[2][41];
+    topo_member m[2];
+    memset(m, 0, sizeof m);
+    CHECK(sf_rendezvous_config_from_topology(t, 1, other_sec, mine[1], keys[1], endpoints[1], &m[1].c) == SF_E_INVAL);
+    CHECKF(strstr(sf_last_error(), "the secret key given is not rank 1's"), "%s", sf_last_error());
+    CHECK(sf_rendezvous_config_from_topology(t, 2, sec[1], mine[1], keys[1], endpoints[1], &m[1].c) == SF_E_INVAL);
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        CHECK_OK(sf_rendezvous_config_from_topology(t, r, sec[r], mine[r], keys[r], endpoints[r], &m[r].c));
+        CHECK(strcmp(mine[r], pub[r]) == 0 && m[r].c.timeout_ms == 5000 && !m[r].c.plaintext);
+        m[r].hello = (sf_hello){.rank = r, .world = 2, .version = SEQFLOW_VERSION_STRING,
+                                .endpoint = sf_topology_rank_get(t, r)->endpoint, .host = "127.0.0.1"};
+    }
+    for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, topo_thread, &m[r]);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++) {
+        CHECK(m[r].rc == SF_OK && m[r].result && m[r].result->payload_len == 0);
+        if (m[r].result) CHECK(strcmp(m[r].result->peers[1].endpoint, sf_topology_rank_get(t, 1)->endpoint) == 0);
+        sf_rendezvous_result_free(m[r].result);
+    }
+    sf_topology_free(t);
+}
+
 int main(void)
 {
     char pub[41], sec[41];
@@ -262,5 +319,6 @@ int main(void)
     check_mismatch();
     check_duplicate();
     check_keys_and_timeouts();
+    check_from_topology();
     return check_finish("test_rendezvous");
 }
