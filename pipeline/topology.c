@@ -209,7 +209,7 @@ static int get_endpoint(const ctx *c, const cJSON *obj, const char *path, const 
 
 void sf_topology_link_defaults(sf_topology_link *out)
 {
-    *out = (sf_topology_link){.codec = SF_CODEC_RAW, .level = 0, .quant = SF_QUANT_F32, .group = 64,
+    *out = (sf_topology_link){.codec = SF_CODEC_RAW, .level = 0, .quant = SF_QUANT_F32, .group = 0,
                               .error_feedback = 1, .window_packets = 8, .window_bytes = (size_t)256 << 20};
 }
 
@@ -242,7 +242,7 @@ static int read_link_fields(const ctx *c, const cJSON *obj, const char *path, li
     long max_level = (l->set & L_CODEC) && l->v.codec == SF_CODEC_LZ4 ? 12 : 19;
     if ((rc = get_int(c, obj, path, "level", 0, max_level, &present, &v)) != SF_OK) return rc;
     if (present) l->v.level = (int)v, l->set |= L_LEVEL;
-    if ((rc = get_int(c, obj, path, "group", 1, 1 << 24, &present, &v)) != SF_OK) return rc;
+    if ((rc = get_int(c, obj, path, "group", 0, 1 << 24, &present, &v)) != SF_OK) return rc;
     if (present) {
         if ((v & 1) && (l->set & L_QUANT) && l->v.quant == SF_QUANT_INT4)
             return fail(c, field_path(p, sizeof p, path, "group"), "int4 needs an even group (got %ld)", v);

@@ -43,9 +43,11 @@ typedef enum sf_link_scope {
     SF_LINK_ACROSS_DATACENTERS = 3
 } sf_link_scope;
 
-/* One link's encoding and flow control. The fields and defaults are those of sf_link_options
- * (pipeline/net.h), so that the executor copies them field by field. Defaults, used where the
- * file sets nothing: raw codec, level 0 (the codec's default), f32 (lossless), group 64,
+/* One link's encoding and flow control: the fields of sf_link_options (pipeline/net.h), which
+ * the executor fills from it: codec, level, quant and group as they are (group 0 = the row
+ * width: one scale per row), window_packets and window_bytes as they are (always set here),
+ * error_feedback 1 as 1 and 0 as -1 (sf_link_options' "off"). Defaults, used where the file
+ * sets nothing: raw codec, level 0 (the codec's default), f32 (lossless), group 0,
  * error_feedback 1 (used only by lossy kinds), window 8 packets and 256 MiB. */
 typedef struct sf_topology_link {
     sf_codec codec;

@@ -88,7 +88,8 @@ static void check_full(void)
     sf_topology_link l;
     /* same node: built-in defaults + default level */
     CHECK_OK(sf_topology_link_options(t, 1, 0, &l));
-    CHECK(l.codec == SF_CODEC_RAW && l.quant == SF_QUANT_F32 && l.window_packets == 16 && l.window_bytes == (size_t)256 << 20);
+    CHECK(l.codec == SF_CODEC_RAW && l.quant == SF_QUANT_F32 && l.group == 0 && l.error_feedback == 1 && l.window_packets == 16 &&
+          l.window_bytes == (size_t)256 << 20);
     /* eu-1 <-> eu-2: the node pair override */
     CHECK_OK(sf_topology_link_options(t, 2, 0, &l));
     CHECK(l.codec == SF_CODEC_RAW && l.quant == SF_QUANT_BF16 && l.window_packets == 16);
