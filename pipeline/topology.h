@@ -106,7 +106,9 @@ int sf_topology_rendezvous_timeout_ms(const sf_topology *t);
 
 /* The pipeline text with its placements (stages joined by " ! ", placements written as
  * " @1" or " @1,2"), whether the file gave it as one string or as a list of stages; NULL when
- * the file has no "pipeline" (the command line then gives it). */
+ * the file has no "pipeline" (the command line then gives it). Ranks of the list form are
+ * checked against the world here; placements written in the text form are checked by the
+ * pipeline parser, and against the world by whoever places the stages. */
 const char *sf_topology_pipeline(const sf_topology *t);
 
 /* Where ranks a and b sit relative to each other; SF_LINK_SAME_RANK for a == b. Both must be
