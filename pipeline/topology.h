@@ -61,7 +61,9 @@ typedef struct sf_topology_link {
 
 typedef struct sf_topology_rank {
     int id;                         /* 0..world-1 */
-    const char *endpoint;           /* "tcp://host:port" or "ipc://path": where it binds */
+    const char *endpoint;           /* "tcp://host:port" or "ipc://path": where its peers reach it */
+    const char *bind;               /* where it binds: its "bind" field (e.g. "tcp://0.0.0.0:7001",
+                                       or a port behind a proxy), else the endpoint */
     const char *public_key;         /* Z85, SF_Z85_KEY_LEN chars; NULL under plaintext (a key
                                        given there is checked, then not used) */
     const char *host;               /* the rank's "host", else its node's "host", else the
