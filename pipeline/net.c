@@ -102,31 +102,39 @@ void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
         if (net_link_peer(l) == peer) net_link_fail(l, code, 0, "%s", message);
 }
 
-int net_send(sf_net *n, net_peer *p, const net_env *e, zmq_msg_t *payload)
+int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *payload)
 {
     (void)n;
     uint8_t buf[ENV_SIZE];
     net_env_pack(e, buf);
-    if (zmq_send(p->dealer, buf, ENV_SIZE, ZMQ_DONTWAIT | (payload ? ZMQ_SNDMORE : 0)) < 0) {
+    void *d = p->dealer[which];
+    if (!d || p->blocked[which]) return 1;
+    if (zmq_send(d, buf, ENV_SIZE, ZMQ_DONTWAIT | (payload ? ZMQ_SNDMORE : 0)) < 0) {
         if (errno == EAGAIN) {
-            p->blocked = 1;
+            p->blocked[which] = 1;
             return 1;
         }
         return -1;
     }
     /* ZeroMQ delivers a multipart message whole once its first part is accepted */
-    if (payload && zmq_msg_send(payload, p->dealer, ZMQ_DONTWAIT) < 0) return -1;
+    if (payload && zmq_msg_send(payload, d, ZMQ_DONTWAIT) < 0) return -1;
     return 0;
 }
 
 static void set_int(void *s, int option, int value) { zmq_setsockopt(s, option, &value, sizeof value); }
 
-static void common_options(sf_net *n, void *s)
+/* ZMTP heartbeats. libzmq restarts a connection's timeout only when a whole message arrives,
+ * so a side that waits for them behind a large packet on a slow path (a segment is tens of
+ * MiB) would cut a healthy connection and resend forever. Hence: the dealers ping (their
+ * replies come back on an idle direction) and time out; the control dealer also asks the
+ * ROUTER to drop it after a silence (TTL), the data dealer does not; the ROUTER only answers.
+ * A peer's death is the application heartbeat's business (on the control connection). */
+static void common_options(sf_net *n, void *s, int which)
 {
     set_int(s, ZMQ_LINGER, n->o.linger_ms);
-    set_int(s, ZMQ_HEARTBEAT_IVL, n->o.heartbeat_ms);
+    set_int(s, ZMQ_HEARTBEAT_IVL, which < 0 ? 0 : n->o.heartbeat_ms);
     set_int(s, ZMQ_HEARTBEAT_TIMEOUT, n->o.timeout_ms);
-    set_int(s, ZMQ_HEARTBEAT_TTL, n->o.timeout_ms);
+    set_int(s, ZMQ_HEARTBEAT_TTL, which == NET_CONTROL ? n->o.timeout_ms : 0);
     /* data is bounded by the links' credit and acknowledgements are coalesced per link, so
      * these only cap what a misbehaving peer can queue */
     set_int(s, ZMQ_SNDHWM, 1024);
@@ -135,47 +143,50 @@ static void common_options(sf_net *n, void *s)
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof max);
 }
 
-/* Creates the dealer and its monitor (I/O thread, under lock). */
+/* Creates the two dealers and their monitors (I/O thread, under lock). */
 static void activate(sf_net *n, int i)
 {
     net_peer *p = &n->peers[i];
     p->active = 1, p->want_active = 0;
     p->activated_ms = net_now_ms();
     p->next_heartbeat_ms = 0;
-    void *d = zmq_socket(n->ctx, ZMQ_DEALER);
-    if (!d) {
-        net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s): cannot make a socket: %s", p->rank, p->host, zmq_strerror(errno));
-        return;
+    for (int which = 0; which < 2 && !p->failed; which++) {
+        void *d = zmq_socket(n->ctx, ZMQ_DEALER);
+        if (!d) {
+            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s): cannot make a socket: %s", p->rank, p->host, zmq_strerror(errno));
+            return;
+        }
+        common_options(n, d, which);
+        set_int(d, ZMQ_IMMEDIATE, 1); /* queue nothing for a connection that is not up: we resend */
+        set_int(d, ZMQ_RECONNECT_IVL, 100);
+        set_int(d, ZMQ_RECONNECT_IVL_MAX, 1000);
+        if (p->has_key) {
+            zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, p->public_key, 40);
+            zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, n->o.public_key, 40);
+            zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, n->o.secret_key, 40);
+        }
+        char addr[96];
+        snprintf(addr, sizeof addr, "inproc://sf-net-%p-monitor-%d-%d", (void *)n, i, which);
+        if (zmq_socket_monitor(d, addr, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0) {
+            p->monitor[which] = zmq_socket(n->ctx, ZMQ_PAIR);
+            if (p->monitor[which] && zmq_connect(p->monitor[which], addr) != 0)
+                zmq_close(p->monitor[which]), p->monitor[which] = NULL;
+        }
+        p->dealer[which] = d;
+        if (zmq_connect(d, p->endpoint) != 0)
+            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s): cannot connect to %s: %s", p->rank, p->host, p->endpoint,
+                          zmq_strerror(errno));
     }
-    common_options(n, d);
-    set_int(d, ZMQ_IMMEDIATE, 1); /* queue nothing for a connection that is not up: we resend */
-    set_int(d, ZMQ_RECONNECT_IVL, 100);
-    set_int(d, ZMQ_RECONNECT_IVL_MAX, 1000);
-    if (p->has_key) {
-        zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, p->public_key, 40);
-        zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, n->o.public_key, 40);
-        zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, n->o.secret_key, 40);
-    }
-    char addr[96];
-    snprintf(addr, sizeof addr, "inproc://sf-net-%p-monitor-%d", (void *)n, i);
-    if (zmq_socket_monitor(d, addr, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
-                                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0) {
-        p->monitor = zmq_socket(n->ctx, ZMQ_PAIR);
-        if (p->monitor && zmq_connect(p->monitor, addr) != 0) zmq_close(p->monitor), p->monitor = NULL;
-    }
-    p->dealer = d;
-    if (zmq_connect(d, p->endpoint) != 0)
-        net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s): cannot connect to %s: %s", p->rank, p->host, p->endpoint,
-                      zmq_strerror(errno));
 }
 
-static void on_monitor(sf_net *n, int i)
+static void on_monitor(sf_net *n, int i, int which)
 {
     net_peer *p = &n->peers[i];
     for (;;) {
         zmq_msg_t ev, where;
         zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, p->monitor, ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&ev, p->monitor[which], ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&ev);
             return;
         }
@@ -185,19 +196,21 @@ static void on_monitor(sf_net *n, int i)
         zmq_msg_close(&ev);
         if (more) {
             zmq_msg_init(&where);
-            zmq_msg_recv(&where, p->monitor, 0);
+            zmq_msg_recv(&where, p->monitor[which], 0);
             zmq_msg_close(&where);
         }
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-            p->connected = 1;
+            p->up[which] = 1;
+            p->connected = p->up[0] && p->up[1];
             p->ever_connected = 1;
-            p->blocked = 0;
-            net_link_rewind(n, i); /* whatever the last connection lost goes again */
+            p->blocked[which] = 0;
+            net_link_rewind(n, i, which); /* whatever the last connection lost goes again */
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
+            p->up[which] = 0;
             p->connected = 0;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
-            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) at %s refused this process (its CURVE key or address is not admitted)", p->rank, p->host,
-                          p->endpoint);
+            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) at %s refused this process (its CURVE key or address is not admitted)",
+                          p->rank, p->host, p->endpoint);
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
             net_fail_peer(n, i, SF_E_PEER,
                           "handshake with rank %d (host %s) at %s failed (CURVE against plaintext, or a wrong server key)",
@@ -361,7 +374,6 @@ static void tick(sf_net *n)
                           (unsigned long long)p->progress);
             continue;
         }
-        if (p->blocked) continue;
         for (net_ctrl **cc = &n->ctrl; *cc;) {
             net_ctrl *c = *cc;
             if (c->peer != i) {
@@ -372,19 +384,18 @@ static void tick(sf_net *n)
             zmq_msg_t text;
             zmq_msg_init_size(&text, strlen(c->text));
             memcpy(zmq_msg_data(&text), c->text, strlen(c->text));
-            int rc = net_send(n, p, &e, &text);
+            int rc = net_send(n, p, NET_CONTROL, &e, &text);
             zmq_msg_close(&text);
             if (rc == 1) break;
             *cc = c->next;
             if (n->ctrl_tail == &c->next) n->ctrl_tail = cc;
             free(c);
         }
-        if (p->blocked) continue;
         if (now >= p->next_heartbeat_ms) {
             net_env e = {MSG_HEARTBEAT, 0, (uint32_t)n->o.rank, 0, 0, n->progress, 0, 0};
-            if (net_send(n, p, &e, NULL) == 0) p->next_heartbeat_ms = now + n->o.heartbeat_ms;
+            if (net_send(n, p, NET_CONTROL, &e, NULL) == 0) p->next_heartbeat_ms = now + n->o.heartbeat_ms;
         }
-        if (!p->blocked) net_link_flush(n, i);
+        net_link_flush(n, i);
     }
     /* aborts for failed or never-activated peers are dropped */
     for (net_ctrl **cc = &n->ctrl; *cc;) {
@@ -402,7 +413,7 @@ static void tick(sf_net *n)
 static void *io_thread(void *arg)
 {
     sf_net *n = arg;
-    const int slots = 3 + 2 * n->n_peers;
+    const int slots = 3 + 4 * n->n_peers;
     zmq_pollitem_t *items = calloc((size_t)slots, sizeof *items);
     int *which = calloc((size_t)slots, sizeof *which);
     int poll_ms = n->o.heartbeat_ms / 4;
@@ -417,9 +428,11 @@ static void *io_thread(void *arg)
             items[k++] = (zmq_pollitem_t){n->zap, 0, ZMQ_POLLIN, 0};
             for (int i = 0; i < n->n_peers; i++) {
                 net_peer *p = &n->peers[i];
-                if (p->monitor) which[k] = i, items[k++] = (zmq_pollitem_t){p->monitor, 0, ZMQ_POLLIN, 0};
-                if (p->dealer && p->blocked && !p->failed)
-                    which[k] = i, items[k++] = (zmq_pollitem_t){p->dealer, 0, ZMQ_POLLOUT, 0};
+                for (int w = 0; w < 2; w++) {
+                    if (p->monitor[w]) which[k] = i, items[k++] = (zmq_pollitem_t){p->monitor[w], 0, ZMQ_POLLIN, 0};
+                    if (p->dealer[w] && p->blocked[w] && !p->failed)
+                        which[k] = i, items[k++] = (zmq_pollitem_t){p->dealer[w], 0, ZMQ_POLLOUT, 0};
+                }
             }
         }
         if (items) items[k++] = (zmq_pollitem_t){NULL, n->wake_fd, ZMQ_POLLIN, 0};
@@ -432,12 +445,14 @@ static void *io_thread(void *arg)
         on_zap(n);
         for (int j = 2; j < k - 1; j++) {
             net_peer *p = &n->peers[which[j]];
-            if (items[j].socket == p->monitor && (items[j].revents & ZMQ_POLLIN)) {
-                pthread_mutex_lock(&n->lock);
-                on_monitor(n, which[j]);
-                pthread_mutex_unlock(&n->lock);
+            for (int w = 0; w < 2; w++) {
+                if (items[j].socket == p->monitor[w] && (items[j].revents & ZMQ_POLLIN)) {
+                    pthread_mutex_lock(&n->lock);
+                    on_monitor(n, which[j], w);
+                    pthread_mutex_unlock(&n->lock);
+                }
+                if (items[j].socket == p->dealer[w] && (items[j].revents & ZMQ_POLLOUT)) p->blocked[w] = 0;
             }
-            if (items[j].socket == p->dealer && (items[j].revents & ZMQ_POLLOUT)) p->blocked = 0;
         }
         for (int budget = 256; budget > 0 && on_router(n); budget--) {}
         pthread_mutex_lock(&n->lock);
@@ -446,10 +461,12 @@ static void *io_thread(void *arg)
     }
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];
-        if (p->dealer) zmq_socket_monitor(p->dealer, NULL, 0);
-        if (p->monitor) zmq_close(p->monitor);
-        if (p->dealer) zmq_close(p->dealer);
-        p->dealer = p->monitor = NULL;
+        for (int w = 0; w < 2; w++) {
+            if (p->dealer[w]) zmq_socket_monitor(p->dealer[w], NULL, 0);
+            if (p->monitor[w]) zmq_close(p->monitor[w]);
+            if (p->dealer[w]) zmq_close(p->dealer[w]);
+            p->dealer[w] = p->monitor[w] = NULL;
+        }
     }
     zmq_close(n->router);
     zmq_close(n->zap);
@@ -560,7 +577,7 @@ int sf_net_create(const sf_net_options *opt, sf_net **out)
             rc = sf_error(SF_E_IO, "cannot start the ZAP handler: %s", zmq_strerror(errno));
     }
     if (rc == SF_OK) {
-        common_options(n, n->router);
+        common_options(n, n->router, -1);
         zmq_setsockopt(n->router, ZMQ_ZAP_DOMAIN, "seqflow", 7);
         if (!opt->plaintext) {
             set_int(n->router, ZMQ_CURVE_SERVER, 1);

@@ -49,8 +49,12 @@ typedef struct net_peer {
     char public_key[41];
     uint8_t key_bin[32];
     int has_key;
-    void *dealer, *monitor;    /* I/O thread only */
-    int blocked;               /* I/O: the dealer refused a send (EAGAIN): wait for POLLOUT */
+    /* Two connections to it (I/O thread only): DATA carries packets and end-of-stream (in
+     * sequence), CONTROL carries heartbeats, acknowledgements and aborts, so that these never
+     * wait behind megabytes of packets queued for a slow path */
+    void *dealer[2], *monitor[2];
+    int blocked[2];            /* that dealer refused a send (EAGAIN): wait for POLLOUT */
+    int up[2];                 /* that connection's handshake completed and it is up */
     int64_t next_heartbeat_ms; /* I/O */
     /* under lock */
     int want_active, active, connected, ever_connected, failed;
@@ -99,15 +103,17 @@ void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)))
 #endif
     ;
-/* Sends one message on the peer's dealer without waiting: 0 sent, 1 would block, <0 error.
- * payload may be NULL; it is moved (zmq_msg_send) when sent. */
-int net_send(sf_net *n, net_peer *p, const net_env *e, zmq_msg_t *payload);
+enum { NET_DATA = 0, NET_CONTROL = 1 };
+/* Sends one message on the peer's dealer `which` without waiting: 0 sent, 1 would block,
+ * <0 error. payload may be NULL; it is moved (zmq_msg_send) when sent. */
+int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *payload);
 
 /* net_link.c, for the I/O thread (under lock). */
 void net_link_on_message(sf_net *n, int peer, const net_env *e, zmq_msg_t *payload, int has_payload);
-/* Sends what the peer's links have ready; returns 1 when the dealer would block. */
-int net_link_flush(sf_net *n, int peer);
-void net_link_rewind(sf_net *n, int peer);
+/* Sends what the peer's links have ready (acknowledgements on CONTROL, packets on DATA). */
+void net_link_flush(sf_net *n, int peer);
+/* After connection `which` to the peer (re)connected: resend what it may have lost. */
+void net_link_rewind(sf_net *n, int peer, int which);
 /* Fails one link (first failure wins); tell = also send an abort to the peer. */
 void net_link_fail(net_link *l, int code, int tell, const char *fmt, ...)
 #if defined(__GNUC__)

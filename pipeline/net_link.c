@@ -211,45 +211,41 @@ void net_link_on_message(sf_net *n, int peer, const net_env *e, zmq_msg_t *paylo
     }
 }
 
-void net_link_rewind(sf_net *n, int peer)
+void net_link_rewind(sf_net *n, int peer, int which)
 {
     for (net_link *l = n->links; l; l = l->next) {
         if (l->peer != peer || l->error) continue;
-        if (l->dir == SF_NET_SEND) l->next_send = l->acked + 1;
-        else l->ack_dirty = 1;
+        if (l->dir == SF_NET_SEND && which == NET_DATA) l->next_send = l->acked + 1;
+        if (l->dir == SF_NET_RECV && which == NET_CONTROL) l->ack_dirty = 1;
     }
 }
 
-int net_link_flush(sf_net *n, int peer)
+void net_link_flush(sf_net *n, int peer)
 {
     net_peer *p = &n->peers[peer];
     const int rank = n->o.rank;
     for (net_link *l = n->links; l; l = l->next) {
         if (l->peer != peer || l->error) continue;
         if (l->dir == SF_NET_RECV) {
-            if (!l->ack_dirty) continue;
+            if (!l->ack_dirty || p->blocked[NET_CONTROL]) continue;
             net_env e = {MSG_ACK, l->nack ? ENV_NACK : 0, (uint32_t)rank, l->channel, l->expected - 1, l->r_popped,
                          l->r_popped_bytes, (uint32_t)l->o.window_packets};
-            int rc = net_send(n, p, &e, NULL);
-            if (rc == 1) return 1;
-            l->ack_dirty = 0, l->nack = 0;
+            if (net_send(n, p, NET_CONTROL, &e, NULL) == 0) l->ack_dirty = 0, l->nack = 0;
             continue;
         }
-        while (l->granted && l->next_send <= l->pushed) {
+        while (l->granted && l->next_send <= l->pushed && !p->blocked[NET_DATA]) {
             out_entry *o = &l->ring[l->next_send % l->ring_cap];
             if (!o->end && o->seq > l->limit) break; /* no credit: the receiver has not popped enough */
             net_env e = {o->end ? MSG_END : MSG_DATA, 0, (uint32_t)rank, l->channel, o->seq, 0, 0, 0};
             zmq_msg_t copy;
             zmq_msg_init(&copy);
             if (!o->end) zmq_msg_copy(&copy, &o->msg); /* shares the buffer: it stays ours for a resend */
-            int rc = net_send(n, p, &e, o->end ? NULL : &copy);
+            int rc = net_send(n, p, NET_DATA, &e, o->end ? NULL : &copy);
             zmq_msg_close(&copy);
-            if (rc == 1) return 1;
-            if (rc < 0) break;
+            if (rc != 0) break;
             l->next_send++;
         }
     }
-    return 0;
 }
 
 /* ---- the stage threads' side ------------------------------------------------------------ */
