@@ -98,8 +98,21 @@ void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    for (net_link *l = n->links; l; l = net_link_next(l))
-        if (net_link_peer(l) == peer) net_link_fail(l, code, 0, "%s", message);
+    for (net_link *l = n->links; l; l = net_link_next(l)) {
+        if (net_link_peer(l) != peer) continue;
+        /* tell it too, best effort: after a one-way partition it still hears us, and would
+         * otherwise wait for a receiver that gave up on it */
+        if (p->dealer[NET_CONTROL]) {
+            net_env e = {net_link_direction(l) == SF_NET_SEND ? MSG_ABORT_TO_RECV : MSG_ABORT_TO_SEND, 0,
+                         (uint32_t)n->o.rank, net_link_channel(l), 0, (uint64_t)(int64_t)code, 0, 0};
+            zmq_msg_t text;
+            zmq_msg_init_size(&text, strlen(message) < ABORT_TEXT_MAX ? strlen(message) : ABORT_TEXT_MAX);
+            memcpy(zmq_msg_data(&text), message, zmq_msg_size(&text));
+            net_send(n, p, NET_CONTROL, &e, &text);
+            zmq_msg_close(&text);
+        }
+        net_link_fail(l, code, 0, "%s", message);
+    }
 }
 
 int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *payload)

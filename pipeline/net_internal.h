@@ -121,6 +121,8 @@ void net_link_fail(net_link *l, int code, int tell, const char *fmt, ...)
 #endif
     ;
 int net_link_peer(const net_link *l);
+int net_link_direction(const net_link *l);
+uint32_t net_link_channel(const net_link *l);
 net_link *net_link_next(const net_link *l);
 
 #endif

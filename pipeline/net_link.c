@@ -48,6 +48,8 @@ struct net_link {
 };
 
 int net_link_peer(const net_link *l) { return l->peer; }
+int net_link_direction(const net_link *l) { return l->dir; }
+uint32_t net_link_channel(const net_link *l) { return l->channel; }
 net_link *net_link_next(const net_link *l) { return l->next; }
 
 static const char *dir_name(int dir) { return dir == SF_NET_SEND ? "to" : "from"; }

@@ -470,6 +470,64 @@ static void slow_path(void)
     tcp_proxy_stop(proxy);
 }
 
+/* abort() on either half reaches the other; a one-way partition (the proxy cut and refusing
+ * on the path from rank 0 to rank 1 only) fails both halves. */
+static void aborts(void)
+{
+    pair p;
+    CHECK_OK(make_pair(&p, 1, 0, 3000));
+    sf_link *out = NULL, *in = NULL;
+    for (int side = 0; side < 2 && p.net[0] && p.net[1]; side++) {
+        CHECK_OK(sf_net_link_create(p.net[0], 1, 30 + side, SF_NET_SEND, NULL, &out));
+        CHECK_OK(sf_net_link_create(p.net[1], 0, 30 + side, SF_NET_RECV, NULL, &in));
+        if (!out || !in) break;
+        CHECK_OK(out->ops->push(out, numbered(1, 0, 4, 4)));
+        sf_packet_free(in->ops->pop(in));
+        if (side == 0) {
+            out->ops->abort(out);
+            CHECK(in->ops->pop(in) == NULL);
+            CHECKF(sf_net_link_error(in) == SF_E_CLOSED && strstr(sf_last_error(), "aborted by rank 0"), "receiver after the sender's abort: %s",
+                   sf_last_error());
+        } else {
+            in->ops->abort(in);
+            int rc = SF_OK;
+            for (int k = 0; k < 200 && rc == SF_OK; k++) {
+                rc = out->ops->push(out, numbered(1, 0, 4, 4));
+                if (rc == SF_OK) usleep(5000);
+            }
+            CHECKF(rc == SF_E_CLOSED && strstr(sf_last_error(), "aborted by rank 1"), "sender after the receiver's abort: %d %s", rc,
+                   sf_last_error());
+        }
+        sf_link_destroy(out);
+        sf_link_destroy(in);
+    }
+    free_pair(&p);
+
+    endpoints(&p, 0);
+    int port = 0;
+    sscanf(p.ep[1], "tcp://127.0.0.1:%d", &port);
+    tcp_proxy *proxy = NULL;
+    CHECK(tcp_proxy_start("127.0.0.1", port, NULL, &proxy) == 0);
+    snprintf(p.via[1], sizeof p.via[1], "tcp://127.0.0.1:%d", tcp_proxy_port(proxy));
+    CHECK_OK(make_net(&p, 0, 0, 1, 600, &p.net[0]));
+    CHECK_OK(make_net(&p, 1, 0, 0, 600, &p.net[1]));
+    CHECK_OK(sf_net_link_create(p.net[0], 1, 32, SF_NET_SEND, NULL, &out));
+    CHECK_OK(sf_net_link_create(p.net[1], 0, 32, SF_NET_RECV, NULL, &in));
+    CHECK_OK(out->ops->push(out, numbered(1, 0, 4, 4)));
+    sf_packet_free(in->ops->pop(in));
+    tcp_proxy_set_drop(proxy, 1);
+    tcp_proxy_cut(proxy);
+    expect_peer_failure(in, 1, 0.6 + 0.5, "rank 0 (host loopback) stopped answering", "partitioned sender");
+    const double t0 = now_s();
+    while (sf_net_link_error(out) == SF_OK && now_s() - t0 < 2) usleep(10000);
+    CHECKF(sf_net_link_error(out) != SF_OK && strstr(sf_last_error(), "stopped answering"), "the partitioned sender learns: %s",
+           sf_last_error());
+    sf_link_destroy(out);
+    sf_link_destroy(in);
+    free_pair(&p);
+    tcp_proxy_stop(proxy);
+}
+
 /* Raw messages to a plaintext rank 1 posing as rank 0. */
 static void send_raw(void *s, const net_env *e, const void *payload, size_t len, int corrupt_env)
 {
@@ -532,7 +590,7 @@ int main(int argc, char **argv)
         void (*run)(void);
     } parts[] = {{"child", stopped_child}, {"roundtrip", roundtrips}, {"lossy", lossy_link},
                  {"backpressure", back_pressure}, {"curve", curve_refusals}, {"frozen", frozen_peer},
-                 {"reconnect", reconnect}, {"slow", slow_path}, {"malformed", malformed}};
+                 {"reconnect", reconnect}, {"slow", slow_path}, {"aborts", aborts}, {"malformed", malformed}};
     for (int i = 0; i < 3; i++) CHECK_OK(sf_net_keypair(pub[i], sec[i]));
     /* the child part first: the fork happens before this process has any thread */
     for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
