@@ -454,7 +454,7 @@ int sf_net_link_create(sf_net *n, int peer, uint32_t channel, int direction, con
         l->ring_cap = o.window_packets + 1;
         l->ring = calloc((size_t)l->ring_cap, sizeof *l->ring);
         if (!l->ring) rc = sf_error(SF_E_NOMEM, "out of memory for a network link");
-        if (rc == SF_OK && o.quant != SF_QUANT_F32 && o.error_feedback > 0) rc = sf_wire_feedback_create(&l->fb);
+        if (rc == SF_OK && o.quant != SF_QUANT_F32 && o.error_feedback >= 0) rc = sf_wire_feedback_create(&l->fb);
     } else {
         l->inbox_cap = o.window_packets;
         l->inbox = calloc((size_t)l->inbox_cap, sizeof *l->inbox);
