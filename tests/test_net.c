@@ -390,6 +390,12 @@ static void stopped_child(void)
     CHECK_OK(make_net(&p, 0, 0, 1, 600, &p.net[0]));
     sf_link *in = NULL;
     CHECK_OK(sf_net_link_create(p.net[0], 1, 3, SF_NET_RECV, NULL, &in));
+    if (!in) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        free_pair(&p);
+        return;
+    }
     int got = 0;
     for (int i = 0; i < 3; i++) {
         sf_packet *x = in->ops->pop(in);
@@ -546,6 +552,10 @@ static void malformed(void)
         CHECK_OK(make_net(&p, 1, 1, 0, 3000, &p.net[1]));
         sf_link *in = NULL;
         CHECK_OK(sf_net_link_create(p.net[1], 0, 6, SF_NET_RECV, NULL, &in));
+        if (!in) {
+            free_pair(&p);
+            return;
+        }
         void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
         zmq_connect(s, p.ep[1]);
         net_env hb = {MSG_HEARTBEAT, 0, 0, 0, 0, 0, 0, 0};
