@@ -372,6 +372,12 @@ static void on_zap(sf_net *n)
 static void tick(sf_net *n)
 {
     const int64_t now = net_now_ms();
+    /* messages still waiting on the ROUTER (this thread was held up: a loaded machine, a
+     * stopped process resumed) may be the very heartbeats: read them before judging anyone
+     * (up to twice the timeout, so that another peer's flood cannot hide a dead one) */
+    int events = 0;
+    size_t size = sizeof events;
+    const int unread = zmq_getsockopt(n->router, ZMQ_EVENTS, &events, &size) == 0 && (events & ZMQ_POLLIN);
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];
         if (p->want_active && !p->active) activate(n, i);
@@ -381,7 +387,8 @@ static void tick(sf_net *n)
                           n->o.connect_timeout_ms);
             continue;
         }
-        if (p->last_heard_ms >= 0 && now - p->last_heard_ms > n->o.timeout_ms) {
+        if (p->last_heard_ms >= 0 && now - p->last_heard_ms > n->o.timeout_ms &&
+            (!unread || now - p->last_heard_ms > 2 * (int64_t)n->o.timeout_ms)) {
             net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) stopped answering: silent for %lld ms (timeout %d ms, last progress %llu)",
                           p->rank, p->host, (long long)(now - p->last_heard_ms), n->o.timeout_ms,
                           (unsigned long long)p->progress);
