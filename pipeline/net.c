@@ -272,37 +272,42 @@ static int on_router(sf_net *n)
     int authenticated = -1;
     const char *uid = zmq_msg_gets(&env, "User-Id");
     if (uid && *uid) authenticated = atoi(uid);
-    net_env e;
-    int rc = net_env_parse(zmq_msg_data(&env), zmq_msg_size(&env), &e);
-    char why[200];
-    snprintf(why, sizeof why, "%s", rc == SF_OK ? "" : sf_last_error());
-    int rank = authenticated >= 0 ? authenticated : (rc == SF_OK ? (int)e.rank : -1);
-    int i = rank >= 0 ? peer_index(n, rank) : -1;
-    const size_t rid_len = zmq_msg_size(&id);
     pthread_mutex_lock(&n->lock);
-    for (int j = 0; j < n->n_peers && i < 0 && rank < 0; j++)
-        if (n->peers[j].rid_len && n->peers[j].rid_len == rid_len && !memcmp(n->peers[j].rid, zmq_msg_data(&id), rid_len)) i = j;
-    if (i >= 0 && rc == SF_OK && rid_len <= sizeof n->peers[i].rid)
-        memcpy(n->peers[i].rid, zmq_msg_data(&id), rid_len), n->peers[i].rid_len = rid_len;
-    if (i >= 0 && !n->peers[i].failed) {
-        net_peer *p = &n->peers[i];
-        if (rc == SF_OK && authenticated >= 0 && (int)e.rank != authenticated)
-            rc = SF_E_PEER, snprintf(why, sizeof why, "a message claiming to be from rank %u", e.rank);
-        if (rc == SF_OK && extra) rc = SF_E_PEER, snprintf(why, sizeof why, "a message of too many parts");
-        if (rc != SF_OK) {
-            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) sent a malformed message: %s", p->rank, p->host, why);
-        } else {
-            p->last_heard_ms = net_now_ms();
-            if (!p->active) p->want_active = 1;
-            if (e.type == MSG_HEARTBEAT) p->progress = e.a;
-            else net_link_on_message(n, i, &e, &pay, has_payload);
-        }
-    }
+    net_deliver(n, authenticated, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&env), zmq_msg_size(&env), &pay,
+                has_payload, extra);
     pthread_mutex_unlock(&n->lock);
     zmq_msg_close(&id);
     zmq_msg_close(&env);
     zmq_msg_close(&pay);
     return 1;
+}
+
+void net_deliver(sf_net *n, int authenticated, const void *rid, size_t rid_len, const void *env, size_t env_len,
+                 zmq_msg_t *payload, int has_payload, int extra)
+{
+    net_env e;
+    int rc = net_env_parse(env, env_len, &e);
+    char why[200];
+    snprintf(why, sizeof why, "%s", rc == SF_OK ? "" : sf_last_error());
+    int rank = authenticated >= 0 ? authenticated : (rc == SF_OK ? (int)e.rank : -1);
+    int i = rank >= 0 ? peer_index(n, rank) : -1;
+    for (int j = 0; j < n->n_peers && i < 0 && rank < 0; j++)
+        if (n->peers[j].rid_len && n->peers[j].rid_len == rid_len && !memcmp(n->peers[j].rid, rid, rid_len)) i = j;
+    if (i >= 0 && rc == SF_OK && rid_len <= sizeof n->peers[i].rid)
+        memcpy(n->peers[i].rid, rid, rid_len), n->peers[i].rid_len = rid_len;
+    if (i < 0 || n->peers[i].failed) return;
+    net_peer *p = &n->peers[i];
+    if (rc == SF_OK && authenticated >= 0 && (int)e.rank != authenticated)
+        rc = SF_E_PEER, snprintf(why, sizeof why, "a message claiming to be from rank %u", e.rank);
+    if (rc == SF_OK && extra) rc = SF_E_PEER, snprintf(why, sizeof why, "a message of too many parts");
+    if (rc != SF_OK) {
+        net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) sent a malformed message: %s", p->rank, p->host, why);
+        return;
+    }
+    p->last_heard_ms = net_now_ms();
+    if (!p->active) p->want_active = 1;
+    if (e.type == MSG_HEARTBEAT) p->progress = e.a;
+    else net_link_on_message(n, i, &e, payload, has_payload);
 }
 
 /* ---- ZAP (RFC 27): admit the peers' keys, or in plaintext their addresses ---------------- */

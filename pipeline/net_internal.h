@@ -108,6 +108,13 @@ enum { NET_DATA = 0, NET_CONTROL = 1 };
  * <0 error. payload may be NULL; it is moved (zmq_msg_send) when sent. */
 int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *payload);
 
+/* Under lock: one message that arrived on the ROUTER (routing id, envelope, optional payload,
+ * extra = it had more parts than any message has; authenticated = the rank of its CURVE key,
+ * -1 without CURVE). Validates, attributes and dispatches it; what is wrong fails the peer or
+ * the link. Also the entry point of the fuzz target for a receiver's message handling. */
+void net_deliver(sf_net *n, int authenticated, const void *rid, size_t rid_len, const void *env, size_t env_len,
+                 zmq_msg_t *payload, int has_payload, int extra);
+
 /* net_link.c, for the I/O thread (under lock). */
 void net_link_on_message(sf_net *n, int peer, const net_env *e, zmq_msg_t *payload, int has_payload);
 /* Sends what the peer's links have ready (acknowledgements on CONTROL, packets on DATA). */
