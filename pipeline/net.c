@@ -438,9 +438,8 @@ static void tick(sf_net *n)
 static void *io_thread(void *arg)
 {
     sf_net *n = arg;
-    const int slots = 3 + 4 * n->n_peers;
-    zmq_pollitem_t *items = calloc((size_t)slots, sizeof *items);
-    int *which = calloc((size_t)slots, sizeof *which);
+    zmq_pollitem_t *items = n->poll_items;
+    int *which = n->poll_peer;
     int poll_ms = n->o.heartbeat_ms / 4;
     if (poll_ms < 5) poll_ms = 5;
     if (poll_ms > 100) poll_ms = 100;
@@ -495,8 +494,6 @@ static void *io_thread(void *arg)
     }
     zmq_close(n->router);
     zmq_close(n->zap);
-    free(items);
-    free(which);
     return NULL;
 }
 
@@ -538,7 +535,7 @@ static void allow_host(sf_net *n, const char *host)
 
 static int valid_key(const char *key) { return key && strlen(key) == 40; }
 
-int sf_net_create(const sf_net_options *opt, sf_net **out)
+static int create(const sf_net_options *opt, int detached, sf_net **out)
 {
     *out = NULL;
     if (!opt || !opt->bind || opt->rank < 0 || opt->n_peers < 0 || (opt->n_peers && !opt->peers))
@@ -588,10 +585,22 @@ int sf_net_create(const sf_net_options *opt, sf_net **out)
             p->has_key = 1;
         }
     }
+    if (rc == SF_OK) { /* the I/O thread's poll set: router, ZAP, per peer 2 monitors and 2 dealers, the eventfd */
+        n->poll_items = calloc(3 + 4 * (size_t)n->n_peers, sizeof *n->poll_items);
+        n->poll_peer = calloc(3 + 4 * (size_t)n->n_peers, sizeof *n->poll_peer);
+        if (!n->poll_items || !n->poll_peer) rc = sf_error(SF_E_NOMEM, "out of memory for the network");
+    }
+    if (rc == SF_OK) {
+        n->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (n->wake_fd < 0) rc = sf_error(SF_E_IO, "cannot make an eventfd: %s", strerror(errno));
+    }
+    if (rc == SF_OK && detached) {
+        *out = n;
+        return SF_OK;
+    }
     if (rc == SF_OK) {
         n->ctx = zmq_ctx_new();
-        n->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (!n->ctx || n->wake_fd < 0) rc = sf_error(SF_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(errno));
+        if (!n->ctx) rc = sf_error(SF_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(errno));
     }
     if (rc == SF_OK) {
         /* the ZAP handler must exist before the ROUTER accepts anyone: without one libzmq
@@ -623,6 +632,10 @@ int sf_net_create(const sf_net_options *opt, sf_net **out)
     return SF_OK;
 }
 
+int sf_net_create(const sf_net_options *opt, sf_net **out) { return create(opt, 0, out); }
+
+int net_create_detached(const sf_net_options *opt, sf_net **out) { return create(opt, 1, out); }
+
 void sf_net_free(sf_net *n)
 {
     if (!n) return;
@@ -647,6 +660,8 @@ void sf_net_free(sf_net *n)
     for (int i = 0; i < n->n_allowed; i++) free(n->allowed_addr[i]);
     free(n->allowed_addr);
     free(n->peers);
+    free(n->poll_items);
+    free(n->poll_peer);
     free(n->bind);
     pthread_mutex_destroy(&n->lock);
     free(n);

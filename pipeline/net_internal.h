@@ -91,6 +91,8 @@ struct sf_net {
     net_ctrl *ctrl, **ctrl_tail;
     uint64_t progress;
     size_t max_bytes;
+    zmq_pollitem_t *poll_items; /* the I/O thread's */
+    int *poll_peer;
 };
 
 int64_t net_now_ms(void);
@@ -114,6 +116,10 @@ int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *pay
  * the link. Also the entry point of the fuzz target for a receiver's message handling. */
 void net_deliver(sf_net *n, int authenticated, const void *rid, size_t rid_len, const void *env, size_t env_len,
                  zmq_msg_t *payload, int has_payload, int extra);
+
+/* An sf_net with its peers and links but no sockets and no I/O thread: messages reach it only
+ * through net_deliver and nothing is sent (for the fuzz target). Free with sf_net_free. */
+int net_create_detached(const sf_net_options *o, sf_net **out);
 
 /* net_link.c, for the I/O thread (under lock). */
 void net_link_on_message(sf_net *n, int peer, const net_env *e, zmq_msg_t *payload, int has_payload);
