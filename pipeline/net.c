@@ -78,15 +78,23 @@ int net_env_parse(const uint8_t *buf, size_t len, net_env *e)
 
 /* ---- peers ---------------------------------------------------------------------------- */
 
-void net_queue_abort(sf_net *n, int peer, int type, uint32_t channel, int code, const char *text)
+static void queue_ctrl(sf_net *n, int peer, const net_env *e, const char *text)
 {
     net_ctrl *c = calloc(1, sizeof *c);
     if (!c) return; /* the peer then learns by its own timeout */
-    c->peer = peer, c->type = type, c->channel = channel, c->code = code;
+    c->peer = peer, c->e = *e;
     snprintf(c->text, sizeof c->text, "%s", text ? text : "");
     *n->ctrl_tail = c;
     n->ctrl_tail = &c->next;
 }
+
+void net_queue_abort(sf_net *n, int peer, int type, uint32_t channel, int code, const char *text)
+{
+    const net_env e = {type, 0, (uint32_t)n->o.rank, channel, 0, (uint64_t)(int64_t)code, 0, 0};
+    queue_ctrl(n, peer, &e, text);
+}
+
+void net_queue_ack(sf_net *n, int peer, const net_env *e) { queue_ctrl(n, peer, e, NULL); }
 
 void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
 {
@@ -405,11 +413,10 @@ static void tick(sf_net *n)
                 cc = &c->next;
                 continue;
             }
-            net_env e = {c->type, 0, (uint32_t)n->o.rank, c->channel, 0, (uint64_t)(int64_t)c->code, 0, 0};
             zmq_msg_t text;
             zmq_msg_init_size(&text, strlen(c->text));
             memcpy(zmq_msg_data(&text), c->text, strlen(c->text));
-            int rc = net_send(n, p, NET_CONTROL, &e, &text);
+            int rc = net_send(n, p, NET_CONTROL, &c->e, c->e.type == MSG_ACK ? NULL : &text);
             zmq_msg_close(&text);
             if (rc == 1) break;
             *cc = c->next;

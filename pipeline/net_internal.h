@@ -65,11 +65,11 @@ typedef struct net_peer {
     size_t rid_len;
 } net_peer;
 
-typedef struct net_ctrl { /* an abort to tell a peer (aborts outlive their links) */
+typedef struct net_ctrl { /* a control message that outlives its link: an abort, a last ACK */
     struct net_ctrl *next;
-    int peer, type, code;
-    uint32_t channel;
-    char text[ABORT_TEXT_MAX];
+    int peer;
+    net_env e;
+    char text[ABORT_TEXT_MAX]; /* aborts: the reason, sent as a second frame */
 } net_ctrl;
 
 typedef struct net_link net_link;
@@ -99,6 +99,8 @@ int64_t net_now_ms(void);
 void net_wake(sf_net *n);
 /* Under lock: queue an abort message for a peer. */
 void net_queue_abort(sf_net *n, int peer, int type, uint32_t channel, int code, const char *text);
+/* Under lock: queue an ACK for a peer (a receiving half's last, sent after it is gone). */
+void net_queue_ack(sf_net *n, int peer, const net_env *e);
 /* Under lock: every link to/from peer fails with code and message. */
 void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -400,6 +400,12 @@ static void net_destroy(sf_link *base)
     if (!finished && !l->error)
         net_link_fail(l, SF_E_CLOSED, 1, "link %s rank %d, channel %u: destroyed before its end", dir_name(l->dir),
                       peer_rank(l), l->channel);
+    if (l->dir == SF_NET_RECV && finished && !l->error && l->ack_dirty) {
+        /* the acknowledgement of the end may not have left yet: the sender's destroy waits for it */
+        const net_env e = {MSG_ACK, 0, (uint32_t)n->o.rank, l->channel, l->expected - 1, l->r_popped, l->r_popped_bytes,
+                           (uint32_t)l->o.window_packets};
+        net_queue_ack(n, l->peer, &e);
+    }
     if (l->dir == SF_NET_SEND) free_send_entries(l);
     free_inbox(l);
     for (net_link **pp = &n->links; *pp; pp = &(*pp)->next)
