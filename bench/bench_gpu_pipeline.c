@@ -284,7 +284,10 @@ static void run_tokens(const sf_model *m, const char *device, const char *tokens
     const double timed = (double)(count - pulled0), seconds = t1 - t0;
     const double per_token_steady = segment_useful_flops(c, (int)N, globals_at(c, 1u << 30)) / N;
     printf("seqflow %s (%s): %zu tokens (%zu segments, %d warm-up), %.0f tokens/s steady\n", device,
-           precision == SF_PRECISION_F32 ? "f32" : precision == SF_PRECISION_BF16 ? "bf16" : "default precision", count,
+           precision == SF_PRECISION_F32    ? "f32"
+           : precision == SF_PRECISION_BF16 ? "bf16"
+           : precision == SF_PRECISION_FP8  ? "fp8"
+                                            : "default precision", count,
            n_seg, warmup,
            timed / seconds);
     printf("useful work: %.2f MFLOP/token with a full global FIFO; %.1f TFLOP/s achieved over the timed segments",
@@ -403,7 +406,7 @@ static void usage(void)
             "usage: bench_gpu_pipeline --make-model PATH --preset reference|attention|small [--seed S]\n"
             "                          [--causal 0|1] [--memory none|linear|delta] [--segment N --branches W:R,...]\n"
             "       bench_gpu_pipeline --make-tokens PATH --count N [--vocab V] [--seed S]\n"
-            "       bench_gpu_pipeline --model PATH --tokens PATH [--device cuda|cpu] [--precision bf16|f32]\n"
+            "       bench_gpu_pipeline --model PATH --tokens PATH [--device cuda|cpu] [--precision bf16|fp8|f32]\n"
             "                          [--warmup-segments W] [--batch B (block batch=)]\n"
             "                          [--streams S (S streams of whole segments, round-robin; no --out)]\n"
             "                          [--out H.npy] [--gemm-tflops R]\n"
@@ -436,6 +439,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--precision") == 0) {
             if (strcmp(v, "bf16") == 0) precision = SF_PRECISION_BF16;
             else if (strcmp(v, "f32") == 0) precision = SF_PRECISION_F32;
+            else if (strcmp(v, "fp8") == 0) precision = SF_PRECISION_FP8;
             else usage();
         }
         else if (strcmp(a, "--make-tokens") == 0) make_tokens_path = v;
