@@ -38,11 +38,12 @@ static void die(const char *what)
 }
 
 static const char *settings = NULL;
+static const char *device = "cuda"; /* --device: cpu to try the benchmark itself on a machine without a GPU */
 static sf_precision precision = SF_PRECISION_AUTO;
 
 static sf_graph *open_graph(const sf_model *m)
 {
-    sf_graph_options o = {.device = "cuda", .queue_depth = 4, .precision = precision, .backend_settings = settings};
+    sf_graph_options o = {.device = device, .queue_depth = 4, .precision = precision, .backend_settings = settings};
     sf_graph *g;
     if (sf_graph_create(m, &o, &g) != SF_OK) die("creating the graph");
     if (sf_graph_parse(g, "segment ! embed ! block ! norm") != SF_OK) die("building the pipeline");
@@ -92,7 +93,7 @@ static void cold(const char *model_path, int segments)
     if (segments < 21) segments = 21;
     double t = sf_monotonic_seconds();
     sf_backend *be;
-    if (sf_backend_create("cuda", 0, &be) != SF_OK) die("CUDA");
+    if (sf_backend_create(device, 0, &be) != SF_OK) die(device);
     sf_backend_free(be);
     const double context_s = sf_monotonic_seconds() - t;
     t = sf_monotonic_seconds();
@@ -227,7 +228,7 @@ static void latency(const char *model_path, int segments, double load, size_t ch
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_start_latency --model PATH (--cold | --latency) [--segments S] [--load F] [--chunk C]\n"
-                    "                           [--settings K=V,...] [--precision bf16|fp8|f32]\n");
+                    "                           [--settings K=V,...] [--precision bf16|fp8|f32] [--device cuda|cpu]\n");
     exit(2);
 }
 
@@ -254,6 +255,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--load") == 0) load = atof(v);
         else if (strcmp(a, "--chunk") == 0) chunk = (size_t)strtoull(v, NULL, 10);
         else if (strcmp(a, "--settings") == 0) settings = v;
+        else if (strcmp(a, "--device") == 0) device = v;
         else if (strcmp(a, "--precision") == 0) {
             if (strcmp(v, "bf16") == 0) precision = SF_PRECISION_BF16;
             else if (strcmp(v, "fp8") == 0) precision = SF_PRECISION_FP8;
