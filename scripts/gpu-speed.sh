@@ -26,7 +26,7 @@
 # $OUT/summary.txt. GPU_SPEED_REPS (default 3) sets the pairs of 4 and the runs of 5;
 # GPU_SPEED_BUDGET (default 390) the seconds after which optional steps are skipped.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 START=$SECONDS
 OUT=${OUT:-/tmp/gpu_speed_out}
 DATA=${GPU_SPEED_DATA:-/tmp/gpu_speed_data}
