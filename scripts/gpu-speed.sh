@@ -121,6 +121,9 @@ note "reference model, push mode (bench_gpu_pipeline, 64 segments, 4 warm-up), m
 "$BENCH" --model "$REF" --tokens "$DATA/tokens64.u32" --precision fp8 --settings fp8_scale=epilogue --warmup-segments 4 \
   >"$OUT/rate_fp8_epilogue.txt" 2>&1
 note "  fp8 with fp8_scale=epilogue (scales in a kernel of ours): $(value tokens_per_s "$OUT/rate_fp8_epilogue.txt") tokens/s (one run)"
+"$BENCH" --model "$REF" --tokens "$DATA/tokens64.u32" --precision fp8 --settings fp8_accum=fast --warmup-segments 4 \
+  >"$OUT/rate_fp8_fast.txt" 2>&1
+note "  fp8 with fp8_accum=fast (cuBLASLt's FAST_ACCUM): $(value tokens_per_s "$OUT/rate_fp8_fast.txt") tokens/s (one run)"
 grep -h "fp8" "$OUT"/rate_fp8_1.txt | grep -v "^RESULT" | head -3
 
 # one segment against the CPU's float32 pipeline
@@ -128,8 +131,9 @@ if time_left $((BUDGET - 170)); then
   t1=$SECONDS
   timeout 120 "$SEQFLOW" run -d cpu -m "$REF" -i "$DATA/tokens1.u32" -f u32 -o "$DATA/ref_cpu.npy" -q
   note "CPU float32 reference of one segment: $((SECONDS - t1)) s"
-  for p in bf16 fp8; do
-    "$SEQFLOW" run -d cuda --precision $p -m "$REF" -i "$DATA/tokens1.u32" -f u32 -o "$DATA/ref_$p.npy" -q
+  for p in bf16 fp8 fp8fast; do
+    case $p in fp8fast) args=(--precision fp8 --backend-settings fp8_accum=fast) ;; *) args=(--precision "$p") ;; esac
+    "$SEQFLOW" run -d cuda "${args[@]}" -m "$REF" -i "$DATA/tokens1.u32" -f u32 -o "$DATA/ref_$p.npy" -q
     python3 - "$DATA/ref_$p.npy" "$DATA/ref_cpu.npy" $p <<'EOF' | tee -a "$SUMMARY"
 import sys
 import numpy as np

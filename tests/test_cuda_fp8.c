@@ -6,7 +6,9 @@
  * column), which a per-tensor scale would miss by far on the small ones, and the error must be
  * above TOL_NOT_BF16 (the product did not silently run in float32 or bf16). Row counts 1, 37,
  * 64 and 512 (not multiples of cuBLASLt's tiles). Both ways of applying the scales run
- * (fp8_scale=auto: inside cuBLASLt where it offers outer-vector scales; fp8_scale=epilogue).
+ * (fp8_scale=auto: inside cuBLASLt where it offers outer-vector scales; fp8_scale=epilogue), and
+ * with cuBLASLt's fast accumulation (fp8_accum=fast). W1 and W3 prepared as one group (one
+ * product of twice the width) and apart.
  * Outputs are poisoned with NaN first. Without a GPU this prints "skipped: no GPU" and exits
  * 77; on a GPU without FP8 (compute capability below 8.9) it checks that creation is refused. */
 #include <math.h>
@@ -212,7 +214,7 @@ static void check_qkv(sf_backend *be, const char *mode, check_rng *r, int n, int
 }
 
 /* ffn: x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x); the error is of the added part. */
-static void check_ffn(sf_backend *be, const char *mode, check_rng *r, int n, int dim, int hidden)
+static void check_ffn(sf_backend *be, const char *mode, check_rng *r, int n, int dim, int hidden, int grouped)
 {
     float *x = malloc((size_t)n * dim * sizeof *x), *g = malloc((size_t)dim * sizeof *g);
     float *w1 = malloc((size_t)hidden * dim * sizeof *w1), *w3 = malloc((size_t)hidden * dim * sizeof *w3);
@@ -229,7 +231,12 @@ static void check_ffn(sf_backend *be, const char *mode, check_rng *r, int n, int
     float *d1 = dev_upload(be, w1, (size_t)hidden * dim * 4), *d3 = dev_upload(be, w3, (size_t)hidden * dim * 4);
     float *d2 = dev_upload(be, w2, (size_t)dim * hidden * 4);
     const float *w13[2] = {d1, d3};
-    CHECK_OK(sf_be_prepare_weights(be, 2, w13, hidden, dim));
+    if (grouped) {
+        CHECK_OK(sf_be_prepare_weights(be, 2, w13, hidden, dim)); /* W1|W3: one product */
+    } else {
+        CHECK_OK(sf_be_prepare_weights(be, 1, &w13[0], hidden, dim)); /* one product each */
+        CHECK_OK(sf_be_prepare_weights(be, 1, &w13[1], hidden, dim));
+    }
     CHECK_OK(sf_be_prepare_weights(be, 1, (const float *const *)&d2, dim, hidden));
     const size_t h1_floats = sf_be_ffn_h1_floats(be, n, dim, hidden);
     float *du = nan_buffer(be, (size_t)n * dim), *dh1 = h1_floats ? nan_buffer(be, h1_floats) : NULL;
@@ -243,7 +250,7 @@ static void check_ffn(sf_backend *be, const char *mode, check_rng *r, int n, int
     reference(h, w2, n, hidden, dim, want, 0);
     for (size_t i = 0; i < (size_t)n * dim; i++) got[i] -= x[i];
     char label[128];
-    snprintf(label, sizeof label, "%s ffn [%d,%d] hidden %d", mode, n, dim, hidden);
+    snprintf(label, sizeof label, "%s ffn [%d,%d] hidden %d%s", mode, n, dim, hidden, grouped ? ", W1|W3" : "");
     expect(label, compare(got, want, n, dim, dim));
     be->ops->free(be, dx), be->ops->free(be, dg), be->ops->free(be, d1), be->ops->free(be, d3);
     be->ops->free(be, d2), be->ops->free(be, du), be->ops->free(be, dh1), be->ops->free(be, dh3);
@@ -257,7 +264,7 @@ int main(void)
     CHECK(sf_backend_create_ex("cpu", 0, SF_PRECISION_FP8, &refused) == SF_E_UNSUPPORTED && refused == NULL);
     CHECK(strstr(sf_last_error(), "fp8") != NULL);
     if (!check_have_gpu()) return check_finish("test_cuda_fp8") != 0 ? 1 : check_skip("no GPU");
-    static const char *const modes[] = {"fp8_scale=auto", "fp8_scale=epilogue"};
+    static const char *const modes[] = {"fp8_scale=auto", "fp8_scale=epilogue", "fp8_accum=fast"};
     static const int shapes[][3] = {{64, 128, 256}, {37, 256, 96}, {1, 64, 32}, {512, 1024, 1024}};
     check_rng r = {2027};
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
@@ -277,8 +284,9 @@ int main(void)
             check_matmul(be, modes[mi], &r, shapes[s][0], shapes[s][1], shapes[s][2]);
         check_qkv(be, modes[mi], &r, 37, 128, 64, SF_DTYPE_BF16);
         check_qkv(be, modes[mi], &r, 256, 256, 256, SF_DTYPE_F32);
-        check_ffn(be, modes[mi], &r, 37, 128, 256);
-        check_ffn(be, modes[mi], &r, 256, 256, 512);
+        check_ffn(be, modes[mi], &r, 37, 128, 256, 1);
+        check_ffn(be, modes[mi], &r, 256, 256, 512, 1);
+        check_ffn(be, modes[mi], &r, 64, 128, 256, 0);
         sf_backend_free(be);
     }
     return check_finish("test_cuda_fp8");

@@ -112,7 +112,7 @@ typedef struct sf_cuda_gemm_plan {
  * cuBLASLt applies the weight and row scales (outer-vector scale mode); else unit scales and
  * the epilogue kernel applies them. */
 typedef struct sf_cuda_fp8_plan {
-    int n, in, out, ldy, accumulate, align, outer;
+    int n, in, out, ldy, accumulate, align, outer, fast_accum;
     cudaDataType ytype;
     cublasLtMatmulAlgo_t algo;
     cublasLtMatmulDescOpaque_t op;

@@ -46,6 +46,7 @@ typedef struct sf_cuda_settings {
     int device_rows;      /* device_rows: rows stay on the device between stages (0: through the host) */
     int warmup;           /* warmup: first-use costs (kernel loading, product plans, pinned buffers) paid at start-up */
     int fp8_scale;        /* fp8_scale: an sf_cuda_fp8_scale (precision fp8 only) */
+    int fp8_accum;        /* fp8_accum: 0 ("exact") partial sums promoted to float32, 1 ("fast") cuBLASLt's FAST_ACCUM */
 } sf_cuda_settings;
 
 /* The built-in defaults (the fastest measured), ignoring the environment. */

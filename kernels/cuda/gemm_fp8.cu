@@ -8,7 +8,8 @@
  * with setting fp8_scale=epilogue) it runs with unit scales into a float32 buffer and
  * scale_epilogue below applies them. Accumulation is cuBLASLt's default, which promotes the
  * tensor cores' partial sums to float32 (FAST_ACCUM off): the products stay accurate to the
- * inputs' rounding. */
+ * inputs' rounding; setting fp8_accum=fast turns FAST_ACCUM on (faster, the partial sums then
+ * keep the tensor cores' narrower accumulator). */
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_fp8.h>
@@ -148,6 +149,8 @@ static cublasStatus_t describe_fp8(sf_cuda_fp8_plan *p)
     cublasStatus_t st = cublasLtMatmulDescInit(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t);
     if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt);
+    const int8_t fast = (int8_t)p->fast_accum;
+    if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
     if (p->outer) {
         const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
         if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
@@ -216,13 +219,17 @@ int sf_cuda_fp8_init(sf_cuda *c)
                         "precision fp8: GPU %d has compute capability %d.%d; FP8 products need 8.9 or later (use "
                         "--precision bf16)",
                         c->device, c->info.major, c->info.minor);
-    /* a model-like shape; the scale pointers only need to be device addresses here */
+    /* a model-like shape with either output type (each shape is asked again at its first use);
+     * the scale pointers only need to be device addresses here */
     sf_cuda_fp8_plan p;
     cublasLtMatmulHeuristicResult_t found[FP8_CANDIDATES];
     const float *any = (const float *)c->blas_workspace;
-    for (int outer = c->settings.fp8_scale == SF_CUDA_FP8_SCALE_AUTO; outer >= 0; outer--) {
+    const cudaDataType ytypes[2] = {CUDA_R_32F, CUDA_R_16BF};
+    for (int k = (c->settings.fp8_scale == SF_CUDA_FP8_SCALE_AUTO ? 0 : 2); k < 4; k++) {
+        const int outer = k < 2;
         memset(&p, 0, sizeof p);
-        p.n = 256, p.in = 256, p.out = 256, p.ldy = 256, p.align = 256, p.outer = outer, p.ytype = CUDA_R_32F;
+        p.n = 256, p.in = 256, p.out = 256, p.ldy = 256, p.align = 256, p.outer = outer, p.ytype = ytypes[k % 2];
+        p.fast_accum = c->settings.fp8_accum;
         if (describe_fp8(&p) != CUBLAS_STATUS_SUCCESS || set_scales(&p, any, any) != CUBLAS_STATUS_SUCCESS) continue;
         if (candidates(c, &p, found, FP8_CANDIDATES) > 0) {
             c->fp8_outer = outer;
@@ -325,7 +332,7 @@ static int find_plan(sf_cuda *c, const sf_cuda_fp8_args *g, sf_cuda_fp8_plan *tm
     for (int outer = c->fp8_outer; outer >= 0 && rc == SF_E_UNSUPPORTED; outer--) {
         memset(p, 0, sizeof *p);
         p->n = g->n, p->in = g->in, p->out = g->out, p->ldy = g->ldy, p->ytype = g->ytype;
-        p->accumulate = g->beta != 0.0f, p->align = align, p->outer = outer;
+        p->accumulate = g->beta != 0.0f, p->align = align, p->outer = outer, p->fast_accum = c->settings.fp8_accum;
         if (describe_fp8(p) != CUBLAS_STATUS_SUCCESS) continue;
         void *d = g->y;
         if (!outer) {

@@ -360,11 +360,17 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
         unsigned char *q;
         float *scale;
         rc = fp8_input(c, SF_CUDA_FP8_IN_RMSNORM, n, dim, x, dim, norm, eps, &q, &scale);
-        if (rc == SF_OK)
+        /* W1|W3 prepared as one group (copies and scales consecutive): one product of twice
+         * the width, whose rows are [W1 u | W3 u] as h1 wants them */
+        if (rc == SF_OK && e3->fp8 == e1->fp8 + (size_t)hidden * dim && e3->scale == e1->scale + hidden)
+            rc = fp8_product(c, n, dim, 2 * hidden, q, scale, e1, g1, 2 * hidden, CUDA_R_16BF, 0.0f,
+                             "fp8 GEMM (ffn W1|W3)");
+        else if (rc == SF_OK) {
             rc = fp8_product(c, n, dim, hidden, q, scale, e1, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "fp8 GEMM (ffn W1)");
-        if (rc == SF_OK)
-            rc = fp8_product(c, n, dim, hidden, q, scale, e3, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f,
-                             "fp8 GEMM (ffn W3)");
+            if (rc == SF_OK)
+                rc = fp8_product(c, n, dim, hidden, q, scale, e3, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f,
+                                 "fp8 GEMM (ffn W3)");
+        }
         if (rc == SF_OK) rc = fp8_input(c, SF_CUDA_FP8_IN_SWIGLU, n, hidden, g1, 2 * hidden, NULL, 0.0f, &q, &scale);
         if (rc == SF_OK) rc = fp8_product(c, n, hidden, dim, q, scale, e2, x, dim, CUDA_R_32F, 1.0f, "fp8 GEMM (ffn W2)");
         sf_cuda_leave(c);
