@@ -148,8 +148,9 @@ else
 fi
 
 echo "== B. cold start (a fresh process each)"
-cold() { # tag model settings
-  "$SL" --model "$2" --cold --segments 40 --settings "$3" >"$OUT/cold_$1.txt" 2>&1 || echo "cold run failed: $1" >&2
+cold() { # tag model settings [VAR=VALUE of the environment]
+  env "${4:-SEQFLOW_UNUSED=1}" "$SL" --model "$2" --cold --segments 40 --settings "$3" >"$OUT/cold_$1.txt" 2>&1 ||
+    echo "cold run failed: $1" >&2
   grep -v '^RESULT' "$OUT/cold_$1.txt"
 }
 for r in $(seq "$REPS"); do
@@ -160,6 +161,16 @@ for w in on off; do
   files=$(for r in $(seq "$REPS"); do echo "$OUT/cold_ref_${w}_$r.txt"; done)
   # shellcheck disable=SC2086 # a list of files
   note "reference cold start, warmup=$([ $w = on ] && echo 1 || echo 0), median of $REPS: model loaded to first rows $(for f in $files; do value model_to_first_ms "$f"; done | median) ms (graph creation $(for f in $files; do value setup_ms "$f"; done | median) ms + first segment $(for f in $files; do value first_ms "$f"; done | median) ms); first 10 segments at $(for f in $files; do value first10_ratio "$f"; done | median) of the steady rate ($(for f in $files; do value steady_tps "$f"; done | median) tokens/s); CUDA start $(for f in $files; do value context_ms "$f"; done | median) ms, model load $(for f in $files; do value load_ms "$f"; done | median) ms"
+done
+# once each: how much of it is the product plans' timing (gemm=gemmex times nothing), and CUDA's
+# lazy module loading (CUDA_MODULE_LOADING=EAGER loads every kernel when the context starts)
+cold ref_on_gemmex "$REF" warmup=1,gemm=gemmex >/dev/null
+cold ref_off_gemmex "$REF" warmup=0,gemm=gemmex >/dev/null
+cold ref_off_eager "$REF" warmup=0 CUDA_MODULE_LOADING=EAGER >/dev/null
+cold ref_on_eager "$REF" warmup=1 CUDA_MODULE_LOADING=EAGER >/dev/null
+for tag in ref_on_gemmex ref_off_gemmex ref_off_eager ref_on_eager; do
+  f=$OUT/cold_$tag.txt
+  note "  reference $tag (one run): model loaded to first rows $(value model_to_first_ms "$f") ms (graph creation $(value setup_ms "$f") + first segment $(value first_ms "$f")); first 10 at $(value first10_ratio "$f") of steady; CUDA start $(value context_ms "$f") ms"
 done
 cold small_on "$SMALL" warmup=1 >/dev/null
 cold small_off "$SMALL" warmup=0 >/dev/null

@@ -27,7 +27,8 @@
 
 static sf_graph *new_graph(const sf_model *m, const char *device, sf_precision precision)
 {
-    sf_graph_options opts = {.device = device, .precision = precision};
+    /* one CPU thread: the model is small, and the test may run beside others */
+    sf_graph_options opts = {.device = device, .precision = precision, .threads = 1};
     sf_graph *g = NULL;
     int rc = sf_graph_create(m, &opts, &g);
     if (rc == SF_OK) rc = sf_graph_parse(g, "segment ! embed ! block ! norm");
