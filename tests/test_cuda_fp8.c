@@ -4,8 +4,9 @@
  * output channels of magnitudes spread over four decades and inputs rows over six, with a zero
  * row: each output row and column must match to TOL_FP8_PRODUCT relative (L2 over the row or
  * column), which a per-tensor scale would miss by far on the small ones, and the error must be
- * above TOL_NOT_BF16 (the product did not silently run in float32 or bf16). Row counts 1, 37,
- * 64 and 512 (not multiples of cuBLASLt's tiles). Both ways of applying the scales run
+ * above TOL_NOT_BF16 (the product did not silently run in float32 or bf16). Row counts 1, 16,
+ * 37, 64 and 512 (not multiples of cuBLASLt's tiles); inputs of 64 to 8192 columns, and rows
+ * not 16-byte aligned (both take the quantization's general kernel). Both ways of applying the scales run
  * (fp8_scale=auto: inside cuBLASLt where it offers outer-vector scales; fp8_scale=epilogue), and
  * with cuBLASLt's fast accumulation (fp8_accum=fast). W1 and W3 prepared as one group (one
  * product of twice the width) and apart.
@@ -144,6 +145,22 @@ static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, 
     expect(label, compare(got, want, n, out, out));
     free(got);
 
+    /* x rows one float apart from 16-byte alignment (ldx = in + 1): the quantization's
+     * general kernel, which rows of more than 4096 values take too */
+    float *xp = malloc((size_t)n * (in + 1) * sizeof *xp);
+    for (int i = 0; i < n; i++) {
+        memcpy(xp + (size_t)i * (in + 1), x + (size_t)i * in, (size_t)in * sizeof *xp);
+        xp[(size_t)i * (in + 1) + in] = NAN; /* never read */
+    }
+    float *dxp = dev_upload(be, xp, (size_t)n * (in + 1) * sizeof *xp);
+    CHECK_OK(be->ops->upload(be, dy, y0, (size_t)n * out * sizeof *y0)); /* overwritten: beta 0 */
+    CHECK_OK(be->ops->matmul(be, n, in, out, dxp, in + 1, dw, dy, out, 0));
+    got = download(be, dy, (size_t)n * out);
+    snprintf(label, sizeof label, "%s matmul f32 x, rows %d apart [%d,%d]", mode, in + 1, n, out);
+    expect(label, compare(got, want, n, out, out));
+    free(got), free(xp);
+    be->ops->free(be, dxp);
+
     /* bf16 x, accumulating into y0 */
     uint16_t *xb = malloc((size_t)n * in * sizeof *xb);
     float *xr = malloc((size_t)n * in * sizeof *xr);
@@ -265,7 +282,7 @@ int main(void)
     CHECK(strstr(sf_last_error(), "fp8") != NULL);
     if (!check_have_gpu()) return check_finish("test_cuda_fp8") != 0 ? 1 : check_skip("no GPU");
     static const char *const modes[] = {"fp8_scale=auto", "fp8_scale=epilogue", "fp8_accum=fast"};
-    static const int shapes[][3] = {{64, 128, 256}, {37, 256, 96}, {1, 64, 32}, {512, 1024, 1024}};
+    static const int shapes[][3] = {{64, 128, 256}, {37, 256, 96}, {1, 64, 32}, {512, 1024, 1024}, {16, 8192, 64}};
     check_rng r = {2027};
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
         sf_backend_options opts = {.precision = SF_PRECISION_FP8, .settings = modes[mi]};
