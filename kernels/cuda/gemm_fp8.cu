@@ -389,7 +389,8 @@ static void *timing_target(const sf_cuda *c, const sf_cuda_fp8_args *g, size_t b
 }
 
 /* The fastest candidate of the shape by timing (mean of FP8_TIMED_RUNS after one untimed),
- * into p->algo; the first candidate when there is nowhere to time. SF_E_UNSUPPORTED: none. */
+ * into p->algo; the first candidate when there is nowhere to time. SF_E_UNSUPPORTED: none
+ * offered, or none of those offered ran. */
 static int choose_algo(sf_cuda *c, sf_cuda_fp8_plan *p, const sf_cuda_fp8_args *g, void *d)
 {
     cublasLtMatmulHeuristicResult_t found[FP8_CANDIDATES];
@@ -398,7 +399,7 @@ static int choose_algo(sf_cuda *c, sf_cuda_fp8_plan *p, const sf_cuda_fp8_args *
     if (count == 0) return SF_E_UNSUPPORTED;
     p->algo = found[0].algo;
     void *target = p->outer && g->beta != 0.0f ? timing_target(c, g, y_bytes_of(p)) : d;
-    if (count == 1 || !target) return SF_OK;
+    if (!target) return SF_OK;
     cudaEvent_t start = NULL, stop = NULL;
     int rc = sf_cuda_status(cudaEventCreate(&start), "cudaEventCreate");
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreate(&stop), "cudaEventCreate");
@@ -417,7 +418,9 @@ static int choose_algo(sf_cuda *c, sf_cuda_fp8_plan *p, const sf_cuda_fp8_args *
     }
     if (start) cudaEventDestroy(start);
     if (stop) cudaEventDestroy(stop);
-    return rc;
+    /* offered but none ran (cuBLASLt refusing at the call what its heuristic offered): the
+     * caller tries the unit scales */
+    return rc == SF_OK && best < 0 ? SF_E_UNSUPPORTED : rc;
 }
 
 static int same_shape(const sf_cuda_fp8_plan *p, const sf_cuda_fp8_args *g, int align, int outer)
