@@ -86,8 +86,13 @@ run_test() { # name [args...]: exit status into $OUT/NAME.status
   echo $? >"$OUT/$name.status"
 }
 TESTS="test_cuda_settings test_cuda_fp8 test_gpu_fp8_stream test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue"
-for t in $TESTS; do run_test "$t" & done
-wait
+pids=()
+for t in $TESTS; do
+  run_test "$t" &
+  pids+=($!)
+done
+# the pids, not a bare wait: that would also wait for the log's tee (a process substitution)
+wait "${pids[@]}"
 for t in $TESTS; do
   status=$(cat "$OUT/$t.status")
   case $status in 0) verdict=passed ;; 77) verdict=skipped ;; 124) verdict="TIMED OUT" ;; *) verdict="FAILED ($status)" ;; esac
