@@ -471,7 +471,11 @@ int sf_cuda_gemm_fp8(sf_cuda *c, const sf_cuda_fp8_args *g, const char *what)
     if (rc == SF_OK) rc = find_plan(c, g, &tmp, &p);
     if (rc != SF_OK) return rc;
     if (p->outer) return sf_cublas_status(run_fp8(c, p, &p->algo, g, g->y, g->beta), what);
-    /* unit scales into float32, then the scales (and the accumulation) in the epilogue */
+    /* unit scales into float32 (c->widened), then the scales (and the accumulation) in the
+     * epilogue; an output inside that buffer would be overwritten by its own product */
+    const uintptr_t y = (uintptr_t)g->y, w0 = (uintptr_t)c->widened;
+    if (c->widened && y >= w0 && y < w0 + c->widened_bytes)
+        return sf_error(SF_E_INVAL, "fp8 product: the output lies in the epilogue's own buffer");
     rc = sf_cuda_widened(c, (size_t)g->n * g->out * sizeof(float));
     if (rc == SF_OK) rc = sf_cublas_status(run_fp8(c, p, &p->algo, g, c->widened, 0.0f), what);
     if (rc != SF_OK) return rc;
