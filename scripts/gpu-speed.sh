@@ -82,7 +82,7 @@ run_test() { # name [args...]: exit status into $OUT/NAME.status
   shift
   mkdir -p "$DATA/tmp_$name"
   (cd "$BUILD/tests" && SEQFLOW_TEST_TMP="$DATA/tmp_$name" SEQFLOW_BIN="$SEQFLOW" OPENBLAS_NUM_THREADS=1 \
-     timeout 300 "./$name" "$@") >"$OUT/$name.log" 2>&1
+     timeout 240 "./$name" "$@") >"$OUT/$name.log" 2>&1
   echo $? >"$OUT/$name.status"
 }
 TESTS="test_cuda_settings test_cuda_fp8 test_gpu_fp8_stream test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue"
