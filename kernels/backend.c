@@ -52,7 +52,8 @@ int sf_backend_create_opts(const char *name, const sf_backend_options *opts, sf_
     if (!opts) opts = &defaults;
     if (!name) name = "cpu";
     const sf_precision precision = opts->precision;
-    if (precision != SF_PRECISION_AUTO && precision != SF_PRECISION_F32 && precision != SF_PRECISION_BF16)
+    if (precision != SF_PRECISION_AUTO && precision != SF_PRECISION_F32 && precision != SF_PRECISION_BF16 &&
+        precision != SF_PRECISION_FP8)
         return sf_error(SF_E_INVAL, "sf_backend_create: unknown precision %d", (int)precision);
     int is_cuda = strcmp(name, "cuda") == 0;
 #ifndef SEQFLOW_HAVE_CUDA
@@ -71,6 +72,8 @@ int sf_backend_create_opts(const char *name, const sf_backend_options *opts, sf_
     }
     if (!is_cuda && precision == SF_PRECISION_BF16)
         return sf_error(SF_E_UNSUPPORTED, "precision bf16 needs a GPU device; the cpu backend computes in f32");
+    if (!is_cuda && precision == SF_PRECISION_FP8)
+        return sf_error(SF_E_UNSUPPORTED, "precision fp8 needs the cuda device; the cpu backend computes in f32");
     if (!is_cuda) {
         int rc = cpu_settings(opts->settings);
         if (rc != SF_OK) return rc;
@@ -259,6 +262,12 @@ int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host)
     if (chk->state != 1) return SF_OK;
     chk->state = 0;
     return ext_of(be)->non_finite_end(be, chk->ticket, scan_host);
+}
+
+int sf_be_warmup(sf_backend *be)
+{
+    const sf_backend_ext *e = ext_of(be);
+    return e && e->warmup ? e->warmup(be) : 0;
 }
 
 int sf_be_device_rows(sf_backend *be)

@@ -126,7 +126,7 @@ static void usage(FILE *f)
         "                          on cuda the download from the GPU halves too\n"
         "execution:\n"
         "  -d, --device NAME       cpu (default) or cuda (when built with CUDA and a GPU is present)\n"
-        "      --precision P       bf16 or f32 products (default: bf16 on cuda, f32 on cpu)\n"
+        "      --precision P       bf16, fp8 (cuda only) or f32 products (default: bf16 on cuda, f32 on cpu)\n"
         "      --backend-settings KEY=V[,KEY=V]\n"
         "                          the device backend's own settings (cuda: docs/CUDA.md); each wins\n"
         "                          over its environment default; cpu has none\n"
@@ -391,8 +391,9 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_PRECISION:
             if (strcmp(optarg, "bf16") == 0) a->precision = SF_PRECISION_BF16;
             else if (strcmp(optarg, "f32") == 0) a->precision = SF_PRECISION_F32;
+            else if (strcmp(optarg, "fp8") == 0) a->precision = SF_PRECISION_FP8;
             else {
-                fprintf(stderr, "seqflow: --precision expects bf16 or f32, got '%s'\n", optarg);
+                fprintf(stderr, "seqflow: --precision expects bf16, fp8 or f32, got '%s'\n", optarg);
                 return 2;
             }
             break;
@@ -410,6 +411,10 @@ static int parse_args(int argc, char **argv, run_args *a)
     }
     if ((a->resume || a->checkpoint_every || a->checkpoint_codec) && !a->checkpoint_dir) {
         fprintf(stderr, "seqflow: --resume, --checkpoint-every and --checkpoint-codec need --checkpoint DIR\n");
+        return 2;
+    }
+    if (a->precision == SF_PRECISION_FP8 && (!a->device || strcmp(a->device, "cuda") != 0)) {
+        fprintf(stderr, "seqflow: --precision fp8 needs -d cuda (FP8 products run on the GPU only)\n");
         return 2;
     }
     return 0;
