@@ -1,0 +1,88 @@
+# Installation: `cmake --install BUILD [--prefix DIR]` puts
+#   bin/seqflow, include/seqflow/*.h,
+#   lib/libseqflow.so.0 (+ libseqflow.so) and lib/libseqflow.a,
+#   lib/pkgconfig/seqflow.pc (relocatable: its prefix is found from the file's own place),
+#   lib/cmake/seqflow/ (find_package(seqflow): seqflow::seqflow, seqflow::seqflow_static),
+#   share/man/man1/seqflow.1.
+# `cpack -G DEB` in the build folder packs the same files as seqflow_VERSION_ARCH.deb.
+include(CMakePackageConfigHelpers)
+
+set_target_properties(seqflow_shared PROPERTIES EXPORT_NAME seqflow)
+set_target_properties(seqflow_static PROPERTIES EXPORT_NAME seqflow_static)
+
+install(DIRECTORY include/seqflow DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
+install(TARGETS seqflow RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS seqflow_shared seqflow_static EXPORT seqflowTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES docs/seqflow.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+
+# ---- pkg-config ------------------------------------------------------------------------------
+# prefix relative to the .pc file, so that a copied or relocated tree (and a .deb) still works
+set(SEQFLOW_PC_DIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(SEQFLOW_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  set(SEQFLOW_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+else()
+  file(RELATIVE_PATH SEQFLOW_PC_UP "/root/${SEQFLOW_PC_DIR}" "/root")
+  string(REGEX REPLACE "/$" "" SEQFLOW_PC_UP "${SEQFLOW_PC_UP}")
+  set(SEQFLOW_PC_PREFIX "\${pcfiledir}/${SEQFLOW_PC_UP}")
+  set(SEQFLOW_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+endif()
+if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  set(SEQFLOW_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
+else()
+  set(SEQFLOW_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+endif()
+# what a static link needs beyond the Requires.private modules: OpenMP, threads, libm, and in
+# a CUDA build the CUDA runtime and cuBLAS (with their directory) and the C++ runtime that
+# the .cu objects call
+set(SEQFLOW_PC_LIBS_PRIVATE "${OpenMP_C_FLAGS} -lpthread -lm -ldl")
+if(SEQFLOW_HAVE_CUDA)
+  string(APPEND SEQFLOW_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublas -lcublasLt -lstdc++")
+endif()
+configure_file(seqflow.pc.in ${CMAKE_CURRENT_BINARY_DIR}/seqflow.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/seqflow.pc DESTINATION ${SEQFLOW_PC_DIR})
+
+# ---- CMake package ---------------------------------------------------------------------------
+set(SEQFLOW_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/seqflow)
+install(EXPORT seqflowTargets NAMESPACE seqflow:: DESTINATION ${SEQFLOW_CMAKE_DIR})
+configure_package_config_file(cmake/seqflowConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/seqflowConfig.cmake
+                              INSTALL_DESTINATION ${SEQFLOW_CMAKE_DIR})
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/seqflowConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/seqflowConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/seqflowConfigVersion.cmake
+        DESTINATION ${SEQFLOW_CMAKE_DIR})
+
+# ---- Debian package (cpack -G DEB) -----------------------------------------------------------
+set(CPACK_PACKAGE_NAME seqflow)
+set(CPACK_PACKAGE_VENDOR "seqflow")
+set(CPACK_PACKAGE_CONTACT "seqflow maintainers <seqflow@localhost>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Streaming pipeline framework for unbounded token sequences")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SECTION science)
+# Depends: the run-time libraries from dpkg-shlibdeps (libopenblas0, libzstd1, ...), and since
+# the one package also holds the headers, seqflow.pc and the static library, the -dev packages
+# that pkg-config (Requires.private) and find_package(seqflow) look up
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libopenblas-dev, libcjson-dev, libzmq3-dev, liblz4-dev, libzstd-dev, libxxhash-dev")
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "pkg-config")
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+include(CPack)
+
+# ---- tests of the installed tree -------------------------------------------------------------
+# (not in sanitizer builds: an application built without the sanitizers cannot link them)
+if(SEQFLOW_BUILD_TESTS AND NOT SEQFLOW_SANITIZE)
+  # installs into a temporary prefix, then builds examples/ against it with pkg-config
+  # (shared and --static) and find_package(seqflow), and runs the three programs
+  add_test(NAME install_consumer COMMAND sh ${PROJECT_SOURCE_DIR}/tests/install_consumer.sh
+           ${CMAKE_BINARY_DIR} ${PROJECT_SOURCE_DIR}/examples ${PROJECT_BINARY_DIR}/tests/tmp/install)
+  set_tests_properties(install_consumer PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+  # libseqflow.so exports the functions of the public headers and nothing else, under its soname
+  add_test(NAME shared_exports COMMAND sh ${PROJECT_SOURCE_DIR}/tests/shared_exports.sh
+           $<TARGET_FILE:seqflow_shared> ${PROJECT_SOURCE_DIR}/include/seqflow)
+endif()
