@@ -57,7 +57,7 @@ int sf_backend_create_opts(const char *name, const sf_backend_options *opts, sf_
     int is_cuda = strcmp(name, "cuda") == 0;
 #ifndef SEQFLOW_HAVE_CUDA
     if (is_cuda)
-        return sf_error(SF_E_BACKEND, "device 'cuda': this build has no CUDA backend (nvcc was not found at build time)");
+        return sf_error(SF_E_BACKEND, "device 'cuda': this build has no CUDA backend (built without nvcc or with SEQFLOW_CUDA=OFF); use -d cpu");
 #endif
     if (!is_cuda && strcmp(name, "cpu") != 0) {
         char avail[64] = "";
