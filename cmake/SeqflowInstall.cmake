@@ -8,6 +8,10 @@
 include(CMakePackageConfigHelpers)
 
 set_target_properties(seqflow_shared PROPERTIES EXPORT_NAME seqflow)
+if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  target_link_options(seqflow_shared PRIVATE "-Wl,--version-script=${PROJECT_SOURCE_DIR}/cmake/seqflow.map")
+  set_property(TARGET seqflow_shared APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/seqflow.map)
+endif()
 set_target_properties(seqflow_static PROPERTIES EXPORT_NAME seqflow_static)
 
 install(DIRECTORY include/seqflow DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
@@ -83,6 +87,13 @@ if(SEQFLOW_BUILD_TESTS AND NOT SEQFLOW_SANITIZE)
            ${CMAKE_BINARY_DIR} ${PROJECT_SOURCE_DIR}/examples ${PROJECT_BINARY_DIR}/tests/tmp/install)
   set_tests_properties(install_consumer PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
   # libseqflow.so exports the functions of the public headers and nothing else, under its soname
+  if(NOT SEQFLOW_HAVE_CUDA)
+    add_test(NAME cpu_only COMMAND sh ${PROJECT_SOURCE_DIR}/tests/cpu_only.sh $<TARGET_FILE:seqflow>
+             $<TARGET_FILE:seqflow_shared>)
+  endif()
+  # the CUDA compiler launcher drops ptxas's C7519 note and nothing else
+  add_test(NAME cuda_quiet COMMAND sh ${PROJECT_SOURCE_DIR}/tests/cuda_quiet.sh ${PROJECT_SOURCE_DIR}/cmake/cuda_quiet.sh
+           ${PROJECT_BINARY_DIR}/tests/tmp/cuda_quiet)
   add_test(NAME shared_exports COMMAND sh ${PROJECT_SOURCE_DIR}/tests/shared_exports.sh
            $<TARGET_FILE:seqflow_shared> ${PROJECT_SOURCE_DIR}/include/seqflow)
 endif()

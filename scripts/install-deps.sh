@@ -3,6 +3,7 @@
 #   scripts/install-deps.sh          what building and running needs
 #   scripts/install-deps.sh --fuzz   also clang, libFuzzer's runtime and OpenMP for clang
 #                                    (the fuzz build of scripts/fuzz.sh; scripts/test.sh asks)
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0; fi
 set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-dev libzstd-dev libxxhash-dev libzmq3-dev)
 # for the distributed tests: mpirun starts ranks as a launcher does (rank discovery from Open
