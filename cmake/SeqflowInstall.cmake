@@ -20,7 +20,17 @@ install(TARGETS seqflow_shared seqflow_static EXPORT seqflowTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(FILES docs/seqflow.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+# the man page gzipped, as Debian installs man pages (-n: no time stamp, reproducible)
+find_program(SEQFLOW_GZIP gzip)
+if(SEQFLOW_GZIP)
+  add_custom_command(OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/seqflow.1.gz
+                     COMMAND ${SEQFLOW_GZIP} -n -9 -c ${PROJECT_SOURCE_DIR}/docs/seqflow.1 > ${CMAKE_CURRENT_BINARY_DIR}/seqflow.1.gz
+                     DEPENDS ${PROJECT_SOURCE_DIR}/docs/seqflow.1 VERBATIM)
+  add_custom_target(seqflow_man ALL DEPENDS ${CMAKE_CURRENT_BINARY_DIR}/seqflow.1.gz)
+  install(FILES ${CMAKE_CURRENT_BINARY_DIR}/seqflow.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+else()
+  install(FILES docs/seqflow.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+endif()
 
 # ---- pkg-config ------------------------------------------------------------------------------
 # prefix relative to the .pc file, so that a copied or relocated tree (and a .deb) still works
@@ -94,6 +104,11 @@ if(SEQFLOW_BUILD_TESTS AND NOT SEQFLOW_SANITIZE)
   # the CUDA compiler launcher drops ptxas's C7519 note and nothing else
   add_test(NAME cuda_quiet COMMAND sh ${PROJECT_SOURCE_DIR}/tests/cuda_quiet.sh ${PROJECT_SOURCE_DIR}/cmake/cuda_quiet.sh
            ${PROJECT_BINARY_DIR}/tests/tmp/cuda_quiet)
+  # cpack -G DEB builds a package whose Depends name the run-time libraries and whose
+  # contents work from where they are unpacked (skipped without dpkg-deb)
+  add_test(NAME deb_package COMMAND sh ${PROJECT_SOURCE_DIR}/tests/deb_package.sh ${CMAKE_BINARY_DIR}
+           ${PROJECT_SOURCE_DIR}/examples ${PROJECT_BINARY_DIR}/tests/tmp/deb)
+  set_tests_properties(deb_package PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 RUN_SERIAL ON)
   add_test(NAME shared_exports COMMAND sh ${PROJECT_SOURCE_DIR}/tests/shared_exports.sh
            $<TARGET_FILE:seqflow_shared> ${PROJECT_SOURCE_DIR}/include/seqflow)
 endif()

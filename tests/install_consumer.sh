@@ -23,7 +23,7 @@ pc=$(find "$prefix" -name seqflow.pc)
 grep -q "$work/installed" "$pc" && fail "seqflow.pc names the install prefix: $(grep installed "$pc")"
 libdir=$(cd "$(dirname "$pc")/.." && pwd)
 [ -x "$prefix/bin/seqflow" ] || fail "no bin/seqflow"
-[ -f "$prefix/share/man/man1/seqflow.1" ] || fail "no man page"
+ls "$prefix"/share/man/man1/seqflow.1* >/dev/null 2>&1 || fail "no man page"
 [ -L "$libdir/libseqflow.so" ] && [ -f "$libdir/libseqflow.so.0" ] || fail "no libseqflow.so -> libseqflow.so.0"
 
 # 1. pkg-config, shared
