@@ -12,6 +12,7 @@
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/files.h"
+#include "support/gpu.h"
 #include "support/spawn.h"
 #include "tools/cli_output.h"
 
@@ -212,6 +213,22 @@ static void test_progress_and_warnings(void)
     CHECK(!cli_parse_log_level("Debug", &level));
 }
 
+/* Without a usable GPU, -d cuda fails at once with one line that says why and what to use. */
+static void test_cuda_without_gpu(void)
+{
+    if (check_have_gpu()) return;
+    static spawn_result r;
+    CHECK(spawn_run((const char *[]){"seqflow", "run", "-q", "-d", "cuda", NULL}, NULL, 0, &r) == 0);
+    CHECKF(r.exit_code == 1 && r.err_lines == 1 && strstr(r.err, "device 'cuda'") && strstr(r.err, "use -d cpu"),
+           "exit %d: %s", r.exit_code, r.err);
+#ifdef SEQFLOW_HAVE_CUDA
+    /* a CUDA build: the reason is the machine's (no driver, an old driver, no GPU), not the build */
+    CHECKF(!strstr(r.err, "has no CUDA backend") && !strstr(r.err, "driver version is insufficient"), "%s", r.err);
+#else
+    CHECKF(strstr(r.err, "has no CUDA backend"), "%s", r.err);
+#endif
+}
+
 int main(void)
 {
     test_progress_and_warnings();
@@ -220,5 +237,6 @@ int main(void)
     test_info_json();
     test_stats_and_levels();
     test_max_output();
+    test_cuda_without_gpu();
     return check_finish("test_cli_output");
 }
