@@ -49,12 +49,12 @@ if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
 else()
   set(SEQFLOW_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
-# what a static link needs beyond the Requires.private modules: OpenMP, threads, libm, and in
-# a CUDA build the CUDA runtime and cuBLAS (with their directory) and the C++ runtime that
-# the .cu objects call
+# what a static link needs beyond the Requires.private modules: OpenMP, threads, libm, libdl,
+# and in a CUDA build --export-dynamic, so that the CUDA backend module (libseqflow-cuda.so.0,
+# which links the CUDA libraries itself) finds the sf_ API in the program
 set(SEQFLOW_PC_LIBS_PRIVATE "${OpenMP_C_FLAGS} -lpthread -lm -ldl")
 if(SEQFLOW_HAVE_CUDA)
-  string(APPEND SEQFLOW_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublas -lcublasLt -lstdc++")
+  string(APPEND SEQFLOW_PC_LIBS_PRIVATE " -Wl,--export-dynamic")
 endif()
 configure_file(seqflow.pc.in ${CMAKE_CURRENT_BINARY_DIR}/seqflow.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/seqflow.pc DESTINATION ${SEQFLOW_PC_DIR})
@@ -100,6 +100,10 @@ if(SEQFLOW_BUILD_TESTS AND NOT SEQFLOW_SANITIZE)
   if(NOT SEQFLOW_HAVE_CUDA)
     add_test(NAME cpu_only COMMAND sh ${PROJECT_SOURCE_DIR}/tests/cpu_only.sh $<TARGET_FILE:seqflow>
              $<TARGET_FILE:seqflow_shared>)
+  else()
+    # the CUDA backend is a module: CPU runs need no CUDA library, even hidden ones
+    add_test(NAME cuda_module COMMAND sh ${PROJECT_SOURCE_DIR}/tests/cuda_module.sh $<TARGET_FILE:seqflow>
+             $<TARGET_FILE:seqflow_shared> $<TARGET_FILE:seqflow_cuda>)
   endif()
   # the CUDA compiler launcher drops ptxas's C7519 note and nothing else
   add_test(NAME cuda_quiet COMMAND sh ${PROJECT_SOURCE_DIR}/tests/cuda_quiet.sh ${PROJECT_SOURCE_DIR}/cmake/cuda_quiet.sh
