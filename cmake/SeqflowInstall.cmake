@@ -49,10 +49,11 @@ if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
 else()
   set(SEQFLOW_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
-# what a static link needs beyond the Requires.private modules: OpenMP, threads, libm, libdl,
+# what a static link needs beyond the Requires.private modules: libzmq (see seqflow.pc.in),
+# OpenMP, threads, libm, libdl,
 # and in a CUDA build --export-dynamic, so that the CUDA backend module (libseqflow-cuda.so.0,
 # which links the CUDA libraries itself) finds the sf_ API in the program
-set(SEQFLOW_PC_LIBS_PRIVATE "${OpenMP_C_FLAGS} -lpthread -lm -ldl")
+set(SEQFLOW_PC_LIBS_PRIVATE "-lzmq ${OpenMP_C_FLAGS} -lpthread -lm -ldl")
 if(SEQFLOW_HAVE_CUDA)
   string(APPEND SEQFLOW_PC_LIBS_PRIVATE " -Wl,--export-dynamic")
 endif()

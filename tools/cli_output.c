@@ -30,6 +30,17 @@ int cli_parse_log_level(const char *text, cli_log_level *out)
     return 0;
 }
 
+int cli_log_level_option(const char *text)
+{
+    cli_log_level level;
+    if (!cli_parse_log_level(text, &level)) {
+        fprintf(stderr, "seqflow: --log-level expects error, warning, info or debug, got '%s'\n", text);
+        return 0;
+    }
+    cli_set_log_level(level);
+    return 1;
+}
+
 void cli_log(cli_log_level level, const char *fmt, ...)
 {
     if (level > log_level) return;
@@ -43,16 +54,34 @@ void cli_log(cli_log_level level, const char *fmt, ...)
             line);
 }
 
-uint64_t cli_input_tokens(const char *input, const char *format)
+/* One input of the list: its tokens, 0 when unknown. */
+static uint64_t one_input_tokens(const char *input, const char *fmt)
 {
-    const char *fmt = format ? format : "bytes";
-    if (!input || strcmp(input, "@builtin") == 0) return strcmp(fmt, "bytes") == 0 ? sf_builtin_text_length() : 0;
-    if (strcmp(input, "-") == 0) return 0;
+    if (strcmp(input, "@builtin") == 0) return strcmp(fmt, "bytes") == 0 ? sf_builtin_text_length() : 0;
     struct stat sb;
-    if (stat(input, &sb) != 0 || !S_ISREG(sb.st_mode)) return 0;
+    if (strcmp(input, "-") == 0 || stat(input, &sb) != 0 || !S_ISREG(sb.st_mode)) return 0;
     if (strcmp(fmt, "bytes") == 0) return (uint64_t)sb.st_size;
     if (strcmp(fmt, "u32") == 0) return (uint64_t)sb.st_size / 4;
     return 0; /* text: the count of ids is not known before reading them */
+}
+
+uint64_t cli_input_tokens(const char *input, const char *format)
+{
+    const char *fmt = format ? format : "bytes";
+    if (!input) return one_input_tokens("@builtin", fmt);
+    uint64_t total = 0;
+    for (const char *p = input;;) {
+        const size_t len = strcspn(p, ",");
+        char path[4096];
+        if (len >= sizeof path) return 0;
+        memcpy(path, p, len);
+        path[len] = 0;
+        const uint64_t n = one_input_tokens(path, fmt);
+        if (!n) return 0; /* one unknown input: the total is unknown */
+        total += n;
+        if (!p[len]) return total;
+        p += len + 1;
+    }
 }
 
 /* "1h02m", "3m05s", "12s" */
@@ -126,6 +155,16 @@ int cli_check_output_size(const char *out, uint64_t expected_bytes, uint64_t inp
     return 0;
 }
 
+int cli_check_run_output(const char *out, const char *sink_format, const char *out_dtype, const char *format, int dim,
+                         uint64_t input_tokens, long long max_output)
+{
+    const int writes = out && (!sink_format || (strcmp(sink_format, "digest") && strcmp(sink_format, "null")));
+    if (!writes || !input_tokens) return 0;
+    const uint64_t row_bytes = (uint64_t)dim * (out_dtype && strcmp(out_dtype, "bf16") == 0 ? 2 : 4);
+    const uint64_t input_bytes = format && strcmp(format, "u32") == 0 ? input_tokens * 4 : input_tokens;
+    return cli_check_output_size(out, input_tokens * row_bytes, input_bytes, max_output > 0 ? (uint64_t)max_output : 0);
+}
+
 static cJSON *model_json(const sf_model_config *c)
 {
     cJSON *m = cJSON_CreateObject();
@@ -169,7 +208,7 @@ static int print_json(FILE *f, cJSON *root)
     return ok ? SF_OK : sf_error(SF_E_IO, "writing JSON failed");
 }
 
-int cli_write_stats_json(const char *path, const cli_run_stats *s)
+static int write_stats_json(const char *path, const cli_run_stats *s)
 {
     cJSON *root = cJSON_CreateObject();
     if (!root) return sf_error(SF_E_NOMEM, "out of memory building JSON");
@@ -189,6 +228,13 @@ int cli_write_stats_json(const char *path, const cli_run_stats *s)
     }
     int rc = print_json(f, root);
     if (fclose(f) != 0 && rc == SF_OK) rc = sf_error(SF_E_IO, "--stats-json: writing '%s' failed", path);
+    return rc;
+}
+
+int cli_write_stats_json(const char *path, const cli_run_stats *s)
+{
+    int rc = write_stats_json(path, s);
+    if (rc != SF_OK) fprintf(stderr, "seqflow: %s\n", sf_last_error());
     return rc;
 }
 
@@ -283,7 +329,7 @@ static void print_stage(const sf_stage_class *cls, void *user)
 
 void cli_print_stages_text(FILE *f) { sf_foreach_stage(print_stage, f); }
 
-void cli_print_info_text(FILE *f, const char *model_path, const sf_model_config *c)
+int cli_print_info_text(FILE *f, const char *model_path, const sf_model_config *c)
 {
     char branches[256];
     sf_branches_format(c, branches, sizeof branches);
@@ -296,4 +342,5 @@ void cli_print_info_text(FILE *f, const char *model_path, const sf_model_config 
             c->global_tokens, c->summary_tokens, (double)c->norm_eps, c->mlp_hidden, c->final_norm);
     long uncovered = sf_model_config_uncovered(c);
     fprintf(f, "uncovered  %ld of %ld (head, position) pairs\n", uncovered, (long)c->heads * c->segment);
+    return ferror(f) ? sf_error(SF_E_IO, "writing the configuration failed") : SF_OK;
 }

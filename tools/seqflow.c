@@ -27,9 +27,7 @@ typedef struct run_args {
     const char *model_path, *input, *format, *out, *sink_format, *device, *pipeline;
     const char *out_dtype;       /* --out-dtype: f32 or bf16 (validated), NULL = f32 */
     int threads, queue_depth, progress, quiet; /* progress 2: asked for; quiet: below info level */
-    int json;                    /* --json (info) */
-    const char *stats_json;      /* --stats-json FILE */
-    long long max_output;        /* --max-output BYTES, 0 = no limit */
+    int json; const char *stats_json; long long max_output; /* --json (info), --stats-json, --max-output (0: none) */
     const char *checkpoint_dir;  /* --checkpoint */
     long long checkpoint_every;  /* --checkpoint-every (segments), 0 = default */
     int resume;                  /* --resume */
@@ -141,16 +139,13 @@ static void usage(FILE *f)
         "                          checks rows computed on the CPU after every layer and a GPU's rows\n"
         "                          on the GPU as they leave it (under 1% of the rate); 0 none\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
-        "      --progress          report tokens, tokens/s, memory and, when the input size is\n"
-        "                          known, percent and time left on stderr every second\n"
-        "                          (default when stderr is a terminal and not -q)\n"
+        "      --progress          report tokens, tokens/s, memory (and % and time left when the\n"
+        "                          input size is known) every second (default: stderr a terminal)\n"
         "      --no-progress       never report progress\n"
         "  -q, --quiet             errors only (--log-level error): no summary, no warnings\n"
         "  -v, --verbose           also debug messages (--log-level debug)\n"
         "      --log-level L       error, warning, info (default) or debug\n"
-        "      --stats-json FILE   write the run summary (tokens, seconds, memory) as JSON\n"
-        "      --max-output BYTES  refuse to start when the output would be larger; a warning\n"
-        "                          says when it will not fit its file system\n"
+        "      --stats-json FILE   the run summary as JSON; --max-output BYTES: refuse a larger output\n"
         "checkpoints:\n"
         "      --checkpoint DIR    save every stream's state and the input position in DIR\n"
         "                          at segment boundaries (atomically; the newest 3 are kept)\n"
@@ -347,15 +342,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_NO_PROGRESS: a->progress = 0; break;
         case 'q': cli_set_log_level(CLI_LOG_ERROR); break;
         case 'v': cli_set_log_level(CLI_LOG_DEBUG); break;
-        case O_LOG_LEVEL: {
-            cli_log_level level;
-            if (!cli_parse_log_level(optarg, &level)) {
-                fprintf(stderr, "seqflow: --log-level expects error, warning, info or debug, got '%s'\n", optarg);
-                return 2;
-            }
-            cli_set_log_level(level);
-            break;
-        }
+        case O_LOG_LEVEL: if (!cli_log_level_option(optarg)) return 2; break;
         case O_STATS_JSON: a->stats_json = optarg; break;
         case O_MAX_OUTPUT: if (!parse_int_arg("--max-output", optarg, 1, INT64_MAX, &v)) return 2; a->max_output = v; break;
         case O_JSON: a->json = 1; break;
@@ -828,13 +815,8 @@ static int cmd_run(int argc, char **argv)
 
     /* the source is the CLI's own unless the pipeline brought one: then its input is unknown here */
     const uint64_t input_tokens = starts_with_stage(body, "source") ? 0 : cli_input_tokens(a.input, a.format);
-    const int writes_file = a.out && (!a.sink_format || (strcmp(a.sink_format, "digest") && strcmp(a.sink_format, "null")));
-    const uint64_t row_bytes = (uint64_t)cfg->dim * (a.out_dtype && strcmp(a.out_dtype, "bf16") == 0 ? 2 : 4);
-    cli_log(CLI_LOG_DEBUG, "pipeline: %s", pipeline);
-    cli_log(CLI_LOG_DEBUG, "device %s; input %" PRIu64 " tokens%s", opts.device, input_tokens, input_tokens ? "" : " (unknown)");
-    if (writes_file && input_tokens &&
-        (status = cli_check_output_size(a.out, input_tokens * row_bytes, a.format && strcmp(a.format, "u32") == 0 ? input_tokens * 4 : input_tokens,
-                                        (uint64_t)a.max_output)) != 0) {
+    cli_log(CLI_LOG_DEBUG, "pipeline: %s; device %s; %" PRIu64 " input tokens (0: unknown)", pipeline, opts.device, input_tokens);
+    if ((status = cli_check_run_output(a.out, a.sink_format, a.out_dtype, a.format, cfg->dim, input_tokens, a.max_output))) {
         sf_graph_free(graph);
         free(pipeline);
         sf_model_free(model);
@@ -890,14 +872,9 @@ static int cmd_run(int argc, char **argv)
             status = 128 + (stop_signal ? stop_signal : SIGINT);
         }
     }
-    if (a.stats_json) {
-        cli_run_stats stats = {.tokens = tokens, .seconds = elapsed, .peak_resident_bytes = sf_peak_resident_bytes(),
-                               .device = opts.device, .pipeline = pipeline, .model = cfg, .status = status};
-        if (cli_write_stats_json(a.stats_json, &stats) != SF_OK) {
-            fprintf(stderr, "seqflow: %s\n", sf_last_error());
-            if (!status) status = 1;
-        }
-    }
+    cli_run_stats stats = {.tokens = tokens, .seconds = elapsed, .peak_resident_bytes = sf_peak_resident_bytes(),
+                           .device = opts.device, .pipeline = pipeline, .model = cfg, .status = status};
+    if (a.stats_json && cli_write_stats_json(a.stats_json, &stats) != SF_OK && !status) status = 1;
     sf_graph_free(graph);
     free(pipeline);
     sf_model_free(model);
@@ -917,15 +894,10 @@ static int cmd_info(int argc, char **argv)
         return 1;
     }
     const sf_model_config *c = sf_model_get_config(model);
-    if (a.json) {
-        int rc = cli_print_info_json(stdout, a.model_path, c);
-        if (rc != SF_OK) fprintf(stderr, "seqflow: %s\n", sf_last_error());
-        sf_model_free(model);
-        return rc == SF_OK ? 0 : 1;
-    }
-    cli_print_info_text(stdout, a.model_path, c);
+    int rc = a.json ? cli_print_info_json(stdout, a.model_path, c) : cli_print_info_text(stdout, a.model_path, c);
+    if (rc != SF_OK) fprintf(stderr, "seqflow: %s\n", sf_last_error());
     sf_model_free(model);
-    return 0;
+    return rc == SF_OK ? 0 : 1;
 }
 
 int main(int argc, char **argv)
