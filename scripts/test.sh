@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # usage: scripts/test.sh [--help]
 # Builds seqflow and runs every test (installing missing packages):
-#   1. a Release build (CUDA compiled when nvcc is present; GPU tests skip without a GPU),
+#   1. a Release build (CUDA compiled when nvcc is present; GPU tests skip without a GPU), its
+#      tests, then its .deb installed with apt-get, used and removed (scripts/deb-install.sh),
 #   2. the libFuzzer targets (scripts/fuzz.sh, clang) for a bounded time each,
 #   3. a build under AddressSanitizer + UndefinedBehaviorSanitizer, running the same tests
 #      (last, so that ctest's summary line closes the output).
@@ -24,6 +25,12 @@ for t in test_backend_ops test_cuda_attention test_gpu_pipeline test_gpu_checkpo
     echo "$t: ${why:-did not skip}"
   fi
 done
+# the .deb installed with apt-get, used from PATH and by an example, and removed (needs root)
+if [ "$(id -u)" -eq 0 ] || sudo -n true 2>/dev/null; then
+  scripts/deb-install.sh build
+else
+  echo "deb-install: skipped (needs root or password-less sudo)"
+fi
 # every libFuzzer target of tests/fuzz for FUZZ_SECONDS (default 20) seconds each
 scripts/fuzz.sh
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DSEQFLOW_SANITIZE=ON -DSEQFLOW_CUDA=OFF -DSEQFLOW_BUILD_BENCH=OFF -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_EXAMPLES=ON
