@@ -19,13 +19,15 @@
 #include "core/process_stats.h"
 #include "seqflow/seqflow.h"
 #include "stages/stages.h"
+#include "tools/cli_output.h"
 
 #define DEFAULT_PIPELINE "segment ! embed ! block ! norm"
 
 typedef struct run_args {
     const char *model_path, *input, *format, *out, *sink_format, *device, *pipeline;
     const char *out_dtype;       /* --out-dtype: f32 or bf16 (validated), NULL = f32 */
-    int threads, queue_depth, progress, quiet;
+    int threads, queue_depth, progress, quiet; /* progress 2: asked for; quiet: below info level */
+    int json; const char *stats_json; long long max_output; /* --json (info), --stats-json, --max-output (0: none) */
     const char *checkpoint_dir;  /* --checkpoint */
     long long checkpoint_every;  /* --checkpoint-every (segments), 0 = default */
     int resume;                  /* --resume */
@@ -99,8 +101,8 @@ static void usage(FILE *f)
 {
     fputs(
         "usage: seqflow run [options] [PIPELINE]\n"
-        "       seqflow stages          list the stages and their options\n"
-        "       seqflow info [--model FILE] [model options]   print a model's configuration\n"
+        "       seqflow stages [--json] list the stages and their options\n"
+        "       seqflow info [--json] [--model FILE] [model options]   print a model's configuration\n"
         "       seqflow --help | --version\n"
         "\n"
         "`seqflow run` with no arguments runs the built-in default model on built-in text and\n"
@@ -137,10 +139,13 @@ static void usage(FILE *f)
         "                          checks rows computed on the CPU after every layer and a GPU's rows\n"
         "                          on the GPU as they leave it (under 1% of the rate); 0 none\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
-        "      --progress          report tokens, tokens/s and memory on stderr every second\n"
-        "                          (default when stderr is a terminal)\n"
+        "      --progress          report tokens, tokens/s, memory (and % and time left when the\n"
+        "                          input size is known) every second (default: stderr a terminal)\n"
         "      --no-progress       never report progress\n"
-        "  -q, --quiet             no summary line\n"
+        "  -q, --quiet             errors only (--log-level error): no summary, no warnings\n"
+        "  -v, --verbose           also debug messages (--log-level debug)\n"
+        "      --log-level L       error, warning, info (default) or debug\n"
+        "      --stats-json FILE   the run summary as JSON; --max-output BYTES: refuse a larger output\n"
         "checkpoints:\n"
         "      --checkpoint DIR    save every stream's state and the input position in DIR\n"
         "                          at segment boundaries (atomically; the newest 3 are kept)\n"
@@ -279,7 +284,7 @@ static int parse_args(int argc, char **argv, run_args *a)
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
            O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE,
-           O_BACKEND_SETTINGS, O_CHECK_FINITE };
+           O_BACKEND_SETTINGS, O_CHECK_FINITE, O_LOG_LEVEL, O_STATS_JSON, O_MAX_OUTPUT, O_JSON };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -308,10 +313,13 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"checkpoint-codec", required_argument, 0, O_CHECKPOINT_CODEC},
         {"backend-settings", required_argument, 0, O_BACKEND_SETTINGS},
         {"check-finite", required_argument, 0, O_CHECK_FINITE},
+        {"verbose", no_argument, 0, 'v'},          {"log-level", required_argument, 0, O_LOG_LEVEL},
+        {"stats-json", required_argument, 0, O_STATS_JSON},
+        {"max-output", required_argument, 0, O_MAX_OUTPUT}, {"json", no_argument, 0, O_JSON},
         {0, 0, 0, 0}};
     long long v;
     int c;
-    while ((c = getopt_long(argc, argv, "m:i:f:o:d:t:qh", long_options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:i:f:o:d:t:qvh", long_options, NULL)) != -1) {
         switch (c) {
         case 'm': a->model_path = optarg; break;
         case 'i':
@@ -330,9 +338,14 @@ static int parse_args(int argc, char **argv, run_args *a)
         case 'd': a->device = optarg; break;
         case 't': if (!parse_int_arg("--threads", optarg, 0, 1024, &v)) return 2; a->threads = (int)v; break;
         case O_QUEUE: if (!parse_int_arg("--queue-depth", optarg, 1, 1024, &v)) return 2; a->queue_depth = (int)v; break;
-        case O_PROGRESS: a->progress = 1; break;
+        case O_PROGRESS: a->progress = 2; break;
         case O_NO_PROGRESS: a->progress = 0; break;
-        case 'q': a->quiet = 1; break;
+        case 'q': cli_set_log_level(CLI_LOG_ERROR); break;
+        case 'v': cli_set_log_level(CLI_LOG_DEBUG); break;
+        case O_LOG_LEVEL: if (!cli_log_level_option(optarg)) return 2; break;
+        case O_STATS_JSON: a->stats_json = optarg; break;
+        case O_MAX_OUTPUT: if (!parse_int_arg("--max-output", optarg, 1, INT64_MAX, &v)) return 2; a->max_output = v; break;
+        case O_JSON: a->json = 1; break;
         case 'h': usage(stdout); return -1;
         case O_SEGMENT: if (!parse_int_arg("--segment", optarg, 1, 1 << 24, &v)) return 2; a->cfg.segment = (int)v; a->overrides |= OV_SEGMENT; break;
         case O_BRANCHES:
@@ -400,6 +413,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         default: fputs("Try 'seqflow --help'.\n", stderr); return 2;
         }
     }
+    a->quiet = cli_get_log_level() < CLI_LOG_INFO;
     if (optind < argc) a->pipeline = argv[optind++];
     if (optind < argc) {
         fprintf(stderr, "seqflow: unexpected argument '%s' (quote the pipeline as one argument)\n", argv[optind]);
@@ -667,6 +681,7 @@ static int check_pipeline(const char *body, int checkpointing)
 typedef struct progress {
     sf_graph *graph;
     double start;
+    uint64_t total; /* tokens the input holds, 0 when unknown */
     volatile int stop;
     pthread_mutex_t lock;
     pthread_cond_t wake;
@@ -685,8 +700,9 @@ static void *progress_thread(void *arg)
         if (p->stop) break;
         double elapsed = sf_monotonic_seconds() - p->start;
         uint64_t tokens = sf_graph_tokens_out(p->graph);
-        fprintf(stderr, "\rseqflow: %" PRIu64 " tokens, %.0f tokens/s, %.1f MiB resident   ", tokens,
-                elapsed > 0 ? tokens / elapsed : 0.0, sf_resident_bytes() / 1048576.0);
+        char line[256];
+        cli_format_progress(line, sizeof line, tokens, p->total, elapsed, sf_resident_bytes());
+        fprintf(stderr, "\rseqflow: %s   ", line);
         p->printed = 1;
     }
     pthread_mutex_unlock(&p->lock);
@@ -701,6 +717,7 @@ static int cmd_run(int argc, char **argv)
     a.progress = isatty(STDERR_FILENO);
     int status = parse_args(argc, argv, &a);
     if (status) return status < 0 ? 0 : status;
+    if (a.progress == 1 && a.quiet) a.progress = 0;
     if ((status = check_output(a.out)) != 0) return status;
     if (a.checkpoint_dir && (status = check_resumable_input(a.input)) != 0) return status;
     if ((status = check_pipeline(a.pipeline ? a.pipeline : DEFAULT_PIPELINE, a.checkpoint_dir != NULL)) != 0)
@@ -713,8 +730,8 @@ static int cmd_run(int argc, char **argv)
     }
     const sf_model_config *cfg = sf_model_get_config(model);
     long uncovered = sf_model_config_uncovered(cfg);
-    if (uncovered > 0 && !a.quiet)
-        fprintf(stderr, "seqflow: warning: the branches leave %ld of %ld (head, position) pairs of a segment uncovered; "
+    if (uncovered > 0)
+        cli_log(CLI_LOG_WARNING, "the branches leave %ld of %ld (head, position) pairs of a segment uncovered; "
                         "those rows attend only to global tokens and memory\n",
                 uncovered, (long)cfg->heads * cfg->segment);
 
@@ -801,7 +818,16 @@ static int cmd_run(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
 
-    progress prog = {.graph = graph, .start = sf_monotonic_seconds()};
+    /* the source is the CLI's own unless the pipeline brought one: then its input is unknown here */
+    const uint64_t input_tokens = starts_with_stage(body, "source") ? 0 : cli_input_tokens(a.input, a.format);
+    cli_log(CLI_LOG_DEBUG, "pipeline: %s; device %s; %" PRIu64 " input tokens (0: unknown)", pipeline, opts.device, input_tokens);
+    if ((status = cli_check_run_output(a.out, a.sink_format, a.out_dtype, a.format, cfg->dim, input_tokens, a.max_output))) {
+        sf_graph_free(graph);
+        free(pipeline);
+        sf_model_free(model);
+        return status;
+    }
+    progress prog = {.graph = graph, .start = sf_monotonic_seconds(), .total = input_tokens};
     pthread_t prog_thread;
     int have_progress = 0;
     if (a.progress) {
@@ -851,31 +877,13 @@ static int cmd_run(int argc, char **argv)
             status = 128 + (stop_signal ? stop_signal : SIGINT);
         }
     }
+    cli_run_stats stats = {.tokens = tokens, .seconds = elapsed, .peak_resident_bytes = sf_peak_resident_bytes(),
+                           .device = opts.device, .pipeline = pipeline, .model = cfg, .status = status};
+    if (a.stats_json && cli_write_stats_json(a.stats_json, &stats) != SF_OK && !status) status = 1;
     sf_graph_free(graph);
     free(pipeline);
     sf_model_free(model);
     return status;
-}
-
-/* One line a stage, then one an option: KEY=TYPE (or KEY=A|B|C for a choice), its help, and its
- * default, range and environment default from the class's table, which is what the graph checks
- * values against. */
-static void print_stage(const sf_stage_class *cls, void *user)
-{
-    (void)user;
-    printf("%-10s %s\n", cls->name, cls->help ? cls->help : "");
-    for (const sf_option *o = cls->options; o && o->name; o++) {
-        char key[96], range[128];
-        const char *type = o->type == SF_OPT_INT ? "INT" : o->type == SF_OPT_FLOAT ? "NUMBER" : o->type == SF_OPT_BOOL ? "BOOL" : "TEXT";
-        sf_option_format_range(o, range, sizeof range);
-        const int choice = o->type == SF_OPT_STRING && o->choices;
-        snprintf(key, sizeof key, "%s=%s", o->name, choice ? o->choices : type);
-        printf("    %-22s %s", key, o->help ? o->help : "");
-        if (o->default_value) printf(" (default %s%s%s)", o->default_value, !choice && *range ? ", " : "", choice ? "" : range);
-        else if (!choice && *range) printf(" (%s)", range);
-        if (o->env) printf(" [environment default: %s]", o->env);
-        printf("\n");
-    }
 }
 
 static int cmd_info(int argc, char **argv)
@@ -891,19 +899,10 @@ static int cmd_info(int argc, char **argv)
         return 1;
     }
     const sf_model_config *c = sf_model_get_config(model);
-    char branches[256];
-    sf_branches_format(c, branches, sizeof branches);
-    printf("model      %s\n", a.model_path ? a.model_path : "(built-in)");
-    printf("dim        %d\nheads      %d\nhead_dim   %d\nvocab      %d\nlayers     %d\nsegment    %d\n", c->dim,
-           c->heads, c->head_dim, c->vocab, c->layers, c->segment);
-    printf("branches   %s\ncausal     %d\nmemory     %s\nglobal     %d\nsummary    %d\nnorm_eps   %g\nmlp        %d\nfinal_norm %d\n",
-           branches, c->causal,
-           c->memory == SF_MEMORY_DELTA ? "delta" : c->memory == SF_MEMORY_LINEAR ? "linear" : "none",
-           c->global_tokens, c->summary_tokens, (double)c->norm_eps, c->mlp_hidden, c->final_norm);
-    long uncovered = sf_model_config_uncovered(c);
-    printf("uncovered  %ld of %ld (head, position) pairs\n", uncovered, (long)c->heads * c->segment);
+    int rc = a.json ? cli_print_info_json(stdout, a.model_path, c) : cli_print_info_text(stdout, a.model_path, c);
+    if (rc != SF_OK) fprintf(stderr, "seqflow: %s\n", sf_last_error());
     sf_model_free(model);
-    return 0;
+    return rc == SF_OK ? 0 : 1;
 }
 
 int main(int argc, char **argv)
@@ -923,7 +922,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 1, argv + 1);
     if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(argv[1], "stages") == 0) {
-        sf_foreach_stage(print_stage, NULL);
+        if (argc > 2 && strcmp(argv[2], "--json") == 0) return cli_print_stages_json(stdout) == SF_OK ? 0 : 1;
+        cli_print_stages_text(stdout);
         return 0;
     }
     fprintf(stderr, "seqflow: unknown command '%s'\nTry 'seqflow --help'.\n", argv[1]);

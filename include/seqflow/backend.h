@@ -11,9 +11,12 @@
 #include "seqflow/dtype.h"
 #include "seqflow/model.h"
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 typedef struct sf_backend sf_backend;
 
@@ -159,6 +162,7 @@ void sf_backend_free(sf_backend *be);
 /* Names of the backends compiled into this build, NULL-terminated, static. */
 const char *const *sf_backend_names(void);
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #include "seqflow/packet.h"
 #include "kernels/cuda/profile.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -696,6 +697,31 @@ static int create_side_queue(sf_cuda *c)
     return rc;
 }
 
+/* Why the runtime found no GPU, in the user's terms. The runtime reports a missing driver as
+ * "CUDA driver version is insufficient", which sends a CPU-only user off to upgrade a driver
+ * that is not there: whether libcuda.so.1 loads tells the two apart. */
+static int no_gpu_error(cudaError_t err)
+{
+    if (err == cudaErrorInsufficientDriver) {
+        void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        if (!driver)
+            return sf_error(SF_E_BACKEND, "device 'cuda': no NVIDIA driver is installed (libcuda.so.1 cannot be "
+                                          "loaded); use -d cpu");
+        dlclose(driver);
+        int driver_version = 0, runtime_version = 0;
+        cudaDriverGetVersion(&driver_version);
+        cudaRuntimeGetVersion(&runtime_version);
+        cudaGetLastError();
+        return sf_error(SF_E_BACKEND, "device 'cuda': the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d "
+                                      "seqflow was built with; update the driver or use -d cpu",
+                        driver_version / 1000, driver_version % 1000 / 10, runtime_version / 1000,
+                        runtime_version % 1000 / 10);
+    }
+    if (err == cudaErrorNoDevice)
+        return sf_error(SF_E_BACKEND, "device 'cuda': the NVIDIA driver is installed but sees no GPU; use -d cpu");
+    return sf_error(SF_E_BACKEND, "device 'cuda': no usable GPU (%s)", cudaGetErrorString(err));
+}
+
 extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *settings)
 {
     sf_cuda_settings parsed;
@@ -705,9 +731,9 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *sett
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
         cudaGetLastError(); /* clear the sticky "no device" error */
-        return sf_error(SF_E_BACKEND, "device 'cuda': no usable GPU (%s)", cudaGetErrorString(err));
+        return no_gpu_error(err);
     }
-    if (count == 0) return sf_error(SF_E_BACKEND, "device 'cuda': no GPU found");
+    if (count == 0) return sf_error(SF_E_BACKEND, "device 'cuda': no GPU found; use -d cpu");
     if (device < 0 || device >= count)
         return sf_error(SF_E_BACKEND, "device 'cuda': GPU %d does not exist (%d present)", device, count);
     sf_cuda *c = (sf_cuda *)calloc(1, sizeof *c);
