@@ -219,6 +219,19 @@ int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float 
     return rc;
 }
 
+int sf_be_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
+                      const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->ffn_partial) return e->ffn_partial(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3);
+    int rc = be->ops->rmsnorm(be, n, dim, x, norm, eps, u);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w1, h1, hidden, 0);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w3, h3, hidden, 0);
+    if (rc == SF_OK) rc = be->ops->swiglu(be, n, hidden, h1, h3);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 0);
+    return rc;
+}
+
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                         sf_dtype otype, void *y)
 {
