@@ -38,6 +38,7 @@ typedef struct run_args {
     sf_precision precision;      /* --precision, AUTO when not given */
     const char *backend_settings; /* --backend-settings KEY=V[,KEY=V], NULL = the defaults */
     uint64_t seed;
+    int heads_of, heads_on_gpus; /* --gpus N / --ranks N: head-parallel blocks, 0 = off */
     sf_model_config cfg;         /* defaults, then the user's overrides */
     unsigned overrides;          /* which fields of cfg the user set */
 } run_args;
@@ -127,6 +128,8 @@ static void usage(FILE *f)
         "execution:\n"
         "  -d, --device NAME       cpu (default) or cuda (when built with CUDA and a GPU is present)\n"
         "      --precision P       bf16 or f32 products (default: bf16 on cuda, f32 on cpu)\n"
+        "      --gpus N            split every block's heads over N GPUs (-d cuda; NCCL between them)\n"
+        "      --ranks N           the same over N CPU ranks (threads), for -d cpu\n"
         "      --backend-settings KEY=V[,KEY=V]\n"
         "                          the device backend's own settings (cuda: docs/CUDA.md); each wins\n"
         "                          over its environment default; cpu has none\n"
@@ -279,7 +282,7 @@ static int parse_args(int argc, char **argv, run_args *a)
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
            O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE,
-           O_BACKEND_SETTINGS, O_CHECK_FINITE };
+           O_BACKEND_SETTINGS, O_CHECK_FINITE, O_GPUS, O_RANKS };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -308,6 +311,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"checkpoint-codec", required_argument, 0, O_CHECKPOINT_CODEC},
         {"backend-settings", required_argument, 0, O_BACKEND_SETTINGS},
         {"check-finite", required_argument, 0, O_CHECK_FINITE},
+        {"gpus", required_argument, 0, O_GPUS},       {"ranks", required_argument, 0, O_RANKS},
         {0, 0, 0, 0}};
     long long v;
     int c;
@@ -396,8 +400,24 @@ static int parse_args(int argc, char **argv, run_args *a)
                 return 2;
             }
             break;
+        case O_GPUS:
+        case O_RANKS:
+            /* head-parallel blocks (block heads_of=, whose environment default this sets) */
+            if (!parse_int_arg(c == O_GPUS ? "--gpus" : "--ranks", optarg, 1, 256, &v)) return 2;
+            a->heads_of = (int)v, a->heads_on_gpus = c == O_GPUS;
+            break;
         default: fputs("Try 'seqflow --help'.\n", stderr); return 2;
         }
+    }
+    if (a->heads_of) {
+        const int cuda = a->device && strcmp(a->device, "cuda") == 0;
+        if (cuda != a->heads_on_gpus) {
+            fprintf(stderr, "seqflow: %s\n", a->heads_on_gpus ? "--gpus needs -d cuda" : "--ranks is for -d cpu (cuda: --gpus)");
+            return 2;
+        }
+        char n[16];
+        snprintf(n, sizeof n, "%d", a->heads_of);
+        setenv("SEQFLOW_BLOCK_HEADS_OF", n, 1);
     }
     if (optind < argc) a->pipeline = argv[optind++];
     if (optind < argc) {
