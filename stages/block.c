@@ -49,6 +49,8 @@ static const sf_option block_options[] = {
      .help = "heads_of on cuda: the GPU of each rank, e.g. 0,1 (default: the graph's GPU, then the next ones)"},
     {.name = "comm_timeout", .type = SF_OPT_INT, .default_value = "120000", .min = 1, .max = 86400000, .unit = "ms",
      .help = "heads_of: how long a rank waits for the others in a collective before the run fails"},
+    {.name = "inject_failure", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 1 << 30, .unit = "segments",
+     .help = "testing heads_of: the last rank fails after this many segments (0 = never)"},
     {0}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -181,6 +183,7 @@ static int block_init(sf_stage *st)
     b->check_finite = sf_stage_option_bool(st, "check_finite") ? (int)sf_check_finite() : SF_CHECK_FINITE_OFF;
     b->host_rows = strcmp(b->be->ops->name, "cpu") == 0; /* its memory is host memory */
     const int ranks = (int)sf_stage_option_int(st, "heads_of");
+    b->inject_failure = (int)sf_stage_option_int(st, "inject_failure");
     if (ranks && sf_stage_option_int(st, "state_budget"))
         return sf_error(SF_E_OPTION, "heads_of=%d: a state_budget is not supported with head parallelism", ranks);
     rc = sf_block_shard_plan(b, 0, ranks ? ranks : 1);
@@ -428,6 +431,9 @@ int sf_block_follow(block *b, const block_work *w)
     int rc = SF_OK;
     switch (w->op) {
     case SF_BLOCK_WORK_FORWARD: {
+        if (b->inject_failure && b->rank == b->ranks - 1 && w->n > 0 && ++b->segments_seen > b->inject_failure)
+            return sf_error(SF_E_BACKEND, "rank %d: failure injected after %d segments (block inject_failure=)", b->rank,
+                            b->inject_failure);
         stream_state *states[SF_BLOCK_MAX_BATCH];
         for (int i = 0; i < w->count && w->n > 0 && rc == SF_OK; i++)
             if (!(states[i] = sf_stream_table_get(&b->streams, w->streams[i]))) rc = SF_E_NOMEM;

@@ -46,6 +46,7 @@ typedef struct block {
     int rank, ranks, heads, head0, hidden;
     struct sf_comm *comm;        /* the ranks' collectives; NULL unsharded (none issued) */
     struct block_shard *shard;   /* rank 0 of a sharded block: the other ranks (NULL elsewhere) */
+    int inject_failure, segments_seen; /* inject_failure=: the last rank fails after that many segments */
     int width;              /* heads * d */
     layer_weights *weights; /* [count], backend memory */
     float *x;

@@ -23,6 +23,13 @@
 #define TOL 1e-5
 #define MAX_STREAMS 3
 
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 typedef struct outputs {
     float *x[MAX_STREAMS];
     float *provisional;
@@ -265,6 +272,35 @@ static void check_refusals(const sf_model *m)
     }
 }
 
+/* A rank that fails mid-stream (block inject_failure=): the run ends at once with SF_E_COMM
+ * naming that rank, far within the timeout. */
+static void check_rank_failure(const sf_model *m)
+{
+    const size_t N = (size_t)sf_model_get_config(m)->segment;
+    scenario sc = {"segment ! embed ! block ! norm", 1, 6 * N, 0};
+    uint32_t **tokens = make_tokens(m, &sc, 5);
+    for (int R = 2; R <= 4; R *= 2) {
+        char extra[96], words[64];
+        snprintf(extra, sizeof extra, "heads_of=%d comm_timeout=20000 inject_failure=2", R);
+        snprintf(words, sizeof words, "rank %d of %d failed", R - 1, R);
+        sf_graph *g = make_graph(m, &sc, extra);
+        const double start = now_ms();
+        int rc = SF_OK;
+        for (size_t at = 0; g && at < sc.tokens && rc == SF_OK; at += N) {
+            rc = sf_graph_push(g, 0, tokens[0] + at, N);
+            for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
+            }
+        }
+        const double ms = now_ms() - start;
+        CHECKF(rc == SF_E_COMM && strstr(sf_last_error(), words) && strstr(sf_last_error(), "injected"),
+               "R=%d, the last rank failing after 2 segments: %d (%s)", R, rc, sf_last_error());
+        CHECKF(ms < 5000, "R=%d: the failure took %.0f ms to end the run", R, ms);
+        printf("  R=%d, last rank fails after 2 segments: ended in %.0f ms: %s\n", R, ms, sf_last_error());
+        sf_graph_free(g);
+    }
+    free_tokens(tokens);
+}
+
 /* ---- the host communicator on its own --------------------------------------------------------- */
 
 typedef struct comm_job {
@@ -277,13 +313,6 @@ typedef struct comm_job {
     uint16_t bf[3];
     float got;
 } comm_job;
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 static void *comm_main(void *arg)
 {
@@ -419,6 +448,7 @@ int main(void)
     if (resume_model) {
         check_resume(resume_model);
         check_refusals(resume_model);
+        check_rank_failure(resume_model);
     }
     sf_model_free(resume_model);
     return check_finish("test_heads");
