@@ -18,10 +18,10 @@
 #include "kernels/comm.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/shard_runs.h"
 #include "support/small_model.h"
 
 #define TOL 1e-5
-#define MAX_STREAMS 3
 
 static double now_ms(void)
 {
@@ -30,173 +30,15 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
-typedef struct outputs {
-    float *x[MAX_STREAMS];
-    float *provisional;
-    size_t prov_pos, prov_n;
-} outputs;
+static const shard_device cpu = {"cpu", SF_PRECISION_F32, NULL};
 
-typedef struct scenario {
-    const char *pipeline; /* with %s where the block options go */
-    int streams;
-    size_t tokens;   /* per stream */
-    size_t flush_at; /* stream 0 is flushed after this many tokens (0: never) */
-} scenario;
-
-static void collect(sf_graph *g, outputs *o, size_t tokens, int dim)
-{
-    for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
-        if (p->kind != SF_PACKET_HIDDEN || p->stream >= MAX_STREAMS || p->n == 0) continue;
-        const size_t bytes = p->n * (size_t)dim * sizeof(float);
-        if (p->flags & SF_PACKET_PROVISIONAL) {
-            if (p->stream != 0) continue;
-            free(o->provisional);
-            o->provisional = malloc(bytes);
-            memcpy(o->provisional, p->x, bytes);
-            o->prov_pos = p->position, o->prov_n = p->n;
-            continue;
-        }
-        if (p->position + p->n <= tokens) memcpy(o->x[p->stream] + p->position * (size_t)dim, p->x, bytes);
-    }
-}
-
-static void outputs_free(outputs *o)
-{
-    for (int s = 0; s < MAX_STREAMS; s++) free(o->x[s]);
-    free(o->provisional);
-    memset(o, 0, sizeof *o);
-}
-
-/* The pipeline with every "block" given `extra` options. */
-static void with_options(const char *pipeline, const char *extra, char *out, size_t size)
-{
-    size_t used = 0;
-    out[0] = 0;
-    for (const char *p = pipeline; *p && used + 1 < size;) {
-        const char *hit = strstr(p, "block");
-        const size_t take = hit ? (size_t)(hit - p) + 5 : strlen(p);
-        used += (size_t)snprintf(out + used, size - used, "%.*s%s%s", (int)take, p, hit && *extra ? " " : "",
-                                 hit ? extra : "");
-        p += take;
-    }
-}
-
-/* Runs tokens [from, to) of every stream through g (in a fixed chunking). */
-static void push_range(sf_graph *g, const scenario *sc, uint32_t *const *tokens, size_t from, size_t to, outputs *o,
-                       int dim, int *flushed)
-{
-    for (size_t at = from, step = 7; at < to; at += step, step = step * 3 % 41 + 1) {
-        size_t take = to - at < step ? to - at : step;
-        for (int s = sc->streams - 1; s >= 0; s--) CHECK_OK(sf_graph_push(g, (uint64_t)s, tokens[s] + at, take));
-        if (sc->flush_at && !*flushed && at + take >= sc->flush_at) {
-            CHECK_OK(sf_graph_flush(g, 0));
-            *flushed = 1;
-        }
-        collect(g, o, sc->tokens, dim);
-    }
-}
-
-static sf_graph *make_graph(const sf_model *m, const scenario *sc, const char *extra)
-{
-    sf_graph_options opts = {.device = "cpu", .threads = 1};
-    sf_graph *g = NULL;
-    if (sf_graph_create(m, &opts, &g) != SF_OK) return NULL;
-    char pipeline[512];
-    with_options(sc->pipeline, extra, pipeline, sizeof pipeline);
-    int rc = sf_graph_parse(g, pipeline);
-    CHECKF(rc == SF_OK, "parse '%s': %s", pipeline, sf_last_error());
-    if (rc != SF_OK) {
-        sf_graph_free(g);
-        return NULL;
-    }
-    return g;
-}
-
-static void outputs_alloc(outputs *o, const scenario *sc, size_t D)
-{
-    memset(o, 0, sizeof *o);
-    for (int s = 0; s < sc->streams; s++) {
-        o->x[s] = malloc(sc->tokens * D * sizeof(float));
-        for (size_t i = 0; i < sc->tokens * D; i++) o->x[s][i] = NAN;
-    }
-}
-
-/* The scenario with block options `extra`; with split > 0 the graph is saved after `split`
- * tokens and a new one (block options `extra_after`) restored from it runs the rest. */
-static int run(const sf_model *m, const scenario *sc, const char *extra, uint32_t *const *tokens, outputs *o,
-               size_t split, const char *extra_after)
-{
-    const size_t D = (size_t)sf_model_get_config(m)->dim;
-    outputs_alloc(o, sc, D);
-    sf_graph *g = make_graph(m, sc, extra);
-    if (!g) return SF_E_INVAL;
-    int flushed = 0;
-    push_range(g, sc, tokens, 0, split ? split : sc->tokens, o, (int)D, &flushed);
-    if (split) {
-        sf_buffer state = {0};
-        CHECK_OK(sf_graph_save(g, &state));
-        collect(g, o, sc->tokens, (int)D);
-        sf_graph_free(g);
-        g = make_graph(m, sc, extra_after);
-        int rc = g ? sf_graph_restore(g, state.data, state.len) : SF_E_INVAL;
-        sf_buffer_release(&state);
-        if (rc != SF_OK) {
-            sf_graph_free(g);
-            return rc;
-        }
-        push_range(g, sc, tokens, split, sc->tokens, o, (int)D, &flushed);
-    }
-    for (int s = 0; s < sc->streams; s++) CHECK_OK(sf_graph_end(g, (uint64_t)s));
-    collect(g, o, sc->tokens, (int)D);
-    sf_graph_free(g);
-    return SF_OK;
-}
-
-static uint32_t **make_tokens(const sf_model *m, const scenario *sc, uint64_t seed)
-{
-    uint32_t **t = calloc(MAX_STREAMS, sizeof *t);
-    check_rng r = {seed};
-    for (int s = 0; s < sc->streams; s++) {
-        t[s] = malloc(sc->tokens * sizeof(uint32_t));
-        for (size_t i = 0; i < sc->tokens; i++)
-            t[s][i] = (uint32_t)(check_rng_next(&r) % (uint64_t)sf_model_get_config(m)->vocab);
-    }
-    return t;
-}
-
-static void free_tokens(uint32_t **t)
-{
-    for (int s = 0; s < MAX_STREAMS; s++) free(t[s]);
-    free(t);
-}
-
-/* The worst relative error of got against want over every stream (and the flushed rows). */
-static double worst_error(const char *name, const char *label, const outputs *got, const outputs *want,
-                          const scenario *sc, size_t D)
-{
-    double worst = 0;
-    for (int s = 0; s < sc->streams; s++) {
-        double err = check_rel_err_f32(got->x[s], want->x[s], sc->tokens * D);
-        if (!(err <= worst)) worst = err;
-    }
-    if (sc->flush_at) {
-        int same = got->provisional && want->provisional && got->prov_pos == want->prov_pos && got->prov_n == want->prov_n;
-        CHECKF(same, "%s [%s]: the flush emitted different rows than unsharded", name, label);
-        if (same) {
-            double err = check_rel_err_f32(got->provisional, want->provisional, got->prov_n * D);
-            if (!(err <= worst)) worst = err;
-        }
-    }
-    return worst;
-}
-
-static void compare(const char *name, const sf_model *m, const scenario *sc, uint64_t seed)
+static void compare(const char *name, const sf_model *m, const shard_scenario *sc, uint64_t seed)
 {
     const sf_model_config *c = sf_model_get_config(m);
     const size_t D = (size_t)c->dim;
-    uint32_t **tokens = make_tokens(m, sc, seed);
-    outputs want;
-    if (run(m, sc, "", tokens, &want, 0, NULL) == SF_OK) {
+    uint32_t **tokens = shard_tokens(m, sc, seed);
+    shard_outputs want;
+    if (shard_run(m, &cpu, sc, "", tokens, &want, 0, NULL) == SF_OK) {
         static const int ranks[] = {1, 2, 4};
         for (size_t i = 0; i < sizeof ranks / sizeof *ranks; i++) {
             const int R = ranks[i];
@@ -204,18 +46,18 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
             char extra[64], label[32];
             snprintf(extra, sizeof extra, "heads_of=%d comm_timeout=20000", R);
             snprintf(label, sizeof label, "R=%d", R);
-            outputs got;
-            if (run(m, sc, extra, tokens, &got, 0, NULL) == SF_OK) {
-                const double err = worst_error(name, label, &got, &want, sc, D);
+            shard_outputs got;
+            if (shard_run(m, &cpu, sc, extra, tokens, &got, 0, NULL) == SF_OK) {
+                const double err = shard_worst_error(name, label, &got, &want, sc, D);
                 CHECKF(err <= TOL, "%s [%s]: relative error %.3g", name, label, err);
                 if (R == 1) CHECKF(err == 0, "%s [R=1]: not bit for bit the unsharded rows (%.3g)", name, err);
                 printf("  %-46s %-5s rel err %.2e\n", name, label, err);
             }
-            outputs_free(&got);
+            shard_outputs_free(&got);
         }
-        outputs_free(&want);
+        shard_outputs_free(&want);
     }
-    free_tokens(tokens);
+    shard_tokens_free(tokens);
 }
 
 /* Saved on 2 ranks after part of the input and restored on 2: the rows of an uninterrupted
@@ -224,29 +66,29 @@ static void check_resume(const sf_model *m)
 {
     const sf_model_config *c = sf_model_get_config(m);
     const size_t D = (size_t)c->dim, N = (size_t)c->segment;
-    scenario sc = {"segment ! embed ! block ! norm", 2, 3 * N + 9, 0};
-    uint32_t **tokens = make_tokens(m, &sc, 77);
-    outputs whole, resumed, refused;
-    if (run(m, &sc, "heads_of=2", tokens, &whole, 0, NULL) == SF_OK &&
-        run(m, &sc, "heads_of=2", tokens, &resumed, N + N / 2, "heads_of=2") == SF_OK) {
-        const double err = worst_error("resume", "R=2", &resumed, &whole, &sc, D);
+    shard_scenario sc = {"segment ! embed ! block ! norm", 2, 3 * N + 9, 0};
+    uint32_t **tokens = shard_tokens(m, &sc, 77);
+    shard_outputs whole, resumed, refused;
+    if (shard_run(m, &cpu, &sc, "heads_of=2", tokens, &whole, 0, NULL) == SF_OK &&
+        shard_run(m, &cpu, &sc, "heads_of=2", tokens, &resumed, N + N / 2, "heads_of=2") == SF_OK) {
+        const double err = shard_worst_error("resume", "R=2", &resumed, &whole, &sc, D);
         CHECKF(err == 0, "saved and restored on 2 ranks: relative error %.3g against an uninterrupted run", err);
         printf("  %-46s R=2   resumed vs uninterrupted %.2e\n", "save on 2 ranks, restore on 2", err);
     }
-    outputs_free(&whole), outputs_free(&resumed);
+    shard_outputs_free(&whole), shard_outputs_free(&resumed);
     static const struct {
         const char *before, *after, *words;
     } refusals[] = {{"heads_of=2", "heads_of=4", "saved by 2 head-parallel ranks"},
                     {"heads_of=2", "", "saved by 2 head-parallel ranks"},
                     {"", "heads_of=2", "saved without head parallelism"}};
     for (size_t i = 0; i < sizeof refusals / sizeof *refusals; i++) {
-        const int rc = run(m, &sc, refusals[i].before, tokens, &refused, N, refusals[i].after);
+        const int rc = shard_run(m, &cpu, &sc, refusals[i].before, tokens, &refused, N, refusals[i].after);
         CHECKF(rc == SF_E_STATE && strstr(sf_last_error(), refusals[i].words),
                "saved with '%s', restored with '%s': %d (%s)", refusals[i].before, refusals[i].after, rc,
                sf_last_error());
-        outputs_free(&refused);
+        shard_outputs_free(&refused);
     }
-    free_tokens(tokens);
+    shard_tokens_free(tokens);
 }
 
 /* heads_of that does not divide H or F, and with a state budget: refused at parse time. */
@@ -277,13 +119,13 @@ static void check_refusals(const sf_model *m)
 static void check_rank_failure(const sf_model *m)
 {
     const size_t N = (size_t)sf_model_get_config(m)->segment;
-    scenario sc = {"segment ! embed ! block ! norm", 1, 6 * N, 0};
-    uint32_t **tokens = make_tokens(m, &sc, 5);
+    shard_scenario sc = {"segment ! embed ! block ! norm", 1, 6 * N, 0};
+    uint32_t **tokens = shard_tokens(m, &sc, 5);
     for (int R = 2; R <= 4; R *= 2) {
         char extra[96], words[64];
         snprintf(extra, sizeof extra, "heads_of=%d comm_timeout=20000 inject_failure=2", R);
         snprintf(words, sizeof words, "rank %d of %d failed", R - 1, R);
-        sf_graph *g = make_graph(m, &sc, extra);
+        sf_graph *g = shard_graph(m, &cpu, &sc, extra);
         const double start = now_ms();
         int rc = SF_OK;
         for (size_t at = 0; g && at < sc.tokens && rc == SF_OK; at += N) {
@@ -298,7 +140,7 @@ static void check_rank_failure(const sf_model *m)
         printf("  R=%d, last rank fails after 2 segments: ended in %.0f ms: %s\n", R, ms, sf_last_error());
         sf_graph_free(g);
     }
-    free_tokens(tokens);
+    shard_tokens_free(tokens);
 }
 
 /* ---- the host communicator on its own --------------------------------------------------------- */
@@ -425,18 +267,18 @@ int main(void)
         CHECK_OK(check_variant_model(v, 1000 + i, &m));
         if (!m) continue;
         const size_t N = (size_t)v->segment;
-        scenario one = {"segment ! embed ! block ! norm", 1, 3 * N + 19, N + N / 2 + 1};
+        shard_scenario one = {"segment ! embed ! block ! norm", 1, 3 * N + 19, N + N / 2 + 1};
         compare(v->name, m, &one, i);
         if (v->layers > 1) {
-            scenario split = {v->layers == 2 ? "segment ! embed ! block layers=0 ! block layers=1 ! norm"
+            shard_scenario split = {v->layers == 2 ? "segment ! embed ! block layers=0 ! block layers=1 ! norm"
                                              : "segment ! embed ! block layers=0 ! block layers=1-2 ! norm",
                               1, 2 * N + 3, 0};
             compare("  same, one stage per layer", m, &split, i);
         }
         if (i == 2 || i == 7) {
-            scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
+            shard_scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
             compare("  two interleaved streams", m, &two, 100 + i);
-            scenario batched = {"segment ! embed ! block batch=3 ! norm", 3, 3 * N + 5, 0};
+            shard_scenario batched = {"segment ! embed ! block batch=3 ! norm", 3, 3 * N + 5, 0};
             compare("  three streams, block batch=3", m, &batched, 200 + i);
         }
         if (i == 2) {
