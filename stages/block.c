@@ -511,7 +511,9 @@ static int run_pending(sf_stage *st)
     }
     if (rc == SF_OK) rc = layers_forward(b, states, b->pending, count, (int)rows, 1);
     /* host rows: the collectives done before a download that would wait for them unwatched */
-    if (rc == SF_OK && b->comm && !b->pending[0]->dev) rc = sf_comm_wait(b->comm);
+    int host_rows = 0;
+    for (int i = 0; i < count; i++) host_rows |= !b->pending[i]->dev;
+    if (rc == SF_OK && b->comm && host_rows) rc = sf_comm_wait(b->comm);
     for (int i = 0; i < count && rc == SF_OK; i++) {
         sf_packet *p = b->pending[i];
         const float *src = b->x + i * floats;

@@ -142,6 +142,18 @@ int sf_block_shard_check(block *b, int rc)
 
 /* ---- the other ranks ------------------------------------------------------------------------- */
 
+/* Every rank's first collectives, at set-up: NCCL connects its ranks at the first operation of
+ * each kind, which may answer "in progress" for a while; done here, no segment waits for it,
+ * and a rank that cannot reach the others fails now. */
+static int comm_warmup(block *b)
+{
+    const size_t D = (size_t)b->cfg->dim;
+    int rc = b->be->ops->zero(b->be, b->x, D * sizeof(float));
+    if (rc == SF_OK) rc = sf_comm_all_reduce(b->comm, b->x, D, SF_DTYPE_F32);
+    if (rc == SF_OK) rc = sf_comm_broadcast(b->comm, b->x, D, SF_DTYPE_F32, 0);
+    return rc == SF_OK ? sf_comm_wait(b->comm) : rc;
+}
+
 /* What a follower thread builds before taking work: its backend, part, weights, buffers and
  * communicator (the same steps as rank 0's block_init). */
 static int follower_setup(follower *f, const block *lead, int rank)
@@ -174,7 +186,7 @@ static int follower_setup(follower *f, const block *lead, int rank)
         s->host_comms[rank] = NULL;
     }
     if (rc == SF_OK) sf_comm_watch(b->comm, &s->failed);
-    return rc;
+    return rc == SF_OK ? comm_warmup(b) : rc;
 }
 
 static void *follower_main(void *arg)
@@ -196,7 +208,7 @@ static void *follower_main(void *arg)
     while (rc == SF_OK) {
         pthread_mutex_lock(&s->lock);
         while (!f->queued && !s->quit && !s->failed) pthread_cond_wait(&s->cond, &s->lock);
-        if (!f->queued) { /* quit or failed: nothing more comes */
+        if (s->failed || !f->queued) { /* failed, or quit with nothing left: no more work */
             pthread_mutex_unlock(&s->lock);
             break;
         }
@@ -330,6 +342,7 @@ int sf_block_shard_start(sf_stage *st, block *b, int ranks)
         rc = sf_comm_nccl_create_watched(b->be, s->nccl_id, 0, ranks, s->timeout_ms, &s->failed, &b->comm);
     if (rc == SF_OK && !cuda) b->comm = s->host_comms[0], s->host_comms[0] = NULL;
     if (rc == SF_OK) sf_comm_watch(b->comm, &s->failed);
+    if (rc == SF_OK) rc = comm_warmup(b);
     if (rc != SF_OK) {
         char why[400];
         snprintf(why, sizeof why, "%s", sf_last_error());
