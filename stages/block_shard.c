@@ -229,7 +229,7 @@ static void *follower_main(void *arg)
         pthread_mutex_unlock(&s->lock);
     }
     /* what is left of a failed group ends here too: abort wakes the ranks waiting on this one */
-    if (s->failed && f->b.comm) sf_comm_abort(f->b.comm, "the group stopped");
+    if (__atomic_load_n(&s->failed, __ATOMIC_ACQUIRE) && f->b.comm) sf_comm_abort(f->b.comm, "the group stopped");
     sf_comm_free(f->b.comm);
     f->b.comm = NULL;
     if (f->b.be) sf_block_release(&f->b);
