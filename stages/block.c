@@ -420,9 +420,12 @@ static int layers_forward(block *b, stream_state *const *states, sf_packet *cons
     }
     int join_rc = sf_be_side_join(b->be);
     if (rc == SF_OK) rc = join_rc;
-    /* at most one segment's collectives in flight: a rank that failed or hangs is noticed
-     * within a segment, not at a download that would wait for it forever */
-    if (rc == SF_OK && b->comm) rc = sf_comm_fence(b->comm);
+    /* Every rank waits (polling) for this segment's collectives: what follows may block on the
+     * device without looking (a download here or in a later stage, a free that synchronizes),
+     * and would wait forever for a rank that failed; this wait ends by the failure flag or the
+     * timeout instead. The next segment's work is issued right after, so the device idles only
+     * for that issue's first launch. */
+    if (rc == SF_OK && b->comm) rc = sf_comm_wait(b->comm);
     return rc;
 }
 
@@ -510,10 +513,6 @@ static int run_pending(sf_stage *st)
                                      : ops->upload(b->be, dst, p->x, floats * sizeof(float));
     }
     if (rc == SF_OK) rc = layers_forward(b, states, b->pending, count, (int)rows, 1);
-    /* host rows: the collectives done before a download that would wait for them unwatched */
-    int host_rows = 0;
-    for (int i = 0; i < count; i++) host_rows |= !b->pending[i]->dev;
-    if (rc == SF_OK && b->comm && host_rows) rc = sf_comm_wait(b->comm);
     for (int i = 0; i < count && rc == SF_OK; i++) {
         sf_packet *p = b->pending[i];
         const float *src = b->x + i * floats;
@@ -577,7 +576,6 @@ static int run_one(sf_stage *st, sf_packet *in)
         if (in->dev) b->x = in->dev;
         else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
         if (rc == SF_OK) rc = layers_forward(b, &s, &in, 1, (int)in->n, commit);
-        if (rc == SF_OK && b->comm && !in->dev) rc = sf_comm_wait(b->comm);
         if (rc == SF_OK && !in->dev) rc = download_checked(b, in, b->x);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
