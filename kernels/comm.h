@@ -31,6 +31,8 @@ extern "C" {
 
 typedef struct sf_comm sf_comm;
 
+#define SF_COMM_TICKETS 32 /* all_reduce_start tickets that may be unjoined at once */
+
 /* Every operation returns SF_OK or SF_E_COMM (SF_E_INVAL for a bad argument). Counts are
  * elements of `type` (float32 or bf16; bf16 sums are taken in float32 and rounded once). */
 typedef struct sf_comm_ops {
@@ -49,6 +51,12 @@ typedef struct sf_comm_ops {
     /* Brackets point-to-point calls issued together (ncclGroupStart/End); host: nothing. */
     int (*group_begin)(sf_comm *c);
     int (*group_end)(sf_comm *c);
+    /* all_reduce beside the backend's stream: it starts after the ops issued so far and runs
+     * while the ops issued after it proceed (NCCL: on a stream of its own); join(ticket) makes
+     * the ops issued after the join wait for it. Each start is joined before the next wait,
+     * fence or SF_COMM_TICKETS more starts. Host: done at once, join does nothing. */
+    int (*all_reduce_start)(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket);
+    int (*join)(sf_comm *c, int ticket);
     /* Waits until every operation issued so far has finished (host: they have). */
     int (*wait)(sf_comm *c);
     /* Marks what has been issued so far and waits for the mark set by the previous fence:
@@ -78,6 +86,8 @@ int sf_comm_all_gather(sf_comm *c, const void *send, void *recv, size_t count, s
 int sf_comm_broadcast(sf_comm *c, void *buf, size_t count, sf_dtype type, int root);
 int sf_comm_send(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer);
 int sf_comm_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer);
+int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket);
+int sf_comm_join(sf_comm *c, int ticket);
 int sf_comm_group_begin(sf_comm *c);
 int sf_comm_group_end(sf_comm *c);
 int sf_comm_wait(sf_comm *c);

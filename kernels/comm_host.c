@@ -65,6 +65,18 @@ int sf_comm_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer)
     return rc == SF_OK ? c->ops->recv(c, buf, count, type, peer) : rc;
 }
 
+int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket)
+{
+    int rc = check_type(c, "all_reduce", type);
+    return rc == SF_OK ? c->ops->all_reduce_start(c, buf, count, type, ticket) : rc;
+}
+
+int sf_comm_join(sf_comm *c, int ticket)
+{
+    if (ticket < 0 || ticket >= SF_COMM_TICKETS) return sf_error(SF_E_INVAL, "join: ticket %d", ticket);
+    return c->ops->join(c, ticket);
+}
+
 int sf_comm_group_begin(sf_comm *c) { return c->ops->group_begin(c); }
 int sf_comm_group_end(sf_comm *c) { return c->ops->group_end(c); }
 int sf_comm_wait(sf_comm *c) { return c->ops->wait(c); }
@@ -348,6 +360,14 @@ static int host_nothing(sf_comm *c)
 
 static int host_group_op(sf_comm *c) { return SF_OK; }
 
+static int host_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket)
+{
+    *ticket = 0;
+    return host_all_reduce(c, buf, count, type);
+}
+
+static int host_join(sf_comm *c, int ticket) { return SF_OK; }
+
 static void host_abort(sf_comm *c, const char *why)
 {
     host_comm *h = c->impl;
@@ -388,6 +408,8 @@ static const sf_comm_ops host_ops = {
     .recv = host_recv,
     .group_begin = host_group_op,
     .group_end = host_group_op,
+    .all_reduce_start = host_all_reduce_start,
+    .join = host_join,
     .wait = host_nothing,
     .fence = host_nothing,
     .abort = host_abort,

@@ -49,6 +49,10 @@ static const sf_option block_options[] = {
      .help = "heads_of on cuda: the GPU of each rank, e.g. 0,1 (default: the graph's GPU, then the next ones)"},
     {.name = "comm_timeout", .type = SF_OPT_INT, .default_value = "120000", .min = 1, .max = 86400000, .unit = "ms",
      .help = "heads_of: how long a rank waits for the others in a collective before the run fails"},
+    {.name = "overlap", .type = SF_OPT_INT, .default_value = "1", .min = 1, .max = SF_BLOCK_MAX_OVERLAP,
+     .unit = "chunks",
+     .help = "heads_of: the rows after attention go through the output product, MLP and all-reduces in this many "
+             "chunks, each chunk's all-reduce beside the next chunk's work"},
     {.name = "inject_failure", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 1 << 30, .unit = "segments",
      .help = "testing heads_of: the last rank fails after this many segments (0 = never)"},
     {0}};
@@ -184,6 +188,7 @@ static int block_init(sf_stage *st)
     b->host_rows = strcmp(b->be->ops->name, "cpu") == 0; /* its memory is host memory */
     const int ranks = (int)sf_stage_option_int(st, "heads_of");
     b->inject_failure = (int)sf_stage_option_int(st, "inject_failure");
+    b->overlap = (int)sf_stage_option_int(st, "overlap");
     if (ranks && sf_stage_option_int(st, "state_budget"))
         return sf_error(SF_E_OPTION, "heads_of=%d: a state_budget is not supported with head parallelism", ranks);
     rc = sf_block_shard_plan(b, 0, ranks ? ranks : 1);
@@ -334,23 +339,63 @@ static int attention_mix(block *b, stream_state *s, int l, int i, int n, const u
                                memory ? s->z + (size_t)l * H * d : NULL, b->weights[l].gate, b->mix_type, out);
 }
 
-/* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x): the MLP of layer l over `rows` rows, after the
- * wait for the side queue that commit_end left owed (the MLP's norm touches nothing the side
- * does, so the wait can sit in front of its products). */
-static int ffn(block *b, int l, int rows, int join_owed)
+/* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x): the MLP of layer l over `rows` rows at x, after
+ * the wait for the side queue that commit_end left owed (the MLP's norm touches nothing the side
+ * does, so the wait can sit in front of its products). Head-parallel, rank 0 adds its part to
+ * the rows and the other ranks write theirs in their place: the all-reduce that follows
+ * (output_and_mlp) sums rows and parts. */
+static int ffn(block *b, int l, float *x, int rows, int join_owed)
 {
     const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
     int rc = join_owed ? sf_be_side_join_before_product(b->be) : SF_OK;
-    /* head-parallel: rank 0 adds its part to the rows, the others write theirs in their place,
-     * and the all-reduce sums rows and parts */
     if (rc == SF_OK && b->rank == 0)
-        rc = sf_be_ffn(b->be, rows, c->dim, b->hidden, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->act.u,
+        rc = sf_be_ffn(b->be, rows, c->dim, b->hidden, x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->act.u,
                        b->act.h1, b->act.h3);
     else if (rc == SF_OK)
-        rc = sf_be_ffn_partial(b->be, rows, c->dim, b->hidden, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2,
+        rc = sf_be_ffn_partial(b->be, rows, c->dim, b->hidden, x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2,
                                b->act.u, b->act.h1, b->act.h3);
-    if (rc == SF_OK && b->comm) rc = sf_comm_all_reduce(b->comm, b->x, (size_t)rows * c->dim, SF_DTYPE_F32);
+    return rc;
+}
+
+/* After the attention of layer l: x += A Wo^T, then the MLP; head-parallel, each followed by the
+ * all-reduce of the rows (x plus every rank's part). With overlap=K (head-parallel) the rows go
+ * through this in K chunks, each chunk's all-reduce beside the next chunk's work: the output
+ * product and the MLP are row by row, and only the next layer's attention needs every row. */
+static int output_and_mlp(block *b, int l, int rows, int join_owed)
+{
+    const sf_model_config *c = b->cfg;
+    const layer_weights *w = &b->weights[l];
+    const int D = c->dim, W = b->width, mlp = c->mlp_hidden > 0;
+    const unsigned char *mixed = b->mix_type == SF_DTYPE_BF16 ? b->act.ao : (const unsigned char *)b->act.a;
+    const size_t mixed_size = b->mix_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
+    int chunks = b->comm ? b->overlap : 1;
+    if (chunks > rows) chunks = rows;
+    int rc = SF_OK;
+    if (chunks <= 1) {
+        rc = sf_be_matmul_typed(b->be, rows, W, D, b->mix_type, mixed, W, w->wo, b->x, D, b->rank == 0);
+        if (rc == SF_OK && b->comm) rc = sf_comm_all_reduce(b->comm, b->x, (size_t)rows * D, SF_DTYPE_F32);
+        if (rc == SF_OK && mlp) rc = ffn(b, l, b->x, rows, join_owed);
+        if (rc == SF_OK && mlp && b->comm) rc = sf_comm_all_reduce(b->comm, b->x, (size_t)rows * D, SF_DTYPE_F32);
+        return rc;
+    }
+    const int per = (rows + chunks - 1) / chunks;
+    int ticket[2][SF_BLOCK_MAX_OVERLAP], n_chunks = 0;
+    for (int r0 = 0; r0 < rows && rc == SF_OK; r0 += per, n_chunks++) {
+        const int nr = rows - r0 < per ? rows - r0 : per;
+        float *x = b->x + (size_t)r0 * D;
+        rc = sf_be_matmul_typed(b->be, nr, W, D, b->mix_type, mixed + (size_t)r0 * W * mixed_size, W, w->wo, x, D,
+                                b->rank == 0);
+        if (rc == SF_OK) rc = sf_comm_all_reduce_start(b->comm, x, (size_t)nr * D, SF_DTYPE_F32, &ticket[0][n_chunks]);
+    }
+    for (int j = 0; j < n_chunks && rc == SF_OK; j++) {
+        const int r0 = j * per, nr = rows - r0 < per ? rows - r0 : per;
+        float *x = b->x + (size_t)r0 * D;
+        rc = sf_comm_join(b->comm, ticket[0][j]);
+        if (rc == SF_OK && mlp) rc = ffn(b, l, x, nr, join_owed && j == 0);
+        if (rc == SF_OK && mlp) rc = sf_comm_all_reduce_start(b->comm, x, (size_t)nr * D, SF_DTYPE_F32, &ticket[1][j]);
+    }
+    for (int j = 0; j < n_chunks && rc == SF_OK && mlp; j++) rc = sf_comm_join(b->comm, ticket[1][j]);
     return rc;
 }
 
@@ -375,13 +420,8 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     for (int i = 0; i < count && rc == SF_OK; i++) rc = attention_mix(b, states[i], l, i, n, q);
     int join_owed = 0;
     if (rc == SF_OK) rc = commit_end(b, states, count, l, n, commit, &join_owed);
-    /* x += A Wo^T */
-    const void *mixed = b->mix_type == SF_DTYPE_BF16 ? (const void *)b->act.ao : (const void *)b->act.a;
-    if (rc == SF_OK) rc = sf_be_matmul_typed(be, rows, W, D, b->mix_type, mixed, W, w->wo, b->x, D, b->rank == 0);
-    /* head-parallel: x + the sum of every rank's heads' part (ffn says how) */
-    if (rc == SF_OK && b->comm) rc = sf_comm_all_reduce(b->comm, b->x, (size_t)rows * D, SF_DTYPE_F32);
-    /* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x) */
-    if (rc == SF_OK && c->mlp_hidden > 0) rc = ffn(b, l, rows, join_owed);
+    /* x += A Wo^T; x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x) */
+    if (rc == SF_OK) rc = output_and_mlp(b, l, rows, join_owed);
     return rc;
 }
 

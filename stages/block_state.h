@@ -11,6 +11,7 @@
 #include "stages/stream_table.h"
 
 #define SF_BLOCK_MAX_BATCH 16
+#define SF_BLOCK_MAX_OVERLAP 16 /* 2 * this <= SF_COMM_TICKETS: every chunk's two all-reduces of a layer */
 
 typedef struct layer_weights {
     float *attn_norm, *wq, *wk, *wv, *wo, *gate, *mlp_norm, *w1, *w3, *w2;
@@ -47,6 +48,7 @@ typedef struct block {
     struct sf_comm *comm;        /* the ranks' collectives; NULL unsharded (none issued) */
     struct block_shard *shard;   /* rank 0 of a sharded block: the other ranks (NULL elsewhere) */
     int inject_failure, segments_seen; /* inject_failure=: the last rank fails after that many segments */
+    int overlap;                 /* overlap=: chunks of the rows after attention (head-parallel) */
     int width;              /* heads * d */
     layer_weights *weights; /* [count], backend memory */
     float *x;

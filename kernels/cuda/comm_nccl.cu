@@ -27,6 +27,11 @@ static_assert(sizeof(ncclUniqueId) <= SF_COMM_NCCL_ID_BYTES, "ncclUniqueId large
 
 typedef struct nccl_comm {
     ncclComm_t comm;
+    /* all_reduce_start: its own stream, and per ticket an event where it may start (on the
+     * backend's stream) and one where it is done (on this stream) */
+    cudaStream_t side;
+    cudaEvent_t start[SF_COMM_TICKETS], done[SF_COMM_TICKETS];
+    int next_ticket;
     int failed;            /* aborted or broken: every later call fails at once */
     char why[200];         /* what broke it */
     cudaEvent_t mark[2];   /* fence: the mark set last (cur) and the one before */
@@ -151,6 +156,43 @@ static int nccl_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int pee
     ISSUE(c, "recv", ncclRecv(buf, count, nccl_type(type), peer, comm, stream));
 }
 
+/* The all-reduce on the communicator's own stream, after what the backend's stream has issued;
+ * NCCL keeps a communicator's operations in the order issued whatever their streams. */
+static int nccl_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    sf_cuda *cu;
+    int rc = enter(c, "all_reduce_start", &cu);
+    if (rc != SF_OK) return rc;
+    const int t = n->next_ticket;
+    n->next_ticket = (t + 1) % SF_COMM_TICKETS;
+    rc = sf_cuda_status(cudaEventRecord(n->start[t], cu->stream), "all_reduce_start (order)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(n->side, n->start[t], 0), "all_reduce_start (order)");
+    ncclResult_t st = ncclSuccess;
+    if (rc == SF_OK) st = ncclAllReduce(buf, buf, count, nccl_type(type), ncclSum, n->comm, n->side);
+    sf_cuda_leave(cu);
+    if (rc != SF_OK) return rc;
+    /* the kernel is on the stream only once the call has settled: the mark goes behind it then */
+    rc = settle(c, st, "all_reduce_start");
+    if (rc == SF_OK) rc = enter(c, "all_reduce_start", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaEventRecord(n->done[t], n->side), "all_reduce_start (done)");
+    sf_cuda_leave(cu);
+    *ticket = t;
+    return rc;
+}
+
+static int nccl_join(sf_comm *c, int ticket)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    sf_cuda *cu;
+    int rc = enter(c, "join", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaStreamWaitEvent(cu->stream, n->done[ticket], 0), "join");
+    sf_cuda_leave(cu);
+    return rc;
+}
+
 static int nccl_group_begin(sf_comm *c)
 {
     nccl_comm *n = (nccl_comm *)c->impl;
@@ -261,13 +303,19 @@ static void nccl_destroy(sf_comm *c)
     cudaSetDevice(sf_cuda_of(c->be)->device);
     for (int i = 0; i < 2; i++)
         if (n->mark[i]) cudaEventDestroy(n->mark[i]);
+    for (int i = 0; i < SF_COMM_TICKETS; i++) {
+        if (n->start[i]) cudaEventDestroy(n->start[i]);
+        if (n->done[i]) cudaEventDestroy(n->done[i]);
+    }
+    if (n->side) cudaStreamDestroy(n->side);
     delete n;
     delete c;
 }
 
 static const sf_comm_ops nccl_ops = {
-    "nccl",        nccl_all_reduce, nccl_all_gather, nccl_broadcast, nccl_send, nccl_recv, nccl_group_begin,
-    nccl_group_end, nccl_wait,      nccl_fence,      nccl_abort,     nccl_destroy,
+    "nccl",           nccl_all_reduce, nccl_all_gather, nccl_broadcast, nccl_send,  nccl_recv,
+    nccl_group_begin, nccl_group_end,  nccl_all_reduce_start, nccl_join, nccl_wait, nccl_fence,
+    nccl_abort,       nccl_destroy,
 };
 
 extern "C" int sf_comm_nccl_available(void) { return 1; }
@@ -304,6 +352,11 @@ extern "C" int sf_comm_nccl_create_watched(sf_backend *be, const void *id, int r
     int rc = sf_cuda_status(cudaSetDevice(cu->device), "cudaSetDevice");
     for (int i = 0; i < 2 && rc == SF_OK; i++)
         rc = sf_cuda_status(cudaEventCreateWithFlags(&n->mark[i], cudaEventDisableTiming), "event create");
+    for (int i = 0; i < SF_COMM_TICKETS && rc == SF_OK; i++) {
+        rc = sf_cuda_status(cudaEventCreateWithFlags(&n->start[i], cudaEventDisableTiming), "event create");
+        if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&n->done[i], cudaEventDisableTiming), "event create");
+    }
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&n->side, cudaStreamNonBlocking), "stream create");
     if (rc != SF_OK) {
         n->failed = 1;
         nccl_destroy(c);
