@@ -1,7 +1,7 @@
 /* Head-parallel blocks against the plain block stage, on GPUs (or CPU ranks):
  *
  *   bench_heads [--preset reference|small] [--segments S] [--warmup W] [--reps K] [--gpus G]
- *               [--device cuda|cpu]
+ *               [--device cuda|cpu] [--overlap K]
  *
  * The model of bench/gpu_bench.sh (reference: D=1024 H=16 d=64 N=8192, branches
  * 2048:1,4096:2,8192:4, causal, delta memory, 256 global tokens, 8 summary tokens, 4 layers,
@@ -10,6 +10,8 @@
  *   plain  - block (today's path)
  *   R=1    - block heads_of=1 (the sharded path with a one-rank communicator: its overhead)
  *   R=2..G - block heads_of=R over R GPUs (when that many are visible and R divides H and F)
+ * each also with overlap=K (default 4: the rows after attention in K chunks, each chunk's
+ * all-reduce beside the next chunk's work)
  * repeated K times in turns (plain, R=1, R=2, plain, ...) so that drift hits every one alike;
  * the median of each is reported. Then the communicator alone: an all-reduce of one segment's
  * rows ([N, D] float32, what each layer reduces twice) on R ranks, its mean time. Memory: bytes
@@ -194,7 +196,7 @@ static double all_reduce_ms(const char *device, int ranks, size_t count)
 int main(int argc, char **argv)
 {
     const char *preset_name = "reference", *device = NULL;
-    int segments = 16, warmup = 3, reps = 3, max_gpus = MAX_GPUS;
+    int segments = 16, warmup = 3, reps = 3, max_gpus = MAX_GPUS, overlap = 4;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--preset") == 0) preset_name = argv[i + 1];
         else if (strcmp(argv[i], "--segments") == 0) segments = atoi(argv[i + 1]);
@@ -202,9 +204,10 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--reps") == 0) reps = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--gpus") == 0) max_gpus = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--device") == 0) device = argv[i + 1];
+        else if (strcmp(argv[i], "--overlap") == 0) overlap = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "usage: bench_heads [--preset reference|small] [--segments S] [--warmup W] [--reps K] "
-                            "[--gpus G] [--device cuda|cpu]\n");
+                            "[--gpus G] [--device cuda|cpu] [--overlap K]\n");
             return 2;
         }
     }
@@ -242,9 +245,11 @@ int main(int argc, char **argv)
     int ranks_of[8], n_conf = 0;
     snprintf(blocks[n_conf], sizeof blocks[0], "block"), ranks_of[n_conf++] = 0;
     const int most = cuda ? (gpus < max_gpus ? gpus : max_gpus) : (max_gpus < 4 ? max_gpus : 4);
-    for (int R = 1; R <= most && n_conf < 8; R *= 2) {
+    for (int R = 1; R <= most && n_conf + 2 <= 8; R *= 2) {
         if (cfg.heads % R || cfg.mlp_hidden % R) continue;
         snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d", R), ranks_of[n_conf++] = R;
+        /* the all-reduces beside the next chunk's work (overlap=) */
+        snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=%d", R, overlap), ranks_of[n_conf++] = R;
     }
     printf("bench_heads: %s model (D=%d H=%d d=%d N=%d, %d layers, F=%d) on %s, %d GPU(s) visible; %d segments, %d "
            "warm-up, %d reps\n",
@@ -264,12 +269,14 @@ int main(int argc, char **argv)
     const int reductions = cfg.mlp_hidden ? 2 : 1;
     printf("%-20s %14s %10s %12s %14s  %s\n", "configuration", "tokens/s", "vs plain", "vs R=1", "all-reduce ms",
            "MiB in use per GPU");
-    double r1 = 0;
-    for (int i = 0; i < n_conf; i++)
-        if (ranks_of[i] == 1) r1 = med[i];
+    double r1 = 0, ar_of_ranks = 0;
+    for (int i = n_conf - 1; i >= 0; i--)
+        if (ranks_of[i] == 1) r1 = med[i]; /* the first heads_of=1, without overlap */
     for (int i = 0; i < n_conf; i++) {
         const int R = ranks_of[i];
-        const double ar = R >= 1 ? all_reduce_ms(device, R, reduce_count) : 0;
+        /* the all-reduce alone: measured once a rank count */
+        if (R >= 1 && ranks_of[i - 1] != R) ar_of_ranks = all_reduce_ms(device, R, reduce_count);
+        const double ar = R >= 1 ? ar_of_ranks : 0;
         char mem[160] = "";
         for (int d = 0; d < (R > 1 ? R : 1) && cuda; d++) {
             size_t used = strlen(mem);
@@ -277,9 +284,9 @@ int main(int argc, char **argv)
         }
         printf("%-20s %14.0f %9.3fx %11.3fx %14.3f  %s\n", blocks[i], med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0,
                ar, mem);
-        printf("RESULT config=%s ranks=%d tokens_per_s=%.1f vs_plain=%.4f vs_r1=%.4f all_reduce_ms=%.4f "
+        printf("RESULT config=%s ranks=%d overlap=%d tokens_per_s=%.1f vs_plain=%.4f vs_r1=%.4f all_reduce_ms=%.4f "
                "all_reduce_ms_per_layer=%.4f mib_gpu0=%.0f mib_gpu1=%.0f\n",
-               R ? "heads_of" : "plain", R, med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar, ar * reductions,
+               R ? "heads_of" : "plain", R, strstr(blocks[i], "overlap") ? overlap : 1, med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar, ar * reductions,
                last[i].mib[0], last[i].mib[1]);
     }
     if (r1 > 0)
