@@ -62,7 +62,7 @@ step() {
 
 step test_heads 60 "$tests/test_heads"
 grep -E "FAIL|passed" "$logs/test_heads.log" | tail -5 | tee -a "$summary"
-step test_gpu_heads 150 "$tests/test_gpu_heads"
+step test_gpu_heads 120 "$tests/test_gpu_heads"
 grep -E "FAIL|vs unsharded|NCCL|rank|restore|skipped|passed" "$logs/test_gpu_heads.log" | tail -60 | tee -a "$summary"
 
 # the binary: --gpus N against the plain GPU run (bf16), the built-in model and text
@@ -81,7 +81,7 @@ print(f"binary: seqflow run -d cuda --gpus {sys.argv[3]} against -d cuda: {a.siz
 EOF
 rm -f "$logs/plain.f32" "$logs/gpus.f32"
 
-step bench_heads 170 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps 3
+step bench_heads 120 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps 3
 grep -vE "^  rep" "$logs/bench_heads.log" | tail -14 | tee -a "$summary"
 
 left=$(( 330 - ($(date +%s) - start) ))
