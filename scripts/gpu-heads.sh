@@ -36,7 +36,7 @@ if ! ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h >/dev/null 2>&1; then
   fi
 fi
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-      -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_BENCH=ON "${nccl_args[@]}" >"$logs/configure.log" 2>&1 \
+      -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_BENCH=ON ${nccl_args[@]+"${nccl_args[@]}"} >"$logs/configure.log" 2>&1 \
   || { tail -40 "$logs/configure.log"; exit 1; }
 grep -E "CUDA backend|NCCL" "$logs/configure.log" | tee -a "$summary"
 targets=(seqflow test_heads test_gpu_heads bench_heads test_gpu_pipeline test_cuda_attention test_gpu_checkpoint)
@@ -86,7 +86,7 @@ EOF
 rm -f "$logs/plain.f32" "$logs/gpus.f32"
 
 step bench_heads 120 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps 3
-grep -vE "^  rep" "$logs/bench_heads.log" | tail -14 | tee -a "$summary"
+grep -vE "^  rep|^RESULT" "$logs/bench_heads.log" | tail -12 | tee -a "$summary"
 
 for t in test_gpu_pipeline test_cuda_attention test_gpu_checkpoint; do
   step "$t" 120 "$tests/$t"
