@@ -3,7 +3,8 @@
  * cover (memory delta, linear and none, global tokens, MLP on and off, causal and not, heads a
  * branch leaves uncovered, H*d != D, several layers, one stage a layer, a provisional flush, two
  * interleaved streams, three streams batched) must agree within 1e-5 (relative, L2) in float32;
- * R = 1 bit for bit. Also: a save on R ranks restored on R ranks continues as an uninterrupted
+ * R = 1 bit for bit; also with overlap= (the rows after attention in chunks) and in a threaded
+ * run (a thread a stage). Also: a save on R ranks restored on R ranks continues as an uninterrupted
  * run, a restore on another number of ranks (or unsharded) is refused naming both; H or F
  * not divisible by R is refused naming them; the host communicator's collectives give
  * rank-ordered sums, and a rank that never joins or aborts ends the others with SF_E_COMM
@@ -118,6 +119,43 @@ static void check_refusals(const sf_model *m)
                sf_last_error());
         sf_graph_free(g);
     }
+}
+
+/* Threaded runs (sf_graph_run: a thread per stage, a source reading a file ahead of the block,
+ * a sink writing raw rows) with heads_of=2 and overlap=2 against the unsharded one: 1e-5. */
+static void check_threaded(const sf_model *m)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t tokens = 9 * (size_t)c->segment + 7, D = (size_t)c->dim;
+    const char *input = check_tmp_path("heads_input.txt");
+    FILE *f = fopen(input, "w");
+    check_rng r = {99};
+    for (size_t i = 0; f && i < tokens; i++) fprintf(f, "%llu ", (unsigned long long)(check_rng_next(&r) % (uint64_t)c->vocab));
+    if (f) fclose(f);
+    float *rows[2] = {NULL, NULL};
+    static const char *const blocks[2] = {"block", "block heads_of=2 overlap=2 comm_timeout=20000"};
+    for (int k = 0; k < 2; k++) {
+        const char *out = check_tmp_path(k ? "heads_sharded.f32" : "heads_plain.f32");
+        char pipeline[512];
+        snprintf(pipeline, sizeof pipeline, "source path=%s format=text chunk=97 ! segment ! embed ! %s ! norm ! sink out=%s",
+                 input, blocks[k], out);
+        sf_graph_options opts = {.device = "cpu", .threads = 1};
+        sf_graph *g = NULL;
+        int rc = sf_graph_create(m, &opts, &g);
+        if (rc == SF_OK) rc = sf_graph_parse(g, pipeline);
+        if (rc == SF_OK) rc = sf_graph_run(g);
+        CHECKF(rc == SF_OK, "threaded '%s': %s", blocks[k], g ? sf_graph_error(g) : sf_last_error());
+        sf_graph_free(g);
+        rows[k] = calloc(tokens * D, sizeof(float));
+        FILE *in = fopen(out, "rb");
+        const size_t got = in ? fread(rows[k], sizeof(float), tokens * D, in) : 0;
+        if (in) fclose(in);
+        CHECKF(got == tokens * D, "threaded '%s': %zu values, want %zu", blocks[k], got, tokens * D);
+    }
+    const double err = check_rel_err_f32(rows[1], rows[0], tokens * D);
+    CHECKF(err <= TOL, "threaded heads_of=2 overlap=2 against unsharded: relative error %.3g", err);
+    printf("  %-46s %-15s rel err %.2e\n", "threaded (a thread a stage, file in and out)", "R=2 overlap=2", err);
+    free(rows[0]), free(rows[1]);
 }
 
 /* A rank that fails mid-stream (block inject_failure=): the run ends at once with SF_E_COMM
@@ -297,6 +335,7 @@ int main(void)
         check_resume(resume_model);
         check_refusals(resume_model);
         check_rank_failure(resume_model);
+        check_threaded(resume_model);
     }
     sf_model_free(resume_model);
     return check_finish("test_heads");
