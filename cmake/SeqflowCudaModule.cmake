@@ -17,6 +17,13 @@ set_target_properties(seqflow_cuda PROPERTIES OUTPUT_NAME seqflow-cuda VERSION $
 target_include_directories(seqflow_cuda PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include)
 target_compile_definitions(seqflow_cuda PRIVATE SEQFLOW_HAVE_CUDA=1 _POSIX_C_SOURCE=200809L _DEFAULT_SOURCE)
 target_link_libraries(seqflow_cuda PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt Threads::Threads ${CMAKE_DL_LIBS})
+# NCCL (head-parallel blocks): in the module too; the library reaches its communicator through
+# the module's sf_cuda_comm_* entry points (kernels/comm_host.c)
+if(SEQFLOW_HAVE_NCCL)
+  target_compile_definitions(seqflow_cuda PRIVATE SEQFLOW_HAVE_NCCL=1)
+  target_include_directories(seqflow_cuda PRIVATE ${NCCL_INCLUDE_DIR})
+  target_link_libraries(seqflow_cuda PRIVATE ${NCCL_LIBRARY})
+endif()
 # a program of this tree that links the module directly gets libseqflow.a after it on the link
 # line, so that the API the module calls is pulled out of the archive
 target_link_libraries(seqflow_cuda INTERFACE seqflow_static)

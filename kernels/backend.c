@@ -56,6 +56,7 @@ typedef int (*cuda_init_fn)(sf_backend *be, int device, const char *settings);
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static cuda_init_fn cuda_init;        /* NULL when the module could not be loaded */
+static void *cuda_module;             /* its handle (dlsym), NULL likewise */
 static char cuda_load_error[512];     /* why, for every later attempt too */
 
 /* Loads the module (never unloaded: backends keep pointers into it). Tries, in order: the
@@ -95,9 +96,18 @@ static void load_cuda_module(void)
             continue;
         }
         cuda_init = (cuda_init_fn)(uintptr_t)dlsym(module, "sf_cuda_backend_init");
-        if (cuda_init) return;
+        if (cuda_init) {
+            cuda_module = module;
+            return;
+        }
         snprintf(cuda_load_error, sizeof cuda_load_error, "%.400s has no sf_cuda_backend_init", paths[i]);
     }
+}
+
+void *sf_cuda_module_symbol(const char *name)
+{
+    pthread_once(&cuda_once, load_cuda_module);
+    return cuda_module ? dlsym(cuda_module, name) : NULL;
 }
 
 static int cuda_backend_init(sf_backend *be, int device, const char *settings)
@@ -107,6 +117,12 @@ static int cuda_backend_init(sf_backend *be, int device, const char *settings)
         return sf_error(SF_E_BACKEND, "device 'cuda': the CUDA backend (%s) cannot be loaded: %s; use -d cpu",
                         SEQFLOW_CUDA_MODULE, *cuda_load_error ? cuda_load_error : "not found");
     return cuda_init(be, device, settings);
+}
+#else
+void *sf_cuda_module_symbol(const char *name)
+{
+    (void)name;
+    return NULL;
 }
 #endif
 
@@ -285,6 +301,19 @@ int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float 
     if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w3, h3, hidden, 0);
     if (rc == SF_OK) rc = be->ops->swiglu(be, n, hidden, h1, h3);
     if (rc == SF_OK) rc = be->ops->matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 1);
+    return rc;
+}
+
+int sf_be_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
+                      const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->ffn_partial) return e->ffn_partial(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3);
+    int rc = be->ops->rmsnorm(be, n, dim, x, norm, eps, u);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w1, h1, hidden, 0);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w3, h3, hidden, 0);
+    if (rc == SF_OK) rc = be->ops->swiglu(be, n, hidden, h1, h3);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 0);
     return rc;
 }
 

@@ -53,6 +53,10 @@ typedef struct sf_backend_ext {
     int (*ffn)(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
                const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
     size_t (*ffn_h1_floats)(sf_backend *be, int n, int dim, int hidden);
+    /* ffn_partial: ffn without the residual, x = W2 (silu(W1 u) * (W3 u)) (x is read only by
+     * the norm, then overwritten): a head-parallel rank's part of the MLP (stages/block_shard.c) */
+    int (*ffn_partial)(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
+                       const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
     int (*attention_mix)(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
                          float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out);
     int (*memory_mix_to)(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
@@ -133,6 +137,10 @@ size_t sf_be_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden);
 /* x += W2 (silu(W1 u) * (W3 u)), u = rmsnorm(x) (composed: rmsnorm, matmuls, swiglu, matmul). */
 int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
               const float *w3, const float *w2, float *u, float *h1, float *h3);
+/* x = W2 (silu(W1 u) * (W3 u)), u = rmsnorm(x): sf_be_ffn without the residual (the same
+ * composition with the last product written, not added). */
+int sf_be_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
+                      const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
 /* rmsnorm_typed where the backend has it: SF_E_UNSUPPORTED otherwise (callers round on the host). */
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                         sf_dtype otype, void *y);
@@ -156,6 +164,10 @@ int sf_be_device_rows(sf_backend *be);
 /* The backend's warmup (see the slot), or 0: whether the stage should run a segment's work once
  * at set-up; negative on failure. */
 int sf_be_warmup(sf_backend *be);
+/* A function of the CUDA backend module (libseqflow-cuda.so), loading it on first use; NULL in
+ * a build without CUDA, or when the module cannot be loaded or lacks it. For the parts of the
+ * library that reach CUDA code other than through a backend (the NCCL communicator). */
+void *sf_cuda_module_symbol(const char *name);
 /* upload_unordered, or upload. */
 int sf_be_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes);
 /* The side queue, or nothing (ops then run in the order issued, which is what they would have

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "kernels/backend_ext.h"
+#include "kernels/comm.h"
+#include "stages/block_shard.h"
 #include "stages/block_state.h"
 #include "stages/stages.h"
 
@@ -39,6 +41,19 @@ static const sf_option block_options[] = {
      .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
              "layer's attention, 2 also the last layer's beside the next segment's first",
      .env = "SEQFLOW_BLOCK_DEFER_COMMIT"},
+    {.name = "heads_of", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 256, .unit = "ranks",
+     .help = "split each layer's heads and MLP over this many ranks (cpu: threads; cuda: one GPU each, NCCL); 0 = "
+             "unsharded (stages/block_shard.c)"},
+    {.name = "devices", .type = SF_OPT_STRING,
+     .help = "heads_of on cuda: the GPU of each rank, e.g. 0,1 (default: the graph's GPU, then the next ones)"},
+    {.name = "comm_timeout", .type = SF_OPT_INT, .default_value = "120000", .min = 1, .max = 86400000, .unit = "ms",
+     .help = "heads_of: how long a rank waits for the others in a collective before the run fails"},
+    {.name = "overlap", .type = SF_OPT_INT, .default_value = "1", .min = 1, .max = SF_BLOCK_MAX_OVERLAP,
+     .unit = "chunks",
+     .help = "heads_of: the rows after attention go through the output product, MLP and all-reduces in this many "
+             "chunks, each chunk's all-reduce beside the next chunk's work"},
+    {.name = "inject_failure", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 1 << 30, .unit = "segments",
+     .help = "testing heads_of: the last rank fails after this many segments (0 = never)"},
     {0}};
 
 static int parse_layers(const char *text, int layers, int *first, int *count)
@@ -66,7 +81,7 @@ static int parse_layers(const char *text, int layers, int *first, int *count)
 static int prepare_backend(block *b)
 {
     const sf_model_config *c = b->cfg;
-    const int D = c->dim, W = b->width, F = c->mlp_hidden;
+    const int D = c->dim, W = b->width, F = b->hidden;
     int rc = SF_OK;
     for (int l = 0; l < b->count && rc == SF_OK; l++) {
         const layer_weights *w = &b->weights[l];
@@ -82,7 +97,7 @@ static int prepare_backend(block *b)
     int widest = D > W ? D : W;
     if (F > widest) widest = F;
     /* + G rows: a GPU backend stages the segment's K/V and the global tokens there for attention */
-    if (rc == SF_OK) rc = sf_be_reserve(b->be, c->segment + c->global_tokens, widest, c->heads, c->head_dim);
+    if (rc == SF_OK) rc = sf_be_reserve(b->be, c->segment + c->global_tokens, widest, b->heads, c->head_dim);
     /* batched products take batch * N rows of at most D or W columns (no attention, no memory) */
     if (rc == SF_OK && b->batch > 1) rc = sf_be_reserve(b->be, c->segment * b->batch, D > W ? D : W, 0, 0);
     return rc;
@@ -109,7 +124,7 @@ static int defer_commit_wanted(sf_stage *st, const block *b, int *out)
 static int alloc_activations(block *b, size_t N, block_activations *act)
 {
     const sf_model_config *c = b->cfg;
-    size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden;
+    size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)b->hidden;
     int rc = SF_OK;
     act->u = sf_block_upload(b, NULL, N * D, &rc);
     /* q, k, v: three equal parts of one buffer (see prepare_backend); the composed path
@@ -141,6 +156,20 @@ static void free_activations(block *b, const block_activations *act)
 
 static int block_warmup(block *b);
 
+int sf_block_setup(block *b, const sf_model *m)
+{
+    const sf_model_config *c = b->cfg;
+    const size_t D = (size_t)c->dim, N = (size_t)c->segment * b->batch;
+    int rc = sf_block_load_weights(b, m);
+    b->x = sf_block_upload(b, NULL, N * D, &rc);
+    b->qkv_type = sf_be_qkv_type(b->be, c->head_dim);
+    b->mix_type = sf_be_mix_type(b->be, b->qkv_type, c->memory != SF_MEMORY_NONE);
+    b->qkv_size = b->qkv_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
+    b->qkv_set_bytes = 3 * N * b->width * b->qkv_size;
+    if (rc == SF_OK) rc = alloc_activations(b, N, &b->act);
+    return rc == SF_OK ? prepare_backend(b) : rc;
+}
+
 static int block_init(sf_stage *st)
 {
     const sf_model *m = sf_stage_model(st);
@@ -158,38 +187,21 @@ static int block_init(sf_stage *st)
     b->batch = (int)sf_stage_option_int(st, "batch");
     b->check_finite = sf_stage_option_bool(st, "check_finite") ? (int)sf_check_finite() : SF_CHECK_FINITE_OFF;
     b->host_rows = strcmp(b->be->ops->name, "cpu") == 0; /* its memory is host memory */
-    b->width = c->heads * c->head_dim;
-    size_t D = (size_t)c->dim, W = (size_t)b->width, F = (size_t)c->mlp_hidden, N = (size_t)c->segment * b->batch;
-    b->weights = calloc((size_t)b->count, sizeof *b->weights);
-    if (!b->weights) return sf_error(SF_E_NOMEM, "out of memory");
-    for (int l = 0; l < b->count && rc == SF_OK; l++) {
-        const sf_block_weights *src = sf_model_block(m, b->first + l);
-        layer_weights *w = &b->weights[l];
-        w->attn_norm = sf_block_upload(b, src->attn_norm, D, &rc);
-        w->wq = sf_block_upload(b, src->wq, W * D, &rc);
-        w->wk = sf_block_upload(b, src->wk, W * D, &rc);
-        w->wv = sf_block_upload(b, src->wv, W * D, &rc);
-        w->wo = sf_block_upload(b, src->wo, D * W, &rc);
-        w->gate = sf_block_upload(b, src->gate, (size_t)c->heads, &rc);
-        if (F) {
-            w->mlp_norm = sf_block_upload(b, src->mlp_norm, D, &rc);
-            w->w1 = sf_block_upload(b, src->w1, F * D, &rc);
-            w->w3 = sf_block_upload(b, src->w3, F * D, &rc);
-            w->w2 = sf_block_upload(b, src->w2, D * F, &rc);
-        }
-    }
-    b->x = sf_block_upload(b, NULL, N * D, &rc);
-    b->qkv_type = sf_be_qkv_type(b->be, c->head_dim);
-    b->mix_type = sf_be_mix_type(b->be, b->qkv_type, c->memory != SF_MEMORY_NONE);
-    b->qkv_size = b->qkv_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
-    b->qkv_set_bytes = 3 * N * W * b->qkv_size;
+    const int ranks = (int)sf_stage_option_int(st, "heads_of");
+    b->inject_failure = (int)sf_stage_option_int(st, "inject_failure");
+    b->overlap = (int)sf_stage_option_int(st, "overlap");
+    if (ranks && sf_stage_option_int(st, "state_budget"))
+        return sf_error(SF_E_OPTION, "heads_of=%d: a state_budget is not supported with head parallelism", ranks);
+    rc = sf_block_shard_plan(b, 0, ranks ? ranks : 1);
     if (rc == SF_OK) rc = sf_block_store_init(st, b);
     if (rc == SF_OK) rc = defer_commit_wanted(st, b, &b->defer_commit);
     /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
     if (b->store && b->defer_commit == 2) b->defer_commit = 1;
-    if (rc == SF_OK) rc = alloc_activations(b, N, &b->act);
-    if (rc == SF_OK) rc = prepare_backend(b);
-    return rc == SF_OK ? block_warmup(b) : rc;
+    if (rc == SF_OK) rc = sf_block_setup(b, m);
+    if (rc == SF_OK) rc = block_warmup(b);
+    /* the other ranks, and the communicator, last: what init ran before issued no collective */
+    if (rc == SF_OK && ranks) rc = sf_block_shard_start(st, b, ranks);
+    return rc;
 }
 
 /* Appends this segment's summary tokens to the layer's FIFO, evicting the oldest. */
@@ -232,7 +244,7 @@ static unsigned char *qkv_set(const block *b, int l)
 static int commit_layer(block *b, stream_state *const *states, int count, int l, int n)
 {
     const sf_model_config *c = b->cfg;
-    const int H = c->heads, d = c->head_dim, W = b->width, G = c->global_tokens;
+    const int H = b->heads, d = c->head_dim, W = b->width, G = c->global_tokens;
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part_bytes = (size_t)n * W * b->qkv_size;
     const unsigned char *kset = qkv_set(b, l) + (b->act.k - b->act.q), *vset = qkv_set(b, l) + (b->act.v - b->act.q);
     int rc = SF_OK;
@@ -313,7 +325,7 @@ static int commit_end(block *b, stream_state *const *states, int count, int l, i
 static int attention_mix(block *b, stream_state *s, int l, int i, int n, const unsigned char *qkv)
 {
     const sf_model_config *c = b->cfg;
-    const int H = c->heads, d = c->head_dim, W = b->width, G = c->global_tokens;
+    const int H = b->heads, d = c->head_dim, W = b->width, G = c->global_tokens;
     const size_t part = (size_t)n * W, part_bytes = part * b->qkv_size;
     const unsigned char *q = qkv + i * part_bytes, *k = q + (b->act.k - b->act.q), *v = q + (b->act.v - b->act.q);
     const int memory = c->memory != SF_MEMORY_NONE;
@@ -324,22 +336,68 @@ static int attention_mix(block *b, stream_state *s, int l, int i, int n, const u
         .n_branches = c->n_branches, .branches = c->branches,
         .n_global = G ? s->g_count[l] : 0, .global_ld = W,
         .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
-        .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type};
+        .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type, .head_offset = b->head0};
     return sf_be_attention_mix(b->be, &desc, q, k, v, a, memory ? s->M + (size_t)l * H * d * d : NULL,
                                memory ? s->z + (size_t)l * H * d : NULL, b->weights[l].gate, b->mix_type, out);
 }
 
-/* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x): the MLP of layer l over `rows` rows, after the
- * wait for the side queue that commit_end left owed (the MLP's norm touches nothing the side
- * does, so the wait can sit in front of its products). */
-static int ffn(block *b, int l, int rows, int join_owed)
+/* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x): the MLP of layer l over `rows` rows at x, after
+ * the wait for the side queue that commit_end left owed (the MLP's norm touches nothing the side
+ * does, so the wait can sit in front of its products). Head-parallel, rank 0 adds its part to
+ * the rows and the other ranks write theirs in their place: the all-reduce that follows
+ * (output_and_mlp) sums rows and parts. */
+static int ffn(block *b, int l, float *x, int rows, int join_owed)
 {
     const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
     int rc = join_owed ? sf_be_side_join_before_product(b->be) : SF_OK;
-    if (rc == SF_OK)
-        rc = sf_be_ffn(b->be, rows, c->dim, c->mlp_hidden, b->x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2,
-                       b->act.u, b->act.h1, b->act.h3);
+    if (rc == SF_OK && b->rank == 0)
+        rc = sf_be_ffn(b->be, rows, c->dim, b->hidden, x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->act.u,
+                       b->act.h1, b->act.h3);
+    else if (rc == SF_OK)
+        rc = sf_be_ffn_partial(b->be, rows, c->dim, b->hidden, x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2,
+                               b->act.u, b->act.h1, b->act.h3);
+    return rc;
+}
+
+/* After the attention of layer l: x += A Wo^T, then the MLP; head-parallel, each followed by the
+ * all-reduce of the rows (x plus every rank's part). With overlap=K (head-parallel) the rows go
+ * through this in K chunks, each chunk's all-reduce beside the next chunk's work: the output
+ * product and the MLP are row by row, and only the next layer's attention needs every row. */
+static int output_and_mlp(block *b, int l, int rows, int join_owed)
+{
+    const sf_model_config *c = b->cfg;
+    const layer_weights *w = &b->weights[l];
+    const int D = c->dim, W = b->width, mlp = c->mlp_hidden > 0;
+    const unsigned char *mixed = b->mix_type == SF_DTYPE_BF16 ? b->act.ao : (const unsigned char *)b->act.a;
+    const size_t mixed_size = b->mix_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
+    int chunks = b->comm ? b->overlap : 1;
+    if (chunks > rows) chunks = rows;
+    int rc = SF_OK;
+    if (chunks <= 1) {
+        rc = sf_be_matmul_typed(b->be, rows, W, D, b->mix_type, mixed, W, w->wo, b->x, D, b->rank == 0);
+        if (rc == SF_OK && b->comm) rc = sf_comm_all_reduce(b->comm, b->x, (size_t)rows * D, SF_DTYPE_F32);
+        if (rc == SF_OK && mlp) rc = ffn(b, l, b->x, rows, join_owed);
+        if (rc == SF_OK && mlp && b->comm) rc = sf_comm_all_reduce(b->comm, b->x, (size_t)rows * D, SF_DTYPE_F32);
+        return rc;
+    }
+    const int per = (rows + chunks - 1) / chunks;
+    int ticket[2][SF_BLOCK_MAX_OVERLAP], n_chunks = 0;
+    for (int r0 = 0; r0 < rows && rc == SF_OK; r0 += per, n_chunks++) {
+        const int nr = rows - r0 < per ? rows - r0 : per;
+        float *x = b->x + (size_t)r0 * D;
+        rc = sf_be_matmul_typed(b->be, nr, W, D, b->mix_type, mixed + (size_t)r0 * W * mixed_size, W, w->wo, x, D,
+                                b->rank == 0);
+        if (rc == SF_OK) rc = sf_comm_all_reduce_start(b->comm, x, (size_t)nr * D, SF_DTYPE_F32, &ticket[0][n_chunks]);
+    }
+    for (int j = 0; j < n_chunks && rc == SF_OK; j++) {
+        const int r0 = j * per, nr = rows - r0 < per ? rows - r0 : per;
+        float *x = b->x + (size_t)r0 * D;
+        rc = sf_comm_join(b->comm, ticket[0][j]);
+        if (rc == SF_OK && mlp) rc = ffn(b, l, x, nr, join_owed && j == 0);
+        if (rc == SF_OK && mlp) rc = sf_comm_all_reduce_start(b->comm, x, (size_t)nr * D, SF_DTYPE_F32, &ticket[1][j]);
+    }
+    for (int j = 0; j < n_chunks && rc == SF_OK && mlp; j++) rc = sf_comm_join(b->comm, ticket[1][j]);
     return rc;
 }
 
@@ -364,11 +422,8 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
     for (int i = 0; i < count && rc == SF_OK; i++) rc = attention_mix(b, states[i], l, i, n, q);
     int join_owed = 0;
     if (rc == SF_OK) rc = commit_end(b, states, count, l, n, commit, &join_owed);
-    /* x += A Wo^T */
-    const void *mixed = b->mix_type == SF_DTYPE_BF16 ? (const void *)b->act.ao : (const void *)b->act.a;
-    if (rc == SF_OK) rc = sf_be_matmul_typed(be, rows, W, D, b->mix_type, mixed, W, w->wo, b->x, D, 1);
-    /* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x) */
-    if (rc == SF_OK && c->mlp_hidden > 0) rc = ffn(b, l, rows, join_owed);
+    /* x += A Wo^T; x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x) */
+    if (rc == SF_OK) rc = output_and_mlp(b, l, rows, join_owed);
     return rc;
 }
 
@@ -399,12 +454,50 @@ static int layers_forward(block *b, stream_state *const *states, sf_packet *cons
                           int commit)
 {
     int rc = SF_OK;
+    /* head-parallel: every rank starts from rank 0's rows */
+    if (b->comm) rc = sf_comm_broadcast(b->comm, b->x, (size_t)count * n * b->cfg->dim, SF_DTYPE_F32, 0);
     for (int l = 0; l < b->count && rc == SF_OK; l++) {
         rc = layer_forward(b, states, count, l, n, commit);
         if (rc == SF_OK && b->check_finite && b->host_rows) rc = check_layer_rows(b, packets, count, n, l);
     }
     int join_rc = sf_be_side_join(b->be);
-    return rc == SF_OK ? join_rc : rc;
+    if (rc == SF_OK) rc = join_rc;
+    /* Every rank waits (polling) for this segment's collectives: what follows may block on the
+     * device without looking (a download here or in a later stage, a free that synchronizes),
+     * and would wait forever for a rank that failed; this wait ends by the failure flag or the
+     * timeout instead. The next segment's work is issued right after, so the device idles only
+     * for that issue's first launch. */
+    if (rc == SF_OK && b->comm) rc = sf_comm_wait(b->comm);
+    return rc;
+}
+
+int sf_block_follow(block *b, const block_work *w)
+{
+    int rc = SF_OK;
+    switch (w->op) {
+    case SF_BLOCK_WORK_FORWARD: {
+        if (b->inject_failure && b->rank == b->ranks - 1 && w->n > 0 && ++b->segments_seen > b->inject_failure)
+            return sf_error(SF_E_BACKEND, "rank %d: failure injected after %d segments (block inject_failure=)", b->rank,
+                            b->inject_failure);
+        stream_state *states[SF_BLOCK_MAX_BATCH];
+        for (int i = 0; i < w->count && w->n > 0 && rc == SF_OK; i++)
+            if (!(states[i] = sf_stream_table_get(&b->streams, w->streams[i]))) rc = SF_E_NOMEM;
+        if (rc == SF_OK && w->n > 0) rc = layers_forward(b, states, NULL, w->count, w->n, w->commit);
+        if (rc == SF_OK && w->final) rc = flush_late_commit(b, 1);
+        if (rc == SF_OK && w->final) sf_stream_table_remove(&b->streams, w->streams[0]);
+        return rc;
+    }
+    case SF_BLOCK_WORK_FLUSH:
+        return flush_late_commit(b, 1);
+    case SF_BLOCK_WORK_SAVE:
+        rc = flush_late_commit(b, 1);
+        if (rc == SF_OK && b->comm) rc = sf_comm_wait(b->comm);
+        return rc == SF_OK ? sf_block_state_save(b, w->out) : rc;
+    case SF_BLOCK_WORK_RESTORE:
+        return sf_block_state_restore(b, w->data, w->len);
+    default:
+        return SF_OK;
+    }
 }
 
 /* Host buffers a GPU graph's first segments come down into (the packet cache keeps them): a
@@ -493,7 +586,9 @@ static int run_pending(sf_stage *st)
     const sf_backend_ops *ops = b->be->ops;
     const size_t rows = (size_t)b->cfg->segment, floats = rows * (size_t)b->cfg->dim;
     stream_state *states[SF_BLOCK_MAX_BATCH];
-    int rc = SF_OK;
+    uint64_t ids[SF_BLOCK_MAX_BATCH];
+    for (int i = 0; i < count; i++) ids[i] = b->pending[i]->stream;
+    int rc = b->shard ? sf_block_shard_forward(b, ids, count, (int)rows, 1, 0) : SF_OK;
     for (int i = 0; i < count && rc == SF_OK; i++) {
         sf_packet *p = b->pending[i];
         states[i] = sf_stream_table_get(&b->streams, p->stream);
@@ -516,9 +611,11 @@ static int run_pending(sf_stage *st)
 
 static int block_flush(sf_stage *st)
 {
+    block *b = sf_stage_priv(st);
     int rc = run_pending(st);
-    int late_rc = flush_late_commit(sf_stage_priv(st), 1);
-    return rc == SF_OK ? late_rc : rc;
+    if (rc == SF_OK && b->shard) rc = sf_block_shard_flush(b);
+    int late_rc = flush_late_commit(b, 1);
+    return sf_block_shard_check(b, rc == SF_OK ? late_rc : rc);
 }
 
 static int block_process(sf_stage *st, sf_packet *in)
@@ -531,14 +628,14 @@ static int block_process(sf_stage *st, sf_packet *in)
     }
     if (batchable(b, in)) {
         b->pending[b->n_pending++] = in;
-        return b->n_pending == b->batch ? run_pending(st) : SF_OK;
+        return sf_block_shard_check(b, b->n_pending == b->batch ? run_pending(st) : SF_OK);
     }
     int rc = run_pending(st);
     if (rc != SF_OK) {
         sf_packet_free(in);
-        return rc;
+        return sf_block_shard_check(b, rc);
     }
-    return run_one(st, in);
+    return sf_block_shard_check(b, run_one(st, in));
 }
 
 /* One packet through every layer, then on downstream (takes ownership of in). */
@@ -550,7 +647,10 @@ static int run_one(sf_stage *st, sf_packet *in)
         sf_packet_free(in);
         return sf_error(SF_E_INVAL, "block takes embedded segments of width %d (put 'embed' before it)", b->cfg->dim);
     }
-    if (in->n > 0) {
+    if (b->shard)
+        rc = sf_block_shard_forward(b, &in->stream, 1, (int)in->n, !(in->flags & SF_PACKET_PROVISIONAL),
+                                    (in->flags & SF_PACKET_FINAL) != 0);
+    if (in->n > 0 && rc == SF_OK) {
         stream_state *s = b->store ? b->work : sf_stream_table_get(&b->streams, in->stream);
         if (!s) rc = SF_E_NOMEM;
         if (rc == SF_OK && b->store) rc = sf_block_state_load(b, in->stream);
@@ -587,19 +687,23 @@ static int block_save(sf_stage *st, sf_buffer *out)
     block *b = sf_stage_priv(st);
     int rc = run_pending(st);
     if (rc == SF_OK) rc = flush_late_commit(b, 1);
-    return rc == SF_OK ? sf_block_state_save(b, out) : rc;
+    /* head-parallel: every rank's state, in the layout of stages/block_shard.c */
+    if (rc == SF_OK) rc = b->shard ? sf_block_shard_save(b, out) : sf_block_state_save(b, out);
+    return sf_block_shard_check(b, rc);
 }
 
 static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
 {
-    return sf_block_state_restore(sf_stage_priv(st), data, len);
+    block *b = sf_stage_priv(st);
+    if (b->shard) return sf_block_shard_check(b, sf_block_shard_restore(b, data, len));
+    int rc = sf_block_shard_refuse(b, data, len);
+    return rc == SF_OK ? sf_block_state_restore(b, data, len) : rc;
 }
 
-static void block_free(sf_stage *st)
+void sf_block_release(block *b)
 {
-    block *b = sf_stage_priv(st);
-    if (!b) return;
     for (int i = 0; i < b->n_pending; i++) sf_packet_free(b->pending[i]);
+    b->n_pending = 0;
     sf_block_state_free(b);
     sf_backend *be = b->be;
     for (int l = 0; b->weights && l < b->count; l++) {
@@ -607,8 +711,22 @@ static void block_free(sf_stage *st)
         for (size_t i = 0; i < sizeof(layer_weights) / sizeof(float *); i++) be->ops->free(be, w[i]);
     }
     free(b->weights);
+    b->weights = NULL;
     be->ops->free(be, b->x);
+    b->x = NULL;
     free_activations(b, &b->act);
+    memset(&b->act, 0, sizeof b->act);
+}
+
+static void block_free(sf_stage *st)
+{
+    block *b = sf_stage_priv(st);
+    if (!b) return;
+    /* the other ranks first (they end their collectives), then this rank's communicator */
+    sf_block_shard_stop(b);
+    sf_comm_free(b->comm);
+    b->comm = NULL;
+    sf_block_release(b);
     free(b);
 }
 

@@ -18,8 +18,9 @@ float *sf_block_upload(block *b, const float *host, size_t n, int *rc)
     return dev;
 }
 
-static size_t state_floats_M(const block *b) { return (size_t)b->count * b->cfg->heads * b->cfg->head_dim * b->cfg->head_dim; }
-static size_t state_floats_z(const block *b) { return (size_t)b->count * b->cfg->heads * b->cfg->head_dim; }
+/* this rank's heads (all of them unsharded) */
+static size_t state_floats_M(const block *b) { return (size_t)b->count * b->heads * b->cfg->head_dim * b->cfg->head_dim; }
+static size_t state_floats_z(const block *b) { return (size_t)b->count * b->heads * b->cfg->head_dim; }
 static size_t state_floats_g(const block *b) { return (size_t)b->count * b->cfg->global_tokens * b->width; }
 
 void sf_block_stream_destroy(void *ctx, void *state)

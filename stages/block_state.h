@@ -11,6 +11,7 @@
 #include "stages/stream_table.h"
 
 #define SF_BLOCK_MAX_BATCH 16
+#define SF_BLOCK_MAX_OVERLAP 16 /* 2 * this <= SF_COMM_TICKETS: every chunk's two all-reduces of a layer */
 
 typedef struct layer_weights {
     float *attn_norm, *wq, *wk, *wv, *wo, *gate, *mlp_norm, *w1, *w3, *w2;
@@ -33,11 +34,22 @@ typedef struct block_activations {
     unsigned char *q, *k, *v, *ao;
 } block_activations;
 
+struct sf_comm;
+struct block_shard;
+
 typedef struct block {
     const sf_model_config *cfg;
     sf_backend *be;
     int first, count;       /* layers [first, first + count) */
-    int width;              /* H*d */
+    /* Head parallelism (stages/block_shard.c): this rank's heads [head0, head0 + heads) of the
+     * model's H and its `hidden` of the MLP's F columns; unsharded: rank 0 of ranks 1, all of
+     * them. width is heads * d, the width of q, k, v, the attention output and global tokens. */
+    int rank, ranks, heads, head0, hidden;
+    struct sf_comm *comm;        /* the ranks' collectives; NULL unsharded (none issued) */
+    struct block_shard *shard;   /* rank 0 of a sharded block: the other ranks (NULL elsewhere) */
+    int inject_failure, segments_seen; /* inject_failure=: the last rank fails after that many segments */
+    int overlap;                 /* overlap=: chunks of the rows after attention (head-parallel) */
+    int width;              /* heads * d */
     layer_weights *weights; /* [count], backend memory */
     float *x;
     block_activations act;
@@ -85,6 +97,34 @@ typedef struct block {
      * where the graph brings them to the host) */
     int check_finite, host_rows;
 } block;
+
+/* The rest of block_init once the options are read (cfg, be, first, count, batch, the shard
+ * plan and defer_commit set): this rank's weights, the rows and activations, the backend's
+ * preparation. Also what the other ranks of a sharded block run (stages/block_shard.c). */
+int sf_block_setup(block *b, const sf_model *m);
+
+/* Frees what sf_block_setup and the streams allocated (not b itself, nor b->comm). */
+void sf_block_release(block *b);
+
+/* One unit of a sharded block's work that rank 0 tells the other ranks to do, so that they
+ * issue the same collectives and make the same state changes in the same order. */
+enum {
+    SF_BLOCK_WORK_FORWARD, /* streams' segments of n rows through the layers (rows broadcast from
+                              rank 0), then, when final, the stream's end */
+    SF_BLOCK_WORK_FLUSH,   /* the deferred commit (block.late), joined */
+    SF_BLOCK_WORK_SAVE,    /* the flush, then the state into out */
+    SF_BLOCK_WORK_RESTORE, /* the state from data */
+    SF_BLOCK_WORK_QUIT
+};
+typedef struct block_work {
+    int op, count, n, commit, final;
+    uint64_t streams[SF_BLOCK_MAX_BATCH];
+    sf_buffer *out;        /* SAVE */
+    const uint8_t *data;   /* RESTORE */
+    size_t len;
+} block_work;
+/* A rank other than 0 doing w (block.c): the same calls rank 0 makes for it. */
+int sf_block_follow(block *b, const block_work *w);
 
 /* A backend buffer of n floats, filled from host when host is not NULL; NULL with *rc set on
  * failure. Does nothing (NULL) when *rc is already an error, so calls can be chained. */

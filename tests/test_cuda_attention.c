@@ -85,7 +85,7 @@ static void check_shape(const shape *s, const sf_cuda_device_info *dev, check_rn
           *got = ref16 + cnt;
     for (size_t i = 0; i < 3 * cnt + 2 * gcnt; i++) host[i] = (float)(2 * check_rng_uniform(rng) - 1);
     sf_attention_desc desc = {s->n, s->segment, s->heads, s->d, ld, s->causal, s->nb, s->br, s->n_global,
-                              ld, gk, gv, 1.0f / sqrtf((float)s->d), SF_DTYPE_F32};
+                              ld, gk, gv, 1.0f / sqrtf((float)s->d), SF_DTYPE_F32, 0};
     CHECK_OK(sf_cpu_attention(NULL, &desc, q, k, v, ref));
     const size_t ws_bytes = sf_cuda_attention_workspace_bytes(&desc);
     float *dq = device_copy(q, cnt * 4), *dk = device_copy(k, cnt * 4), *dv = device_copy(v, cnt * 4);
@@ -167,7 +167,7 @@ static void check_odd_width(const sf_cuda_device_info *dev, check_rng *rng)
     if (!host) return;
     float *q = host, *k = q + cnt, *v = k + cnt, *ref = v + cnt, *got = ref + cnt;
     for (size_t i = 0; i < 3 * cnt; i++) host[i] = (float)(2 * check_rng_uniform(rng) - 1);
-    sf_attention_desc desc = {64, 64, 1, 48, 48, 1, 1, s.br, 0, 48, NULL, NULL, 0.1f, SF_DTYPE_F32};
+    sf_attention_desc desc = {64, 64, 1, 48, 48, 1, 1, s.br, 0, 48, NULL, NULL, 0.1f, SF_DTYPE_F32, 0};
     CHECK_OK(sf_cpu_attention(NULL, &desc, q, k, v, ref));
     CHECK(sf_cuda_attention_convert(&desc, NULL, NULL, NULL, NULL, 0) == SF_E_UNSUPPORTED);
     const size_t ws_bytes = sf_cuda_attention_workspace_bytes(&desc);

@@ -40,6 +40,7 @@ typedef struct run_args {
     sf_precision precision;      /* --precision, AUTO when not given */
     const char *backend_settings; /* --backend-settings KEY=V[,KEY=V], NULL = the defaults */
     uint64_t seed;
+    int heads_of, heads_on_gpus; /* --gpus N / --ranks N: head-parallel blocks, 0 = off */
     sf_model_config cfg;         /* defaults, then the user's overrides */
     unsigned overrides;          /* which fields of cfg the user set */
 } run_args;
@@ -129,6 +130,8 @@ static void usage(FILE *f)
         "execution:\n"
         "  -d, --device NAME       cpu (default) or cuda (when built with CUDA and a GPU is present)\n"
         "      --precision P       bf16, fp8 (cuda only) or f32 products (default: bf16 on cuda, f32 on cpu)\n"
+        "      --gpus N            split every block's heads over N GPUs (-d cuda; NCCL between them)\n"
+        "      --ranks N           the same over N CPU ranks (threads), for -d cpu\n"
         "      --backend-settings KEY=V[,KEY=V]\n"
         "                          the device backend's own settings (cuda: docs/CUDA.md); each wins\n"
         "                          over its environment default; cpu has none\n"
@@ -284,7 +287,7 @@ static int parse_args(int argc, char **argv, run_args *a)
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
            O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE,
-           O_BACKEND_SETTINGS, O_CHECK_FINITE, O_LOG_LEVEL, O_STATS_JSON, O_MAX_OUTPUT, O_JSON };
+           O_BACKEND_SETTINGS, O_CHECK_FINITE, O_LOG_LEVEL, O_STATS_JSON, O_MAX_OUTPUT, O_JSON, O_GPUS, O_RANKS };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -316,6 +319,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"verbose", no_argument, 0, 'v'},          {"log-level", required_argument, 0, O_LOG_LEVEL},
         {"stats-json", required_argument, 0, O_STATS_JSON},
         {"max-output", required_argument, 0, O_MAX_OUTPUT}, {"json", no_argument, 0, O_JSON},
+        {"gpus", required_argument, 0, O_GPUS},       {"ranks", required_argument, 0, O_RANKS},
         {0, 0, 0, 0}};
     long long v;
     int c;
@@ -410,10 +414,23 @@ static int parse_args(int argc, char **argv, run_args *a)
                 return 2;
             }
             break;
+        case O_GPUS:
+        case O_RANKS:
+            /* head-parallel blocks: heads_of= on every block stage (append_body) */
+            if (!parse_int_arg(c == O_GPUS ? "--gpus" : "--ranks", optarg, 1, 256, &v)) return 2;
+            a->heads_of = (int)v, a->heads_on_gpus = c == O_GPUS;
+            break;
         default: fputs("Try 'seqflow --help'.\n", stderr); return 2;
         }
     }
     a->quiet = cli_get_log_level() < CLI_LOG_INFO;
+    if (a->heads_of) {
+        const int cuda = a->device && strcmp(a->device, "cuda") == 0;
+        if (cuda != a->heads_on_gpus) {
+            fprintf(stderr, "seqflow: %s\n", a->heads_on_gpus ? "--gpus needs -d cuda" : "--ranks is for -d cpu (cuda: --gpus)");
+            return 2;
+        }
+    }
     if (optind < argc) a->pipeline = argv[optind++];
     if (optind < argc) {
         fprintf(stderr, "seqflow: unexpected argument '%s' (quote the pipeline as one argument)\n", argv[optind]);
@@ -598,6 +615,17 @@ static int append_body(char *buf, size_t size, const char *body, const run_args 
         const char *end = stage_end(p);
         size_t used = strlen(buf);
         snprintf(buf + used, size - used, "%.*s", (int)(end - p), p);
+        if (a->heads_of && starts_with_stage(p, "block")) {
+            if (strstr(buf + used, "heads_of=")) {
+                fprintf(stderr, "seqflow: a block of the pipeline sets its own heads_of=; drop --%s\n",
+                        a->heads_on_gpus ? "gpus" : "ranks");
+                return 0;
+            }
+            char n[16];
+            snprintf(n, sizeof n, "%d", a->heads_of);
+            append_option(buf, size, "heads_of", n);
+            strcat(buf, " ");
+        }
         if (blocks && starts_with_stage(p, "block")) {
             char budget[32];
             snprintf(budget, sizeof budget, "%lld", a->state_budget / blocks);
@@ -738,6 +766,7 @@ static int cmd_run(int argc, char **argv)
     const char *body = a.pipeline ? a.pipeline : DEFAULT_PIPELINE;
     size_t size = strlen(body) + 4096 + (a.input ? strlen(a.input) : 0) + (a.out ? strlen(a.out) : 0);
     if (a.state_budget) size += (size_t)count_stages(body, "block") * (160 + (a.spill_dir ? strlen(a.spill_dir) : 0));
+    if (a.heads_of) size += (size_t)count_stages(body, "block") * 32;
     if (a.out_dtype) size += (size_t)count_stages(body, "norm") * 32;
     char *pipeline = calloc(1, size);
     if (!pipeline) {

@@ -53,6 +53,9 @@ typedef struct sf_attention_desc {
     const float *gk, *gv;     /* [n_global, global_ld] or NULL when n_global == 0 */
     float scale;              /* 1/sqrt(d) */
     sf_dtype qkv_type;        /* element type of q, k, v (0: float32); gk, gv, out are float32 */
+    /* The model's index of head 0 of q, k, v: a part of the heads (head-parallel blocks) keeps
+     * SPEC 3's dilation offsets, (head_offset + h) mod r_b for its head h. 0: all heads. */
+    int head_offset;
 } sf_attention_desc;
 
 /* The core ops, for supports_op. */

@@ -223,7 +223,7 @@ SF_CPU_DISPATCH static void attend_head(head_work *w, const sf_attention_desc *d
     const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d, *vh = v + (size_t)h * d;
     for (int i = 0; i < n; i++) w->m[i] = -INFINITY, w->l[i] = 0;
     for (int b = 0; b < dd->n_branches; b++) {
-        const int win = dd->branches[b].window, r = dd->branches[b].dilation, o = h % r;
+        const int win = dd->branches[b].window, r = dd->branches[b].dilation, o = (dd->head_offset + h) % r;
         for (int start = 0; start < n; start += win) {
             int rows = 0;
             for (int i = start + o; i < start + win && i < n; i += r) w->pos[rows++] = i;
@@ -286,7 +286,7 @@ double sf_attention_useful_flops(const sf_attention_desc *dd)
     double pairs = 0;
     for (int h = 0; h < dd->heads; h++) {
         for (int b = 0; b < dd->n_branches; b++) {
-            const int win = dd->branches[b].window, r = dd->branches[b].dilation, o = h % r;
+            const int win = dd->branches[b].window, r = dd->branches[b].dilation, o = (dd->head_offset + h) % r;
             for (int start = 0; start < dd->n; start += win) {
                 double rows = 0;
                 for (int i = start + o; i < start + win && i < dd->n; i += r) rows++;

@@ -16,7 +16,7 @@
 #define MAX_COMPONENTS 8     /* head_dim <= 32 * MAX_COMPONENTS */
 
 typedef struct attn_params {
-    int n, heads, d, ld, causal, n_branches;
+    int n, heads, d, ld, causal, n_branches, head_offset;
     int window[SF_MAX_BRANCHES], dilation[SF_MAX_BRANCHES];
     int n_global, global_ld;
     const float *gk, *gv;
@@ -54,7 +54,7 @@ __global__ static void attention_f32_kernel(attn_params p, const float *q, const
         const float *kb, *vb;
         long first, step, row_ld, count;
         if (part < p.n_branches) {
-            const int w = p.window[part], r = p.dilation[part], o = h % r, start = i / w * w;
+            const int w = p.window[part], r = p.dilation[part], o = (p.head_offset + h) % r, start = i / w * w;
             if ((i - start) % r != o) continue;
             long end = start + w < p.n ? start + w : p.n;
             if (p.causal && end > i + 1) end = i + 1;
@@ -113,7 +113,7 @@ extern "C" int sf_cuda_attention_f32(const sf_attention_desc *desc, const float 
         return sf_error(SF_E_INVAL, "CUDA f32 attention: %d global tokens without gk/gv", desc->n_global);
     attn_params p = {};
     p.n = desc->n, p.heads = desc->heads, p.d = desc->head_dim, p.ld = desc->ld, p.causal = desc->causal;
-    p.n_branches = desc->n_branches;
+    p.n_branches = desc->n_branches, p.head_offset = desc->head_offset;
     for (int b = 0; b < desc->n_branches; b++) {
         if (desc->branches[b].window <= 0 || desc->branches[b].dilation <= 0)
             return sf_error(SF_E_INVAL, "CUDA f32 attention: branch %d has window %d, dilation %d", b,

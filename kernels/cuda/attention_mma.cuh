@@ -17,6 +17,7 @@
 struct att_branches {
     int count;
     int window[SF_ATT_MAX_BRANCHES], dilation[SF_ATT_MAX_BRANCHES];
+    int head_offset; /* sf_attention_desc.head_offset: head h's offsets are those of head_offset + h */
 };
 
 static inline int att_fill_branches(const sf_attention_desc *desc, att_branches *br)
@@ -25,6 +26,8 @@ static inline int att_fill_branches(const sf_attention_desc *desc, att_branches 
         return sf_error(SF_E_UNSUPPORTED, "cuda attention: %d branches, at most %d supported", desc->n_branches,
                         SF_ATT_MAX_BRANCHES);
     br->count = desc->n_branches;
+    br->head_offset = desc->head_offset;
+    if (desc->head_offset < 0) return sf_error(SF_E_INVAL, "cuda attention: head offset %d", desc->head_offset);
     for (int b = 0; b < br->count; b++) {
         br->window[b] = desc->branches[b].window;
         br->dilation[b] = desc->branches[b].dilation;
@@ -45,7 +48,7 @@ static inline int att_gcd(int a, int b)
     return a;
 }
 
-/* Branch b's rows for head h over n positions (SPEC 3): the head's offset o = h mod r, the
+/* Branch b's rows for head h over n positions (SPEC 3): the head's offset o = (head_offset + h) mod r, the
  * nd dilated rows present, the window in dilated rows, and qa1, the end (dilated, exclusive) of
  * the rows of the position block [P, P + T). Every kernel family walks the branches with it. */
 struct att_branch_rows {
@@ -55,7 +58,7 @@ struct att_branch_rows {
 __device__ __forceinline__ att_branch_rows att_rows_of(const att_branches &br, int b, int h, int n, int P, int T)
 {
     att_branch_rows g;
-    g.r = br.dilation[b], g.o = h % g.r;
+    g.r = br.dilation[b], g.o = (br.head_offset + h) % g.r;
     g.nd = n > g.o ? (n - g.o + g.r - 1) / g.r : 0;
     g.win = br.window[b] / g.r;
     g.qa1 = min((P + T) / g.r, g.nd);

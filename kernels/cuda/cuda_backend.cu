@@ -624,6 +624,7 @@ static const sf_backend_ext cuda_ext = {
     .qkv = sf_cuda_qkv,
     .ffn = sf_cuda_ffn,
     .ffn_h1_floats = sf_cuda_ffn_h1_floats,
+    .ffn_partial = sf_cuda_ffn_partial,
     .attention_mix = cuda_attention_mix,
     .memory_mix_to = sf_cuda_memory_mix_to,
     .matmul_typed = sf_cuda_matmul_typed,

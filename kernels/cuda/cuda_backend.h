@@ -310,6 +310,8 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
 size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden);
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3);
+int sf_cuda_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
+                        const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
 /* The non-finite scan (elementwise.cu): begin issues a kernel over x on the thread's stream and

@@ -344,8 +344,9 @@ size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
  * SwiGLU and W2's input conversion: about 10 n*hidden bytes of the 24 n*hidden it moved. The
  * only new rounding is of W1 u and W3 u to bf16 before SwiGLU. Otherwise (f32, unprepared
  * weights) it is the composed sequence. */
-int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
-                const float *w3, const float *w2, float *u, float *h1, float *h3)
+/* beta 1: x += the MLP (ffn); beta 0: x = the MLP (ffn_partial: x is read by the norm first) */
+static int ffn_beta(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
+                    const float *w3, const float *w2, float *u, float *h1, float *h3, float beta)
 {
     if (n <= 0 || dim <= 0 || hidden <= 0) return SF_OK;
     sf_cuda *c = sf_cuda_of(be);
@@ -393,7 +394,7 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
         rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
         if (rc == SF_OK) rc = matmul_shared(be, n, dim, hidden, u, dim, 2, w13, y13, hidden);
         if (rc == SF_OK) rc = sf_cuda_swiglu(be, n, hidden, h1, h3);
-        if (rc == SF_OK) rc = sf_cuda_matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 1);
+        if (rc == SF_OK) rc = sf_cuda_matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, beta != 0.0f);
         return rc;
     }
     rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
@@ -406,7 +407,7 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
         rc = sf_cuda_join_at_product(c);
         if (rc == SF_OK) rc = sf_cuda_swiglu_gate_up(n, dim, hidden, ub, b1->bf16, b3->bf16, g3, c->stream);
         if (rc == SF_OK)
-            rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+            rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, beta, "bf16 GEMM (ffn W2)");
         sf_cuda_leave(c);
         return rc;
     }
@@ -421,9 +422,21 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
             rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
     }
     if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
-    if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, 1.0f, "bf16 GEMM (ffn W2)");
+    if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, beta, "bf16 GEMM (ffn W2)");
     sf_cuda_leave(c);
     return rc;
+}
+
+int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
+                const float *w3, const float *w2, float *u, float *h1, float *h3)
+{
+    return ffn_beta(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3, 1.0f);
+}
+
+int sf_cuda_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
+                        const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3)
+{
+    return ffn_beta(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3, 0.0f);
 }
 
 /* qkv (kernels/backend_ext.h): in bf16 with prepared weights the norm writes bf16 straight into the

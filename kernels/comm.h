@@ -1,0 +1,138 @@
+/* Communicators: collectives among the R ranks of one job (the head-parallel blocks of
+ * stages/block_shard.c split a block's heads over them). A communicator is one rank's handle:
+ * every rank calls the same collectives in the same order with the same counts.
+ *
+ * A communicator is a table of operations (sf_comm_ops), as a backend is, so that another
+ * transport (processes over network links) is one more implementation. Two exist:
+ *   - host (kernels/comm_host.c): the ranks are threads of one process, buffers are host
+ *     memory (the CPU backend's). Shared memory and a barrier; sums are taken in rank order
+ *     0, 1, ..., R-1 whatever the timing, so results are reproducible bit for bit.
+ *   - NCCL (kernels/cuda/comm_nccl.cu): one GPU a rank, buffers are that GPU's memory (its
+ *     CUDA backend's), operations issued on the backend's compute stream in order with its
+ *     other ops. Non-blocking NCCL communicators, polled against the timeout; on a timeout, an
+ *     error, a peer's failure in this process (sf_comm_watch) or sf_comm_abort the
+ *     communicator is aborted (ncclCommAbort), so that no call hangs.
+ *
+ * Errors: SF_E_COMM with a message naming the operation, the rank and the cause ("timed out
+ * after 2000 ms waiting for rank 1", "rank 1 aborted: ..."). After a failure every later
+ * operation fails at once. Buffers are borrowed: backend memory of the communicator's backend
+ * (host memory for the host communicator). */
+#ifndef SEQFLOW_KERNELS_COMM_H
+#define SEQFLOW_KERNELS_COMM_H
+
+#include <stddef.h>
+
+#include "seqflow/backend.h"
+#include "seqflow/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sf_comm sf_comm;
+
+#define SF_COMM_TICKETS 32 /* all_reduce_start tickets that may be unjoined at once */
+
+/* Every operation returns SF_OK or SF_E_COMM (SF_E_INVAL for a bad argument). Counts are
+ * elements of `type` (float32 or bf16; bf16 sums are taken in float32 and rounded once). */
+typedef struct sf_comm_ops {
+    const char *name;
+    /* buf = the sum over the ranks of every rank's buf, in place. */
+    int (*all_reduce)(sf_comm *c, void *buf, size_t count, sf_dtype type);
+    /* recv[r * count ...] = rank r's send[0 .. count), for every r (recv holds size * count). */
+    int (*all_gather)(sf_comm *c, const void *send, void *recv, size_t count, sf_dtype type);
+    /* buf = root's buf on every rank. */
+    int (*broadcast)(sf_comm *c, void *buf, size_t count, sf_dtype type, int root);
+    /* Point to point: send's count elements to peer's matching recv. A send does not wait for
+     * the receiver (host: copied; NCCL: issued on the stream), so two ranks may send to each
+     * other first and receive after (NCCL: inside group_begin/group_end). */
+    int (*send)(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer);
+    int (*recv)(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer);
+    /* Brackets point-to-point calls issued together (ncclGroupStart/End); host: nothing. */
+    int (*group_begin)(sf_comm *c);
+    int (*group_end)(sf_comm *c);
+    /* all_reduce beside the backend's stream: it starts after the ops issued so far and runs
+     * while the ops issued after it proceed (NCCL: on a stream of its own); join(ticket) makes
+     * the ops issued after the join wait for it. Each start is joined before the next wait,
+     * fence or SF_COMM_TICKETS more starts. Host: done at once, join does nothing. */
+    int (*all_reduce_start)(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket);
+    int (*join)(sf_comm *c, int ticket);
+    /* Waits until every operation issued so far has finished (host: they have). */
+    int (*wait)(sf_comm *c);
+    /* Marks what has been issued so far and waits for the mark set by the previous fence:
+     * a caller fencing once a unit of work (a segment) stays at most one unit ahead of the
+     * device, and learns of a failure within one unit, without waiting for the work just
+     * issued. */
+    int (*fence)(sf_comm *c);
+    /* Ends this rank's part: the other ranks' pending and later operations fail (host: at
+     * once; NCCL: at their next poll in this process, by their timeout in others). */
+    void (*abort)(sf_comm *c, const char *why);
+    void (*destroy)(sf_comm *c);
+} sf_comm_ops;
+
+struct sf_comm {
+    const sf_comm_ops *ops;
+    void *impl;
+    int rank, size;
+    sf_backend *be;              /* whose memory and stream the buffers and operations use */
+    int timeout_ms;              /* how long one wait for the other ranks may take */
+    const int *stop;             /* sf_comm_watch: non-zero ends every wait with SF_E_COMM (read
+                                    with __atomic_load_n, written likewise) */
+};
+
+/* The operations through the table (each checks its arguments first). */
+int sf_comm_all_reduce(sf_comm *c, void *buf, size_t count, sf_dtype type);
+int sf_comm_all_gather(sf_comm *c, const void *send, void *recv, size_t count, sf_dtype type);
+int sf_comm_broadcast(sf_comm *c, void *buf, size_t count, sf_dtype type, int root);
+int sf_comm_send(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer);
+int sf_comm_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer);
+int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket);
+int sf_comm_join(sf_comm *c, int ticket);
+int sf_comm_group_begin(sf_comm *c);
+int sf_comm_group_end(sf_comm *c);
+int sf_comm_wait(sf_comm *c);
+int sf_comm_fence(sf_comm *c);
+void sf_comm_abort(sf_comm *c, const char *why);
+/* Destroys the communicator (NULL accepted): after a wait where the ranks are healthy, an abort
+ * where they are not, so that it never hangs. */
+void sf_comm_free(sf_comm *c);
+/* An in-process flag (e.g. a group of ranks' "someone failed") that ends this communicator's
+ * waits when it becomes non-zero: the flag must outlive the communicator. NULL: none. */
+void sf_comm_watch(sf_comm *c, const int *stop);
+
+/* ---- host: ranks as threads of one process ------------------------------------------------ */
+
+/* Creates the `size` communicators of one group into comms[0 .. size), one for each rank
+ * (thread), all on backend be (a CPU backend: buffers are host memory; be may be NULL for
+ * plain host memory). Each is freed with sf_comm_free by its own thread, in any order; the
+ * shared state goes with the last. timeout_ms: how long a rank waits in a collective for the
+ * others (> 0). */
+int sf_comm_host_create(int size, sf_backend *be, int timeout_ms, sf_comm **comms);
+
+/* ---- NCCL: one GPU a rank (a CUDA build with NCCL; SF_E_UNSUPPORTED otherwise) ------------ */
+
+#define SF_COMM_NCCL_ID_BYTES 128
+
+/* Whether this build has the NCCL communicator. */
+int sf_comm_nccl_available(void);
+/* A new unique id into buf (SF_COMM_NCCL_ID_BYTES bytes) for the ranks' sf_comm_nccl_create:
+ * the caller hands the same bytes to every rank (threads: memory; processes: the rendezvous). */
+int sf_comm_nccl_unique_id(void *buf);
+/* This rank's communicator on be (a "cuda" backend; its device is the rank's GPU), joining the
+ * `size` ranks of id. Waits up to timeout_ms for every rank to join: SF_E_COMM naming the
+ * rank, the size and the time otherwise (and nothing left allocated). The caller owns *out. */
+int sf_comm_nccl_create(sf_backend *be, const void *id, int rank, int size, int timeout_ms, sf_comm **out);
+
+/* sf_comm_nccl_create that also gives up (SF_E_COMM) when *stop becomes non-zero while the
+ * ranks join, and then watches it (sf_comm_watch): for ranks that are threads of one process,
+ * where one failing before it joins would leave the others waiting out the timeout. */
+int sf_comm_nccl_create_watched(sf_backend *be, const void *id, int rank, int size, int timeout_ms, const int *stop,
+                                sf_comm **out);
+
+/* The GPU ordinal of a "cuda" backend; -1 for any other. */
+int sf_comm_backend_device(sf_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

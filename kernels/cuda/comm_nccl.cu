@@ -1,0 +1,399 @@
+/* The NCCL communicator (kernels/comm.h): one rank a GPU, operations issued on the rank's CUDA
+ * backend's compute stream under its lock, so that they sit in order between its other ops.
+ *
+ * The communicator is non-blocking (config.blocking = 0): creation and any call that answers
+ * ncclInProgress are polled with ncclCommGetAsyncError, never waited for blindly. A collective
+ * whose peer never comes keeps its kernel spinning on the GPU: wait and fence poll an event
+ * behind it (cudaEventQuery), the communicator's asynchronous error and the watch flag, and past
+ * the timeout abort the communicator (ncclCommAbort ends the spinning kernel), so that the
+ * caller gets SF_E_COMM instead of a hang. Built only with NCCL (SEQFLOW_HAVE_NCCL). */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/comm.h"
+#include "kernels/cuda/cuda_backend.h"
+
+extern "C" int sf_cuda_comm_backend_device(sf_backend *be)
+{
+    if (!be || !be->ops || strcmp(be->ops->name, "cuda") != 0) return -1;
+    return sf_cuda_of(be)->device;
+}
+
+#ifdef SEQFLOW_HAVE_NCCL
+#include <nccl.h>
+
+static_assert(sizeof(ncclUniqueId) <= SF_COMM_NCCL_ID_BYTES, "ncclUniqueId larger than SF_COMM_NCCL_ID_BYTES");
+
+typedef struct nccl_comm {
+    ncclComm_t comm;
+    /* all_reduce_start: its own stream, and per ticket an event where it may start (on the
+     * backend's stream) and one where it is done (on this stream) */
+    cudaStream_t side;
+    cudaEvent_t start[SF_COMM_TICKETS], done[SF_COMM_TICKETS];
+    int next_ticket;
+    int failed;            /* aborted or broken: every later call fails at once */
+    char why[200];         /* what broke it */
+    cudaEvent_t mark[2];   /* fence: the mark set last (cur) and the one before */
+    int cur, marks;        /* index of the last mark, marks set so far (0, 1, 2+) */
+} nccl_comm;
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void pause_us(long us)
+{
+    struct timespec t = {0, us * 1000};
+    nanosleep(&t, NULL);
+}
+
+static int stopped(const sf_comm *c) { return c->stop && __atomic_load_n(c->stop, __ATOMIC_ACQUIRE); }
+
+/* Aborts the NCCL communicator once (ncclCommAbort frees it) and records why. */
+static void break_comm(sf_comm *c, const char *why)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (n->failed) return;
+    n->failed = 1;
+    snprintf(n->why, sizeof n->why, "%s", why);
+    if (n->comm) {
+        cudaSetDevice(sf_cuda_of(c->be)->device);
+        ncclCommAbort(n->comm);
+        n->comm = NULL;
+    }
+}
+
+static int failed_error(sf_comm *c, const char *op)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    return sf_error(SF_E_COMM, "NCCL %s on rank %d of %d: the communicator was aborted earlier: %s", op, c->rank, c->size,
+                    n->why);
+}
+
+/* Polls the communicator until it leaves ncclInProgress: SF_OK, or SF_E_COMM (aborted) on an
+ * error, the watch flag or the timeout. */
+static int settle(sf_comm *c, ncclResult_t first, const char *op)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    ncclResult_t st = first;
+    const double start = now_ms();
+    char why[200];
+    while (st == ncclInProgress) {
+        if (stopped(c)) {
+            snprintf(why, sizeof why, "%s stopped: another rank of this process failed", op);
+            break;
+        }
+        if (now_ms() - start > c->timeout_ms) {
+            snprintf(why, sizeof why, "%s timed out after %d ms (a rank never joined or stopped answering)", op,
+                     c->timeout_ms);
+            break;
+        }
+        pause_us(100);
+        if (ncclCommGetAsyncError(n->comm, &st) != ncclSuccess) st = ncclInternalError;
+    }
+    if (st == ncclSuccess) return SF_OK;
+    if (st != ncclInProgress)
+        snprintf(why, sizeof why, "%s failed: %s (%s)", op, ncclGetErrorString(st), ncclGetLastError(n->comm));
+    break_comm(c, why);
+    return sf_error(SF_E_COMM, "NCCL rank %d of %d: %s", c->rank, c->size, why);
+}
+
+static ncclDataType_t nccl_type(sf_dtype t) { return t == SF_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32; }
+
+/* Enters the backend (its lock, device and this thread's stream), or fails for a broken comm. */
+static int enter(sf_comm *c, const char *op, sf_cuda **cuda)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (n->failed) return failed_error(c, op);
+    if (stopped(c)) {
+        break_comm(c, "stopped: another rank of this process failed");
+        return failed_error(c, op);
+    }
+    *cuda = sf_cuda_of(c->be);
+    return sf_cuda_enter(*cuda);
+}
+
+/* Issues one NCCL call on the backend's stream and settles it. */
+#define ISSUE(c, op, call)                                      \
+    do {                                                        \
+        sf_cuda *cu_;                                           \
+        int rc_ = enter(c, op, &cu_);                           \
+        if (rc_ != SF_OK) return rc_;                           \
+        cudaStream_t stream = cu_->stream;                      \
+        ncclComm_t comm = ((nccl_comm *)(c)->impl)->comm;       \
+        ncclResult_t st_ = (call);                              \
+        (void)stream, (void)comm;                               \
+        sf_cuda_leave(cu_);                                     \
+        return settle(c, st_, op);                              \
+    } while (0)
+
+static int nccl_all_reduce(sf_comm *c, void *buf, size_t count, sf_dtype type)
+{
+    ISSUE(c, "all_reduce", ncclAllReduce(buf, buf, count, nccl_type(type), ncclSum, comm, stream));
+}
+
+static int nccl_all_gather(sf_comm *c, const void *send, void *recv, size_t count, sf_dtype type)
+{
+    ISSUE(c, "all_gather", ncclAllGather(send, recv, count, nccl_type(type), comm, stream));
+}
+
+static int nccl_broadcast(sf_comm *c, void *buf, size_t count, sf_dtype type, int root)
+{
+    ISSUE(c, "broadcast", ncclBroadcast(buf, buf, count, nccl_type(type), root, comm, stream));
+}
+
+static int nccl_send(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer)
+{
+    ISSUE(c, "send", ncclSend(buf, count, nccl_type(type), peer, comm, stream));
+}
+
+static int nccl_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer)
+{
+    ISSUE(c, "recv", ncclRecv(buf, count, nccl_type(type), peer, comm, stream));
+}
+
+/* The all-reduce on the communicator's own stream, after what the backend's stream has issued;
+ * NCCL keeps a communicator's operations in the order issued whatever their streams. */
+static int nccl_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    sf_cuda *cu;
+    int rc = enter(c, "all_reduce_start", &cu);
+    if (rc != SF_OK) return rc;
+    const int t = n->next_ticket;
+    n->next_ticket = (t + 1) % SF_COMM_TICKETS;
+    rc = sf_cuda_status(cudaEventRecord(n->start[t], cu->stream), "all_reduce_start (order)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(n->side, n->start[t], 0), "all_reduce_start (order)");
+    ncclResult_t st = ncclSuccess;
+    if (rc == SF_OK) st = ncclAllReduce(buf, buf, count, nccl_type(type), ncclSum, n->comm, n->side);
+    sf_cuda_leave(cu);
+    if (rc != SF_OK) return rc;
+    /* the kernel is on the stream only once the call has settled: the mark goes behind it then */
+    rc = settle(c, st, "all_reduce_start");
+    if (rc == SF_OK) rc = enter(c, "all_reduce_start", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaEventRecord(n->done[t], n->side), "all_reduce_start (done)");
+    sf_cuda_leave(cu);
+    *ticket = t;
+    return rc;
+}
+
+static int nccl_join(sf_comm *c, int ticket)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    sf_cuda *cu;
+    int rc = enter(c, "join", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaStreamWaitEvent(cu->stream, n->done[ticket], 0), "join");
+    sf_cuda_leave(cu);
+    return rc;
+}
+
+static int nccl_group_begin(sf_comm *c)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (n->failed) return failed_error(c, "group_begin");
+    ncclResult_t st = ncclGroupStart();
+    return st == ncclSuccess ? SF_OK : sf_error(SF_E_COMM, "NCCL group_begin: %s", ncclGetErrorString(st));
+}
+
+static int nccl_group_end(sf_comm *c)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (n->failed) {
+        ncclGroupEnd();
+        return failed_error(c, "group_end");
+    }
+    return settle(c, ncclGroupEnd(), "group_end");
+}
+
+/* Waits for event ev (recorded behind this rank's operations), polling for failures. */
+static int wait_event(sf_comm *c, cudaEvent_t ev, const char *op)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    const double start = now_ms();
+    char why[200];
+    for (long spins = 0;; spins++) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess) return SF_OK;
+        if (e != cudaErrorNotReady) {
+            snprintf(why, sizeof why, "%s: CUDA: %s", op, cudaGetErrorString(e));
+            break;
+        }
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(n->comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
+            snprintf(why, sizeof why, "%s: %s (%s)", op, ncclGetErrorString(st), ncclGetLastError(n->comm));
+            break;
+        }
+        if (stopped(c)) {
+            snprintf(why, sizeof why, "%s stopped: another rank of this process failed", op);
+            break;
+        }
+        if (now_ms() - start > c->timeout_ms) {
+            snprintf(why, sizeof why, "%s timed out after %d ms: a collective waited for a rank that never came", op,
+                     c->timeout_ms);
+            break;
+        }
+        /* a spin first (the usual wait is short), then sleeps */
+        if (spins > 200) pause_us(spins > 2000 ? 200 : 20);
+    }
+    break_comm(c, why);
+    return sf_error(SF_E_COMM, "NCCL rank %d of %d: %s", c->rank, c->size, why);
+}
+
+static int record(sf_comm *c, cudaEvent_t ev, const char *op)
+{
+    sf_cuda *cu;
+    int rc = enter(c, op, &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_status(cudaEventRecord(ev, cu->stream), "event record");
+    sf_cuda_leave(cu);
+    return rc;
+}
+
+static int nccl_wait(sf_comm *c)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    const int i = n->marks ? !n->cur : 0; /* the slot not holding the last fence's mark */
+    int rc = record(c, n->mark[i], "wait");
+    return rc == SF_OK ? wait_event(c, n->mark[i], "wait") : rc;
+}
+
+static int nccl_fence(sf_comm *c)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    /* marks alternate between the two events: the one recorded now and the previous fence's,
+     * which is the one waited for (the slot reused now held the mark before that, waited for
+     * by the previous fence) */
+    const int next = n->marks ? !n->cur : 0;
+    int rc = record(c, n->mark[next], "fence");
+    if (rc != SF_OK) return rc;
+    n->cur = next;
+    n->marks++;
+    return n->marks >= 2 ? wait_event(c, n->mark[!next], "fence") : SF_OK;
+}
+
+static void nccl_abort(sf_comm *c, const char *why)
+{
+    char text[200];
+    snprintf(text, sizeof text, "aborted by rank %d: %s", c->rank, why && *why ? why : "abort");
+    break_comm(c, text);
+}
+
+static void nccl_destroy(sf_comm *c)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (!n->failed && n->comm) {
+        /* a healthy end: everything issued finished, then the communicator's own teardown; a
+         * failure on the way aborts instead */
+        if (nccl_wait(c) == SF_OK) {
+            cudaSetDevice(sf_cuda_of(c->be)->device);
+            ncclResult_t st = ncclCommFinalize(n->comm);
+            if (settle(c, st, "finalize") == SF_OK && n->comm) {
+                ncclCommDestroy(n->comm);
+                n->comm = NULL;
+            }
+        }
+    }
+    break_comm(c, "destroyed"); /* aborts what is left, if anything */
+    cudaSetDevice(sf_cuda_of(c->be)->device);
+    for (int i = 0; i < 2; i++)
+        if (n->mark[i]) cudaEventDestroy(n->mark[i]);
+    for (int i = 0; i < SF_COMM_TICKETS; i++) {
+        if (n->start[i]) cudaEventDestroy(n->start[i]);
+        if (n->done[i]) cudaEventDestroy(n->done[i]);
+    }
+    if (n->side) cudaStreamDestroy(n->side);
+    delete n;
+    delete c;
+}
+
+static const sf_comm_ops nccl_ops = {
+    "nccl",           nccl_all_reduce, nccl_all_gather, nccl_broadcast, nccl_send,  nccl_recv,
+    nccl_group_begin, nccl_group_end,  nccl_all_reduce_start, nccl_join, nccl_wait, nccl_fence,
+    nccl_abort,       nccl_destroy,
+};
+
+extern "C" int sf_cuda_comm_nccl_available(void) { return 1; }
+
+extern "C" int sf_cuda_comm_nccl_unique_id(void *buf)
+{
+    if (!buf) return sf_error(SF_E_INVAL, "sf_comm_nccl_unique_id: buf is NULL");
+    ncclUniqueId id;
+    ncclResult_t st = ncclGetUniqueId(&id);
+    if (st != ncclSuccess)
+        return sf_error(SF_E_COMM, "NCCL: ncclGetUniqueId failed: %s (%s)", ncclGetErrorString(st), ncclGetLastError(NULL));
+    memset(buf, 0, SF_COMM_NCCL_ID_BYTES);
+    memcpy(buf, &id, sizeof id);
+    return SF_OK;
+}
+
+extern "C" int sf_cuda_comm_nccl_create_watched(sf_backend *be, const void *id, int rank, int size, int timeout_ms,
+                                           const int *stop, sf_comm **out)
+{
+    if (!out) return sf_error(SF_E_INVAL, "sf_comm_nccl_create: out is NULL");
+    *out = NULL;
+    if (sf_cuda_comm_backend_device(be) < 0) return sf_error(SF_E_INVAL, "NCCL communicator: needs a cuda backend");
+    if (!id || size < 1 || rank < 0 || rank >= size || timeout_ms <= 0)
+        return sf_error(SF_E_INVAL, "NCCL communicator: rank %d of %d, timeout %d ms", rank, size, timeout_ms);
+    sf_cuda *cu = sf_cuda_of(be);
+    sf_comm *c = new sf_comm();
+    nccl_comm *n = new nccl_comm();
+    *c = sf_comm{&nccl_ops, n, rank, size, be, timeout_ms, stop};
+    int rc = sf_cuda_status(cudaSetDevice(cu->device), "cudaSetDevice");
+    for (int i = 0; i < 2 && rc == SF_OK; i++)
+        rc = sf_cuda_status(cudaEventCreateWithFlags(&n->mark[i], cudaEventDisableTiming), "event create");
+    for (int i = 0; i < SF_COMM_TICKETS && rc == SF_OK; i++) {
+        rc = sf_cuda_status(cudaEventCreateWithFlags(&n->start[i], cudaEventDisableTiming), "event create");
+        if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&n->done[i], cudaEventDisableTiming), "event create");
+    }
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&n->side, cudaStreamNonBlocking), "stream create");
+    if (rc != SF_OK) {
+        n->failed = 1;
+        nccl_destroy(c);
+        return rc;
+    }
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof uid);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t st = ncclCommInitRankConfig(&n->comm, size, uid, rank, &config);
+    if (st != ncclSuccess && st != ncclInProgress) {
+        rc = sf_error(SF_E_COMM, "NCCL rank %d of %d on GPU %d: ncclCommInitRankConfig failed: %s (%s)", rank, size,
+                      cu->device, ncclGetErrorString(st), ncclGetLastError(NULL));
+        if (!n->comm) n->failed = 1;
+        nccl_destroy(c);
+        return rc;
+    }
+    /* every rank must join within the timeout: a missing one leaves the others in progress */
+    const double start = now_ms();
+    while (st == ncclInProgress && now_ms() - start <= timeout_ms && !stopped(c)) {
+        pause_us(500);
+        if (ncclCommGetAsyncError(n->comm, &st) != ncclSuccess) st = ncclInternalError;
+    }
+    if (st != ncclSuccess) {
+        if (st == ncclInProgress && stopped(c))
+            rc = sf_error(SF_E_COMM, "NCCL rank %d of %d on GPU %d: stopped while joining: another rank of this "
+                                     "process failed",
+                          rank, size, cu->device);
+        else if (st == ncclInProgress)
+            rc = sf_error(SF_E_COMM, "NCCL rank %d of %d on GPU %d: the communicator was not complete after %d ms: "
+                                     "a rank never joined",
+                          rank, size, cu->device, timeout_ms);
+        else
+            rc = sf_error(SF_E_COMM, "NCCL rank %d of %d on GPU %d: joining failed: %s (%s)", rank, size, cu->device,
+                          ncclGetErrorString(st), ncclGetLastError(n->comm));
+        char why[64];
+        snprintf(why, sizeof why, "creation failed");
+        break_comm(c, why);
+        nccl_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return SF_OK;
+}
+#endif /* SEQFLOW_HAVE_NCCL */

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Head-parallel blocks on the GPU machine, in the project root, after `source scripts/gpu-env.sh`:
+#   bash scripts/gpu-heads.sh
+# 1. builds build-gpu (Release, CUDA sm_90, NCCL: the toolkit's or the nvidia-nccl wheel's);
+# 2. runs test_heads (CPU ranks) and test_gpu_heads (NCCL: one rank on one GPU against the
+#    unsharded run, a rank that never joins or fails, resume; two ranks when two GPUs exist);
+# 3. the binary: `seqflow run -d cuda --gpus N` against `-d cuda` on the built-in model;
+# 4. bench_heads on the reference model: plain block, heads_of=1 (the sharded path's overhead),
+#    heads_of=2 with two GPUs: tokens/s, all-reduce time a layer, memory per GPU;
+# 5. the GPU tests the changed kernels touch (test_gpu_pipeline, test_cuda_attention,
+#    test_gpu_checkpoint), as regressions.
+# Logs go to $OUT (the device tool's output folder) when set, else build-gpu/heads; a summary
+# to $OUT/heads-summary.txt. Each step has a time limit, so the whole stays under 6 minutes on
+# a machine of 16 cores (the build is about 70 s of it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=${OUT:-build-gpu/heads}
+mkdir -p "$logs"
+summary=$logs/heads-summary.txt
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 # NVLink multicast stays off
+start=$(date +%s)
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$logs/gpu.txt"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+note "date: $(date -u +%FT%TZ); GPUs: $gpus; commit: $(git rev-parse --short HEAD 2>/dev/null)"
+
+# NCCL: the toolkit's headers and library, else those of the nvidia-nccl wheel next to PyTorch
+nccl_args=()
+if ! ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h >/dev/null 2>&1; then
+  root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+  if [ -n "$root" ] && [ -e "$root/include/nccl.h" ]; then
+    nccl_args=(-DNCCL_ROOT="$root")
+    export LD_LIBRARY_PATH="$root/lib:${LD_LIBRARY_PATH:-}"
+    note "NCCL from $root"
+  fi
+fi
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_BENCH=ON ${nccl_args[@]+"${nccl_args[@]}"} >"$logs/configure.log" 2>&1 \
+  || { tail -40 "$logs/configure.log"; exit 1; }
+grep -E "CUDA backend|NCCL" "$logs/configure.log" | tee -a "$summary"
+targets=(seqflow test_heads test_gpu_heads bench_heads test_gpu_pipeline test_cuda_attention test_gpu_checkpoint)
+cmake --build build-gpu -j16 --target "${targets[@]}" >"$logs/build.log" 2>&1 \
+  || { grep -E "error|Error" "$logs/build.log" | head -40; exit 1; }
+note "build: ok ($(( $(date +%s) - start )) s)"
+status=0
+tests=build-gpu/tests
+export SEQFLOW_TEST_TMP=$PWD/$tests/tmp OPENBLAS_NUM_THREADS=1
+mkdir -p "$SEQFLOW_TEST_TMP"
+
+# step NAME LIMIT COMMAND...: runs COMMAND under a time limit (at most what is left of 340 s
+# since the start) into $logs/NAME.log; 77 is a skip
+step() {
+  local name=$1 limit=$2 t0 rc left
+  shift 2
+  t0=$(date +%s)
+  left=$(( 340 - (t0 - start) ))
+  if [ $left -lt 10 ]; then note "$name: not run (time)"; return 0; fi
+  [ $limit -gt $left ] && limit=$left
+  timeout -k 10 "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  note "$name: exit $rc ($(( $(date +%s) - t0 )) s)"
+  [ $rc -ne 0 ] && [ $rc -ne 77 ] && status=1
+  return 0
+}
+
+step test_heads 60 "$tests/test_heads"
+grep -E "FAIL|passed" "$logs/test_heads.log" | tail -5 | tee -a "$summary"
+step test_gpu_heads 120 "$tests/test_gpu_heads"
+grep -E "FAIL|vs unsharded|NCCL|rank|restore|skipped|passed" "$logs/test_gpu_heads.log" | tail -60 | tee -a "$summary"
+
+# the binary: --gpus N against the plain GPU run (bf16), the built-in model and text
+n=$(( gpus >= 2 ? 2 : 1 ))
+bin=build-gpu/seqflow
+step run_plain 30 "$bin" run -q -d cuda -o "$logs/plain.f32"
+step run_gpus 30 "$bin" run -q -d cuda --gpus "$n" -o "$logs/gpus.f32"
+python3 - "$logs/plain.f32" "$logs/gpus.f32" "$n" <<'EOF' 2>&1 | tee -a "$summary"
+import sys
+import numpy as np
+a = np.fromfile(sys.argv[1], dtype=np.float32)
+b = np.fromfile(sys.argv[2], dtype=np.float32)
+ok = a.size == b.size and a.size > 0
+err = float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30)) if ok else float("nan")
+print(f"binary: seqflow run -d cuda --gpus {sys.argv[3]} against -d cuda: {a.size} and {b.size} values, relative error {err:.3g}")
+EOF
+rm -f "$logs/plain.f32" "$logs/gpus.f32"
+
+step bench_heads 120 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps 3
+grep -vE "^  rep|^RESULT" "$logs/bench_heads.log" | tail -12 | tee -a "$summary"
+
+for t in test_gpu_pipeline test_cuda_attention test_gpu_checkpoint; do
+  step "$t" 120 "$tests/$t"
+  grep -E "FAIL|passed|skipped" "$logs/$t.log" 2>/dev/null | tail -4 | tee -a "$summary"
+done
+note "total: $(( $(date +%s) - start )) s, status $status"
+exit $status

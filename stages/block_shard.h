@@ -1,0 +1,57 @@
+/* Head-parallel blocks: a block stage's heads (and its MLP's columns) split over R ranks, each
+ * with its own backend (cpu: a thread and its cores; cuda: a thread and one GPU), joined by a
+ * communicator (kernels/comm.h: host or NCCL). Not a public header.
+ *
+ * Rank r holds heads [r H/R, (r+1) H/R): the rows of Wq, Wk, Wv and the columns of Wo of those
+ * heads, their gates, their compressive memory and global tokens; and the MLP's columns
+ * [r F/R, (r+1) F/R): rows of W1 and W3, columns of W2. Each rank computes its heads' part of
+ * the output projection and of the MLP; an all-reduce (sum) of the D-wide rows follows each,
+ * so that after it every rank holds the same rows (rank 0 adds the residual, the others only
+ * their part). Attention keeps SPEC 3's dilation offsets of the model's head indices
+ * (sf_attention_desc.head_offset).
+ *
+ * Rank 0 is the stage itself, on the graph's backend and thread; the embedding, final norm,
+ * source and sink stay there. The other ranks are threads started by the stage (followers):
+ * rank 0 hands each one the same units of work it does itself (block_work: a segment, a flush,
+ * a save, a restore), in order, and they make the same calls; the rows go from rank 0 to the
+ * others by a broadcast at the start of each segment. A failure of any rank stops them all:
+ * the others' collectives end with SF_E_COMM, and rank 0 reports the failed rank's message.
+ *
+ * Checkpoints: the stage's state is every rank's own state (its heads' memory and tokens), in
+ * rank order, under a header naming the number of ranks; a resume needs the same number. */
+#ifndef SEQFLOW_STAGES_BLOCK_SHARD_H
+#define SEQFLOW_STAGES_BLOCK_SHARD_H
+
+#include "stages/block_state.h"
+
+/* Sets b's part for rank of ranks (1: everything): rank, ranks, heads, head0, hidden, width.
+ * SF_E_OPTION naming H (or F) and R when R does not divide them. */
+int sf_block_shard_plan(block *b, int rank, int ranks);
+/* Uploads this rank's weights from m into b->weights (all of them for ranks 1). */
+int sf_block_load_weights(block *b, const sf_model *m);
+
+/* Rank 0 (block_init, after sf_block_setup): starts ranks 1..ranks-1 (their backends, weights,
+ * buffers) and the communicator of all of them (b->comm), reading the stage's devices= and
+ * comm_timeout=. On failure everything started is stopped again; block_free cleans up. */
+int sf_block_shard_start(sf_stage *st, block *b, int ranks);
+/* Rank 0: hands the other ranks a segment of `count` streams of n rows each (n 0: only the
+ * stream's end), which rank 0 is about to run itself (block_work FORWARD). */
+int sf_block_shard_forward(block *b, const uint64_t *streams, int count, int n, int commit, int final);
+/* Rank 0: hands the other ranks a flush of the deferred commit. */
+int sf_block_shard_flush(block *b);
+/* Rank 0: every rank's state into out (rank 0's own state included). */
+int sf_block_shard_save(block *b, sf_buffer *out);
+/* Rank 0: every rank's state from data (SF_E_STATE naming both counts when the number of ranks
+ * differs, or when the state was saved without head parallelism). */
+int sf_block_shard_restore(block *b, const uint8_t *data, size_t len);
+/* An unsharded block's check of saved state: SF_E_STATE when it was saved by head-parallel
+ * ranks, SF_OK otherwise. */
+int sf_block_shard_refuse(const block *b, const uint8_t *data, size_t len);
+/* Rank 0, after each of the stage's calls: rc unchanged when SF_OK or unsharded; otherwise the
+ * other ranks are stopped, and the error returned is the first failed rank's (SF_E_COMM naming
+ * it) when that was another rank, else rc. */
+int sf_block_shard_check(block *b, int rc);
+/* Rank 0 (block_free): stops the other ranks, waits for their threads, frees them. */
+void sf_block_shard_stop(block *b);
+
+#endif

@@ -1,0 +1,289 @@
+/* Head-parallel blocks on GPUs with the NCCL communicator (block heads_of=R, one GPU a rank):
+ *  - the communicator on one GPU (one rank): all-reduce, all-gather, broadcast, wait and fence
+ *    leave the data as they should;
+ *  - a rank that never joins: rank 0 of 2 alone ends with SF_E_COMM naming it within the
+ *    timeout (3 s), never hangs;
+ *  - heads_of=1 (the sharded code path, NCCL with one rank), also with overlap=4 (all-reduces on
+ *    the communicator's stream), against the unsharded run on the same GPU, on small models of the
+ *    GPU pipeline tests' kinds, f32 and bf16: within 1e-5 (f32) and the bf16 tolerance 2e-2; a
+ *    save and restore on heads_of=1 continues as the uninterrupted run;
+ * with two GPUs or more, also:
+ *  - heads_of=2 (and overlap=4) against the unsharded run on one GPU (f32 1e-5, bf16 2e-2), save and restore on
+ *    2 ranks against the uninterrupted run (1e-5, and whether byte-identical);
+ *  - a rank failing mid-stream (inject_failure=) ends the run with SF_E_COMM naming it, well
+ *    within the timeout;
+ *  - two ranks over the communicator where rank 1 aborts without telling rank 0 (no shared flag):
+ *    rank 0's wait ends with SF_E_COMM by its timeout.
+ * Without a GPU this prints "skipped: no GPU" and exits 77; without NCCL in the build, likewise
+ * with that reason. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/comm.h"
+#include "seqflow/seqflow.h"
+#include "support/check.h"
+#include "support/gpu.h"
+#include "support/shard_runs.h"
+#include "support/small_model.h"
+#ifdef SEQFLOW_HAVE_CUDA
+#include "kernels/cuda/cuda_device.h"
+#endif
+
+#define SAME_F32 1e-5
+#define TOL_BF16 2e-2
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static int gpu_count(void)
+{
+#ifdef SEQFLOW_HAVE_CUDA
+    return sf_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+/* ---- the communicator ---------------------------------------------------------------------- */
+
+static void check_one_rank(void)
+{
+    sf_backend *be = NULL;
+    CHECK_OK(sf_backend_create("cuda", 0, &be));
+    if (!be) return;
+    unsigned char id[SF_COMM_NCCL_ID_BYTES];
+    CHECK_OK(sf_comm_nccl_unique_id(id));
+    sf_comm *c = NULL;
+    CHECK_OK(sf_comm_nccl_create(be, id, 0, 1, 10000, &c));
+    if (c) {
+        float host[8], back[16];
+        for (int i = 0; i < 8; i++) host[i] = (float)i + 0.5f;
+        float *dev = be->ops->alloc(be, 16 * sizeof(float));
+        CHECK_OK(be->ops->upload(be, dev, host, 8 * sizeof(float)));
+        CHECK_OK(sf_comm_all_reduce(c, dev, 8, SF_DTYPE_F32));
+        CHECK_OK(sf_comm_broadcast(c, dev, 8, SF_DTYPE_F32, 0));
+        CHECK_OK(sf_comm_all_gather(c, dev, dev + 8, 8, SF_DTYPE_F32));
+        CHECK_OK(sf_comm_fence(c));
+        CHECK_OK(sf_comm_fence(c));
+        CHECK_OK(sf_comm_wait(c));
+        CHECK_OK(be->ops->download(be, back, dev, 16 * sizeof(float)));
+        int same = 1;
+        for (int i = 0; i < 16; i++) same &= back[i] == host[i % 8];
+        CHECKF(same, "one-rank NCCL: the data changed (%g %g ... %g)", back[0], back[1], back[15]);
+        be->ops->free(be, dev);
+        sf_comm_free(c);
+    }
+    /* rank 0 of 2 alone: the other never joins */
+    CHECK_OK(sf_comm_nccl_unique_id(id));
+    c = NULL;
+    const double start = now_ms();
+    const int rc = sf_comm_nccl_create(be, id, 0, 2, 3000, &c);
+    const double ms = now_ms() - start;
+    CHECKF(rc == SF_E_COMM && !c && strstr(sf_last_error(), "never joined"), "a rank that never joins: %d (%s)", rc,
+           sf_last_error());
+    CHECKF(ms >= 2900 && ms < 15000, "a rank that never joins: ended after %.0f ms with a 3000 ms timeout", ms);
+    printf("  NCCL, a rank that never joins: %.0f ms: %s\n", ms, sf_last_error());
+    sf_comm_free(c);
+    sf_backend_free(be);
+}
+
+typedef struct abort_job {
+    int rank, rc;
+    const unsigned char *id;
+    double ms;
+} abort_job;
+
+/* Rank 1 aborts after two all-reduces without a flag rank 0 watches: rank 0 learns only from
+ * its own timeout. */
+static void *abort_main(void *arg)
+{
+    abort_job *j = arg;
+    sf_backend *be = NULL;
+    j->rc = sf_backend_create("cuda", j->rank, &be);
+    sf_comm *c = NULL;
+    if (j->rc == SF_OK) j->rc = sf_comm_nccl_create(be, j->id, j->rank, 2, 3000, &c);
+    float *dev = be && j->rc == SF_OK ? be->ops->alloc(be, 1 << 20) : NULL;
+    if (j->rc == SF_OK && dev) j->rc = be->ops->zero(be, dev, 1 << 20);
+    const double start = now_ms();
+    for (int i = 0; i < 50 && j->rc == SF_OK; i++) {
+        if (j->rank == 1 && i == 2) {
+            sf_comm_abort(c, "test: rank 1 stops");
+            break;
+        }
+        j->rc = sf_comm_all_reduce(c, dev, (1 << 20) / sizeof(float), SF_DTYPE_F32);
+        if (j->rc == SF_OK) j->rc = sf_comm_wait(c);
+    }
+    j->ms = now_ms() - start;
+    if (be) be->ops->free(be, dev);
+    sf_comm_free(c);
+    sf_backend_free(be);
+    return NULL;
+}
+
+static void check_abort_two_gpus(void)
+{
+    unsigned char id[SF_COMM_NCCL_ID_BYTES];
+    CHECK_OK(sf_comm_nccl_unique_id(id));
+    abort_job jobs[2] = {{0, 0, id, 0}, {1, 0, id, 0}};
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) pthread_create(&t[r], NULL, abort_main, &jobs[r]);
+    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    CHECKF(jobs[0].rc == SF_E_COMM, "rank 0 after rank 1 aborted: %d", jobs[0].rc);
+    CHECKF(jobs[0].ms < 15000, "rank 0 took %.0f ms to give up (timeout 3000 ms)", jobs[0].ms);
+    printf("  NCCL, rank 1 aborts unannounced: rank 0 ended with %d after %.0f ms\n", jobs[0].rc, jobs[0].ms);
+}
+
+/* ---- the pipeline --------------------------------------------------------------------------- */
+
+static void compare(const char *name, const sf_model *m, const shard_scenario *sc, uint64_t seed, int gpus)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    const size_t D = (size_t)c->dim;
+    uint32_t **tokens = shard_tokens(m, sc, seed);
+    static const struct {
+        sf_precision p;
+        const char *label;
+        double tol;
+    } modes[] = {{SF_PRECISION_F32, "f32", SAME_F32}, {SF_PRECISION_BF16, "bf16", TOL_BF16}};
+    for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
+        /* cuBLAS's own algorithm choice: the Lt plans are timed per graph and could differ */
+        const shard_device gpu = {"cuda", modes[mi].p, "gemm=gemmex"};
+        shard_outputs want;
+        if (shard_run(m, &gpu, sc, "", tokens, &want, 0, NULL) != SF_OK) {
+            shard_outputs_free(&want);
+            continue;
+        }
+        /* overlap=4: the all-reduces on the communicator's own stream, joined chunk by chunk */
+        static const struct {
+            int ranks;
+            const char *more;
+        } runs[] = {{1, ""}, {1, " overlap=4"}, {2, ""}, {2, " overlap=4"}};
+        for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
+            const int R = runs[ri].ranks;
+            /* overlap in bf16 only, the mode it is for (time: each run starts its own ranks) */
+            if (R > gpus || c->heads % R || c->mlp_hidden % R) continue;
+            if (*runs[ri].more && modes[mi].p != SF_PRECISION_BF16) continue;
+            char extra[96], label[48];
+            snprintf(extra, sizeof extra, "heads_of=%d comm_timeout=30000%s", R, runs[ri].more);
+            snprintf(label, sizeof label, "%s R=%d%s", modes[mi].label, R, runs[ri].more);
+            shard_outputs got;
+            if (shard_run(m, &gpu, sc, extra, tokens, &got, 0, NULL) == SF_OK) {
+                const double err = shard_worst_error(name, label, &got, &want, sc, D);
+                CHECKF(err <= modes[mi].tol, "%s [%s] against unsharded on one GPU: relative error %.3g", name, label, err);
+                printf("  %-44s %-20s vs unsharded GPU %.2e\n", name, label, err);
+            }
+            shard_outputs_free(&got);
+        }
+        shard_outputs_free(&want);
+    }
+    shard_tokens_free(tokens);
+}
+
+/* Saved and restored on R ranks against the uninterrupted R-rank run (f32). */
+static void check_resume(const sf_model *m, int R)
+{
+    const size_t N = (size_t)sf_model_get_config(m)->segment, D = (size_t)sf_model_get_config(m)->dim;
+    shard_scenario sc = {"segment ! embed ! block ! norm", 2, 3 * N + 9, 0};
+    uint32_t **tokens = shard_tokens(m, &sc, 77);
+    const shard_device gpu = {"cuda", SF_PRECISION_F32, "gemm=gemmex"};
+    char extra[64];
+    snprintf(extra, sizeof extra, "heads_of=%d comm_timeout=30000", R);
+    shard_outputs whole, resumed;
+    if (shard_run(m, &gpu, &sc, extra, tokens, &whole, 0, NULL) == SF_OK &&
+        shard_run(m, &gpu, &sc, extra, tokens, &resumed, N + N / 2, extra) == SF_OK) {
+        const double err = shard_worst_error("resume", extra, &resumed, &whole, &sc, D);
+        int exact = 1;
+        for (int s = 0; s < sc.streams; s++) exact &= memcmp(resumed.x[s], whole.x[s], sc.tokens * D * sizeof(float)) == 0;
+        CHECKF(err <= SAME_F32, "saved and restored on %d ranks: relative error %.3g against an uninterrupted run", R,
+               err);
+        printf("  save and restore on %d rank(s), f32: %.2e against uninterrupted (%s)\n", R, err,
+               exact ? "byte-identical" : "not byte-identical");
+    }
+    shard_outputs_free(&whole), shard_outputs_free(&resumed);
+    shard_tokens_free(tokens);
+}
+
+/* The last of two ranks fails after 2 segments: SF_E_COMM naming it, within the timeout. */
+static void check_rank_failure(const sf_model *m)
+{
+    const size_t N = (size_t)sf_model_get_config(m)->segment;
+    shard_scenario sc = {"segment ! embed ! block ! norm", 1, 8 * N, 0};
+    uint32_t **tokens = shard_tokens(m, &sc, 5);
+    const shard_device gpu = {"cuda", SF_PRECISION_BF16, NULL};
+    sf_graph *g = shard_graph(m, &gpu, &sc, "heads_of=2 comm_timeout=10000 inject_failure=2");
+    const double start = now_ms();
+    int rc = SF_OK;
+    for (size_t at = 0; g && at < sc.tokens && rc == SF_OK; at += N) {
+        rc = sf_graph_push(g, 0, tokens[0] + at, N);
+        for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
+        }
+    }
+    if (g && rc == SF_OK) rc = sf_graph_end(g, 0);
+    const double ms = now_ms() - start;
+    CHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "rank 1 of 2 failed"),
+           "rank 1 of 2 failing after 2 segments: %d (%s)", rc, sf_last_error());
+    CHECKF(ms < 10000, "the failure took %.0f ms to end the run (timeout 10000 ms)", ms);
+    printf("  2 GPUs, rank 1 fails after 2 segments: ended in %.0f ms: %s\n", ms, sf_last_error());
+    sf_graph_free(g);
+    shard_tokens_free(tokens);
+}
+
+int main(void)
+{
+    if (!check_have_gpu()) return check_skip("no GPU");
+    if (!sf_comm_nccl_available()) return check_skip("this build has no NCCL");
+    const int gpus = gpu_count();
+    printf("  %d GPU(s) visible\n", gpus);
+    check_one_rank();
+    static const check_model_variant variants[] = {
+        {"3 branches causal delta", "8:1,16:2,32:4", 32, 4, 8, 1, 1, 0, 0, 0, 1, 32, SF_MEMORY_DELTA},
+        {"linear memory, globals, 2 layers, MLP", "8:1,32:2", 24, 4, 8, 2, 1, 40, 6, 2, 1, 32, SF_MEMORY_LINEAR},
+        {"no memory, globals 4/4, MLP", "16:1,32:4", 16, 4, 4, 2, 1, 24, 4, 4, 0, 32, SF_MEMORY_NONE},
+        {"uncovered heads with globals, non-causal", "32:4", 24, 4, 8, 2, 0, 32, 5, 3, 1, 32, SF_MEMORY_DELTA},
+        {"d=32 (bf16 kernel), delta, globals, MLP", "32:1,64:2,128:4", 96, 4, 32, 2, 1, 128, 8, 2, 1, 128,
+         SF_MEMORY_DELTA},
+        /* on an H100 the bf16 q/k/v path: attention reads K/V in place */
+        {"d=64, causal delta, globals, MLP", "64:1,128:2,256:4", 128, 2, 64, 2, 1, 256, 16, 4, 1, 256,
+         SF_MEMORY_DELTA},
+    };
+    sf_model *keep = NULL;
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {
+        const check_model_variant *v = &variants[i];
+        sf_model *m = NULL;
+        CHECK_OK(check_variant_model(v, 1000 + i, &m));
+        if (!m) continue;
+        const size_t N = (size_t)v->segment;
+        shard_scenario one = {"segment ! embed ! block ! norm", 1, 3 * N + 19, N + N / 2 + 1};
+        compare(v->name, m, &one, i, gpus);
+        if (i == 5) {
+            shard_scenario split = {"segment ! embed ! block layers=0 ! block layers=1 ! norm", 1, 2 * N + 3, 0};
+            compare("  same, one stage per layer", m, &split, i, gpus);
+            shard_scenario batched = {"segment ! embed ! block batch=3 ! norm", 3, 3 * N + 5, 0};
+            compare("  three streams, block batch=3", m, &batched, 200 + i, gpus);
+        }
+        if (i == 5) {
+            keep = m;
+            continue;
+        }
+        sf_model_free(m);
+    }
+    if (keep) {
+        check_resume(keep, 1);
+        if (gpus >= 2) {
+            check_resume(keep, 2);
+            check_rank_failure(keep);
+        }
+    }
+    sf_model_free(keep);
+    if (gpus >= 2) check_abort_two_gpus();
+    else printf("  one GPU: the two-rank checks are skipped (they need two GPUs)\n");
+    return check_finish("test_gpu_heads");
+}
