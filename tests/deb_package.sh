@@ -11,6 +11,12 @@ build=$1 examples=$2 work=$3
 for tool in cpack dpkg-deb dpkg-shlibdeps pkg-config; do
     command -v "$tool" >/dev/null || { echo "skipped: $tool is not installed"; exit 77; }
 done
+# a machine whose libraries are not Debian's packages (unpacked elsewhere, as on the GPU machine)
+# has no .pc files where a consumer looks, nor packages for the Depends
+for pkg in libcjson-dev libxxhash-dev libzmq3-dev; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+        { echo "skipped: $pkg is not installed as a Debian package"; exit 77; }
+done
 fail() { echo "deb_package: $*"; exit 1; }
 rm -rf "$work"
 mkdir -p "$work"

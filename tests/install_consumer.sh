@@ -12,6 +12,12 @@ cc=${CC:-cc}
 for tool in pkg-config readelf cmake "$cc"; do
     command -v "$tool" >/dev/null || { echo "skipped: $tool is not installed"; exit 77; }
 done
+# a machine whose libraries are not Debian's packages (unpacked elsewhere, as on the GPU machine)
+# has no .pc files where a consumer looks, nor packages for the Depends
+for pkg in libcjson-dev libxxhash-dev libzmq3-dev; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+        { echo "skipped: $pkg is not installed as a Debian package"; exit 77; }
+done
 fail() { echo "install_consumer: $*"; exit 1; }
 rm -rf "$work"
 mkdir -p "$work"

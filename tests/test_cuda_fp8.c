@@ -26,6 +26,15 @@
 /* E4M3 keeps 3 mantissa bits: each operand is off by up to 1/16 relative (RMS about 2.6%), so a
  * product of two quantized operands lands near 4% of the row's norm. */
 #define TOL_FP8_PRODUCT 0.08
+/* ffn: SwiGLU of two such products, quantized again for W2 (measured on an H100: worst rows
+ * 0.09-0.12) */
+#define TOL_FP8_CHAIN 0.15
+/* A column's L2 error is dominated by its largest rows, which spread over six decades: with few
+ * rows it is a single dot product's relative error, large where that product cancels (measured
+ * 0.84 for one row, 0.13-0.27 for 16-64). Checked only over 64 rows and more, loosely: a channel
+ * whose scale were lost would be off by its whole value. */
+#define TOL_FP8_COLUMN 0.35
+#define COLUMN_MIN_ROWS 64
 #define TOL_NOT_BF16 1e-2 /* bf16 products land near 3e-3, float32 ones far below */
 
 static float *dev_upload(sf_backend *be, const void *host, size_t bytes)
@@ -94,11 +103,12 @@ static errors compare(const float *got, const double *want, int n, int out, int 
     return e;
 }
 
-static void expect(const char *label, errors e)
+static void expect_n(const char *label, errors e, int rows, double tol)
 {
     printf("  %-44s rel err: worst row %.4f, worst column %.4f, all %.4f\n", label, e.worst_row, e.worst_col, e.total);
-    CHECKF(e.worst_row <= TOL_FP8_PRODUCT && e.worst_col <= TOL_FP8_PRODUCT, "%s: worst row %.4g, column %.4g > %g",
-           label, e.worst_row, e.worst_col, TOL_FP8_PRODUCT);
+    CHECKF(e.worst_row <= tol, "%s: worst row %.4g > %g", label, e.worst_row, tol);
+    if (rows >= COLUMN_MIN_ROWS)
+        CHECKF(e.worst_col <= TOL_FP8_COLUMN, "%s: worst column %.4g > %g", label, e.worst_col, TOL_FP8_COLUMN);
     CHECKF(e.total > TOL_NOT_BF16, "%s: error %.3g is below FP8's: the product did not run in FP8", label, e.total);
 }
 
@@ -142,7 +152,7 @@ static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, 
     float *got = download(be, dy, (size_t)n * out);
     reference(x, w, n, in, out, want, 0);
     snprintf(label, sizeof label, "%s matmul f32 x [%d,%d]x[%d,%d]^T", mode, n, in, out, in);
-    expect(label, compare(got, want, n, out, out));
+    expect_n(label, compare(got, want, n, out, out), n, TOL_FP8_PRODUCT);
     free(got);
 
     /* x rows one float apart from 16-byte alignment (ldx = in + 1): the quantization's
@@ -157,7 +167,7 @@ static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, 
     CHECK_OK(be->ops->matmul(be, n, in, out, dxp, in + 1, dw, dy, out, 0));
     got = download(be, dy, (size_t)n * out);
     snprintf(label, sizeof label, "%s matmul f32 x, rows %d apart [%d,%d]", mode, in + 1, n, out);
-    expect(label, compare(got, want, n, out, out));
+    expect_n(label, compare(got, want, n, out, out), n, TOL_FP8_PRODUCT);
     free(got), free(xp);
     be->ops->free(be, dxp);
 
@@ -178,7 +188,7 @@ static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, 
     /* the error is measured on the product alone: y0's part is exact */
     for (size_t i = 0; i < (size_t)n * out; i++) got[i] -= y0[i], want[i] -= y0[i];
     snprintf(label, sizeof label, "%s matmul bf16 x, accumulating [%d,%d]", mode, n, out);
-    expect(label, compare(got, want, n, out, out));
+    expect_n(label, compare(got, want, n, out, out), n, TOL_FP8_PRODUCT);
     free(got);
 
     be->ops->free(be, dy), be->ops->free(be, dx), be->ops->free(be, dxb), be->ops->free(be, dw);
@@ -223,7 +233,7 @@ static void check_qkv(sf_backend *be, const char *mode, check_rng *r, int n, int
         char label[128];
         snprintf(label, sizeof label, "%s qkv (%s out) part %d [%d,%d]->%d", mode, type == SF_DTYPE_BF16 ? "bf16" : "f32",
                  i, n, dim, width);
-        expect(label, compare(got, want, n, width, width));
+        expect_n(label, compare(got, want, n, width, width), n, TOL_FP8_PRODUCT);
     }
     for (int i = 0; i < 3; i++) be->ops->free(be, dw[i]);
     be->ops->free(be, dx), be->ops->free(be, dg), be->ops->free(be, dqkv), be->ops->free(be, du);
@@ -268,7 +278,7 @@ static void check_ffn(sf_backend *be, const char *mode, check_rng *r, int n, int
     for (size_t i = 0; i < (size_t)n * dim; i++) got[i] -= x[i];
     char label[128];
     snprintf(label, sizeof label, "%s ffn [%d,%d] hidden %d%s", mode, n, dim, hidden, grouped ? ", W1|W3" : "");
-    expect(label, compare(got, want, n, dim, dim));
+    expect_n(label, compare(got, want, n, dim, dim), n, TOL_FP8_CHAIN);
     be->ops->free(be, dx), be->ops->free(be, dg), be->ops->free(be, d1), be->ops->free(be, d3);
     be->ops->free(be, d2), be->ops->free(be, du), be->ops->free(be, dh1), be->ops->free(be, dh3);
     free(x), free(g), free(w1), free(w3), free(w2), free(u), free(h), free(a), free(b), free(want), free(got);
