@@ -196,7 +196,7 @@ static void on_monitor(sf_net *n, int i)
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
             p->connected = 0;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
-            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) at %s refused this process's CURVE key", p->rank, p->host,
+            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) at %s refused this process (its CURVE key or address is not admitted)", p->rank, p->host,
                           p->endpoint);
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
             net_fail_peer(n, i, SF_E_PEER,
@@ -223,7 +223,6 @@ static int on_router(sf_net *n)
         return 0;
     }
     int more = zmq_msg_more(&id);
-    zmq_msg_close(&id);
     zmq_msg_init(&env);
     zmq_msg_init(&pay);
     int has_payload = 0, extra = 0;
@@ -253,7 +252,12 @@ static int on_router(sf_net *n)
     snprintf(why, sizeof why, "%s", rc == SF_OK ? "" : sf_last_error());
     int rank = authenticated >= 0 ? authenticated : (rc == SF_OK ? (int)e.rank : -1);
     int i = rank >= 0 ? peer_index(n, rank) : -1;
+    const size_t rid_len = zmq_msg_size(&id);
     pthread_mutex_lock(&n->lock);
+    for (int j = 0; j < n->n_peers && i < 0 && rank < 0; j++)
+        if (n->peers[j].rid_len && n->peers[j].rid_len == rid_len && !memcmp(n->peers[j].rid, zmq_msg_data(&id), rid_len)) i = j;
+    if (i >= 0 && rc == SF_OK && rid_len <= sizeof n->peers[i].rid)
+        memcpy(n->peers[i].rid, zmq_msg_data(&id), rid_len), n->peers[i].rid_len = rid_len;
     if (i >= 0 && !n->peers[i].failed) {
         net_peer *p = &n->peers[i];
         if (rc == SF_OK && authenticated >= 0 && (int)e.rank != authenticated)
@@ -269,6 +273,7 @@ static int on_router(sf_net *n)
         }
     }
     pthread_mutex_unlock(&n->lock);
+    zmq_msg_close(&id);
     zmq_msg_close(&env);
     zmq_msg_close(&pay);
     return 1;
@@ -278,7 +283,11 @@ static int on_router(sf_net *n)
 
 static int address_allowed(const sf_net *n, const char *addr)
 {
-    if (!*addr || strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0 || strncmp(addr, "::ffff:127.", 11) == 0)
+    /* not an IP address: an ipc connection ("localhost:uid:gid:pid"), local by nature and
+     * guarded by the socket file's permissions */
+    uint8_t ip[16];
+    if (inet_pton(AF_INET, addr, ip) != 1 && inet_pton(AF_INET6, addr, ip) != 1) return 1;
+    if (strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0 || strncmp(addr, "::ffff:127.", 11) == 0)
         return 1;
     for (int i = 0; i < n->n_allowed; i++)
         if (strcmp(addr, n->allowed_addr[i]) == 0) return 1;

@@ -56,7 +56,9 @@ typedef struct net_peer {
     int want_active, active, connected, ever_connected, failed;
     int64_t activated_ms, last_heard_ms; /* -1: never */
     uint64_t progress;
-    int rewind;                /* a (re)connection completed: resend what is unacknowledged */
+    uint8_t rid[16];           /* ROUTER routing id of its last valid message (plaintext: who sent
+                                  a message too broken to say) */
+    size_t rid_len;
 } net_peer;
 
 typedef struct net_ctrl { /* an abort to tell a peer (aborts outlive their links) */
