@@ -1,6 +1,5 @@
 /* One rank's part of a distributed graph (distributed.h): which stages run here, the links
  * between them and to the other ranks, and the checkpoint state each rank restores. */
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,64 +37,6 @@ void sf_dist_part_free(struct sf_dist_part *part)
     free(part);
 }
 
-/* ---- placements in the pipeline text ------------------------------------------------------ */
-
-/* Parses "R" or "R1,R2,..." at s (up to end) into pl. */
-static int parse_ranks(const char *s, const char *end, sf_dist_placement *pl, int stage)
-{
-    pl->n = 0;
-    while (s < end) {
-        char *stop;
-        errno = 0;
-        long r = strtol(s, &stop, 10);
-        if (stop == s || errno || r < 0 || r >= SF_DIST_MAX_RANKS || (stop < end && *stop != ','))
-            return sf_error(SF_E_PARSE, "stage %d: a placement is @RANK or @RANK,RANK,... (ranks 0..%d)", stage,
-                            SF_DIST_MAX_RANKS - 1);
-        if (pl->n == SF_DIST_MAX_REPLICAS)
-            return sf_error(SF_E_PARSE, "stage %d: at most %d replicas", stage, SF_DIST_MAX_REPLICAS);
-        pl->ranks[pl->n++] = (int)r;
-        s = stop < end ? stop + 1 : stop;
-        if (stop < end && s == end) return sf_error(SF_E_PARSE, "stage %d: the placement ends with ','", stage);
-    }
-    if (pl->n == 0) return sf_error(SF_E_PARSE, "stage %d: '@' without a rank", stage);
-    return SF_OK;
-}
-
-int sf_dist_placements_parse(char *pipeline, sf_dist_placement *placements, int max, int *n)
-{
-    *n = 0;
-    char quote = 0;
-    char *stage_start = pipeline;
-    for (char *s = pipeline;; s++) {
-        if (*s && quote) {
-            if (*s == quote) quote = 0;
-            continue;
-        }
-        if (*s == '\'' || *s == '"') {
-            quote = *s;
-            continue;
-        }
-        if (*s != '!' && *s) continue;
-        if (*n == max) return sf_error(SF_E_PARSE, "more than %d stages", max);
-        sf_dist_placement *pl = &placements[(*n)++];
-        pl->n = 0;
-        /* the last word of the stage, when it starts with '@' (outside quotes) */
-        char *end = s;
-        while (end > stage_start && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n')) end--;
-        char *word = end;
-        while (word > stage_start && word[-1] != ' ' && word[-1] != '\t' && word[-1] != '\n' && word[-1] != '\'' &&
-               word[-1] != '"')
-            word--;
-        if (word < end && *word == '@') {
-            int rc = parse_ranks(word + 1, end, pl, *n);
-            if (rc != SF_OK) return rc;
-            memset(word, ' ', (size_t)(end - word));
-        }
-        if (!*s) return SF_OK;
-        stage_start = s + 1;
-    }
-}
-
 /* ---- the plan ----------------------------------------------------------------------------- */
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
@@ -126,12 +67,17 @@ static int replicable(const sf_stage *st, char *why, size_t size)
     return 0;
 }
 
-static int plan(sf_dist_part *part, const sf_graph *g, const sf_dist_placement *placements)
+static int plan(sf_dist_part *part, const sf_graph *g)
 {
     const int n = part->n;
     for (int i = 0; i < n; i++) {
         sf_dist_placement *pl = &part->pl[i];
-        *pl = placements[i];
+        const int *ranks = NULL;
+        pl->n = sf_stage_placement(g->stages[i], &ranks);
+        if (pl->n > SF_DIST_MAX_REPLICAS)
+            return sf_error(SF_E_PARSE, "stage %d (%s) is replicated over %d ranks; at most %d", i, g->stages[i]->cls->name,
+                            pl->n, SF_DIST_MAX_REPLICAS);
+        if (pl->n) memcpy(pl->ranks, ranks, (size_t)pl->n * sizeof *ranks);
         if (pl->n == 0) pl->n = 1, pl->ranks[0] = 0;
         qsort(pl->ranks, (size_t)pl->n, sizeof pl->ranks[0], cmp_int);
         for (int j = 0; j < pl->n; j++) {
@@ -278,9 +224,9 @@ static int make_links(sf_graph *g, sf_dist_part *part, const sf_dist_links *link
     return rc;
 }
 
-int sf_dist_build(sf_graph *g, const sf_dist_placement *placements, int world, int rank, const sf_dist_links *links)
+int sf_dist_build(sf_graph *g, int world, int rank, const sf_dist_links *links)
 {
-    if (!g || !placements || !links || !links->create) return sf_error(SF_E_INVAL, "sf_dist_build: NULL argument");
+    if (!g || !links || !links->create) return sf_error(SF_E_INVAL, "sf_dist_build: NULL argument");
     if (g->started || g->dist) return sf_error(SF_E_INVAL, "sf_dist_build: the graph is started or built already");
     if (world < 1 || world > SF_DIST_MAX_RANKS || rank < 0 || rank >= world)
         return sf_error(SF_E_INVAL, "rank %d of %d ranks is outside 0..%d", rank, world, SF_DIST_MAX_RANKS - 1);
@@ -297,7 +243,7 @@ int sf_dist_build(sf_graph *g, const sf_dist_placement *placements, int world, i
         sf_dist_part_free(part);
         return sf_error(SF_E_NOMEM, "out of memory");
     }
-    int rc = plan(part, g, placements);
+    int rc = plan(part, g);
     if (rc != SF_OK) {
         sf_dist_part_free(part);
         return rc;

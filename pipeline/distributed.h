@@ -42,7 +42,7 @@
 #define SF_DIST_MAX_RANKS 1024   /* ranks of one job */
 #define SF_DIST_MAX_REPLICAS 64  /* ranks of one replicated group */
 
-/* Where a stage runs: n ranks (n == 0: rank 0 only; n > 1: replicated over them). */
+/* Where a stage runs: n ranks (n > 1: replicated over them), sorted. */
 typedef struct sf_dist_placement {
     int n;
     int ranks[SF_DIST_MAX_REPLICAS];
@@ -59,20 +59,14 @@ typedef struct sf_dist_links {
     void *user;
 } sf_dist_links;
 
-/* Removes the placement suffixes (`@R`, `@R1,R2`) of the stages of `pipeline` (edited in
- * place; quotes are respected) and writes stage i's placement to placements[i] (at most max
- * stages; *n: the count). Counts stages of the text alone: the caller offsets them by the
- * stages it adds in front (a source). SF_E_PARSE names a malformed suffix. */
-int sf_dist_placements_parse(char *pipeline, sf_dist_placement *placements, int max, int *n);
-
-/* Makes g (parsed, not started) this rank's part of the job: placements[i] for each of its
- * sf_graph_size(g) stages, `world` ranks, this process `rank`, cross-rank links from `links`.
+/* Makes g (parsed, not started) this rank's part of the job: each stage where its placement
+ * says (sf_stage_placement: the pipeline text's suffix), `world` ranks, this process `rank`,
+ * cross-rank links from `links`.
  * Refuses (SF_E_PARSE, naming the stage) a rank outside 0..world-1, a source or sink off rank
  * 0, a replicated stage that may emit more or fewer packets than it takes, two adjacent groups,
  * and a group whose upstream and downstream stages are on different ranks. Call before
  * sf_graph_set_checkpoint's run (sf_graph_run), once. */
-int sf_dist_build(sf_graph *g, const sf_dist_placement *placements, int world, int rank,
-                  const sf_dist_links *links);
+int sf_dist_build(sf_graph *g, int world, int rank, const sf_dist_links *links);
 
 /* Non-zero when stage i runs on this rank (also for graphs that are not distributed). */
 int sf_dist_is_local(const sf_graph *g, int i);

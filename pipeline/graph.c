@@ -41,6 +41,7 @@ static void stage_free(sf_stage *st)
     if (!st) return;
     if (st->initialized && st->cls->free) st->cls->free(st);
     sf_stage_options_free(st);
+    free(st->ranks);
     free(st);
 }
 
@@ -168,6 +169,16 @@ int sf_graph_start(sf_graph *g, int threaded)
 {
     if (g->started) return SF_OK;
     if (g->n_stages == 0) return sf_error(SF_E_INVAL, "the graph has no stages");
+    /* a distributed part (g->dist) runs its own stages and links to the rest */
+    int remote = g->dist ? -1 : sf_graph_first_remote_stage(g);
+    if (remote >= 0) {
+        const int *ranks;
+        int n = sf_stage_placement(g->stages[remote], &ranks);
+        int other = ranks[0] != 0 || n == 1 ? ranks[0] : ranks[1];
+        return sf_error(SF_E_UNSUPPORTED,
+                        "stage %d (%s) is placed on rank %d: run it with `seqflow launch` or `seqflow worker`",
+                        remote + 1, g->stages[remote]->cls->name, other);
+    }
     for (int i = 0; i < g->n_stages; i++) {
         sf_stage *st = g->stages[i];
         if (i > 0 && st->cls->generate && !st->cls->process)

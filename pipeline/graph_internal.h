@@ -26,6 +26,9 @@ struct sf_stage {
     sf_link *in;       /* link from the previous stage; NULL for the first (borrowed) */
     int initialized;
     int remote;        /* runs in another process of a distributed run: not initialized here */
+    int *ranks;        /* placement (`@1,2` in the pipeline text): the ranks that run this
+                          stage, several = replicated (stream parallel); NULL = rank 0 */
+    int n_ranks;
 };
 
 #define SF_GRAPH_PROFILE_STAGES 32
@@ -117,6 +120,15 @@ int sf_graph_deliver(sf_graph *g, int to, sf_packet *p);
 
 /* Counts the committed rows of p in tokens_out (progress reports). */
 void sf_graph_count_output(sf_graph *g, const sf_packet *p);
+
+#define SF_GRAPH_MAX_RANK 1048575 /* the largest rank a placement may name */
+/* The ranks stage st is placed on: returns their count and points *ranks (when not NULL) at
+ * them (owned by the stage); 0 and NULL for a stage without a placement, which runs on rank 0. */
+int sf_stage_placement(const sf_stage *st, const int **ranks);
+/* The first stage of g placed on a rank other than 0 alone, or -1: sf_graph_start (so
+ * sf_graph_run and push mode) refuses a graph with such a stage; a distributed run builds each
+ * rank's part as a graph of its own, without placements. */
+int sf_graph_first_remote_stage(const sf_graph *g);
 
 /* Options of a stage instance: "k=v k=v" validated against the class table. */
 int sf_stage_options_parse(sf_stage *st, const char *text);

@@ -5,6 +5,9 @@
 #                                    (the fuzz build of scripts/fuzz.sh; scripts/test.sh asks)
 set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-dev libzstd-dev libxxhash-dev libzmq3-dev)
+# for the distributed tests: mpirun starts ranks as a launcher does (rank discovery from Open
+# MPI's environment); iproute2's tc and ip shape and cut links between local ranks
+packages+=(openmpi-bin iproute2)
 [ "${1:-}" = --fuzz ] && packages+=(clang libclang-rt-dev libomp-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -146,20 +146,13 @@ static const sf_stage_class collect_class = {.name = "collect", .help = "test si
 static sf_model *model;
 static const char *ckpt_dir;
 
-/* feed ! BODY ! collect, placements taken out of BODY. */
-static sf_graph *make_graph(const char *body, sf_dist_placement *pl, int *n_pl)
+/* feed ! BODY ! collect. */
+static sf_graph *make_graph(const char *body)
 {
-    char text[1024];
-    snprintf(text, sizeof text, "%s", body);
-    pl[0] = (sf_dist_placement){0};
-    int n = 0;
-    if (sf_dist_placements_parse(text, pl + 1, 62, &n) != SF_OK) return NULL;
-    pl[n + 1] = (sf_dist_placement){0};
-    *n_pl = n + 2;
     sf_graph_options o = {.threads = 1, .queue_depth = 2};
     sf_graph *g = NULL;
     if (sf_graph_create(model, &o, &g) != SF_OK) return NULL;
-    if (sf_graph_add_class(g, &feed_class, NULL, NULL) != SF_OK || sf_graph_parse(g, text) != SF_OK ||
+    if (sf_graph_add_class(g, &feed_class, NULL, NULL) != SF_OK || sf_graph_parse(g, body) != SF_OK ||
         sf_graph_add_class(g, &collect_class, NULL, NULL) != SF_OK) {
         fprintf(stderr, "%s\n", sf_last_error());
         sf_graph_free(g);
@@ -195,13 +188,12 @@ static int run_job(const char *body, const job *jb, char *error, size_t error_si
     CHECK_OK(sf_dist_exchange_create(jb->world, 2, &x));
     if (jb->fail_after) sf_dist_exchange_fail_after(x, jb->fail_sender, (uint32_t)jb->fail_channel, (uint64_t)jb->fail_after);
     rank_run runs[MAX_RANKS] = {{0}};
-    sf_dist_placement pl[64];
-    int n_pl = 0, rc = SF_OK;
+    int rc = SF_OK;
     for (int r = 0; r < jb->world && rc == SF_OK; r++) {
-        runs[r].g = make_graph(body, pl, &n_pl);
+        runs[r].g = make_graph(body);
         if (!runs[r].g) rc = SF_E_PARSE;
         sf_dist_links links = sf_dist_exchange_links(x, r);
-        if (rc == SF_OK) rc = sf_dist_build(runs[r].g, pl, jb->world, r, &links);
+        if (rc == SF_OK) rc = sf_dist_build(runs[r].g, jb->world, r, &links);
     }
     if (rc == SF_OK && jb->checkpoint) {
         sf_graph_checkpoint_options ck = {.dir = ckpt_dir, .every = 1, .keep = 3, .resume = jb->resume};
