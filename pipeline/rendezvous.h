@@ -11,8 +11,8 @@
  * with rank r's listed key (when keys are listed per rank).
  *
  * Checks, in this order, each refusing the whole job with a message naming the ranks and
- * hosts involved: a rank outside 0..world-1, a world size that differs from the server's, a
- * rank claimed twice (naming both hosts), another version of seqflow (naming both versions
+ * hosts involved: a world size that differs from the server's, a rank outside 0..world-1, a
+ * HELLO over another rank's key, a rank claimed twice (naming both hosts), another version of seqflow (naming both versions
  * and ranks), another model (weights), model configuration, pipeline or options (naming both
  * ranks and what differs). A rank that never says hello within the timeout fails the server
  * with SF_E_PEER naming every missing rank and its endpoint; a client that gets no answer
@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pipeline/topology.h"
 #include "seqflow/buffer.h"
 #include "seqflow/model.h"
 
@@ -113,6 +114,16 @@ int sf_rendezvous_serve(const sf_rendezvous_config *c, const sf_hello *own,
  * rendezvous does not answer within the timeout (naming the endpoint), or when the CURVE
  * handshake fails (naming the endpoint: a key not admitted, or the wrong server key). */
 int sf_rendezvous_join(const sf_rendezvous_config *c, const sf_hello *own, sf_rendezvous_result **out);
+
+/* The configuration of rank `rank` from topology t: the rendezvous endpoint and timeout,
+ * plaintext or CURVE, rank 0's public key, every rank's key and endpoint (written into keys[]
+ * and endpoints[], world entries each, which the caller provides) and this rank's key pair:
+ * secret_key (e.g. from sf_topology_read_key) and its public half, derived into public_key.
+ * Under CURVE the secret key must be the topology's rank `rank`'s (SF_E_INVAL otherwise, naming
+ * both public keys). *out borrows from t, secret_key, public_key, keys and endpoints. */
+int sf_rendezvous_config_from_topology(const sf_topology *t, int rank, const char *secret_key,
+                                       char public_key[SF_Z85_KEY_LEN + 1], const char **keys,
+                                       const char **endpoints, sf_rendezvous_config *out);
 
 /* Frees a result; NULL is accepted. */
 void sf_rendezvous_result_free(sf_rendezvous_result *r);
