@@ -25,6 +25,7 @@ typedef struct sf_dist_part {
     uint8_t *given;               /* a worker's share of a checkpoint (sf_dist_set_state) */
     size_t given_len;
     int has_given;
+    int connected;
 } sf_dist_part;
 
 void sf_dist_part_free(struct sf_dist_part *part)
@@ -224,10 +225,10 @@ static int make_links(sf_graph *g, sf_dist_part *part, const sf_dist_links *link
     return rc;
 }
 
-int sf_dist_build(sf_graph *g, int world, int rank, const sf_dist_links *links)
+int sf_dist_plan(sf_graph *g, int world, int rank)
 {
-    if (!g || !links || !links->create) return sf_error(SF_E_INVAL, "sf_dist_build: NULL argument");
-    if (g->started || g->dist) return sf_error(SF_E_INVAL, "sf_dist_build: the graph is started or built already");
+    if (!g) return sf_error(SF_E_INVAL, "sf_dist_plan: NULL graph");
+    if (g->started || g->dist) return sf_error(SF_E_INVAL, "sf_dist_plan: the graph is started or planned already");
     if (world < 1 || world > SF_DIST_MAX_RANKS || rank < 0 || rank >= world)
         return sf_error(SF_E_INVAL, "rank %d of %d ranks is outside 0..%d", rank, world, SF_DIST_MAX_RANKS - 1);
     if (g->n_stages < 2) return sf_error(SF_E_PARSE, "a distributed pipeline has a source and a sink at least");
@@ -250,7 +251,29 @@ int sf_dist_build(sf_graph *g, int world, int rank, const sf_dist_links *links)
     }
     g->dist = part; /* from here the graph frees it */
     for (int i = 0; i < part->n; i++) g->stages[i]->remote = !on_rank(&part->pl[i], rank);
-    return make_links(g, part, links);
+    return SF_OK;
+}
+
+int sf_dist_connect(sf_graph *g, const sf_dist_links *links)
+{
+    if (!g || !g->dist || !links || !links->create) return sf_error(SF_E_INVAL, "sf_dist_connect: no plan or no links");
+    if (g->dist->connected) return sf_error(SF_E_INVAL, "sf_dist_connect: connected already");
+    g->dist->connected = 1;
+    return make_links(g, g->dist, links);
+}
+
+int sf_dist_build(sf_graph *g, int world, int rank, const sf_dist_links *links)
+{
+    int rc = sf_dist_plan(g, world, rank);
+    return rc == SF_OK ? sf_dist_connect(g, links) : rc;
+}
+
+int sf_dist_peer_used(const sf_graph *g, int peer)
+{
+    if (!g || !g->dist || peer < 0 || peer >= g->dist->world) return 0;
+    for (int i = 0; i < g->dist->n; i++)
+        if (on_rank(&g->dist->pl[i], peer)) return 1;
+    return 0;
 }
 
 int sf_dist_is_local(const sf_graph *g, int i)
@@ -605,4 +628,13 @@ void sf_dist_exchange_fail_after(sf_dist_exchange *x, int sender, uint32_t chann
         if (q) q->fail_after = packets;
     }
     pthread_mutex_unlock(&x->lock);
+}
+
+int sf_dist_last_committed(const sf_graph *g, uint64_t *stream, uint64_t *segment)
+{
+    uint64_t plus1 = g ? (uint64_t)atomic_load(&((sf_graph *)g)->last_segment) : 0;
+    if (!plus1) return 0;
+    *segment = plus1 - 1;
+    *stream = (uint64_t)atomic_load(&((sf_graph *)g)->last_stream);
+    return 1;
 }

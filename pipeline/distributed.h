@@ -67,6 +67,12 @@ typedef struct sf_dist_links {
  * and a group whose upstream and downstream stages are on different ranks. Call before
  * sf_graph_set_checkpoint's run (sf_graph_run), once. */
 int sf_dist_build(sf_graph *g, int world, int rank, const sf_dist_links *links);
+/* sf_dist_build in two steps: the plan (the checks, which stages are local: enough for
+ * sf_dist_checkpoint_load and sf_dist_rank_state), then the links (once the peers are known). */
+int sf_dist_plan(sf_graph *g, int world, int rank);
+int sf_dist_connect(sf_graph *g, const sf_dist_links *links);
+/* Non-zero when rank `peer` runs at least one stage of the planned graph g. */
+int sf_dist_peer_used(const sf_graph *g, int peer);
 
 /* Non-zero when stage i runs on this rank (also for graphs that are not distributed). */
 int sf_dist_is_local(const sf_graph *g, int i);
@@ -80,6 +86,10 @@ int sf_dist_checkpoint_load(sf_graph *g, const uint8_t **data, size_t *len);
 int sf_dist_rank_state(const sf_graph *g, const uint8_t *data, size_t len, int rank, sf_buffer *out);
 /* Worker: the share this rank restores after init (copied); before sf_graph_run. */
 int sf_dist_set_state(sf_graph *g, const uint8_t *data, size_t len);
+
+/* The last committed segment that left the driver's last stage (the output) and its stream:
+ * 1 with them set, 0 when none has. Thread-safe; for the message of a failed run. */
+int sf_dist_last_committed(const sf_graph *g, uint64_t *stream, uint64_t *segment);
 
 /* An in-process exchange: links between "ranks" that are graphs of one process (tests, and a
  * placed pipeline run in one process). Each (sender, receiver, channel) is one queue of

@@ -226,8 +226,13 @@ int sf_stage_resuming(const sf_stage *st) { return st->graph->checkpoint && st->
 
 void sf_graph_count_output(sf_graph *g, const sf_packet *p)
 {
-    if (p->kind == SF_PACKET_HIDDEN && !(p->flags & SF_PACKET_PROVISIONAL))
+    if (p->kind == SF_PACKET_HIDDEN && !(p->flags & SF_PACKET_PROVISIONAL)) {
         atomic_fetch_add(&g->tokens_out, p->n);
+        if (p->n) {
+            atomic_store(&g->last_stream, p->stream);
+            atomic_store(&g->last_segment, p->segment + 1);
+        }
+    }
 }
 
 static int fifo_push(sf_packet_fifo *f, sf_packet *p)

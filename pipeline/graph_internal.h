@@ -48,6 +48,9 @@ struct sf_graph {
     int push_mode;                /* driven by sf_graph_push */
     volatile sig_atomic_t interrupted;
     atomic_uint_fast64_t tokens_out;
+    /* the last committed segment that left the last stage (segment + 1, 0: none) and its
+     * stream: named when a distributed run fails */
+    atomic_uint_fast64_t last_segment, last_stream;
     pthread_mutex_t error_lock;
     int error_code;
     char error_message[512];

@@ -31,6 +31,7 @@ typedef struct source {
     size_t chunk;
     sf_token_reader reader;
     uint64_t stream, position;
+    uint64_t streams, span;  /* the input dealt to `streams` streams, span tokens in turn */
     const char *path;
     int done;
     uint64_t consumed;       /* input bytes read so far (the resume offset) */
@@ -46,6 +47,10 @@ static const sf_option source_options[] = {
     {.name = "chunk", .type = SF_OPT_INT, .default_value = "65536", .min = 1, .max = 1 << 26, .unit = "bytes",
      .help = "bytes read per packet"},
     {.name = "stream", .type = SF_OPT_INT, .default_value = "0", .help = "stream id given to the tokens"},
+    {.name = "streams", .type = SF_OPT_INT, .default_value = "1", .min = 1, .max = 1 << 20,
+     .help = "deal the input to this many streams (ids stream, stream+1, ...), span tokens at a time"},
+    {.name = "span", .type = SF_OPT_INT, .default_value = "4096", .min = 1, .max = 1LL << 40, .unit = "tokens",
+     .help = "tokens of the input a stream takes in turn when streams > 1"},
     {0}};
 
 static int source_init(sf_stage *st)
@@ -57,6 +62,8 @@ static int source_init(sf_stage *st)
     if (rc != SF_OK) return rc;
     s->chunk = (size_t)sf_stage_option_int(st, "chunk");
     s->stream = (uint64_t)sf_stage_option_int(st, "stream");
+    s->streams = (uint64_t)sf_stage_option_int(st, "streams");
+    s->span = (uint64_t)sf_stage_option_int(st, "span");
     s->path = sf_stage_option(st, "path");
     s->bytes = malloc(s->chunk);
     s->hash = XXH3_createState();
@@ -102,6 +109,44 @@ static size_t read_bytes(sf_stage *st, source *s, size_t limit, int *err)
     }
 }
 
+/* Where the input's token `at` goes with several streams: spans of s->span tokens in turn. */
+static uint64_t stream_position(const source *s, uint64_t at, uint64_t *stream)
+{
+    const uint64_t span = at / s->span, round = span / s->streams;
+    *stream = s->stream + span % s->streams;
+    return round * s->span + at % s->span;
+}
+
+/* Cuts p (the input's tokens from s->position) at span boundaries into one packet per piece,
+ * each for its stream; a FINAL p ends every stream. Takes ownership of p. */
+static int deal(sf_stage *st, source *s, sf_packet *p)
+{
+    int rc = SF_OK;
+    for (size_t i = 0; i < p->n && rc == SF_OK;) {
+        const uint64_t at = s->position + i;
+        size_t take = (size_t)(s->span - at % s->span);
+        if (take > p->n - i) take = p->n - i;
+        sf_packet *q = sf_packet_new(SF_PACKET_TOKENS, take, 0);
+        if (!q) rc = sf_error(SF_E_NOMEM, "out of memory");
+        if (rc != SF_OK) break;
+        q->position = stream_position(s, at, &q->stream);
+        q->n = take;
+        memcpy(q->tokens, p->tokens + i, take * sizeof *q->tokens);
+        rc = sf_stage_emit(st, q);
+        i += take;
+    }
+    for (uint64_t k = 0; k < s->streams && rc == SF_OK && (p->flags & SF_PACKET_FINAL); k++) {
+        sf_packet *q = sf_packet_new(SF_PACKET_TOKENS, 0, 0);
+        if (!q) rc = sf_error(SF_E_NOMEM, "out of memory");
+        if (rc != SF_OK) break;
+        q->stream = s->stream + k;
+        q->flags = SF_PACKET_FINAL;
+        rc = sf_stage_emit(st, q);
+    }
+    sf_packet_free(p);
+    return rc;
+}
+
 static int source_generate(sf_stage *st)
 {
     source *s = sf_stage_priv(st);
@@ -138,8 +183,8 @@ static int source_generate(sf_stage *st)
         return rc;
     }
     p->n = n;
+    rc = s->streams > 1 ? deal(st, s, p) : sf_stage_emit(st, p);
     s->position += n;
-    rc = sf_stage_emit(st, p);
     if (rc != SF_OK) return rc;
     /* the marker after the FINAL packet records a finished run; an interrupted one gets none,
      * so that a resume goes on from the last marker instead of from the cut-short end */
