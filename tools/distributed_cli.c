@@ -173,18 +173,51 @@ static int net_link(void *user, int peer, uint32_t channel, int direction, sf_li
     return sf_net_link_create(w->net, peer, channel, direction == SF_DIST_SEND ? SF_NET_SEND : SF_NET_RECV, &o, out);
 }
 
-/* The driver's addition to a failed run's message: where the output got to. */
-static void driver_note(run_ctx *c, char *buf, size_t size)
+/* The rank that went silent, if one did: a failure elsewhere often reaches the driver first as
+ * an abort from the rank that noticed, so the driver waits (at most the heartbeat timeout) for
+ * its own verdict on any peer it has not heard from lately. -1 when none. */
+static int silent_peer(worker *w, int64_t *silent_ms)
 {
+    const int timeout = sf_topology_timeout_ms(w->topology), heartbeat = sf_topology_heartbeat_ms(w->topology);
+    for (int waited = 0;; waited += 50) {
+        int suspect = 0;
+        for (int r = 1; r < w->world; r++) {
+            sf_net_peer_status st;
+            if (!sf_dist_peer_used(w->run.graph, r) || sf_net_peer_status_get(w->net, r, &st) != SF_OK) continue;
+            if (st.failed) {
+                *silent_ms = st.silent_ms;
+                return r;
+            }
+            if (st.silent_ms > 2 * heartbeat) suspect = 1;
+        }
+        if (!suspect || waited > timeout) return -1;
+        struct timespec nap = {0, 50 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* The driver's message for a failed run: the rank that stopped answering (when one did), the
+ * graph's error otherwise, then where the output got to. */
+static void driver_message(run_ctx *c, char *message, size_t size)
+{
+    worker *w = c->user;
+    int64_t silent_ms = 0;
+    const int r = w->net ? silent_peer(w, &silent_ms) : -1;
+    size_t used = strlen(message);
+    if (r >= 0) {
+        const sf_topology_rank *t = sf_topology_rank_get(w->topology, r);
+        used = (size_t)snprintf(message, size, "rank %d (host %s) stopped answering (silent for %lld ms)", r,
+                                t && t->host ? t->host : "?", (long long)silent_ms);
+    }
     uint64_t stream, segment;
-    size_t used = 0;
-    if (sf_dist_last_committed(c->graph, &stream, &segment))
-        used = (size_t)snprintf(buf, size, "; last committed segment %" PRIu64 " of stream %" PRIu64, segment, stream);
-    else
-        used = (size_t)snprintf(buf, size, "; no segment committed");
+    if (used < size && sf_dist_last_committed(c->graph, &stream, &segment))
+        used += (size_t)snprintf(message + used, size - used, "; last committed segment %" PRIu64 " of stream %" PRIu64,
+                                 segment, stream);
+    else if (used < size)
+        used += (size_t)snprintf(message + used, size - used, "; no segment committed");
     uint64_t written = sf_graph_checkpoint_written(c->graph), resumed = sf_graph_checkpoint_resumed(c->graph);
     if (used < size && (written || resumed))
-        snprintf(buf + used, size - used, "; checkpoint %" PRIu64 " holds it: rerun with --resume",
+        snprintf(message + used, size - used, "; checkpoint %" PRIu64 " holds it: rerun with --resume",
                  written ? written : resumed);
 }
 
@@ -200,7 +233,8 @@ static int worker_run(worker *w)
         c->a.progress = 0;
     } else {
         snprintf(label, sizeof label, "seqflow");
-        c->failure_note = driver_note;
+        c->failure_message = driver_message;
+        c->user = w;
     }
     int status = run_prepare(c, w->rank == 0);
     if (status) return status;
@@ -524,6 +558,9 @@ int cmd_launch(int argc, char **argv)
             setenv("LOCAL_RANK", value, 1);
             snprintf(value, sizeof value, "%lld", n);
             setenv("WORLD_SIZE", value, 1);
+            /* OpenMP threads that spin while their process waits for packets would take the
+             * cores the other ranks compute on */
+            setenv("OMP_WAIT_POLICY", "passive", 0);
             /* an outer launcher's variables describe launch itself, not the workers */
             static const char *const outer[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                                                 "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",

@@ -698,9 +698,10 @@ int run_execute(run_ctx *c)
 
     uint64_t tokens = sf_graph_tokens_out(graph);
     if (rc != SF_OK && rc != SF_E_INTERRUPTED) {
-        char note[512] = "";
-        if (c->failure_note) c->failure_note(c, note, sizeof note);
-        fprintf(stderr, "%s: %s%s\n", c->label ? c->label : "seqflow", sf_graph_error(graph), note);
+        char message[1024];
+        snprintf(message, sizeof message, "%s", sf_graph_error(graph));
+        if (c->failure_message) c->failure_message(c, message, sizeof message);
+        fprintf(stderr, "%s: %s\n", c->label ? c->label : "seqflow", message);
         /* a run that failed because a signal cut a call short still ends as stopped by it */
         status = stop_signal ? 128 + stop_signal : exit_status_of(rc);
     } else {

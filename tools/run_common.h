@@ -44,8 +44,9 @@ typedef struct run_ctx {
     sf_graph *graph;
     sf_graph_options opts;
     const char *body;            /* the user's pipeline (a.pipeline or DEFAULT_PIPELINE) */
-    /* Optional: a line added to the error message of a failed run (e.g. the last checkpoint). */
-    void (*failure_note)(struct run_ctx *c, char *buf, size_t size);
+    /* Optional: rewrites the message of a failed run (message holds the graph's, size bytes),
+     * e.g. to name the rank that failed and the last checkpoint. */
+    void (*failure_message)(struct run_ctx *c, char *message, size_t size);
     void *user;
     const char *label;           /* starts every message line; NULL = "seqflow" */
 } run_ctx;
