@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "pipeline/distributed.h"
+#include "pipeline/net.h"
 #include "state/checkpoint.h"
 #include "support/check.h"
 #include "support/small_model.h"
@@ -177,9 +178,35 @@ static void *run_rank(void *arg)
 
 typedef struct job {
     int world;
+    int network;    /* real network links (ipc://, plaintext) instead of the exchange */
     int checkpoint, resume;
     int fail_sender, fail_channel, fail_after; /* fail_after 0: no failure */
 } job;
+
+static int net_factory(void *user, int peer, uint32_t channel, int direction, sf_link **out)
+{
+    return sf_net_link_create(user, peer, channel, direction == SF_DIST_SEND ? SF_NET_SEND : SF_NET_RECV, NULL, out);
+}
+
+/* One sf_net per rank, every other rank a peer, on ipc:// endpoints under the test folder. */
+static int make_nets(int world, sf_net **nets)
+{
+    static char endpoints[MAX_RANKS][256];
+    sf_net_peer peers[MAX_RANKS];
+    for (int r = 0; r < world; r++) {
+        snprintf(endpoints[r], sizeof endpoints[r], "ipc://%s", check_tmp_path(r == 0 ? "dl-net0" : r == 1 ? "dl-net1"
+                                                                              : r == 2 ? "dl-net2" : r == 3 ? "dl-net3" : "dl-net4"));
+    }
+    int rc = SF_OK;
+    for (int r = 0; r < world && rc == SF_OK; r++) {
+        int n = 0;
+        for (int q = 0; q < world; q++)
+            if (q != r) peers[n++] = (sf_net_peer){q, endpoints[q], NULL, "local"};
+        sf_net_options o = {.rank = r, .bind = endpoints[r], .plaintext = 1, .peers = peers, .n_peers = n};
+        rc = sf_net_create(&o, &nets[r]);
+    }
+    return rc;
+}
 
 /* Runs body over job->world ranks; returns rank 0's status (every rank must agree on failure). */
 static int run_job(const char *body, const job *jb, char *error, size_t error_size)
@@ -188,11 +215,12 @@ static int run_job(const char *body, const job *jb, char *error, size_t error_si
     CHECK_OK(sf_dist_exchange_create(jb->world, 2, &x));
     if (jb->fail_after) sf_dist_exchange_fail_after(x, jb->fail_sender, (uint32_t)jb->fail_channel, (uint64_t)jb->fail_after);
     rank_run runs[MAX_RANKS] = {{0}};
-    int rc = SF_OK;
+    sf_net *nets[MAX_RANKS] = {0};
+    int rc = jb->network ? make_nets(jb->world, nets) : SF_OK;
     for (int r = 0; r < jb->world && rc == SF_OK; r++) {
         runs[r].g = make_graph(body);
         if (!runs[r].g) rc = SF_E_PARSE;
-        sf_dist_links links = sf_dist_exchange_links(x, r);
+        sf_dist_links links = jb->network ? (sf_dist_links){net_factory, nets[r]} : sf_dist_exchange_links(x, r);
         if (rc == SF_OK) rc = sf_dist_build(runs[r].g, jb->world, r, &links);
     }
     if (rc == SF_OK && jb->checkpoint) {
@@ -221,20 +249,29 @@ static int run_job(const char *body, const job *jb, char *error, size_t error_si
             CHECKF(runs[r].rc == SF_OK, "rank %d ended %d (%s), rank 0 well", r, runs[r].rc, runs[r].error);
     }
     for (int r = 0; r < jb->world; r++) sf_graph_free(runs[r].g);
+    for (int r = 0; r < jb->world; r++) sf_net_free(nets[r]);
     sf_dist_exchange_free(x);
     return rc;
 }
 
 static bytes reference;
 
-static void check_layout(const char *body, int world)
+static void check_layout_on(const char *body, int world, int network)
 {
     collected.len = 0;
     char error[512] = "";
-    int rc = run_job(body, &(job){.world = world}, error, sizeof error);
-    CHECKF(rc == SF_OK, "'%s' over %d ranks: %s", body, world, error);
+    int rc = run_job(body, &(job){.world = world, .network = network}, error, sizeof error);
+    CHECKF(rc == SF_OK, "'%s' over %d ranks%s: %s", body, world, network ? " (network)" : "", error);
     CHECKF(collected.len == reference.len && memcmp(collected.data, reference.data, reference.len) == 0,
-           "'%s' over %d ranks: %zu bytes, differ from the single-process %zu", body, world, collected.len, reference.len);
+           "'%s' over %d ranks%s: %zu bytes, differ from the single-process %zu", body, world, network ? " (network)" : "",
+           collected.len, reference.len);
+}
+
+/* The exchange, then real network links. */
+static void check_layout(const char *body, int world)
+{
+    check_layout_on(body, world, 0);
+    check_layout_on(body, world, 1);
 }
 
 /* Fails the link of `sender` on `channel` after `after` packets, then resumes until done. */
@@ -273,7 +310,9 @@ int main(void)
     check_small_model_config(&cfg, 3, SEGMENT, 4);
     CHECK_OK(sf_branches_parse("4:1,8:2", &cfg));
     CHECK_OK(sf_model_create_random(&cfg, 9, &model));
-    ckpt_dir = check_tmp_path("distributed_local_ckpt");
+    static char dir[512]; /* check_tmp_path's buffers are reused */
+    snprintf(dir, sizeof dir, "%s", check_tmp_path("distributed_local_ckpt"));
+    ckpt_dir = dir;
 
     const char *single = "segment ! embed ! block layers=0-0 ! block layers=1-2 ! norm";
     char error[512] = "";
