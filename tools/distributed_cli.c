@@ -72,9 +72,9 @@ static void launch_usage(FILE *f)
           "                          workers (--topology DIR/topology.json --key DIR/rank{rank}.key)\n"
           "\n"
           "Signals (SIGINT, SIGTERM, SIGHUP) are passed on to every worker. When a worker fails,\n"
-          "the driver is given the heartbeat timeout to report it, then every worker still running\n"
-          "is stopped. The exit status is the driver's when it failed, else the first failed\n"
-          "worker's (128+N for signal N), else 0.\n",
+          "the driver is given the heartbeat timeout (and 5 s) to report it, then every worker\n"
+          "still running is stopped. The exit status is the driver's when it failed, else the\n"
+          "first failed worker's (128+N for signal N), else 0.\n",
           f);
 }
 
@@ -604,7 +604,7 @@ int cmd_launch(int argc, char **argv)
             const double t = now_seconds();
             if (r == 0 && statuses[0] != 0 && !stop_at) stop_at = t;
             else if (r == 0 && !stop_at) stop_at = t + 10.0; /* done: the workers finish on their own */
-            else if (statuses[r] != 0 && !stop_at) stop_at = t + timeout_ms / 1000.0 + 2.0;
+            else if (statuses[r] != 0 && !stop_at) stop_at = t + timeout_ms / 1000.0 + 5.0;
             continue;
         }
         if (pid < 0 && errno != EINTR) break;
