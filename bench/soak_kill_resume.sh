@@ -1,6 +1,6 @@
 #!/bin/sh
 # The kill/resume loop of tests/distributed_cli.sh, long: kill -9 of a worker or of rank 0 of a
-# 3-process `seqflow launch` at seeded random points, each followed by --resume, whose output
+# 3-process `seqflow launch` at seeded random points after its first checkpoint, each followed by --resume, whose output
 # must be the uninterrupted run's byte for byte.
 #   bench/soak_kill_resume.sh [BIN] [KILLS] [SEED]     (defaults: build/seqflow 100 1)
 set -u

@@ -31,7 +31,7 @@ const char *sf_strerror(int code)
     case SF_E_FRAME_TOO_LARGE: return "frame larger than allowed";
     case SF_E_BUDGET: return "state budget exceeded";
     case SF_E_NONFINITE: return "non-finite value";
-    case SF_E_PEER: return "peer process failed";
+    case SF_E_PEER: return "network peer failed";
     default: return "unknown error";
     }
 }

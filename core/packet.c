@@ -169,7 +169,7 @@ int sf_packet_to_host(sf_packet *p)
     return rc;
 }
 
-static atomic_int check_finite_mode = SF_CHECK_FINITE_HOST;
+static atomic_int check_finite_mode = SF_CHECK_FINITE_ON;
 
 int sf_set_check_finite(sf_check_finite_mode mode)
 {

@@ -232,17 +232,33 @@ int sf_be_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t co
 {
     const sf_backend_ext *e = ext_of(be);
     *found = 0;
-    if (e && e->any_non_finite) return e->any_non_finite(be, x, type, count, found);
-    return SF_E_UNSUPPORTED; /* an expected answer: sf_last_error untouched */
+    if (!e || !e->non_finite_begin || !e->non_finite_end) return SF_E_UNSUPPORTED; /* sf_last_error untouched */
+    int ticket = 0;
+    int rc = e->non_finite_begin(be, x, type, count, &ticket);
+    return rc == SF_OK ? e->non_finite_end(be, ticket, found) : rc;
 }
 
-int sf_be_check_rows(sf_backend *be, const void *rows, sf_dtype type, size_t count, int *scan_host)
+int sf_be_check_rows_begin(sf_backend *be, const void *rows, sf_dtype type, size_t count, sf_rows_check *chk)
 {
-    *scan_host = 0;
+    chk->state = 0;
+    chk->ticket = 0;
     if (sf_check_finite() != SF_CHECK_FINITE_ON || !count) return SF_OK;
-    int rc = sf_be_any_non_finite(be, rows, type, count, scan_host);
-    if (rc == SF_E_UNSUPPORTED) *scan_host = 1, rc = SF_OK;
+    const sf_backend_ext *e = ext_of(be);
+    if (!e || !e->non_finite_begin || !e->non_finite_end) {
+        chk->state = 2;
+        return SF_OK;
+    }
+    int rc = e->non_finite_begin(be, rows, type, count, &chk->ticket);
+    if (rc == SF_OK) chk->state = 1;
     return rc;
+}
+
+int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host)
+{
+    *scan_host = chk->state == 2;
+    if (chk->state != 1) return SF_OK;
+    chk->state = 0;
+    return ext_of(be)->non_finite_end(be, chk->ticket, scan_host);
 }
 
 int sf_be_device_rows(sf_backend *be)

@@ -79,10 +79,14 @@ typedef struct sf_backend_ext {
     int (*side_join_before_product)(sf_backend *be);
 
     /* ---- checks ----
-     * any_non_finite: *found = whether any of the first `count` elements of x (backend memory,
-     * of element type `type`) is NaN or infinite. Waits, as download does, for the ops issued
-     * before it. Lets a GPU run check its rows where they are, instead of a pass on the host. */
-    int (*any_non_finite)(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found);
+     * non_finite_begin: issues a scan of the first `count` elements of x (backend memory, of
+     * element type `type`) for NaN or infinity, ordered after the ops issued before it, and
+     * returns at once with *ticket for non_finite_end. non_finite_end: *found for that ticket,
+     * waiting for its scan. Issued before a download of the same rows and ended after it, the
+     * scan costs no wait of its own: the download waits for it anyway. Each begin must be
+     * ended (a backend keeps a bounded number of tickets in flight). */
+    int (*non_finite_begin)(sf_backend *be, const void *x, sf_dtype type, size_t count, int *ticket);
+    int (*non_finite_end)(sf_backend *be, int ticket, int *found);
 
     /* ---- settings the stages follow ----
      * device_rows: whether rows stay in backend memory between stages (0: every stage boundary
@@ -124,14 +128,20 @@ int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float 
 /* rmsnorm_typed where the backend has it: SF_E_UNSUPPORTED otherwise (callers round on the host). */
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                         sf_dtype otype, void *y);
-/* any_non_finite where the backend has it: SF_E_UNSUPPORTED otherwise (sf_last_error untouched;
- * the caller then scans on the host, or not at all). */
+/* non_finite_begin then non_finite_end, where the backend has them: SF_E_UNSUPPORTED otherwise
+ * (sf_last_error untouched; the caller then scans on the host, or not at all). */
 int sf_be_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found);
-/* For rows in backend memory about to be brought to the host: with checks ON
- * (sf_set_check_finite) scans them where they are (any_non_finite); *scan_host is then 1 when the
- * caller must scan its host copy, to name the first non-finite value (or because the backend
- * cannot look). In other modes *scan_host is 0 and nothing runs. */
-int sf_be_check_rows(sf_backend *be, const void *rows, sf_dtype type, size_t count, int *scan_host);
+/* A check of rows in backend memory about to be brought to the host, in two halves around the
+ * download: with checks ON (sf_set_check_finite) begin issues the backend's scan where the rows
+ * are; end, after the download, sets *scan_host to 1 when the caller must scan its host copy, to
+ * name the first non-finite value (or because the backend cannot look). In other modes nothing
+ * runs and *scan_host is 0. end must follow every begin that returned SF_OK. */
+typedef struct sf_rows_check {
+    int state; /* 0 nothing issued, 1 a backend scan in flight (ticket), 2 the host must scan */
+    int ticket;
+} sf_rows_check;
+int sf_be_check_rows_begin(sf_backend *be, const void *rows, sf_dtype type, size_t count, sf_rows_check *chk);
+int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host);
 /* Whether stages keep rows in backend memory between them: never on the CPU (host memory is
  * backend memory there), else the backend's device_rows, else yes. */
 int sf_be_device_rows(sf_backend *be);

@@ -261,11 +261,13 @@ static int rows_for(sf_graph *g, int to, sf_packet *p)
     /* with checks ON, rows brought to the host are scanned where they are first (a hit is then
      * named from the host copy) */
     int found = 0;
+    sf_rows_check chk = {0};
     const int scan = p->kind == SF_PACKET_HIDDEN
-                         ? sf_be_check_rows(g->backend, p->dev, SF_DTYPE_F32, p->n * p->width, &found)
+                         ? sf_be_check_rows_begin(g->backend, p->dev, SF_DTYPE_F32, p->n * p->width, &chk)
                          : SF_OK;
     int rc = sf_packet_to_host(p);
-    if (rc == SF_OK) rc = scan;
+    const int ended = scan == SF_OK ? sf_be_check_rows_end(g->backend, &chk, &found) : SF_OK;
+    if (rc == SF_OK) rc = scan != SF_OK ? scan : ended;
     if (rc == SF_OK && found) rc = sf_packet_check_finite(p, "in the rows brought to the host");
     if (g->profile && g->push_mode) g->profile_to_host += sf_monotonic_seconds() - t0; /* one thread */
     if (rc != SF_OK) sf_packet_free(p);

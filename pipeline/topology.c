@@ -193,10 +193,11 @@ static int endpoint_ok(const char *e)
     return port >= 1 && port <= 65535;
 }
 
-static int get_endpoint(const ctx *c, const cJSON *obj, const char *path, const char *field, const char **out)
+static int get_endpoint_opt(const ctx *c, const cJSON *obj, const char *path, const char *field, int required,
+                            const char **out)
 {
-    int rc = get_string(c, obj, path, field, 1, out);
-    if (rc != SF_OK) return rc;
+    int rc = get_string(c, obj, path, field, required, out);
+    if (rc != SF_OK || !*out) return rc;
     if (!endpoint_ok(*out)) {
         char p[PATH_MAX_LEN];
         return fail(c, field_path(p, sizeof p, path, field),
@@ -205,11 +206,16 @@ static int get_endpoint(const ctx *c, const cJSON *obj, const char *path, const 
     return SF_OK;
 }
 
+static int get_endpoint(const ctx *c, const cJSON *obj, const char *path, const char *field, const char **out)
+{
+    return get_endpoint_opt(c, obj, path, field, 1, out);
+}
+
 /* ---- links ------------------------------------------------------------------------------------ */
 
 void sf_topology_link_defaults(sf_topology_link *out)
 {
-    *out = (sf_topology_link){.codec = SF_CODEC_RAW, .level = 0, .quant = SF_QUANT_F32, .group = 64,
+    *out = (sf_topology_link){.codec = SF_CODEC_RAW, .level = 0, .quant = SF_QUANT_F32, .group = 0,
                               .error_feedback = 1, .window_packets = 8, .window_bytes = (size_t)256 << 20};
 }
 
@@ -242,7 +248,7 @@ static int read_link_fields(const ctx *c, const cJSON *obj, const char *path, li
     long max_level = (l->set & L_CODEC) && l->v.codec == SF_CODEC_LZ4 ? 12 : 19;
     if ((rc = get_int(c, obj, path, "level", 0, max_level, &present, &v)) != SF_OK) return rc;
     if (present) l->v.level = (int)v, l->set |= L_LEVEL;
-    if ((rc = get_int(c, obj, path, "group", 1, 1 << 24, &present, &v)) != SF_OK) return rc;
+    if ((rc = get_int(c, obj, path, "group", 0, 1 << 24, &present, &v)) != SF_OK) return rc;
     if (present) {
         if ((v & 1) && (l->set & L_QUANT) && l->v.quant == SF_QUANT_INT4)
             return fail(c, field_path(p, sizeof p, path, "group"), "int4 needs an even group (got %ld)", v);
@@ -492,7 +498,7 @@ static int read_rank(const ctx *c, const cJSON *r, const char *path, int dc, int
                      const char **claimed_at)
 {
     sf_topology *t = c->t;
-    static const char *const fields[] = {"id", "endpoint", "public_key", "devices", "host", NULL};
+    static const char *const fields[] = {"id", "endpoint", "bind", "public_key", "devices", "host", NULL};
     int rc = check_fields(c, r, path, fields);
     if (rc != SF_OK) return rc;
     long id = -1;
@@ -516,6 +522,10 @@ static int read_rank(const ctx *c, const cJSON *r, const char *path, int dc, int
     const char *s;
     if ((rc = get_endpoint(c, r, path, "endpoint", &s)) != SF_OK) return rc;
     if (!(rk->endpoint = keep_str(t, s))) return sf_error(SF_E_NOMEM, "out of memory");
+    /* behind NAT, a proxy or a container's port mapping the address a rank binds differs from
+     * the one its peers reach it at */
+    if ((rc = get_endpoint_opt(c, r, path, "bind", 0, &s)) != SF_OK) return rc;
+    if (!(rk->bind = keep_str(t, s ? s : rk->endpoint))) return sf_error(SF_E_NOMEM, "out of memory");
     if ((rc = get_string(c, r, path, "host", 0, &s)) != SF_OK) return rc;
     if (!(rk->host = keep_str(t, s ? s : node_host))) return sf_error(SF_E_NOMEM, "out of memory");
     if ((rc = get_string(c, r, path, "public_key", 0, &s)) != SF_OK) return rc;

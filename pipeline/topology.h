@@ -43,9 +43,11 @@ typedef enum sf_link_scope {
     SF_LINK_ACROSS_DATACENTERS = 3
 } sf_link_scope;
 
-/* One link's encoding and flow control. The fields and defaults are those of sf_link_options
- * (pipeline/net.h), so that the executor copies them field by field. Defaults, used where the
- * file sets nothing: raw codec, level 0 (the codec's default), f32 (lossless), group 64,
+/* One link's encoding and flow control: the fields of sf_link_options (pipeline/net.h), which
+ * the executor fills from it: codec, level, quant and group as they are (group 0 = the row
+ * width: one scale per row), window_packets and window_bytes as they are (always set here),
+ * error_feedback 1 as 1 and 0 as -1 (sf_link_options' "off"). Defaults, used where the file
+ * sets nothing: raw codec, level 0 (the codec's default), f32 (lossless), group 0,
  * error_feedback 1 (used only by lossy kinds), window 8 packets and 256 MiB. */
 typedef struct sf_topology_link {
     sf_codec codec;
@@ -59,7 +61,9 @@ typedef struct sf_topology_link {
 
 typedef struct sf_topology_rank {
     int id;                         /* 0..world-1 */
-    const char *endpoint;           /* "tcp://host:port" or "ipc://path": where it binds */
+    const char *endpoint;           /* "tcp://host:port" or "ipc://path": where its peers reach it */
+    const char *bind;               /* where it binds: its "bind" field (e.g. "tcp://0.0.0.0:7001",
+                                       or a port behind a proxy), else the endpoint */
     const char *public_key;         /* Z85, SF_Z85_KEY_LEN chars; NULL under plaintext (a key
                                        given there is checked, then not used) */
     const char *host;               /* the rank's "host", else its node's "host", else the
@@ -104,7 +108,9 @@ int sf_topology_rendezvous_timeout_ms(const sf_topology *t);
 
 /* The pipeline text with its placements (stages joined by " ! ", placements written as
  * " @1" or " @1,2"), whether the file gave it as one string or as a list of stages; NULL when
- * the file has no "pipeline" (the command line then gives it). */
+ * the file has no "pipeline" (the command line then gives it). Ranks of the list form are
+ * checked against the world here; placements written in the text form are checked by the
+ * pipeline parser, and against the world by whoever places the stages. */
 const char *sf_topology_pipeline(const sf_topology *t);
 
 /* Where ranks a and b sit relative to each other; SF_LINK_SAME_RANK for a == b. Both must be

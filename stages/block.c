@@ -34,7 +34,7 @@ static const sf_option block_options[] = {
              "times the activation memory"},
     {.name = "check_finite", .type = SF_OPT_BOOL, .default_value = "1",
      .help = "stop at the first NaN or infinity in the hidden rows, naming the layer, stream and position (CPU: after "
-             "every layer; a GPU's rows with --check-finite 1, on the GPU, where they leave it)"},
+             "every layer; a GPU's rows on the GPU, where they leave it; the process-wide --check-finite 0 turns it off)"},
     {.name = "defer_commit", .type = SF_OPT_INT, .default_value = "2", .min = 0, .max = 2,
      .help = "GPU with a side queue: 0 commits each layer beside its own output product and MLP, 1 beside the next "
              "layer's attention, 2 also the last layer's beside the next segment's first",
@@ -416,14 +416,19 @@ static int batchable(const block *b, const sf_packet *p)
 
 static int run_one(sf_stage *st, sf_packet *in);
 
-/* Rows of a device backend downloaded after the block's layers from dev (host rows were checked
- * after each layer already): with checks ON scanned on the device, a hit then named from the
- * downloaded p. */
-static int check_downloaded(const block *b, const sf_packet *p, const float *dev)
+/* Rows of a device backend brought to the host p after the block's layers from dev (host rows
+ * were checked after each layer already): with checks ON scanned on the device by a scan issued
+ * ahead of the download, a hit then named from the downloaded p. */
+static int download_checked(const block *b, sf_packet *p, const float *dev)
 {
-    if (b->check_finite != SF_CHECK_FINITE_ON || b->host_rows) return SF_OK;
+    const size_t bytes = p->n * p->width * sizeof(float);
+    const int check = b->check_finite == SF_CHECK_FINITE_ON && !b->host_rows;
+    sf_rows_check chk = {0};
     int found = 0;
-    int rc = sf_be_check_rows(b->be, dev, SF_DTYPE_F32, p->n * p->width, &found);
+    const int scan = check ? sf_be_check_rows_begin(b->be, dev, SF_DTYPE_F32, p->n * p->width, &chk) : SF_OK;
+    int rc = b->be->ops->download(b->be, p->x, dev, bytes);
+    const int ended = scan == SF_OK ? sf_be_check_rows_end(b->be, &chk, &found) : SF_OK;
+    if (rc == SF_OK) rc = scan != SF_OK ? scan : ended;
     if (rc != SF_OK || !found) return rc;
     char where[64];
     snprintf(where, sizeof where, "after layers %d-%d", b->first, b->first + b->count - 1);
@@ -455,9 +460,7 @@ static int run_pending(sf_stage *st)
     for (int i = 0; i < count && rc == SF_OK; i++) {
         sf_packet *p = b->pending[i];
         const float *src = b->x + i * floats;
-        rc = p->dev ? ops->copy(b->be, p->dev, src, floats * sizeof(float))
-                    : ops->download(b->be, p->x, src, floats * sizeof(float));
-        if (rc == SF_OK && !p->dev) rc = check_downloaded(b, p, src);
+        rc = p->dev ? ops->copy(b->be, p->dev, src, floats * sizeof(float)) : download_checked(b, p, src);
     }
     int i = 0;
     for (; i < count && rc == SF_OK; i++) rc = sf_stage_emit(st, b->pending[i]);
@@ -512,8 +515,7 @@ static int run_one(sf_stage *st, sf_packet *in)
         if (in->dev) b->x = in->dev;
         else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
         if (rc == SF_OK) rc = layers_forward(b, &s, &in, 1, (int)in->n, commit);
-        if (rc == SF_OK && !in->dev) rc = b->be->ops->download(b->be, in->x, b->x, bytes);
-        if (rc == SF_OK && !in->dev) rc = check_downloaded(b, in, b->x);
+        if (rc == SF_OK && !in->dev) rc = download_checked(b, in, b->x);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
             rc = sf_block_state_put_back(b, in->stream);

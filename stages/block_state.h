@@ -81,8 +81,8 @@ typedef struct block {
     int n_pending;
     /* check_finite: an sf_check_finite_mode (OFF when the stage's option is 0). Rows in host
      * memory (the CPU backend) are scanned after every layer unless OFF; other backends' rows,
-     * only when ON, where they leave the graph (after the download here, or in the sink or
-     * sf_graph_pull downstream) */
+     * only when ON, where they leave the device (after the download here, in the final norm, or
+     * where the graph brings them to the host) */
     int check_finite, host_rows;
 } block;
 

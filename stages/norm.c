@@ -79,17 +79,20 @@ static void norm_free(sf_stage *st)
 }
 
 /* Brings the rows (device rows, or bf16 ones in rows_bf16 when non-NULL) to the host packet. The
- * rows of a GPU run leave the graph here, mostly: with checks ON they are scanned where they are
- * first (sf_be_check_rows), and a hit is named by stream and position from the host copy. */
+ * rows of a GPU run leave the graph here, mostly: with checks ON they are scanned where they are,
+ * by a scan issued ahead of the download (so that the download's own wait covers it), and a hit is
+ * named by stream and position from the host copy. */
 static int to_host_checked(norm *nm, sf_packet *in, const void *rows_bf16)
 {
     int found = 0;
+    sf_rows_check chk = {0};
     const size_t count = in->n * in->width;
     const int scan = !nm->be ? SF_OK
-                     : rows_bf16 ? sf_be_check_rows(nm->be, rows_bf16, SF_DTYPE_BF16, count, &found)
-                                 : sf_be_check_rows(nm->be, in->dev, SF_DTYPE_F32, count, &found);
+                     : rows_bf16 ? sf_be_check_rows_begin(nm->be, rows_bf16, SF_DTYPE_BF16, count, &chk)
+                                 : sf_be_check_rows_begin(nm->be, in->dev, SF_DTYPE_F32, count, &chk);
     int rc = rows_bf16 ? sf_packet_to_host_bf16(in, rows_bf16) : nm->bf16 ? sf_packet_to_bf16(in) : sf_packet_to_host(in);
-    if (rc == SF_OK) rc = scan;
+    const int ended = scan == SF_OK && nm->be ? sf_be_check_rows_end(nm->be, &chk, &found) : SF_OK;
+    if (rc == SF_OK) rc = scan != SF_OK ? scan : ended;
     if (rc == SF_OK && found) rc = sf_packet_check_finite(in, "in the rows of the final norm");
     return rc;
 }

@@ -20,16 +20,20 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # a sanitizer build runs several times slower: more slack for the timings, fewer kills
 slack=2.5 kills=11
 if grep -q __asan_init "$bin"; then slack=8 kills=4; fi
+slack=${SEQFLOW_TEST_SLACK:-$slack}
 model="--layers 2 -t 1 -q"
 export OMP_WAIT_POLICY=passive
 head -c "${SEQFLOW_TEST_INPUT_BYTES:-12000}" /dev/urandom > in.bin
+# three streams: the input cut in three, one input each
+split -n 3 -d in.bin part
+multi="-i part00 -i part01 -i part02"
 
 layer="segment ! embed ! block layers=0-0 @1 ! block layers=1-1 @2 ! norm"
 stream="segment ! embed @1,2 ! block layers=0-0 @1,2 ! block layers=1-1 @1,2 ! norm @1,2"
 combined="segment ! embed @1 ! block layers=0-0 @0,2 ! block layers=1-1 @1 ! norm"
 plain="segment ! embed ! block layers=0-0 ! block layers=1-1 ! norm"
 "$bin" run $model -i in.bin -o ref1.raw "$plain" || fail "seqflow run"
-"$bin" run $model -i in.bin -o ref3.raw --streams 3 --span 700 "$plain" || fail "seqflow run --streams 3"
+"$bin" run $model $multi -o ref3.raw "$plain" || fail "seqflow run of three streams"
 
 # check NAME EXPECTED_REF COMMAND...: runs the command, compares out.raw with the reference
 check() {
@@ -45,7 +49,7 @@ check() {
 rank_pid() {
     for d in /proc/[0-9]*; do
         [ "$(awk '{print $4}' "$d/stat" 2>/dev/null)" = "$1" ] || continue
-        tr '\0' '\n' < "$d/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "${d#/proc/}"; return; }
+        { tr '\0' '\n' < "$d/environ"; } 2> /dev/null | grep -qx "RANK=$2" && { echo "${d#/proc/}"; return; }
     done
 }
 
@@ -54,8 +58,8 @@ now() { date +%s.%N; }
 case $mode in
 layouts)
     check "launch: layer pipeline" ref1.raw "$bin" launch -n 3 -- $model -i in.bin -o out.raw "$layer"
-    check "launch: stream parallel" ref3.raw "$bin" launch -n 3 -- $model -i in.bin -o out.raw --streams 3 --span 700 "$stream"
-    check "launch: both" ref3.raw "$bin" launch -n 3 -- $model -i in.bin -o out.raw --streams 3 --span 700 "$combined"
+    check "launch: stream parallel" ref3.raw "$bin" launch -n 3 -- $model $multi -o out.raw "$stream"
+    check "launch: both" ref3.raw "$bin" launch -n 3 -- $model $multi -o out.raw "$combined"
     # refusals: a bad placement is a usage error before anything runs
     rm -f out.raw
     "$bin" launch -n 2 -- $model -i in.bin -o out.raw "segment ! embed @1,2 ! block @1 ! norm" 2> err.txt
@@ -68,8 +72,8 @@ mpirun)
     mpi="mpirun --allow-run-as-root --oversubscribe -x OMP_WAIT_POLICY -n 3"
     w="$bin worker --topology $tmp/topo/topology.json --key $tmp/topo/rank{rank}.key"
     check "mpirun: layer pipeline" ref1.raw $mpi $w $model -i in.bin -o out.raw "$layer"
-    check "mpirun: stream parallel" ref3.raw $mpi $w $model -i in.bin -o out.raw --streams 3 --span 700 "$stream"
-    check "mpirun: both" ref3.raw $mpi $w $model -i in.bin -o out.raw --streams 3 --span 700 "$combined"
+    check "mpirun: stream parallel" ref3.raw $mpi $w $model $multi -o out.raw "$stream"
+    check "mpirun: both" ref3.raw $mpi $w $model $multi -o out.raw "$combined"
     ;;
 torchrun)
     "$bin" launch -n 3 --write-topology "$tmp/topo" > /dev/null || fail "--write-topology"
@@ -88,18 +92,27 @@ kill)
     # seeded kill points; a worker's death is seen within the timeout (1500 ms here)
     seed=${SEQFLOW_TEST_SEED:-1}
     runs=${SEQFLOW_TEST_KILLS:-$kills}
-    head -c 30000 /dev/urandom > in.bin
-    "$bin" run $model -i in.bin -o ref.raw --streams 2 --span 900 "$plain" || fail "reference"
+    head -c 40000 /dev/urandom > in.bin
+    split -n 2 -d in.bin half
+    two="-i half00 -i half01"
+    "$bin" run $model $two -o ref.raw "$plain" || fail "reference"
     i=0
     while [ $i -lt "$runs" ]; do
         victim=$(awk -v s="$seed" -v i="$i" 'BEGIN { srand(s * 1000 + i); print int(rand() * 3) }')
-        delay=$(awk -v s="$seed" -v i="$i" 'BEGIN { srand(s * 1000 + i); rand(); printf "%.2f", 0.2 + rand() * 0.9 }')
+        delay=$(awk -v s="$seed" -v i="$i" 'BEGIN { srand(s * 1000 + i); rand(); printf "%.2f", rand() * 0.7 }')
         layout=$layer
         [ $((i % 2)) -eq 1 ] && layout=$combined
         rm -rf ck out.raw out.raw.partial*
-        "$bin" launch -n 3 --timeout-ms 1500 -- $model -i in.bin -o out.raw --streams 2 --span 900 \
+        "$bin" launch -n 3 --timeout-ms 1500 -- $model $two -o out.raw \
             --checkpoint ck --checkpoint-every 2 "$layout" 2> err.txt &
         lp=$!
+        # mid-stream: once the first checkpoint is written (the data crosses every rank), then
+        # the seeded delay
+        n=0
+        while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 500 ] && kill -0 $lp 2> /dev/null; do
+            sleep 0.02
+            n=$((n + 1))
+        done
         sleep "$delay"
         pid=$(rank_pid $lp "$victim")
         killed_at=$(now)
@@ -112,15 +125,16 @@ kill)
         else
             [ ! -e out.raw ] || fail "run $i: a failed job left out.raw"
             if [ "$victim" != 0 ]; then
+                [ -n "${SEQFLOW_TEST_VERBOSE:-}" ] && cat err.txt >&2
                 grep -q "rank $victim (host .*) stopped answering" err.txt || { cat err.txt >&2; fail "run $i: rank $victim not named"; }
                 awk -v a="$killed_at" -v b="$ended_at" -v s="$slack" 'BEGIN { exit !(b - a < 1.5 + s) }' ||
-                    fail "run $i: the driver took $(awk -v a="$killed_at" -v b="$ended_at" 'BEGIN { print b - a }') s"
+                    { cat err.txt >&2; fail "run $i: the driver took $(awk -v a="$killed_at" -v b="$ended_at" 'BEGIN { print b - a }') s"; }
             fi
-            "$bin" launch -n 3 -- $model -i in.bin -o out.raw --streams 2 --span 900 \
+            "$bin" launch -n 3 -- $model $two -o out.raw \
                 --checkpoint ck --checkpoint-every 2 --resume "$layout" 2> err2.txt || { cat err2.txt >&2; fail "run $i: resume"; }
             cmp -s out.raw ref.raw || fail "run $i: resumed output differs (rank $victim killed after $delay s)"
         fi
-        echo "ok: kill -9 of rank $victim after $delay s (exit $status), resumed"
+        echo "ok: kill -9 of rank $victim $delay s after the first checkpoint (exit $status), resumed"
         i=$((i + 1))
     done
     ;;

@@ -74,6 +74,39 @@ static void test_any_non_finite(sf_backend *be, const char *label)
         }
 }
 
+/* The two halves as the stages use them, around a download: several checks in flight at once
+ * (begun in one order, ended in another) each answer for their own rows, and ticket slots are
+ * given back (more checks than the backend has slots, in sequence). */
+static void test_checks_in_flight(sf_backend *be, const char *label)
+{
+    enum { K = 5, N = 4096 };
+    float *h = malloc(sizeof(float) * N * K), *back = malloc(sizeof(float) * N);
+    float *d = be->ops->alloc(be, sizeof(float) * N * K);
+    CHECK(h && back && d);
+    if (!h || !back || !d) goto done;
+    for (int i = 0; i < N * K; i++) h[i] = (float)(i % 11) - 5.0f;
+    const uint32_t nan_bits = 0x7fc00000u;
+    memcpy(&h[1 * N + 17], &nan_bits, 4); /* rows 1 and 3 hold a NaN */
+    memcpy(&h[3 * N + N - 1], &nan_bits, 4);
+    CHECK_OK(be->ops->upload(be, d, h, sizeof(float) * N * K));
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
+    for (int round = 0; round < 40; round++) { /* 200 checks: more than the slots */
+        sf_rows_check chk[K];
+        for (int k = 0; k < K; k++) CHECK_OK(sf_be_check_rows_begin(be, d + k * N, SF_DTYPE_F32, N, &chk[k]));
+        CHECK_OK(be->ops->download(be, back, d + 4 * N, sizeof(float) * N));
+        for (int k = K - 1; k >= 0; k--) {
+            int found = -1;
+            CHECK_OK(sf_be_check_rows_end(be, &chk[k], &found));
+            CHECKF(found == (k == 1 || k == 3), "%s checks in flight, round %d, rows %d: found %d", label, round, k,
+                   found);
+        }
+    }
+done:
+    if (d) be->ops->free(be, d);
+    free(h);
+    free(back);
+}
+
 int main(void)
 {
     if (!check_have_gpu()) return check_skip("no GPU");
@@ -83,6 +116,7 @@ int main(void)
         CHECK_OK(sf_backend_create_ex("cuda", 0, precisions[p], &be));
         if (!be) continue;
         test_any_non_finite(be, p ? "bf16" : "f32");
+        test_checks_in_flight(be, p ? "bf16" : "f32");
         sf_backend_free(be);
     }
     return check_finish("test_cuda_any_non_finite");

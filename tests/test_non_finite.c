@@ -78,8 +78,8 @@ static int run(const sf_model *m, const char *pipeline, int bad, char *msg, size
     return run_on(m, "cpu", pipeline, bad, msg, msg_size, nan_out);
 }
 
-/* On a GPU: by default (HOST) a GPU run's rows are not scanned, so the NaN reaches the output;
- * with checks ON they are scanned on the device where they are brought to the host (the final
+/* On a GPU: with checks HOST a GPU run's rows are not scanned, so the NaN reaches the output;
+ * with checks ON (the default) they are scanned on the device where they are brought to the host (the final
  * norm, in float32 and bf16, the graph's own download for a pull), and a hit names the stream
  * and a position at or before the bad token's (masked keys on the GPU may carry a NaN up to one
  * key tile back); a clean input passes; OFF scans nothing. */
@@ -92,6 +92,7 @@ static void check_gpu(const sf_model *m)
                                "segment ! embed ! block ! norm dtype=bf16",
                                "segment ! embed ! block ! norm ! sink format=null"};
     const int n_pipelines = (int)(sizeof pipelines / sizeof *pipelines);
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_HOST));
     for (int i = 0; i < n_pipelines; i++) {
         int rc = run_on(m, "cuda", pipelines[i], 1, msg, sizeof msg, &nan_out);
         CHECKF(rc == SF_OK && (nan_out || i == 3), "cuda, HOST, %s: rc %d, NaN out %d: %s", pipelines[i], rc, nan_out, msg);
@@ -106,7 +107,7 @@ static void check_gpu(const sf_model *m)
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_OFF));
     int rc = run_on(m, "cuda", "segment ! embed ! block ! norm", 1, msg, sizeof msg, &nan_out);
     CHECKF(rc == SF_OK && nan_out, "cuda, OFF: rc %d, NaN in output %d: %s", rc, nan_out, msg);
-    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_HOST));
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
 }
 
 int main(void)
@@ -132,11 +133,11 @@ int main(void)
     /* with the check off it reaches the output */
     rc = run(m, "segment ! embed ! block check_finite=0 ! norm", 1, msg, sizeof msg, &nan_out);
     CHECKF(rc == SF_OK && nan_out, "check_finite=0: rc %d, NaN in output %d: %s", rc, nan_out, msg);
-    /* the modes: HOST by default; an unknown one is refused and changes nothing */
-    CHECK(sf_check_finite() == SF_CHECK_FINITE_HOST);
-    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
-    CHECK(sf_set_check_finite((sf_check_finite_mode)7) == SF_E_INVAL && sf_check_finite() == SF_CHECK_FINITE_ON);
+    /* the modes: ON by default; an unknown one is refused and changes nothing */
+    CHECK(sf_check_finite() == SF_CHECK_FINITE_ON);
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_HOST));
+    CHECK(sf_set_check_finite((sf_check_finite_mode)7) == SF_E_INVAL && sf_check_finite() == SF_CHECK_FINITE_HOST);
+    CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
     /* the token absent: nothing happens */
     CHECK_OK(run(m, "segment ! embed ! block ! norm", 0, msg, sizeof msg, &nan_out));
     if (check_have_gpu()) check_gpu(m);

@@ -36,7 +36,7 @@ static const char full[] =
     "  {'name': 'us', 'nodes': [\n"
     "    {'name': 'us-1', 'host': '10.1.0.1', 'ranks': [\n"
     "      {'id': 4, 'endpoint': 'tcp://[fd00::5]:7001', 'public_key': '" K0 "'},\n"
-    "      {'id': 3, 'endpoint': 'tcp://10.1.0.1:7001', 'public_key': '" K1 "'}]}]}],\n"
+    "      {'id': 3, 'endpoint': 'tcp://10.1.0.1:7001', 'bind': 'tcp://0.0.0.0:7101', 'public_key': '" K1 "'}]}]}],\n"
     " 'links': {\n"
     "  'default': {'window_packets': 16},\n"
     "  'same_node': {'codec': 'raw'},\n"
@@ -72,6 +72,9 @@ static void check_full(void)
     CHECK(sf_topology_rank_get(t, 5) == NULL && sf_topology_rank_get(t, -1) == NULL);
     CHECK(sf_topology_rank_by_endpoint(t, "ipc:///tmp/sf-2") == sf_topology_rank_get(t, 2));
     CHECK(sf_topology_rank_by_endpoint(t, "tcp://nowhere:1") == NULL);
+    /* bind: its own where given, else the endpoint */
+    CHECK(strcmp(sf_topology_rank_get(t, 3)->bind, "tcp://0.0.0.0:7101") == 0);
+    CHECK(strcmp(sf_topology_rank_get(t, 2)->bind, "ipc:///tmp/sf-2") == 0);
 
     const sf_topology_rank *peers[4];
     CHECK(sf_topology_peers(t, 2, peers, 4) == 4);
@@ -88,7 +91,8 @@ static void check_full(void)
     sf_topology_link l;
     /* same node: built-in defaults + default level */
     CHECK_OK(sf_topology_link_options(t, 1, 0, &l));
-    CHECK(l.codec == SF_CODEC_RAW && l.quant == SF_QUANT_F32 && l.window_packets == 16 && l.window_bytes == (size_t)256 << 20);
+    CHECK(l.codec == SF_CODEC_RAW && l.quant == SF_QUANT_F32 && l.group == 0 && l.error_feedback == 1 && l.window_packets == 16 &&
+          l.window_bytes == (size_t)256 << 20);
     /* eu-1 <-> eu-2: the node pair override */
     CHECK_OK(sf_topology_link_options(t, 2, 0, &l));
     CHECK(l.codec == SF_CODEC_RAW && l.quant == SF_QUANT_BF16 && l.window_packets == 16);
@@ -182,7 +186,7 @@ static void check_refusals(void)
     CHECK(refused("'security': 'none',", TWO_RANKS, "$.security: expected \"curve\" or \"plaintext\""));
     /* typos are refused, not ignored */
     CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpont': 'tcp://h:1'}]}]}]",
-                  "$.datacenters[0].nodes[0].ranks[0].endpont: unknown field (expected one of: id, endpoint, public_key, devices, host)"));
+                  "$.datacenters[0].nodes[0].ranks[0].endpont: unknown field (expected one of: id, endpoint, bind, public_key, devices, host)"));
     CHECK(refused("'heartbeat': 5,", TWO_RANKS, "$.heartbeat: unknown field"));
     CHECK(refused("'timeout_ms': 1, 'timeout_ms': 2,", TWO_RANKS, "$.timeout_ms: given twice"));
     CHECK(refused("'links': {'acros_datacenters': {}},", TWO_RANKS, "$.links.acros_datacenters: unknown field"));

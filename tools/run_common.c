@@ -129,6 +129,31 @@ static int parse_state_quant(const char *s, run_args *a)
     return 1;
 }
 
+/* -i may repeat: each input is a stream of its own (the source's path=a,b,...), so a name
+ * holding ',' cannot be one of them. */
+static int add_input(run_args *a, const char *path)
+{
+    if (!*path || strchr(path, ',')) {
+        fprintf(stderr, "seqflow: --input '%s': %s\n", path, *path ? "a name with ',' cannot be an input" : "empty name");
+        return 0;
+    }
+    if (!a->input) {
+        a->input = path;
+        return 1;
+    }
+    static char *joined; /* lives as long as the run's arguments */
+    const size_t len = strlen(a->input) + strlen(path) + 2;
+    char *more = malloc(len);
+    if (!more) {
+        fprintf(stderr, "seqflow: out of memory\n");
+        return 0;
+    }
+    snprintf(more, len, "%s,%s", a->input, path);
+    free(joined);
+    a->input = joined = more;
+    return 1;
+}
+
 /* Returns 0 to go on, or the exit status. */
 static int parse_args(int argc, char **argv, run_args *a)
 {
@@ -136,7 +161,7 @@ static int parse_args(int argc, char **argv, run_args *a)
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
            O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE,
-           O_BACKEND_SETTINGS, O_CHECK_FINITE, O_STREAMS, O_SPAN };
+           O_BACKEND_SETTINGS, O_CHECK_FINITE };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -165,15 +190,15 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"checkpoint-codec", required_argument, 0, O_CHECKPOINT_CODEC},
         {"backend-settings", required_argument, 0, O_BACKEND_SETTINGS},
         {"check-finite", required_argument, 0, O_CHECK_FINITE},
-        {"streams", required_argument, 0, O_STREAMS},
-        {"span", required_argument, 0, O_SPAN},
         {0, 0, 0, 0}};
     long long v;
     int c;
     while ((c = getopt_long(argc, argv, "m:i:f:o:d:t:qh", long_options, NULL)) != -1) {
         switch (c) {
         case 'm': a->model_path = optarg; break;
-        case 'i': a->input = optarg; break;
+        case 'i':
+            if (!add_input(a, optarg)) return 2;
+            break;
         case 'f': a->format = optarg; break;
         case 'o': a->out = optarg; break;
         case O_SINK_FORMAT: a->sink_format = optarg; break;
@@ -226,12 +251,10 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_FINAL_NORM: if (!parse_int_arg("--final-norm", optarg, 0, 1, &v)) return 2; a->cfg.final_norm = (int)v; a->overrides |= OV_FINAL_NORM; break;
         case O_SEED: if (!parse_int_arg("--seed", optarg, 0, INT64_MAX, &v)) return 2; a->seed = (uint64_t)v; break;
         case O_CHECK_FINITE:
-            if (strcmp(optarg, "auto") == 0) v = SF_CHECK_FINITE_HOST;
+            if (strcmp(optarg, "auto") == 0) v = SF_CHECK_FINITE_ON;
             else if (!parse_int_arg("--check-finite", optarg, 0, 1, &v)) return 2;
             sf_set_check_finite((sf_check_finite_mode)v);
             break;
-        case O_STREAMS: if (!parse_int_arg("--streams", optarg, 1, 1 << 20, &v)) return 2; a->streams = v; break;
-        case O_SPAN: if (!parse_int_arg("--span", optarg, 1, 1LL << 40, &v)) return 2; a->span = v; break;
         case O_CHECKPOINT: a->checkpoint_dir = optarg; break;
         case O_CHECKPOINT_EVERY: if (!parse_int_arg("--checkpoint-every", optarg, 1, 1LL << 40, &v)) return 2; a->checkpoint_every = v; break;
         case O_RESUME: a->resume = 1; break;
@@ -306,10 +329,9 @@ static int check_output(const char *out)
     return 0;
 }
 
-/* A checkpointed run is resumed by seeking its input: a FIFO, a pipe or a terminal cannot be. */
-static int check_resumable_input(const char *input)
+static int check_resumable_one(const char *input)
 {
-    if (!input || strcmp(input, "@builtin") == 0) return 0;
+    if (strcmp(input, "@builtin") == 0) return 0;
     struct stat sb;
     int is_stdin = strcmp(input, "-") == 0;
     if ((is_stdin ? fstat(STDIN_FILENO, &sb) : stat(input, &sb)) != 0) return 0; /* reported when opened */
@@ -317,6 +339,20 @@ static int check_resumable_input(const char *input)
     fprintf(stderr, "seqflow: --checkpoint needs an input it can seek on resume; %s is a %s: give the input as a file\n",
             is_stdin ? "standard input" : input, S_ISFIFO(sb.st_mode) ? "pipe or FIFO" : S_ISSOCK(sb.st_mode) ? "socket" : "terminal or device");
     return 2;
+}
+
+/* A checkpointed run is resumed by seeking its inputs (one, or several separated by ','): a FIFO,
+ * a pipe or a terminal cannot be. */
+static int check_resumable_input(const char *inputs)
+{
+    if (!inputs) return 0;
+    char *list = strdup(inputs);
+    if (!list) return 0; /* reported when opened */
+    int status = 0;
+    for (char *save = NULL, *one = strtok_r(list, ",", &save); one && !status; one = strtok_r(NULL, ",", &save))
+        status = check_resumable_one(one);
+    free(list);
+    return status;
 }
 
 /* Errors in what the user asked for (a pipeline, a stage option) are usage errors, the rest
@@ -493,6 +529,18 @@ static int checkpoint_segment_length(const sf_graph *g, const sf_model_config *c
     return SF_OK;
 }
 
+/* The segment length of the user's pipeline text (its segment stage's, else the model's). */
+static long long pipeline_segment_length(const char *body, const sf_model_config *cfg)
+{
+    long long length = cfg->segment;
+    sf_graph *g = NULL;
+    if (sf_graph_create(NULL, NULL, &g) == SF_OK && sf_graph_parse(g, body) == SF_OK &&
+        checkpoint_segment_length(g, cfg, &length) != SF_OK)
+        length = cfg->segment; /* several lengths: reported by --checkpoint, if given */
+    sf_graph_free(g);
+    return length;
+}
+
 /* Parses the user's pipeline on its own, before the model is loaded and before the CLI adds
  * its source and sink, so that a bad pipeline is a usage error whose positions count the
  * user's stages; its own source and sink get the checks of --input and --out. Returns 0 or 2. */
@@ -573,18 +621,16 @@ static int compose(run_ctx *c)
         strcpy(pipeline, "source");
         append_option(pipeline, size, "path", a->input ? a->input : "@builtin");
         append_option(pipeline, size, "format", a->format ? a->format : "bytes");
-        char number[32];
-        if (a->streams > 1) {
-            snprintf(number, sizeof number, "%lld", a->streams);
-            append_option(pipeline, size, "streams", number);
-        }
-        if (a->span) {
-            snprintf(number, sizeof number, "%lld", a->span);
-            append_option(pipeline, size, "span", number);
+        if (a->input && strchr(a->input, ',')) {
+            /* several inputs take turns of one segment each: the segments then leave in the same
+             * order whatever the chunk size and the checkpoint interval */
+            char turn[32];
+            snprintf(turn, sizeof turn, "%lld", pipeline_segment_length(body, sf_model_get_config(c->model)));
+            append_option(pipeline, size, "turn", turn);
         }
         strcat(pipeline, " ! ");
-    } else if (a->input || a->format || a->streams || a->span) {
-        fprintf(stderr, "seqflow: the pipeline has its own source; drop --input/--format/--streams/--span\n");
+    } else if (a->input || a->format) {
+        fprintf(stderr, "seqflow: the pipeline has its own source; drop --input/--format\n");
         return 2;
     }
     if (!append_body(pipeline, size, body, a)) return 2;

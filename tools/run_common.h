@@ -26,8 +26,6 @@ typedef struct run_args {
     sf_precision precision;      /* --precision, AUTO when not given */
     const char *backend_settings; /* --backend-settings KEY=V[,KEY=V], NULL = the defaults */
     uint64_t seed;
-    long long streams;           /* --streams: the input dealt to this many streams (source streams=) */
-    long long span;              /* --span: tokens a stream takes in turn, 0 = the source's default */
     sf_model_config cfg;         /* defaults, then the user's overrides */
     unsigned overrides;          /* which fields of cfg the user set */
 } run_args;

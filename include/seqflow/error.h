@@ -32,8 +32,7 @@ typedef enum sf_status {
     SF_E_FRAME_TOO_LARGE = -19, /* a frame claims more bytes than the caller allows */
     SF_E_BUDGET = -20,      /* a state store cannot stay within its byte budget */
     SF_E_NONFINITE = -21,   /* a computed value is NaN or infinite (weights or input overflow float32) */
-    SF_E_PEER = -22         /* another rank of a distributed run is unreachable, refused the
-                               job or stopped answering (the message names rank and host) */
+    SF_E_PEER = -22         /* a network peer is dead, silent, unreachable, refused us or broke the protocol */
 } sf_status;
 
 /* Static description of a status code; never NULL, never to be freed. */

@@ -618,7 +618,8 @@ static const sf_backend_ext cuda_ext = {
     .side_end = cuda_side_end,
     .side_join = cuda_side_join,
     .side_join_before_product = cuda_side_join_before_product,
-    .any_non_finite = sf_cuda_any_non_finite,
+    .non_finite_begin = sf_cuda_non_finite_begin,
+    .non_finite_end = sf_cuda_non_finite_end,
     .device_rows = cuda_device_rows,
 };
 

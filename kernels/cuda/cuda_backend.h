@@ -120,11 +120,11 @@ typedef struct sf_cuda_stream {
 
 typedef struct sf_cuda {
     int device;
-    /* any_non_finite's answers: mapped page-locked ints the kernel writes from the device, one
-     * per call in turn (a call waits for its own before returning, so 64 never wrap onto one
-     * that is still in use) */
+    /* the non-finite scans' answers: mapped page-locked ints the kernel writes from the device,
+     * one per scan between its begin and its end */
     int *finite_flags, *finite_flags_dev;
     cudaEvent_t finite_done[SF_CUDA_FINITE_FLAGS]; /* recorded behind each call's kernel */
+    unsigned char finite_busy[SF_CUDA_FINITE_FLAGS]; /* begun, not yet ended (under the lock) */
     unsigned finite_next;
     sf_cuda_device_info info; /* compute capability, asked once at init: the kernels are picked by it */
     sf_precision precision;
@@ -256,8 +256,10 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
                 const float *w3, const float *w2, float *u, float *h1, float *h3);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
-/* The any_non_finite op (elementwise.cu): a kernel over x on the thread's stream, then a wait. */
-int sf_cuda_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found);
+/* The non-finite scan (elementwise.cu): begin issues a kernel over x on the thread's stream and
+ * an event behind it; end waits for that event and reads the flag. */
+int sf_cuda_non_finite_begin(sf_backend *be, const void *x, sf_dtype type, size_t count, int *ticket);
+int sf_cuda_non_finite_end(sf_backend *be, int ticket, int *found);
 int sf_cuda_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                           sf_dtype otype, void *y);
 int sf_cuda_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const float *table, float *y);

@@ -455,34 +455,59 @@ __global__ static void any_non_finite_kernel(const uint32_t *w, size_t n, int bf
     if (__syncthreads_or(bad) && threadIdx.x == 0) *(volatile int *)flag = 1;
 }
 
-int sf_cuda_any_non_finite(sf_backend *be, const void *x, sf_dtype type, size_t count, int *found)
+int sf_cuda_non_finite_begin(sf_backend *be, const void *x, sf_dtype type, size_t count, int *ticket)
 {
-    *found = 0;
-    if (!count) return SF_OK;
     if (type != SF_DTYPE_F32 && type != SF_DTYPE_BF16)
         return sf_error(SF_E_INVAL, "cuda any_non_finite: unknown element type %d", (int)type);
     if (((uintptr_t)x & 3) != 0) return sf_error(SF_E_INVAL, "cuda any_non_finite: rows not 4-byte aligned");
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    const unsigned slot = c->finite_next++ % SF_CUDA_FINITE_FLAGS;
-    volatile int *host = c->finite_flags + slot;
-    *host = 0;
-    const int bf16 = type == SF_DTYPE_BF16;
-    const size_t words = bf16 ? (count + 1) / 2 : count;
-    /* little-endian: an odd bf16 count's last element is the low half of the last word */
-    const uint32_t last_mask = bf16 && (count & 1) ? 0x0000ffffu : 0xffffffffu;
-    const size_t want = (words + 4 * ROW_THREADS - 1) / (4 * ROW_THREADS);
-    const unsigned blocks = (unsigned)(want < 1024 ? (want ? want : 1) : 1024);
-    any_non_finite_kernel<<<blocks, ROW_THREADS, 0, c->stream>>>((const uint32_t *)x, words, bf16, last_mask,
-                                                                  c->finite_flags_dev + slot);
-    rc = sf_cuda_status(cudaGetLastError(), "any_non_finite");
+    /* a slot whose previous scan was never ended is not reused: at most SF_CUDA_FINITE_FLAGS
+     * scans are in flight (one per stage thread between its begin and end, in practice) */
+    int slot = -1;
+    for (unsigned k = 0; k < SF_CUDA_FINITE_FLAGS && slot < 0; k++) {
+        const unsigned s = (c->finite_next + k) % SF_CUDA_FINITE_FLAGS;
+        if (!c->finite_busy[s]) slot = (int)s;
+    }
+    if (slot < 0) {
+        sf_cuda_leave(c);
+        return sf_error(SF_E_INVAL, "cuda any_non_finite: more than %d scans in flight", SF_CUDA_FINITE_FLAGS);
+    }
+    c->finite_next = (unsigned)slot + 1;
+    c->finite_busy[slot] = 1;
+    c->finite_flags[slot] = 0;
+    if (count) {
+        const int bf16 = type == SF_DTYPE_BF16;
+        const size_t words = bf16 ? (count + 1) / 2 : count;
+        /* little-endian: an odd bf16 count's last element is the low half of the last word */
+        const uint32_t last_mask = bf16 && (count & 1) ? 0x0000ffffu : 0xffffffffu;
+        const size_t want = (words + 4 * ROW_THREADS - 1) / (4 * ROW_THREADS);
+        const unsigned blocks = (unsigned)(want < 1024 ? (want ? want : 1) : 1024);
+        any_non_finite_kernel<<<blocks, ROW_THREADS, 0, c->stream>>>((const uint32_t *)x, words, bf16, last_mask,
+                                                                      c->finite_flags_dev + slot);
+        rc = sf_cuda_status(cudaGetLastError(), "any_non_finite");
+    }
     /* an event right behind the kernel: the stream may be shared with other stage threads, whose
-     * later work (the next segment's layers) this call must not wait for */
+     * later work (the next segment's layers) the end must not wait for */
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(c->finite_done[slot], c->stream), "any_non_finite (order)");
+    if (rc != SF_OK) c->finite_busy[slot] = 0;
     sf_cuda_leave(c);
-    /* waiting outside the lock lets other stage threads keep issuing work meanwhile */
-    if (rc == SF_OK) rc = sf_cuda_status(cudaEventSynchronize(c->finite_done[slot]), "any_non_finite (synchronize)");
-    if (rc == SF_OK) *found = *host != 0;
+    *ticket = slot;
+    return rc;
+}
+
+int sf_cuda_non_finite_end(sf_backend *be, int ticket, int *found)
+{
+    *found = 0;
+    sf_cuda *c = sf_cuda_of(be);
+    if (ticket < 0 || ticket >= SF_CUDA_FINITE_FLAGS) return sf_error(SF_E_INVAL, "cuda any_non_finite: bad ticket");
+    /* waiting outside the lock lets other stage threads keep issuing work meanwhile; after the
+     * download of the same rows this returns at once */
+    int rc = sf_cuda_status(cudaEventSynchronize(c->finite_done[ticket]), "any_non_finite (synchronize)");
+    if (rc == SF_OK) *found = ((volatile int *)c->finite_flags)[ticket] != 0;
+    pthread_mutex_lock(&c->lock);
+    c->finite_busy[ticket] = 0;
+    pthread_mutex_unlock(&c->lock);
     return rc;
 }

@@ -4,7 +4,7 @@
  * with one option of every type (ranged numbers, a choice) is registered, since no built-in
  * takes floats. A pipeline that parses must have one stage per unquoted '!' plus one, and every
  * option value it accepted must read back through the typed reader within the row's range or
- * choices. */
+ * choices, and every placement (`@R1,R2`) must hold distinct ranks in 0..SF_GRAPH_MAX_RANK. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -127,7 +127,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(rc == SF_OK || rc == SF_E_PARSE || rc == SF_E_STAGE || rc == SF_E_OPTION);
     if (rc == SF_OK) {
         FUZZ_CHECK(sf_graph_size(g) == expected_stages(text));
-        for (int i = 0; i < sf_graph_size(g); i++) check_options(sf_graph_stage(g, i));
+        for (int i = 0; i < sf_graph_size(g); i++) {
+            check_options(sf_graph_stage(g, i));
+            const int *ranks;
+            int n = sf_stage_placement(sf_graph_stage(g, i), &ranks);
+            for (int a = 0; a < n; a++) {
+                FUZZ_CHECK(ranks[a] >= 0 && ranks[a] <= SF_GRAPH_MAX_RANK);
+                for (int b = 0; b < a; b++) FUZZ_CHECK(ranks[a] != ranks[b]);
+            }
+        }
     } else {
         FUZZ_CHECK(sf_last_error()[0] != '\0');
     }
