@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pipeline/net_internal.h"
 #include "seqflow/error.h"
@@ -233,6 +234,7 @@ int net_link_flush(sf_net *n, int peer)
             int rc = net_send(n, p, &e, NULL);
             if (rc == 1) return 1;
             l->ack_dirty = 0, l->nack = 0;
+            pthread_cond_broadcast(&l->cond); /* a destroy may wait for this acknowledgement */
             continue;
         }
         while (l->granted && l->next_send <= l->pushed) {
@@ -398,6 +400,17 @@ static void net_destroy(sf_link *base)
     pthread_mutex_lock(&n->lock);
     if (l->dir == SF_NET_SEND && l->closed)
         while (!l->error && l->acked < l->pushed) pthread_cond_wait(&l->cond, &n->lock);
+    /* a drained receiving half lets its last acknowledgement out first: the sender's destroy
+     * waits for it (bounded by the linger time: a peer gone meanwhile has no use for it) */
+    for (int64_t until = net_now_ms() + n->o.linger_ms;
+         l->dir == SF_NET_RECV && l->closed && l->ack_dirty && !l->error && net_now_ms() < until;) {
+        net_wake(n);
+        struct timespec at;
+        clock_gettime(CLOCK_REALTIME, &at);
+        at.tv_nsec += 10 * 1000 * 1000;
+        if (at.tv_nsec >= 1000000000) at.tv_sec++, at.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&l->cond, &n->lock, &at);
+    }
     const int finished = l->dir == SF_NET_SEND ? l->closed : (l->closed && l->inbox_count == 0);
     if (!finished && !l->error)
         net_link_fail(l, SF_E_CLOSED, 1, "link %s rank %d, channel %u: destroyed before its end", dir_name(l->dir),
