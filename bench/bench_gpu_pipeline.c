@@ -7,7 +7,7 @@
  *   bench_gpu_pipeline --make-model PATH --preset reference|attention|small [--seed S]
  *   bench_gpu_pipeline --make-tokens PATH --count N [--vocab V] [--seed S]
  *   bench_gpu_pipeline --model PATH --tokens PATH [--device cuda|cpu] [--warmup-segments W]
- *                      [--out H.npy] [--gemm-tflops R]
+ *                      [--out H.npy] [--compare-to REF.npy] [--gemm-tflops R]
  *   bench_gpu_pipeline --model PATH --memory-run TOKENS [--memory-at X] [--memory-seconds S]
  *
  * Useful FLOPs count what the SPEC model must compute: attention pairs with causal masking
@@ -171,6 +171,32 @@ static void write_npy(const char *path, const float *x, size_t rows, size_t cols
     }
 }
 
+/* Relative L2 error of x ([count] floats) against the float32 .npy at path (written by
+ * write_npy, of the same element count); negative when the file does not match. */
+static double rel_err_to_npy(const char *path, const float *x, size_t count)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char head[10];
+    if (!f || fread(head, 1, 10, f) != 10 || memcmp(head, "\x93NUMPY", 6) != 0) {
+        if (f) fclose(f);
+        return -1;
+    }
+    fseek(f, 10 + (long)(head[8] | head[9] << 8), SEEK_SET);
+    double num = 0, den = 0;
+    float buf[4096];
+    size_t done = 0, got;
+    while (done < count && (got = fread(buf, sizeof *buf, count - done < 4096 ? count - done : 4096, f)) > 0) {
+        for (size_t i = 0; i < got; i++) {
+            const double d = (double)x[done + i] - buf[i];
+            num += d * d, den += (double)buf[i] * buf[i];
+        }
+        done += got;
+    }
+    fclose(f);
+    if (done != count || den <= 0) return -1;
+    return sqrt(num / den);
+}
+
 /* ---- useful work --------------------------------------------------------------------- */
 
 /* Global tokens present when segment s starts: S per completed segment, at most G. */
@@ -210,9 +236,12 @@ static sf_precision precision = SF_PRECISION_AUTO; /* --precision */
 
 static int block_batch = 1; /* --batch: block batch= */
 
+static const char *backend_settings = NULL; /* --settings: the backend's key=value,... */
+
 static sf_graph *open_graph(const sf_model *m, const char *device)
 {
-    sf_graph_options o = {.device = device, .queue_depth = 4, .precision = precision};
+    sf_graph_options o = {.device = device, .queue_depth = 4, .precision = precision,
+                          .backend_settings = backend_settings};
     sf_graph *g;
     char pipeline[96];
     snprintf(pipeline, sizeof pipeline, "segment ! embed ! block batch=%d ! norm", block_batch);
@@ -234,7 +263,7 @@ static size_t drain(sf_graph *g, float *out, size_t width)
 }
 
 static void run_tokens(const sf_model *m, const char *device, const char *tokens_path, int warmup,
-                       const char *out_path, double gemm_tflops)
+                       const char *out_path, const char *ref_path, double gemm_tflops)
 {
     const sf_model_config *c = sf_model_get_config(m);
     size_t count;
@@ -245,7 +274,7 @@ static void run_tokens(const sf_model *m, const char *device, const char *tokens
         exit(1);
     }
     if ((size_t)warmup >= n_seg) warmup = (int)n_seg - 1;
-    float *out = out_path ? malloc(count * (size_t)c->dim * sizeof *out) : NULL;
+    float *out = out_path || ref_path ? malloc(count * (size_t)c->dim * sizeof *out) : NULL;
     if (out_path && !out) die("no memory for the output");
     /* Fault the pages in now: first-touch faults of a fresh buffer (32 MiB a segment on the
      * reference model) would otherwise be timed as pipeline work. */
@@ -284,7 +313,10 @@ static void run_tokens(const sf_model *m, const char *device, const char *tokens
     const double timed = (double)(count - pulled0), seconds = t1 - t0;
     const double per_token_steady = segment_useful_flops(c, (int)N, globals_at(c, 1u << 30)) / N;
     printf("seqflow %s (%s): %zu tokens (%zu segments, %d warm-up), %.0f tokens/s steady\n", device,
-           precision == SF_PRECISION_F32 ? "f32" : precision == SF_PRECISION_BF16 ? "bf16" : "default precision", count,
+           precision == SF_PRECISION_F32    ? "f32"
+           : precision == SF_PRECISION_BF16 ? "bf16"
+           : precision == SF_PRECISION_FP8  ? "fp8"
+                                            : "default precision", count,
            n_seg, warmup,
            timed / seconds);
     printf("useful work: %.2f MFLOP/token with a full global FIFO; %.1f TFLOP/s achieved over the timed segments",
@@ -304,6 +336,14 @@ static void run_tokens(const sf_model *m, const char *device, const char *tokens
            timed / seconds, flops / seconds / 1e12, per_token_steady / 1e6,
            segment_attention_flops(c, (int)N, globals_at(c, 1u << 30)) / N / 1e6, mem_end.peak / 1048576);
     sf_graph_free(g);
+    if (ref_path) {
+        const double err = rel_err_to_npy(ref_path, out, count * (size_t)c->dim);
+        if (err < 0) {
+            fprintf(stderr, "bench_gpu_pipeline: %s is not a float32 .npy of %zu x %d\n", ref_path, count, c->dim);
+            exit(1);
+        }
+        printf("relative error (L2) of the output against %s: %.5f\nRESULT rel_err=%.6f\n", ref_path, err, err);
+    }
     if (out_path) write_npy(out_path, out, count, (size_t)c->dim);
     free(out);
     free(tokens);
@@ -403,10 +443,10 @@ static void usage(void)
             "usage: bench_gpu_pipeline --make-model PATH --preset reference|attention|small [--seed S]\n"
             "                          [--causal 0|1] [--memory none|linear|delta] [--segment N --branches W:R,...]\n"
             "       bench_gpu_pipeline --make-tokens PATH --count N [--vocab V] [--seed S]\n"
-            "       bench_gpu_pipeline --model PATH --tokens PATH [--device cuda|cpu] [--precision bf16|f32]\n"
-            "                          [--warmup-segments W] [--batch B (block batch=)]\n"
+            "       bench_gpu_pipeline --model PATH --tokens PATH [--device cuda|cpu] [--precision bf16|fp8|f32]\n"
+            "                          [--warmup-segments W] [--batch B (block batch=)] [--settings K=V,...]\n"
             "                          [--streams S (S streams of whole segments, round-robin; no --out)]\n"
-            "                          [--out H.npy] [--gemm-tflops R]\n"
+            "                          [--out H.npy] [--compare-to REF.npy] [--gemm-tflops R]\n"
             "       bench_gpu_pipeline --model PATH --memory-run TOKENS [--memory-at X] [--memory-seconds S]\n");
     exit(2);
 }
@@ -414,7 +454,7 @@ static void usage(void)
 int main(int argc, char **argv)
 {
     const char *make_model_path = NULL, *preset = "reference", *make_tokens_path = NULL, *model_path = NULL;
-    const char *tokens_path = NULL, *device = "cuda", *out_path = NULL, *memory = NULL;
+    const char *tokens_path = NULL, *device = "cuda", *out_path = NULL, *memory = NULL, *ref_path = NULL;
     int causal = -1, segment = 0, streams = 0;
     const char *branches = NULL;
     unsigned long long seed = 1;
@@ -436,6 +476,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--precision") == 0) {
             if (strcmp(v, "bf16") == 0) precision = SF_PRECISION_BF16;
             else if (strcmp(v, "f32") == 0) precision = SF_PRECISION_F32;
+            else if (strcmp(v, "fp8") == 0) precision = SF_PRECISION_FP8;
             else usage();
         }
         else if (strcmp(a, "--make-tokens") == 0) make_tokens_path = v;
@@ -447,6 +488,8 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--device") == 0) device = v;
         else if (strcmp(a, "--warmup-segments") == 0) warmup = atoi(v);
         else if (strcmp(a, "--out") == 0) out_path = v;
+        else if (strcmp(a, "--compare-to") == 0) ref_path = v;
+        else if (strcmp(a, "--settings") == 0) backend_settings = v;
         else if (strcmp(a, "--gemm-tflops") == 0) gemm = atof(v);
         else if (strcmp(a, "--memory-run") == 0) mem_total = strtoull(v, NULL, 10);
         else if (strcmp(a, "--memory-at") == 0) mem_at = strtoull(v, NULL, 10);
@@ -470,7 +513,7 @@ int main(int argc, char **argv)
         if (out_path) usage();
         run_streams(m, device, tokens_path, streams, warmup, gemm);
     } else if (tokens_path) {
-        run_tokens(m, device, tokens_path, warmup, out_path, gemm);
+        run_tokens(m, device, tokens_path, warmup, out_path, ref_path, gemm);
     }
     if (mem_total) memory_run(m, device, mem_total, mem_at, mem_seconds);
     sf_model_free(m);

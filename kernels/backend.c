@@ -1,15 +1,21 @@
 /* Backend selection by name: "cpu" always; "cuda" when the build has CUDA (creating it fails
- * with SF_E_BACKEND when no GPU is usable). Also the sf_be_* functions of kernels/backend_ext.h:
+ * with SF_E_BACKEND when no GPU is usable). The CUDA backend lives in a module,
+ * libseqflow-cuda.so.0, loaded here the first time a "cuda" backend is created, so that the
+ * library itself needs no CUDA library. Also the sf_be_* functions of kernels/backend_ext.h:
  * the one place where stages' fused steps are composed from core ops. */
+#ifdef SEQFLOW_HAVE_CUDA
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/backend_ext.h"
 #include "kernels/cpu/cpu_backend.h"
-#ifdef SEQFLOW_HAVE_CUDA
-#include "kernels/cuda/cuda_backend.h"
-#endif
 #include "seqflow/error.h"
 #include "seqflow/packet.h"
 
@@ -44,6 +50,66 @@ static int cpu_settings(const char *settings)
     return sf_error(SF_E_OPTION, "cpu backend has no setting '%.*s'", (int)len, settings);
 }
 
+#ifdef SEQFLOW_HAVE_CUDA
+/* kernels/cuda/cuda_backend.h: the module's one entry point */
+typedef int (*cuda_init_fn)(sf_backend *be, int device, const char *settings);
+
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static cuda_init_fn cuda_init;        /* NULL when the module could not be loaded */
+static char cuda_load_error[512];     /* why, for every later attempt too */
+
+/* Loads the module (never unloaded: backends keep pointers into it). Tries, in order: the
+ * folder of the library or program holding this code and of the running program (a build
+ * tree, or lib/ of an install), the install's libdir relative to each (bin/seqflow -> lib/),
+ * then the name alone (the loader's
+ * search: LD_LIBRARY_PATH, the cache, the system folders). The first dlopen error is kept: it
+ * names the missing CUDA library when the module is there but the CUDA runtime is not. */
+static void load_cuda_module(void)
+{
+    /* the folders: the object holding this code (dladdr: libseqflow.so, or the program, whose
+     * name may come without a folder) and the running program (/proc/self/exe) */
+    char dirs[2][4096] = {"", ""};
+    Dl_info info;
+    if (dladdr((void *)load_cuda_module, &info) && info.dli_fname && strchr(info.dli_fname, '/'))
+        snprintf(dirs[0], sizeof dirs[0], "%s", info.dli_fname);
+    ssize_t len = readlink("/proc/self/exe", dirs[1], sizeof dirs[1] - 1);
+    dirs[1][len > 0 ? len : 0] = 0;
+    char paths[5][4200];
+    int n = 0;
+    for (int d = 0; d < 2; d++) {
+        char *slash = strrchr(dirs[d], '/');
+        if (!slash) continue;
+        *slash = 0;
+        snprintf(paths[n++], sizeof paths[0], "%.4000s/%s", dirs[d], SEQFLOW_CUDA_MODULE);
+        snprintf(paths[n++], sizeof paths[0], "%.4000s/%s/%s", dirs[d], SEQFLOW_BIN_TO_LIB, SEQFLOW_CUDA_MODULE);
+    }
+    snprintf(paths[n++], sizeof paths[0], "%s", SEQFLOW_CUDA_MODULE);
+    for (int i = 0; i < n; i++) {
+        /* a path that is not there says nothing; the module found but not loadable does */
+        const int exists = !strchr(paths[i], '/') || access(paths[i], F_OK) == 0;
+        if (!exists) continue;
+        void *module = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
+        if (!module) {
+            const char *why = dlerror();
+            if (!*cuda_load_error) snprintf(cuda_load_error, sizeof cuda_load_error, "%.500s", why ? why : "dlopen failed");
+            continue;
+        }
+        cuda_init = (cuda_init_fn)(uintptr_t)dlsym(module, "sf_cuda_backend_init");
+        if (cuda_init) return;
+        snprintf(cuda_load_error, sizeof cuda_load_error, "%.400s has no sf_cuda_backend_init", paths[i]);
+    }
+}
+
+static int cuda_backend_init(sf_backend *be, int device, const char *settings)
+{
+    pthread_once(&cuda_once, load_cuda_module);
+    if (!cuda_init)
+        return sf_error(SF_E_BACKEND, "device 'cuda': the CUDA backend (%s) cannot be loaded: %s; use -d cpu",
+                        SEQFLOW_CUDA_MODULE, *cuda_load_error ? cuda_load_error : "not found");
+    return cuda_init(be, device, settings);
+}
+#endif
+
 int sf_backend_create_opts(const char *name, const sf_backend_options *opts, sf_backend **out)
 {
     if (!out) return sf_error(SF_E_INVAL, "sf_backend_create: out is NULL");
@@ -52,12 +118,13 @@ int sf_backend_create_opts(const char *name, const sf_backend_options *opts, sf_
     if (!opts) opts = &defaults;
     if (!name) name = "cpu";
     const sf_precision precision = opts->precision;
-    if (precision != SF_PRECISION_AUTO && precision != SF_PRECISION_F32 && precision != SF_PRECISION_BF16)
+    if (precision != SF_PRECISION_AUTO && precision != SF_PRECISION_F32 && precision != SF_PRECISION_BF16 &&
+        precision != SF_PRECISION_FP8)
         return sf_error(SF_E_INVAL, "sf_backend_create: unknown precision %d", (int)precision);
     int is_cuda = strcmp(name, "cuda") == 0;
 #ifndef SEQFLOW_HAVE_CUDA
     if (is_cuda)
-        return sf_error(SF_E_BACKEND, "device 'cuda': this build has no CUDA backend (nvcc was not found at build time)");
+        return sf_error(SF_E_BACKEND, "device 'cuda': this build has no CUDA backend (built without nvcc or with SEQFLOW_CUDA=OFF); use -d cpu");
 #endif
     if (!is_cuda && strcmp(name, "cpu") != 0) {
         char avail[64] = "";
@@ -71,6 +138,8 @@ int sf_backend_create_opts(const char *name, const sf_backend_options *opts, sf_
     }
     if (!is_cuda && precision == SF_PRECISION_BF16)
         return sf_error(SF_E_UNSUPPORTED, "precision bf16 needs a GPU device; the cpu backend computes in f32");
+    if (!is_cuda && precision == SF_PRECISION_FP8)
+        return sf_error(SF_E_UNSUPPORTED, "precision fp8 needs the cuda device; the cpu backend computes in f32");
     if (!is_cuda) {
         int rc = cpu_settings(opts->settings);
         if (rc != SF_OK) return rc;
@@ -82,7 +151,7 @@ int sf_backend_create_opts(const char *name, const sf_backend_options *opts, sf_
 #ifdef SEQFLOW_HAVE_CUDA
     if (is_cuda) {
         be->precision = precision == SF_PRECISION_AUTO ? SF_PRECISION_BF16 : precision;
-        rc = sf_cuda_backend_init(be, opts->device, opts->settings);
+        rc = cuda_backend_init(be, opts->device, opts->settings);
     } else
 #endif
     {
@@ -259,6 +328,12 @@ int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host)
     if (chk->state != 1) return SF_OK;
     chk->state = 0;
     return ext_of(be)->non_finite_end(be, chk->ticket, scan_host);
+}
+
+int sf_be_warmup(sf_backend *be)
+{
+    const sf_backend_ext *e = ext_of(be);
+    return e && e->warmup ? e->warmup(be) : 0;
 }
 
 int sf_be_device_rows(sf_backend *be)

@@ -92,6 +92,14 @@ typedef struct sf_backend_ext {
      * device_rows: whether rows stay in backend memory between stages (0: every stage boundary
      * goes through the host, for comparing the two paths). NULL: they stay. */
     int (*device_rows)(sf_backend *be);
+
+    /* ---- start-up ----
+     * warmup: called by a stage once its weights are prepared and its scratch reserved; the
+     * backend pays its own first-use costs now (loading its kernels' images) and answers 1 when
+     * the stage should also run one segment's work once before any stream (so that product
+     * plans, library kernels and buffers are ready before the first segment arrives), 0 when
+     * not (setting warmup=0), or a negative SF_E_* code. NULL: 0. */
+    int (*warmup)(sf_backend *be);
 } sf_backend_ext;
 
 /* ---- what stages call (kernels/backend.c) ------------------------------------------------ */
@@ -145,6 +153,9 @@ int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host);
 /* Whether stages keep rows in backend memory between them: never on the CPU (host memory is
  * backend memory there), else the backend's device_rows, else yes. */
 int sf_be_device_rows(sf_backend *be);
+/* The backend's warmup (see the slot), or 0: whether the stage should run a segment's work once
+ * at set-up; negative on failure. */
+int sf_be_warmup(sf_backend *be);
 /* upload_unordered, or upload. */
 int sf_be_upload_unordered(sf_backend *be, void *dst, const void *host_src, size_t bytes);
 /* The side queue, or nothing (ops then run in the order issued, which is what they would have

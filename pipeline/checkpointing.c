@@ -92,7 +92,10 @@ static int fingerprint(const sf_graph *g, sf_buffer *out)
     const char *device = g->backend ? g->backend->ops->name : g->opts.device ? g->opts.device : "cpu";
     sf_precision precision = g->backend ? g->backend->precision : g->opts.precision;
     snprintf(text, sizeof text, "backend %s precision=%s\n", device,
-             precision == SF_PRECISION_BF16 ? "bf16" : precision == SF_PRECISION_F32 ? "f32" : "auto");
+             precision == SF_PRECISION_BF16  ? "bf16"
+             : precision == SF_PRECISION_FP8 ? "fp8"
+             : precision == SF_PRECISION_F32 ? "f32"
+                                             : "auto");
     if (rc == SF_OK) rc = sf_buffer_append(out, text, strlen(text));
     for (int i = 0; i < g->n_stages && rc == SF_OK; i++) {
         const sf_stage *st = g->stages[i];

@@ -78,15 +78,23 @@ int net_env_parse(const uint8_t *buf, size_t len, net_env *e)
 
 /* ---- peers ---------------------------------------------------------------------------- */
 
-void net_queue_abort(sf_net *n, int peer, int type, uint32_t channel, int code, const char *text)
+static void queue_ctrl(sf_net *n, int peer, const net_env *e, const char *text)
 {
     net_ctrl *c = calloc(1, sizeof *c);
     if (!c) return; /* the peer then learns by its own timeout */
-    c->peer = peer, c->type = type, c->channel = channel, c->code = code;
+    c->peer = peer, c->e = *e;
     snprintf(c->text, sizeof c->text, "%s", text ? text : "");
     *n->ctrl_tail = c;
     n->ctrl_tail = &c->next;
 }
+
+void net_queue_abort(sf_net *n, int peer, int type, uint32_t channel, int code, const char *text)
+{
+    const net_env e = {type, 0, (uint32_t)n->o.rank, channel, 0, (uint64_t)(int64_t)code, 0, 0};
+    queue_ctrl(n, peer, &e, text);
+}
+
+void net_queue_ack(sf_net *n, int peer, const net_env *e) { queue_ctrl(n, peer, e, NULL); }
 
 void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
 {
@@ -98,35 +106,56 @@ void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    for (net_link *l = n->links; l; l = net_link_next(l))
-        if (net_link_peer(l) == peer) net_link_fail(l, code, 0, "%s", message);
+    for (net_link *l = n->links; l; l = net_link_next(l)) {
+        if (net_link_peer(l) != peer) continue;
+        /* tell it too, best effort: after a one-way partition it still hears us, and would
+         * otherwise wait for a receiver that gave up on it */
+        if (p->dealer[NET_CONTROL]) {
+            net_env e = {net_link_direction(l) == SF_NET_SEND ? MSG_ABORT_TO_RECV : MSG_ABORT_TO_SEND, 0,
+                         (uint32_t)n->o.rank, net_link_channel(l), 0, (uint64_t)(int64_t)code, 0, 0};
+            zmq_msg_t text;
+            zmq_msg_init_size(&text, strlen(message) < ABORT_TEXT_MAX ? strlen(message) : ABORT_TEXT_MAX);
+            memcpy(zmq_msg_data(&text), message, zmq_msg_size(&text));
+            net_send(n, p, NET_CONTROL, &e, &text);
+            zmq_msg_close(&text);
+        }
+        net_link_fail(l, code, 0, "%s", message);
+    }
 }
 
-int net_send(sf_net *n, net_peer *p, const net_env *e, zmq_msg_t *payload)
+int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *payload)
 {
     (void)n;
     uint8_t buf[ENV_SIZE];
     net_env_pack(e, buf);
-    if (zmq_send(p->dealer, buf, ENV_SIZE, ZMQ_DONTWAIT | (payload ? ZMQ_SNDMORE : 0)) < 0) {
+    void *d = p->dealer[which];
+    if (!d || p->blocked[which]) return 1;
+    if (zmq_send(d, buf, ENV_SIZE, ZMQ_DONTWAIT | (payload ? ZMQ_SNDMORE : 0)) < 0) {
         if (errno == EAGAIN) {
-            p->blocked = 1;
+            p->blocked[which] = 1;
             return 1;
         }
         return -1;
     }
     /* ZeroMQ delivers a multipart message whole once its first part is accepted */
-    if (payload && zmq_msg_send(payload, p->dealer, ZMQ_DONTWAIT) < 0) return -1;
+    if (payload && zmq_msg_send(payload, d, ZMQ_DONTWAIT) < 0) return -1;
     return 0;
 }
 
 static void set_int(void *s, int option, int value) { zmq_setsockopt(s, option, &value, sizeof value); }
 
-static void common_options(sf_net *n, void *s)
+/* ZMTP heartbeats. libzmq restarts a connection's timeout only when a whole message arrives,
+ * so a side that waits for them behind a large packet on a slow path (a segment is tens of
+ * MiB) would cut a healthy connection and resend forever. Hence: the dealers ping (their
+ * replies come back on an idle direction) and time out; the control dealer also asks the
+ * ROUTER to drop it after a silence (TTL), the data dealer does not; the ROUTER only answers.
+ * A peer's death is the application heartbeat's business (on the control connection). */
+static void common_options(sf_net *n, void *s, int which)
 {
     set_int(s, ZMQ_LINGER, n->o.linger_ms);
-    set_int(s, ZMQ_HEARTBEAT_IVL, n->o.heartbeat_ms);
+    set_int(s, ZMQ_HEARTBEAT_IVL, which < 0 ? 0 : n->o.heartbeat_ms);
     set_int(s, ZMQ_HEARTBEAT_TIMEOUT, n->o.timeout_ms);
-    set_int(s, ZMQ_HEARTBEAT_TTL, n->o.timeout_ms);
+    set_int(s, ZMQ_HEARTBEAT_TTL, which == NET_CONTROL ? n->o.timeout_ms : 0);
     /* data is bounded by the links' credit and acknowledgements are coalesced per link, so
      * these only cap what a misbehaving peer can queue */
     set_int(s, ZMQ_SNDHWM, 1024);
@@ -135,47 +164,50 @@ static void common_options(sf_net *n, void *s)
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof max);
 }
 
-/* Creates the dealer and its monitor (I/O thread, under lock). */
+/* Creates the two dealers and their monitors (I/O thread, under lock). */
 static void activate(sf_net *n, int i)
 {
     net_peer *p = &n->peers[i];
     p->active = 1, p->want_active = 0;
     p->activated_ms = net_now_ms();
     p->next_heartbeat_ms = 0;
-    void *d = zmq_socket(n->ctx, ZMQ_DEALER);
-    if (!d) {
-        net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s): cannot make a socket: %s", p->rank, p->host, zmq_strerror(errno));
-        return;
+    for (int which = 0; which < 2 && !p->failed; which++) {
+        void *d = zmq_socket(n->ctx, ZMQ_DEALER);
+        if (!d) {
+            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s): cannot make a socket: %s", p->rank, p->host, zmq_strerror(errno));
+            return;
+        }
+        common_options(n, d, which);
+        set_int(d, ZMQ_IMMEDIATE, 1); /* queue nothing for a connection that is not up: we resend */
+        set_int(d, ZMQ_RECONNECT_IVL, 100);
+        set_int(d, ZMQ_RECONNECT_IVL_MAX, 1000);
+        if (p->has_key) {
+            zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, p->public_key, 40);
+            zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, n->o.public_key, 40);
+            zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, n->o.secret_key, 40);
+        }
+        char addr[96];
+        snprintf(addr, sizeof addr, "inproc://sf-net-%p-monitor-%d-%d", (void *)n, i, which);
+        if (zmq_socket_monitor(d, addr, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0) {
+            p->monitor[which] = zmq_socket(n->ctx, ZMQ_PAIR);
+            if (p->monitor[which] && zmq_connect(p->monitor[which], addr) != 0)
+                zmq_close(p->monitor[which]), p->monitor[which] = NULL;
+        }
+        p->dealer[which] = d;
+        if (zmq_connect(d, p->endpoint) != 0)
+            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s): cannot connect to %s: %s", p->rank, p->host, p->endpoint,
+                          zmq_strerror(errno));
     }
-    common_options(n, d);
-    set_int(d, ZMQ_IMMEDIATE, 1); /* queue nothing for a connection that is not up: we resend */
-    set_int(d, ZMQ_RECONNECT_IVL, 100);
-    set_int(d, ZMQ_RECONNECT_IVL_MAX, 1000);
-    if (p->has_key) {
-        zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, p->public_key, 40);
-        zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, n->o.public_key, 40);
-        zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, n->o.secret_key, 40);
-    }
-    char addr[96];
-    snprintf(addr, sizeof addr, "inproc://sf-net-%p-monitor-%d", (void *)n, i);
-    if (zmq_socket_monitor(d, addr, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
-                                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0) {
-        p->monitor = zmq_socket(n->ctx, ZMQ_PAIR);
-        if (p->monitor && zmq_connect(p->monitor, addr) != 0) zmq_close(p->monitor), p->monitor = NULL;
-    }
-    p->dealer = d;
-    if (zmq_connect(d, p->endpoint) != 0)
-        net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s): cannot connect to %s: %s", p->rank, p->host, p->endpoint,
-                      zmq_strerror(errno));
 }
 
-static void on_monitor(sf_net *n, int i)
+static void on_monitor(sf_net *n, int i, int which)
 {
     net_peer *p = &n->peers[i];
     for (;;) {
         zmq_msg_t ev, where;
         zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, p->monitor, ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&ev, p->monitor[which], ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&ev);
             return;
         }
@@ -185,19 +217,21 @@ static void on_monitor(sf_net *n, int i)
         zmq_msg_close(&ev);
         if (more) {
             zmq_msg_init(&where);
-            zmq_msg_recv(&where, p->monitor, 0);
+            zmq_msg_recv(&where, p->monitor[which], 0);
             zmq_msg_close(&where);
         }
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-            p->connected = 1;
+            p->up[which] = 1;
+            p->connected = p->up[0] && p->up[1];
             p->ever_connected = 1;
-            p->blocked = 0;
-            net_link_rewind(n, i); /* whatever the last connection lost goes again */
+            p->blocked[which] = 0;
+            net_link_rewind(n, i, which); /* whatever the last connection lost goes again */
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
+            p->up[which] = 0;
             p->connected = 0;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
-            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) at %s refused this process (its CURVE key or address is not admitted)", p->rank, p->host,
-                          p->endpoint);
+            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) at %s refused this process (its CURVE key or address is not admitted)",
+                          p->rank, p->host, p->endpoint);
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
             net_fail_peer(n, i, SF_E_PEER,
                           "handshake with rank %d (host %s) at %s failed (CURVE against plaintext, or a wrong server key)",
@@ -246,37 +280,42 @@ static int on_router(sf_net *n)
     int authenticated = -1;
     const char *uid = zmq_msg_gets(&env, "User-Id");
     if (uid && *uid) authenticated = atoi(uid);
-    net_env e;
-    int rc = net_env_parse(zmq_msg_data(&env), zmq_msg_size(&env), &e);
-    char why[200];
-    snprintf(why, sizeof why, "%s", rc == SF_OK ? "" : sf_last_error());
-    int rank = authenticated >= 0 ? authenticated : (rc == SF_OK ? (int)e.rank : -1);
-    int i = rank >= 0 ? peer_index(n, rank) : -1;
-    const size_t rid_len = zmq_msg_size(&id);
     pthread_mutex_lock(&n->lock);
-    for (int j = 0; j < n->n_peers && i < 0 && rank < 0; j++)
-        if (n->peers[j].rid_len && n->peers[j].rid_len == rid_len && !memcmp(n->peers[j].rid, zmq_msg_data(&id), rid_len)) i = j;
-    if (i >= 0 && rc == SF_OK && rid_len <= sizeof n->peers[i].rid)
-        memcpy(n->peers[i].rid, zmq_msg_data(&id), rid_len), n->peers[i].rid_len = rid_len;
-    if (i >= 0 && !n->peers[i].failed) {
-        net_peer *p = &n->peers[i];
-        if (rc == SF_OK && authenticated >= 0 && (int)e.rank != authenticated)
-            rc = SF_E_PEER, snprintf(why, sizeof why, "a message claiming to be from rank %u", e.rank);
-        if (rc == SF_OK && extra) rc = SF_E_PEER, snprintf(why, sizeof why, "a message of too many parts");
-        if (rc != SF_OK) {
-            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) sent a malformed message: %s", p->rank, p->host, why);
-        } else {
-            p->last_heard_ms = net_now_ms();
-            if (!p->active) p->want_active = 1;
-            if (e.type == MSG_HEARTBEAT) p->progress = e.a;
-            else net_link_on_message(n, i, &e, &pay, has_payload);
-        }
-    }
+    net_deliver(n, authenticated, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&env), zmq_msg_size(&env), &pay,
+                has_payload, extra);
     pthread_mutex_unlock(&n->lock);
     zmq_msg_close(&id);
     zmq_msg_close(&env);
     zmq_msg_close(&pay);
     return 1;
+}
+
+void net_deliver(sf_net *n, int authenticated, const void *rid, size_t rid_len, const void *env, size_t env_len,
+                 zmq_msg_t *payload, int has_payload, int extra)
+{
+    net_env e;
+    int rc = net_env_parse(env, env_len, &e);
+    char why[200];
+    snprintf(why, sizeof why, "%s", rc == SF_OK ? "" : sf_last_error());
+    int rank = authenticated >= 0 ? authenticated : (rc == SF_OK ? (int)e.rank : -1);
+    int i = rank >= 0 ? peer_index(n, rank) : -1;
+    for (int j = 0; j < n->n_peers && i < 0 && rank < 0; j++)
+        if (n->peers[j].rid_len && n->peers[j].rid_len == rid_len && !memcmp(n->peers[j].rid, rid, rid_len)) i = j;
+    if (i >= 0 && rc == SF_OK && rid_len <= sizeof n->peers[i].rid)
+        memcpy(n->peers[i].rid, rid, rid_len), n->peers[i].rid_len = rid_len;
+    if (i < 0 || n->peers[i].failed) return;
+    net_peer *p = &n->peers[i];
+    if (rc == SF_OK && authenticated >= 0 && (int)e.rank != authenticated)
+        rc = SF_E_PEER, snprintf(why, sizeof why, "a message claiming to be from rank %u", e.rank);
+    if (rc == SF_OK && extra) rc = SF_E_PEER, snprintf(why, sizeof why, "a message of too many parts");
+    if (rc != SF_OK) {
+        net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) sent a malformed message: %s", p->rank, p->host, why);
+        return;
+    }
+    p->last_heard_ms = net_now_ms();
+    if (!p->active) p->want_active = 1;
+    if (e.type == MSG_HEARTBEAT) p->progress = e.a;
+    else net_link_on_message(n, i, &e, payload, has_payload);
 }
 
 /* ---- ZAP (RFC 27): admit the peers' keys, or in plaintext their addresses ---------------- */
@@ -346,6 +385,12 @@ static void on_zap(sf_net *n)
 static void tick(sf_net *n)
 {
     const int64_t now = net_now_ms();
+    /* messages still waiting on the ROUTER (this thread was held up: a loaded machine, a
+     * stopped process resumed) may be the very heartbeats: read them before judging anyone
+     * (up to twice the timeout, so that another peer's flood cannot hide a dead one) */
+    int events = 0;
+    size_t size = sizeof events;
+    const int unread = zmq_getsockopt(n->router, ZMQ_EVENTS, &events, &size) == 0 && (events & ZMQ_POLLIN);
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];
         if (p->want_active && !p->active) activate(n, i);
@@ -355,36 +400,34 @@ static void tick(sf_net *n)
                           n->o.connect_timeout_ms);
             continue;
         }
-        if (p->last_heard_ms >= 0 && now - p->last_heard_ms > n->o.timeout_ms) {
+        if (p->last_heard_ms >= 0 && now - p->last_heard_ms > n->o.timeout_ms &&
+            (!unread || now - p->last_heard_ms > 2 * (int64_t)n->o.timeout_ms)) {
             net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) stopped answering: silent for %lld ms (timeout %d ms, last progress %llu)",
                           p->rank, p->host, (long long)(now - p->last_heard_ms), n->o.timeout_ms,
                           (unsigned long long)p->progress);
             continue;
         }
-        if (p->blocked) continue;
         for (net_ctrl **cc = &n->ctrl; *cc;) {
             net_ctrl *c = *cc;
             if (c->peer != i) {
                 cc = &c->next;
                 continue;
             }
-            net_env e = {c->type, 0, (uint32_t)n->o.rank, c->channel, 0, (uint64_t)(int64_t)c->code, 0, 0};
             zmq_msg_t text;
             zmq_msg_init_size(&text, strlen(c->text));
             memcpy(zmq_msg_data(&text), c->text, strlen(c->text));
-            int rc = net_send(n, p, &e, &text);
+            int rc = net_send(n, p, NET_CONTROL, &c->e, c->e.type == MSG_ACK ? NULL : &text);
             zmq_msg_close(&text);
             if (rc == 1) break;
             *cc = c->next;
             if (n->ctrl_tail == &c->next) n->ctrl_tail = cc;
             free(c);
         }
-        if (p->blocked) continue;
         if (now >= p->next_heartbeat_ms) {
             net_env e = {MSG_HEARTBEAT, 0, (uint32_t)n->o.rank, 0, 0, n->progress, 0, 0};
-            if (net_send(n, p, &e, NULL) == 0) p->next_heartbeat_ms = now + n->o.heartbeat_ms;
+            if (net_send(n, p, NET_CONTROL, &e, NULL) == 0) p->next_heartbeat_ms = now + n->o.heartbeat_ms;
         }
-        if (!p->blocked) net_link_flush(n, i);
+        net_link_flush(n, i);
     }
     /* aborts for failed or never-activated peers are dropped */
     for (net_ctrl **cc = &n->ctrl; *cc;) {
@@ -402,9 +445,8 @@ static void tick(sf_net *n)
 static void *io_thread(void *arg)
 {
     sf_net *n = arg;
-    const int slots = 3 + 2 * n->n_peers;
-    zmq_pollitem_t *items = calloc((size_t)slots, sizeof *items);
-    int *which = calloc((size_t)slots, sizeof *which);
+    zmq_pollitem_t *items = n->poll_items;
+    int *which = n->poll_peer;
     int poll_ms = n->o.heartbeat_ms / 4;
     if (poll_ms < 5) poll_ms = 5;
     if (poll_ms > 100) poll_ms = 100;
@@ -417,9 +459,11 @@ static void *io_thread(void *arg)
             items[k++] = (zmq_pollitem_t){n->zap, 0, ZMQ_POLLIN, 0};
             for (int i = 0; i < n->n_peers; i++) {
                 net_peer *p = &n->peers[i];
-                if (p->monitor) which[k] = i, items[k++] = (zmq_pollitem_t){p->monitor, 0, ZMQ_POLLIN, 0};
-                if (p->dealer && p->blocked && !p->failed)
-                    which[k] = i, items[k++] = (zmq_pollitem_t){p->dealer, 0, ZMQ_POLLOUT, 0};
+                for (int w = 0; w < 2; w++) {
+                    if (p->monitor[w]) which[k] = i, items[k++] = (zmq_pollitem_t){p->monitor[w], 0, ZMQ_POLLIN, 0};
+                    if (p->dealer[w] && p->blocked[w] && !p->failed)
+                        which[k] = i, items[k++] = (zmq_pollitem_t){p->dealer[w], 0, ZMQ_POLLOUT, 0};
+                }
             }
         }
         if (items) items[k++] = (zmq_pollitem_t){NULL, n->wake_fd, ZMQ_POLLIN, 0};
@@ -432,12 +476,14 @@ static void *io_thread(void *arg)
         on_zap(n);
         for (int j = 2; j < k - 1; j++) {
             net_peer *p = &n->peers[which[j]];
-            if (items[j].socket == p->monitor && (items[j].revents & ZMQ_POLLIN)) {
-                pthread_mutex_lock(&n->lock);
-                on_monitor(n, which[j]);
-                pthread_mutex_unlock(&n->lock);
+            for (int w = 0; w < 2; w++) {
+                if (items[j].socket == p->monitor[w] && (items[j].revents & ZMQ_POLLIN)) {
+                    pthread_mutex_lock(&n->lock);
+                    on_monitor(n, which[j], w);
+                    pthread_mutex_unlock(&n->lock);
+                }
+                if (items[j].socket == p->dealer[w] && (items[j].revents & ZMQ_POLLOUT)) p->blocked[w] = 0;
             }
-            if (items[j].socket == p->dealer && (items[j].revents & ZMQ_POLLOUT)) p->blocked = 0;
         }
         for (int budget = 256; budget > 0 && on_router(n); budget--) {}
         pthread_mutex_lock(&n->lock);
@@ -446,15 +492,15 @@ static void *io_thread(void *arg)
     }
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];
-        if (p->dealer) zmq_socket_monitor(p->dealer, NULL, 0);
-        if (p->monitor) zmq_close(p->monitor);
-        if (p->dealer) zmq_close(p->dealer);
-        p->dealer = p->monitor = NULL;
+        for (int w = 0; w < 2; w++) {
+            if (p->dealer[w]) zmq_socket_monitor(p->dealer[w], NULL, 0);
+            if (p->monitor[w]) zmq_close(p->monitor[w]);
+            if (p->dealer[w]) zmq_close(p->dealer[w]);
+            p->dealer[w] = p->monitor[w] = NULL;
+        }
     }
     zmq_close(n->router);
     zmq_close(n->zap);
-    free(items);
-    free(which);
     return NULL;
 }
 
@@ -496,7 +542,7 @@ static void allow_host(sf_net *n, const char *host)
 
 static int valid_key(const char *key) { return key && strlen(key) == 40; }
 
-int sf_net_create(const sf_net_options *opt, sf_net **out)
+static int create(const sf_net_options *opt, int detached, sf_net **out)
 {
     *out = NULL;
     if (!opt || !opt->bind || opt->rank < 0 || opt->n_peers < 0 || (opt->n_peers && !opt->peers))
@@ -546,10 +592,22 @@ int sf_net_create(const sf_net_options *opt, sf_net **out)
             p->has_key = 1;
         }
     }
+    if (rc == SF_OK) { /* the I/O thread's poll set: router, ZAP, per peer 2 monitors and 2 dealers, the eventfd */
+        n->poll_items = calloc(3 + 4 * (size_t)n->n_peers, sizeof *n->poll_items);
+        n->poll_peer = calloc(3 + 4 * (size_t)n->n_peers, sizeof *n->poll_peer);
+        if (!n->poll_items || !n->poll_peer) rc = sf_error(SF_E_NOMEM, "out of memory for the network");
+    }
+    if (rc == SF_OK) {
+        n->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (n->wake_fd < 0) rc = sf_error(SF_E_IO, "cannot make an eventfd: %s", strerror(errno));
+    }
+    if (rc == SF_OK && detached) {
+        *out = n;
+        return SF_OK;
+    }
     if (rc == SF_OK) {
         n->ctx = zmq_ctx_new();
-        n->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (!n->ctx || n->wake_fd < 0) rc = sf_error(SF_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(errno));
+        if (!n->ctx) rc = sf_error(SF_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(errno));
     }
     if (rc == SF_OK) {
         /* the ZAP handler must exist before the ROUTER accepts anyone: without one libzmq
@@ -560,7 +618,7 @@ int sf_net_create(const sf_net_options *opt, sf_net **out)
             rc = sf_error(SF_E_IO, "cannot start the ZAP handler: %s", zmq_strerror(errno));
     }
     if (rc == SF_OK) {
-        common_options(n, n->router);
+        common_options(n, n->router, -1);
         zmq_setsockopt(n->router, ZMQ_ZAP_DOMAIN, "seqflow", 7);
         if (!opt->plaintext) {
             set_int(n->router, ZMQ_CURVE_SERVER, 1);
@@ -580,6 +638,10 @@ int sf_net_create(const sf_net_options *opt, sf_net **out)
     *out = n;
     return SF_OK;
 }
+
+int sf_net_create(const sf_net_options *opt, sf_net **out) { return create(opt, 0, out); }
+
+int net_create_detached(const sf_net_options *opt, sf_net **out) { return create(opt, 1, out); }
 
 void sf_net_free(sf_net *n)
 {
@@ -605,6 +667,8 @@ void sf_net_free(sf_net *n)
     for (int i = 0; i < n->n_allowed; i++) free(n->allowed_addr[i]);
     free(n->allowed_addr);
     free(n->peers);
+    free(n->poll_items);
+    free(n->poll_peer);
     free(n->bind);
     pthread_mutex_destroy(&n->lock);
     free(n);

@@ -2,8 +2,9 @@
  * over ZeroMQ (libzmq). One sf_net per process owns a ZeroMQ context and one background I/O
  * thread, which owns every socket:
  *   - a ROUTER bound on this process's endpoint (options.bind): everything that arrives;
- *   - a DEALER per peer, connected to the peer's endpoint: everything this process sends
- *     (data, acknowledgements with credit, heartbeats, aborts);
+ *   - two DEALERs per peer, connected to the peer's endpoint: everything this process sends,
+ *     packets on one, heartbeats, acknowledgements with credit and aborts on the other (so
+ *     that these never wait behind megabytes of packets on a slow path);
  *   - a ZAP handler (inproc://zeromq.zap.01) admitting only the peers' CURVE public keys.
  * Stage threads never touch a socket: a link's push encodes the packet (pipeline/wire.h) on
  * the calling thread and hands it to the I/O thread through the link's bounded window; pop
@@ -19,7 +20,9 @@
  *     most its window; ZeroMQ's own queues are capped (high-water marks);
  *   - a peer that stays silent for timeout_ms (dead, stopped, partitioned), or is never reached
  *     within connect_timeout_ms, or refuses our key, aborts every link to and from it with
- *     SF_E_PEER and a message naming its rank, host and how long it was silent;
+ *     SF_E_PEER and a message naming its rank, host and how long it was silent (the peer is
+ *     told too, best effort, so that a one-way partition stops both sides); a failed peer stays
+ *     failed for the life of the sf_net;
  *   - anything malformed, forged or corrupt from the network aborts the link concerned with an
  *     SF_E_* code (SF_E_PEER for the protocol, SF_E_FRAME* for a packet's bytes), never a crash.
  *
@@ -68,8 +71,8 @@ typedef struct sf_link_options { /* one link's encoding and flow control (both h
     sf_quant_kind quant; int group; /* rows' quantization; default f32 = lossless; group 0 = the
                                      row width */
     int error_feedback;          /* lossy quantization only: carry each stream's rounding error
-                                    into its next packet of the same size; default 1 (use
-                                    sf_link_options_default, or set -1 for off) */
+                                    into its next packet of the same size; 0 or 1 = on (the
+                                    default), -1 = off */
     int window_packets;          /* credit window in packets; 0 = default 8 */
     size_t window_bytes;         /* credit window in encoded bytes; 0 = default 256 MiB (a
                                     single larger packet still passes, alone) */

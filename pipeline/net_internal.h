@@ -49,8 +49,12 @@ typedef struct net_peer {
     char public_key[41];
     uint8_t key_bin[32];
     int has_key;
-    void *dealer, *monitor;    /* I/O thread only */
-    int blocked;               /* I/O: the dealer refused a send (EAGAIN): wait for POLLOUT */
+    /* Two connections to it (I/O thread only): DATA carries packets and end-of-stream (in
+     * sequence), CONTROL carries heartbeats, acknowledgements and aborts, so that these never
+     * wait behind megabytes of packets queued for a slow path */
+    void *dealer[2], *monitor[2];
+    int blocked[2];            /* that dealer refused a send (EAGAIN): wait for POLLOUT */
+    int up[2];                 /* that connection's handshake completed and it is up */
     int64_t next_heartbeat_ms; /* I/O */
     /* under lock */
     int want_active, active, connected, ever_connected, failed;
@@ -61,11 +65,11 @@ typedef struct net_peer {
     size_t rid_len;
 } net_peer;
 
-typedef struct net_ctrl { /* an abort to tell a peer (aborts outlive their links) */
+typedef struct net_ctrl { /* a control message that outlives its link: an abort, a last ACK */
     struct net_ctrl *next;
-    int peer, type, code;
-    uint32_t channel;
-    char text[ABORT_TEXT_MAX];
+    int peer;
+    net_env e;
+    char text[ABORT_TEXT_MAX]; /* aborts: the reason, sent as a second frame */
 } net_ctrl;
 
 typedef struct net_link net_link;
@@ -87,27 +91,44 @@ struct sf_net {
     net_ctrl *ctrl, **ctrl_tail;
     uint64_t progress;
     size_t max_bytes;
+    zmq_pollitem_t *poll_items; /* the I/O thread's */
+    int *poll_peer;
 };
 
 int64_t net_now_ms(void);
 void net_wake(sf_net *n);
 /* Under lock: queue an abort message for a peer. */
 void net_queue_abort(sf_net *n, int peer, int type, uint32_t channel, int code, const char *text);
+/* Under lock: queue an ACK for a peer (a receiving half's last, sent after it is gone). */
+void net_queue_ack(sf_net *n, int peer, const net_env *e);
 /* Under lock: every link to/from peer fails with code and message. */
 void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))
 #endif
     ;
-/* Sends one message on the peer's dealer without waiting: 0 sent, 1 would block, <0 error.
- * payload may be NULL; it is moved (zmq_msg_send) when sent. */
-int net_send(sf_net *n, net_peer *p, const net_env *e, zmq_msg_t *payload);
+enum { NET_DATA = 0, NET_CONTROL = 1 };
+/* Sends one message on the peer's dealer `which` without waiting: 0 sent, 1 would block,
+ * <0 error. payload may be NULL; it is moved (zmq_msg_send) when sent. */
+int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *payload);
+
+/* Under lock: one message that arrived on the ROUTER (routing id, envelope, optional payload,
+ * extra = it had more parts than any message has; authenticated = the rank of its CURVE key,
+ * -1 without CURVE). Validates, attributes and dispatches it; what is wrong fails the peer or
+ * the link. Also the entry point of the fuzz target for a receiver's message handling. */
+void net_deliver(sf_net *n, int authenticated, const void *rid, size_t rid_len, const void *env, size_t env_len,
+                 zmq_msg_t *payload, int has_payload, int extra);
+
+/* An sf_net with its peers and links but no sockets and no I/O thread: messages reach it only
+ * through net_deliver and nothing is sent (for the fuzz target). Free with sf_net_free. */
+int net_create_detached(const sf_net_options *o, sf_net **out);
 
 /* net_link.c, for the I/O thread (under lock). */
 void net_link_on_message(sf_net *n, int peer, const net_env *e, zmq_msg_t *payload, int has_payload);
-/* Sends what the peer's links have ready; returns 1 when the dealer would block. */
-int net_link_flush(sf_net *n, int peer);
-void net_link_rewind(sf_net *n, int peer);
+/* Sends what the peer's links have ready (acknowledgements on CONTROL, packets on DATA). */
+void net_link_flush(sf_net *n, int peer);
+/* After connection `which` to the peer (re)connected: resend what it may have lost. */
+void net_link_rewind(sf_net *n, int peer, int which);
 /* Fails one link (first failure wins); tell = also send an abort to the peer. */
 void net_link_fail(net_link *l, int code, int tell, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -115,6 +136,8 @@ void net_link_fail(net_link *l, int code, int tell, const char *fmt, ...)
 #endif
     ;
 int net_link_peer(const net_link *l);
+int net_link_direction(const net_link *l);
+uint32_t net_link_channel(const net_link *l);
 net_link *net_link_next(const net_link *l);
 
 #endif

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "pipeline/net_internal.h"
 #include "seqflow/error.h"
@@ -49,6 +48,8 @@ struct net_link {
 };
 
 int net_link_peer(const net_link *l) { return l->peer; }
+int net_link_direction(const net_link *l) { return l->dir; }
+uint32_t net_link_channel(const net_link *l) { return l->channel; }
 net_link *net_link_next(const net_link *l) { return l->next; }
 
 static const char *dir_name(int dir) { return dir == SF_NET_SEND ? "to" : "from"; }
@@ -212,46 +213,41 @@ void net_link_on_message(sf_net *n, int peer, const net_env *e, zmq_msg_t *paylo
     }
 }
 
-void net_link_rewind(sf_net *n, int peer)
+void net_link_rewind(sf_net *n, int peer, int which)
 {
     for (net_link *l = n->links; l; l = l->next) {
         if (l->peer != peer || l->error) continue;
-        if (l->dir == SF_NET_SEND) l->next_send = l->acked + 1;
-        else l->ack_dirty = 1;
+        if (l->dir == SF_NET_SEND && which == NET_DATA) l->next_send = l->acked + 1;
+        if (l->dir == SF_NET_RECV && which == NET_CONTROL) l->ack_dirty = 1;
     }
 }
 
-int net_link_flush(sf_net *n, int peer)
+void net_link_flush(sf_net *n, int peer)
 {
     net_peer *p = &n->peers[peer];
     const int rank = n->o.rank;
     for (net_link *l = n->links; l; l = l->next) {
         if (l->peer != peer || l->error) continue;
         if (l->dir == SF_NET_RECV) {
-            if (!l->ack_dirty) continue;
+            if (!l->ack_dirty || p->blocked[NET_CONTROL]) continue;
             net_env e = {MSG_ACK, l->nack ? ENV_NACK : 0, (uint32_t)rank, l->channel, l->expected - 1, l->r_popped,
                          l->r_popped_bytes, (uint32_t)l->o.window_packets};
-            int rc = net_send(n, p, &e, NULL);
-            if (rc == 1) return 1;
-            l->ack_dirty = 0, l->nack = 0;
-            pthread_cond_broadcast(&l->cond); /* a destroy may wait for this acknowledgement */
+            if (net_send(n, p, NET_CONTROL, &e, NULL) == 0) l->ack_dirty = 0, l->nack = 0;
             continue;
         }
-        while (l->granted && l->next_send <= l->pushed) {
+        while (l->granted && l->next_send <= l->pushed && !p->blocked[NET_DATA]) {
             out_entry *o = &l->ring[l->next_send % l->ring_cap];
             if (!o->end && o->seq > l->limit) break; /* no credit: the receiver has not popped enough */
             net_env e = {o->end ? MSG_END : MSG_DATA, 0, (uint32_t)rank, l->channel, o->seq, 0, 0, 0};
             zmq_msg_t copy;
             zmq_msg_init(&copy);
             if (!o->end) zmq_msg_copy(&copy, &o->msg); /* shares the buffer: it stays ours for a resend */
-            int rc = net_send(n, p, &e, o->end ? NULL : &copy);
+            int rc = net_send(n, p, NET_DATA, &e, o->end ? NULL : &copy);
             zmq_msg_close(&copy);
-            if (rc == 1) return 1;
-            if (rc < 0) break;
+            if (rc != 0) break;
             l->next_send++;
         }
     }
-    return 0;
 }
 
 /* ---- the stage threads' side ------------------------------------------------------------ */
@@ -400,21 +396,16 @@ static void net_destroy(sf_link *base)
     pthread_mutex_lock(&n->lock);
     if (l->dir == SF_NET_SEND && l->closed)
         while (!l->error && l->acked < l->pushed) pthread_cond_wait(&l->cond, &n->lock);
-    /* a drained receiving half lets its last acknowledgement out first: the sender's destroy
-     * waits for it (bounded by the linger time: a peer gone meanwhile has no use for it) */
-    for (int64_t until = net_now_ms() + n->o.linger_ms;
-         l->dir == SF_NET_RECV && l->closed && l->ack_dirty && !l->error && net_now_ms() < until;) {
-        net_wake(n);
-        struct timespec at;
-        clock_gettime(CLOCK_REALTIME, &at);
-        at.tv_nsec += 10 * 1000 * 1000;
-        if (at.tv_nsec >= 1000000000) at.tv_sec++, at.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&l->cond, &n->lock, &at);
-    }
     const int finished = l->dir == SF_NET_SEND ? l->closed : (l->closed && l->inbox_count == 0);
     if (!finished && !l->error)
         net_link_fail(l, SF_E_CLOSED, 1, "link %s rank %d, channel %u: destroyed before its end", dir_name(l->dir),
                       peer_rank(l), l->channel);
+    if (l->dir == SF_NET_RECV && finished && !l->error && l->ack_dirty) {
+        /* the acknowledgement of the end may not have left yet: the sender's destroy waits for it */
+        const net_env e = {MSG_ACK, 0, (uint32_t)n->o.rank, l->channel, l->expected - 1, l->r_popped, l->r_popped_bytes,
+                           (uint32_t)l->o.window_packets};
+        net_queue_ack(n, l->peer, &e);
+    }
     if (l->dir == SF_NET_SEND) free_send_entries(l);
     free_inbox(l);
     for (net_link **pp = &n->links; *pp; pp = &(*pp)->next)
@@ -469,7 +460,7 @@ int sf_net_link_create(sf_net *n, int peer, uint32_t channel, int direction, con
         l->ring_cap = o.window_packets + 1;
         l->ring = calloc((size_t)l->ring_cap, sizeof *l->ring);
         if (!l->ring) rc = sf_error(SF_E_NOMEM, "out of memory for a network link");
-        if (rc == SF_OK && o.quant != SF_QUANT_F32 && o.error_feedback > 0) rc = sf_wire_feedback_create(&l->fb);
+        if (rc == SF_OK && o.quant != SF_QUANT_F32 && o.error_feedback >= 0) rc = sf_wire_feedback_create(&l->fb);
     } else {
         l->inbox_cap = o.window_packets;
         l->inbox = calloc((size_t)l->inbox_cap, sizeof *l->inbox);

@@ -4,6 +4,7 @@
 # tests/fuzz/corpus/<target> so that the repository is not modified. Exits non-zero on any
 # crash, leak, timeout, out-of-memory or sanitizer report; the failing input is kept under
 # build-fuzz/artifacts/<target>/. Arguments: target names to run (default: all).
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0; fi
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-20}

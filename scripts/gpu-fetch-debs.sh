@@ -2,6 +2,7 @@
 # Run here, in the project root, before a GPU run: the shared fetch script (ZeroMQ) plus the
 # build dependencies the GPU machine may lack (OpenBLAS, cJSON, pkg-config), all into the
 # git-ignored .offline-debs/. scripts/gpu-env.sh unpacks and exposes them there.
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0; fi
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ../shared/device/fetch-debs.sh >/dev/null

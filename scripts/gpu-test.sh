@@ -3,6 +3,7 @@
 # build-gpu, then every ctest test there (the GPU ones run instead of skipping). Logs go to
 # $OUT (the device tool's output folder) when it is set, else to build-gpu/. Extra arguments go
 # to ctest (e.g. -R 'backend_ops|gpu_pipeline').
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0; fi
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${OUT:-build-gpu}

@@ -139,6 +139,8 @@ static void free_activations(block *b, const block_activations *act)
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; i++) b->be->ops->free(b->be, buffers[i]);
 }
 
+static int block_warmup(block *b);
+
 static int block_init(sf_stage *st)
 {
     const sf_model *m = sf_stage_model(st);
@@ -186,7 +188,8 @@ static int block_init(sf_stage *st)
     /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
     if (b->store && b->defer_commit == 2) b->defer_commit = 1;
     if (rc == SF_OK) rc = alloc_activations(b, N, &b->act);
-    return rc == SF_OK ? prepare_backend(b) : rc;
+    if (rc == SF_OK) rc = prepare_backend(b);
+    return rc == SF_OK ? block_warmup(b) : rc;
 }
 
 /* Appends this segment's summary tokens to the layer's FIFO, evicting the oldest. */
@@ -402,6 +405,49 @@ static int layers_forward(block *b, stream_state *const *states, sf_packet *cons
     }
     int join_rc = sf_be_side_join(b->be);
     return rc == SF_OK ? join_rc : rc;
+}
+
+/* Host buffers a GPU graph's first segments come down into (the packet cache keeps them): a
+ * link's depth of packets in flight, and one more. */
+#define WARMUP_PACKETS 5
+
+/* Start-up, where the backend asks for it (sf_be_warmup; the CUDA setting warmup=1): one
+ * segment of made-up rows through every layer on a state of its own, which the first stream
+ * then takes (reset to zero, block.spare), so the first real segment finds its product plans
+ * chosen, the libraries' kernels loaded and its state allocated; then the packet cache filled
+ * with the page-locked buffers its rows come down into. Nothing of it reaches an output. */
+static int block_warmup(block *b)
+{
+    int rc = sf_be_warmup(b->be);
+    if (rc <= 0) return rc;
+    const sf_model_config *c = b->cfg;
+    const size_t N = (size_t)c->segment, D = (size_t)c->dim, period = 65536;
+    float *host = malloc(N * D * sizeof *host);
+    if (!host) return sf_error(SF_E_NOMEM, "out of memory");
+    /* not zeros (products can run faster on zeros, and the plans are timed here): a repeating
+     * run of values in [-1, 1) */
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < N * D; i++) {
+        if (i < period) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            host[i] = (float)(int32_t)(r >> 40 & 0xffffff) / (float)(1 << 23) - 1.0f;
+        } else {
+            host[i] = host[i % period];
+        }
+    }
+    rc = b->be->ops->upload(b->be, b->x, host, N * D * sizeof *host);
+    free(host);
+    stream_state *state = NULL;
+    if (rc == SF_OK && !(state = sf_block_stream_create(b, 0))) rc = SF_E_NOMEM;
+    if (rc == SF_OK) rc = layers_forward(b, &state, NULL, 1, (int)N, 1);
+    if (rc == SF_OK) rc = flush_late_commit(b, 1);
+    if (rc == SF_OK) rc = b->be->ops->sync(b->be);
+    if (state) sf_block_stream_release(b, state);
+    sf_packet *warm[WARMUP_PACKETS] = {0};
+    for (int i = 0; i < WARMUP_PACKETS && rc == SF_OK && !b->host_rows; i++)
+        if (!(warm[i] = sf_packet_new(SF_PACKET_HIDDEN, 0, N * D))) rc = sf_error(SF_E_NOMEM, "out of memory");
+    for (int i = 0; i < WARMUP_PACKETS; i++) sf_packet_free(warm[i]);
+    return rc;
 }
 
 static int batchable(const block *b, const sf_packet *p)

@@ -206,6 +206,11 @@ int main(void)
     expect_failure("bf16 rows into a block",
                    (const char *[]){"seqflow", "run", "-i", "-", "segment ! embed ! norm dtype=bf16 ! block", NULL}, text, n,
                    "bf16", NULL);
+    /* fp8 products are the GPU's: refused on the cpu, and named */
+    expect_failure("--precision fp8 on cpu", (const char *[]){"seqflow", "run", "-i", "-", "--precision", "fp8", NULL},
+                   text, n, "needs -d cuda", NULL);
+    expect_failure("--precision unknown", (const char *[]){"seqflow", "run", "--precision", "fp4", NULL}, NULL, 0,
+                   "bf16, fp8 or f32", NULL);
     /* the cpu backend has no settings: one given is refused by name, not ignored */
     expect_failure("--backend-settings on cpu",
                    (const char *[]){"seqflow", "run", "-i", "-", "--backend-settings", "gemm=lt", NULL}, text, n,

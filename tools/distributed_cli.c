@@ -288,7 +288,7 @@ static int worker_run(worker *w)
         if (r != w->rank) peers[n_peers++] = (sf_net_peer){r, t->endpoint, plaintext ? NULL : t->public_key, t->host};
     }
     if (rc == SF_OK && !peers) rc = sf_error(SF_E_NOMEM, "out of memory");
-    sf_net_options no = {.rank = w->rank, .bind = self->endpoint, .secret_key = plaintext ? NULL : secret,
+    sf_net_options no = {.rank = w->rank, .bind = self->bind ? self->bind : self->endpoint, .secret_key = plaintext ? NULL : secret,
                          .public_key = plaintext ? NULL : public_key, .plaintext = plaintext, .peers = peers,
                          .n_peers = n_peers, .heartbeat_ms = sf_topology_heartbeat_ms(w->topology),
                          .timeout_ms = sf_topology_timeout_ms(w->topology),

@@ -18,6 +18,7 @@
 #include "compress/frame.h"
 #include "core/process_stats.h"
 #include "stages/stages.h"
+#include "tools/cli_output.h"
 #include "tools/run_common.h"
 
 static void (*usage_fn)(FILE *f);
@@ -161,7 +162,7 @@ static int parse_args(int argc, char **argv, run_args *a)
            O_MEMORY, O_GLOBAL, O_SUMMARY, O_EPS, O_DIM, O_HEADS, O_HEAD_DIM, O_LAYERS, O_MLP, O_VOCAB,
            O_FINAL_NORM, O_SEED, O_CHECKPOINT, O_CHECKPOINT_EVERY, O_RESUME, O_PRECISION,
            O_STATE_BUDGET, O_SPILL_DIR, O_STATE_QUANT, O_STATE_CODEC, O_CHECKPOINT_CODEC, O_OUT_DTYPE,
-           O_BACKEND_SETTINGS, O_CHECK_FINITE };
+           O_BACKEND_SETTINGS, O_CHECK_FINITE, O_LOG_LEVEL, O_STATS_JSON, O_MAX_OUTPUT, O_JSON };
     static const struct option long_options[] = {
         {"model", required_argument, 0, 'm'},     {"input", required_argument, 0, 'i'},
         {"format", required_argument, 0, 'f'},    {"out", required_argument, 0, 'o'},
@@ -190,10 +191,13 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"checkpoint-codec", required_argument, 0, O_CHECKPOINT_CODEC},
         {"backend-settings", required_argument, 0, O_BACKEND_SETTINGS},
         {"check-finite", required_argument, 0, O_CHECK_FINITE},
+        {"verbose", no_argument, 0, 'v'},          {"log-level", required_argument, 0, O_LOG_LEVEL},
+        {"stats-json", required_argument, 0, O_STATS_JSON},
+        {"max-output", required_argument, 0, O_MAX_OUTPUT}, {"json", no_argument, 0, O_JSON},
         {0, 0, 0, 0}};
     long long v;
     int c;
-    while ((c = getopt_long(argc, argv, "m:i:f:o:d:t:qh", long_options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:i:f:o:d:t:qvh", long_options, NULL)) != -1) {
         switch (c) {
         case 'm': a->model_path = optarg; break;
         case 'i':
@@ -212,9 +216,14 @@ static int parse_args(int argc, char **argv, run_args *a)
         case 'd': a->device = optarg; break;
         case 't': if (!parse_int_arg("--threads", optarg, 0, 1024, &v)) return 2; a->threads = (int)v; break;
         case O_QUEUE: if (!parse_int_arg("--queue-depth", optarg, 1, 1024, &v)) return 2; a->queue_depth = (int)v; break;
-        case O_PROGRESS: a->progress = 1; break;
+        case O_PROGRESS: a->progress = 2; break;
         case O_NO_PROGRESS: a->progress = 0; break;
-        case 'q': a->quiet = 1; break;
+        case 'q': cli_set_log_level(CLI_LOG_ERROR); break;
+        case 'v': cli_set_log_level(CLI_LOG_DEBUG); break;
+        case O_LOG_LEVEL: if (!cli_log_level_option(optarg)) return 2; break;
+        case O_STATS_JSON: a->stats_json = optarg; break;
+        case O_MAX_OUTPUT: if (!parse_int_arg("--max-output", optarg, 1, INT64_MAX, &v)) return 2; a->max_output = v; break;
+        case O_JSON: a->json = 1; break;
         case 'h': usage_fn(stdout); return -1;
         case O_SEGMENT: if (!parse_int_arg("--segment", optarg, 1, 1 << 24, &v)) return 2; a->cfg.segment = (int)v; a->overrides |= OV_SEGMENT; break;
         case O_BRANCHES:
@@ -273,14 +282,16 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_PRECISION:
             if (strcmp(optarg, "bf16") == 0) a->precision = SF_PRECISION_BF16;
             else if (strcmp(optarg, "f32") == 0) a->precision = SF_PRECISION_F32;
+            else if (strcmp(optarg, "fp8") == 0) a->precision = SF_PRECISION_FP8;
             else {
-                fprintf(stderr, "seqflow: --precision expects bf16 or f32, got '%s'\n", optarg);
+                fprintf(stderr, "seqflow: --precision expects bf16, fp8 or f32, got '%s'\n", optarg);
                 return 2;
             }
             break;
         default: fputs("Try 'seqflow --help'.\n", stderr); return 2;
         }
     }
+    a->quiet = cli_get_log_level() < CLI_LOG_INFO;
     if (optind < argc) a->pipeline = argv[optind++];
     if (optind < argc) {
         fprintf(stderr, "seqflow: unexpected argument '%s' (quote the pipeline as one argument)\n", argv[optind]);
@@ -292,6 +303,10 @@ static int parse_args(int argc, char **argv, run_args *a)
     }
     if ((a->resume || a->checkpoint_every || a->checkpoint_codec) && !a->checkpoint_dir) {
         fprintf(stderr, "seqflow: --resume, --checkpoint-every and --checkpoint-codec need --checkpoint DIR\n");
+        return 2;
+    }
+    if (a->precision == SF_PRECISION_FP8 && (!a->device || strcmp(a->device, "cuda") != 0)) {
+        fprintf(stderr, "seqflow: --precision fp8 needs -d cuda (FP8 products run on the GPU only)\n");
         return 2;
     }
     return 0;
@@ -565,6 +580,7 @@ static int check_pipeline(const char *body, int checkpointing)
 typedef struct progress {
     sf_graph *graph;
     double start;
+    uint64_t total; /* tokens the input holds, 0 when unknown */
     volatile int stop;
     pthread_mutex_t lock;
     pthread_cond_t wake;
@@ -583,8 +599,9 @@ static void *progress_thread(void *arg)
         if (p->stop) break;
         double elapsed = sf_monotonic_seconds() - p->start;
         uint64_t tokens = sf_graph_tokens_out(p->graph);
-        fprintf(stderr, "\rseqflow: %" PRIu64 " tokens, %.0f tokens/s, %.1f MiB resident   ", tokens,
-                elapsed > 0 ? tokens / elapsed : 0.0, sf_resident_bytes() / 1048576.0);
+        char line[256];
+        cli_format_progress(line, sizeof line, tokens, p->total, elapsed, sf_resident_bytes());
+        fprintf(stderr, "\rseqflow: %s   ", line);
         p->printed = 1;
     }
     pthread_mutex_unlock(&p->lock);
@@ -599,6 +616,7 @@ int run_parse(int argc, char **argv, run_ctx *c, void (*usage)(FILE *f))
     a->seed = SF_DEFAULT_SEED;
     a->progress = isatty(STDERR_FILENO);
     int status = parse_args(argc, argv, a);
+    if (a->progress == 1 && a->quiet) a->progress = 0;
     c->body = a->pipeline ? a->pipeline : DEFAULT_PIPELINE;
     return status;
 }
@@ -649,6 +667,7 @@ int run_prepare(run_ctx *c, int driver)
 {
     run_args *a = &c->a;
     int status;
+    c->driver = driver;
     if (driver && (status = check_output(a->out)) != 0) return status;
     if (driver && a->checkpoint_dir && (status = check_resumable_input(a->input)) != 0) return status;
     if ((status = check_pipeline(c->body, driver && a->checkpoint_dir != NULL)) != 0) return status;
@@ -658,8 +677,8 @@ int run_prepare(run_ctx *c, int driver)
     }
     const sf_model_config *cfg = sf_model_get_config(c->model);
     long uncovered = sf_model_config_uncovered(cfg);
-    if (uncovered > 0 && !a->quiet)
-        fprintf(stderr, "seqflow: warning: the branches leave %ld of %ld (head, position) pairs of a segment uncovered; "
+    if (uncovered > 0)
+        cli_log(CLI_LOG_WARNING, "the branches leave %ld of %ld (head, position) pairs of a segment uncovered; "
                         "those rows attend only to global tokens and memory\n",
                 uncovered, (long)cfg->heads * cfg->segment);
     if ((status = compose(c)) != 0) return status;
@@ -701,6 +720,14 @@ int run_execute(run_ctx *c)
     sf_graph *graph = c->graph;
     const sf_model_config *cfg = sf_model_get_config(c->model);
     int status = 0, rc;
+    /* the source is the CLI's own unless the pipeline brought one: then its input is unknown here;
+     * only the driver (which writes the output) checks its size */
+    const uint64_t input_tokens = starts_with_stage(c->body, "source") ? 0 : cli_input_tokens(c->a.input, c->a.format);
+    cli_log(CLI_LOG_DEBUG, "pipeline: %s; device %s; %" PRIu64 " input tokens (0: unknown)", c->pipeline, c->opts.device,
+            input_tokens);
+    if (c->driver && (status = cli_check_run_output(c->a.out, c->a.sink_format, c->a.out_dtype, c->a.format, cfg->dim,
+                                                    input_tokens, c->a.max_output)))
+        return status;
     /* no SA_RESTART: a blocking call of the thread that takes the signal returns, and the
      * stages look at the interrupt flag */
     sem_init(&stop_posted, 0, 0);
@@ -715,7 +742,7 @@ int run_execute(run_ctx *c)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
 
-    progress prog = {.graph = graph, .start = sf_monotonic_seconds()};
+    progress prog = {.graph = graph, .start = sf_monotonic_seconds(), .total = input_tokens};
     pthread_t prog_thread;
     int have_progress = 0;
     if (c->a.progress) {
@@ -768,5 +795,8 @@ int run_execute(run_ctx *c)
             status = 128 + (stop_signal ? stop_signal : SIGINT);
         }
     }
+    cli_run_stats stats = {.tokens = tokens, .seconds = elapsed, .peak_resident_bytes = sf_peak_resident_bytes(),
+                           .device = c->opts.device, .pipeline = c->pipeline, .model = cfg, .status = status};
+    if (c->a.stats_json && cli_write_stats_json(c->a.stats_json, &stats) != SF_OK && !status) status = 1;
     return status;
 }

@@ -13,7 +13,8 @@
 typedef struct run_args {
     const char *model_path, *input, *format, *out, *sink_format, *device, *pipeline;
     const char *out_dtype;       /* --out-dtype: f32 or bf16 (validated), NULL = f32 */
-    int threads, queue_depth, progress, quiet;
+    int threads, queue_depth, progress, quiet; /* progress 2: asked for; quiet: below info level */
+    int json; const char *stats_json; long long max_output; /* --json (info), --stats-json, --max-output (0: none) */
     const char *checkpoint_dir;  /* --checkpoint */
     long long checkpoint_every;  /* --checkpoint-every (segments), 0 = default */
     int resume;                  /* --resume */
@@ -47,6 +48,7 @@ typedef struct run_ctx {
     void (*failure_message)(struct run_ctx *c, char *message, size_t size);
     void *user;
     const char *label;           /* starts every message line; NULL = "seqflow" */
+    int driver;                  /* run_prepare's: this process writes the output */
 } run_ctx;
 
 /* Parses argv (argv[0] is the command's name) into c->a; usage(stdout) for --help. Returns 0 to

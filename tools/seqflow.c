@@ -19,6 +19,7 @@
 #include "core/process_stats.h"
 #include "seqflow/seqflow.h"
 #include "stages/stages.h"
+#include "tools/cli_output.h"
 #include "tools/distributed_cli.h"
 #include "tools/run_common.h"
 
@@ -29,8 +30,8 @@ static void usage(FILE *f)
         "       seqflow launch -n N [launch options] -- [run options] [PIPELINE]\n"
         "       seqflow worker [worker options] [run options] [PIPELINE]\n"
         "                               a run over several processes (seqflow launch --help)\n"
-        "       seqflow stages          list the stages and their options\n"
-        "       seqflow info [--model FILE] [model options]   print a model's configuration\n"
+        "       seqflow stages [--json] list the stages and their options\n"
+        "       seqflow info [--json] [--model FILE] [model options]   print a model's configuration\n"
         "       seqflow --help | --version\n"
         "\n"
         "`seqflow run` with no arguments runs the built-in default model on built-in text and\n"
@@ -56,7 +57,7 @@ static void usage(FILE *f)
         "                          on cuda the download from the GPU halves too\n"
         "execution:\n"
         "  -d, --device NAME       cpu (default) or cuda (when built with CUDA and a GPU is present)\n"
-        "      --precision P       bf16 or f32 products (default: bf16 on cuda, f32 on cpu)\n"
+        "      --precision P       bf16, fp8 (cuda only) or f32 products (default: bf16 on cuda, f32 on cpu)\n"
         "      --backend-settings KEY=V[,KEY=V]\n"
         "                          the device backend's own settings (cuda: docs/CUDA.md); each wins\n"
         "                          over its environment default; cpu has none\n"
@@ -67,10 +68,13 @@ static void usage(FILE *f)
         "                          checks rows computed on the CPU after every layer and a GPU's rows\n"
         "                          on the GPU as they leave it (under 1% of the rate); 0 none\n"
         "      --queue-depth N     packets buffered between stages (default 4)\n"
-        "      --progress          report tokens, tokens/s and memory on stderr every second\n"
-        "                          (default when stderr is a terminal)\n"
+        "      --progress          report tokens, tokens/s, memory (and % and time left when the\n"
+        "                          input size is known) every second (default: stderr a terminal)\n"
         "      --no-progress       never report progress\n"
-        "  -q, --quiet             no summary line\n"
+        "  -q, --quiet             errors only (--log-level error): no summary, no warnings\n"
+        "  -v, --verbose           also debug messages (--log-level debug)\n"
+        "      --log-level L       error, warning, info (default) or debug\n"
+        "      --stats-json FILE   the run summary as JSON; --max-output BYTES: refuse a larger output\n"
         "checkpoints:\n"
         "      --checkpoint DIR    save every stream's state and the input position in DIR\n"
         "                          at segment boundaries (atomically; the newest 3 are kept)\n"
@@ -131,27 +135,6 @@ static int cmd_run(int argc, char **argv)
     return status;
 }
 
-/* One line a stage, then one an option: KEY=TYPE (or KEY=A|B|C for a choice), its help, and its
- * default, range and environment default from the class's table, which is what the graph checks
- * values against. */
-static void print_stage(const sf_stage_class *cls, void *user)
-{
-    (void)user;
-    printf("%-10s %s\n", cls->name, cls->help ? cls->help : "");
-    for (const sf_option *o = cls->options; o && o->name; o++) {
-        char key[96], range[128];
-        const char *type = o->type == SF_OPT_INT ? "INT" : o->type == SF_OPT_FLOAT ? "NUMBER" : o->type == SF_OPT_BOOL ? "BOOL" : "TEXT";
-        sf_option_format_range(o, range, sizeof range);
-        const int choice = o->type == SF_OPT_STRING && o->choices;
-        snprintf(key, sizeof key, "%s=%s", o->name, choice ? o->choices : type);
-        printf("    %-22s %s", key, o->help ? o->help : "");
-        if (o->default_value) printf(" (default %s%s%s)", o->default_value, !choice && *range ? ", " : "", choice ? "" : range);
-        else if (!choice && *range) printf(" (%s)", range);
-        if (o->env) printf(" [environment default: %s]", o->env);
-        printf("\n");
-    }
-}
-
 static int cmd_info(int argc, char **argv)
 {
     run_ctx ctx = {0};
@@ -164,19 +147,10 @@ static int cmd_info(int argc, char **argv)
         return 1;
     }
     const sf_model_config *c = sf_model_get_config(model);
-    char branches[256];
-    sf_branches_format(c, branches, sizeof branches);
-    printf("model      %s\n", a.model_path ? a.model_path : "(built-in)");
-    printf("dim        %d\nheads      %d\nhead_dim   %d\nvocab      %d\nlayers     %d\nsegment    %d\n", c->dim,
-           c->heads, c->head_dim, c->vocab, c->layers, c->segment);
-    printf("branches   %s\ncausal     %d\nmemory     %s\nglobal     %d\nsummary    %d\nnorm_eps   %g\nmlp        %d\nfinal_norm %d\n",
-           branches, c->causal,
-           c->memory == SF_MEMORY_DELTA ? "delta" : c->memory == SF_MEMORY_LINEAR ? "linear" : "none",
-           c->global_tokens, c->summary_tokens, (double)c->norm_eps, c->mlp_hidden, c->final_norm);
-    long uncovered = sf_model_config_uncovered(c);
-    printf("uncovered  %ld of %ld (head, position) pairs\n", uncovered, (long)c->heads * c->segment);
+    int rc = a.json ? cli_print_info_json(stdout, a.model_path, c) : cli_print_info_text(stdout, a.model_path, c);
+    if (rc != SF_OK) fprintf(stderr, "seqflow: %s\n", sf_last_error());
     sf_model_free(model);
-    return 0;
+    return rc == SF_OK ? 0 : 1;
 }
 
 int main(int argc, char **argv)
@@ -198,7 +172,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "worker") == 0) return cmd_worker(argc - 1, argv + 1);
     if (strcmp(argv[1], "launch") == 0) return cmd_launch(argc - 1, argv + 1);
     if (strcmp(argv[1], "stages") == 0) {
-        sf_foreach_stage(print_stage, NULL);
+        if (argc > 2 && strcmp(argv[2], "--json") == 0) return cli_print_stages_json(stdout) == SF_OK ? 0 : 1;
+        cli_print_stages_text(stdout);
         return 0;
     }
     fprintf(stderr, "seqflow: unknown command '%s'\nTry 'seqflow --help'.\n", argv[1]);

@@ -11,19 +11,26 @@
 #include "seqflow/dtype.h"
 #include "seqflow/model.h"
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 typedef struct sf_backend sf_backend;
 
 /* Arithmetic of the products: F32 is float32 throughout (no TF32); BF16 rounds the operands
  * of products and attention to bfloat16 and accumulates in float32 (normalizations, softmax
- * and the memory M, z stay float32). AUTO is BF16 on a GPU and F32 on the CPU. */
+ * and the memory M, z stay float32). FP8 (the CUDA backend only, compute capability 8.9 and
+ * up) is BF16 except the projections and the MLP: their weights are quantized to FP8 e4m3 once
+ * with a scale per output channel, their inputs per row with a scale each, accumulation in
+ * float32 (docs/CUDA.md gives its tolerance). AUTO is BF16 on a GPU and F32 on the CPU. */
 typedef enum sf_precision {
     SF_PRECISION_AUTO = 0,
     SF_PRECISION_F32 = 1,
-    SF_PRECISION_BF16 = 2
+    SF_PRECISION_BF16 = 2,
+    SF_PRECISION_FP8 = 3
 } sf_precision;
 
 /* sf_dtype (seqflow/dtype.h) is the element type of the attention activations q, k, v: what
@@ -155,6 +162,7 @@ void sf_backend_free(sf_backend *be);
 /* Names of the backends compiled into this build, NULL-terminated, static. */
 const char *const *sf_backend_names(void);
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -6,9 +6,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 typedef struct sf_buffer {
     uint8_t *data;
@@ -20,6 +23,7 @@ int sf_buffer_append(sf_buffer *b, const void *data, size_t len);
 /* Frees data and zeroes the struct. */
 void sf_buffer_release(sf_buffer *b);
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

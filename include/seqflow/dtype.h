@@ -6,9 +6,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 typedef enum sf_dtype {
     SF_DTYPE_F32 = 0, /* IEEE float32 */
@@ -67,6 +70,7 @@ static inline size_t sf_first_non_finite(const void *x, sf_dtype t, size_t n)
     return n;
 }
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

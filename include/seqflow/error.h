@@ -5,9 +5,12 @@
 #ifndef SEQFLOW_ERROR_H
 #define SEQFLOW_ERROR_H
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 typedef enum sf_status {
     SF_OK = 0,
@@ -53,6 +56,7 @@ int sf_error(int code, const char *fmt, ...)
 /* Forgets this thread's last message. */
 void sf_clear_error(void);
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -15,9 +15,12 @@
 #include <stdint.h>
 #include "seqflow/stage.h"
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 typedef struct sf_graph sf_graph;
 
@@ -126,6 +129,7 @@ int sf_graph_checkpoint_finished(const sf_graph *g);
 /* Tokens that left the last stage so far (for progress reports); thread-safe. */
 uint64_t sf_graph_tokens_out(const sf_graph *g);
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

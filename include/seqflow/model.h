@@ -7,9 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 #define SF_MAX_BRANCHES 16
 
@@ -104,6 +107,7 @@ uint64_t sf_model_weights_hash(const sf_model *model);
 const float *sf_model_final_norm(const sf_model *model); /* [D] or NULL */
 const sf_block_weights *sf_model_block(const sf_model *model, int layer);
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

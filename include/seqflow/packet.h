@@ -9,9 +9,12 @@
 
 #include "seqflow/dtype.h"
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 typedef enum sf_packet_kind {
     SF_PACKET_TOKENS = 1, /* a chunk of token ids of any length, as a source read them */
@@ -127,6 +130,7 @@ size_t sf_packet_row_bytes(const sf_packet *p);
 /* The rows' buffer, whatever their type (x or x_bf16). */
 static inline const void *sf_packet_rows(const sf_packet *p) { return p->x ? (const void *)p->x : (const void *)p->x_bf16; }
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 #define SEQFLOW_VERSION_PATCH 0
 #define SEQFLOW_VERSION_STRING "0.1.0"
 
+#include "seqflow/export.h"
 #include "seqflow/error.h"
 #include "seqflow/model.h"
 #include "seqflow/packet.h"

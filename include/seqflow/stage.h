@@ -15,9 +15,12 @@
 #include "seqflow/packet.h"
 #include "seqflow/backend.h"
 
+#include "seqflow/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
+SF_API_BEGIN
 
 typedef struct sf_stage sf_stage;
 
@@ -141,6 +144,7 @@ const sf_stage_class *sf_find_stage(const char *name);
 /* Calls fn for every registered class, built-ins first. */
 void sf_foreach_stage(void (*fn)(const sf_stage_class *cls, void *user), void *user);
 
+SF_API_END
 #ifdef __cplusplus
 }
 #endif

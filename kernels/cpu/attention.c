@@ -216,8 +216,8 @@ static void head_work_free(head_work *w)
     free(w->s), free(w->o), free(w->tm), free(w->tl), free(w->pos);
 }
 
-static void attend_head(head_work *w, const sf_attention_desc *dd, int h, const float *q, const float *k,
-                        const float *v, float *out)
+SF_CPU_DISPATCH static void attend_head(head_work *w, const sf_attention_desc *dd, int h, const float *q,
+                                        const float *k, const float *v, float *out)
 {
     const int n = dd->n, d = dd->head_dim, ld = dd->ld;
     const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d, *vh = v + (size_t)h * d;

@@ -12,7 +12,7 @@
 static inline float sigma(float x) { return x > 0 ? x + 1.0f : sf_fast_expf(x); } /* ELU + 1 */
 
 /* dst[i, :] = sigma(src[i*ld + :d]) */
-static void gather_sigma(const float *src, int n, int d, int ld, float *dst)
+SF_CPU_DISPATCH static void gather_sigma(const float *src, int n, int d, int ld, float *dst)
 {
     for (int i = 0; i < n; i++)
         for (int e = 0; e < d; e++) dst[(size_t)i * d + e] = sigma(src[(size_t)i * ld + e]);

@@ -6,6 +6,7 @@
 #include "seqflow/packet.h"
 #include "kernels/cuda/profile.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -512,7 +513,7 @@ static void release(sf_cuda *c)
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     for (int i = 0; i < c->n_weights; i++)
-        if (c->weights[i].owned) cudaFree(c->weights[i].bf16);
+        if (c->weights[i].owned) cudaFree(c->weights[i].mem);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].ptr);
     sf_cuda_stream_release(c, &c->side);
     cudaFree(c->scratch);
@@ -602,6 +603,20 @@ static int cuda_supports_op(sf_backend *be, sf_op op, sf_dtype type)
 
 static int cuda_device_rows(sf_backend *be) { return sf_cuda_of(be)->settings.device_rows; }
 
+/* ext warmup (setting warmup=1): the kernels the stages' warm-up segment does not launch are
+ * loaded here; that segment (stages/block.c) brings the rest, the product plans and cuBLAS's
+ * own kernels. */
+static int cuda_warmup(sf_backend *be)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    if (!c->settings.warmup) return 0;
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = sf_cuda_elementwise_load();
+    sf_cuda_leave(c);
+    return rc == SF_OK ? 1 : rc;
+}
+
 static const sf_backend_ext cuda_ext = {
     .prepare_weight_group = sf_cuda_prepare_weight_group,
     .reserve = cuda_reserve,
@@ -621,6 +636,7 @@ static const sf_backend_ext cuda_ext = {
     .non_finite_begin = sf_cuda_non_finite_begin,
     .non_finite_end = sf_cuda_non_finite_end,
     .device_rows = cuda_device_rows,
+    .warmup = cuda_warmup,
 };
 
 static const sf_backend_ops cuda_ops = {
@@ -681,6 +697,31 @@ static int create_side_queue(sf_cuda *c)
     return rc;
 }
 
+/* Why the runtime found no GPU, in the user's terms. The runtime reports a missing driver as
+ * "CUDA driver version is insufficient", which sends a CPU-only user off to upgrade a driver
+ * that is not there: whether libcuda.so.1 loads tells the two apart. */
+static int no_gpu_error(cudaError_t err)
+{
+    if (err == cudaErrorInsufficientDriver) {
+        void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        if (!driver)
+            return sf_error(SF_E_BACKEND, "device 'cuda': no NVIDIA driver is installed (libcuda.so.1 cannot be "
+                                          "loaded); use -d cpu");
+        dlclose(driver);
+        int driver_version = 0, runtime_version = 0;
+        cudaDriverGetVersion(&driver_version);
+        cudaRuntimeGetVersion(&runtime_version);
+        cudaGetLastError();
+        return sf_error(SF_E_BACKEND, "device 'cuda': the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d "
+                                      "seqflow was built with; update the driver or use -d cpu",
+                        driver_version / 1000, driver_version % 1000 / 10, runtime_version / 1000,
+                        runtime_version % 1000 / 10);
+    }
+    if (err == cudaErrorNoDevice)
+        return sf_error(SF_E_BACKEND, "device 'cuda': the NVIDIA driver is installed but sees no GPU; use -d cpu");
+    return sf_error(SF_E_BACKEND, "device 'cuda': no usable GPU (%s)", cudaGetErrorString(err));
+}
+
 extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *settings)
 {
     sf_cuda_settings parsed;
@@ -690,9 +731,9 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *sett
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
         cudaGetLastError(); /* clear the sticky "no device" error */
-        return sf_error(SF_E_BACKEND, "device 'cuda': no usable GPU (%s)", cudaGetErrorString(err));
+        return no_gpu_error(err);
     }
-    if (count == 0) return sf_error(SF_E_BACKEND, "device 'cuda': no GPU found");
+    if (count == 0) return sf_error(SF_E_BACKEND, "device 'cuda': no GPU found; use -d cpu");
     if (device < 0 || device >= count)
         return sf_error(SF_E_BACKEND, "device 'cuda': GPU %d does not exist (%d present)", device, count);
     sf_cuda *c = (sf_cuda *)calloc(1, sizeof *c);
@@ -701,7 +742,9 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *sett
     c->info.device = device; /* compute capability unknown (0.0): the portable kernels */
     if (sf_cuda_device_info_get(device, &c->info) != SF_OK) sf_clear_error();
     c->settings = parsed;
-    c->precision = be->precision == SF_PRECISION_BF16 ? SF_PRECISION_BF16 : SF_PRECISION_F32;
+    /* fp8 is bf16 everywhere but the products that have FP8 weight copies */
+    c->fp8 = be->precision == SF_PRECISION_FP8;
+    c->precision = be->precision == SF_PRECISION_BF16 || c->fp8 ? SF_PRECISION_BF16 : SF_PRECISION_F32;
     /* recursive: an op composed of others may hold it while they take it again */
     pthread_mutexattr_t recursive;
     pthread_mutexattr_init(&recursive);
@@ -744,6 +787,8 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *sett
     if (rc == SF_OK)
         rc = sf_cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "attribute");
     c->bf16_in_place = c->precision == SF_PRECISION_BF16 && c->settings.qkv_bf16 && major == 9 && minor == 0;
+    c->info.major = major, c->info.minor = minor;
+    if (rc == SF_OK && c->fp8) rc = sf_cuda_fp8_init(c);
     if (rc != SF_OK) {
         release(c);
         return rc;
@@ -753,7 +798,7 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *sett
     /* pinned_packets=0 keeps packets in pageable memory (downloads then go through the staging
      * copy): for comparing the two in benchmarks */
     if (c->settings.pinned_packets) sf_packet_set_host_allocator(&pinned_packets);
-    be->precision = c->precision;
+    be->precision = c->fp8 ? SF_PRECISION_FP8 : c->precision;
     /* a profile that cannot start leaves the backend unprofiled, never broken */
     if (c->settings.profile && sf_cuda_profile_attach(be) != SF_OK) sf_clear_error();
     return SF_OK;

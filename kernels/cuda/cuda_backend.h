@@ -62,11 +62,15 @@ int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
 
 typedef struct sf_cuda_weight {
     const float *f32;       /* the backend buffer as the stage passes it to matmul */
-    __nv_bfloat16 *bf16;    /* its copy, made once */
+    __nv_bfloat16 *bf16;    /* its bf16 copy, made once (NULL where it has an FP8 one) */
+    unsigned char *fp8;     /* precision fp8: its e4m3 copy [out, in], row o = W[o] / scale[o] */
+    float *scale;           /* with fp8: the per-output-channel scales, [out] */
     size_t count;
     int out, in;            /* its shape: a product of another shape must not use the copy */
-    size_t owned;           /* elements of the allocation starting at bf16 this entry frees (0: a
-                               later member of a group, whose first entry owns the memory) */
+    void *mem;              /* the group's one allocation (copies, then scales) */
+    int index;              /* its place in the group */
+    size_t owned;           /* bytes of mem this entry frees (0: a later member of a group, whose
+                               first entry owns the memory) */
 } sf_cuda_weight;
 
 typedef struct sf_cuda_alloc {
@@ -103,6 +107,17 @@ typedef struct sf_cuda_gemm_plan {
 } sf_cuda_gemm_plan;
 
 #define SF_CUDA_GEMM_PLANS 32 /* shapes planned; later ones take cublasGemmEx untimed */
+
+/* One FP8 product shape's cuBLASLt algorithm (gemm_fp8.cu), chosen at its first use. outer:
+ * cuBLASLt applies the weight and row scales (outer-vector scale mode); else unit scales and
+ * the epilogue kernel applies them. */
+typedef struct sf_cuda_fp8_plan {
+    int n, in, out, ldy, accumulate, align, outer, fast_accum;
+    cudaDataType ytype;
+    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulDescOpaque_t op;
+    cublasLtMatrixLayoutOpaque_t a, b, c;
+} sf_cuda_fp8_plan;
 
 /* A compute stream with what an op issuing to it may use: the scratch, the cuBLAS workspace
  * and the float32 copies (widened). */
@@ -154,6 +169,12 @@ typedef struct sf_cuda {
     sf_cuda_profile *profile;                         /* settings.profile only */
     sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* gemm_plan.cu, under the lock */
     int n_gemm_plans;
+    /* precision fp8 (be->precision FP8; c->precision is then BF16 for everything else):
+     * weights of shapes cuBLASLt takes in FP8 get e4m3 copies at prepare_weight_group */
+    int fp8;
+    int fp8_outer; /* cuBLASLt applies the scales (probed at init; setting fp8_scale) */
+    sf_cuda_fp8_plan fp8_plans[SF_CUDA_GEMM_PLANS]; /* gemm_fp8.cu, under the lock */
+    int n_fp8_plans;
     /* The side queue (ext side_begin/end/join): its own stream. While a thread is on it,
      * sf_cuda_enter swaps it with the fields above (stream, scratch, cuBLAS stream and
      * workspace, widened), so every op issues to it unchanged and never shares scratch with
@@ -243,6 +264,41 @@ typedef struct sf_cuda_gemm_args {
     float beta;
 } sf_cuda_gemm_args;
 int sf_cuda_gemm(sf_cuda *c, const sf_cuda_gemm_args *g, const char *what);
+
+/* ---- precision fp8 (gemm_fp8.cu) ----
+ * Whether FP8 e4m3 products run here: at init (precision fp8) on compute capability 8.9 and
+ * up, asking cuBLASLt for an algorithm with outer-vector scales (unless setting fp8_scale says
+ * epilogue), else with unit scales; sets c->fp8_outer. SF_E_UNSUPPORTED naming the reason when
+ * neither is offered. Under no lock (init). */
+int sf_cuda_fp8_init(sf_cuda *c);
+/* Whether a weight of [out, in] gets an FP8 copy (both multiples of 16: cuBLASLt's FP8 rule). */
+int sf_cuda_fp8_shape_ok(int out, int in);
+/* q[r, :] = e4m3(v[r, :] / scale[r]) with scale[r] = max |v[r, :]| / 448 (1 for a zero row),
+ * for n rows of cols values v read from x as `kind` says; q [n, cols] contiguous. */
+typedef enum sf_cuda_fp8_input {
+    SF_CUDA_FP8_IN_F32 = 0, /* v = x (float32, rows ldx apart) */
+    SF_CUDA_FP8_IN_BF16,    /* v = x (bf16, rows ldx apart) */
+    SF_CUDA_FP8_IN_RMSNORM, /* v = rmsnorm(x; norm, eps) (float32 x, rows ldx apart) */
+    SF_CUDA_FP8_IN_SWIGLU   /* v = silu(h[:, j]) * h[:, cols + j] (bf16 h [n, 2 cols], rows ldx apart) */
+} sf_cuda_fp8_input;
+int sf_cuda_fp8_quantize_rows(sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm,
+                              float eps, unsigned char *q, float *scale, cudaStream_t stream);
+/* y (ytype float32 or bf16, rows ldy apart) = (x w^T) * xscale[row] * wscale[col] + beta y, x
+ * [n, in] and w [out, in] e4m3 contiguous. The algorithm is chosen at the shape's first use.
+ * Under the lock, on c->stream. */
+typedef struct sf_cuda_fp8_args {
+    int n, in, out, ldy;
+    const unsigned char *x, *w;
+    const float *xscale, *wscale;
+    void *y;
+    cudaDataType ytype;
+    float beta;
+} sf_cuda_fp8_args;
+int sf_cuda_gemm_fp8(sf_cuda *c, const sf_cuda_fp8_args *g, const char *what);
+
+/* Warm-up (setting warmup): loads the images of elementwise.cu's kernels (cudaFuncGetAttributes
+ * on each), so that none pays for lazy loading at its first launch mid-stream. Under the lock. */
+int sf_cuda_elementwise_load(void);
 
 /* The core ops (seqflow/backend.h) and the ext slots (kernels/backend_ext.h): contracts there. */
 int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int ldx, const float *w, float *y, int ldy,

@@ -20,6 +20,8 @@ static const char *const off_on[] = {"0", "1", NULL};
 static const char *const qkv_values[] = {"f32", "bf16", NULL};
 static const char *const gemm_values[] = {"fastest", "gemmex", "lt", NULL};
 static const char *const memory_values[] = {"auto", "tiled", "fma", "mma", NULL};
+static const char *const fp8_scale_values[] = {"auto", "epilogue", NULL};
+static const char *const fp8_accum_values[] = {"exact", "fast", NULL};
 
 #define FIELD(f) offsetof(sf_cuda_settings, f)
 static const setting settings[] = {
@@ -35,6 +37,9 @@ static const setting settings[] = {
     {"pinned_packets", "SEQFLOW_PINNED_PACKETS", FIELD(pinned_packets), off_on},
     {"profile", "SEQFLOW_CUDA_PROFILE", FIELD(profile), off_on},
     {"device_rows", "SEQFLOW_DEVICE_ROWS", FIELD(device_rows), off_on},
+    {"warmup", "SEQFLOW_CUDA_WARMUP", FIELD(warmup), off_on},
+    {"fp8_scale", "SEQFLOW_CUDA_FP8_SCALE", FIELD(fp8_scale), fp8_scale_values},
+    {"fp8_accum", "SEQFLOW_CUDA_FP8_ACCUM", FIELD(fp8_accum), fp8_accum_values},
 };
 #define N_SETTINGS (int)(sizeof settings / sizeof settings[0])
 
@@ -53,6 +58,9 @@ void sf_cuda_settings_defaults(sf_cuda_settings *out)
     out->pinned_packets = 1;
     out->profile = 0;
     out->device_rows = 1;
+    out->warmup = 1;
+    out->fp8_scale = SF_CUDA_FP8_SCALE_AUTO;
+    out->fp8_accum = 0;
 }
 
 /* Sets s's field (an int: a flag or an enum's value) from value (len bytes); `from` names the

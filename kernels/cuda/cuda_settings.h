@@ -25,6 +25,12 @@ typedef enum sf_cuda_memory_mode {
     SF_CUDA_MEMORY_MMA       /* "mma": tiled, both products on the tensor cores */
 } sf_cuda_memory_mode;
 
+/* How precision fp8 applies the per-channel weight and per-row activation scales (key fp8_scale). */
+typedef enum sf_cuda_fp8_scale {
+    SF_CUDA_FP8_SCALE_AUTO = 0,  /* "auto": inside cuBLASLt (outer-vector scales) where it offers them, else epilogue */
+    SF_CUDA_FP8_SCALE_EPILOGUE   /* "epilogue": unit scales in cuBLASLt, then a kernel of this backend applies them */
+} sf_cuda_fp8_scale;
+
 typedef struct sf_cuda_settings {
     int qkv_bf16;         /* qkv: 1 ("bf16") bf16 q/k/v where attention reads them in place; 0 ("f32") */
     int gemm;             /* gemm: an sf_cuda_gemm_mode */
@@ -38,6 +44,9 @@ typedef struct sf_cuda_settings {
     int pinned_packets;   /* pinned_packets: page-locked packet buffers */
     int profile;          /* profile: per-op device times, printed when the backend is freed */
     int device_rows;      /* device_rows: rows stay on the device between stages (0: through the host) */
+    int warmup;           /* warmup: first-use costs (kernel loading, product plans, pinned buffers) paid at start-up */
+    int fp8_scale;        /* fp8_scale: an sf_cuda_fp8_scale (precision fp8 only) */
+    int fp8_accum;        /* fp8_accum: 0 ("exact") partial sums promoted to float32, 1 ("fast") cuBLASLt's FAST_ACCUM */
 } sf_cuda_settings;
 
 /* The built-in defaults (the fastest measured), ignoring the environment. */

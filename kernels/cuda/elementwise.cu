@@ -511,3 +511,30 @@ int sf_cuda_non_finite_end(sf_backend *be, int ticket, int *found)
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
+
+/* Loads this file's kernels (the ones the embed and norm stages and the output checks launch
+ * outside the block's layers) now: under lazy module loading each kernel's image is loaded at
+ * its first launch, which would otherwise land in the first segment. */
+int sf_cuda_elementwise_load(void)
+{
+    const void *kernels[] = {
+        (const void *)embed_kernel,
+        (const void *)rmsnorm_kernel<float>,
+        (const void *)rmsnorm_kernel<__nv_bfloat16>,
+        (const void *)rmsnorm_warp_kernel<float, 8>,
+        (const void *)rmsnorm_warp_kernel<float, 16>,
+        (const void *)rmsnorm_warp_kernel<__nv_bfloat16, 8>,
+        (const void *)rmsnorm_warp_kernel<__nv_bfloat16, 16>,
+        (const void *)swiglu_kernel,
+        (const void *)swiglu_rows_bf16_kernel,
+        (const void *)f32_to_bf16_kernel,
+        (const void *)bf16_to_f32_kernel,
+        (const void *)any_non_finite_kernel,
+    };
+    cudaFuncAttributes fa;
+    for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) {
+        int rc = sf_cuda_status(cudaFuncGetAttributes(&fa, kernels[i]), "loading a kernel");
+        if (rc != SF_OK) return rc;
+    }
+    return SF_OK;
+}

@@ -35,7 +35,36 @@ static const sf_cuda_weight *bf16_weight(const sf_cuda *c, const float *w, int o
 {
     if (c->precision != SF_PRECISION_BF16) return NULL;
     const sf_cuda_weight *wb = find_weight(c, w);
-    return wb && wb->out == out && wb->in == in ? wb : NULL;
+    return wb && wb->bf16 && wb->out == out && wb->in == in ? wb : NULL;
+}
+
+/* w's e4m3 copy and scales in precision fp8, when w was prepared with this shape; NULL
+ * otherwise (the product then runs as bf16_weight says). */
+static const sf_cuda_weight *fp8_weight(const sf_cuda *c, const float *w, int out, int in)
+{
+    if (!c->fp8) return NULL;
+    const sf_cuda_weight *wb = find_weight(c, w);
+    return wb && wb->fp8 && wb->out == out && wb->in == in ? wb : NULL;
+}
+
+/* x quantized per row (gemm_fp8.cu) into the scratch: the e4m3 rows, then their scales. */
+static int fp8_input(sf_cuda *c, sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm,
+                     float eps, unsigned char **q, float **scale)
+{
+    const size_t q_bytes = ((size_t)n * cols + 255) & ~(size_t)255;
+    int rc = sf_cuda_join_at_product(c); /* before the quantization reads x */
+    if (rc == SF_OK) rc = sf_cuda_scratch(c, q_bytes + (size_t)n * sizeof(float));
+    *q = (unsigned char *)c->scratch, *scale = (float *)((unsigned char *)c->scratch + q_bytes);
+    if (rc == SF_OK) rc = sf_cuda_fp8_quantize_rows(kind, n, cols, x, ldx, norm, eps, *q, *scale, c->stream);
+    return rc;
+}
+
+/* y = (q wb^T) scaled (+ beta y) for a quantized input (fp8_input) and an FP8 weight. */
+static int fp8_product(sf_cuda *c, int n, int in, int out, const unsigned char *q, const float *scale,
+                       const sf_cuda_weight *wb, void *y, int ldy, cudaDataType ytype, float beta, const char *what)
+{
+    const sf_cuda_fp8_args g = {n, in, out, ldy, q, wb->fp8, scale, wb->scale, y, ytype, beta};
+    return sf_cuda_gemm_fp8(c, &g, what);
 }
 
 /* The distance from y[0] to y[1] in elements of `size` bytes when the count outputs are equally
@@ -100,36 +129,48 @@ static int grow_weight_table(sf_cuda *c, int more)
     return SF_OK;
 }
 
-/* bf16 copies of count weights of one shape in one allocation, in order: a product with all
- * of them is then one GEMM over the concatenation (ffn's W1|W3). Entry 0 owns the memory. */
+/* Copies of count weights of one shape in one allocation, in order: bf16, or in precision fp8
+ * (shapes cuBLASLt takes in FP8) e4m3 with a scale per output channel after all the copies. A
+ * product with all of them is then one GEMM over the concatenation (ffn's W1|W3, bf16). Entry 0
+ * owns the memory. */
 static int prepare_group(sf_cuda *c, int count, const float *const *w, int out, int in)
 {
+    const int fp8 = c->fp8 && sf_cuda_fp8_shape_ok(out, in);
+    const sf_cuda_weight *first = find_weight(c, w[0]);
     int fresh = 0;
     for (int i = 0; i < count; i++) {
         const sf_cuda_weight *known = find_weight(c, w[i]);
-        fresh |= !known || known->out != out || known->in != in;
-        /* already prepared together, in this order? then there is nothing to do */
-        if (known && i > 0 && find_weight(c, w[0]) && known->bf16 != find_weight(c, w[0])->bf16 + (size_t)i * out * in)
-            fresh = 1;
+        /* already prepared together, in this order, of this shape? then there is nothing to do */
+        fresh |= !known || known->out != out || known->in != in || !first || known->mem != first->mem ||
+                 known->index != i;
     }
     if (!fresh) return SF_OK;
     for (int i = 0; i < count; i++) sf_cuda_drop_weight(c, w[i]);
     int rc = grow_weight_table(c, count);
     if (rc != SF_OK) return rc;
     const size_t each = (size_t)out * in;
+    const size_t copies = fp8 ? (count * each + 255) & ~(size_t)255 : count * each * sizeof(__nv_bfloat16);
+    const size_t bytes = copies + (fp8 ? (size_t)count * out * sizeof(float) : 0);
     void *copy = NULL;
-    rc = sf_cuda_malloc_counted(c, &copy, (size_t)count * each * sizeof(__nv_bfloat16));
+    rc = sf_cuda_malloc_counted(c, &copy, bytes);
+    unsigned char *q = (unsigned char *)copy;
+    float *scales = (float *)(q + copies);
     for (int i = 0; i < count && rc == SF_OK; i++)
-        rc = sf_cuda_f32_to_bf16(w[i], out, in, in, (__nv_bfloat16 *)copy + i * each, c->stream);
+        rc = fp8 ? sf_cuda_fp8_quantize_rows(SF_CUDA_FP8_IN_F32, out, in, w[i], in, NULL, 0.0f, q + i * each,
+                                             scales + (size_t)i * out, c->stream)
+                 : sf_cuda_f32_to_bf16(w[i], out, in, in, (__nv_bfloat16 *)copy + i * each, c->stream);
     if (rc != SF_OK) {
-        sf_cuda_free_counted(c, copy, (size_t)count * each * sizeof(__nv_bfloat16));
+        sf_cuda_free_counted(c, copy, bytes);
         return rc;
     }
     for (int i = 0; i < count; i++) {
         sf_cuda_weight *slot = &c->weights[c->n_weights++];
-        slot->f32 = w[i], slot->bf16 = (__nv_bfloat16 *)copy + i * each, slot->count = each;
-        slot->out = out, slot->in = in;
-        slot->owned = i == 0 ? count * each : 0;
+        memset(slot, 0, sizeof *slot);
+        slot->f32 = w[i], slot->count = each, slot->out = out, slot->in = in;
+        if (fp8) slot->fp8 = q + i * each, slot->scale = scales + (size_t)i * out;
+        else slot->bf16 = (__nv_bfloat16 *)copy + i * each;
+        slot->mem = copy, slot->index = i;
+        slot->owned = i == 0 ? bytes : 0;
     }
     return SF_OK;
 }
@@ -155,11 +196,10 @@ void sf_cuda_drop_weight(sf_cuda *c, const void *w)
         sf_cuda_weight gone = c->weights[i];
         c->weights[i] = c->weights[--c->n_weights];
         if (!gone.owned) return;
-        const __nv_bfloat16 *lo = gone.bf16, *hi = gone.bf16 + gone.owned;
         for (int j = 0; j < c->n_weights;)
-            if (c->weights[j].bf16 >= lo && c->weights[j].bf16 < hi) c->weights[j] = c->weights[--c->n_weights];
+            if (c->weights[j].mem == gone.mem) c->weights[j] = c->weights[--c->n_weights];
             else j++;
-        sf_cuda_free_counted(c, gone.bf16, gone.owned * sizeof(__nv_bfloat16));
+        sf_cuda_free_counted(c, gone.mem, gone.owned);
         return;
     }
 }
@@ -171,6 +211,14 @@ static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int
     int rc = sf_cuda_join_at_product(c); /* before x is read, by the conversion or the product */
     if (rc != SF_OK) return rc;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const sf_cuda_weight *w8 = fp8_weight(c, w, out, in);
+    if (w8) {
+        unsigned char *q;
+        float *scale;
+        rc = fp8_input(c, SF_CUDA_FP8_IN_F32, n, in, x, ldx, NULL, 0.0f, &q, &scale);
+        if (rc == SF_OK) rc = fp8_product(c, n, in, out, q, scale, w8, y, ldy, CUDA_R_32F, beta, "fp8 GEMM");
+        return rc;
+    }
     const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
     if (wb) {
         /* without reserve() the scratch grows here: one allocation, never per segment again */
@@ -210,6 +258,17 @@ int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype,
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
+    const sf_cuda_weight *w8 = fp8_weight(c, w, out, in);
+    if (w8) {
+        unsigned char *q;
+        float *scale;
+        rc = fp8_input(c, SF_CUDA_FP8_IN_BF16, n, in, x, ldx, NULL, 0.0f, &q, &scale);
+        if (rc == SF_OK)
+            rc = fp8_product(c, n, in, out, q, scale, w8, y, ldy, CUDA_R_32F, accumulate ? 1.0f : 0.0f,
+                             "fp8 GEMM (bf16 input)");
+        sf_cuda_leave(c);
+        return rc;
+    }
     const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
     if (wb && ldx == in) {
         rc = gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, CUDA_R_32F, accumulate ? 1.0f : 0.0f,
@@ -240,6 +299,17 @@ static int matmul_shared(sf_backend *be, int n, int in, int out, const float *x,
     int rc = sf_cuda_enter(c); /* the weight table is read under the lock, like every op's state */
     if (rc != SF_OK) return rc;
     const sf_cuda_weight *wb[SHARED_MAX];
+    int all_fp8 = count <= SHARED_MAX;
+    for (int i = 0; i < count && all_fp8; i++) all_fp8 = (wb[i] = fp8_weight(c, w[i], out, in)) != NULL;
+    if (all_fp8) {
+        unsigned char *q;
+        float *scale;
+        rc = fp8_input(c, SF_CUDA_FP8_IN_F32, n, in, x, ldx, NULL, 0.0f, &q, &scale);
+        for (int i = 0; i < count && rc == SF_OK; i++)
+            rc = fp8_product(c, n, in, out, q, scale, wb[i], y[i], ldy, CUDA_R_32F, 0.0f, "fp8 GEMM (shared input)");
+        sf_cuda_leave(c);
+        return rc;
+    }
     int all_bf16 = count <= SHARED_MAX;
     for (int i = 0; i < count && all_bf16; i++) all_bf16 = (wb[i] = bf16_weight(c, w[i], out, in)) != NULL;
     if (!all_bf16) {
@@ -256,7 +326,8 @@ static int matmul_shared(sf_backend *be, int n, int in, int out, const float *x,
  * takes the composed path). ffn and ffn_h1_floats both ask, so they agree on which path runs. */
 static int gate_up_wanted(const sf_cuda *c, int dim, int hidden)
 {
-    return c->precision == SF_PRECISION_BF16 && c->settings.gate_up && sf_cuda_swiglu_gate_up_usable(dim, hidden);
+    return c->precision == SF_PRECISION_BF16 && !c->fp8 && c->settings.gate_up &&
+           sf_cuda_swiglu_gate_up_usable(dim, hidden);
 }
 
 size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
@@ -280,9 +351,33 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
+    __nv_bfloat16 *g1 = (__nv_bfloat16 *)h1, *g3 = (__nv_bfloat16 *)h3;
+    const sf_cuda_weight *e1 = fp8_weight(c, w1, hidden, dim), *e3 = fp8_weight(c, w3, hidden, dim);
+    const sf_cuda_weight *e2 = fp8_weight(c, w2, dim, hidden);
+    if (e1 && e3 && e2 && h1) {
+        /* precision fp8: the norm quantizes u, W1 u | W3 u go to h1 as bf16 [n, 2 hidden],
+         * SwiGLU quantizes g for W2, which accumulates into x */
+        unsigned char *q;
+        float *scale;
+        rc = fp8_input(c, SF_CUDA_FP8_IN_RMSNORM, n, dim, x, dim, norm, eps, &q, &scale);
+        /* W1|W3 prepared as one group (copies and scales consecutive): one product of twice
+         * the width, whose rows are [W1 u | W3 u] as h1 wants them */
+        if (rc == SF_OK && e3->fp8 == e1->fp8 + (size_t)hidden * dim && e3->scale == e1->scale + hidden)
+            rc = fp8_product(c, n, dim, 2 * hidden, q, scale, e1, g1, 2 * hidden, CUDA_R_16BF, 0.0f,
+                             "fp8 GEMM (ffn W1|W3)");
+        else if (rc == SF_OK) {
+            rc = fp8_product(c, n, dim, hidden, q, scale, e1, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "fp8 GEMM (ffn W1)");
+            if (rc == SF_OK)
+                rc = fp8_product(c, n, dim, hidden, q, scale, e3, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f,
+                                 "fp8 GEMM (ffn W3)");
+        }
+        if (rc == SF_OK) rc = fp8_input(c, SF_CUDA_FP8_IN_SWIGLU, n, hidden, g1, 2 * hidden, NULL, 0.0f, &q, &scale);
+        if (rc == SF_OK) rc = fp8_product(c, n, hidden, dim, q, scale, e2, x, dim, CUDA_R_32F, 1.0f, "fp8 GEMM (ffn W2)");
+        sf_cuda_leave(c);
+        return rc;
+    }
     const sf_cuda_weight *b1 = bf16_weight(c, w1, hidden, dim), *b3 = bf16_weight(c, w3, hidden, dim);
     const sf_cuda_weight *b2 = bf16_weight(c, w2, dim, hidden);
-    __nv_bfloat16 *g1 = (__nv_bfloat16 *)h1, *g3 = (__nv_bfloat16 *)h3;
     /* the W1|W3 SwiGLU kernel writes only h3, so callers that asked (ffn_h1_floats) pass no h1 */
     const int gate_up = b1 && b3 && b2 && gate_up_wanted(c, dim, hidden) &&
                         (((uintptr_t)b1->bf16 | (uintptr_t)b3->bf16 | (uintptr_t)g3) & 15) == 0;
@@ -349,6 +444,19 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
     const float *w[3] = {wq, wk, wv};
     void *y[3] = {q, k, v};
     const sf_cuda_weight *wb[3];
+    int all_fp8 = 1;
+    for (int i = 0; i < 3 && all_fp8; i++) all_fp8 = (wb[i] = fp8_weight(c, w[i], width, dim)) != NULL;
+    if (all_fp8) {
+        /* precision fp8: the norm quantizes u; each product writes its output as `type` */
+        unsigned char *qx;
+        float *scale;
+        rc = fp8_input(c, SF_CUDA_FP8_IN_RMSNORM, n, dim, x, dim, norm, eps, &qx, &scale);
+        for (int i = 0; i < 3 && rc == SF_OK; i++)
+            rc = fp8_product(c, n, dim, width, qx, scale, wb[i], y[i], width,
+                             type == SF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, 0.0f, "fp8 GEMM (qkv)");
+        sf_cuda_leave(c);
+        return rc;
+    }
     int all_bf16 = 1;
     for (int i = 0; i < 3 && all_bf16; i++) all_bf16 = (wb[i] = bf16_weight(c, w[i], width, dim)) != NULL;
     if (!all_bf16 && type == SF_DTYPE_F32) {

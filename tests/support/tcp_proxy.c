@@ -32,6 +32,7 @@ typedef struct direction { /* bytes read from `from`, to be written to `to` */
     size_t buffered;
     double tokens;
     int64_t refill_us;
+    int64_t next_us; /* throttled: write nothing before this time */
     int eof;
 } direction;
 
@@ -148,10 +149,17 @@ static int64_t pump_out(tcp_proxy *p, direction *d)
         if (h->due_us > now) return h->due_us - now;
         size_t want = h->len - h->off;
         if (p->o.rate > 0) {
-            if (d->tokens < 1) return 1000;
+            /* whole slices of at least 4 KiB (or the rest of the chunk), not a trickle of bytes
+             * that would keep the thread spinning */
+            const double need = want < 4096 ? (double)want : 4096.0;
+            if (d->tokens < need) {
+                const int64_t wait = (int64_t)((need - d->tokens) / p->o.rate * 1e6) + 1;
+                d->next_us = now + wait;
+                return wait;
+            }
             if (want > (size_t)d->tokens) want = (size_t)d->tokens;
         }
-        ssize_t w = write(d->to, h->data + h->off, want);
+        ssize_t w = send(d->to, h->data + h->off, want, MSG_NOSIGNAL);
         if (w < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? 1000 : -1;
         h->off += (size_t)w;
         d->buffered -= (size_t)w;
@@ -191,7 +199,8 @@ static void *proxy_thread(void *arg)
                 direction *d = &p->c[i].d[j];
                 const int used = p->c[i].used;
                 fds[k++] = (struct pollfd){used && d->buffered < MAX_BUFFERED && !d->eof ? d->from : -1, POLLIN, 0};
-                fds[k++] = (struct pollfd){used && d->head && d->head->due_us <= now_us() ? d->to : -1, POLLOUT, 0};
+                const int64_t t = now_us();
+                fds[k++] = (struct pollfd){used && d->head && d->head->due_us <= t && d->next_us <= t ? d->to : -1, POLLOUT, 0};
             }
         int timeout = wait_us == INT64_MAX ? 100 : (int)((wait_us + 999) / 1000);
         if (timeout > 100) timeout = 100;
