@@ -584,6 +584,7 @@ int cmd_launch(int argc, char **argv)
     int statuses[LAUNCH_MAX], first_failed = -1, alive = n_children;
     pid_t driver_pid = children[0];
     double stop_at = 0, kill_at = 0;
+    int after_success = 0; /* the stop follows the driver's success: the output is complete */
     for (int r = 0; r < n_children; r++) statuses[r] = -1;
     while (alive > 0) {
         int wstatus;
@@ -595,15 +596,20 @@ int cmd_launch(int argc, char **argv)
             children[r] = 0;
             alive--;
             statuses[r] = status_of(wstatus);
+            if (after_success && kill_at && statuses[r] != 0) {
+                /* a worker that outlived a finished job by 10 s: stopped, the job stands */
+                fprintf(stderr, "seqflow launch: rank %d did not exit after the job finished; stopped\n", r);
+                statuses[r] = 0;
+            }
             if (statuses[r] != 0 && first_failed < 0) first_failed = r;
-            if (WIFSIGNALED(wstatus) && !launch_signal)
+            if (WIFSIGNALED(wstatus) && !launch_signal && !kill_at)
                 fprintf(stderr, "seqflow launch: rank %d (pid %d) was killed by signal %d\n", r, (int)pid, WTERMSIG(wstatus));
             if (alive == 0) break;
             /* the driver gone: nothing more can be done; a worker gone: the driver names it within
              * its heartbeat timeout, then the rest stop */
             const double t = now_seconds();
             if (r == 0 && statuses[0] != 0 && !stop_at) stop_at = t;
-            else if (r == 0 && !stop_at) stop_at = t + 10.0; /* done: the workers finish on their own */
+            else if (r == 0 && !stop_at) stop_at = t + 10.0, after_success = 1; /* the workers finish on their own */
             else if (statuses[r] != 0 && !stop_at) stop_at = t + timeout_ms / 1000.0 + 5.0;
             continue;
         }
