@@ -193,6 +193,8 @@ static int parse_payload(sf_graph *g, const uint8_t *p, size_t len, uint64_t seq
 int sf_graph_checkpoint_prepare(sf_graph *g)
 {
     sf_graph_checkpointing *cp = g->checkpoint;
+    if (cp->prepared) return SF_OK; /* a distributed driver loads before the rendezvous */
+    cp->prepared = 1;
     int rc = sf_checkpoint_dir_prepare(cp->dir);
     /* held until the graph is freed, so that no second run reads or clears the directory
      * while this one writes it */
@@ -237,7 +239,8 @@ int sf_graph_checkpoint_restore_stages(sf_graph *g)
 {
     sf_graph_checkpointing *cp = g->checkpoint;
     if (!cp->resuming) return SF_OK;
-    int rc = sf_graph_restore_stages(g, cp->loaded, cp->loaded_len);
+    /* a distributed run's checkpoint holds every rank's states: this process restores its own */
+    int rc = g->dist ? sf_dist_restore(g, cp->loaded, cp->loaded_len) : sf_graph_restore_stages(g, cp->loaded, cp->loaded_len);
     free(cp->loaded);
     cp->loaded = NULL;
     cp->loaded_len = 0;

@@ -40,7 +40,6 @@ static void stage_free(sf_stage *st)
 {
     if (!st) return;
     if (st->initialized && st->cls->free) st->cls->free(st);
-    sf_link_destroy(st->out);
     sf_stage_options_free(st);
     free(st->ranks);
     free(st);
@@ -60,6 +59,10 @@ void sf_graph_free(sf_graph *g)
 {
     if (!g) return;
     print_profile(g);
+    /* links first: packets still in them may hold loans from a stage's pool */
+    for (int i = 0; i < g->n_links; i++) sf_link_destroy(g->links[i]);
+    free(g->links);
+    sf_dist_part_free(g->dist);
     for (int i = 0; i < g->n_stages; i++) stage_free(g->stages[i]);
     free(g->stages);
     while (g->outputs.count) {
@@ -145,11 +148,29 @@ int sf_graph_fail(sf_graph *g, int code, const char *stage_name, const char *mes
     return code;
 }
 
+int sf_graph_own_link(sf_graph *g, sf_link *l)
+{
+    if (!l) return sf_error(SF_E_NOMEM, "out of memory");
+    if (g->n_links == g->cap_links) {
+        int cap = g->cap_links ? 2 * g->cap_links : 8;
+        sf_link **links = realloc(g->links, (size_t)cap * sizeof *links);
+        if (!links) {
+            sf_link_destroy(l);
+            return sf_error(SF_E_NOMEM, "out of memory");
+        }
+        g->links = links;
+        g->cap_links = cap;
+    }
+    g->links[g->n_links++] = l;
+    return SF_OK;
+}
+
 int sf_graph_start(sf_graph *g, int threaded)
 {
     if (g->started) return SF_OK;
     if (g->n_stages == 0) return sf_error(SF_E_INVAL, "the graph has no stages");
-    int remote = sf_graph_first_remote_stage(g);
+    /* a distributed part (g->dist) runs its own stages and links to the rest */
+    int remote = g->dist ? -1 : sf_graph_first_remote_stage(g);
     if (remote >= 0) {
         const int *ranks;
         int n = sf_stage_placement(g->stages[remote], &ranks);
@@ -172,13 +193,16 @@ int sf_graph_start(sf_graph *g, int threaded)
     }
     for (int i = 0; i < g->n_stages; i++) {
         sf_stage *st = g->stages[i];
+        if (st->remote) continue; /* another process of a distributed run initializes it */
         sf_clear_error();
         int rc = st->cls->init ? st->cls->init(st) : SF_OK;
         st->initialized = 1; /* free() runs even after a failed init, on whatever init set up */
         if (rc != SF_OK) return sf_error(rc, "%s: %s", st->cls->name, *sf_last_error() ? sf_last_error() : sf_strerror(rc));
-        if (threaded && i + 1 < g->n_stages) {
-            st->out = sf_queue_link_create(g->opts.queue_depth);
-            if (!st->out) return sf_error(SF_E_NOMEM, "out of memory");
+        if (threaded && i + 1 < g->n_stages && !g->dist) { /* a distributed part has its links */
+            sf_link *q = sf_queue_link_create(g->opts.queue_depth);
+            if ((rc = sf_graph_own_link(g, q)) != SF_OK) return rc;
+            st->out = q;
+            g->stages[i + 1]->in = q;
         }
     }
     g->started = 1;
@@ -202,8 +226,13 @@ int sf_stage_resuming(const sf_stage *st) { return st->graph->checkpoint && st->
 
 void sf_graph_count_output(sf_graph *g, const sf_packet *p)
 {
-    if (p->kind == SF_PACKET_HIDDEN && !(p->flags & SF_PACKET_PROVISIONAL))
+    if (p->kind == SF_PACKET_HIDDEN && !(p->flags & SF_PACKET_PROVISIONAL)) {
         atomic_fetch_add(&g->tokens_out, p->n);
+        if (p->n) {
+            atomic_store(&g->last_stream, p->stream);
+            atomic_store(&g->last_segment, p->segment + 1);
+        }
+    }
 }
 
 static int fifo_push(sf_packet_fifo *f, sf_packet *p)

@@ -22,8 +22,10 @@ struct sf_stage {
     sf_option_value *options;
     int n_options;
     void *priv;
-    sf_link *out;      /* link to the next stage; NULL for the last stage */
+    sf_link *out;      /* link to the next stage; NULL for the last stage (borrowed: g->links) */
+    sf_link *in;       /* link from the previous stage; NULL for the first (borrowed) */
     int initialized;
+    int remote;        /* runs in another process of a distributed run: not initialized here */
     int *ranks;        /* placement (`@1,2` in the pipeline text): the ranks that run this
                           stage, several = replicated (stream parallel); NULL = rank 0 */
     int n_ranks;
@@ -46,11 +48,19 @@ struct sf_graph {
     int push_mode;                /* driven by sf_graph_push */
     volatile sig_atomic_t interrupted;
     atomic_uint_fast64_t tokens_out;
+    /* the last committed segment that left the last stage (segment + 1, 0: none) and its
+     * stream: named when a distributed run fails */
+    atomic_uint_fast64_t last_segment, last_stream;
     pthread_mutex_t error_lock;
     int error_code;
     char error_message[512];
     sf_packet_fifo outputs;       /* push mode: what left the last stage */
     struct sf_graph_checkpointing *checkpoint; /* NULL when checkpoints are off */
+    /* Threaded runs: every link the graph owns (queues, network halves, router and merger
+     * links of a distributed run), aborted together on a failure and destroyed at free. */
+    sf_link **links;
+    int n_links, cap_links;
+    struct sf_dist_part *dist;    /* this process's part of a distributed run, else NULL */
     /* SEQFLOW_PROFILE=1, push mode: seconds spent in each stage's process() alone (the stages
      * it delivers to subtracted) and in bringing device rows to the host; printed at free */
     int profile;
@@ -69,6 +79,7 @@ typedef struct sf_graph_checkpointing {
     uint64_t resumed_seq, next_seq, written_seq;
     int lock_fd;                  /* the directory's lock (state/checkpoint.h), -1 when not held */
     int finished;                 /* the checkpoint resumed from records a finished run */
+    int prepared;                 /* sf_graph_checkpoint_prepare ran */
     uint64_t weights_hash;        /* sf_model_weights_hash, taken once in prepare */
 } sf_graph_checkpointing;
 
@@ -85,11 +96,27 @@ int sf_graph_restore_stages(sf_graph *g, const uint8_t *data, size_t len);
 /* Appends one stage's entry (index, name, state) in the sf_graph_save layout. */
 int sf_graph_save_stage(sf_stage *st, sf_buffer *out);
 
+/* Distributed runs (pipeline/distributed.c). Frees a part (NULL accepted). */
+struct sf_dist_part;
+void sf_dist_part_free(struct sf_dist_part *part);
+/* Restores the local stages from a checkpoint's state in the distributed layout (every rank's
+ * states, or one rank's share of them: sf_dist_rank_state). */
+int sf_dist_restore(sf_graph *g, const uint8_t *data, size_t len);
+/* Restores the share handed to this process by sf_dist_set_state; SF_OK when none was. */
+int sf_dist_restore_given(sf_graph *g);
+
 /* Records the first failure of the graph (thread-safe); returns code. */
 int sf_graph_fail(sf_graph *g, int code, const char *stage_name, const char *message);
 
-/* Initializes every stage (once) and, for threaded runs, the links between them. */
+/* Initializes every stage (once) and, for threaded runs, the links between them. In a
+ * distributed run (g->dist) only the local stages are initialized and the links are the ones
+ * pipeline/distributed.c made. */
 int sf_graph_start(sf_graph *g, int threaded);
+/* Hands l to the graph (destroyed by sf_graph_free, aborted by a failure); l is destroyed
+ * when the list cannot grow. */
+int sf_graph_own_link(sf_graph *g, sf_link *l);
+/* Aborts every link of the graph (a failure: no thread stays blocked). */
+void sf_graph_abort_links(sf_graph *g);
 
 /* Delivers a packet to stage index `to` (push mode) or to the output FIFO past the end. */
 int sf_graph_deliver(sf_graph *g, int to, sf_packet *p);

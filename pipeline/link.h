@@ -1,5 +1,6 @@
 /* Links carry packets from one stage to the next. The default is a bounded in-process queue
- * with blocking back-pressure; a network transport implements the same three calls. */
+ * with blocking back-pressure; a network transport (pipeline/net.h), the router and merger of
+ * a stream-parallel group (pipeline/distributed.h) implement the same calls. */
 #ifndef SEQFLOW_PIPELINE_LINK_H
 #define SEQFLOW_PIPELINE_LINK_H
 
@@ -19,6 +20,12 @@ typedef struct sf_link_ops {
     /* Tear down now: pending packets are dropped, push fails, pop returns NULL. */
     void (*abort)(sf_link *l);
     void (*destroy)(sf_link *l);
+    /* Why pop returned NULL: SF_OK for a clean end (the producer closed the link), else the
+     * error that aborted it, its message set with sf_error on the calling thread (a network
+     * half: the peer died or went silent, SF_E_PEER; an abort from this side: SF_E_CLOSED).
+     * The scheduler asks after every NULL pop, so that a link cut short never passes for the
+     * end of the input. May be NULL: every end is clean. */
+    int (*status)(sf_link *l);
 } sf_link_ops;
 
 struct sf_link {

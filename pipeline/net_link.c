@@ -422,7 +422,7 @@ static void net_destroy(sf_link *base)
     free(l);
 }
 
-static const sf_link_ops net_ops = {net_push, net_pop, net_ready, net_close, net_abort, net_destroy};
+static const sf_link_ops net_ops = {net_push, net_pop, net_ready, net_close, net_abort, net_destroy, sf_net_link_error};
 
 sf_link_options sf_link_options_default(void)
 {

@@ -94,7 +94,18 @@ static void queue_destroy(sf_link *l)
     free(q);
 }
 
-static const sf_link_ops queue_ops = {queue_push, queue_pop, queue_ready, queue_close, queue_abort, queue_destroy};
+/* A queue is aborted only by a failure that the graph has recorded already. */
+static int queue_status(sf_link *l)
+{
+    queue_link *q = (queue_link *)l;
+    pthread_mutex_lock(&q->lock);
+    const int aborted = q->aborted;
+    pthread_mutex_unlock(&q->lock);
+    return aborted ? sf_error(SF_E_CLOSED, "link aborted") : SF_OK;
+}
+
+static const sf_link_ops queue_ops = {queue_push, queue_pop, queue_ready, queue_close, queue_abort, queue_destroy,
+                                      queue_status};
 
 sf_link *sf_queue_link_create(int depth)
 {

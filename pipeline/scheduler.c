@@ -6,10 +6,9 @@
 
 #include "pipeline/graph_internal.h"
 
-static void abort_all_links(sf_graph *g)
+void sf_graph_abort_links(sf_graph *g)
 {
-    for (int i = 0; i < g->n_stages; i++)
-        if (g->stages[i]->out) g->stages[i]->out->ops->abort(g->stages[i]->out);
+    for (int i = 0; i < g->n_links; i++) g->links[i]->ops->abort(g->links[i]);
 }
 
 static void stage_failed(sf_stage *st, int rc)
@@ -18,14 +17,14 @@ static void stage_failed(sf_stage *st, int rc)
     const char *msg = sf_last_error();
     if (rc == SF_E_CLOSED && g->error_code != SF_OK) return; /* fallout of an earlier failure */
     sf_graph_fail(g, rc, st->cls->name, msg);
-    abort_all_links(g);
+    sf_graph_abort_links(g);
 }
 
 static void *stage_thread(void *arg)
 {
     sf_stage *st = arg;
     sf_graph *g = st->graph;
-    sf_link *in = st->index > 0 ? g->stages[st->index - 1]->out : NULL;
+    sf_link *in = st->in; /* a queue, a network half or a merger (distributed.c) */
     int last = st->index == g->n_stages - 1;
     int rc = SF_OK;
     sf_clear_error();
@@ -39,7 +38,11 @@ static void *stage_thread(void *arg)
         sf_packet *p;
         for (;;) {
             if (st->cls->idle && !in->ops->ready(in) && (rc = st->cls->idle(st)) != SF_OK) break;
-            if (!(p = in->ops->pop(in))) break;
+            if (!(p = in->ops->pop(in))) {
+                /* a link cut short (a dead peer) must not pass for the end of the input */
+                if (in->ops->status) rc = in->ops->status(in);
+                break;
+            }
             if (p->kind == SF_PACKET_CHECKPOINT) { /* never seen by process() */
                 rc = sf_graph_checkpoint_pass(st, p);
                 if (rc != SF_OK) break;
@@ -67,6 +70,7 @@ int sf_graph_run(sf_graph *g)
     int rc = g->checkpoint ? sf_graph_checkpoint_prepare(g) : SF_OK;
     if (rc == SF_OK) rc = sf_graph_start(g, 1);
     if (rc == SF_OK && g->checkpoint) rc = sf_graph_checkpoint_restore_stages(g);
+    if (rc == SF_OK && g->dist) rc = sf_dist_restore_given(g); /* a worker's share of a checkpoint */
     if (rc != SF_OK) {
         sf_graph_fail(g, rc, NULL, sf_last_error());
         return rc;
@@ -74,12 +78,14 @@ int sf_graph_run(sf_graph *g)
     pthread_t *threads = calloc((size_t)g->n_stages, sizeof *threads);
     if (!threads) return sf_error(SF_E_NOMEM, "out of memory");
     int started = 0;
-    for (; started < g->n_stages; started++) {
-        if (pthread_create(&threads[started], NULL, stage_thread, g->stages[started]) != 0) {
+    for (int i = 0; i < g->n_stages; i++) {
+        if (g->stages[i]->remote) continue; /* another process runs it */
+        if (pthread_create(&threads[started], NULL, stage_thread, g->stages[i]) != 0) {
             sf_graph_fail(g, SF_E_NOMEM, NULL, "could not start a stage thread");
-            abort_all_links(g);
+            sf_graph_abort_links(g);
             break;
         }
+        started++;
     }
     for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
     free(threads);

@@ -1,0 +1,164 @@
+#!/bin/sh
+# Distributed runs through the binary, all processes on this machine over ipc:// endpoints.
+#   layouts  `seqflow launch -n 3`: a layer pipeline, a stream-parallel group and the two
+#            combined give `seqflow run`'s bytes (the same pipeline without placements)
+#   mpirun   the same layouts started by Open MPI's mpirun (skipped without mpirun)
+#   torchrun the same started as torchrun --no-python would (RANK, WORLD_SIZE, MASTER_ADDR,
+#            MASTER_PORT set per process)
+#   kill     kill -9 of a worker or of rank 0 at seeded random points, each followed by a
+#            --resume that must give the uninterrupted bytes; a dead worker is named by the
+#            driver within its heartbeat timeout, and no output file is left
+#   stop     a SIGSTOPped worker is detected within the timeout; no output (or partial) left
+# Usage: distributed_cli.sh MODE (SEQFLOW_BIN: the binary; SEQFLOW_TEST_SEED: the kill points)
+set -u
+mode=$1
+bin=${SEQFLOW_BIN:?SEQFLOW_BIN must name the seqflow binary}
+tmp=$(mktemp -d /tmp/sf-dist-test.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp" || exit 1
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# a sanitizer build runs several times slower: more slack for the timings, fewer kills
+slack=2.5 kills=11
+if grep -q __asan_init "$bin"; then slack=8 kills=4; fi
+slack=${SEQFLOW_TEST_SLACK:-$slack}
+model="--layers 2 -t 1 -q"
+export OMP_WAIT_POLICY=passive
+head -c "${SEQFLOW_TEST_INPUT_BYTES:-12000}" /dev/urandom > in.bin
+# three streams: the input cut in three, one input each
+split -n 3 -d in.bin part
+multi="-i part00 -i part01 -i part02"
+
+layer="segment ! embed ! block layers=0-0 @1 ! block layers=1-1 @2 ! norm"
+stream="segment ! embed @1,2 ! block layers=0-0 @1,2 ! block layers=1-1 @1,2 ! norm @1,2"
+combined="segment ! embed @1 ! block layers=0-0 @0,2 ! block layers=1-1 @1 ! norm"
+plain="segment ! embed ! block layers=0-0 ! block layers=1-1 ! norm"
+"$bin" run $model -i in.bin -o ref1.raw "$plain" || fail "seqflow run"
+"$bin" run $model $multi -o ref3.raw "$plain" || fail "seqflow run of three streams"
+
+# check NAME EXPECTED_REF COMMAND...: runs the command, compares out.raw with the reference
+check() {
+    name=$1 ref=$2
+    shift 2
+    rm -f out.raw
+    "$@" || fail "$name: exit status $?"
+    cmp -s out.raw "$ref" || fail "$name: output differs from seqflow run"
+    echo "ok: $name"
+}
+
+# the pid of rank R among the children of pid P
+rank_pid() {
+    for d in /proc/[0-9]*; do
+        [ "$(awk '{print $4}' "$d/stat" 2>/dev/null)" = "$1" ] || continue
+        { tr '\0' '\n' < "$d/environ"; } 2> /dev/null | grep -qx "RANK=$2" && { echo "${d#/proc/}"; return; }
+    done
+}
+
+now() { date +%s.%N; }
+
+case $mode in
+layouts)
+    check "launch: layer pipeline" ref1.raw "$bin" launch -n 3 -- $model -i in.bin -o out.raw "$layer"
+    check "launch: stream parallel" ref3.raw "$bin" launch -n 3 -- $model $multi -o out.raw "$stream"
+    check "launch: both" ref3.raw "$bin" launch -n 3 -- $model $multi -o out.raw "$combined"
+    # refusals: a bad placement is a usage error before anything runs
+    rm -f out.raw
+    "$bin" launch -n 2 -- $model -i in.bin -o out.raw "segment ! embed @1,2 ! block @1 ! norm" 2> err.txt
+    [ $? -eq 2 ] || fail "a bad placement: exit status not 2"
+    [ ! -e out.raw ] || fail "a refused job left out.raw"
+    ;;
+mpirun)
+    command -v mpirun > /dev/null || { echo "skipped: no mpirun"; exit 77; }
+    "$bin" launch -n 3 --write-topology "$tmp/topo" > /dev/null || fail "--write-topology"
+    mpi="mpirun --allow-run-as-root --oversubscribe -x OMP_WAIT_POLICY -n 3"
+    w="$bin worker --topology $tmp/topo/topology.json --key $tmp/topo/rank{rank}.key"
+    check "mpirun: layer pipeline" ref1.raw $mpi $w $model -i in.bin -o out.raw "$layer"
+    check "mpirun: stream parallel" ref3.raw $mpi $w $model $multi -o out.raw "$stream"
+    check "mpirun: both" ref3.raw $mpi $w $model $multi -o out.raw "$combined"
+    ;;
+torchrun)
+    "$bin" launch -n 3 --write-topology "$tmp/topo" > /dev/null || fail "--write-topology"
+    rm -f out.raw
+    for r in 0 1 2; do
+        RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + $$ % 20000)) \
+            "$bin" worker --topology "$tmp/topo/topology.json" --key "$tmp/topo/rank{rank}.key" \
+            $model -i in.bin -o out.raw "$layer" > /dev/null 2> "err$r.txt" &
+    done
+    wait || true
+    for r in 0 1 2; do [ -s "err$r.txt" ] && cat "err$r.txt" >&2; done
+    cmp -s out.raw ref1.raw || fail "torchrun variables: output differs"
+    echo "ok: torchrun variables"
+    ;;
+kill)
+    # seeded kill points; a worker's death is seen within the timeout (1500 ms here)
+    seed=${SEQFLOW_TEST_SEED:-1}
+    runs=${SEQFLOW_TEST_KILLS:-$kills}
+    head -c 40000 /dev/urandom > in.bin
+    split -n 2 -d in.bin half
+    two="-i half00 -i half01"
+    "$bin" run $model $two -o ref.raw "$plain" || fail "reference"
+    i=0
+    while [ $i -lt "$runs" ]; do
+        victim=$(awk -v s="$seed" -v i="$i" 'BEGIN { srand(s * 1000 + i); print int(rand() * 3) }')
+        delay=$(awk -v s="$seed" -v i="$i" 'BEGIN { srand(s * 1000 + i); rand(); printf "%.2f", rand() * 0.7 }')
+        layout=$layer
+        [ $((i % 2)) -eq 1 ] && layout=$combined
+        rm -rf ck out.raw out.raw.partial*
+        "$bin" launch -n 3 --timeout-ms 1500 -- $model $two -o out.raw \
+            --checkpoint ck --checkpoint-every 2 "$layout" 2> err.txt &
+        lp=$!
+        # mid-stream: once the first checkpoint is written (the data crosses every rank), then
+        # the seeded delay
+        n=0
+        while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 500 ] && kill -0 $lp 2> /dev/null; do
+            sleep 0.02
+            n=$((n + 1))
+        done
+        sleep "$delay"
+        pid=$(rank_pid $lp "$victim")
+        killed_at=$(now)
+        [ -n "$pid" ] && kill -9 "$pid"
+        wait $lp
+        status=$?
+        ended_at=$(now)
+        if [ $status -eq 0 ]; then
+            cmp -s out.raw ref.raw || fail "run $i: finished before the kill, with other bytes"
+        else
+            [ ! -e out.raw ] || fail "run $i: a failed job left out.raw"
+            if [ "$victim" != 0 ]; then
+                [ -n "${SEQFLOW_TEST_VERBOSE:-}" ] && cat err.txt >&2
+                grep -q "rank $victim (host .*) stopped answering" err.txt || { cat err.txt >&2; fail "run $i: rank $victim not named"; }
+                awk -v a="$killed_at" -v b="$ended_at" -v s="$slack" 'BEGIN { exit !(b - a < 1.5 + s) }' ||
+                    { cat err.txt >&2; fail "run $i: the driver took $(awk -v a="$killed_at" -v b="$ended_at" 'BEGIN { print b - a }') s"; }
+            fi
+            "$bin" launch -n 3 -- $model $two -o out.raw \
+                --checkpoint ck --checkpoint-every 2 --resume "$layout" 2> err2.txt || { cat err2.txt >&2; fail "run $i: resume"; }
+            cmp -s out.raw ref.raw || fail "run $i: resumed output differs (rank $victim killed after $delay s)"
+        fi
+        echo "ok: kill -9 of rank $victim $delay s after the first checkpoint (exit $status), resumed"
+        i=$((i + 1))
+    done
+    ;;
+stop)
+    head -c 30000 /dev/urandom > in.bin
+    rm -f out.raw
+    "$bin" launch -n 3 -- $model -i in.bin -o out.raw "$layer" 2> err.txt &
+    lp=$!
+    sleep 0.5
+    pid=$(rank_pid $lp 2)
+    [ -n "$pid" ] || fail "no rank 2"
+    stopped_at=$(now)
+    kill -STOP "$pid"
+    wait $lp
+    status=$?
+    ended_at=$(now)
+    [ $status -eq 1 ] || { cat err.txt >&2; fail "a stopped worker: exit status $status, not 1"; }
+    grep -q "^seqflow: rank 2 (host .*) stopped answering" err.txt || { cat err.txt >&2; fail "rank 2 not named"; }
+    awk -v a="$stopped_at" -v b="$ended_at" -v s="$slack" 'BEGIN { exit !(b - a < 3 + s) }' || fail "detected after more than 3 + $slack s"
+    [ -z "$(ls out.raw* 2> /dev/null)" ] || fail "output left behind: $(ls out.raw*)"
+    echo "ok: SIGSTOP of rank 2 detected in $(awk -v a="$stopped_at" -v b="$ended_at" 'BEGIN { printf "%.2f", b - a }') s"
+    ;;
+*)
+    fail "unknown mode $mode"
+    ;;
+esac
+exit 0

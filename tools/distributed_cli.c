@@ -1,0 +1,644 @@
+/* `seqflow worker` (one rank of a distributed run) and `seqflow launch` (N local workers with a
+ * generated topology). A worker: finds its rank (the launcher's environment or --rank/--world),
+ * reads the topology and its key, builds the same graph as every other rank, joins rank 0's
+ * rendezvous (which checks that everyone runs the same thing and hands each its share of a
+ * checkpoint on --resume), connects its links and runs its stages. Rank 0 is the driver: it
+ * reads the input, writes the output and the checkpoints. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pipeline/distributed.h"
+#include "pipeline/launcher.h"
+#include "pipeline/net.h"
+#include "pipeline/rendezvous.h"
+#include "pipeline/topology.h"
+#include "tools/distributed_cli.h"
+#include "tools/run_common.h"
+
+extern char **environ;
+
+static void worker_usage(FILE *f)
+{
+    fputs("usage: seqflow worker [worker options] [run options] [PIPELINE]\n"
+          "\n"
+          "One rank of a distributed run. Every rank is given the same run options and pipeline\n"
+          "(the pipeline's placements, `@R` or `@R1,R2,...`, say which ranks run each stage; no\n"
+          "placement is rank 0). Rank 0 is the driver: it reads the input, writes the output and\n"
+          "the checkpoints; the others run their stages. The run options are `seqflow run`'s\n"
+          "(seqflow --help).\n"
+          "\n"
+          "worker options:\n"
+          "      --topology FILE     the job's topology (docs/DISTRIBUTED.md): ranks, endpoints,\n"
+          "                          keys, link options; its pipeline is used when none is given\n"
+          "      --key FILE          this rank's secret CURVE key (mode 0600); '{rank}' in FILE is\n"
+          "                          replaced by the rank (one command line for every rank)\n"
+          "      --rank R --world N  this rank and the job's size (default: the launcher's\n"
+          "                          environment: torchrun, Open MPI, PMIx, Slurm, a Kubernetes\n"
+          "                          indexed Job; MASTER_ADDR/MASTER_PORT replace the topology's\n"
+          "                          rendezvous)\n"
+          "      --local-rank R      this rank's index on its machine (default: the launcher's)\n"
+          "\n"
+          "A rank that dies or stops answering (no heartbeat within the topology's timeout_ms,\n"
+          "3000 by default) fails the job: the driver exits 1 naming the rank, its host and the\n"
+          "last committed segment, and removes its unfinished output. With --checkpoint, the\n"
+          "same command with --resume goes on from the newest checkpoint, every rank restored.\n",
+          f);
+}
+
+static void launch_usage(FILE *f)
+{
+    fputs("usage: seqflow launch -n N [launch options] [--] [worker and run options] [PIPELINE]\n"
+          "\n"
+          "Starts N `seqflow worker` processes on this machine (ranks 0..N-1, RANK, WORLD_SIZE and\n"
+          "LOCAL_RANK set) and waits for them. Without --topology it writes a topology of its own\n"
+          "(ipc:// endpoints and fresh CURVE keys in a private temporary folder, removed at the\n"
+          "end). The output is the one `seqflow run` gives for the pipeline without placements.\n"
+          "\n"
+          "launch options:\n"
+          "  -n, --ranks N           processes to start (1..256)\n"
+          "      --topology FILE     use this topology (its world must be N); give --key too\n"
+          "      --timeout-ms MS     a generated topology's silent-peer timeout (default 3000)\n"
+          "      --write-topology DIR  write a generated topology and keys into DIR (created, mode\n"
+          "                          0700) and exit: for mpirun, srun or torchrun to start the\n"
+          "                          workers (--topology DIR/topology.json --key DIR/rank{rank}.key)\n"
+          "\n"
+          "Signals (SIGINT, SIGTERM, SIGHUP) are passed on to every worker. When a worker fails,\n"
+          "the driver is given the heartbeat timeout (and 5 s) to report it, then every worker\n"
+          "still running is stopped. The exit status is the driver's when it failed, else the\n"
+          "first failed worker's (128+N for signal N), else 0.\n",
+          f);
+}
+
+/* ---- seqflow worker ------------------------------------------------------------------------ */
+
+typedef struct worker {
+    run_ctx run;
+    const char *topology_path, *key_path;
+    int rank, world, local_rank;
+    sf_topology *topology;
+    sf_net *net;
+    /* this rank's keys: the network reads them whenever it connects, until sf_net_free */
+    char secret[SF_Z85_KEY_LEN + 1], public_key[SF_Z85_KEY_LEN + 1];
+    const uint8_t *resume_state; /* driver: the loaded checkpoint's state (owned by the graph) */
+    size_t resume_len;
+} worker;
+
+/* Takes the worker options out of argv (in place); the rest are run options. 0 to go on, else
+ * the exit status (-1: help). */
+static int worker_options(int *argc, char **argv, worker *w)
+{
+    int out = 1;
+    for (int i = 1; i < *argc; i++) {
+        const char *arg = argv[i];
+        const char **text = NULL;
+        int *number = NULL;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            worker_usage(stdout);
+            return -1;
+        }
+        if (strcmp(arg, "--topology") == 0) text = &w->topology_path;
+        else if (strcmp(arg, "--key") == 0) text = &w->key_path;
+        else if (strcmp(arg, "--rank") == 0) number = &w->rank;
+        else if (strcmp(arg, "--world") == 0) number = &w->world;
+        else if (strcmp(arg, "--local-rank") == 0) number = &w->local_rank;
+        if (!text && !number) {
+            argv[out++] = argv[i];
+            continue;
+        }
+        if (i + 1 >= *argc) {
+            fprintf(stderr, "seqflow: %s needs a value\n", arg);
+            return 2;
+        }
+        const char *value = argv[++i];
+        long long v;
+        if (text) *text = value;
+        else if (!parse_int_arg(arg, value, 0, SF_DIST_MAX_RANKS, &v)) return 2;
+        else *number = (int)v;
+    }
+    *argc = out;
+    argv[out] = NULL;
+    return 0;
+}
+
+/* path with every "{rank}" replaced by the rank. */
+static void rank_path(const char *path, int rank, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (const char *p = path; *p && used + 1 < size;) {
+        if (strncmp(p, "{rank}", 6) == 0) {
+            used += (size_t)snprintf(out + used, size - used, "%d", rank);
+            p += 6;
+        } else {
+            out[used++] = *p++;
+            out[used] = '\0';
+        }
+    }
+}
+
+/* The rendezvous payload of `rank`: a byte (1: resume) then its share of the checkpoint. */
+static int payload_of(void *user, int rank, sf_buffer *out)
+{
+    worker *w = user;
+    uint8_t resume = w->resume_state != NULL;
+    int rc = sf_buffer_append(out, &resume, 1);
+    if (rc == SF_OK && resume && rank != 0)
+        rc = sf_dist_rank_state(w->run.graph, w->resume_state, w->resume_len, rank, out);
+    return rc;
+}
+
+static int net_link(void *user, int peer, uint32_t channel, int direction, sf_link **out)
+{
+    worker *w = user;
+    sf_topology_link t;
+    int rc = sf_topology_link_options(w->topology, w->rank, peer, &t);
+    if (rc != SF_OK) return rc;
+    sf_link_options o = sf_link_options_default();
+    o.codec = t.codec;
+    o.level = t.level;
+    o.quant = t.quant;
+    o.group = t.group;
+    o.error_feedback = t.error_feedback ? 1 : -1;
+    o.window_packets = t.window_packets;
+    o.window_bytes = t.window_bytes;
+    return sf_net_link_create(w->net, peer, channel, direction == SF_DIST_SEND ? SF_NET_SEND : SF_NET_RECV, &o, out);
+}
+
+/* The rank that went silent, if one did: a failure elsewhere often reaches the driver first as
+ * an abort from the rank that noticed, so the driver waits (at most the heartbeat timeout) for
+ * its own verdict on any peer it has not heard from lately. -1 when none. */
+static int silent_peer(worker *w, int64_t *silent_ms)
+{
+    const int timeout = sf_topology_timeout_ms(w->topology), heartbeat = sf_topology_heartbeat_ms(w->topology);
+    for (int waited = 0;; waited += 50) {
+        int suspect = 0;
+        for (int r = 1; r < w->world; r++) {
+            sf_net_peer_status st;
+            if (!sf_dist_peer_used(w->run.graph, r) || sf_net_peer_status_get(w->net, r, &st) != SF_OK) continue;
+            if (st.failed) {
+                *silent_ms = st.silent_ms;
+                return r;
+            }
+            if (st.silent_ms > 2 * heartbeat) suspect = 1;
+        }
+        if (!suspect || waited > timeout) return -1;
+        struct timespec nap = {0, 50 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* The driver's message for a failed run: the rank that stopped answering (when one did), the
+ * graph's error otherwise, then where the output got to. */
+static void driver_message(run_ctx *c, char *message, size_t size)
+{
+    worker *w = c->user;
+    int64_t silent_ms = 0;
+    const int r = w->net ? silent_peer(w, &silent_ms) : -1;
+    size_t used = strlen(message);
+    if (r >= 0) {
+        const sf_topology_rank *t = sf_topology_rank_get(w->topology, r);
+        used = (size_t)snprintf(message, size, "rank %d (host %s) stopped answering (silent for %lld ms)", r,
+                                t && t->host ? t->host : "?", (long long)silent_ms);
+    }
+    uint64_t stream, segment;
+    if (used < size && sf_dist_last_committed(c->graph, &stream, &segment))
+        used += (size_t)snprintf(message + used, size - used, "; last committed segment %" PRIu64 " of stream %" PRIu64,
+                                 segment, stream);
+    else if (used < size)
+        used += (size_t)snprintf(message + used, size - used, "; no segment committed");
+    uint64_t written = sf_graph_checkpoint_written(c->graph), resumed = sf_graph_checkpoint_resumed(c->graph);
+    if (used < size && (written || resumed))
+        snprintf(message + used, size - used, "; checkpoint %" PRIu64 " holds it: rerun with --resume",
+                 written ? written : resumed);
+}
+
+/* Everything after the options were read: returns the exit status. */
+static int worker_run(worker *w)
+{
+    run_ctx *c = &w->run;
+    static char label[48]; /* lives as long as the run's messages */
+    snprintf(label, sizeof label, "seqflow[rank %d]", w->rank);
+    if (w->rank != 0) {
+        c->label = label;
+        c->a.quiet = 1;
+        c->a.progress = 0;
+    } else {
+        snprintf(label, sizeof label, "seqflow");
+        c->failure_message = driver_message;
+        c->user = w;
+    }
+    int status = run_prepare(c, w->rank == 0);
+    if (status) return status;
+    int rc = sf_dist_plan(c->graph, w->world, w->rank);
+    if (rc != SF_OK) {
+        fprintf(stderr, "%s: %s\n", label, sf_last_error());
+        return exit_status_of(rc);
+    }
+    if (w->rank == 0 && (rc = sf_dist_checkpoint_load(c->graph, &w->resume_state, &w->resume_len)) != SF_OK) {
+        fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        return 1;
+    }
+    /* keys and the rendezvous */
+    char *secret = w->secret, *public_key = w->public_key;
+    const int plaintext = sf_topology_get_security(w->topology) == SF_SECURITY_PLAINTEXT;
+    if (!plaintext) {
+        char path[4096];
+        rank_path(w->key_path, w->rank, path, sizeof path);
+        if ((rc = sf_topology_read_key(path, secret)) != SF_OK) {
+            fprintf(stderr, "%s: %s\n", label, sf_last_error());
+            return 1;
+        }
+    }
+    const char **keys = calloc((size_t)w->world, sizeof *keys), **endpoints = calloc((size_t)w->world, sizeof *endpoints);
+    sf_rendezvous_config rv;
+    rc = keys && endpoints ? sf_rendezvous_config_from_topology(w->topology, w->rank, secret, public_key, keys, endpoints, &rv)
+                           : sf_error(SF_E_NOMEM, "out of memory");
+    sf_launch_info info;
+    sf_launch_overrides ov = {w->rank, w->world, w->local_rank, w->world};
+    if (rc == SF_OK && sf_launcher_resolve((const char *const *)environ, &ov, &info) == SF_OK && info.rendezvous[0])
+        rv.endpoint = info.rendezvous; /* torchrun's MASTER_ADDR:MASTER_PORT */
+    const sf_topology_rank *self = sf_topology_rank_get(w->topology, w->rank);
+    const sf_model_config *cfg = sf_model_get_config(c->model);
+    char options[256];
+    snprintf(options, sizeof options, "device=%s precision=%d", c->opts.device, (int)c->opts.precision);
+    sf_hello hello = {.rank = w->rank, .world = w->world, .version = SEQFLOW_VERSION_STRING,
+                      .model_hash = sf_model_weights_hash(c->model), .config_hash = sf_hash_model_config(cfg),
+                      .pipeline_hash = sf_hash_text(c->pipeline), .options_hash = sf_hash_text(options),
+                      .endpoint = self->endpoint, .host = self->host};
+    sf_rendezvous_result *result = NULL;
+    if (rc == SF_OK)
+        rc = w->rank == 0 ? sf_rendezvous_serve(&rv, &hello, payload_of, w, &result) : sf_rendezvous_join(&rv, &hello, &result);
+    if (rc == SF_OK && w->rank != 0 && result->payload_len > 0 && result->payload[0] == 1)
+        rc = sf_dist_set_state(c->graph, result->payload + 1, result->payload_len - 1);
+    sf_rendezvous_result_free(result);
+    /* the network: every other rank a peer */
+    sf_net_peer *peers = calloc((size_t)w->world, sizeof *peers);
+    int n_peers = 0;
+    for (int r = 0; rc == SF_OK && peers && r < w->world; r++) {
+        const sf_topology_rank *t = sf_topology_rank_get(w->topology, r);
+        if (r != w->rank) peers[n_peers++] = (sf_net_peer){r, t->endpoint, plaintext ? NULL : t->public_key, t->host};
+    }
+    if (rc == SF_OK && !peers) rc = sf_error(SF_E_NOMEM, "out of memory");
+    sf_net_options no = {.rank = w->rank, .bind = self->bind ? self->bind : self->endpoint, .secret_key = plaintext ? NULL : secret,
+                         .public_key = plaintext ? NULL : public_key, .plaintext = plaintext, .peers = peers,
+                         .n_peers = n_peers, .heartbeat_ms = sf_topology_heartbeat_ms(w->topology),
+                         .timeout_ms = sf_topology_timeout_ms(w->topology),
+                         .connect_timeout_ms = sf_topology_connect_timeout_ms(w->topology),
+                         .linger_ms = sf_topology_linger_ms(w->topology)};
+    if (rc == SF_OK) rc = sf_net_create(&no, &w->net);
+    free(peers);
+    free(keys);
+    free(endpoints);
+    if (rc == SF_OK) {
+        sf_dist_links links = {net_link, w};
+        rc = sf_dist_connect(c->graph, &links);
+    }
+    if (rc != SF_OK) {
+        fprintf(stderr, "%s: %s\n", label, sf_last_error());
+        return rc == SF_E_PARSE ? 2 : 1;
+    }
+    return run_execute(c);
+}
+
+int cmd_worker(int argc, char **argv)
+{
+    worker w = {.rank = -1, .world = -1, .local_rank = -1};
+    int status = worker_options(&argc, argv, &w);
+    if (status) return status < 0 ? 0 : status;
+    if (!w.topology_path) {
+        fprintf(stderr, "seqflow: worker needs --topology FILE (seqflow launch --write-topology DIR makes one)\n");
+        return 2;
+    }
+    int rc = sf_topology_load(w.topology_path, &w.topology);
+    if (rc != SF_OK) {
+        fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        return 2;
+    }
+    sf_launch_overrides ov = {w.rank, w.world, w.local_rank, sf_topology_world(w.topology)};
+    sf_launch_info info;
+    if ((rc = sf_launcher_resolve((const char *const *)environ, &ov, &info)) != SF_OK) {
+        fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        sf_topology_free(w.topology);
+        return 2;
+    }
+    w.rank = info.rank;
+    w.world = info.world;
+    w.local_rank = info.local_rank;
+    if (sf_topology_get_security(w.topology) != SF_SECURITY_PLAINTEXT && !w.key_path) {
+        fprintf(stderr, "seqflow: rank %d needs its secret key: --key FILE\n", w.rank);
+        sf_topology_free(w.topology);
+        return 2;
+    }
+    status = run_parse(argc, argv, &w.run, worker_usage);
+    if (status == 0 && !w.run.a.pipeline && sf_topology_pipeline(w.topology)) w.run.body = sf_topology_pipeline(w.topology);
+    if (status == 0) status = worker_run(&w);
+    run_ctx_free(&w.run); /* the links first: they belong to the network */
+    sf_net_free(w.net);
+    memset(w.secret, 0, sizeof w.secret);
+    sf_topology_free(w.topology);
+    return status < 0 ? 0 : status;
+}
+
+/* ---- seqflow launch ------------------------------------------------------------------------ */
+
+#define LAUNCH_MAX 256
+
+static pid_t children[LAUNCH_MAX];
+static int n_children;
+static volatile sig_atomic_t launch_signal;
+
+/* Passes the signal on to every worker; they stop as `seqflow run` does. */
+static void on_launch_signal(int sig)
+{
+    launch_signal = sig;
+    for (int i = 0; i < n_children; i++)
+        if (children[i] > 0) kill(children[i], sig);
+}
+
+static int write_file(const char *path, const char *text, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0) return sf_error(SF_E_IO, "cannot write '%s': %s", path, strerror(errno));
+    size_t len = strlen(text), at = 0;
+    while (at < len) {
+        ssize_t n = write(fd, text + at, len - at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            close(fd);
+            return sf_error(SF_E_IO, "cannot write '%s': %s", path, strerror(errno));
+        }
+        at += (size_t)n;
+    }
+    return close(fd) == 0 ? SF_OK : sf_error(SF_E_IO, "cannot write '%s': %s", path, strerror(errno));
+}
+
+/* DIR/topology.json (ipc:// endpoints in DIR, CURVE) and DIR/rankR.key for n ranks. */
+static int write_topology(const char *dir, int n, int timeout_ms)
+{
+    size_t size = 1024 + (size_t)n * (2 * strlen(dir) + 200);
+    char *json = malloc(size);
+    if (!json) return sf_error(SF_E_NOMEM, "out of memory");
+    size_t used = (size_t)snprintf(json, size,
+                                   "{\n  \"version\": 1,\n  \"security\": \"curve\",\n  \"rendezvous\": \"ipc://%s/rendezvous\",\n"
+                                   "  \"timeout_ms\": %d,\n  \"datacenters\": [{\"name\": \"local\", \"nodes\": [{\"name\": "
+                                   "\"localhost\", \"ranks\": [\n",
+                                   dir, timeout_ms);
+    int rc = SF_OK;
+    for (int r = 0; r < n && rc == SF_OK; r++) {
+        char pub[SF_Z85_KEY_LEN + 1], sec[SF_Z85_KEY_LEN + 1], path[4200], line[64];
+        rc = sf_curve_keypair(pub, sec);
+        snprintf(path, sizeof path, "%s/rank%d.key", dir, r);
+        snprintf(line, sizeof line, "%s\n", sec);
+        if (rc == SF_OK) rc = write_file(path, line, 0600);
+        memset(sec, 0, sizeof sec);
+        memset(line, 0, sizeof line);
+        used += (size_t)snprintf(json + used, size - used, "    {\"id\": %d, \"endpoint\": \"ipc://%s/rank%d\", \"public_key\": \"%s\"}%s\n",
+                                 r, dir, r, pub, r + 1 < n ? "," : "");
+    }
+    snprintf(json + used, size - used, "  ]}]}]\n}\n");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/topology.json", dir);
+    if (rc == SF_OK) rc = write_file(path, json, 0644);
+    free(json);
+    return rc;
+}
+
+/* Removes what write_topology made (and the ipc sockets) and the folder. */
+static void remove_topology(const char *dir, int n)
+{
+    char path[4200];
+    for (int r = 0; r < n; r++) {
+        snprintf(path, sizeof path, "%s/rank%d.key", dir, r);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/rank%d", dir, r);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/topology.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/rendezvous", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* The -o/--out value among the forwarded arguments, or NULL. */
+static const char *forwarded_out(int argc, char **argv)
+{
+    const char *out = NULL;
+    for (int i = 0; i < argc; i++) {
+        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--out") == 0) && i + 1 < argc) out = argv[++i];
+        else if (strncmp(argv[i], "--out=", 6) == 0) out = argv[i] + 6;
+    }
+    return out;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int status_of(int wstatus)
+{
+    return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
+}
+
+static void stop_children(int sig)
+{
+    for (int i = 0; i < n_children; i++)
+        if (children[i] > 0) {
+            kill(children[i], sig);
+            kill(children[i], SIGCONT); /* a stopped worker takes the signal too */
+        }
+}
+
+int cmd_launch(int argc, char **argv)
+{
+    long long n = 0, timeout_ms = 3000;
+    const char *topology = NULL, *write_dir = NULL;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            launch_usage(stdout);
+            return 0;
+        }
+        const int has_value = i + 1 < argc;
+        if ((strcmp(arg, "-n") == 0 || strcmp(arg, "--ranks") == 0) && has_value) {
+            if (!parse_int_arg("-n", argv[++i], 1, LAUNCH_MAX, &n)) return 2;
+        } else if (strcmp(arg, "--topology") == 0 && has_value) {
+            topology = argv[++i];
+        } else if (strcmp(arg, "--timeout-ms") == 0 && has_value) {
+            if (!parse_int_arg("--timeout-ms", argv[++i], 100, 3600000, &timeout_ms)) return 2;
+        } else if (strcmp(arg, "--write-topology") == 0 && has_value) {
+            write_dir = argv[++i];
+        } else {
+            break; /* the workers' options start here */
+        }
+    }
+    if (n < 1) {
+        fprintf(stderr, "seqflow: launch needs -n N (the number of processes)\nTry 'seqflow launch --help'.\n");
+        return 2;
+    }
+    if (write_dir) {
+        if (mkdir(write_dir, 0700) != 0 && errno != EEXIST) {
+            fprintf(stderr, "seqflow: cannot create '%s': %s\n", write_dir, strerror(errno));
+            return 1;
+        }
+        if (write_topology(write_dir, (int)n, (int)timeout_ms) != SF_OK) {
+            fprintf(stderr, "seqflow: %s\n", sf_last_error());
+            return 1;
+        }
+        printf("%s/topology.json: %lld ranks; start each with: seqflow worker --topology %s/topology.json --key "
+               "%s/rank{rank}.key [run options] [PIPELINE]\n", write_dir, n, write_dir, write_dir);
+        return 0;
+    }
+    /* a private folder for the generated topology; ipc paths must stay short (sun_path) */
+    char dir[64] = "";
+    if (!topology) {
+        snprintf(dir, sizeof dir, "/tmp/seqflow-launch-XXXXXX");
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "seqflow: cannot create a temporary folder: %s\n", strerror(errno));
+            return 1;
+        }
+        if (write_topology(dir, (int)n, (int)timeout_ms) != SF_OK) {
+            fprintf(stderr, "seqflow: %s\n", sf_last_error());
+            remove_topology(dir, (int)n);
+            return 1;
+        }
+    }
+    char topology_path[128], key_path[128];
+    snprintf(topology_path, sizeof topology_path, "%s/topology.json", dir);
+    snprintf(key_path, sizeof key_path, "%s/rank{rank}.key", dir);
+    const int forwarded = argc - i;
+    char **args = calloc((size_t)forwarded + 8, sizeof *args);
+    if (!args) return 1;
+    int a = 0;
+    args[a++] = "seqflow";
+    args[a++] = "worker";
+    if (!topology) {
+        args[a++] = "--topology";
+        args[a++] = topology_path;
+        args[a++] = "--key";
+        args[a++] = key_path;
+    } else {
+        args[a++] = "--topology";
+        args[a++] = (char *)topology;
+    }
+    for (int k = 0; k < forwarded; k++) args[a++] = argv[i + k];
+    args[a] = NULL;
+
+    struct sigaction sa = {0};
+    sa.sa_handler = on_launch_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    fflush(NULL);
+    n_children = (int)n;
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            char value[32];
+            snprintf(value, sizeof value, "%d", r);
+            setenv("RANK", value, 1);
+            setenv("LOCAL_RANK", value, 1);
+            snprintf(value, sizeof value, "%lld", n);
+            setenv("WORLD_SIZE", value, 1);
+            /* OpenMP threads that spin while their process waits for packets would take the
+             * cores the other ranks compute on */
+            setenv("OMP_WAIT_POLICY", "passive", 0);
+            /* an outer launcher's variables describe launch itself, not the workers */
+            static const char *const outer[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                                "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", NULL};
+            for (const char *const *v = outer; *v; v++) unsetenv(*v);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            signal(SIGHUP, SIG_DFL);
+            execv("/proc/self/exe", args);
+            fprintf(stderr, "seqflow: cannot start a worker: %s\n", strerror(errno));
+            _exit(127);
+        }
+        if (pid < 0) {
+            fprintf(stderr, "seqflow: cannot start rank %d: %s\n", r, strerror(errno));
+            n_children = r;
+            stop_children(SIGKILL);
+            break;
+        }
+        children[r] = pid;
+    }
+    int statuses[LAUNCH_MAX], first_failed = -1, alive = n_children;
+    pid_t driver_pid = children[0];
+    double stop_at = 0, kill_at = 0;
+    int after_success = 0; /* the stop follows the driver's success: the output is complete */
+    for (int r = 0; r < n_children; r++) statuses[r] = -1;
+    while (alive > 0) {
+        int wstatus;
+        pid_t pid = waitpid(-1, &wstatus, WNOHANG);
+        if (pid > 0) {
+            int r = 0;
+            while (r < n_children && children[r] != pid) r++;
+            if (r == n_children) continue;
+            children[r] = 0;
+            alive--;
+            statuses[r] = status_of(wstatus);
+            if (after_success && kill_at && statuses[r] != 0) {
+                /* a worker that outlived a finished job by 10 s: stopped, the job stands */
+                fprintf(stderr, "seqflow launch: rank %d did not exit after the job finished; stopped\n", r);
+                statuses[r] = 0;
+            }
+            if (statuses[r] != 0 && first_failed < 0) first_failed = r;
+            if (WIFSIGNALED(wstatus) && !launch_signal && !kill_at)
+                fprintf(stderr, "seqflow launch: rank %d (pid %d) was killed by signal %d\n", r, (int)pid, WTERMSIG(wstatus));
+            if (alive == 0) break;
+            /* the driver gone: nothing more can be done; a worker gone: the driver names it within
+             * its heartbeat timeout, then the rest stop */
+            const double t = now_seconds();
+            if (r == 0 && statuses[0] != 0 && !stop_at) stop_at = t;
+            else if (r == 0 && !stop_at) stop_at = t + 10.0, after_success = 1; /* the workers finish on their own */
+            else if (statuses[r] != 0 && !stop_at) stop_at = t + timeout_ms / 1000.0 + 5.0;
+            continue;
+        }
+        if (pid < 0 && errno != EINTR) break;
+        const double t = now_seconds();
+        if (stop_at && t >= stop_at && !kill_at) {
+            stop_children(SIGTERM);
+            kill_at = t + 2.0;
+        }
+        if (kill_at && t >= kill_at) {
+            stop_children(SIGKILL);
+            kill_at = t + 3600;
+        }
+        struct timespec nap = {0, 20 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+    }
+    /* a driver killed outright leaves its unfinished output (unless checkpointed: kept to resume) */
+    const char *out = forwarded_out(forwarded, argv + i);
+    if (statuses[0] > 128 && out && strcmp(out, "-") != 0) {
+        char partial[4200];
+        snprintf(partial, sizeof partial, "%s.partial-%d", out, (int)driver_pid);
+        unlink(partial);
+    }
+    if (!topology) remove_topology(dir, (int)n);
+    free(args);
+    if (statuses[0] != 0 && statuses[0] != -1) return statuses[0];
+    if (first_failed >= 0) {
+        fprintf(stderr, "seqflow launch: rank %d failed (exit status %d)\n", first_failed, statuses[first_failed]);
+        return statuses[first_failed];
+    }
+    return launch_signal ? 128 + launch_signal : 0;
+}
