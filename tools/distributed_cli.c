@@ -339,6 +339,14 @@ int cmd_worker(int argc, char **argv)
         return 2;
     }
     status = run_parse(argc, argv, &w.run, worker_usage);
+    run_args *ra = &w.run.a;
+    if (status == 0 && ra->device && strcmp(ra->device, "cuda") == 0 && !ra->device_index_set) {
+        /* one GPU a rank on a node: the topology's "devices" of this rank, else its local rank */
+        const sf_topology_rank *self = sf_topology_rank_get(w.topology, w.rank);
+        const char *dev = self && self->n_devices ? self->devices[0] : NULL;
+        if (dev && strncmp(dev, "cuda:", 5) == 0) ra->device_index = atoi(dev + 5);
+        else if (w.local_rank >= 0) ra->device_index = w.local_rank;
+    }
     if (status == 0 && !w.run.a.pipeline && sf_topology_pipeline(w.topology)) w.run.body = sf_topology_pipeline(w.topology);
     if (status == 0) status = worker_run(&w);
     run_ctx_free(&w.run); /* the links first: they belong to the network */

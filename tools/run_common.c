@@ -194,7 +194,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         {"verbose", no_argument, 0, 'v'},          {"log-level", required_argument, 0, O_LOG_LEVEL},
         {"stats-json", required_argument, 0, O_STATS_JSON},
         {"max-output", required_argument, 0, O_MAX_OUTPUT}, {"json", no_argument, 0, O_JSON},
-        {"gpus", required_argument, 0, O_GPUS},       {"ranks", required_argument, 0, O_RANKS},
+        {"gpus", required_argument, 0, O_GPUS},       {"cpu-ranks", required_argument, 0, O_RANKS},
         {0, 0, 0, 0}};
     long long v;
     int c;
@@ -214,7 +214,15 @@ static int parse_args(int argc, char **argv, run_args *a)
             }
             a->out_dtype = optarg;
             break;
-        case 'd': a->device = optarg; break;
+        case 'd':
+            /* "cuda:N": GPU N; the name alone is GPU 0, or a worker's own (cmd_worker) */
+            if (strncmp(optarg, "cuda:", 5) == 0) {
+                if (!parse_int_arg("-d cuda:N", optarg + 5, 0, 1023, &v)) return 2;
+                a->device = "cuda", a->device_index = (int)v, a->device_index_set = 1;
+            } else {
+                a->device = optarg;
+            }
+            break;
         case 't': if (!parse_int_arg("--threads", optarg, 0, 1024, &v)) return 2; a->threads = (int)v; break;
         case O_QUEUE: if (!parse_int_arg("--queue-depth", optarg, 1, 1024, &v)) return 2; a->queue_depth = (int)v; break;
         case O_PROGRESS: a->progress = 2; break;
@@ -228,7 +236,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         case O_GPUS:
         case O_RANKS:
             /* head-parallel blocks: heads_of= on every block stage (append_body) */
-            if (!parse_int_arg(c == O_GPUS ? "--gpus" : "--ranks", optarg, 1, 256, &v)) return 2;
+            if (!parse_int_arg(c == O_GPUS ? "--gpus" : "--cpu-ranks", optarg, 1, 256, &v)) return 2;
             a->heads_of = (int)v, a->heads_on_gpus = c == O_GPUS;
             break;
         case 'h': usage_fn(stdout); return -1;
@@ -313,7 +321,7 @@ static int parse_args(int argc, char **argv, run_args *a)
         return 2;
     }
     if (a->heads_of && (a->device && strcmp(a->device, "cuda") == 0) != a->heads_on_gpus) {
-        fprintf(stderr, "seqflow: %s\n", a->heads_on_gpus ? "--gpus needs -d cuda" : "--ranks is for -d cpu (cuda: --gpus)");
+        fprintf(stderr, "seqflow: %s\n", a->heads_on_gpus ? "--gpus needs -d cuda" : "--cpu-ranks is for -d cpu (cuda: --gpus)");
         return 2;
     }
     if (a->precision == SF_PRECISION_FP8 && (!a->device || strcmp(a->device, "cuda") != 0)) {
@@ -507,7 +515,7 @@ static int append_body(char *buf, size_t size, const char *body, const run_args 
         if (a->heads_of && starts_with_stage(p, "block")) {
             if (strstr(buf + used, "heads_of=")) {
                 fprintf(stderr, "seqflow: a block of the pipeline sets its own heads_of=; drop --%s\n",
-                        a->heads_on_gpus ? "gpus" : "ranks");
+                        a->heads_on_gpus ? "gpus" : "cpu-ranks");
                 return 0;
             }
             char n[16];
@@ -705,7 +713,8 @@ int run_prepare(run_ctx *c, int driver)
                         "those rows attend only to global tokens and memory\n",
                 uncovered, (long)cfg->heads * cfg->segment);
     if ((status = compose(c)) != 0) return status;
-    c->opts = (sf_graph_options){.device = a->device ? a->device : "cpu", .threads = a->threads,
+    c->opts = (sf_graph_options){.device = a->device ? a->device : "cpu", .device_index = a->device_index,
+                                 .threads = a->threads,
                                  .queue_depth = a->queue_depth, .precision = a->precision,
                                  .backend_settings = a->backend_settings};
     int rc = sf_graph_create(c->model, &c->opts, &c->graph);

@@ -26,7 +26,9 @@ typedef struct run_args {
     const char *checkpoint_codec; /* --checkpoint-codec (validated), NULL = raw */
     sf_precision precision;      /* --precision, AUTO when not given */
     const char *backend_settings; /* --backend-settings KEY=V[,KEY=V], NULL = the defaults */
-    int heads_of, heads_on_gpus; /* --gpus N / --ranks N: head-parallel blocks, 0 = off */
+    int heads_of, heads_on_gpus; /* --gpus N / --cpu-ranks N: head-parallel blocks, 0 = off */
+    int device_index, device_index_set; /* -d cuda:N: N (set: given so); else 0, or a worker's own:
+                                    its topology devices' first "cuda:N", else its local rank */
     uint64_t seed;
     sf_model_config cfg;         /* defaults, then the user's overrides */
     unsigned overrides;          /* which fields of cfg the user set */

@@ -59,7 +59,7 @@ static void usage(FILE *f)
         "  -d, --device NAME       cpu (default) or cuda (when built with CUDA and a GPU is present)\n"
         "      --precision P       bf16, fp8 (cuda only) or f32 products (default: bf16 on cuda, f32 on cpu)\n"
         "      --gpus N            split every block's heads over N GPUs (-d cuda; NCCL between them)\n"
-        "      --ranks N           the same over N CPU ranks (threads), for -d cpu\n"
+        "      --cpu-ranks N       the same over N CPU ranks (threads), for -d cpu\n"
         "      --backend-settings KEY=V[,KEY=V]\n"
         "                          the device backend's own settings (cuda: docs/CUDA.md); each wins\n"
         "                          over its environment default; cpu has none\n"

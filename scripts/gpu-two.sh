@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Two GPUs of one host, on the GPU machine, in the project root, after `source scripts/gpu-env.sh`:
+#   bash scripts/gpu-two.sh
+# 1. scripts/gpu-heads.sh: the build, the head-parallel tests (two NCCL ranks against one, a
+#    rank that fails, resume) and bench_heads (tokens/s, all-reduce time a layer, memory per GPU);
+# 2. the reference model through the binary, steady rate (64 against LONG segments of 8192
+#    tokens, null sink): one GPU (`seqflow run -d cuda`), head parallelism over both
+#    (`--gpus 2`), and a layer pipeline of two processes over ZeroMQ, one GPU each
+#    (`seqflow launch -n 2`, layers 0-1 on rank 0, 2-3 on rank 1);
+# 3. the layer pipeline's output against one GPU's, byte for byte, on 4 segments.
+# Logs go to $OUT (else build-gpu/two); a summary to $OUT/two-summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+logs=${OUT:-build-gpu/two}
+mkdir -p "$logs"
+summary=$logs/two-summary.txt
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off
+OUT=$logs bash scripts/gpu-heads.sh >"$logs/gpu-heads.txt" 2>&1
+note "gpu-heads.sh: exit $?"
+cat "$logs/heads-summary.txt" >>"$summary" 2>/dev/null
+cmake --build build-gpu -j16 --target seqflow bench_gpu_pipeline >"$logs/build-two.log" 2>&1 \
+  || { grep -E "error|Error" "$logs/build-two.log" | head -20; exit 1; }
+bin=build-gpu/seqflow
+D=/tmp/gpu_two
+LONG=${LONG:-448}
+mkdir -p "$D"
+build-gpu/bench/bench_gpu_pipeline --make-model "$D/ref.st" --preset reference --seed 1 >/dev/null
+for segs in 4 64 "$LONG"; do
+  build-gpu/bench/bench_gpu_pipeline --make-tokens "$D/t$segs.u32" --count $((segs * 8192)) --seed 4 >/dev/null
+done
+layers="segment ! embed ! block layers=0-1 ! block layers=2-3 @1 ! norm"
+
+# seconds MODE SEGMENTS [OUT]: wall time of one run of the binary
+seconds() {
+  local mode=$1 segs=$2 out=${3:-} t0 t1 rc
+  local sink=(--sink-format null)
+  [ -n "$out" ] && sink=(-o "$out")
+  t0=$(date +%s.%N)
+  case $mode in
+    one) timeout 120 "$bin" run -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
+    heads) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
+    layers) timeout 120 "$bin" launch -n 2 -- -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 \
+              "${sink[@]}" "$layers" ;;
+  esac >>"$logs/runs.txt" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  [ $rc -ne 0 ] && note "run failed: $mode $segs (exit $rc)"
+  echo "$t0 $t1" | awk '{printf "%.4f", $2 - $1}'
+}
+for mode in one heads layers; do
+  for rep in 1 2; do
+    short=$(seconds $mode 64)
+    long=$(seconds $mode "$LONG")
+    rate=$(awk -v s="$short" -v l="$long" -v n=$(((LONG - 64) * 8192)) 'BEGIN { printf "%.0f", n / (l - s) }')
+    note "steady rate $mode rep $rep: $rate tokens/s (64 segments ${short} s, $LONG segments ${long} s)"
+  done
+done
+seconds one 4 "$D/one.f32" >/dev/null
+seconds layers 4 "$D/layers.f32" >/dev/null
+if cmp -s "$D/one.f32" "$D/layers.f32"; then
+  note "layer pipeline over 2 GPUs: output byte-identical to one GPU ($(stat -c %s "$D/one.f32") bytes)"
+else
+  note "layer pipeline over 2 GPUs: output DIFFERS from one GPU"
+fi
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >>"$summary" 2>&1
+tail -5 "$logs/runs.txt" >>"$summary"
