@@ -1,45 +1,140 @@
-/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of frames. The build
- * targets x86-64-v3, which has SSE4.2's crc32 instruction: 8 bytes per instruction, fast enough
- * that checksumming never shows next to the codecs. The bitwise loop only keeps the file
- * building for a target without it. */
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of frames. Every frame
+ * that crosses a link or lands on disk is checksummed twice per hop (written, then checked), so
+ * its speed is a link's speed: on x86-64 with SSE4.2 (every x86-64 CPU since 2008) the crc32
+ * instruction, picked at run time so that a portable build uses it too, over three interleaved
+ * streams (the instruction's latency is 3 cycles, its throughput 1: about 20 GB/s); elsewhere a
+ * slicing-by-8 table (about 1-2 GB/s). */
 #include <stdint.h>
 #include <string.h>
 
 #include "compress/frame.h"
 
-#if defined(__SSE4_2__)
+/* ---- portable: slicing-by-8 ------------------------------------------------------------------ */
+static uint32_t table[8][256];
+
+static void make_table(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++) table[t][i] = (table[t - 1][i] >> 8) ^ table[0][table[t - 1][i] & 0xff];
+}
+
+static uint32_t crc_table(uint32_t c, const uint8_t *p, size_t len)
+{
+    while (len && ((uintptr_t)p & 7)) {
+        c = (c >> 8) ^ table[0][(c ^ *p++) & 0xff];
+        len--;
+    }
+    while (len >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        lo = __builtin_bswap32(lo), hi = __builtin_bswap32(hi);
+#endif
+        lo ^= c;
+        c = table[7][lo & 0xff] ^ table[6][(lo >> 8) & 0xff] ^ table[5][(lo >> 16) & 0xff] ^ table[4][lo >> 24] ^
+            table[3][hi & 0xff] ^ table[2][(hi >> 8) & 0xff] ^ table[1][(hi >> 16) & 0xff] ^ table[0][hi >> 24];
+        p += 8;
+        len -= 8;
+    }
+    while (len--) c = (c >> 8) ^ table[0][(c ^ *p++) & 0xff];
+    return c;
+}
+
+/* ---- x86-64: the crc32 instruction ----------------------------------------------------------- */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
 
-uint32_t sf_crc32c(uint32_t crc, const void *data, size_t len)
+#define CRC_BLOCK 4096 /* bytes of each of the three streams per round */
+
+/* The CRC state after CRC_BLOCK zero bytes is linear in the state before: one table per byte
+ * of the state (made once from the slow byte-by-byte shift). */
+static uint32_t shift_table[4][256];
+
+static uint32_t shift_slow(uint32_t c, size_t bytes)
 {
-    const uint8_t *p = data;
-    uint64_t c = ~crc;
+    while (bytes--) c = (c >> 8) ^ table[0][c & 0xff];
+    return c;
+}
+
+static void make_shift_table(void)
+{
+    for (int k = 0; k < 4; k++)
+        for (uint32_t v = 0; v < 256; v++) shift_table[k][v] = shift_slow(v << (8 * k), CRC_BLOCK);
+}
+
+static uint32_t shift_block(uint32_t c)
+{
+    return shift_table[0][c & 0xff] ^ shift_table[1][(c >> 8) & 0xff] ^ shift_table[2][(c >> 16) & 0xff] ^
+           shift_table[3][c >> 24];
+}
+
+__attribute__((target("sse4.2"))) static uint32_t crc_sse42(uint32_t c32, const uint8_t *p, size_t len)
+{
+    uint64_t c = c32;
     while (len && ((uintptr_t)p & 7)) {
         c = _mm_crc32_u8((uint32_t)c, *p++);
         len--;
     }
+    /* three independent streams of CRC_BLOCK bytes, joined by shifting the first two over the
+     * bytes that follow them */
+    while (len >= 3 * CRC_BLOCK) {
+        uint64_t c1 = 0, c2 = 0;
+        const uint8_t *q = p + CRC_BLOCK, *r = p + 2 * CRC_BLOCK;
+        for (size_t i = 0; i < CRC_BLOCK; i += 8) {
+            uint64_t a, b, d;
+            memcpy(&a, p + i, 8);
+            memcpy(&b, q + i, 8);
+            memcpy(&d, r + i, 8);
+            c = _mm_crc32_u64(c, a);
+            c1 = _mm_crc32_u64(c1, b);
+            c2 = _mm_crc32_u64(c2, d);
+        }
+        c = shift_block((uint32_t)c) ^ (uint32_t)c1;
+        c = shift_block((uint32_t)c) ^ (uint32_t)c2;
+        p += 3 * CRC_BLOCK;
+        len -= 3 * CRC_BLOCK;
+    }
     while (len >= 8) {
         uint64_t v;
-        memcpy(&v, p, 8); /* aligned by the loop above; memcpy keeps it well defined */
+        memcpy(&v, p, 8);
         c = _mm_crc32_u64(c, v);
         p += 8;
         len -= 8;
     }
     while (len--) c = _mm_crc32_u8((uint32_t)c, *p++);
-    return ~(uint32_t)c;
+    return (uint32_t)c;
 }
+#endif
 
-#else
+typedef uint32_t (*crc_fn)(uint32_t c, const uint8_t *p, size_t len);
+
+static crc_fn pick(void)
+{
+    make_table();
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2")) {
+        make_shift_table();
+        return crc_sse42;
+    }
+#endif
+    return crc_table;
+}
 
 uint32_t sf_crc32c(uint32_t crc, const void *data, size_t len)
 {
-    const uint8_t *p = data;
-    uint32_t c = ~crc;
-    while (len--) {
-        c ^= *p++;
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+    /* chosen once; a race of two first calls picks the same function twice */
+    static crc_fn fn;
+    crc_fn f = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = pick();
+        __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
     }
-    return ~c;
+    return ~f(~crc, (const uint8_t *)data, len);
 }
-
-#endif

@@ -634,6 +634,22 @@ static void test_crc32c(void)
     uint32_t whole = sf_crc32c(0, data + 1, 300);
     for (size_t split = 0; split <= 300; split += 13)
         CHECK(sf_crc32c(sf_crc32c(0, data + 1, split), data + 1 + split, 300 - split) == whole);
+    /* Lengths around the interleaved path's blocks (3 x 4096 bytes) against the bitwise
+     * definition, at every alignment. */
+    enum { BIG = 3 * 4096 * 2 + 64 };
+    uint8_t *big = malloc(BIG);
+    for (int i = 0; i < BIG; i++) big[i] = (uint8_t)(i * 2654435761u >> 13);
+    static const size_t lens[] = {7, 8, 4095, 12287, 12288, 12289, 24576, BIG - 8};
+    for (int off = 0; off < 8; off++)
+        for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+            uint32_t c = ~7u;
+            for (size_t i = 0; i < lens[k]; i++) {
+                c ^= big[off + i];
+                for (int b = 0; b < 8; b++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+            }
+            CHECKF(sf_crc32c(7, big + off, lens[k]) == ~c, "crc32c of %zu bytes at offset %d", lens[k], off);
+        }
+    free(big);
 }
 
 int main(void)
