@@ -8,7 +8,8 @@
 #    (`--gpus 2`), and a layer pipeline of two processes over ZeroMQ, one GPU each
 #    (`seqflow launch -n 2`, layers 0-1 on rank 0, 2-3 on rank 1);
 # 3. the layer pipeline's output against one GPU's, byte for byte, on 4 segments.
-# Logs go to $OUT (else build-gpu/two); a summary to $OUT/two-summary.txt.
+# TWO_SKIP_HEADS=1 skips step 1. Logs go to $OUT (else build-gpu/two); a summary to
+# $OUT/two-summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 logs=${OUT:-build-gpu/two}
@@ -17,9 +18,14 @@ summary=$logs/two-summary.txt
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off
-OUT=$logs bash scripts/gpu-heads.sh >"$logs/gpu-heads.txt" 2>&1
-note "gpu-heads.sh: exit $?"
-cat "$logs/heads-summary.txt" >>"$summary" 2>/dev/null
+if [ -z "${TWO_SKIP_HEADS:-}" ]; then
+  OUT=$logs bash scripts/gpu-heads.sh >"$logs/gpu-heads.txt" 2>&1
+  note "gpu-heads.sh: exit $?"
+  cat "$logs/heads-summary.txt" >>"$summary" 2>/dev/null
+else # TWO_SKIP_HEADS=1: only the binary's runs below (configure and build here)
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DSEQFLOW_BUILD_TESTS=OFF -DSEQFLOW_BUILD_BENCH=ON >"$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; exit 1; }
+fi
 cmake --build build-gpu -j16 --target seqflow bench_gpu_pipeline >"$logs/build-two.log" 2>&1 \
   || { grep -E "error|Error" "$logs/build-two.log" | head -20; exit 1; }
 bin=build-gpu/seqflow
