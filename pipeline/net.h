@@ -131,4 +131,9 @@ int sf_net_keypair(char public_key[41], char secret_key[41]);
  * as if the process were stopped, while ZeroMQ's own threads keep the connections up. */
 void sf_net_test_freeze(sf_net *n, int frozen);
 
+/* Tests only: while on, every acknowledgement this process would send is discarded as if it
+ * had been sent (a lost ACK); the periodic refresh (docs/DISTRIBUTED.md, "Credit") must heal
+ * the window once it is off again. */
+void sf_net_test_drop_acks(sf_net *n, int on);
+
 #endif
