@@ -18,6 +18,8 @@
  *   - bounded memory: a sending half holds at most window_packets packets / window_bytes bytes
  *     not yet consumed by the receiving stage (push blocks beyond that), a receiving half at
  *     most its window; ZeroMQ's own queues are capped (high-water marks);
+ *   - a lost acknowledgement never stalls a window: receivers repeat their (cumulative) ACKs
+ *     with every heartbeat, so one is late by at most heartbeat_ms;
  *   - a peer that stays silent for timeout_ms (dead, stopped, partitioned), or is never reached
  *     within connect_timeout_ms, or refuses our key, aborts every link to and from it with
  *     SF_E_PEER and a message naming its rank, host and how long it was silent (the peer is
