@@ -425,7 +425,13 @@ static void tick(sf_net *n)
         }
         if (now >= p->next_heartbeat_ms) {
             net_env e = {MSG_HEARTBEAT, 0, (uint32_t)n->o.rank, 0, 0, n->progress, 0, 0};
-            if (net_send(n, p, NET_CONTROL, &e, NULL) == 0) p->next_heartbeat_ms = now + n->o.heartbeat_ms;
+            if (net_send(n, p, NET_CONTROL, &e, NULL) == 0) {
+                p->next_heartbeat_ms = now + n->o.heartbeat_ms;
+                /* an ACK can be lost (one that arrives before its sending half exists is
+                 * dropped there; a connection drops what it had queued) and nothing else
+                 * makes a receiver with nothing more to receive send another: repeat them */
+                net_link_refresh(n, i);
+            }
         }
         net_link_flush(n, i);
     }
@@ -708,6 +714,14 @@ void sf_net_test_freeze(sf_net *n, int frozen)
 {
     pthread_mutex_lock(&n->lock);
     n->frozen = frozen;
+    pthread_mutex_unlock(&n->lock);
+    net_wake(n);
+}
+
+void sf_net_test_drop_acks(sf_net *n, int on)
+{
+    pthread_mutex_lock(&n->lock);
+    n->drop_acks = on;
     pthread_mutex_unlock(&n->lock);
     net_wake(n);
 }

@@ -18,6 +18,8 @@
  *   - bounded memory: a sending half holds at most window_packets packets / window_bytes bytes
  *     not yet consumed by the receiving stage (push blocks beyond that), a receiving half at
  *     most its window; ZeroMQ's own queues are capped (high-water marks);
+ *   - a lost acknowledgement never stalls a window: receivers repeat their (cumulative) ACKs
+ *     with every heartbeat, so one is late by at most heartbeat_ms;
  *   - a peer that stays silent for timeout_ms (dead, stopped, partitioned), or is never reached
  *     within connect_timeout_ms, or refuses our key, aborts every link to and from it with
  *     SF_E_PEER and a message naming its rank, host and how long it was silent (the peer is
@@ -130,5 +132,10 @@ int sf_net_keypair(char public_key[41], char secret_key[41]);
 /* Tests only: while frozen the I/O thread stops doing anything (no heartbeats, no traffic),
  * as if the process were stopped, while ZeroMQ's own threads keep the connections up. */
 void sf_net_test_freeze(sf_net *n, int frozen);
+
+/* Tests only: while on, every acknowledgement this process would send is discarded as if it
+ * had been sent (a lost ACK); the periodic refresh (docs/DISTRIBUTED.md, "Credit") must heal
+ * the window once it is off again. */
+void sf_net_test_drop_acks(sf_net *n, int on);
 
 #endif

@@ -87,6 +87,7 @@ struct sf_net {
     int thread_started;
     pthread_mutex_t lock;
     int stop, frozen;
+    int drop_acks; /* sf_net_test_drop_acks */
     net_link *links;
     net_ctrl *ctrl, **ctrl_tail;
     uint64_t progress;
@@ -129,6 +130,9 @@ void net_link_on_message(sf_net *n, int peer, const net_env *e, zmq_msg_t *paylo
 void net_link_flush(sf_net *n, int peer);
 /* After connection `which` to the peer (re)connected: resend what it may have lost. */
 void net_link_rewind(sf_net *n, int peer, int which);
+/* Marks every live receiving half from that peer to send its ACK again (with each heartbeat):
+ * ACKs are cumulative, so repeating one is harmless, and a lost one cannot stall a window. */
+void net_link_refresh(sf_net *n, int peer);
 /* Fails one link (first failure wins); tell = also send an abort to the peer. */
 void net_link_fail(net_link *l, int code, int tell, const char *fmt, ...)
 #if defined(__GNUC__)

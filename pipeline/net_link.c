@@ -222,6 +222,12 @@ void net_link_rewind(sf_net *n, int peer, int which)
     }
 }
 
+void net_link_refresh(sf_net *n, int peer)
+{
+    for (net_link *l = n->links; l; l = l->next)
+        if (l->peer == peer && l->dir == SF_NET_RECV && !l->error) l->ack_dirty = 1;
+}
+
 void net_link_flush(sf_net *n, int peer)
 {
     net_peer *p = &n->peers[peer];
@@ -232,7 +238,7 @@ void net_link_flush(sf_net *n, int peer)
             if (!l->ack_dirty || p->blocked[NET_CONTROL]) continue;
             net_env e = {MSG_ACK, l->nack ? ENV_NACK : 0, (uint32_t)rank, l->channel, l->expected - 1, l->r_popped,
                          l->r_popped_bytes, (uint32_t)l->o.window_packets};
-            if (net_send(n, p, NET_CONTROL, &e, NULL) == 0) l->ack_dirty = 0, l->nack = 0;
+            if (n->drop_acks || net_send(n, p, NET_CONTROL, &e, NULL) == 0) l->ack_dirty = 0, l->nack = 0;
             continue;
         }
         while (l->granted && l->next_send <= l->pushed && !p->blocked[NET_DATA]) {

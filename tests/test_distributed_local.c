@@ -277,14 +277,12 @@ static void check_layout_on(const char *body, int world, int network)
            collected.len, reference.len);
 }
 
-/* The exchange, then (SEQFLOW_TEST_NET_LINKS=1) real network links: several sf_nets in one
- * process now and then lose an acknowledgement under load and hang (a known issue of the
- * network layer); the binary's tests (distributed_cli.sh) run real links between processes. */
+/* The exchange, then real network links (one sf_net per rank, all in this process; the
+ * binary's tests, distributed_cli.sh, run them between processes). */
 static void check_layout(const char *body, int world)
 {
     check_layout_on(body, world, 0);
-    const char *net = getenv("SEQFLOW_TEST_NET_LINKS");
-    if (net && strcmp(net, "1") == 0) check_layout_on(body, world, 1);
+    check_layout_on(body, world, 1);
 }
 
 /* Fails the link of `sender` on `channel` after `after` packets, then resumes until done. */

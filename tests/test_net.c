@@ -2,7 +2,7 @@
  * ipc: order and identity of every kind of packet, a lossy link with error feedback,
  * back-pressure by credit, CURVE refusals, a silent peer (a frozen I/O thread, and a child
  * process stopped with SIGSTOP), reconnection through a proxy that cuts the connection, and
- * malformed messages from a raw socket. */
+ * malformed messages from a raw socket, lost acknowledgements. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -590,6 +590,95 @@ static void malformed(void)
     }
 }
 
+/* Waits up to `limit` seconds for a packet on `in`; returns it, or NULL when none came. */
+static sf_packet *pop_within(sf_link *in, double limit)
+{
+    const double t0 = now_s();
+    while (!in->ops->ready(in) && now_s() - t0 < limit) usleep(2000);
+    return in->ops->ready(in) ? in->ops->pop(in) : NULL;
+}
+
+typedef struct one_push {
+    sf_link *link;
+    sf_packet *packet;
+    int rc, done;
+} one_push;
+
+static void *push_one(void *arg)
+{
+    one_push *o = arg;
+    o->rc = o->link->ops->push(o->link, o->packet);
+    __atomic_store_n(&o->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* Lost acknowledgements must not stall a window: the receiver repeats its cumulative ACK with
+ * its heartbeats (every 100 ms here). (1) The first grant reaches the sending process before
+ * its sending half exists (it is dropped there). (2) Every ACK of a window of one, the one
+ * that reopens it included, is discarded on the way. */
+static void lost_acks(void)
+{
+    pair p;
+    CHECK_OK(make_pair(&p, 1, 1, 3000));
+    if (!p.net[0] || !p.net[1]) return free_pair(&p);
+    sf_link_options o = sf_link_options_default();
+    o.window_packets = 1;
+    sf_link *out = NULL, *in = NULL;
+    /* (1) the receiving half first; its grant arrives while rank 0 has no link to apply it to */
+    CHECK_OK(sf_net_link_create(p.net[1], 0, 7, SF_NET_RECV, &o, &in));
+    sf_net_peer_status st = {0};
+    for (const double t0 = now_s(); now_s() - t0 < 3 && (sf_net_peer_status_get(p.net[0], 1, &st), st.silent_ms < 0);)
+        usleep(2000);
+    CHECKF(st.silent_ms >= 0, "rank 0 never heard from rank 1");
+    usleep(250000); /* (not a whole number of heartbeats: the repeat is not due at once) */
+    CHECK_OK(sf_net_link_create(p.net[0], 1, 7, SF_NET_SEND, &o, &out));
+    if (!out || !in) return free_pair(&p);
+    double t0 = now_s();
+    CHECK_OK(out->ops->push(out, numbered(0, 0, 3, 8)));
+    sf_packet *x = pop_within(in, 5), *want = numbered(0, 0, 3, 8);
+    CHECKF(same(x, want), "a grant sent before the sending half existed: no packet after %.1f s", now_s() - t0);
+    printf("test_net: lost first grant healed in %.3f s\n", now_s() - t0);
+    const int healed = x != NULL;
+    sf_packet_free(x), sf_packet_free(want);
+    if (!healed) { /* the window of one is full: the next push would block forever */
+        out->ops->abort(out);
+        sf_link_destroy(out);
+        sf_link_destroy(in);
+        return free_pair(&p);
+    }
+
+    /* (2) the pop that reopens the window of one is acknowledged while every ACK is dropped */
+    CHECK_OK(out->ops->push(out, numbered(1, 0, 3, 8)));
+    sf_net_test_drop_acks(p.net[1], 1);
+    x = pop_within(in, 5), want = numbered(1, 0, 3, 8);
+    CHECK(same(x, want));
+    sf_packet_free(x), sf_packet_free(want);
+    usleep(300000); /* several heartbeats: their repeated ACKs are dropped too */
+    sf_net_test_drop_acks(p.net[1], 0);
+    one_push op = {out, numbered(2, 1, 3, 8), -1, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, push_one, &op);
+    t0 = now_s();
+    while (!__atomic_load_n(&op.done, __ATOMIC_SEQ_CST) && now_s() - t0 < 5) usleep(2000);
+    const int done = __atomic_load_n(&op.done, __ATOMIC_SEQ_CST);
+    CHECKF(done, "the window stayed shut %.1f s after its acknowledgement was lost", now_s() - t0);
+    if (done) printf("test_net: lost acknowledgement healed in %.3f s\n", now_s() - t0);
+    if (!done) out->ops->abort(out); /* releases the blocked push */
+    pthread_join(t, NULL);
+    if (done) {
+        CHECK_OK(op.rc);
+        x = pop_within(in, 5), want = numbered(2, 1, 3, 8);
+        CHECK(same(x, want));
+        sf_packet_free(x), sf_packet_free(want);
+        out->ops->close(out);
+        CHECK(in->ops->pop(in) == NULL);
+        CHECK_OK(sf_net_link_error(in));
+    }
+    sf_link_destroy(out);
+    sf_link_destroy(in);
+    free_pair(&p);
+}
+
 static void roundtrips(void)
 {
     roundtrip(0, 0);
@@ -605,7 +694,8 @@ int main(int argc, char **argv)
         void (*run)(void);
     } parts[] = {{"child", stopped_child}, {"roundtrip", roundtrips}, {"lossy", lossy_link},
                  {"backpressure", back_pressure}, {"curve", curve_refusals}, {"frozen", frozen_peer},
-                 {"reconnect", reconnect}, {"slow", slow_path}, {"aborts", aborts}, {"malformed", malformed}};
+                 {"reconnect", reconnect}, {"slow", slow_path}, {"aborts", aborts}, {"malformed", malformed},
+                 {"lostacks", lost_acks}};
     for (int i = 0; i < 3; i++) CHECK_OK(sf_net_keypair(pub[i], sec[i]));
     alarm(120); /* a hang (a destroy waiting for an acknowledgement that never comes) fails */
     /* the child part first: the fork happens before this process has any thread */
