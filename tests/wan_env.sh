@@ -62,12 +62,12 @@ wan_setup() {
 
 # starts the two proxies (files in $1)
 wan_proxies_start() {
-    delay=${WAN_DELAY_MS:-25}
+    wan_delay=${WAN_DELAY_MS:-25}
     rm -f "$1/proxy-a.port" "$1/proxy-b.port"
-    ip netns exec "$wan_a" "$SF_TCP_PROXY" --listen 10.201.0.1:7102 --target 10.201.0.2:7002 --delay-ms "$delay" \
+    ip netns exec "$wan_a" "$SF_TCP_PROXY" --listen 10.201.0.1:7102 --target 10.201.0.2:7002 --delay-ms "$wan_delay" \
         --ready-file "$1/proxy-a.port" > "$1/proxy-a.out" &
     wan_pids="$wan_pids $!"
-    ip netns exec "$wan_b" "$SF_TCP_PROXY" --listen 10.201.0.2:7101 --target 10.201.0.1:7001 --delay-ms "$delay" \
+    ip netns exec "$wan_b" "$SF_TCP_PROXY" --listen 10.201.0.2:7101 --target 10.201.0.1:7001 --delay-ms "$wan_delay" \
         --ready-file "$1/proxy-b.port" > "$1/proxy-b.out" &
     wan_pids="$wan_pids $!"
     n=0
