@@ -29,6 +29,7 @@ wan_pids=""
 wan_made=""
 
 wan_cleanup() {
+    [ -n "${wan_worker:-}" ] && kill "$wan_worker" 2> /dev/null
     for p in $wan_pids; do kill "$p" 2> /dev/null; done
     for p in $wan_pids; do wait "$p" 2> /dev/null; done
     wan_pids=""
@@ -98,7 +99,7 @@ src, dst, links = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 keys = {r["id"]: r["public_key"] for dc in json.load(open(src))["datacenters"] for n in dc["nodes"] for r in n["ranks"]}
 topology = {
     "version": 1, "security": "curve", "rendezvous": "tcp://10.201.0.1:7000",
-    "heartbeat_ms": 500, "timeout_ms": 5000, "connect_timeout_ms": 10000,
+    "heartbeat_ms": 500, "timeout_ms": 5000, "connect_timeout_ms": 10000, "rendezvous_timeout_ms": 20000,
     "datacenters": [
         {"name": "a", "nodes": [{"name": "a-1", "host": "10.201.0.1", "ranks": [
             {"id": 0, "endpoint": "tcp://10.201.0.2:7101", "bind": "tcp://10.201.0.1:7001", "public_key": keys[0]}]}]},
@@ -117,11 +118,13 @@ wan_run() {
     ip netns exec "$wan_b" "$SEQFLOW_BIN" worker --topology "$dir/topology.json" --key "$dir/rank{rank}.key" \
         --rank 1 --world 2 "$@" 2> "$prefix.rank1" &
     r1=$!
+    wan_worker=$r1
     ip netns exec "$wan_a" "$SEQFLOW_BIN" worker --topology "$dir/topology.json" --key "$dir/rank{rank}.key" \
         --rank 0 --world 2 "$@" 2> "$prefix.rank0"
     s0=$?
     wait $r1
     s1=$?
+    wan_worker=""
     wan_proxies_stop "$dir"
     [ $s0 -ne 0 ] && return $s0
     return $s1
