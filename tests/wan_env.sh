@@ -21,7 +21,8 @@
 #                        wan_wire_bytes (what the proxies forwarded, both ways)
 #   wan_cleanup          stops the proxies, deletes the namespaces (trap it on EXIT)
 # Variables: SEQFLOW_BIN, SF_TCP_PROXY (the programs), WAN_DELAY_MS (default 25),
-# WAN_RATE (tbf rate, default 1gbit).
+# WAN_RATE (tbf rate, default 1gbit), WAN_CUT_AFTER_BYTES (the proxy to rank 1 resets its
+# connections once, after that many bytes; default never).
 
 wan_a=sfwan-$$-a
 wan_b=sfwan-$$-b
@@ -66,7 +67,7 @@ wan_proxies_start() {
     wan_delay=${WAN_DELAY_MS:-25}
     rm -f "$1/proxy-a.port" "$1/proxy-b.port"
     ip netns exec "$wan_a" "$SF_TCP_PROXY" --listen 10.201.0.1:7102 --target 10.201.0.2:7002 --delay-ms "$wan_delay" \
-        --ready-file "$1/proxy-a.port" > "$1/proxy-a.out" &
+        --cut-after-bytes "${WAN_CUT_AFTER_BYTES:-0}" --ready-file "$1/proxy-a.port" > "$1/proxy-a.out" &
     wan_pids="$wan_pids $!"
     ip netns exec "$wan_b" "$SF_TCP_PROXY" --listen 10.201.0.2:7101 --target 10.201.0.1:7001 --delay-ms "$wan_delay" \
         --ready-file "$1/proxy-b.port" > "$1/proxy-b.out" &

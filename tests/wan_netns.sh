@@ -2,7 +2,8 @@
 # A distributed run over an emulated WAN: rank 0 and rank 1 in two network namespaces joined by
 # a veth pair capped at 1 Gbit/s (tbf), every connection through a proxy that holds each byte
 # 25 ms each way (a 50 ms round trip; tests/wan_env.sh). A layer pipeline across it
-#   - with float32 links gives `seqflow run`'s bytes (cmp);
+#   - with float32 links gives `seqflow run`'s bytes (cmp), also when the proxy resets the
+#     connections to rank 1 mid-run;
 #   - with int8 + lz4 links (the topology's across_datacenters) gives other bytes, within a
 #     tolerance of them, and fewer bytes on the wire (the links' count and the proxies').
 # Skipped (77) when not root or when namespaces, veth or tbf are not available.
@@ -50,6 +51,14 @@ f32_wire=$wan_wire_bytes
 # the proxies saw the traffic: at least the packets' bytes went through them
 [ "$f32_wire" -ge "$f32_packets" ] || fail "the proxies forwarded $f32_wire bytes, less than the $f32_packets of packets"
 echo "ok: f32 links over a 50 ms round trip: identical to seqflow run ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s; packets $f32_packets bytes, wire $f32_wire bytes)"
+
+# the connections to rank 1 reset mid-run: reconnected, resent, still the same bytes
+WAN_CUT_AFTER_BYTES=$((f32_packets / 4)) wan_run "$tmp" "$tmp/cut" $model -i "$tmp/in.bin" -o "$tmp/cut.raw" "$layer" ||
+    { cat "$tmp/cut.rank0" "$tmp/cut.rank1" >&2; fail "cut run: exit status $?"; }
+cmp -s "$tmp/cut.raw" "$tmp/ref.raw" || fail "connections reset over the WAN: output differs from seqflow run"
+accepted=$(sed -n 's/.*: \([0-9]*\) connections,.*/\1/p' "$tmp/proxy-a.out")
+[ "${accepted:-0}" -gt 2 ] || fail "the proxy to rank 1 saw $accepted connections: the cut did not happen"
+echo "ok: connections to rank 1 reset after $((f32_packets / 4)) bytes: $accepted connections, packets $(packet_bytes "$tmp/cut.rank0") bytes, identical output"
 
 # int8 + lz4 between the datacenters: close, not identical, smaller
 wan_topology "$tmp" '{"across_datacenters": {"codec": "lz4", "quant": "int8", "error_feedback": true}}' ||

@@ -6,6 +6,7 @@
  *                [--buffer-bytes B] [--cut-after-bytes N] [--ready-file F]
  * It runs until SIGINT or SIGTERM, then prints one line on stdout:
  *   sf_tcp_proxy: LISTEN -> TARGET: C connections, U bytes forwarded, D bytes back */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -113,6 +114,11 @@ int main(int argc, char **argv)
     sigaddset(&block, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &block, &old); /* the proxy's thread inherits the mask */
 
+    struct in_addr check;
+    if (inet_pton(AF_INET, listen_host, &check) != 1 || inet_pton(AF_INET, target_host, &check) != 1) {
+        fprintf(stderr, "sf_tcp_proxy: addresses are numeric IPv4: %s, %s\n", listen_text, target_text);
+        return 2;
+    }
     tcp_proxy_options o = {.delay_ms = (int)delay, .rate = rate_mbit * 1e6 / 8, .listen_host = listen_host,
                            .listen_port = listen_port, .max_buffered = (size_t)buffer,
                            .cut_after_bytes = (unsigned long long)cut_after};
