@@ -42,7 +42,7 @@ packet_bytes() {
 wan_topology "$tmp" '{"default": {"window_packets": 8}}' || fail "writing the topology"
 t0=$(date +%s.%N)
 wan_run "$tmp" "$tmp/f32" $model -i "$tmp/in.bin" -o "$tmp/f32.raw" "$layer" ||
-    { cat "$tmp/f32.rank0" "$tmp/f32.rank1" >&2; fail "f32 run: exit status $?"; }
+    { s=$?; cat "$tmp/f32.rank0" "$tmp/f32.rank1" >&2; fail "f32 run: exit status $s"; }
 t1=$(date +%s.%N)
 cmp -s "$tmp/f32.raw" "$tmp/ref.raw" || fail "f32 links over the WAN: output differs from seqflow run"
 f32_packets=$(packet_bytes "$tmp/f32.rank0")
@@ -54,7 +54,7 @@ echo "ok: f32 links over a 50 ms round trip: identical to seqflow run ($(awk -v 
 
 # the connections to rank 1 reset mid-run: reconnected, resent, still the same bytes
 WAN_CUT_AFTER_BYTES=$((f32_packets / 4)) wan_run "$tmp" "$tmp/cut" $model -i "$tmp/in.bin" -o "$tmp/cut.raw" "$layer" ||
-    { cat "$tmp/cut.rank0" "$tmp/cut.rank1" >&2; fail "cut run: exit status $?"; }
+    { s=$?; cat "$tmp/cut.rank0" "$tmp/cut.rank1" >&2; fail "cut run: exit status $s"; }
 cmp -s "$tmp/cut.raw" "$tmp/ref.raw" || fail "connections reset over the WAN: output differs from seqflow run"
 accepted=$(sed -n 's/.*: \([0-9]*\) connections,.*/\1/p' "$tmp/proxy-a.out")
 [ "${accepted:-0}" -gt 2 ] || fail "the proxy to rank 1 saw $accepted connections: the cut did not happen"
@@ -64,7 +64,7 @@ echo "ok: connections to rank 1 reset after $((f32_packets / 4)) bytes: $accepte
 wan_topology "$tmp" '{"across_datacenters": {"codec": "lz4", "quant": "int8", "error_feedback": true}}' ||
     fail "writing the topology"
 wan_run "$tmp" "$tmp/q8" $model -i "$tmp/in.bin" -o "$tmp/q8.raw" "$layer" ||
-    { cat "$tmp/q8.rank0" "$tmp/q8.rank1" >&2; fail "int8 run: exit status $?"; }
+    { s=$?; cat "$tmp/q8.rank0" "$tmp/q8.rank1" >&2; fail "int8 run: exit status $s"; }
 q8_packets=$(packet_bytes "$tmp/q8.rank0")
 q8_wire=$wan_wire_bytes
 cmp -s "$tmp/q8.raw" "$tmp/ref.raw" && fail "int8 links: output identical to float32's (not quantized?)"
