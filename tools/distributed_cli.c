@@ -50,7 +50,10 @@ static void worker_usage(FILE *f)
           "A rank that dies or stops answering (no heartbeat within the topology's timeout_ms,\n"
           "3000 by default) fails the job: the driver exits 1 naming the rank, its host and the\n"
           "last committed segment, and removes its unfinished output. With --checkpoint, the\n"
-          "same command with --resume goes on from the newest checkpoint, every rank restored.\n",
+          "same command with --resume goes on from the newest checkpoint, every rank restored.\n"
+          "\n"
+          "Unless -q is given, every rank ends with a `network:` line: the packets and bytes it\n"
+          "sent and received over its links.\n",
           f);
 }
 
