@@ -227,7 +227,12 @@ static void on_monitor(sf_net *n, int i, int which)
             p->connected = p->up[0] && p->up[1];
             p->ever_connected = 1;
             p->blocked[which] = 0;
-            net_link_rewind(n, i, which); /* whatever the last connection lost goes again */
+            /* whatever the last connection lost goes again. Not after the dealer's first
+             * handshake: nothing can have been lost before it (ZMQ_IMMEDIATE queues nothing
+             * without a connection), and packets sent on the new connection before this event
+             * was read would go twice (a window of them, on a slow path) */
+            if (which != NET_DATA || p->handshakes[which] > 0) net_link_rewind(n, i, which);
+            p->handshakes[which]++;
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
             p->up[which] = 0;
             p->connected = 0;

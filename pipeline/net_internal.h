@@ -55,6 +55,7 @@ typedef struct net_peer {
     void *dealer[2], *monitor[2];
     int blocked[2];            /* that dealer refused a send (EAGAIN): wait for POLLOUT */
     int up[2];                 /* that connection's handshake completed and it is up */
+    int handshakes[2];         /* handshakes completed on that dealer (I/O thread only) */
     int64_t next_heartbeat_ms; /* I/O */
     /* under lock */
     int want_active, active, connected, ever_connected, failed;

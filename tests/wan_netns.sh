@@ -48,6 +48,9 @@ cmp -s "$tmp/f32.raw" "$tmp/ref.raw" || fail "f32 links over the WAN: output dif
 f32_packets=$(packet_bytes "$tmp/f32.rank0")
 f32_wire=$wan_wire_bytes
 [ -n "$f32_packets" ] && [ "$f32_packets" -gt 0 ] || { cat "$tmp/f32.rank0" >&2; fail "no network line from the driver"; }
+# one packet a segment each way, none sent twice (no connection was lost)
+counts=$(sed -n 's/.*network: sent \([0-9]*\) packets ([0-9]* bytes), received \([0-9]*\) packets.*/\1 \2/p' "$tmp/f32.rank0")
+[ "${counts% *}" = "${counts#* }" ] || fail "the driver sent and received other numbers of packets: $counts"
 # the proxies saw the traffic: at least the packets' bytes went through them
 [ "$f32_wire" -ge "$f32_packets" ] || fail "the proxies forwarded $f32_wire bytes, less than the $f32_packets of packets"
 echo "ok: f32 links over a 50 ms round trip: identical to seqflow run ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s; packets $f32_packets bytes, wire $f32_wire bytes)"
