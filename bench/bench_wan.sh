@@ -23,7 +23,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../tests/wan_env.sh"
 tmp=$(mktemp -d /tmp/sf-bench-wan.XXXXXX)
 trap 'wan_cleanup; rm -rf "$tmp"' EXIT
-trap 'exit 1' INT TERM HUP
+trap 'exit 1' INT TERM HUP PIPE
 wan_setup "$tmp" || exit $?
 export OMP_WAIT_POLICY=passive
 head -c "$bytes" /dev/urandom > "$tmp/in.bin"

@@ -15,7 +15,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/wan_env.sh"
 tmp=$(mktemp -d /tmp/sf-wan-test.XXXXXX)
 trap 'wan_cleanup; rm -rf "$tmp"' EXIT
-trap 'exit 1' INT TERM HUP
+trap 'exit 1' INT TERM HUP PIPE
 fail() { echo "FAIL: $*" >&2; exit 1; }
 command -v python3 > /dev/null || { echo "skipped: no python3"; exit 77; }
 wan_setup "$tmp"
