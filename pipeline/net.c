@@ -125,7 +125,6 @@ void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
 
 int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *payload)
 {
-    (void)n;
     uint8_t buf[ENV_SIZE];
     net_env_pack(e, buf);
     void *d = p->dealer[which];
@@ -138,7 +137,10 @@ int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *pay
         return -1;
     }
     /* ZeroMQ delivers a multipart message whole once its first part is accepted */
+    const size_t size = payload ? zmq_msg_size(payload) : 0;
     if (payload && zmq_msg_send(payload, d, ZMQ_DONTWAIT) < 0) return -1;
+    n->stats.bytes_sent += ENV_SIZE + size;
+    if (e->type == MSG_DATA) n->stats.packets_sent++, n->stats.packet_bytes_sent += size;
     return 0;
 }
 
@@ -225,7 +227,12 @@ static void on_monitor(sf_net *n, int i, int which)
             p->connected = p->up[0] && p->up[1];
             p->ever_connected = 1;
             p->blocked[which] = 0;
-            net_link_rewind(n, i, which); /* whatever the last connection lost goes again */
+            /* whatever the last connection lost goes again. Not after the dealer's first
+             * handshake: nothing can have been lost before it (ZMQ_IMMEDIATE queues nothing
+             * without a connection), and packets sent on the new connection before this event
+             * was read would go twice (a window of them, on a slow path) */
+            if (which != NET_DATA || p->handshakes[which] > 0) net_link_rewind(n, i, which);
+            p->handshakes[which]++;
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
             p->up[which] = 0;
             p->connected = 0;
@@ -295,6 +302,9 @@ void net_deliver(sf_net *n, int authenticated, const void *rid, size_t rid_len, 
 {
     net_env e;
     int rc = net_env_parse(env, env_len, &e);
+    const size_t size = has_payload ? zmq_msg_size(payload) : 0;
+    n->stats.bytes_received += env_len + size;
+    if (rc == SF_OK && e.type == MSG_DATA) n->stats.packets_received++, n->stats.packet_bytes_received += size;
     char why[200];
     snprintf(why, sizeof why, "%s", rc == SF_OK ? "" : sf_last_error());
     int rank = authenticated >= 0 ? authenticated : (rc == SF_OK ? (int)e.rank : -1);
@@ -684,6 +694,13 @@ void sf_net_progress(sf_net *n, uint64_t count)
 {
     pthread_mutex_lock(&n->lock);
     n->progress = count;
+    pthread_mutex_unlock(&n->lock);
+}
+
+void sf_net_stats_get(sf_net *n, sf_net_stats *out)
+{
+    pthread_mutex_lock(&n->lock);
+    *out = n->stats;
     pthread_mutex_unlock(&n->lock);
 }
 

@@ -125,6 +125,17 @@ typedef struct sf_net_peer_status {
 /* What this process knows of `peer`; SF_E_INVAL for a rank not in peers[]. */
 int sf_net_peer_status_get(sf_net *n, int peer, sf_net_peer_status *out);
 
+typedef struct sf_net_stats {      /* what this process's sf_net moved, since sf_net_create */
+    uint64_t packets_sent;         /* DATA messages handed to ZeroMQ (resends included) */
+    uint64_t packet_bytes_sent;    /* their packets' encoded bytes (pipeline/wire.h) */
+    uint64_t packets_received;     /* DATA messages that arrived (duplicates included) */
+    uint64_t packet_bytes_received;
+    uint64_t bytes_sent, bytes_received; /* every message, envelopes and control traffic
+                                      included (not ZeroMQ's framing, CURVE or TCP) */
+} sf_net_stats;
+/* The counters so far; any thread. */
+void sf_net_stats_get(sf_net *n, sf_net_stats *out);
+
 /* A fresh CURVE key pair, Z85 text (40 characters + NUL each). SF_E_UNSUPPORTED when libzmq
  * was built without CURVE. */
 int sf_net_keypair(char public_key[41], char secret_key[41]);

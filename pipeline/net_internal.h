@@ -55,6 +55,7 @@ typedef struct net_peer {
     void *dealer[2], *monitor[2];
     int blocked[2];            /* that dealer refused a send (EAGAIN): wait for POLLOUT */
     int up[2];                 /* that connection's handshake completed and it is up */
+    int handshakes[2];         /* handshakes completed on that dealer (I/O thread only) */
     int64_t next_heartbeat_ms; /* I/O */
     /* under lock */
     int want_active, active, connected, ever_connected, failed;
@@ -91,6 +92,7 @@ struct sf_net {
     net_link *links;
     net_ctrl *ctrl, **ctrl_tail;
     uint64_t progress;
+    sf_net_stats stats;         /* under lock */
     size_t max_bytes;
     zmq_pollitem_t *poll_items; /* the I/O thread's */
     int *poll_peer;
@@ -109,8 +111,9 @@ void net_fail_peer(sf_net *n, int peer, int code, const char *fmt, ...)
 #endif
     ;
 enum { NET_DATA = 0, NET_CONTROL = 1 };
-/* Sends one message on the peer's dealer `which` without waiting: 0 sent, 1 would block,
- * <0 error. payload may be NULL; it is moved (zmq_msg_send) when sent. */
+/* Under lock (it counts into stats): sends one message on the peer's dealer `which` without
+ * waiting: 0 sent, 1 would block, <0 error. payload may be NULL; it is moved (zmq_msg_send)
+ * when sent. */
 int net_send(sf_net *n, net_peer *p, int which, const net_env *e, zmq_msg_t *payload);
 
 /* Under lock: one message that arrived on the ROUTER (routing id, envelope, optional payload,

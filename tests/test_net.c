@@ -455,7 +455,7 @@ static void slow_path(void)
     int port = 0;
     sscanf(p.ep[1], "tcp://127.0.0.1:%d", &port);
     tcp_proxy *proxy = NULL;
-    tcp_proxy_options po = {20, 1e6};
+    tcp_proxy_options po = {.delay_ms = 20, .rate = 1e6};
     CHECK(tcp_proxy_start("127.0.0.1", port, &po, &proxy) == 0);
     snprintf(p.via[1], sizeof p.via[1], "tcp://127.0.0.1:%d", tcp_proxy_port(proxy));
     CHECK_OK(make_net(&p, 0, 0, 1, 600, &p.net[0]));

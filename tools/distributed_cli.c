@@ -50,7 +50,10 @@ static void worker_usage(FILE *f)
           "A rank that dies or stops answering (no heartbeat within the topology's timeout_ms,\n"
           "3000 by default) fails the job: the driver exits 1 naming the rank, its host and the\n"
           "last committed segment, and removes its unfinished output. With --checkpoint, the\n"
-          "same command with --resume goes on from the newest checkpoint, every rank restored.\n",
+          "same command with --resume goes on from the newest checkpoint, every rank restored.\n"
+          "\n"
+          "Unless -q is given, every rank ends with a `network:` line: the packets and bytes it\n"
+          "sent and received over its links.\n",
           f);
 }
 
@@ -227,6 +230,7 @@ static int worker_run(worker *w)
     run_ctx *c = &w->run;
     static char label[48]; /* lives as long as the run's messages */
     snprintf(label, sizeof label, "seqflow[rank %d]", w->rank);
+    const int quiet = c->a.quiet; /* what the user asked: the other ranks' runs are quiet */
     if (w->rank != 0) {
         c->label = label;
         c->a.quiet = 1;
@@ -306,7 +310,17 @@ static int worker_run(worker *w)
         fprintf(stderr, "%s: %s\n", label, sf_last_error());
         return rc == SF_E_PARSE ? 2 : 1;
     }
-    return run_execute(c);
+    status = run_execute(c);
+    if (!quiet) { /* what crossed the network: the links' encodings at work */
+        sf_net_stats st;
+        sf_net_stats_get(w->net, &st);
+        fprintf(stderr,
+                "%s: network: sent %" PRIu64 " packets (%" PRIu64 " bytes), received %" PRIu64 " packets (%" PRIu64
+                " bytes); messages %" PRIu64 " bytes out, %" PRIu64 " bytes in\n",
+                label, st.packets_sent, st.packet_bytes_sent, st.packets_received, st.packet_bytes_received,
+                st.bytes_sent, st.bytes_received);
+    }
+    return status;
 }
 
 int cmd_worker(int argc, char **argv)

@@ -17,7 +17,7 @@
 
 #define MAX_CONN 32
 #define CHUNK 65536
-#define MAX_BUFFERED (1 << 20)
+#define DEFAULT_BUFFERED (1 << 20)
 
 typedef struct chunk {
     struct chunk *next;
@@ -47,7 +47,9 @@ struct tcp_proxy {
     tcp_proxy_options o;
     pthread_t thread;
     pthread_mutex_t lock;
-    int stop, cut, drop, accepted;
+    size_t max_buffered;
+    int stop, cut, drop, accepted, cut_done;
+    unsigned long long forwarded[2]; /* under lock */
     conn c[MAX_CONN];
 };
 
@@ -114,7 +116,7 @@ static void on_accept(tcp_proxy *p, int drop)
 /* Reads what fits; returns -1 when the connection is over. */
 static int pump_in(tcp_proxy *p, direction *d)
 {
-    while (d->buffered < MAX_BUFFERED && !d->eof) {
+    while (d->buffered < p->max_buffered && !d->eof) {
         chunk *ch = malloc(sizeof *ch + CHUNK);
         if (!ch) return 0;
         ssize_t r = read(d->from, ch->data, CHUNK);
@@ -136,7 +138,7 @@ static int pump_in(tcp_proxy *p, direction *d)
 
 /* Writes what is due and allowed by the rate; returns the microseconds until more is due
  * (INT64_MAX: nothing pending), or -1 when the connection is over. */
-static int64_t pump_out(tcp_proxy *p, direction *d)
+static int64_t pump_out(tcp_proxy *p, direction *d, int j)
 {
     const int64_t now = now_us();
     if (p->o.rate > 0) {
@@ -163,6 +165,9 @@ static int64_t pump_out(tcp_proxy *p, direction *d)
         if (w < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? 1000 : -1;
         h->off += (size_t)w;
         d->buffered -= (size_t)w;
+        pthread_mutex_lock(&p->lock);
+        p->forwarded[j] += (unsigned long long)w;
+        pthread_mutex_unlock(&p->lock);
         if (p->o.rate > 0) d->tokens -= (double)w;
         if (h->off == h->len) {
             d->head = h->next;
@@ -198,7 +203,7 @@ static void *proxy_thread(void *arg)
             for (int j = 0; j < 2; j++) {
                 direction *d = &p->c[i].d[j];
                 const int used = p->c[i].used;
-                fds[k++] = (struct pollfd){used && d->buffered < MAX_BUFFERED && !d->eof ? d->from : -1, POLLIN, 0};
+                fds[k++] = (struct pollfd){used && d->buffered < p->max_buffered && !d->eof ? d->from : -1, POLLIN, 0};
                 const int64_t t = now_us();
                 fds[k++] = (struct pollfd){used && d->head && d->head->due_us <= t && d->next_us <= t ? d->to : -1, POLLOUT, 0};
             }
@@ -216,13 +221,23 @@ static void *proxy_thread(void *arg)
             int over = 0, done = 0;
             for (int j = 0; j < 2 && !over; j++) {
                 if (pump_in(p, &p->c[i].d[j]) < 0) over = 1;
-                int64_t w = over ? -1 : pump_out(p, &p->c[i].d[j]);
+                int64_t w = over ? -1 : pump_out(p, &p->c[i].d[j], j);
                 if (w == -1) over = 1;
                 else if (w == -2) done++;
                 else if (w < wait_us) wait_us = w;
             }
             if (over) conn_close(&p->c[i], 1);
             else if (done == 2) conn_close(&p->c[i], 0);
+        }
+        if (p->o.cut_after_bytes && !p->cut_done) {
+            pthread_mutex_lock(&p->lock);
+            const unsigned long long total = p->forwarded[0] + p->forwarded[1];
+            pthread_mutex_unlock(&p->lock);
+            if (total >= p->o.cut_after_bytes) {
+                p->cut_done = 1;
+                for (int i = 0; i < MAX_CONN; i++)
+                    if (p->c[i].used) conn_close(&p->c[i], 1);
+            }
         }
     }
     for (int i = 0; i < MAX_CONN; i++)
@@ -236,6 +251,7 @@ int tcp_proxy_start(const char *target_host, int target_port, const tcp_proxy_op
     tcp_proxy *p = calloc(1, sizeof *p);
     if (!p) return -1;
     if (o) p->o = *o;
+    p->max_buffered = p->o.max_buffered ? p->o.max_buffered : DEFAULT_BUFFERED;
     p->target.sin_family = AF_INET;
     p->target.sin_port = htons((uint16_t)target_port);
     if (inet_pton(AF_INET, target_host, &p->target.sin_addr) != 1) {
@@ -247,6 +263,15 @@ int tcp_proxy_start(const char *target_host, int target_port, const tcp_proxy_op
     struct sockaddr_in a = {0};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)p->o.listen_port);
+    if (p->o.listen_host && inet_pton(AF_INET, p->o.listen_host, &a.sin_addr) != 1) {
+        if (p->listen_fd >= 0) close(p->listen_fd);
+        free(p);
+        errno = EINVAL;
+        return -1;
+    }
+    const int one = 1;
+    if (p->listen_fd >= 0) setsockopt(p->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     socklen_t len = sizeof a;
     if (p->listen_fd < 0 || bind(p->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(p->listen_fd, 16) != 0 ||
         getsockname(p->listen_fd, (struct sockaddr *)&a, &len) != 0 || pipe(p->wake) != 0) {
@@ -295,6 +320,13 @@ int tcp_proxy_accepted(tcp_proxy *p)
     int n = p->accepted;
     pthread_mutex_unlock(&p->lock);
     return n;
+}
+
+void tcp_proxy_bytes(tcp_proxy *p, unsigned long long out[2])
+{
+    pthread_mutex_lock(&p->lock);
+    out[0] = p->forwarded[0], out[1] = p->forwarded[1];
+    pthread_mutex_unlock(&p->lock);
 }
 
 void tcp_proxy_stop(tcp_proxy *p)
