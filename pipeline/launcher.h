@@ -1,6 +1,6 @@
 /* Which rank this process is, of how many, and where rank 0's rendezvous is, as told by the
  * launcher that started it: Slurm, Open MPI, PMIx, torchrun or a Kubernetes indexed Job. The
- * environment is passed in (`environ`, or a crafted array in tests): nothing here calls getenv.
+ * environment is passed in (`environ`, or a crafted array in tests): nothing here reads the process environment itself.
  *
  * Variables read (each a decimal integer >= 0; anything else is an error naming it):
  *   torchrun    RANK, WORLD_SIZE (both needed to count), LOCAL_RANK, MASTER_ADDR, MASTER_PORT
@@ -21,7 +21,7 @@
  *   - kubernetes counts only when no other launcher is present (a pod may run any of them, so
  *     its index is never compared).
  * Explicit options (--rank, --world, --local-rank) override all of this (sf_launcher_apply).
- * A variable given twice in envp counts once, the first (as getenv). */
+ * A variable given twice in envp counts once, the first (as the C library's lookup does). */
 #ifndef SEQFLOW_PIPELINE_LAUNCHER_H
 #define SEQFLOW_PIPELINE_LAUNCHER_H
 
