@@ -317,8 +317,9 @@ class SeqflowModel(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self, std=0.02):
-        """Small normal weights, unit norms and zero gates (memory and local attention mixed
-        half and half)."""
+        """Normal weights of variance 1/fan-in (the embedding 1/D, so that the tied output head
+        starts near uniform), unit norms and zero gates (memory and local attention mixed half
+        and half)."""
         for name, p in self.named_parameters():
             with torch.no_grad():
                 if name.endswith("norm.weight"):
@@ -326,7 +327,7 @@ class SeqflowModel(nn.Module):
                 elif name.endswith("attn.gate"):
                     p.zero_()
                 elif name == "embed.weight":
-                    p.normal_(0.0, 1.0)
+                    p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
                 else:
                     p.normal_(0.0, std if p.dim() < 2 else 1.0 / math.sqrt(p.shape[1]))
 

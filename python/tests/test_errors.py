@@ -150,3 +150,22 @@ def test_from_pretrained_refuses_incomplete_files(tmp_path):
     with pytest.raises(SeqflowError) as e:  # and the C library refuses it too, naming the tensor
         Pipeline(model=tmp_path / "m.safetensors")
     assert e.value.code == SF_E_MODEL and "gate" in e.value.message
+
+
+def test_library_search_order(tmp_path):
+    """Without SEQFLOW_LIB the library is looked for in the recorded build tree, then at
+    pkg-config's libdir, then on the loader's path."""
+    import shutil
+    if not shutil.which("pkg-config"):
+        pytest.skip("pkg-config is not installed")
+    (tmp_path / "seqflow.pc").write_text("prefix=/opt/sf\nlibdir=/opt/sf/lib\nName: seqflow\n"
+                                         "Description: x\nVersion: 0.1.0\nLibs: -L${libdir} -lseqflow\n")
+    code = "from seqflow import _lib\nprint('\\n'.join(_lib._candidates()))\n"
+    env = {k: v for k, v in os.environ.items() if k != "SEQFLOW_LIB"}
+    env["PKG_CONFIG_PATH"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    tried = out.stdout.split()
+    assert out.returncode == 0 and tried[-2:] == ["/opt/sf/lib/libseqflow.so.0", "libseqflow.so.0"], out
+    env["SEQFLOW_LIB"] = "/somewhere/libseqflow.so"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["/somewhere/libseqflow.so"]
