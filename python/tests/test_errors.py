@@ -76,6 +76,34 @@ def test_tokens_of_the_wrong_kind():
         assert sum(r.shape[0] for _, r in p) == len(b"still works")
 
 
+def test_unavailable_devices():
+    for device in ("tpu", "cuda"):  # this build (CPU tests) has no CUDA backend, or no GPU
+        try:
+            Pipeline(device=device).close()
+        except SeqflowError as e:
+            assert e.code == -11 and e.message  # SF_E_BACKEND, saying why
+        else:
+            assert device == "cuda", "an unknown device was accepted"
+
+
+def test_pipeline_without_rows():
+    with Pipeline("segment") as p:
+        p.push(b"x" * 300)
+        with pytest.raises(SeqflowError, match="no hidden rows"):
+            p.pull()
+
+
+def test_bf16_rows():
+    text = b"bfloat16 rows are the upper halves of float32 " * 8
+    with Pipeline("segment ! embed ! block ! norm dtype=bf16") as p:
+        bits = p.run(text)
+    with Pipeline() as p:
+        rows = p.run(text)
+    assert bits.dtype == np.uint16 and bits.shape == rows.shape
+    widened = (bits.astype(np.uint32) << 16).view(np.float32)
+    assert np.all(np.abs(widened - rows) <= np.abs(rows) * 2.0 ** -8 + 1e-30)
+
+
 def test_closed_pipeline():
     p = Pipeline()
     p.close()
