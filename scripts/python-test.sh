@@ -44,8 +44,12 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.seqflow-deps" 2>/dev/null)" !
   fi
   echo "$deps" >"$venv/.seqflow-deps"
 fi
-# the package itself, as a user installs it (setuptools from the venv: no download per run)
-SEQFLOW_BUILD_DIR=$build "$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$root/python"
+# the package itself, as a user installs it (setuptools from the venv: no download per run),
+# from a copy in the build folder so that the build leaves nothing in the source tree
+src=$build/python-src
+rm -rf "$src" && mkdir -p "$src"
+cp -r "$root/python/pyproject.toml" "$root/python/setup.py" "$root/python/README.md" "$root/python/seqflow" "$src/"
+SEQFLOW_BUILD_DIR=$build "$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$src"
 export SEQFLOW_LIB=$build/libseqflow.so SEQFLOW_BIN=$build/seqflow OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # run from the build folder, so that `import seqflow` finds the installed package, not python/
 cd "$build"
