@@ -1,5 +1,6 @@
 """Pipeline and the package around it: bad inputs raise clean Python exceptions carrying seqflow's
 text (nothing crashes), rows are zero-copy views, the GIL is released, the library is found."""
+import os
 import subprocess
 import sys
 
