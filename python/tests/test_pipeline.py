@@ -142,6 +142,15 @@ def test_missing_library_is_an_os_error(tmp_path):
     assert out.returncode == 0 and out.stdout.startswith("OSError") and "SEQFLOW_LIB" in out.stdout
 
 
+def test_builtin_model_and_text_match_the_binary(binary, tmp_path):
+    """Pipeline() is the binary's default run: built-in model, built-in text, same rows."""
+    out = tmp_path / "h.npy"
+    subprocess.run([binary, "run", "-q", "-o", str(out)], check=True)
+    with Pipeline() as p:
+        rows = p.run(seqflow.builtin_text())
+    assert np.array_equal(rows, np.load(out))
+
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 from seqflow.torch import SeqflowConfig, SeqflowModel  # noqa: E402
