@@ -3,7 +3,8 @@
 #   scripts/install-deps.sh          what building and running needs
 #   scripts/install-deps.sh --fuzz   also clang, libFuzzer's runtime and OpenMP for clang
 #                                    (the fuzz build of scripts/fuzz.sh; scripts/test.sh asks),
-#                                    python3-jsonschema, the arm64 cross compiler, qemu-user (tests)
+#                                    python3-jsonschema, python3-venv (the Python package's test),
+#                                    the arm64 cross compiler, qemu-user (tests)
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0; fi
 set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-dev libzstd-dev libxxhash-dev libzmq3-dev)
@@ -12,7 +13,7 @@ packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-d
 packages+=(openmpi-bin iproute2)
 [ "${1:-}" = --fuzz ] && packages+=(clang libclang-rt-dev libomp-dev)
 # and what scripts/test.sh's checks use: the JSON schemas, the arm64 cross compile, a pre-AVX CPU
-[ "${1:-}" = --fuzz ] && packages+=(python3-jsonschema gcc-aarch64-linux-gnu qemu-user)
+[ "${1:-}" = --fuzz ] && packages+=(python3-jsonschema python3-venv gcc-aarch64-linux-gnu qemu-user)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

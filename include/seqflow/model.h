@@ -86,6 +86,11 @@ int sf_model_load(const char *path, sf_model **out);
 #define SF_DEFAULT_SEED 0x5EC0F1017ull
 int sf_model_create_random(const sf_model_config *cfg, uint64_t seed, sf_model **out);
 
+/* The built-in sample input of `seqflow run` (a few paragraphs of English, one token per
+ * byte): static storage, never freed; sf_builtin_text_length bytes, NUL-terminated. */
+const char *sf_builtin_text(void);
+size_t sf_builtin_text_length(void);
+
 /* Writes a model as a float32 safetensors file with seqflow metadata. */
 int sf_model_save(const sf_model *model, const char *path);
 
