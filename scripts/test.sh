@@ -17,7 +17,7 @@ cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
 # ctest lists skipped tests without their output: say why the GPU tests skipped, if they did
 for t in test_backend_ops test_cuda_attention test_gpu_pipeline test_gpu_checkpoint test_side_queue test_cuda_any_non_finite \
-         test_cuda_fp8 test_gpu_fp8_stream; do
+         test_cuda_fp8 test_gpu_fp8_stream test_gpu_heads; do
   if [ -x "build/tests/$t" ] && ! nvidia-smi -L >/dev/null 2>&1; then
     said=$(SEQFLOW_TEST_TMP=build/tests/tmp "build/tests/$t" 2>&1 || true)
     # the first 'skipped' line alone; a here-string, not a pipe: under pipefail `printf | grep -m1`
