@@ -18,6 +18,7 @@
 #include "kernels/backend_ext.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/shard_runs.h"
 #include "support/gpu.h"
 #include "support/small_model.h"
 #ifdef SEQFLOW_HAVE_CUDA
@@ -31,77 +32,6 @@
  * memory bf16/float32): each such product is off by about 4% of its output's norm, which the
  * residual stream and the final norm dilute; docs/CUDA.md records what runs measured */
 #define TOL_FP8 0.15
-#define MAX_STREAMS 3
-
-typedef struct outputs {
-    float *x[MAX_STREAMS];  /* committed rows by position, NaN where nothing arrived */
-    float *provisional;     /* the last provisional packet of stream 0 */
-    size_t prov_pos, prov_n;
-} outputs;
-
-typedef struct scenario {
-    const char *pipeline;
-    int streams;
-    size_t tokens;       /* per stream */
-    size_t flush_at;     /* stream 0 is flushed after this many tokens (0: never) */
-} scenario;
-
-static void collect(sf_graph *g, outputs *o, size_t tokens, int dim)
-{
-    for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
-        if (p->kind != SF_PACKET_HIDDEN || p->stream >= MAX_STREAMS || p->n == 0) continue;
-        const size_t bytes = p->n * (size_t)dim * sizeof(float);
-        if (p->flags & SF_PACKET_PROVISIONAL) {
-            if (p->stream != 0) continue;
-            free(o->provisional);
-            o->provisional = malloc(bytes);
-            memcpy(o->provisional, p->x, bytes);
-            o->prov_pos = p->position, o->prov_n = p->n;
-            continue;
-        }
-        if (p->position + p->n <= tokens) memcpy(o->x[p->stream] + p->position * (size_t)dim, p->x, bytes);
-    }
-}
-
-/* Runs the scenario on one device with the backend's `settings` (NULL: defaults); the chunking
- * is fixed, so every device sees the same packets. */
-static int run(const sf_model *m, const char *device, sf_precision precision, const char *settings, const scenario *sc,
-               uint32_t *const *tokens, outputs *o)
-{
-    const sf_model_config *c = sf_model_get_config(m);
-    const size_t D = (size_t)c->dim;
-    memset(o, 0, sizeof *o);
-    for (int s = 0; s < sc->streams; s++) {
-        o->x[s] = malloc(sc->tokens * D * sizeof(float));
-        for (size_t i = 0; i < sc->tokens * D; i++) o->x[s][i] = NAN;
-    }
-    sf_graph_options opts = {.device = device, .precision = precision, .backend_settings = settings};
-    sf_graph *g = NULL;
-    int rc = sf_graph_create(m, &opts, &g);
-    CHECKF(rc == SF_OK, "graph on %s: %s", device, sf_last_error());
-    if (rc != SF_OK) return rc;
-    CHECK_OK(sf_graph_parse(g, sc->pipeline));
-    int flushed = 0;
-    for (size_t at = 0, step = 7; at < sc->tokens; at += step, step = step * 3 % 41 + 1) {
-        size_t take = sc->tokens - at < step ? sc->tokens - at : step;
-        for (int s = sc->streams - 1; s >= 0; s--) CHECK_OK(sf_graph_push(g, (uint64_t)s, tokens[s] + at, take));
-        if (sc->flush_at && !flushed && at + take >= sc->flush_at) {
-            CHECK_OK(sf_graph_flush(g, 0));
-            flushed = 1;
-        }
-        collect(g, o, sc->tokens, c->dim);
-    }
-    for (int s = 0; s < sc->streams; s++) CHECK_OK(sf_graph_end(g, (uint64_t)s));
-    collect(g, o, sc->tokens, c->dim);
-    sf_graph_free(g);
-    return SF_OK;
-}
-
-static void outputs_free(outputs *o)
-{
-    for (int s = 0; s < MAX_STREAMS; s++) free(o->x[s]);
-    free(o->provisional);
-}
 
 /* Whether the CUDA backend runs precision fp8 here (compute capability 8.9 and up, cuBLASLt
  * offering FP8 products). */
@@ -127,18 +57,16 @@ static int cuda_passes_bf16_qkv(int head_dim)
     return yes;
 }
 
-static void compare(const char *name, const sf_model *m, const scenario *sc, uint64_t seed)
+/* The scenario on the CPU in float32 against the GPU in each precision (tests/support/shard_runs:
+ * the chunking is fixed, so every device sees the same packets). */
+static void compare(const char *name, const sf_model *m, const shard_scenario *sc, uint64_t seed)
 {
     const sf_model_config *c = sf_model_get_config(m);
     const size_t D = (size_t)c->dim;
-    uint32_t *tokens[MAX_STREAMS] = {0};
-    check_rng r = {seed};
-    for (int s = 0; s < sc->streams; s++) {
-        tokens[s] = malloc(sc->tokens * sizeof(uint32_t));
-        for (size_t i = 0; i < sc->tokens; i++) tokens[s][i] = (uint32_t)(check_rng_next(&r) % (uint64_t)c->vocab);
-    }
-    outputs want;
-    if (run(m, "cpu", SF_PRECISION_F32, NULL, sc, tokens, &want) == SF_OK) {
+    uint32_t **tokens = shard_tokens(m, sc, seed);
+    const shard_device cpu = {"cpu", SF_PRECISION_F32, NULL};
+    shard_outputs want;
+    if (shard_run(m, &cpu, sc, "", tokens, &want, 0, NULL) == SF_OK) {
         /* bf16 also with float32 q/k/v (setting qkv=f32): an H100 passes bf16 ones between the
          * ops of d = 64 layers, other GPUs float32 ones */
         static const struct {
@@ -154,9 +82,13 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
         for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
             if (modes[mi].settings && !bf16_qkv) continue; /* the same run as plain bf16 */
             if (modes[mi].p == SF_PRECISION_FP8 && !fp8) continue;
-            outputs got;
-            const int ran = run(m, "cuda", modes[mi].p, modes[mi].settings, sc, tokens, &got);
-            if (ran != SF_OK) continue;
+            const shard_device gpu = {"cuda", modes[mi].p, modes[mi].settings};
+            shard_outputs got;
+            const int ran = shard_run(m, &gpu, sc, "", tokens, &got, 0, NULL);
+            if (ran != SF_OK) {
+                shard_outputs_free(&got);
+                continue;
+            }
             double worst = 0;
             for (int s = 0; s < sc->streams; s++) {
                 double err = check_rel_err_f32(got.x[s], want.x[s], sc->tokens * D);
@@ -175,11 +107,11 @@ static void compare(const char *name, const sf_model *m, const scenario *sc, uin
                 }
             }
             printf("  %-48s %-14s rel err %.2e\n", name, modes[mi].label, worst);
-            outputs_free(&got);
+            shard_outputs_free(&got);
         }
-        outputs_free(&want);
     }
-    for (int s = 0; s < sc->streams; s++) free(tokens[s]);
+    shard_outputs_free(&want);
+    shard_tokens_free(tokens);
 }
 
 /* A threaded run (sf_graph_run: a source reading a token file ahead of the block, so the block
@@ -378,10 +310,10 @@ int main(void)
         CHECK_OK(check_variant_model(v, 1000 + i, &m));
         if (!m) continue;
         const size_t N = (size_t)v->segment;
-        scenario one = {"segment ! embed ! block ! norm", 1, 3 * N + 19, N + N / 2 + 1};
+        shard_scenario one = {"segment ! embed ! block ! norm", 1, 3 * N + 19, N + N / 2 + 1};
         compare(v->name, m, &one, i);
         if (v->layers > 1) {
-            scenario split = {v->layers == 2 ? "segment ! embed ! block layers=0 ! block layers=1 ! norm"
+            shard_scenario split = {v->layers == 2 ? "segment ! embed ! block layers=0 ! block layers=1 ! norm"
                                              : "segment ! embed ! block layers=0 ! block layers=1-2 ! norm",
                               1, 2 * N + 3, 0};
             compare("  same, one stage per layer", m, &split, i);
@@ -392,10 +324,10 @@ int main(void)
         if (i == 2 || i == 7 || i == 9) compare_threaded(v->name, m, 300 + i);
         if (i == 2 || i == 3 || i == 9) compare_bf16_out(v->name, m, 500 + i);
         if (i == 2 || i == 7 || i == 9) {
-            scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
+            shard_scenario two = {"segment ! embed ! block ! norm", 2, 2 * N + 5, 0};
             compare("  two interleaved streams", m, &two, 100 + i);
             /* three streams' full segments through one batch of products (block batch=) */
-            scenario batched = {"segment ! embed ! block batch=3 ! norm", 3, 3 * N + 5, 0};
+            shard_scenario batched = {"segment ! embed ! block batch=3 ! norm", 3, 3 * N + 5, 0};
             compare("  three streams, block batch=3", m, &batched, 200 + i);
         }
         sf_model_free(m);
