@@ -61,6 +61,26 @@ static __device__ __forceinline__ float row_value(const void *row, int cols, con
     return a / (1.0f + __expf(-a)) * b;
 }
 
+/* The row's scale from its thread-local largest magnitude and sum of squares (the norm's, for
+ * SF_CUDA_FP8_IN_RMSNORM): written to *scale by thread 0; returns what a value is multiplied by
+ * before its conversion (the norm's factor over the scale). A zero row takes scale 1 (and one of
+ * non-finite values carries them into the output through its scale). */
+template <int KIND>
+static __device__ __forceinline__ float row_scale(float amax, float ss, int cols, float eps, float *shared,
+                                                  float *scale)
+{
+    amax = block_max(amax, shared);
+    float mult = 1.0f;
+    if (KIND == SF_CUDA_FP8_IN_RMSNORM) {
+        ss = block_add(ss, shared);
+        mult = rsqrtf(ss / (float)cols + eps);
+        amax *= mult;
+    }
+    const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f;
+    if (threadIdx.x == 0) *scale = s;
+    return mult / s;
+}
+
 /* One block a row, for any row: pass 1 finds the largest magnitude (and the sum of squares for
  * the norm), pass 2 reads the row again (from L1/L2) and writes it. Rows that fit the
  * registers take quantize_rows_vec_kernel below instead. */
@@ -81,17 +101,7 @@ __global__ static void __launch_bounds__(QUANT_THREADS) quantize_rows_kernel(int
             ss += v * v;
         }
     }
-    amax = block_max(amax, shared);
-    float mult = 1.0f;
-    if (KIND == SF_CUDA_FP8_IN_RMSNORM) {
-        ss = block_add(ss, shared);
-        mult = rsqrtf(ss / (float)cols + eps);
-        amax *= mult;
-    }
-    /* a zero row (or one of non-finite values: the scale carries them into the output) */
-    const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f;
-    const float inv = mult / s;
-    if (threadIdx.x == 0) scale[r] = s;
+    const float inv = row_scale<KIND>(amax, ss, cols, eps, shared, scale + r);
     unsigned char *dst = q + r * (size_t)cols;
     for (int j = threadIdx.x; j < cols; j += blockDim.x)
         dst[j] = (unsigned char)__nv_cvt_float_to_fp8(row_value<KIND>(row, cols, norm, j) * inv, __NV_SATFINITE,
@@ -162,16 +172,7 @@ __global__ static void __launch_bounds__(QUANT_THREADS) quantize_rows_vec_kernel
 #pragma unroll
         for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[8 * p + i]));
     }
-    amax = block_max(amax, shared);
-    float mult = 1.0f;
-    if (KIND == SF_CUDA_FP8_IN_RMSNORM) {
-        ss = block_add(ss, shared);
-        mult = rsqrtf(ss / (float)cols + eps);
-        amax *= mult;
-    }
-    const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f;
-    const float inv = mult / s;
-    if (threadIdx.x == 0) scale[r] = s;
+    const float inv = row_scale<KIND>(amax, ss, cols, eps, shared, scale + r);
     unsigned char *dst = q + r * (size_t)cols;
 #pragma unroll
     for (int p = 0; p < VPT / 8; p++) {
