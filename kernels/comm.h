@@ -21,6 +21,7 @@
 #define SEQFLOW_KERNELS_COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "seqflow/backend.h"
 #include "seqflow/dtype.h"
@@ -68,6 +69,14 @@ typedef struct sf_comm_ops {
      * once; NCCL: at their next poll in this process, by their timeout in others). */
     void (*abort)(sf_comm *c, const char *why);
     void (*destroy)(sf_comm *c);
+    /* Optional (NULL: send/recv above, tag ignored): a send carrying a tag, for transports that
+     * encode what they carry. The tag names the kind of message (e.g. one kind of state of one
+     * layer): a lossy transport keeps its error feedback per tag, so the rounding of one message
+     * is carried into the next message of the same tag only. exact != 0 asks for lossless
+     * delivery whatever the transport's encoding (sizes, counters, anything not a value). The
+     * receiver passes the same exact flag. Point-to-point order is per (peer, exact). */
+    int (*send_tagged)(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer, uint64_t tag, int exact);
+    int (*recv_tagged)(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer, int exact);
 } sf_comm_ops;
 
 struct sf_comm {
@@ -86,6 +95,10 @@ int sf_comm_all_gather(sf_comm *c, const void *send, void *recv, size_t count, s
 int sf_comm_broadcast(sf_comm *c, void *buf, size_t count, sf_dtype type, int root);
 int sf_comm_send(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer);
 int sf_comm_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer);
+/* send/recv with a tag and an exactness flag (sf_comm_ops.send_tagged); plain send/recv where
+ * the transport has no such op. */
+int sf_comm_send_tagged(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer, uint64_t tag, int exact);
+int sf_comm_recv_tagged(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer, int exact);
 int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket);
 int sf_comm_join(sf_comm *c, int ticket);
 int sf_comm_group_begin(sf_comm *c);

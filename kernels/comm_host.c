@@ -66,6 +66,24 @@ int sf_comm_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer)
     return rc == SF_OK ? c->ops->recv(c, buf, count, type, peer) : rc;
 }
 
+int sf_comm_send_tagged(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer, uint64_t tag, int exact)
+{
+    int rc = check_type(c, "send", type);
+    if (rc == SF_OK) rc = check_peer(c, "send", peer);
+    if (rc != SF_OK) return rc;
+    return c->ops->send_tagged ? c->ops->send_tagged(c, buf, count, type, peer, tag, exact)
+                               : c->ops->send(c, buf, count, type, peer);
+}
+
+int sf_comm_recv_tagged(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer, int exact)
+{
+    int rc = check_type(c, "recv", type);
+    if (rc == SF_OK) rc = check_peer(c, "recv", peer);
+    if (rc != SF_OK) return rc;
+    return c->ops->recv_tagged ? c->ops->recv_tagged(c, buf, count, type, peer, exact)
+                               : c->ops->recv(c, buf, count, type, peer);
+}
+
 int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket)
 {
     int rc = check_type(c, "all_reduce", type);
