@@ -403,7 +403,23 @@ static int output_and_mlp(block *b, int l, int rows, int join_owed)
 
 /* One layer (SPEC 2) over `count` streams' segments of n rows each, stacked in b->x (count > 1
  * only for full segments): the products, norms and MLP see all count * n rows at once. */
+static int layer_forward_qkv(block *b, stream_state *const *states, int count, int l, int n, int commit,
+                             const void *const given[3]);
+
 static int layer_forward(block *b, stream_state *const *states, int count, int l, int n, int commit)
+{
+    return layer_forward_qkv(b, states, count, l, n, commit, NULL);
+}
+
+int sf_block_layer(block *b, stream_state *s, int l, int n, int commit, const void *q, const void *k, const void *v)
+{
+    const void *given[3] = {q, k, v};
+    return layer_forward_qkv(b, &s, 1, l, n, commit, q ? given : NULL);
+}
+
+/* layer_forward with q, k, v given (one stream; NULL: computed here from the rows) */
+static int layer_forward_qkv(block *b, stream_state *const *states, int count, int l, int n, int commit,
+                             const void *const given[3])
 {
     const sf_model_config *c = b->cfg;
     sf_backend *be = b->be;
@@ -414,7 +430,12 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
      * (deferring, the one that used this set was joined in the previous layer) */
     int rc = b->defer_commit ? SF_OK : sf_be_side_join(be);
     /* q, k, v = u Wq^T, u Wk^T, u Wv^T with u = rmsnorm(x) */
-    if (rc == SF_OK)
+    if (rc == SF_OK && given) {
+        const size_t bytes = (size_t)rows * W * b->qkv_size;
+        rc = be->ops->copy(be, q, given[0], bytes);
+        if (rc == SF_OK) rc = be->ops->copy(be, k, given[1], bytes);
+        if (rc == SF_OK) rc = be->ops->copy(be, v, given[2], bytes);
+    } else if (rc == SF_OK)
         rc = sf_be_qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, q, k, v,
                        b->act.u);
     if (rc == SF_OK) rc = commit_begin(b, states, count, l, n, commit);

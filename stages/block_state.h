@@ -106,6 +106,14 @@ int sf_block_setup(block *b, const sf_model *m);
 /* Frees what sf_block_setup and the streams allocated (not b itself, nor b->comm). */
 void sf_block_release(block *b);
 
+/* Layer l (0 = the block's first) of one stream's segment of n rows at b->x, with that stream's
+ * state s: as in a run, the SPEC 2 math, then, when commit, the memory and global-token update
+ * of s. q, k, v: the layer's projections of these rows, already computed (backend memory of
+ * block.qkv_type, n rows of width each); NULL: computed here. For sequence parallelism
+ * (stages/block_seq.c), which needs k and v of a whole run before the memory is known. The side
+ * queue is not used (an unsharded block without deferred commits). */
+int sf_block_layer(block *b, stream_state *s, int l, int n, int commit, const void *q, const void *k, const void *v);
+
 /* One unit of a sharded block's work that rank 0 tells the other ranks to do, so that they
  * issue the same collectives and make the same state changes in the same order. */
 enum {

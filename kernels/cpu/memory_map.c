@@ -1,0 +1,155 @@
+/* kernels/memory_map.h on the CPU: per head, the segment's sigma(K) and V widened to double,
+ * the products on dgemm. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/fast_exp.h"
+#include "kernels/memory_map.h"
+#include "seqflow/error.h"
+
+/* ELU + 1, the very function of the CPU memory update (compressive_memory.c), so that the
+ * denominators and z agree with it bit for bit */
+static inline float sigma(float x) { return x > 0 ? x + 1.0f : sf_fast_expf(x); }
+
+void sf_memory_map_identity(int heads, int d, double *A, double *B)
+{
+    const size_t dd = (size_t)d * d;
+    memset(B, 0, (size_t)heads * dd * sizeof *B);
+    if (!A) return;
+    memset(A, 0, (size_t)heads * dd * sizeof *A);
+    for (int h = 0; h < heads; h++)
+        for (int e = 0; e < d; e++) A[(size_t)h * dd + (size_t)e * d + e] = 1.0;
+}
+
+/* One head: sk [n,d] = sigma(k) as float then double, the float32 z increment, then the map. */
+static int map_head(sf_memory_kind kind, int n, int d, int ld, const float *k, const float *v, const float *z,
+                    double *A, double *B, float *z_increment)
+{
+    const size_t nd = (size_t)n * d, dd = (size_t)d * d;
+    double *sk = malloc(nd * sizeof *sk), *vv = malloc(nd * sizeof *vv);
+    double *G = kind == SF_MEMORY_DELTA ? malloc(2 * dd * sizeof *G) : NULL;
+    double *dk = kind == SF_MEMORY_DELTA ? malloc(nd * sizeof *dk) : NULL;
+    int rc = SF_OK;
+    if (!sk || !vv || (kind == SF_MEMORY_DELTA && (!G || !dk))) {
+        rc = SF_E_NOMEM;
+        goto done;
+    }
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < d; e++) {
+            sk[(size_t)i * d + e] = sigma(k[(size_t)i * ld + e]);
+            vv[(size_t)i * d + e] = v[(size_t)i * ld + e];
+        }
+    if (z_increment)
+        for (int e = 0; e < d; e++) {
+            double s = 0;
+            for (int i = 0; i < n; i++) s += sk[(size_t)i * d + e];
+            z_increment[e] = (float)s;
+        }
+    if (!B) goto done; /* z only */
+    if (kind != SF_MEMORY_DELTA) {
+        /* B += sigma(K)^T V */
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0, sk, d, vv, d, 1.0, B, d);
+        goto done;
+    }
+    /* dk = D sigma(K), the denominators as the float update takes them: (float)(1 / den) with
+     * den the double sum of float products */
+    for (int i = 0; i < n; i++) {
+        double den = 0;
+        for (int e = 0; e < d; e++) den += (double)(float)sk[(size_t)i * d + e] * z[e];
+        const double inv = den != 0 ? (double)(float)(1.0 / den) : 0.0;
+        for (int e = 0; e < d; e++) dk[(size_t)i * d + e] = inv * sk[(size_t)i * d + e];
+    }
+    /* G = sigma(K)^T D sigma(K); then (A, B) <- (A - G A, B - G B + sigma(K)^T V) */
+    double *GA = G + dd;
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0, sk, d, dk, d, 0.0, G, d);
+    if (A) {
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d, d, d, 1.0, G, d, A, d, 0.0, GA, d);
+        for (size_t i = 0; i < dd; i++) A[i] -= GA[i];
+    }
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d, d, d, 1.0, G, d, B, d, 0.0, GA, d);
+    for (size_t i = 0; i < dd; i++) B[i] -= GA[i];
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0, sk, d, vv, d, 1.0, B, d);
+done:
+    free(sk);
+    free(vv);
+    free(G);
+    free(dk);
+    return rc;
+}
+
+int sf_memory_map_segment(sf_memory_kind kind, int n, int heads, int d, int ld, const float *k, const float *v,
+                          const float *z, double *A, double *B, float *z_increment, int threads)
+{
+    if (kind == SF_MEMORY_NONE || n <= 0) {
+        if (z_increment) memset(z_increment, 0, (size_t)heads * d * sizeof *z_increment);
+        return SF_OK;
+    }
+    const size_t dd = (size_t)d * d;
+    int failed = 0;
+    if (threads <= 0) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int h = 0; h < heads; h++) {
+        int rc = map_head(kind, n, d, ld, k + (size_t)h * d, v + (size_t)h * d, z ? z + (size_t)h * d : NULL,
+                          A ? A + (size_t)h * dd : NULL, B ? B + (size_t)h * dd : NULL,
+                          z_increment ? z_increment + (size_t)h * d : NULL);
+        if (rc != SF_OK) {
+#pragma omp atomic write
+            failed = 1;
+        }
+    }
+    return failed ? sf_error(SF_E_NOMEM, "out of memory for a segment's memory map") : SF_OK;
+}
+
+/* t = a b for one head, in a fixed order of plain double operations: a rank's map is composed
+ * and applied by several ranks, which must get the same bits whatever their BLAS or CPU */
+static void product(int d, const double *a, const double *b, double *t)
+{
+    for (int i = 0; i < d; i++) {
+        double *ti = t + (size_t)i * d;
+        for (int j = 0; j < d; j++) ti[j] = 0;
+        for (int e = 0; e < d; e++) {
+            const double aie = a[(size_t)i * d + e];
+            const double *be = b + (size_t)e * d;
+            for (int j = 0; j < d; j++) ti[j] += aie * be[j];
+        }
+    }
+}
+
+int sf_memory_map_then(int heads, int d, const double *A2, const double *B2, double *A, double *B)
+{
+    const size_t dd = (size_t)d * d;
+    if (!A2) {
+        for (size_t i = 0; i < (size_t)heads * dd; i++) B[i] += B2[i];
+        return SF_OK;
+    }
+    double *t = malloc(dd * sizeof *t);
+    if (!t) return sf_error(SF_E_NOMEM, "out of memory composing memory maps");
+    for (int h = 0; h < heads; h++) {
+        const double *a2 = A2 + (size_t)h * dd, *b2 = B2 + (size_t)h * dd;
+        double *a = A + (size_t)h * dd, *b = B + (size_t)h * dd;
+        product(d, a2, b, t);
+        for (size_t i = 0; i < dd; i++) b[i] = t[i] + b2[i];
+        product(d, a2, a, t);
+        memcpy(a, t, dd * sizeof *t);
+    }
+    free(t);
+    return SF_OK;
+}
+
+int sf_memory_map_apply(int heads, int d, const double *A, const double *B, double *M)
+{
+    const size_t dd = (size_t)d * d;
+    if (!A) {
+        for (size_t i = 0; i < (size_t)heads * dd; i++) M[i] += B[i];
+        return SF_OK;
+    }
+    double *t = malloc(dd * sizeof *t);
+    if (!t) return sf_error(SF_E_NOMEM, "out of memory applying a memory map");
+    for (int h = 0; h < heads; h++) {
+        product(d, A + (size_t)h * dd, M + (size_t)h * dd, t);
+        for (size_t i = 0; i < dd; i++) M[(size_t)h * dd + i] = t[i] + B[(size_t)h * dd + i];
+    }
+    free(t);
+    return SF_OK;
+}

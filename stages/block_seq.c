@@ -1,0 +1,890 @@
+/* Sequence parallelism (stages/block_seq.h): a rank's chunk of a round through every layer, the
+ * state at its start learnt by a scan over the ranks or handed over by the rank before it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "compress/frame.h"
+#include "kernels/backend_ext.h"
+#include "kernels/memory_map.h"
+#include "stages/block_seq.h"
+#include "stages/block_shard.h"
+#include "stages/block_state.h"
+
+/* What one rank (or a run of ranks) contributes to a layer's state in a round. Combining a then
+ * b (msg_then): z adds, the tokens are a's then b's keeping the last G, the maps compose. */
+typedef struct seq_msg {
+    double *z;      /* [H*d] sum of sigma(k) */
+    float *tk, *tv; /* [G][W]: the last cnt summary tokens, oldest first */
+    int cnt;
+    double *A, *B;  /* [H][d][d]; A NULL for the linear rule */
+} seq_msg;
+
+/* what a message carries (the two exchanges of a layer under the delta rule carry different
+ * parts; federation keeps the memory's parts inside a group) */
+enum { PART_Z = 1, PART_TAIL = 2, PART_A = 4, PART_B = 8 };
+
+#define MSG_MAGIC 0x53514d31u /* "SQM1" */
+#define SPAN_HASH_NONE 0u
+
+struct sf_seq {
+    block *b;
+    stream_state *work; /* the chunk's walk: float32 state, as one process holds it */
+    sf_comm *comm;
+    sf_seq_options o;
+    int *group_of, rank, ranks, gateway, n_groups, *gateway_of_group;
+    int L, H, d, W, G, S, N, D;
+    size_t hd, hdd;
+    sf_memory_kind kind;
+    /* the state after the rounds so far (the scan's; the hand-off's for saving): per layer */
+    double *SM, *Sz;       /* [L][H*d*d], [L][H*d] */
+    float *Sgk, *Sgv;      /* [L][G][W] ring */
+    int *Scount, *Shead;   /* [L] */
+    int rounds;            /* rounds run since create or restore */
+    /* the chunk's projections, kept from the first pass to the walk: [segments][N][W] */
+    float *cq, *ck, *cv;
+    int chunk_capacity;
+    /* scratch: messages (own, received, composed), summary tokens, z of the walk */
+    seq_msg own, tmp, acc, pre, tot, *peer_msgs;
+    int n_peer_msgs;
+    float *zinc, *zwalk;
+    uint8_t *wire;
+    size_t wire_cap;
+    sf_quant_feedback *fbB; /* [L][2][2] error feedback between gateways: per layer, phase (the linear rule's
+                               one exchange, the delta rule's second), of B then A - I */
+    sf_seq_stats stats;
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* ---- messages ---------------------------------------------------------------------------- */
+
+static int msg_alloc(const sf_seq *q, seq_msg *m)
+{
+    memset(m, 0, sizeof *m);
+    m->z = calloc(q->hd, sizeof *m->z);
+    m->B = calloc(q->hdd ? q->hdd : 1, sizeof *m->B);
+    if (q->kind == SF_MEMORY_DELTA) m->A = calloc(q->hdd, sizeof *m->A);
+    if (q->G) {
+        m->tk = calloc((size_t)q->G * q->W, sizeof *m->tk);
+        m->tv = calloc((size_t)q->G * q->W, sizeof *m->tv);
+    }
+    if (!m->z || !m->B || (q->kind == SF_MEMORY_DELTA && !m->A) || (q->G && (!m->tk || !m->tv)))
+        return sf_error(SF_E_NOMEM, "out of memory for the sequence-parallel exchange");
+    return SF_OK;
+}
+
+static void msg_free(seq_msg *m)
+{
+    free(m->z), free(m->B), free(m->A), free(m->tk), free(m->tv);
+    memset(m, 0, sizeof *m);
+}
+
+static void msg_identity(const sf_seq *q, seq_msg *m)
+{
+    memset(m->z, 0, q->hd * sizeof *m->z);
+    sf_memory_map_identity(q->H, q->d, m->A, m->B);
+    m->cnt = 0;
+}
+
+/* tokens (tk, tv, cnt) <- the last G of (tokens, count more from k, v) */
+static void tail_append(const sf_seq *q, float *tk, float *tv, int *cnt, const float *k, const float *v, int count)
+{
+    const size_t row = (size_t)q->W;
+    if (count >= q->G) {
+        memcpy(tk, k + (size_t)(count - q->G) * row, (size_t)q->G * row * sizeof *tk);
+        memcpy(tv, v + (size_t)(count - q->G) * row, (size_t)q->G * row * sizeof *tv);
+        *cnt = q->G;
+        return;
+    }
+    const int keep = *cnt + count > q->G ? q->G - count : *cnt, drop = *cnt - keep;
+    memmove(tk, tk + (size_t)drop * row, (size_t)keep * row * sizeof *tk);
+    memmove(tv, tv + (size_t)drop * row, (size_t)keep * row * sizeof *tv);
+    memcpy(tk + (size_t)keep * row, k, (size_t)count * row * sizeof *tk);
+    memcpy(tv + (size_t)keep * row, v, (size_t)count * row * sizeof *tv);
+    *cnt = keep + count;
+}
+
+/* a <- a then b, for the given parts */
+static int msg_then(const sf_seq *q, seq_msg *a, const seq_msg *b, int parts)
+{
+    if (parts & PART_Z)
+        for (size_t i = 0; i < q->hd; i++) a->z[i] += b->z[i];
+    if ((parts & PART_TAIL) && q->G) tail_append(q, a->tk, a->tv, &a->cnt, b->tk, b->tv, b->cnt);
+    if (!(parts & PART_B)) return SF_OK;
+    return sf_memory_map_then(q->H, q->d, (parts & PART_A) ? b->A : NULL, b->B, (parts & PART_A) ? a->A : NULL, a->B);
+}
+
+static void msg_copy(const sf_seq *q, seq_msg *dst, const seq_msg *src)
+{
+    memcpy(dst->z, src->z, q->hd * sizeof *dst->z);
+    memcpy(dst->B, src->B, q->hdd * sizeof *dst->B);
+    if (dst->A) memcpy(dst->A, src->A, q->hdd * sizeof *dst->A);
+    if (q->G) {
+        memcpy(dst->tk, src->tk, (size_t)src->cnt * q->W * sizeof *dst->tk);
+        memcpy(dst->tv, src->tv, (size_t)src->cnt * q->W * sizeof *dst->tv);
+    }
+    dst->cnt = src->cnt;
+}
+
+/* The wire form: a header of 4 uint32 (magic, parts, tokens, hash), z as float32, the tokens'
+ * k then v as float32, then A and B, each as float32 or, with quant (between gateways), in the
+ * tier's encoding (compress/quantize.h; B with error feedback fb). */
+static int ensure_wire(sf_seq *q, size_t bytes)
+{
+    if (bytes <= q->wire_cap) return SF_OK;
+    uint8_t *w = realloc(q->wire, bytes);
+    if (!w) return sf_error(SF_E_NOMEM, "out of memory for a %zu-byte exchange message", bytes);
+    q->wire = w, q->wire_cap = bytes;
+    return SF_OK;
+}
+
+static size_t map_bytes(const sf_seq *q, const sf_quant_params *quant)
+{
+    return quant && quant->kind != SF_QUANT_F32 ? sf_quant_encoded_size(quant, q->hdd) : q->hdd * sizeof(float);
+}
+
+static size_t msg_bytes(const sf_seq *q, const seq_msg *m, int parts, const sf_quant_params *quant)
+{
+    size_t n = 16;
+    if (parts & PART_Z) n += q->hd * sizeof(float);
+    if (parts & PART_TAIL) n += 2 * (size_t)m->cnt * q->W * sizeof(float);
+    if (parts & PART_A) n += map_bytes(q, quant);
+    if (parts & PART_B) n += map_bytes(q, quant);
+    return n;
+}
+
+/* A map part on the wire: B as it is, A as A - I (is_a), whose entries are all small, so that
+ * a scale per group and float32 both keep what A does to M rather than the identity's 1s. */
+static int put_map(sf_seq *q, const double *src, int is_a, uint8_t *out, const sf_quant_params *quant,
+                   sf_quant_feedback *fb)
+{
+    float *f = malloc(q->hdd * sizeof *f);
+    if (!f) return sf_error(SF_E_NOMEM, "out of memory");
+    const size_t diag = (size_t)q->d + 1;
+    for (size_t i = 0; i < q->hdd; i++) f[i] = (float)(src[i] - (is_a && i % ((size_t)q->d * q->d) % diag == 0));
+    int rc = SF_OK;
+    if (quant && quant->kind != SF_QUANT_F32)
+        rc = fb ? sf_quantize_with_feedback(quant, fb, f, q->hdd, out, map_bytes(q, quant))
+                : sf_quantize(quant, f, q->hdd, out, map_bytes(q, quant));
+    else
+        memcpy(out, f, q->hdd * sizeof *f);
+    free(f);
+    return rc;
+}
+
+static int get_map(const sf_seq *q, const uint8_t *in, double *dst, int is_a, const sf_quant_params *quant)
+{
+    const size_t diag = (size_t)q->d + 1;
+    float *f = malloc(q->hdd * sizeof *f);
+    if (!f) return sf_error(SF_E_NOMEM, "out of memory");
+    int rc = SF_OK;
+    if (quant && quant->kind != SF_QUANT_F32) rc = sf_dequantize(quant, in, map_bytes(q, quant), f, q->hdd);
+    else memcpy(f, in, q->hdd * sizeof *f);
+    for (size_t i = 0; rc == SF_OK && i < q->hdd; i++)
+        dst[i] = (double)f[i] + (is_a && i % ((size_t)q->d * q->d) % diag == 0);
+    free(f);
+    return rc;
+}
+
+static int msg_encode(sf_seq *q, const seq_msg *m, int parts, uint32_t hash, const sf_quant_params *quant,
+                      sf_quant_feedback *fb, size_t *len)
+{
+    const size_t bytes = msg_bytes(q, m, parts, quant);
+    int rc = ensure_wire(q, bytes);
+    if (rc != SF_OK) return rc;
+    uint32_t head[4] = {MSG_MAGIC, (uint32_t)parts, (uint32_t)m->cnt, hash};
+    uint8_t *p = q->wire;
+    memcpy(p, head, sizeof head), p += sizeof head;
+    if (parts & PART_Z)
+        for (size_t i = 0; i < q->hd; i++, p += sizeof(float)) {
+            float f = (float)m->z[i];
+            memcpy(p, &f, sizeof f);
+        }
+    if (parts & PART_TAIL) {
+        const size_t t = (size_t)m->cnt * q->W * sizeof(float);
+        memcpy(p, m->tk, t), p += t;
+        memcpy(p, m->tv, t), p += t;
+    }
+    if (rc == SF_OK && (parts & PART_A)) rc = put_map(q, m->A, 1, p, quant, fb ? fb + 1 : NULL), p += map_bytes(q, quant);
+    if (rc == SF_OK && (parts & PART_B)) rc = put_map(q, m->B, 0, p, quant, fb), p += map_bytes(q, quant);
+    *len = bytes;
+    return rc;
+}
+
+/* m <- the message in q->wire (len bytes); parts it lacks are left as the identity */
+static int msg_decode(const sf_seq *q, size_t len, seq_msg *m, uint32_t *hash, const sf_quant_params *quant)
+{
+    uint32_t head[4];
+    if (len < sizeof head) return sf_error(SF_E_COMM, "sequence exchange: a message of %zu bytes", len);
+    memcpy(head, q->wire, sizeof head);
+    const int parts = (int)head[1];
+    if (head[0] != MSG_MAGIC || head[2] > (uint32_t)q->G || (parts & ~15))
+        return sf_error(SF_E_COMM, "sequence exchange: malformed message (magic %08x, %u tokens)", head[0], head[2]);
+    msg_identity(q, m);
+    m->cnt = (int)head[2];
+    if (hash) *hash = head[3];
+    if (len != msg_bytes(q, m, parts, quant))
+        return sf_error(SF_E_COMM, "sequence exchange: a message of %zu bytes, %zu expected (do the ranks agree on the "
+                        "model and the tier?)", len, msg_bytes(q, m, parts, quant));
+    const uint8_t *p = q->wire + sizeof head;
+    if (parts & PART_Z)
+        for (size_t i = 0; i < q->hd; i++, p += sizeof(float)) {
+            float f;
+            memcpy(&f, p, sizeof f);
+            m->z[i] = f;
+        }
+    if (parts & PART_TAIL) {
+        const size_t t = (size_t)m->cnt * q->W * sizeof(float);
+        memcpy(m->tk, p, t), p += t;
+        memcpy(m->tv, p, t), p += t;
+    }
+    int rc = SF_OK;
+    if ((parts & PART_A) && m->A) rc = get_map(q, p, m->A, 1, quant), p += map_bytes(q, quant);
+    if (rc == SF_OK && (parts & PART_B)) rc = get_map(q, p, m->B, 0, quant);
+    return rc;
+}
+
+/* The wire's bytes travel as float32 elements of exact messages: a length first, then the
+ * bytes padded to whole elements. */
+static int wire_send(sf_seq *q, int peer, size_t len, int across)
+{
+    float head;
+    uint32_t n = (uint32_t)len;
+    memcpy(&head, &n, sizeof head);
+    int rc = sf_comm_send_tagged(q->comm, &head, 1, SF_DTYPE_F32, peer, 0, 1);
+    const size_t elems = (len + 3) / 4;
+    if (rc == SF_OK) rc = ensure_wire(q, elems * 4);
+    if (rc == SF_OK) memset(q->wire + len, 0, elems * 4 - len);
+    if (rc == SF_OK) rc = sf_comm_send_tagged(q->comm, q->wire, elems, SF_DTYPE_F32, peer, 0, 1);
+    if (across) q->stats.sent_across += elems * 4 + 4;
+    else q->stats.sent_within += elems * 4 + 4;
+    return rc;
+}
+
+static int wire_recv(sf_seq *q, int peer, size_t *len, int across)
+{
+    *len = 0;
+    float head;
+    int rc = sf_comm_recv_tagged(q->comm, &head, 1, SF_DTYPE_F32, peer, 1);
+    if (rc != SF_OK) return rc;
+    uint32_t n;
+    memcpy(&n, &head, sizeof n);
+    if (n > (1u << 30)) return sf_error(SF_E_COMM, "sequence exchange: rank %d announced %u bytes", peer, n);
+    const size_t elems = (n + 3) / 4;
+    rc = ensure_wire(q, elems * 4 + 4);
+    if (rc == SF_OK) rc = sf_comm_recv_tagged(q->comm, q->wire, elems, SF_DTYPE_F32, peer, 1);
+    *len = n;
+    if (across) q->stats.received_across += elems * 4 + 4;
+    else q->stats.received_within += elems * 4 + 4;
+    return rc;
+}
+
+static int send_msg(sf_seq *q, int peer, const seq_msg *m, int parts, uint32_t hash, const sf_quant_params *quant,
+                    sf_quant_feedback *fb)
+{
+    size_t len;
+    int rc = msg_encode(q, m, parts, hash, quant, fb, &len);
+    return rc == SF_OK ? wire_send(q, peer, len, q->group_of[peer] != q->group_of[q->rank]) : rc;
+}
+
+static int recv_msg(sf_seq *q, int peer, seq_msg *m, uint32_t *hash, const sf_quant_params *quant)
+{
+    size_t len;
+    int rc = wire_recv(q, peer, &len, q->group_of[peer] != q->group_of[q->rank]);
+    return rc == SF_OK ? msg_decode(q, len, m, hash, quant) : rc;
+}
+
+/* m <- what m becomes on the wire (float32, or the tier's encoding): every rank uses only that,
+ * its own part included, so that all hold the same bits */
+static int msg_canon(sf_seq *q, seq_msg *m, int parts, const sf_quant_params *quant, sf_quant_feedback *fb)
+{
+    size_t len;
+    int rc = msg_encode(q, m, parts, 0, quant, fb, &len);
+    return rc == SF_OK ? msg_decode(q, len, m, NULL, quant) : rc;
+}
+
+/* ---- the round state --------------------------------------------------------------------- */
+
+/* A hash of layer l's round state (what every rank must hold alike): CRC-32C of its bytes. */
+static uint32_t state_hash(const sf_seq *q, int l, int memory)
+{
+    uint32_t h = 0;
+    if (memory) {
+        h = sf_crc32c(h, q->SM + (size_t)l * q->hdd, q->hdd * sizeof(double));
+        h = sf_crc32c(h, q->Sz + (size_t)l * q->hd, q->hd * sizeof(double));
+    }
+    if (q->G) {
+        h = sf_crc32c(h, q->Sgk + (size_t)l * q->G * q->W, (size_t)q->G * q->W * sizeof(float));
+        h = sf_crc32c(h, q->Sgv + (size_t)l * q->G * q->W, (size_t)q->G * q->W * sizeof(float));
+        h = sf_crc32c(h, &q->Scount[l], sizeof(int));
+    }
+    return h == SPAN_HASH_NONE ? 1 : h;
+}
+
+/* The round state's global tokens of layer l, oldest first, into tk, tv, cnt. */
+static void state_tokens(const sf_seq *q, int l, float *tk, float *tv, int *cnt)
+{
+    const size_t row = (size_t)q->W;
+    const float *gk = q->Sgk + (size_t)l * q->G * row, *gv = q->Sgv + (size_t)l * q->G * row;
+    *cnt = 0;
+    for (int j = 0; j < q->Scount[l]; j++) {
+        const int slot = (q->Shead[l] + j) % q->G;
+        tail_append(q, tk, tv, cnt, gk + slot * row, gv + slot * row, 1);
+    }
+}
+
+/* Layer l of the work state <- the round state then m (z, tokens and, for memory, the map). */
+static int work_from(sf_seq *q, int l, const seq_msg *m, int memory_parts)
+{
+    stream_state *w = q->work;
+    const size_t row = (size_t)q->W;
+    double *M = malloc(q->hdd * sizeof *M + 1);
+    if (!M) return sf_error(SF_E_NOMEM, "out of memory");
+    memcpy(M, q->SM + (size_t)l * q->hdd, q->hdd * sizeof *M);
+    int rc = SF_OK;
+    if (memory_parts & PART_B) rc = sf_memory_map_apply(q->H, q->d, (memory_parts & PART_A) ? m->A : NULL, m->B, M);
+    for (size_t i = 0; i < q->hdd; i++) w->M[(size_t)l * q->hdd + i] = (float)M[i];
+    free(M);
+    for (size_t i = 0; i < q->hd; i++)
+        w->z[(size_t)l * q->hd + i] = (float)(q->Sz[(size_t)l * q->hd + i] + ((memory_parts & PART_Z) ? m->z[i] : 0));
+    if (q->G) {
+        float *gk = w->gk + (size_t)l * q->G * row, *gv = w->gv + (size_t)l * q->G * row;
+        state_tokens(q, l, gk, gv, &w->g_count[l]);
+        tail_append(q, gk, gv, &w->g_count[l], m->tk, m->tv, m->cnt);
+        w->g_head[l] = 0;
+    }
+    return rc;
+}
+
+/* The round state of layer l <- itself then the round's total t. */
+static int state_then(sf_seq *q, int l, const seq_msg *t, int memory_parts)
+{
+    int rc = SF_OK;
+    if (memory_parts & PART_B)
+        rc = sf_memory_map_apply(q->H, q->d, (memory_parts & PART_A) ? t->A : NULL, t->B, q->SM + (size_t)l * q->hdd);
+    if (memory_parts & PART_Z)
+        for (size_t i = 0; i < q->hd; i++) q->Sz[(size_t)l * q->hd + i] += t->z[i];
+    if (q->G) {
+        const size_t row = (size_t)q->W;
+        float *gk = q->Sgk + (size_t)l * q->G * row, *gv = q->Sgv + (size_t)l * q->G * row;
+        float *tk = malloc((size_t)q->G * row * sizeof *tk), *tv = malloc((size_t)q->G * row * sizeof *tv);
+        if (!tk || !tv) rc = sf_error(SF_E_NOMEM, "out of memory");
+        int cnt = 0;
+        if (rc == SF_OK) {
+            state_tokens(q, l, tk, tv, &cnt);
+            tail_append(q, tk, tv, &cnt, t->tk, t->tv, t->cnt);
+            memcpy(gk, tk, (size_t)cnt * row * sizeof *gk);
+            memcpy(gv, tv, (size_t)cnt * row * sizeof *gv);
+            q->Scount[l] = cnt, q->Shead[l] = 0;
+        }
+        free(tk), free(tv);
+    }
+    return rc;
+}
+
+/* ---- the scan ---------------------------------------------------------------------------- */
+
+/* One exchange of layer l: own is this rank's (already canonical) message with `parts`; on
+ * return q->pre is the combination of every rank's before this one, q->tot the round's. Which
+ * parts cross between groups: all, or only the tokens (federation). */
+static int scan(sf_seq *q, int l, int phase, const seq_msg *own, int parts)
+{
+    const int across_parts = q->o.federation ? (parts & PART_TAIL) : parts;
+    const sf_quant_params *tier = q->o.tier.kind != SF_QUANT_F32 ? &q->o.tier : NULL;
+    const int my_group = q->group_of[q->rank];
+    int rc = SF_OK;
+    if (q->rank != q->gateway) {
+        rc = send_msg(q, q->gateway, own, parts, SPAN_HASH_NONE, NULL, NULL);
+        if (rc == SF_OK) rc = recv_msg(q, q->gateway, &q->pre, NULL, NULL);
+        if (rc == SF_OK) rc = recv_msg(q, q->gateway, &q->tot, NULL, NULL);
+        return rc;
+    }
+    /* the gateway: its members' messages in rank order (its own first), their combination */
+    int first = q->rank, last = q->rank;
+    while (last + 1 < q->ranks && q->group_of[last + 1] == my_group) last++;
+    const int members = last - first + 1;
+    msg_copy(q, &q->peer_msgs[0], own);
+    for (int r = first + 1; r <= last && rc == SF_OK; r++) rc = recv_msg(q, r, &q->peer_msgs[r - first], NULL, NULL);
+    msg_identity(q, &q->acc);
+    for (int i = 0; i < members && rc == SF_OK; i++) rc = msg_then(q, &q->acc, &q->peer_msgs[i], parts);
+    /* spans between gateways, each with the sender's hash of the round state it started from */
+    const uint32_t hash = state_hash(q, l, !q->o.federation);
+    sf_quant_feedback *fb = q->fbB && tier ? &q->fbB[4 * l + 2 * phase] : NULL;
+    seq_msg *span = &q->peer_msgs[members]; /* scratch after the members */
+    if (rc == SF_OK && q->n_groups > 1) {
+        /* encoded once (the error feedback advances once a round); the same bytes to every
+         * gateway, and decoded here into what the others will hold of ours */
+        size_t len = 0;
+        uint8_t *bytes = NULL;
+        rc = msg_encode(q, &q->acc, across_parts, hash, tier, fb, &len);
+        if (rc == SF_OK && !(bytes = malloc(len))) rc = sf_error(SF_E_NOMEM, "out of memory");
+        if (rc == SF_OK) memcpy(bytes, q->wire, len), rc = msg_decode(q, len, span, NULL, tier);
+        for (int g = 0; g < q->n_groups && rc == SF_OK; g++)
+            if (g != my_group) {
+                memcpy(q->wire, bytes, len);
+                rc = wire_send(q, q->gateway_of_group[g], len, 1);
+            }
+        free(bytes);
+    }
+    /* the total over the groups in order, and the prefix of the groups before ours */
+    msg_identity(q, &q->tot);
+    seq_msg *before = &q->peer_msgs[members + 1];
+    msg_identity(q, before);
+    for (int g = 0; g < q->n_groups && rc == SF_OK; g++) {
+        if (g == my_group) {
+            rc = msg_then(q, &q->tot, q->n_groups > 1 ? span : &q->acc, across_parts);
+            if (rc == SF_OK && q->o.federation) rc = msg_then(q, &q->tot, &q->acc, parts & ~PART_TAIL);
+            continue;
+        }
+        uint32_t theirs = 0;
+        rc = recv_msg(q, q->gateway_of_group[g], &q->tmp, &theirs, tier);
+        if (rc == SF_OK && theirs != hash)
+            rc = sf_error(SF_E_STATE, "sequence exchange: layer %d's state differs between datacenter %d (hash %08x) and "
+                          "%d (%08x) after %d rounds", l, my_group, hash, g, theirs, q->rounds);
+        if (rc == SF_OK) rc = msg_then(q, &q->tot, &q->tmp, across_parts);
+        if (rc == SF_OK && g < my_group) rc = msg_then(q, before, &q->tmp, across_parts);
+    }
+    if (rc == SF_OK) rc = msg_canon(q, &q->tot, parts, NULL, NULL);
+    /* each member's prefix: the groups before, then the members before it */
+    for (int i = 0; i < members && rc == SF_OK; i++) {
+        msg_copy(q, &q->pre, before);
+        for (int j = 0; j < i && rc == SF_OK; j++) rc = msg_then(q, &q->pre, &q->peer_msgs[j], parts);
+        if (rc == SF_OK) rc = msg_canon(q, &q->pre, parts, NULL, NULL);
+        if (rc == SF_OK && i > 0) {
+            rc = send_msg(q, first + i, &q->pre, parts, SPAN_HASH_NONE, NULL, NULL);
+            if (rc == SF_OK) rc = send_msg(q, first + i, &q->tot, parts, SPAN_HASH_NONE, NULL, NULL);
+        }
+        if (rc == SF_OK && i == 0) msg_copy(q, &q->peer_msgs[members + 2], &q->pre);
+    }
+    if (rc == SF_OK) msg_copy(q, &q->pre, &q->peer_msgs[members + 2]);
+    return rc;
+}
+
+/* ---- a round ----------------------------------------------------------------------------- */
+
+static int ensure_chunk(sf_seq *q, int segments)
+{
+    if (segments <= q->chunk_capacity) return SF_OK;
+    const size_t n = (size_t)segments * q->N * q->W;
+    free(q->cq), free(q->ck), free(q->cv);
+    q->cq = malloc(n * sizeof(float)), q->ck = malloc(n * sizeof(float)), q->cv = malloc(n * sizeof(float));
+    free(q->zinc), free(q->zwalk);
+    q->zinc = malloc((size_t)segments * q->hd * sizeof(float) + 1);
+    q->zwalk = malloc(q->hd * sizeof(float) + 1);
+    if (!q->cq || !q->ck || !q->cv || !q->zinc || !q->zwalk) {
+        q->chunk_capacity = 0;
+        return sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", segments);
+    }
+    q->chunk_capacity = segments;
+    return SF_OK;
+}
+
+static int check_rows(const sf_seq *q, const float *x, size_t rows, int l, int s)
+{
+    const size_t n = rows * q->D;
+    const size_t at = sf_first_non_finite(x, SF_DTYPE_F32, n);
+    if (at == n) return SF_OK;
+    return sf_error(SF_E_NONFINITE, "layer %d produced a non-finite value: segment %d of this rank's chunk, row %zu, "
+                    "column %zu; the weights or the input overflow float32", l, s, at / q->D, at % q->D);
+}
+
+/* Layer l over the chunk, the scan way. */
+static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
+{
+    block *b = q->b;
+    const sf_model_config *c = b->cfg;
+    const layer_weights *w = &b->weights[l];
+    const size_t seg_rows = (size_t)q->N * q->W;
+    int rc = SF_OK;
+    double t0 = now_s();
+    /* the projections, z's increments, the summary tokens; the linear rule's map */
+    msg_identity(q, &q->own);
+    for (int s = 0; s < segments && rc == SF_OK; s++) {
+        const int n = s == segments - 1 ? last_rows : q->N;
+        float *xs = x + (size_t)s * q->N * q->D;
+        float *qs = q->cq + s * seg_rows, *ks = q->ck + s * seg_rows, *vs = q->cv + s * seg_rows;
+        rc = sf_be_qkv(b->be, n, q->D, q->W, xs, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, SF_DTYPE_F32, qs, ks,
+                       vs, b->act.u);
+        float *zi = q->zinc + (size_t)s * q->hd;
+        if (rc == SF_OK && q->kind != SF_MEMORY_NONE)
+            rc = sf_memory_map_segment(q->kind, n, q->H, q->d, q->W, ks, vs, NULL, NULL,
+                                       q->kind == SF_MEMORY_LINEAR ? q->own.B : NULL, zi, q->o.threads);
+        for (size_t i = 0; i < q->hd && rc == SF_OK && q->kind != SF_MEMORY_NONE; i++) q->own.z[i] += zi[i];
+        if (rc == SF_OK && q->G && q->S) {
+            int produced = 0;
+            rc = b->be->ops->summary(b->be, n, q->N, q->S, q->W, q->W, SF_DTYPE_F32, ks, vs, b->act.sk, b->act.sv,
+                                     &produced);
+            if (rc == SF_OK) tail_append(q, q->own.tk, q->own.tv, &q->own.cnt, b->act.sk, b->act.sv, produced);
+        }
+    }
+    const int memory = q->kind != SF_MEMORY_NONE;
+    int parts1 = (memory ? PART_Z : 0) | PART_TAIL | (q->kind == SF_MEMORY_LINEAR ? PART_B : 0);
+    if (rc == SF_OK) rc = msg_canon(q, &q->own, parts1, NULL, NULL);
+    q->stats.compute_s += now_s() - t0, t0 = now_s();
+    if (rc == SF_OK) rc = scan(q, l, 0, &q->own, parts1);
+    q->stats.exchange_s += now_s() - t0, t0 = now_s();
+    int mem_parts = memory ? PART_Z | (q->kind == SF_MEMORY_LINEAR ? PART_B : 0) : 0;
+    if (rc == SF_OK) rc = work_from(q, l, &q->pre, mem_parts);
+    if (rc == SF_OK) rc = state_then(q, l, &q->tot, mem_parts);
+    if (rc == SF_OK && q->kind == SF_MEMORY_DELTA) {
+        /* the z of the walk at each segment, then the delta map of the chunk */
+        memcpy(q->zwalk, q->work->z + (size_t)l * q->hd, q->hd * sizeof(float));
+        msg_identity(q, &q->own);
+        for (int s = 0; s < segments && rc == SF_OK; s++) {
+            const int n = s == segments - 1 ? last_rows : q->N;
+            rc = sf_memory_map_segment(SF_MEMORY_DELTA, n, q->H, q->d, q->W, q->ck + s * seg_rows, q->cv + s * seg_rows,
+                                       q->zwalk, q->own.A, q->own.B, NULL, q->o.threads);
+            for (size_t i = 0; i < q->hd; i++) q->zwalk[i] += q->zinc[(size_t)s * q->hd + i];
+        }
+        if (rc == SF_OK) rc = msg_canon(q, &q->own, PART_A | PART_B, NULL, NULL);
+        q->stats.compute_s += now_s() - t0, t0 = now_s();
+        /* the z parts were applied above: this exchange moves only the maps */
+        if (rc == SF_OK) rc = scan(q, l, 1, &q->own, PART_A | PART_B);
+        q->stats.exchange_s += now_s() - t0, t0 = now_s();
+        if (rc == SF_OK) {
+            /* work_from with the map alone: M from the round state; z, tokens as set above */
+            double *M = malloc(q->hdd * sizeof *M + 1);
+            if (!M) rc = sf_error(SF_E_NOMEM, "out of memory");
+            if (rc == SF_OK) {
+                /* the round state's M was already advanced by nothing for the delta rule: apply the
+                 * prefix to it for the walk, the total for the next round */
+                memcpy(M, q->SM + (size_t)l * q->hdd, q->hdd * sizeof *M);
+                rc = sf_memory_map_apply(q->H, q->d, q->pre.A, q->pre.B, M);
+                for (size_t i = 0; rc == SF_OK && i < q->hdd; i++) q->work->M[(size_t)l * q->hdd + i] = (float)M[i];
+                free(M);
+            }
+            if (rc == SF_OK) rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
+        }
+    }
+    /* the walk: each segment's layer from the exact state at its start */
+    for (int s = 0; s < segments && rc == SF_OK; s++) {
+        const int n = s == segments - 1 ? last_rows : q->N;
+        float *keep = b->x;
+        b->x = x + (size_t)s * q->N * q->D;
+        rc = sf_block_layer(b, q->work, l, n, 1, q->cq + s * seg_rows, q->ck + s * seg_rows, q->cv + s * seg_rows);
+        b->x = keep;
+        if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
+    }
+    q->stats.compute_s += now_s() - t0;
+    return rc;
+}
+
+/* Layer l's part of the work state as a message of floats: M, z, tokens (ring), count, head. */
+static size_t handoff_floats(const sf_seq *q) { return q->hdd + q->hd + 2 * (size_t)q->G * q->W + 2; }
+
+static int handoff_io(sf_seq *q, int l, int peer, int send)
+{
+    stream_state *w = q->work;
+    const size_t n = handoff_floats(q), row = (size_t)q->W;
+    float *buf = malloc(n * sizeof *buf);
+    if (!buf) return sf_error(SF_E_NOMEM, "out of memory");
+    float *p = buf;
+    float *parts[4] = {w->M + (size_t)l * q->hdd, w->z + (size_t)l * q->hd, w->gk + (size_t)l * q->G * row,
+                       w->gv + (size_t)l * q->G * row};
+    const size_t sizes[4] = {q->hdd, q->hd, (size_t)q->G * row, (size_t)q->G * row};
+    int rc = SF_OK;
+    const int across = q->group_of[peer] != q->group_of[q->rank];
+    if (send) {
+        for (int i = 0; i < 4; i++) memcpy(p, parts[i], sizes[i] * sizeof *p), p += sizes[i];
+        memcpy(p, &w->g_count[l], sizeof(int)), memcpy(p + 1, &w->g_head[l], sizeof(int));
+        rc = sf_comm_send_tagged(q->comm, buf, n, SF_DTYPE_F32, peer, 0, 1);
+        if (across) q->stats.sent_across += n * 4;
+        else q->stats.sent_within += n * 4;
+    } else {
+        rc = sf_comm_recv_tagged(q->comm, buf, n, SF_DTYPE_F32, peer, 1);
+        for (int i = 0; rc == SF_OK && i < 4; i++) memcpy(parts[i], p, sizes[i] * sizeof *p), p += sizes[i];
+        if (rc == SF_OK) memcpy(&w->g_count[l], p, sizeof(int)), memcpy(&w->g_head[l], p + 1, sizeof(int));
+        if (rc == SF_OK && (w->g_count[l] < 0 || w->g_count[l] > q->G || w->g_head[l] < 0 ||
+                            (q->G && w->g_head[l] >= q->G) || (!q->G && w->g_head[l]))) 
+            rc = sf_error(SF_E_COMM, "sequence hand-off: rank %d sent a malformed state", peer);
+        if (across) q->stats.received_across += n * 4;
+        else q->stats.received_within += n * 4;
+    }
+    free(buf);
+    return rc;
+}
+
+/* The work state's layer l into the round state (hand-off: for a save). */
+static void state_from_work(sf_seq *q, int l)
+{
+    const stream_state *w = q->work;
+    const size_t row = (size_t)q->W;
+    for (size_t i = 0; i < q->hdd; i++) q->SM[(size_t)l * q->hdd + i] = w->M[(size_t)l * q->hdd + i];
+    for (size_t i = 0; i < q->hd; i++) q->Sz[(size_t)l * q->hd + i] = w->z[(size_t)l * q->hd + i];
+    if (q->G) {
+        memcpy(q->Sgk + (size_t)l * q->G * row, w->gk + (size_t)l * q->G * row, (size_t)q->G * row * sizeof(float));
+        memcpy(q->Sgv + (size_t)l * q->G * row, w->gv + (size_t)l * q->G * row, (size_t)q->G * row * sizeof(float));
+    }
+    q->Scount[l] = w->g_count[l], q->Shead[l] = w->g_head[l];
+}
+
+/* The round state's layer l into the work state, exactly (a start or a restore). */
+static void work_from_state(sf_seq *q, int l)
+{
+    stream_state *w = q->work;
+    const size_t row = (size_t)q->W;
+    for (size_t i = 0; i < q->hdd; i++) w->M[(size_t)l * q->hdd + i] = (float)q->SM[(size_t)l * q->hdd + i];
+    for (size_t i = 0; i < q->hd; i++) w->z[(size_t)l * q->hd + i] = (float)q->Sz[(size_t)l * q->hd + i];
+    if (q->G) {
+        memcpy(w->gk + (size_t)l * q->G * row, q->Sgk + (size_t)l * q->G * row, (size_t)q->G * row * sizeof(float));
+        memcpy(w->gv + (size_t)l * q->G * row, q->Sgv + (size_t)l * q->G * row, (size_t)q->G * row * sizeof(float));
+    }
+    w->g_count[l] = q->Scount[l], w->g_head[l] = q->Shead[l];
+}
+
+static int handoff_layer(sf_seq *q, int l, int segments, int last_rows, float *x, int last_round)
+{
+    const int prev = q->rank > 0 ? q->rank - 1 : q->ranks - 1, next = (q->rank + 1) % q->ranks;
+    int rc = SF_OK;
+    double t0 = now_s();
+    if (q->rank == 0 && q->rounds == 0) work_from_state(q, l);
+    else if (q->ranks > 1) rc = handoff_io(q, l, prev, 0);
+    q->stats.exchange_s += now_s() - t0, t0 = now_s();
+    for (int s = 0; s < segments && rc == SF_OK; s++) {
+        const int n = s == segments - 1 ? last_rows : q->N;
+        float *keep = q->b->x;
+        q->b->x = x + (size_t)s * q->N * q->D;
+        rc = sf_block_layer(q->b, q->work, l, n, 1, NULL, NULL, NULL);
+        q->b->x = keep;
+        if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
+    }
+    q->stats.compute_s += now_s() - t0, t0 = now_s();
+    const int last_rank = q->rank == q->ranks - 1;
+    if (rc == SF_OK && last_rank) state_from_work(q, l);
+    if (rc == SF_OK && q->ranks > 1 && !(last_rank && last_round)) rc = handoff_io(q, l, next, 1);
+    q->stats.exchange_s += now_s() - t0;
+    return rc;
+}
+
+int sf_seq_round(sf_seq *q, int segments, int last_rows, float *x, int last_round)
+{
+    if (segments < 0 || (segments > 0 && (last_rows < 1 || last_rows > q->N) ) || (segments > 0 && !x))
+        return sf_error(SF_E_INVAL, "sequence round: %d segments, the last of %d rows", segments, last_rows);
+    int rc = ensure_chunk(q, segments > 0 ? segments : 1);
+    for (int l = 0; l < q->L && rc == SF_OK; l++)
+        rc = q->o.exchange == SF_SEQ_HANDOFF ? handoff_layer(q, l, segments, last_rows, x, last_round)
+                                             : scan_layer(q, l, segments, last_rows, x);
+    if (rc == SF_OK) q->rounds++;
+    else sf_comm_abort(q->comm, sf_last_error());
+    return rc;
+}
+
+void sf_seq_stats_get(const sf_seq *q, sf_seq_stats *out) { *out = q->stats; }
+
+/* ---- create, free, save, restore --------------------------------------------------------- */
+
+int sf_seq_create(const sf_model *m, sf_backend *be, sf_comm *comm, const sf_seq_options *o, sf_seq **out)
+{
+    *out = NULL;
+    if (!m || !be || !comm) return sf_error(SF_E_INVAL, "sequence parallelism needs a model, a backend and ranks");
+    if (strcmp(be->ops->name, "cpu") != 0)
+        return sf_error(SF_E_UNSUPPORTED, "sequence parallelism runs on the cpu backend (not %s)", be->ops->name);
+    sf_seq *q = calloc(1, sizeof *q);
+    if (!q) return sf_error(SF_E_NOMEM, "out of memory");
+    const sf_model_config *c = sf_model_get_config(m);
+    q->o = o ? *o : (sf_seq_options){0};
+    q->comm = comm, q->rank = comm->rank, q->ranks = comm->size;
+    q->L = c->layers, q->H = c->heads, q->d = c->head_dim, q->W = c->heads * c->head_dim, q->G = c->global_tokens;
+    q->S = c->global_tokens ? c->summary_tokens : 0, q->N = c->segment, q->D = c->dim, q->kind = c->memory;
+    q->hd = (size_t)q->H * q->d, q->hdd = q->hd * q->d;
+    int rc = SF_OK;
+    q->group_of = calloc((size_t)q->ranks, sizeof *q->group_of);
+    q->gateway_of_group = calloc((size_t)q->ranks, sizeof *q->gateway_of_group);
+    if (!q->group_of || !q->gateway_of_group) rc = sf_error(SF_E_NOMEM, "out of memory");
+    for (int r = 0; rc == SF_OK && r < q->ranks; r++) {
+        q->group_of[r] = o && o->group_of ? o->group_of[r] : 0;
+        const int prev = r ? q->group_of[r - 1] : -1;
+        if (q->group_of[r] != prev && q->group_of[r] != prev + 1)
+            rc = sf_error(SF_E_INVAL, "sequence parallelism: rank %d is in group %d after group %d (groups must hold "
+                          "consecutive ranks, numbered from 0)", r, q->group_of[r], prev);
+        else if (q->group_of[r] != prev)
+            q->gateway_of_group[q->n_groups++] = r;
+    }
+    if (rc == SF_OK) q->gateway = q->gateway_of_group[q->group_of[q->rank]];
+    if (rc == SF_OK && q->o.federation && q->o.exchange != SF_SEQ_SCAN)
+        rc = sf_error(SF_E_INVAL, "federation needs the scan exchange");
+    /* the block: every layer, unsharded, without deferred commits */
+    block *b = q->b = calloc(1, sizeof *q->b);
+    if (rc == SF_OK && !b) rc = sf_error(SF_E_NOMEM, "out of memory");
+    if (rc == SF_OK) {
+        b->cfg = c, b->be = be, b->first = 0, b->count = c->layers, b->batch = 1, b->host_rows = 1;
+        b->check_finite = 0;
+        sf_stream_table_init(&b->streams, 1, sf_block_stream_create, sf_block_stream_release, b);
+        rc = sf_block_shard_plan(b, 0, 1);
+    }
+    if (rc == SF_OK) rc = sf_block_setup(b, m);
+    if (rc == SF_OK && b->qkv_type != SF_DTYPE_F32)
+        rc = sf_error(SF_E_UNSUPPORTED, "sequence parallelism needs float32 projections");
+    if (rc == SF_OK && !(q->work = sf_block_stream_create(b, 0))) rc = SF_E_NOMEM;
+    /* the round state, zero (SPEC 4, 5: a stream starts from nothing) */
+    const size_t gw = (size_t)q->L * q->G * q->W + 1;
+    if (rc == SF_OK) {
+        q->SM = calloc((size_t)q->L * q->hdd + 1, sizeof *q->SM), q->Sz = calloc((size_t)q->L * q->hd + 1, sizeof *q->Sz);
+        q->Sgk = calloc(gw, sizeof *q->Sgk), q->Sgv = calloc(gw, sizeof *q->Sgv);
+        q->Scount = calloc((size_t)q->L, sizeof(int)), q->Shead = calloc((size_t)q->L, sizeof(int));
+        if (!q->SM || !q->Sz || !q->Sgk || !q->Sgv || !q->Scount || !q->Shead) rc = sf_error(SF_E_NOMEM, "out of memory");
+    }
+    /* messages: own, tmp, acc, pre, tot; at a gateway its members', then 3 scratch */
+    seq_msg *fixed[] = {&q->own, &q->tmp, &q->acc, &q->pre, &q->tot};
+    for (size_t i = 0; rc == SF_OK && i < sizeof fixed / sizeof *fixed; i++) rc = msg_alloc(q, fixed[i]);
+    q->n_peer_msgs = q->ranks + 3;
+    if (rc == SF_OK && !(q->peer_msgs = calloc((size_t)q->n_peer_msgs, sizeof *q->peer_msgs)))
+        rc = sf_error(SF_E_NOMEM, "out of memory");
+    for (int i = 0; rc == SF_OK && q->rank == q->gateway && i < q->n_peer_msgs; i++) rc = msg_alloc(q, &q->peer_msgs[i]);
+    if (rc == SF_OK && q->o.tier.kind != SF_QUANT_F32) {
+        if (sf_quant_encoded_size(&q->o.tier, q->hdd ? q->hdd : 1) == 0)
+            rc = sf_error(SF_E_INVAL, "sequence parallelism: bad tier quantization (group %d)", q->o.tier.group);
+        q->fbB = calloc(4 * (size_t)q->L, sizeof *q->fbB);
+        if (rc == SF_OK && !q->fbB) rc = sf_error(SF_E_NOMEM, "out of memory");
+        for (int i = 0; rc == SF_OK && i < 4 * q->L; i++) rc = sf_quant_feedback_init(&q->fbB[i], q->hdd);
+    }
+    if (rc != SF_OK) {
+        sf_seq_free(q);
+        return rc;
+    }
+    *out = q;
+    return SF_OK;
+}
+
+void sf_seq_free(sf_seq *q)
+{
+    if (!q) return;
+    if (q->b) {
+        if (q->work) sf_block_stream_destroy(q->b, q->work);
+        if (q->b->cfg && q->b->weights) sf_block_release(q->b);
+        free(q->b);
+    }
+    seq_msg *fixed[] = {&q->own, &q->tmp, &q->acc, &q->pre, &q->tot};
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) msg_free(fixed[i]);
+    for (int i = 0; q->peer_msgs && i < q->n_peer_msgs; i++) msg_free(&q->peer_msgs[i]);
+    free(q->peer_msgs);
+    for (int i = 0; q->fbB && i < 4 * q->L; i++) sf_quant_feedback_release(&q->fbB[i]);
+    free(q->fbB);
+    free(q->SM), free(q->Sz), free(q->Sgk), free(q->Sgv), free(q->Scount), free(q->Shead);
+    free(q->cq), free(q->ck), free(q->cv), free(q->zinc), free(q->zwalk), free(q->wire);
+    free(q->group_of), free(q->gateway_of_group);
+    free(q);
+}
+
+/* Layout: "SQS1", u32 L, H, d, G, W, u32 rounds (informative), then per layer M (double
+ * [H d d]), z (double [H d]), u32 count, u32 head, gk, gv (float [G W]); little-endian hosts. */
+#define STATE_MAGIC 0x31535153u
+
+int sf_seq_state_save(const sf_seq *q, sf_buffer *out)
+{
+    const uint32_t head[7] = {STATE_MAGIC, (uint32_t)q->L, (uint32_t)q->H, (uint32_t)q->d, (uint32_t)q->G,
+                              (uint32_t)q->W, (uint32_t)q->rounds};
+    int rc = sf_buffer_append(out, head, sizeof head);
+    const size_t gw = (size_t)q->G * q->W;
+    for (int l = 0; l < q->L && rc == SF_OK; l++) {
+        const uint32_t ring[2] = {(uint32_t)q->Scount[l], (uint32_t)q->Shead[l]};
+        rc = sf_buffer_append(out, q->SM + (size_t)l * q->hdd, q->hdd * sizeof(double));
+        if (rc == SF_OK) rc = sf_buffer_append(out, q->Sz + (size_t)l * q->hd, q->hd * sizeof(double));
+        if (rc == SF_OK) rc = sf_buffer_append(out, ring, sizeof ring);
+        if (rc == SF_OK && gw) rc = sf_buffer_append(out, q->Sgk + l * gw, gw * sizeof(float));
+        if (rc == SF_OK && gw) rc = sf_buffer_append(out, q->Sgv + l * gw, gw * sizeof(float));
+    }
+    return rc;
+}
+
+int sf_seq_state_restore(sf_seq *q, const uint8_t *data, size_t len)
+{
+    uint32_t head[7];
+    const size_t gw = (size_t)q->G * q->W;
+    const size_t want = sizeof head + (size_t)q->L * (q->hdd * 8 + q->hd * 8 + 8 + 2 * gw * 4);
+    if (len < sizeof head) return sf_error(SF_E_STATE, "sequence state: %zu bytes", len);
+    memcpy(head, data, sizeof head);
+    if (head[0] != STATE_MAGIC || head[1] != (uint32_t)q->L || head[2] != (uint32_t)q->H || head[3] != (uint32_t)q->d ||
+        head[4] != (uint32_t)q->G || head[5] != (uint32_t)q->W || len != want)
+        return sf_error(SF_E_STATE, "sequence state: saved for another model (or damaged: %zu bytes, %zu expected)", len,
+                        want);
+    const uint8_t *p = data + sizeof head;
+    for (int l = 0; l < q->L; l++) {
+        uint32_t ring[2];
+        memcpy(q->SM + (size_t)l * q->hdd, p, q->hdd * 8), p += q->hdd * 8;
+        memcpy(q->Sz + (size_t)l * q->hd, p, q->hd * 8), p += q->hd * 8;
+        memcpy(ring, p, sizeof ring), p += sizeof ring;
+        if (ring[0] > (uint32_t)q->G || (q->G ? ring[1] >= (uint32_t)q->G : ring[1] != 0))
+            return sf_error(SF_E_STATE, "sequence state: layer %d's tokens are malformed", l);
+        q->Scount[l] = (int)ring[0], q->Shead[l] = (int)ring[1];
+        if (gw) memcpy(q->Sgk + l * gw, p, gw * 4), p += gw * 4;
+        if (gw) memcpy(q->Sgv + l * gw, p, gw * 4), p += gw * 4;
+    }
+    q->rounds = 0;
+    return SF_OK;
+}
+
+/* ---- a whole stream ---------------------------------------------------------------------- */
+
+uint64_t sf_seq_plan_rounds(const sf_seq_plan *p)
+{
+    uint64_t per = 0;
+    for (int r = 0; r < p->ranks; r++) per += (uint64_t)p->chunk[r];
+    const uint64_t segments = (p->tokens + (uint64_t)p->N - 1) / (uint64_t)p->N;
+    return per ? (segments + per - 1) / per : 0;
+}
+
+void sf_seq_plan_chunk(const sf_seq_plan *p, uint64_t round, int rank, uint64_t *first, int *count, int *last_rows)
+{
+    uint64_t per = 0, before = 0;
+    for (int r = 0; r < p->ranks; r++) {
+        if (r < rank) before += (uint64_t)p->chunk[r];
+        per += (uint64_t)p->chunk[r];
+    }
+    const uint64_t segments = (p->tokens + (uint64_t)p->N - 1) / (uint64_t)p->N;
+    const uint64_t start = round * per + before;
+    *first = start;
+    *count = 0;
+    *last_rows = p->N;
+    if (start >= segments) return;
+    const uint64_t end = start + (uint64_t)p->chunk[rank] < segments ? start + (uint64_t)p->chunk[rank] : segments;
+    *count = (int)(end - start);
+    if (end == segments && p->tokens % (uint64_t)p->N) *last_rows = (int)(p->tokens % (uint64_t)p->N);
+}
+
+int sf_seq_run(sf_seq *q, const sf_model *m, const sf_seq_plan *p, uint64_t first_round, const sf_seq_io *io)
+{
+    const sf_model_config *c = sf_model_get_config(m);
+    if (p->ranks != q->ranks || p->N != q->N)
+        return sf_error(SF_E_INVAL, "sequence plan for %d ranks and segments of %d; the job has %d ranks, the model %d",
+                        p->ranks, p->N, q->ranks, q->N);
+    const int k = p->chunk[q->rank];
+    const size_t rows_max = (size_t)(k > 0 ? k : 1) * q->N;
+    float *x = malloc(rows_max * q->D * sizeof *x);
+    uint32_t *ids = malloc(rows_max * sizeof *ids);
+    const float *table = sf_model_embedding(m), *norm = sf_model_final_norm(m);
+    int rc = x && ids ? SF_OK : sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", k);
+    const uint64_t rounds = sf_seq_plan_rounds(p);
+    for (uint64_t t = first_round; t < rounds && rc == SF_OK; t++) {
+        uint64_t first;
+        int count, last_rows;
+        sf_seq_plan_chunk(p, t, q->rank, &first, &count, &last_rows);
+        const size_t rows = count ? (size_t)(count - 1) * q->N + (size_t)last_rows : 0;
+        const uint64_t pos = first * (uint64_t)q->N;
+        if (rows) rc = io->read(io->user, pos, rows, ids);
+        for (size_t i = 0; i < rows && rc == SF_OK; i++) {
+            if (ids[i] >= (uint32_t)c->vocab)
+                rc = sf_error(SF_E_INVAL, "token %u at position %llu is outside the vocabulary of %d", ids[i],
+                              (unsigned long long)(pos + i), c->vocab);
+            else
+                memcpy(x + i * q->D, table + (size_t)ids[i] * q->D, (size_t)q->D * sizeof *x);
+        }
+        if (rc == SF_OK) rc = sf_seq_round(q, count, last_rows, x, t + 1 == rounds);
+        /* the final norm of SPEC 2, on every row the round produced */
+        if (rc == SF_OK && rows && norm) rc = q->b->be->ops->rmsnorm(q->b->be, (int)rows, q->D, x, norm, c->norm_eps, x);
+        if (rc == SF_OK && rows) rc = io->write(io->user, pos, rows, x);
+        if (rc == SF_OK && io->progress) io->progress(io->user, t, rounds);
+    }
+    if (rc != SF_OK) sf_comm_abort(q->comm, sf_last_error());
+    free(x);
+    free(ids);
+    return rc;
+}
