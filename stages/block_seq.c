@@ -881,7 +881,7 @@ int sf_seq_run(sf_seq *q, const sf_model *m, const sf_seq_plan *p, uint64_t firs
         /* the final norm of SPEC 2, on every row the round produced */
         if (rc == SF_OK && rows && norm) rc = q->b->be->ops->rmsnorm(q->b->be, (int)rows, q->D, x, norm, c->norm_eps, x);
         if (rc == SF_OK && rows) rc = io->write(io->user, pos, rows, x);
-        if (rc == SF_OK && io->progress) io->progress(io->user, t, rounds);
+        if (rc == SF_OK && io->round_done) rc = io->round_done(io->user, t, rounds);
     }
     if (rc != SF_OK) sf_comm_abort(q->comm, sf_last_error());
     free(x);

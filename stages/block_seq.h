@@ -118,7 +118,9 @@ void sf_seq_plan_chunk(const sf_seq_plan *p, uint64_t round, int rank, uint64_t 
 typedef struct sf_seq_io {
     int (*read)(void *user, uint64_t pos, size_t n, uint32_t *ids);
     int (*write)(void *user, uint64_t pos, size_t n, const float *rows);
-    void (*progress)(void *user, uint64_t round, uint64_t rounds); /* after each round; may be NULL */
+    /* after each round's rows were written (may be NULL): progress, checkpoints; an error ends
+     * the run */
+    int (*round_done)(void *user, uint64_t round, uint64_t rounds);
     void *user;
 } sf_seq_io;
 

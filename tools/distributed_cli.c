@@ -23,6 +23,7 @@
 #include "pipeline/topology.h"
 #include "tools/distributed_cli.h"
 #include "tools/run_common.h"
+#include "tools/sequence_cli.h"
 
 extern char **environ;
 
@@ -46,6 +47,18 @@ static void worker_usage(FILE *f)
           "                          indexed Job; MASTER_ADDR/MASTER_PORT replace the topology's\n"
           "                          rendezvous)\n"
           "      --local-rank R      this rank's index on its machine (default: the launcher's)\n"
+          "\n"
+          "sequence parallelism (one long stream over every rank; docs/DISTRIBUTED.md):\n"
+          "      --sequence MODE     scan (every rank at once, the state at each chunk's start\n"
+          "                          from a scan; within 1e-5 of one process) or handoff (each\n"
+          "                          rank passes the exact state on; bit for bit)\n"
+          "      --chunks K[,K...]   segments a rank takes per round: one number for every rank,\n"
+          "                          or one per rank (default 16)\n"
+          "      --federation        scan: only global tokens cross between datacenters, each\n"
+          "                          keeping its own memory (approximate)\n"
+          "  The input (-i FILE, bytes or u32) is read and the output (-o FILE, raw or .npy)\n"
+          "  written by every rank at its chunks' places: both on a shared folder (or '{rank}'\n"
+          "  in -o for a file per rank, each holding its own rows).\n"
           "\n"
           "A rank that dies or stops answering (no heartbeat within the topology's timeout_ms,\n"
           "3000 by default) fails the job: the driver exits 1 naming the rank, its host and the\n"
@@ -93,6 +106,8 @@ typedef struct worker {
     char secret[SF_Z85_KEY_LEN + 1], public_key[SF_Z85_KEY_LEN + 1];
     const uint8_t *resume_state; /* driver: the loaded checkpoint's state (owned by the graph) */
     size_t resume_len;
+    seq_args seq;                /* --sequence: a sequence-parallel job (tools/sequence_cli.c) */
+    sf_buffer seq_resume;        /* rank 0 of one, with --resume: the saved state handed out */
 } worker;
 
 /* Takes the worker options out of argv (in place); the rest are run options. 0 to go on, else
@@ -108,6 +123,9 @@ static int worker_options(int *argc, char **argv, worker *w)
             worker_usage(stdout);
             return -1;
         }
+        int taken = seq_parse_option(*argc, argv, &i, &w->seq);
+        if (taken < 0) return 2;
+        if (taken) continue;
         if (strcmp(arg, "--topology") == 0) text = &w->topology_path;
         else if (strcmp(arg, "--key") == 0) text = &w->key_path;
         else if (strcmp(arg, "--rank") == 0) number = &w->rank;
@@ -152,6 +170,11 @@ static void rank_path(const char *path, int rank, char *out, size_t size)
 static int payload_of(void *user, int rank, sf_buffer *out)
 {
     worker *w = user;
+    if (w->seq.on) { /* every rank restores the one round state */
+        uint8_t resume = w->seq_resume.len > 0;
+        int rc = sf_buffer_append(out, &resume, 1);
+        return rc == SF_OK ? sf_buffer_append(out, w->seq_resume.data, w->seq_resume.len) : rc;
+    }
     uint8_t resume = w->resume_state != NULL;
     int rc = sf_buffer_append(out, &resume, 1);
     if (rc == SF_OK && resume && rank != 0)
@@ -240,16 +263,32 @@ static int worker_run(worker *w)
         c->failure_message = driver_message;
         c->user = w;
     }
-    int status = run_prepare(c, w->rank == 0);
-    if (status) return status;
-    int rc = sf_dist_plan(c->graph, w->world, w->rank);
-    if (rc != SF_OK) {
-        fprintf(stderr, "%s: %s\n", label, sf_last_error());
-        return exit_status_of(rc);
-    }
-    if (w->rank == 0 && (rc = sf_dist_checkpoint_load(c->graph, &w->resume_state, &w->resume_len)) != SF_OK) {
-        fprintf(stderr, "seqflow: %s\n", sf_last_error());
-        return 1;
+    int status = 0, rc = SF_OK;
+    char seq_text[512] = "";
+    if (w->seq.on) {
+        /* no graph: every rank reads and writes its own chunks */
+        seq_describe(&w->seq, seq_text, sizeof seq_text);
+        if ((status = seq_check(c, &w->seq, w->world))) return status;
+        if ((rc = run_make_model(&c->a, &c->model)) != SF_OK) {
+            fprintf(stderr, "%s: %s\n", label, sf_last_error());
+            return exit_status_of(rc);
+        }
+        if (w->rank == 0 && c->a.resume && c->a.checkpoint_dir &&
+            (rc = seq_load_resume(c->a.checkpoint_dir, &w->seq_resume)) != SF_OK) {
+            fprintf(stderr, "seqflow: %s\n", sf_last_error());
+            return 1;
+        }
+    } else {
+        if ((status = run_prepare(c, w->rank == 0))) return status;
+        rc = sf_dist_plan(c->graph, w->world, w->rank);
+        if (rc != SF_OK) {
+            fprintf(stderr, "%s: %s\n", label, sf_last_error());
+            return exit_status_of(rc);
+        }
+        if (w->rank == 0 && (rc = sf_dist_checkpoint_load(c->graph, &w->resume_state, &w->resume_len)) != SF_OK) {
+            fprintf(stderr, "seqflow: %s\n", sf_last_error());
+            return 1;
+        }
     }
     /* keys and the rendezvous */
     char *secret = w->secret, *public_key = w->public_key;
@@ -276,13 +315,16 @@ static int worker_run(worker *w)
     snprintf(options, sizeof options, "device=%s precision=%d", c->opts.device, (int)c->opts.precision);
     sf_hello hello = {.rank = w->rank, .world = w->world, .version = SEQFLOW_VERSION_STRING,
                       .model_hash = sf_model_weights_hash(c->model), .config_hash = sf_hash_model_config(cfg),
-                      .pipeline_hash = sf_hash_text(c->pipeline), .options_hash = sf_hash_text(options),
+                      .pipeline_hash = sf_hash_text(w->seq.on ? seq_text : c->pipeline),
+                      .options_hash = sf_hash_text(options),
                       .endpoint = self->endpoint, .host = self->host};
     sf_rendezvous_result *result = NULL;
     if (rc == SF_OK)
         rc = w->rank == 0 ? sf_rendezvous_serve(&rv, &hello, payload_of, w, &result) : sf_rendezvous_join(&rv, &hello, &result);
-    if (rc == SF_OK && w->rank != 0 && result->payload_len > 0 && result->payload[0] == 1)
+    if (rc == SF_OK && !w->seq.on && w->rank != 0 && result->payload_len > 0 && result->payload[0] == 1)
         rc = sf_dist_set_state(c->graph, result->payload + 1, result->payload_len - 1);
+    if (rc == SF_OK && w->seq.on && w->rank != 0 && result->payload_len > 1 && result->payload[0] == 1)
+        rc = sf_buffer_append(&w->seq_resume, result->payload + 1, result->payload_len - 1);
     sf_rendezvous_result_free(result);
     /* the network: every other rank a peer */
     sf_net_peer *peers = calloc((size_t)w->world, sizeof *peers);
@@ -302,7 +344,7 @@ static int worker_run(worker *w)
     free(peers);
     free(keys);
     free(endpoints);
-    if (rc == SF_OK) {
+    if (rc == SF_OK && !w->seq.on) {
         sf_dist_links links = {net_link, w};
         rc = sf_dist_connect(c->graph, &links);
     }
@@ -310,7 +352,9 @@ static int worker_run(worker *w)
         fprintf(stderr, "%s: %s\n", label, sf_last_error());
         return rc == SF_E_PARSE ? 2 : 1;
     }
-    status = run_execute(c);
+    status = w->seq.on ? seq_run(c, &w->seq, w->net, w->topology, w->rank, w->world, w->seq_resume.data,
+                                 w->seq_resume.len, label)
+                       : run_execute(c);
     if (!quiet) { /* what crossed the network: the links' encodings at work */
         sf_net_stats st;
         sf_net_stats_get(w->net, &st);
@@ -364,6 +408,7 @@ int cmd_worker(int argc, char **argv)
     if (status == 0 && !w.run.a.pipeline && sf_topology_pipeline(w.topology)) w.run.body = sf_topology_pipeline(w.topology);
     if (status == 0) status = worker_run(&w);
     run_ctx_free(&w.run); /* the links first: they belong to the network */
+    sf_buffer_release(&w.seq_resume);
     sf_net_free(w.net);
     memset(w.secret, 0, sizeof w.secret);
     sf_topology_free(w.topology);
