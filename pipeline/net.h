@@ -28,10 +28,11 @@
  *   - anything malformed, forged or corrupt from the network aborts the link concerned with an
  *     SF_E_* code (SF_E_PEER for the protocol, SF_E_FRAME* for a packet's bytes), never a crash.
  *
- * Threads: sf_net_create/free and sf_net_link_create/sf_link_destroy from any one thread; a
- * sending half's push/close/abort from one thread; a receiving half's pop/ready/abort from
- * one thread; the two halves' abort, sf_net_link_error, sf_net_progress and sf_net_peer_status
- * from any thread. */
+ * Threads: sf_net_create/free from one thread; sf_net_link_create/sf_link_destroy from any
+ * thread (under the sf_net's lock; each half destroyed once, by one thread); a sending half's
+ * push/close and sf_net_link_wait from one thread; a receiving half's pop/ready and
+ * sf_net_link_wait from one thread; the two halves' abort, sf_net_link_abort_why,
+ * sf_net_link_error, sf_net_progress and sf_net_peer_status from any thread. */
 #ifndef SEQFLOW_PIPELINE_NET_H
 #define SEQFLOW_PIPELINE_NET_H
 
@@ -111,6 +112,25 @@ int sf_net_link_create(sf_net *n, int peer, uint32_t channel, int direction,
  * message (naming the peer and the cause) is set as this thread's sf_last_error(). For links
  * made by sf_net_link_create only. */
 int sf_net_link_error(sf_link *l);
+
+/* Bounded waits, for callers that must never block for ever (the network communicator,
+ * pipeline/comm_net.h). `stop` (NULL: none) is a flag looked at every 20 ms while waiting
+ * (read with __atomic_load_n): non-zero ends the wait as a timeout does.
+ *
+ * push on a sending half whose wait for credit lasts at most timeout_ms (>= 0): when the time
+ * runs out, or *stop is set, the packet was already encoded (a lossy stream's residual took its
+ * rounding), so the half is aborted (the peer sees it) and SF_E_CLOSED returned with a message
+ * saying so. Otherwise as push. Takes ownership of p. */
+int sf_net_link_push_within(sf_link *l, sf_packet *p, int timeout_ms, const int *stop);
+/* Waits at most timeout_ms (0: only looks) until a receiving half's pop would return at once (a
+ * packet waits, the end came, or the half failed), or a sending half holds nothing
+ * unacknowledged (everything pushed, and the end after a close, reached the peer) or failed.
+ * 1 when so, 0 when the time ran out or *stop was set. Any link (1 for one not made by
+ * sf_net_link_create). */
+int sf_net_link_wait(sf_link *l, int timeout_ms, const int *stop);
+/* abort() with a reason: the half fails with SF_E_CLOSED and the peer's half with "aborted by
+ * rank R: ... why" (at most 200 bytes of it travel). Any thread. */
+void sf_net_link_abort_why(sf_link *l, const char *why);
 
 /* The counter this process reports in its heartbeats (e.g. segments done). */
 void sf_net_progress(sf_net *n, uint64_t count);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pipeline/net_internal.h"
 #include "seqflow/error.h"
@@ -269,7 +270,31 @@ static int link_error_locked(net_link *l)
     return l->error ? sf_error(l->error, "%s", l->message) : SF_OK;
 }
 
-static int net_push(sf_link *base, sf_packet *p)
+static int stop_set(const int *stop) { return stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE); }
+
+/* One slice (at most 20 ms, so that *stop is looked at) of a wait on l's condition, n->lock
+ * held, before `deadline` (net_now_ms's clock; < 0: none). 0 when the time is up or *stop set. */
+static int wait_slice(net_link *l, int64_t deadline, const int *stop)
+{
+    if (deadline < 0 && !stop) {
+        pthread_cond_wait(&l->cond, &l->net->lock);
+        return 1;
+    }
+    if (stop_set(stop)) return 0;
+    int64_t left = deadline < 0 ? 20 : deadline - net_now_ms();
+    if (left <= 0) return 0;
+    if (left > 20) left = 20;
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    const long long ns = t.tv_nsec + (long long)left * 1000000LL;
+    t.tv_sec += (time_t)(ns / 1000000000LL);
+    t.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_cond_timedwait(&l->cond, &l->net->lock, &t);
+    return 1;
+}
+
+/* push, its wait for credit bounded by timeout_ms (< 0: none) and *stop (NULL: none). */
+static int push_within(sf_link *base, sf_packet *p, int timeout_ms, const int *stop)
 {
     net_link *l = (net_link *)base;
     sf_net *n = l->net;
@@ -292,15 +317,30 @@ static int net_push(sf_link *base, sf_packet *p)
         return sf_error(rc, "link to rank %d, channel %u: %s", peer_rank(l), l->channel, why);
     }
     pthread_mutex_lock(&n->lock);
+    const int64_t deadline = timeout_ms < 0 ? -1 : net_now_ms() + timeout_ms;
+    int gave_up = 0;
     /* credit: at most window_packets and window_bytes not yet popped by the receiving stage
      * (one packet alone may exceed window_bytes) */
     while (!l->error && !l->closed &&
            (l->pushed - l->popped >= (uint64_t)l->o.window_packets ||
-            (l->pushed > l->popped && l->pushed_bytes - l->popped_bytes + buf.len > l->o.window_bytes)))
-        pthread_cond_wait(&l->cond, &n->lock);
+            (l->pushed > l->popped && l->pushed_bytes - l->popped_bytes + buf.len > l->o.window_bytes))) {
+        if (!wait_slice(l, deadline, stop)) {
+            /* the packet is encoded (its rounding is in the stream's residual): the link cannot
+             * go on without it */
+            if (stop_set(stop))
+                net_link_fail(l, SF_E_CLOSED, 1, "link to rank %d, channel %u: stopped while waiting for credit",
+                              peer_rank(l), l->channel);
+            else
+                net_link_fail(l, SF_E_CLOSED, 1,
+                              "link to rank %d, channel %u: no credit within %d ms (the receiver took nothing)",
+                              peer_rank(l), l->channel, timeout_ms);
+            gave_up = 1;
+        }
+    }
     if (l->error || l->closed) {
         rc = l->error ? link_error_locked(l) : sf_error(SF_E_CLOSED, "push after close on a network link");
         pthread_mutex_unlock(&n->lock);
+        if (gave_up) net_wake(n); /* the abort is queued for the peer */
         sf_buffer_release(&buf);
         return rc;
     }
@@ -319,6 +359,8 @@ static int net_push(sf_link *base, sf_packet *p)
     net_wake(n);
     return SF_OK;
 }
+
+static int net_push(sf_link *base, sf_packet *p) { return push_within(base, p, -1, NULL); }
 
 static sf_packet *net_pop(sf_link *base)
 {
@@ -386,14 +428,16 @@ static void net_close(sf_link *base)
     net_wake(l->net);
 }
 
-static void net_abort(sf_link *base)
+static void abort_why(net_link *l, const char *why)
 {
-    net_link *l = (net_link *)base;
     pthread_mutex_lock(&l->net->lock);
-    net_link_fail(l, SF_E_CLOSED, 1, "link %s rank %d, channel %u: aborted here", dir_name(l->dir), peer_rank(l), l->channel);
+    net_link_fail(l, SF_E_CLOSED, 1, "link %s rank %d, channel %u: aborted here%s%s", dir_name(l->dir), peer_rank(l),
+                  l->channel, why && *why ? ": " : "", why ? why : "");
     pthread_mutex_unlock(&l->net->lock);
     net_wake(l->net);
 }
+
+static void net_abort(sf_link *base) { abort_why((net_link *)base, NULL); }
 
 static void net_destroy(sf_link *base)
 {
@@ -509,4 +553,36 @@ int sf_net_link_error(sf_link *base)
     int rc = link_error_locked(l);
     pthread_mutex_unlock(&l->net->lock);
     return rc;
+}
+
+int sf_net_link_push_within(sf_link *base, sf_packet *p, int timeout_ms, const int *stop)
+{
+    net_link *l = (net_link *)base;
+    if (!l || l->base.ops != &net_ops || timeout_ms < 0) {
+        sf_packet_free(p);
+        return sf_error(SF_E_INVAL, "sf_net_link_push_within: not a network link, or a negative timeout");
+    }
+    return push_within(base, p, timeout_ms, stop);
+}
+
+int sf_net_link_wait(sf_link *base, int timeout_ms, const int *stop)
+{
+    net_link *l = (net_link *)base;
+    if (!l || l->base.ops != &net_ops) return 1;
+    sf_net *n = l->net;
+    pthread_mutex_lock(&n->lock);
+    const int64_t deadline = net_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int done;
+    for (;;) {
+        done = l->error || (l->dir == SF_NET_RECV ? l->inbox_count > 0 || l->closed : l->acked >= l->pushed);
+        if (done || !wait_slice(l, deadline, stop)) break;
+    }
+    pthread_mutex_unlock(&n->lock);
+    return done;
+}
+
+void sf_net_link_abort_why(sf_link *base, const char *why)
+{
+    net_link *l = (net_link *)base;
+    if (l && l->base.ops == &net_ops) abort_why(l, why);
 }
