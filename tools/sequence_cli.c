@@ -290,9 +290,11 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
     sf_backend *be = NULL;
     sf_comm *comm = NULL;
     sf_seq *seq = NULL;
+    if (rc == SF_OK && c->a.checkpoint_dir && rank == f.saver && mkdir(c->a.checkpoint_dir, 0700) != 0 && errno != EEXIST)
+        rc = sf_error(SF_E_IO, "cannot create the checkpoint folder '%s': %s", c->a.checkpoint_dir, strerror(errno));
     if (rc == SF_OK) rc = sf_backend_create_opts("cpu", &(sf_backend_options){.threads = so.threads}, &be);
     if (rc == SF_OK) rc = sf_comm_net_create(net, rank, world, SEQ_CHANNELS, link_options, &f,
-                                             sf_topology_timeout_ms(topology) * 10 + 60000, &comm);
+                                             86400000, &comm);
     f.comm = comm;
     if (rc == SF_OK) rc = sf_seq_create(c->model, be, comm, &so, &seq);
     f.seq = seq;
@@ -345,8 +347,8 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
         fprintf(stderr, "%s%s: %s\n", rank == 0 && c->a.progress ? "\n" : "", label, sf_last_error());
         status = exit_status_of(rc);
     } else if (!c->a.quiet || rank == 0) {
-        sf_seq_stats st;
-        sf_seq_stats_get(seq, &st);
+        sf_seq_stats ss;
+        sf_seq_stats_get(seq, &ss);
         uint64_t per = 0;
         for (int r = 0; r < world; r++) per += (uint64_t)chunk[r];
         const uint64_t skipped = first_round * per * (uint64_t)cfg->segment;
@@ -358,8 +360,8 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
                     " bytes out, %" PRIu64 " in (across datacenters %" PRIu64 " out, %" PRIu64 " in); waited %.3f s, "
                     "computed %.3f s\n",
                     label, done, elapsed, elapsed > 0 ? done / elapsed : 0, world, s->handoff ? "hand-off" : "scan",
-                    st.sent_within + st.sent_across, st.received_within + st.received_across, st.sent_across,
-                    st.received_across, st.exchange_s, st.compute_s);
+                    ss.sent_within + ss.sent_across, ss.received_within + ss.received_across, ss.sent_across,
+                    ss.received_across, ss.exchange_s, ss.compute_s);
     }
     if (f.in_fd >= 0) close(f.in_fd);
     if (f.out_fd >= 0) close(f.out_fd);
