@@ -22,6 +22,11 @@
 /* A = I (when A is not NULL), B = 0. */
 void sf_memory_map_identity(int heads, int d, double *A, double *B);
 
+/* sk[i*ld + h*d + e] = sigma(k[i*ld + h*d + e]) for n rows of heads*d (the CPU update's sigma),
+ * and, when z_increment is not NULL, its float32 increment of z: per head and component, the
+ * double sum over the rows, rounded once. */
+void sf_memory_sigma(int n, int heads, int d, int ld, const float *k, float *sk, float *z_increment);
+
 /* Appends one segment of n rows to the map (A, B): (A, B) <- (A_s A, A_s B + B_s). z is the
  * float32 z the memory had before this segment (the delta rule's denominators; unused by the
  * linear rule). A may be NULL for the linear rule (it stays I). z_increment, when not NULL,
@@ -30,6 +35,9 @@ void sf_memory_map_identity(int heads, int d, double *A, double *B);
  * over the heads (0 = the default). */
 int sf_memory_map_segment(sf_memory_kind kind, int n, int heads, int d, int ld, const float *k, const float *v,
                           const float *z, double *A, double *B, float *z_increment, int threads);
+/* The same from sk = sf_memory_sigma's sigma(k) instead of k (no z increment). */
+int sf_memory_map_segment_sigma(sf_memory_kind kind, int n, int heads, int d, int ld, const float *sk, const float *v,
+                                const float *z, double *A, double *B, int threads);
 
 /* (A, B) <- (A2, B2) o (A, B) = (A2 A, A2 B + B2): the map of (A, B)'s run followed by
  * (A2, B2)'s. A2 and A NULL: linear maps (B <- B + B2). Scratch: 2 d*d doubles, allocated. */

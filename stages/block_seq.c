@@ -44,7 +44,7 @@ struct sf_seq {
     int *Scount, *Shead;   /* [L] */
     int rounds;            /* rounds run since create or restore */
     /* the chunk's projections, kept from the first pass to the walk: [segments][N][W] */
-    float *cq, *ck, *cv;
+    float *cq, *ck, *cv, *csk; /* and sigma(k) */
     int chunk_capacity;
     /* scratch: messages (own, received, composed), summary tokens, z of the walk */
     seq_msg own, tmp, acc, pre, tot, *peer_msgs;
@@ -474,12 +474,13 @@ static int ensure_chunk(sf_seq *q, int segments)
 {
     if (segments <= q->chunk_capacity) return SF_OK;
     const size_t n = (size_t)segments * q->N * q->W;
-    free(q->cq), free(q->ck), free(q->cv);
+    free(q->cq), free(q->ck), free(q->cv), free(q->csk);
     q->cq = malloc(n * sizeof(float)), q->ck = malloc(n * sizeof(float)), q->cv = malloc(n * sizeof(float));
+    q->csk = malloc(n * sizeof(float));
     free(q->zinc), free(q->zwalk);
     q->zinc = malloc((size_t)segments * q->hd * sizeof(float) + 1);
     q->zwalk = malloc(q->hd * sizeof(float) + 1);
-    if (!q->cq || !q->ck || !q->cv || !q->zinc || !q->zwalk) {
+    if (!q->cq || !q->ck || !q->cv || !q->csk || !q->zinc || !q->zwalk) {
         q->chunk_capacity = 0;
         return sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", segments);
     }
@@ -513,10 +514,10 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         float *qs = q->cq + s * seg_rows, *ks = q->ck + s * seg_rows, *vs = q->cv + s * seg_rows;
         rc = sf_be_qkv(b->be, n, q->D, q->W, xs, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, SF_DTYPE_F32, qs, ks,
                        vs, b->act.u);
-        float *zi = q->zinc + (size_t)s * q->hd;
-        if (rc == SF_OK && q->kind != SF_MEMORY_NONE)
-            rc = sf_memory_map_segment(q->kind, n, q->H, q->d, q->W, ks, vs, NULL, NULL,
-                                       q->kind == SF_MEMORY_LINEAR ? q->own.B : NULL, zi, q->o.threads);
+        float *zi = q->zinc + (size_t)s * q->hd, *sks = q->csk + s * seg_rows;
+        if (rc == SF_OK && q->kind != SF_MEMORY_NONE) sf_memory_sigma(n, q->H, q->d, q->W, ks, sks, zi);
+        if (rc == SF_OK && q->kind == SF_MEMORY_LINEAR)
+            rc = sf_memory_map_segment_sigma(q->kind, n, q->H, q->d, q->W, sks, vs, NULL, NULL, q->own.B, q->o.threads);
         for (size_t i = 0; i < q->hd && rc == SF_OK && q->kind != SF_MEMORY_NONE; i++) q->own.z[i] += zi[i];
         if (rc == SF_OK && q->G && q->S) {
             int produced = 0;
@@ -540,8 +541,8 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         msg_identity(q, &q->own);
         for (int s = 0; s < segments && rc == SF_OK; s++) {
             const int n = s == segments - 1 ? last_rows : q->N;
-            rc = sf_memory_map_segment(SF_MEMORY_DELTA, n, q->H, q->d, q->W, q->ck + s * seg_rows, q->cv + s * seg_rows,
-                                       q->zwalk, q->own.A, q->own.B, NULL, q->o.threads);
+            rc = sf_memory_map_segment_sigma(SF_MEMORY_DELTA, n, q->H, q->d, q->W, q->csk + s * seg_rows,
+                                             q->cv + s * seg_rows, q->zwalk, q->own.A, q->own.B, q->o.threads);
             for (size_t i = 0; i < q->hd; i++) q->zwalk[i] += q->zinc[(size_t)s * q->hd + i];
         }
         if (rc == SF_OK) rc = msg_canon(q, &q->own, PART_A | PART_B, NULL, NULL);
@@ -769,7 +770,7 @@ void sf_seq_free(sf_seq *q)
     for (int i = 0; q->fbB && i < 4 * q->L; i++) sf_quant_feedback_release(&q->fbB[i]);
     free(q->fbB);
     free(q->SM), free(q->Sz), free(q->Sgk), free(q->Sgv), free(q->Scount), free(q->Shead);
-    free(q->cq), free(q->ck), free(q->cv), free(q->zinc), free(q->zwalk), free(q->wire);
+    free(q->cq), free(q->ck), free(q->cv), free(q->csk), free(q->zinc), free(q->zwalk), free(q->wire);
     free(q->group_of), free(q->gateway_of_group);
     free(q);
 }

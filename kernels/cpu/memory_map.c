@@ -22,64 +22,99 @@ void sf_memory_map_identity(int heads, int d, double *A, double *B)
         for (int e = 0; e < d; e++) A[(size_t)h * dd + (size_t)e * d + e] = 1.0;
 }
 
-/* One head: sk [n,d] = sigma(k) as float then double, the float32 z increment, then the map. */
-static int map_head(sf_memory_kind kind, int n, int d, int ld, const float *k, const float *v, const float *z,
+void sf_memory_sigma(int n, int heads, int d, int ld, const float *k, float *sk, float *z_increment)
+{
+    const int W = heads * d;
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < W; e++) sk[(size_t)i * ld + e] = sigma(k[(size_t)i * ld + e]);
+    if (!z_increment) return;
+    for (int e = 0; e < W; e++) {
+        double s = 0;
+        for (int i = 0; i < n; i++) s += sk[(size_t)i * ld + e];
+        z_increment[e] = (float)s;
+    }
+}
+
+/* One head: sigma(K) (given: k holds it already, rows ld apart), the float32 z increment, then
+ * the map. The segment's products over its n rows (sigma(K)^T V, sigma(K)^T D sigma(K)) run in
+ * float32 on sgemm, as the update's own do; the map they enter is double. */
+static int map_head(sf_memory_kind kind, int n, int d, int ld, const float *k, int given, const float *v, const float *z,
                     double *A, double *B, float *z_increment)
 {
     const size_t nd = (size_t)n * d, dd = (size_t)d * d;
-    double *sk = malloc(nd * sizeof *sk), *vv = malloc(nd * sizeof *vv);
-    double *G = kind == SF_MEMORY_DELTA ? malloc(2 * dd * sizeof *G) : NULL;
-    double *dk = kind == SF_MEMORY_DELTA ? malloc(nd * sizeof *dk) : NULL;
+    float *own = given ? NULL : malloc(nd * sizeof *own);
+    float *dk = kind == SF_MEMORY_DELTA && B ? malloc(nd * sizeof *dk) : NULL;
+    float *P = B ? malloc(2 * dd * sizeof *P) : NULL;
+    double *G = kind == SF_MEMORY_DELTA && B ? malloc(2 * dd * sizeof *G) : NULL;
     int rc = SF_OK;
-    if (!sk || !vv || (kind == SF_MEMORY_DELTA && (!G || !dk))) {
+    if ((!given && !own) || (B && !P) || (kind == SF_MEMORY_DELTA && B && (!dk || !G))) {
         rc = SF_E_NOMEM;
         goto done;
     }
-    for (int i = 0; i < n; i++)
-        for (int e = 0; e < d; e++) {
-            sk[(size_t)i * d + e] = sigma(k[(size_t)i * ld + e]);
-            vv[(size_t)i * d + e] = v[(size_t)i * ld + e];
-        }
+    const float *sk = k;
+    int sld = ld;
+    if (!given) {
+        for (int i = 0; i < n; i++)
+            for (int e = 0; e < d; e++) own[(size_t)i * d + e] = sigma(k[(size_t)i * ld + e]);
+        sk = own, sld = d;
+    }
     if (z_increment)
         for (int e = 0; e < d; e++) {
             double s = 0;
-            for (int i = 0; i < n; i++) s += sk[(size_t)i * d + e];
+            for (int i = 0; i < n; i++) s += sk[(size_t)i * sld + e];
             z_increment[e] = (float)s;
         }
     if (!B) goto done; /* z only */
+    /* P = sigma(K)^T V */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0f, sk, sld, v, ld, 0.0f, P, d);
     if (kind != SF_MEMORY_DELTA) {
-        /* B += sigma(K)^T V */
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0, sk, d, vv, d, 1.0, B, d);
+        for (size_t i = 0; i < dd; i++) B[i] += P[i];
         goto done;
     }
     /* dk = D sigma(K), the denominators as the float update takes them: (float)(1 / den) with
      * den the double sum of float products */
     for (int i = 0; i < n; i++) {
         double den = 0;
-        for (int e = 0; e < d; e++) den += (double)(float)sk[(size_t)i * d + e] * z[e];
-        const double inv = den != 0 ? (double)(float)(1.0 / den) : 0.0;
-        for (int e = 0; e < d; e++) dk[(size_t)i * d + e] = inv * sk[(size_t)i * d + e];
+        for (int e = 0; e < d; e++) den += (double)sk[(size_t)i * sld + e] * z[e];
+        const float inv = den != 0 ? (float)(1.0 / den) : 0.0f;
+        for (int e = 0; e < d; e++) dk[(size_t)i * d + e] = inv * sk[(size_t)i * sld + e];
     }
     /* G = sigma(K)^T D sigma(K); then (A, B) <- (A - G A, B - G B + sigma(K)^T V) */
+    float *Gf = P + dd;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0f, sk, sld, dk, d, 0.0f, Gf, d);
     double *GA = G + dd;
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0, sk, d, dk, d, 0.0, G, d);
+    for (size_t i = 0; i < dd; i++) G[i] = Gf[i];
     if (A) {
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d, d, d, 1.0, G, d, A, d, 0.0, GA, d);
         for (size_t i = 0; i < dd; i++) A[i] -= GA[i];
     }
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d, d, d, 1.0, G, d, B, d, 0.0, GA, d);
-    for (size_t i = 0; i < dd; i++) B[i] -= GA[i];
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, n, 1.0, sk, d, vv, d, 1.0, B, d);
+    for (size_t i = 0; i < dd; i++) B[i] += (double)P[i] - GA[i];
 done:
-    free(sk);
-    free(vv);
-    free(G);
+    free(own);
     free(dk);
+    free(P);
+    free(G);
     return rc;
 }
 
+static int map_segment(sf_memory_kind kind, int n, int heads, int d, int ld, const float *k, int given, const float *v,
+                       const float *z, double *A, double *B, float *z_increment, int threads);
+
 int sf_memory_map_segment(sf_memory_kind kind, int n, int heads, int d, int ld, const float *k, const float *v,
                           const float *z, double *A, double *B, float *z_increment, int threads)
+{
+    return map_segment(kind, n, heads, d, ld, k, 0, v, z, A, B, z_increment, threads);
+}
+
+int sf_memory_map_segment_sigma(sf_memory_kind kind, int n, int heads, int d, int ld, const float *sk, const float *v,
+                                const float *z, double *A, double *B, int threads)
+{
+    return map_segment(kind, n, heads, d, ld, sk, 1, v, z, A, B, NULL, threads);
+}
+
+static int map_segment(sf_memory_kind kind, int n, int heads, int d, int ld, const float *k, int given, const float *v,
+                       const float *z, double *A, double *B, float *z_increment, int threads)
 {
     if (kind == SF_MEMORY_NONE || n <= 0) {
         if (z_increment) memset(z_increment, 0, (size_t)heads * d * sizeof *z_increment);
@@ -90,7 +125,7 @@ int sf_memory_map_segment(sf_memory_kind kind, int n, int heads, int d, int ld, 
     if (threads <= 0) threads = 1;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int h = 0; h < heads; h++) {
-        int rc = map_head(kind, n, d, ld, k + (size_t)h * d, v + (size_t)h * d, z ? z + (size_t)h * d : NULL,
+        int rc = map_head(kind, n, d, ld, k + (size_t)h * d, given, v + (size_t)h * d, z ? z + (size_t)h * d : NULL,
                           A ? A + (size_t)h * dd : NULL, B ? B + (size_t)h * dd : NULL,
                           z_increment ? z_increment + (size_t)h * d : NULL);
         if (rc != SF_OK) {
