@@ -2,8 +2,9 @@
  * and ipc, CURVE keys), three communicators driven by three threads. Point-to-point messages
  * of many sizes in a ring; tagged messages over a lossy (int8 + lz4) data link, whose error
  * feedback keeps each tag's running sum within one message's rounding, and exact ones that
- * stay bit for bit; collectives bit-identical on every rank; a peer that never sends, one that
- * aborts, one that goes silent and one that leaves: every wait ends, naming the peer. */
+ * stay bit for bit; collectives bit-identical on every rank; a peer that never sends or takes
+ * nothing, a watched flag raised, a peer that aborts, one that goes silent and one that
+ * leaves: every wait ends, naming the peer. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -429,6 +430,52 @@ static void silent(void)
     free_trio(&t);
 }
 
+/* Rank 0 sends rank 2, who takes nothing, more than a window (8): the ninth send fails after
+ * the timeout (400 ms). Rank 1 waits for rank 2 with a flag watched (sf_comm_watch) that rank 2
+ * raises: the wait ends then. */
+static int stop_flag;
+
+static void stuck_rank(rank_arg *a)
+{
+    sf_comm *c = a->t->comm[a->rank];
+    float x[16] = {0};
+    if (a->rank == 2) {
+        usleep(200000);
+        __atomic_store_n(&stop_flag, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    const double t0 = now_s();
+    int rc = SF_OK, sent = 0;
+    if (a->rank == 0)
+        for (int k = 0; k < 9 && rc == SF_OK; k++) {
+            rc = sf_comm_send(c, x, 16, SF_DTYPE_F32, 2);
+            sent += rc == SF_OK;
+        }
+    else
+        rc = sf_comm_recv(c, x, 16, SF_DTYPE_F32, 2);
+    const double took = now_s() - t0;
+    if (a->rank == 0)
+        TCHECKF(sent == 8 && rc == SF_E_COMM && strstr(sf_last_error(), "no credit within 400 ms") && took >= 0.35 && took < 2.5,
+                "a full window: %d sent, then %d after %.2f s (%s)", sent, rc, took, sf_last_error());
+    else
+        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "stopped") && took >= 0.15 && took < 2,
+                "the watched flag: %d after %.2f s (%s)", rc, took, sf_last_error());
+}
+
+static void stuck(void)
+{
+    trio t;
+    static const int timeouts[R] = {400, 10000, 10000};
+    CHECK_OK(make_trio(&t, 0, 3000));
+    CHECK_OK(make_comms(&t, BASE + 80, NULL, timeouts));
+    stop_flag = 0;
+    if (t.comm[1]) sf_comm_watch(t.comm[1], &stop_flag);
+    if (t.comm[R - 1]) run3(&t, stuck_rank);
+    const double t0 = now_s();
+    free_trio(&t);
+    CHECKF(now_s() - t0 < 2, "freeing the communicators took %.2f s", now_s() - t0);
+}
+
 /* How rank 2 leaves after one exchange with rank 0: its communicator aborted, its sf_net frozen
  * (a stopped process: silent), or its communicator and sf_net freed. */
 static int dead_how;
@@ -487,7 +534,7 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         void (*run)(void);
-    } parts[] = {{"ring", ring}, {"lossy", lossy}, {"collectives", collectives}, {"silent", silent}, {"dead", dead}};
+    } parts[] = {{"ring", ring}, {"lossy", lossy}, {"collectives", collectives}, {"silent", silent}, {"stuck", stuck}, {"dead", dead}};
     for (int i = 0; i < R; i++) CHECK_OK(sf_net_keypair(pub[i], sec[i]));
     alarm(60); /* a hang fails */
     for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
