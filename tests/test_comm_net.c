@@ -397,6 +397,8 @@ static void collectives(void)
 
 /* Rank 1 waits for rank 2, who never sends (timeout 500 ms); rank 0, waiting for rank 1 with a
  * long timeout, learns at once why. */
+static int silent_exchanged;
+
 static void silent_rank(rank_arg *a)
 {
     sf_comm *c = a->t->comm[a->rank];
@@ -405,6 +407,9 @@ static void silent_rank(rank_arg *a)
     const int other = 1 - a->rank;
     TCHECK_OK(sf_comm_send(c, x, 4, SF_DTYPE_F32, other));
     TCHECK_OK(sf_comm_recv(c, y, 4, SF_DTYPE_F32, other));
+    /* rank 1's failure aborts its links, dropping what rank 0 has not taken: after the exchange */
+    if (a->rank == 0) __atomic_store_n(&silent_exchanged, 1, __ATOMIC_RELEASE);
+    for (int k = 0; k < 500 && !__atomic_load_n(&silent_exchanged, __ATOMIC_ACQUIRE); k++) usleep(10000);
     const double t0 = now_s();
     int rc = sf_comm_recv(c, y, 4, SF_DTYPE_F32, a->rank == 1 ? 2 : 1);
     const double took = now_s() - t0;
@@ -478,7 +483,7 @@ static void stuck(void)
 
 /* How rank 2 leaves after one exchange with rank 0: its communicator aborted, its sf_net frozen
  * (a stopped process: silent), or its communicator and sf_net freed. */
-static int dead_how;
+static int dead_how, dead_exchanged;
 
 static void dead_rank(rank_arg *a)
 {
@@ -490,7 +495,9 @@ static void dead_rank(rank_arg *a)
     TCHECK_OK(sf_comm_send(c, x, 4, SF_DTYPE_F32, other));
     TCHECK_OK(sf_comm_recv(c, y, 4, SF_DTYPE_F32, other));
     if (a->rank == 2) {
-        usleep(100000); /* rank 0 is waiting by now */
+        /* an abort drops what the peer has not taken yet: rank 0 must have had its message */
+        for (int k = 0; k < 500 && !__atomic_load_n(&dead_exchanged, __ATOMIC_ACQUIRE); k++) usleep(10000);
+        usleep(50000); /* rank 0 is waiting by now */
         if (dead_how == 0) sf_comm_abort(c, "injected failure");
         if (dead_how == 1) sf_net_test_freeze(t->net[2], 1);
         if (dead_how == 2) {
@@ -499,6 +506,7 @@ static void dead_rank(rank_arg *a)
         }
         return;
     }
+    __atomic_store_n(&dead_exchanged, 1, __ATOMIC_RELEASE);
     const double t0 = now_s();
     int rc = sf_comm_recv(c, y, 4, SF_DTYPE_F32, 2);
     const double took = now_s() - t0;
@@ -514,6 +522,7 @@ static void dead_rank(rank_arg *a)
 static void dead(void)
 {
     for (dead_how = 0; dead_how < 3; dead_how++) {
+        dead_exchanged = 0;
         trio t;
         static const int timeouts[R] = {10000, 10000, 10000};
         CHECK_OK(make_trio(&t, dead_how == 1, 600));
