@@ -3,7 +3,7 @@
  * every rank calls the same collectives in the same order with the same counts.
  *
  * A communicator is a table of operations (sf_comm_ops), as a backend is, so that another
- * transport (processes over network links) is one more implementation. Two exist:
+ * transport is one more implementation. Three exist:
  *   - host (kernels/comm_host.c): the ranks are threads of one process, buffers are host
  *     memory (the CPU backend's). Shared memory and a barrier; sums are taken in rank order
  *     0, 1, ..., R-1 whatever the timing, so results are reproducible bit for bit.
@@ -12,6 +12,8 @@
  *     other ops. Non-blocking NCCL communicators, polled against the timeout; on a timeout, an
  *     error, a peer's failure in this process (sf_comm_watch) or sf_comm_abort the
  *     communicator is aborted (ncclCommAbort), so that no call hangs.
+ *   - network (pipeline/comm_net.h): the ranks are processes joined by an sf_net's links, buffers
+ *     are host memory; tagged messages over lossy links keep their error feedback per tag.
  *
  * Errors: SF_E_COMM with a message naming the operation, the rank and the cause ("timed out
  * after 2000 ms waiting for rank 1", "rank 1 aborted: ..."). After a failure every later

@@ -33,9 +33,9 @@ typedef struct net_comm {
     void *user;
     pthread_mutex_t lock; /* failed, why and the pairs' halves, against sf_comm_abort from another thread */
     int failed;
-    char why[400];        /* the first failure */
-    link_pair *pairs;     /* [size * LINKS]: pairs[peer * LINKS + link] */
-    float *acc;           /* rank 0's float32 sums of bf16 values */
+    char why[400];    /* the first failure */
+    link_pair *pairs; /* [size * LINKS]: pairs[peer * LINKS + link] */
+    float *acc;       /* rank 0's float32 sums of bf16 values */
     size_t acc_cap;
 } net_comm;
 
@@ -47,8 +47,10 @@ static void describe(uint64_t what, char *out, size_t size)
 {
     static const char *names[] = {"point-to-point", "all_reduce", "all_gather", "broadcast"};
     const unsigned op = (unsigned)(what & 0xFF);
-    if (op == OP_BROADCAST) snprintf(out, size, "broadcast from rank %llu", (unsigned long long)(what >> 8));
-    else snprintf(out, size, "%s", op <= OP_ALL_GATHER ? names[op] : "an unknown operation");
+    if (op == OP_BROADCAST)
+        snprintf(out, size, "broadcast from rank %llu", (unsigned long long)(what >> 8));
+    else
+        snprintf(out, size, "%s", op <= OP_ALL_GATHER ? names[op] : "an unknown operation");
 }
 
 /* Aborts every half made so far, telling the peers `why`. Under m->lock. */
@@ -95,7 +97,8 @@ static int alive(sf_comm *c, const char *op)
     if (failed) memcpy(why, m->why, sizeof why);
     pthread_mutex_unlock(&m->lock);
     if (failed) return sf_error(SF_E_COMM, "%s on rank %d of %d: failed earlier: %s", op, c->rank, c->size, why);
-    if (stopped(c)) return fail(c, "%s on rank %d of %d: stopped, another rank of the group failed", op, c->rank, c->size);
+    if (stopped(c))
+        return fail(c, "%s on rank %d of %d: stopped, another rank of the group failed", op, c->rank, c->size);
     return SF_OK;
 }
 
@@ -142,12 +145,14 @@ static int send_msg(sf_comm *c, const char *op, int link, int peer, const void *
     if (pp->lossy && type == SF_DTYPE_F32)
         for (size_t i = 0; i < count; i++)
             if (!isfinite(((const float *)buf)[i]))
-                return sf_error(SF_E_INVAL, "%s on rank %d of %d to rank %d: value %zu is %g: a lossy link carries finite "
-                                            "values only (send it exact)",
+                return sf_error(SF_E_INVAL,
+                                "%s on rank %d of %d to rank %d: value %zu is %g: a lossy link carries finite "
+                                "values only (send it exact)",
                                 op, c->rank, c->size, peer, i, (double)((const float *)buf)[i]);
     const size_t bytes = count * sf_dtype_size(type);
     sf_packet *p = sf_packet_new(SF_PACKET_HIDDEN, 0, (bytes + 3) / 4);
-    if (!p) return sf_error(SF_E_NOMEM, "%s on rank %d of %d: out of memory for %zu bytes", op, c->rank, c->size, bytes);
+    if (!p)
+        return sf_error(SF_E_NOMEM, "%s on rank %d of %d: out of memory for %zu bytes", op, c->rank, c->size, bytes);
     if (type == SF_DTYPE_BF16) p->x_bf16 = (uint16_t *)p->x, p->x = NULL, p->dtype = SF_DTYPE_BF16;
     if (bytes) memcpy((void *)sf_packet_rows(p), buf, bytes);
     p->n = count ? 1 : 0, p->width = count;
@@ -171,7 +176,8 @@ static int recv_msg(sf_comm *c, const char *op, int link, int peer, size_t count
     if (!sf_net_link_wait(pp->recv, c->timeout_ms, c->stop)) {
         if (stopped(c))
             return fail(c, "%s on rank %d of %d: stopped, another rank of the group failed", op, c->rank, c->size);
-        return fail(c, "%s on rank %d of %d: nothing from rank %d within %d ms", op, c->rank, c->size, peer, c->timeout_ms);
+        return fail(c, "%s on rank %d of %d: nothing from rank %d within %d ms", op, c->rank, c->size, peer,
+                    c->timeout_ms);
     }
     sf_packet *p = pp->recv->ops->pop(pp->recv);
     if (!p) {
@@ -180,7 +186,8 @@ static int recv_msg(sf_comm *c, const char *op, int link, int peer, size_t count
         const int failed = m->failed; /* aborted here, from another thread */
         pthread_mutex_unlock(&m->lock);
         if (failed) return alive(c, op);
-        if (rc == SF_OK) return fail(c, "%s on rank %d of %d: rank %d closed its communicator", op, c->rank, c->size, peer);
+        if (rc == SF_OK)
+            return fail(c, "%s on rank %d of %d: rank %d closed its communicator", op, c->rank, c->size, peer);
         return fail(c, "%s on rank %d of %d from rank %d: %s", op, c->rank, c->size, peer, sf_last_error());
     }
     char want[64], got[64];
@@ -189,8 +196,8 @@ static int recv_msg(sf_comm *c, const char *op, int link, int peer, size_t count
                   c->size, peer, (unsigned long long)p->segment, (unsigned long long)(pp->received + 1));
     } else if (p->kind != SF_PACKET_HIDDEN || p->position != what) {
         describe(what, want, sizeof want), describe(p->position, got, sizeof got);
-        rc = fail(c, "%s on rank %d of %d: rank %d sent a %s message, this rank is in %s", op, c->rank, c->size, peer, got,
-                  want);
+        rc = fail(c, "%s on rank %d of %d: rank %d sent a %s message, this rank is in %s", op, c->rank, c->size, peer,
+                  got, want);
     } else if (p->width != count || (count && (p->n != 1 || p->dtype != type))) {
         rc = fail(c, "%s on rank %d of %d: rank %d sent %zu %s values, %zu %s expected", op, c->rank, c->size, peer,
                   p->n * p->width, type_name(p->dtype), count, type_name(type));
@@ -282,7 +289,8 @@ static int net_all_reduce(sf_comm *c, void *buf, size_t count, sf_dtype type)
         return rc == SF_OK ? recv_into(c, "all_reduce", LINK_COLL, 0, buf, count, type, OP_ALL_REDUCE) : rc;
     }
     rc = reduce_at_root(c, buf, count, type);
-    for (int r = 1; r < c->size && rc == SF_OK; r++) rc = send_msg(c, "all_reduce", LINK_COLL, r, buf, count, type, 0, OP_ALL_REDUCE);
+    for (int r = 1; r < c->size && rc == SF_OK; r++)
+        rc = send_msg(c, "all_reduce", LINK_COLL, r, buf, count, type, 0, OP_ALL_REDUCE);
     return rc;
 }
 
@@ -292,7 +300,8 @@ static int net_all_gather(sf_comm *c, const void *send, void *recv, size_t count
     if (rc != SF_OK) return rc;
     const size_t esize = sf_dtype_size(type);
     if (count > SIZE_MAX / esize / (size_t)c->size)
-        return sf_error(SF_E_INVAL, "all_gather on rank %d of %d: %zu elements a rank is too many", c->rank, c->size, count);
+        return sf_error(SF_E_INVAL, "all_gather on rank %d of %d: %zu elements a rank is too many", c->rank, c->size,
+                        count);
     const size_t total = count * (size_t)c->size, bytes = count * esize;
     if (c->rank != 0) {
         rc = send_msg(c, "all_gather", LINK_COLL, 0, send, count, type, 0, OP_ALL_GATHER);
@@ -300,8 +309,10 @@ static int net_all_gather(sf_comm *c, const void *send, void *recv, size_t count
     }
     if (bytes) memmove(recv, send, bytes); /* send may be recv's own slot */
     for (int r = 1; r < c->size && rc == SF_OK; r++)
-        rc = recv_into(c, "all_gather", LINK_COLL, r, (unsigned char *)recv + (size_t)r * bytes, count, type, OP_ALL_GATHER);
-    for (int r = 1; r < c->size && rc == SF_OK; r++) rc = send_msg(c, "all_gather", LINK_COLL, r, recv, total, type, 0, OP_ALL_GATHER);
+        rc = recv_into(c, "all_gather", LINK_COLL, r, (unsigned char *)recv + (size_t)r * bytes, count, type,
+                       OP_ALL_GATHER);
+    for (int r = 1; r < c->size && rc == SF_OK; r++)
+        rc = send_msg(c, "all_gather", LINK_COLL, r, recv, total, type, 0, OP_ALL_GATHER);
     return rc;
 }
 
@@ -405,18 +416,19 @@ int sf_comm_net_create(sf_net *net, int rank, int size, uint32_t channel_base, s
 {
     if (out) *out = NULL;
     if (!net || !out) return sf_error(SF_E_INVAL, "network communicator: no sf_net or no place for the result");
-    if (size < 1 || rank < 0 || rank >= size) return sf_error(SF_E_INVAL, "network communicator: rank %d of %d", rank, size);
+    if (size < 1 || rank < 0 || rank >= size)
+        return sf_error(SF_E_INVAL, "network communicator: rank %d of %d", rank, size);
     if (timeout_ms <= 0) return sf_error(SF_E_INVAL, "network communicator: timeout %d ms", timeout_ms);
     if (channel_base > UINT32_MAX - (LINKS - 1))
-        return sf_error(SF_E_INVAL, "network communicator: channel base %u leaves no room for %d channels", channel_base,
-                        LINKS);
+        return sf_error(SF_E_INVAL, "network communicator: channel base %u leaves no room for %d channels",
+                        channel_base, LINKS);
     sf_net_peer_status st;
     if (sf_net_peer_status_get(net, rank, &st) == SF_OK)
         return sf_error(SF_E_INVAL, "network communicator: rank %d is a peer of this sf_net, not its own rank", rank);
     for (int r = 0; r < size; r++)
         if (r != rank && sf_net_peer_status_get(net, r, &st) != SF_OK)
-            return sf_error(SF_E_INVAL, "network communicator: rank %d of %d is not a peer of rank %d's sf_net", r, size,
-                            rank);
+            return sf_error(SF_E_INVAL, "network communicator: rank %d of %d is not a peer of rank %d's sf_net", r,
+                            size, rank);
     sf_comm *c = calloc(1, sizeof *c);
     net_comm *m = calloc(1, sizeof *m);
     link_pair *pairs = calloc((size_t)size * LINKS, sizeof *pairs);

@@ -14,7 +14,8 @@
  *   channel_base + 2 "coll":  likewise lossless, for the collectives alone, so that they never
  *                             mix with point-to-point messages (as in the host communicator).
  * The graph's links use small channels (stage indices): pass a high base, e.g. 0x5E000000,
- * and a distinct one for each communicator on the same sf_net.
+ * and a distinct one for each communicator on the same sf_net, one made after another was
+ * freed included (a late control message of the old links would reach the new ones).
  *
  * Messages: each is one packet (seqflow/packet.h) of kind HIDDEN, one row of `count` values
  * (float32 or bf16), whose stream is the message's tag and whose segment numbers the messages
@@ -30,6 +31,8 @@
  *     data link every value must be finite (SF_E_INVAL otherwise, nothing sent).
  *   - Order is per (peer, link): a receiver takes the messages of one peer on one link in the
  *     order they were sent; exact and inexact messages (and collectives) are independent.
+ *     (Code meant for any communicator keeps one order per peer: the host and NCCL ones fall
+ *     back to plain send/recv, in one order.)
  *   - A send does not wait for the receiver unless window_packets messages to that peer on
  *     that link are still untaken (then at most timeout_ms, after which the communicator
  *     fails): two ranks may send to each other first and receive after.
@@ -52,7 +55,9 @@
  *
  * Ownership and threads: the communicator borrows the sf_net, which must outlive it
  * (sf_comm_free before sf_net_free). Buffers are host memory (be is NULL). One thread uses a
- * communicator (the one that frees it); sf_comm_abort may come from any thread. sf_comm_free
+ * communicator (the one that frees it); sf_comm_abort may come from any thread until
+ * sf_comm_free begins. Other users of the sf_net (the graph's links) may go on meanwhile; a
+ * peer declared dead by the sf_net fails them and this communicator alike. sf_comm_free
  * closes the sending halves and waits, at most timeout_ms in all, until the peers acknowledged
  * everything (a dead peer ends that wait within the net's timeout), aborts what is left and
  * destroys every half: it never hangs. */
@@ -65,9 +70,10 @@
 #include "pipeline/net.h"
 
 /* The data link's options for `peer` into *out, which holds sf_link_options_default() on
- * entry (set only what differs). SF_OK or an SF_E_* code with its message (the operation that
- * needed the link then fails with SF_E_COMM quoting it). Called on the communicator's thread
- * when the first link to or from peer is made. */
+ * entry (set only what differs; the exact and coll links take its codec, level and window).
+ * SF_OK or an SF_E_* code with its message (the operation that needed the link then fails
+ * with SF_E_COMM quoting it). Called on the communicator's thread each time a pair of links
+ * to peer is made (at most three times a peer). */
 typedef int (*sf_comm_net_options_fn)(void *user, int peer, sf_link_options *out);
 
 /* Rank `rank` of `size` over net (whose own rank is `rank`; ranks 0 .. size-1 but this one

@@ -2,8 +2,9 @@
  * and ipc, CURVE keys), three communicators driven by three threads. Point-to-point messages
  * of many sizes in a ring; tagged messages over a lossy (int8 + lz4) data link, whose error
  * feedback keeps each tag's running sum within one message's rounding, and exact ones that
- * stay bit for bit; collectives bit-identical on every rank; a peer that never sends, one that
- * aborts, one that goes silent and one that leaves: every wait ends, naming the peer. */
+ * stay bit for bit; collectives bit-identical on every rank; a peer that never sends or takes
+ * nothing, a watched flag raised, a peer that aborts, one that goes silent and one that
+ * leaves: every wait ends, naming the peer. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -28,18 +29,18 @@ static char pub[R][41], sec[R][41];
 
 /* check_report is not thread-safe: the ranks' threads check under this lock */
 static pthread_mutex_t check_lock = PTHREAD_MUTEX_INITIALIZER;
-#define TCHECKF(cond, ...)                      \
-    do {                                        \
-        pthread_mutex_lock(&check_lock);        \
-        CHECKF(cond, __VA_ARGS__);              \
-        pthread_mutex_unlock(&check_lock);      \
+#define TCHECKF(cond, ...)                                                                                             \
+    do {                                                                                                               \
+        pthread_mutex_lock(&check_lock);                                                                               \
+        CHECKF(cond, __VA_ARGS__);                                                                                     \
+        pthread_mutex_unlock(&check_lock);                                                                             \
     } while (0)
-#define TCHECK_OK(expr)                         \
-    do {                                        \
-        const int tcheck_rc_ = (expr);          \
-        pthread_mutex_lock(&check_lock);        \
-        CHECK_OK(tcheck_rc_);                   \
-        pthread_mutex_unlock(&check_lock);      \
+#define TCHECK_OK(expr)                                                                                                \
+    do {                                                                                                               \
+        const int tcheck_rc_ = (expr);                                                                                 \
+        pthread_mutex_lock(&check_lock);                                                                               \
+        CHECK_OK(tcheck_rc_);                                                                                          \
+        pthread_mutex_unlock(&check_lock);                                                                             \
     } while (0)
 
 static double now_s(void)
@@ -76,8 +77,10 @@ static int make_trio(trio *t, int ipc, int net_timeout_ms)
     for (int i = 0; i < R; i++) {
         char name[64];
         snprintf(name, sizeof name, "comm-net-%d-%d.sock", serial, i);
-        if (ipc) snprintf(t->ep[i], sizeof t->ep[i], "ipc://%s", check_tmp_path(name));
-        else snprintf(t->ep[i], sizeof t->ep[i], "tcp://127.0.0.1:%d", free_port());
+        if (ipc)
+            snprintf(t->ep[i], sizeof t->ep[i], "ipc://%s", check_tmp_path(name));
+        else
+            snprintf(t->ep[i], sizeof t->ep[i], "tcp://127.0.0.1:%d", free_port());
     }
     serial++;
     int rc = SF_OK;
@@ -164,8 +167,10 @@ static void ring_rank(rank_arg *a)
             /* three plain sends, then an exact and an inexact tagged one: all before any receive */
             for (int k = 0; k < 5; k++) {
                 void *x = values(a->rank, k, count, type);
-                if (k < 3) TCHECK_OK(sf_comm_send(c, x, count, type, next));
-                else TCHECK_OK(sf_comm_send_tagged(c, x, count, type, next, 40 + (uint64_t)k, k == 3));
+                if (k < 3)
+                    TCHECK_OK(sf_comm_send(c, x, count, type, next));
+                else
+                    TCHECK_OK(sf_comm_send_tagged(c, x, count, type, next, 40 + (uint64_t)k, k == 3));
                 free(x);
             }
             /* the exact one first: order is per (peer, exactness) */
@@ -173,7 +178,8 @@ static void ring_rank(rank_arg *a)
             for (int j = 0; j < 5; j++) {
                 const int k = order[j];
                 void *want = values(prev, k, count, type), *got = malloc(bytes ? bytes : 1);
-                int rc = k < 3 ? sf_comm_recv(c, got, count, type, prev) : sf_comm_recv_tagged(c, got, count, type, prev, k == 3);
+                int rc = k < 3 ? sf_comm_recv(c, got, count, type, prev)
+                               : sf_comm_recv_tagged(c, got, count, type, prev, k == 3);
                 TCHECK_OK(rc);
                 good += rc == SF_OK && memcmp(want, got, bytes) == 0;
                 total++;
@@ -236,7 +242,8 @@ static void lossy_rank(rank_arg *a)
         float nan = v[0];
         v[0] = NAN;
         int rc = sf_comm_send_tagged(c, v, LOSSY_N, SF_DTYPE_F32, 1, 7, 0);
-        TCHECKF(rc == SF_E_INVAL && strstr(sf_last_error(), "finite"), "a NaN on the lossy link: %d %s", rc, sf_last_error());
+        TCHECKF(rc == SF_E_INVAL && strstr(sf_last_error(), "finite"), "a NaN on the lossy link: %d %s", rc,
+                sf_last_error());
         v[0] = nan;
         TCHECK_OK(sf_comm_send_tagged(c, h, LOSSY_N, SF_DTYPE_BF16, 1, 14, 0));
     } else if (a->rank == 1) {
@@ -252,13 +259,17 @@ static void lossy_rank(rank_arg *a)
             }
         }
         double vmax = 0;
-        for (int i = 0; i < LOSSY_N; i++) err = fmax(err, fabs(sum[i] - (double)LOSSY_K * v[i])), vmax = fmax(vmax, fabsf(v[i]));
+        for (int i = 0; i < LOSSY_N; i++)
+            err = fmax(err, fabs(sum[i] - (double)LOSSY_K * v[i])), vmax = fmax(vmax, fabsf(v[i]));
         /* one message's bound, its scale grown by what the residual adds (half a step), and
          * float32 rounding of the residual once a message */
         const double bound = sf_quant_error_bound(&qp, v, LOSSY_N) * 1.01 + LOSSY_K * vmax * 0x1p-22;
-        TCHECKF(first > 0 && LOSSY_K * first > 4 * bound, "the link is not lossy enough to tell (first message off by %g)", first);
-        TCHECKF(err <= bound, "tag 7: the sum of %d messages is off by %g, beyond one message's rounding %g", LOSSY_K, err, bound);
-        printf("test_comm_net: tag 7: one message off by %.3g, the sum of %d by %.3g (bound %.3g)\n", first, LOSSY_K, err, bound);
+        TCHECKF(first > 0 && LOSSY_K * first > 4 * bound,
+                "the link is not lossy enough to tell (first message off by %g)", first);
+        TCHECKF(err <= bound, "tag 7: the sum of %d messages is off by %g, beyond one message's rounding %g", LOSSY_K,
+                err, bound);
+        printf("test_comm_net: tag 7: one message off by %.3g, the sum of %d by %.3g (bound %.3g)\n", first, LOSSY_K,
+               err, bound);
         /* tags 11 and 12 interleaved, each its own feedback; each exact one read before the
          * inexact one sent ahead of it (order is per exactness) */
         float exact[LOSSY_N];
@@ -281,7 +292,8 @@ static void lossy_rank(rank_arg *a)
         }
         const double bu = sf_quant_error_bound(&qp, u, LOSSY_N) * 1.01 + LOSSY_K * umax * 0x1p-22,
                      bw = sf_quant_error_bound(&qp, w, LOSSY_N) * 1.01 + LOSSY_K * wmax * 0x1p-22;
-        TCHECKF(identical == LOSSY_K / 8, "%d of %d exact messages bit for bit on the lossy link", identical, LOSSY_K / 8);
+        TCHECKF(identical == LOSSY_K / 8, "%d of %d exact messages bit for bit on the lossy link", identical,
+                LOSSY_K / 8);
         TCHECKF(eu <= bu && ew <= bw, "interleaved tags: sums off by %g (bound %g) and %g (bound %g)", eu, bu, ew, bw);
         printf("test_comm_net: tags 11, 12 interleaved: sums off by %.3g, %.3g (bounds %.3g, %.3g)\n", eu, ew, bu, bw);
         uint16_t hb[LOSSY_N];
@@ -317,10 +329,12 @@ static void collectives_rank(rank_arg *a)
             free(y);
         }
         int ticket = -1;
-        int rc = round == 1 ? sf_comm_all_reduce_start(c, x, n, SF_DTYPE_F32, &ticket) : sf_comm_all_reduce(c, x, n, SF_DTYPE_F32);
+        int rc = round == 1 ? sf_comm_all_reduce_start(c, x, n, SF_DTYPE_F32, &ticket)
+                            : sf_comm_all_reduce(c, x, n, SF_DTYPE_F32);
         TCHECK_OK(rc);
         if (round == 1) TCHECK_OK(sf_comm_join(c, ticket));
-        TCHECKF(memcmp(x, want, n * 4) == 0, "rank %d round %d: float32 all_reduce not the rank-order sum bit for bit", me, round);
+        TCHECKF(memcmp(x, want, n * 4) == 0, "rank %d round %d: float32 all_reduce not the rank-order sum bit for bit",
+                me, round);
         free(x), free(want);
         /* all_reduce, bf16: summed in float32, rounded once */
         uint16_t *b = values(me, 200 + round, n, SF_DTYPE_BF16);
@@ -372,13 +386,16 @@ static void collectives_rank(rank_arg *a)
     const double t0 = now_s();
     int rc = sf_comm_all_reduce(c, y, me == 2 ? 11 : 10, SF_DTYPE_F32);
     const double took = now_s() - t0;
-    TCHECKF(rc == SF_E_COMM && took < 2, "rank %d: mismatched all_reduce: %d after %.2f s (%s)", me, rc, took, sf_last_error());
+    TCHECKF(rc == SF_E_COMM && took < 2, "rank %d: mismatched all_reduce: %d after %.2f s (%s)", me, rc, took,
+            sf_last_error());
     if (me == 0)
-        TCHECKF(strstr(sf_last_error(), "rank 2 sent 11 float32 values, 10 float32 expected"), "rank 0: %s", sf_last_error());
+        TCHECKF(strstr(sf_last_error(), "rank 2 sent 11 float32 values, 10 float32 expected"), "rank 0: %s",
+                sf_last_error());
     else
         TCHECKF(strstr(sf_last_error(), "aborted by rank 0"), "rank %d: %s", me, sf_last_error());
     rc = sf_comm_broadcast(c, y, 1, SF_DTYPE_F32, 0);
-    TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "failed earlier"), "rank %d: after a failure: %s", me, sf_last_error());
+    TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "failed earlier"), "rank %d: after a failure: %s", me,
+            sf_last_error());
 }
 
 static void collectives(void)
@@ -396,6 +413,8 @@ static void collectives(void)
 
 /* Rank 1 waits for rank 2, who never sends (timeout 500 ms); rank 0, waiting for rank 1 with a
  * long timeout, learns at once why. */
+static int silent_exchanged;
+
 static void silent_rank(rank_arg *a)
 {
     sf_comm *c = a->t->comm[a->rank];
@@ -404,17 +423,22 @@ static void silent_rank(rank_arg *a)
     const int other = 1 - a->rank;
     TCHECK_OK(sf_comm_send(c, x, 4, SF_DTYPE_F32, other));
     TCHECK_OK(sf_comm_recv(c, y, 4, SF_DTYPE_F32, other));
+    /* rank 1's failure aborts its links, dropping what rank 0 has not taken: after the exchange */
+    if (a->rank == 0) __atomic_store_n(&silent_exchanged, 1, __ATOMIC_RELEASE);
+    for (int k = 0; k < 500 && !__atomic_load_n(&silent_exchanged, __ATOMIC_ACQUIRE); k++) usleep(10000);
     const double t0 = now_s();
     int rc = sf_comm_recv(c, y, 4, SF_DTYPE_F32, a->rank == 1 ? 2 : 1);
     const double took = now_s() - t0;
     if (a->rank == 1) {
-        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "nothing from rank 2 within 500 ms") && took >= 0.45 && took < 2.5,
+        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "nothing from rank 2 within 500 ms") && took >= 0.45 &&
+                    took < 2.5,
                 "rank 1's wait for silent rank 2: %d after %.2f s (%s)", rc, took, sf_last_error());
         rc = sf_comm_send(c, x, 4, SF_DTYPE_F32, 0);
-        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "failed earlier"), "after the timeout: %d %s", rc, sf_last_error());
+        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "failed earlier"), "after the timeout: %d %s", rc,
+                sf_last_error());
     } else {
-        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "aborted by rank 1") && strstr(sf_last_error(), "nothing from rank 2") &&
-                    took < 2.5,
+        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "aborted by rank 1") &&
+                    strstr(sf_last_error(), "nothing from rank 2") && took < 2.5,
                 "rank 0 after rank 1 timed out: %d after %.2f s (%s)", rc, took, sf_last_error());
     }
 }
@@ -429,9 +453,56 @@ static void silent(void)
     free_trio(&t);
 }
 
+/* Rank 0 sends rank 2, who takes nothing, more than a window (8): the ninth send fails after
+ * the timeout (400 ms). Rank 1 waits for rank 2 with a flag watched (sf_comm_watch) that rank 2
+ * raises: the wait ends then. */
+static int stop_flag;
+
+static void stuck_rank(rank_arg *a)
+{
+    sf_comm *c = a->t->comm[a->rank];
+    float x[16] = {0};
+    if (a->rank == 2) {
+        usleep(200000);
+        __atomic_store_n(&stop_flag, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    const double t0 = now_s();
+    int rc = SF_OK, sent = 0;
+    if (a->rank == 0)
+        for (int k = 0; k < 9 && rc == SF_OK; k++) {
+            rc = sf_comm_send(c, x, 16, SF_DTYPE_F32, 2);
+            sent += rc == SF_OK;
+        }
+    else
+        rc = sf_comm_recv(c, x, 16, SF_DTYPE_F32, 2);
+    const double took = now_s() - t0;
+    if (a->rank == 0)
+        TCHECKF(sent == 8 && rc == SF_E_COMM && strstr(sf_last_error(), "no credit within 400 ms") && took >= 0.35 &&
+                    took < 2.5,
+                "a full window: %d sent, then %d after %.2f s (%s)", sent, rc, took, sf_last_error());
+    else
+        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "stopped") && took >= 0.15 && took < 2,
+                "the watched flag: %d after %.2f s (%s)", rc, took, sf_last_error());
+}
+
+static void stuck(void)
+{
+    trio t;
+    static const int timeouts[R] = {400, 10000, 10000};
+    CHECK_OK(make_trio(&t, 0, 3000));
+    CHECK_OK(make_comms(&t, BASE + 80, NULL, timeouts));
+    stop_flag = 0;
+    if (t.comm[1]) sf_comm_watch(t.comm[1], &stop_flag);
+    if (t.comm[R - 1]) run3(&t, stuck_rank);
+    const double t0 = now_s();
+    free_trio(&t);
+    CHECKF(now_s() - t0 < 2, "freeing the communicators took %.2f s", now_s() - t0);
+}
+
 /* How rank 2 leaves after one exchange with rank 0: its communicator aborted, its sf_net frozen
  * (a stopped process: silent), or its communicator and sf_net freed. */
-static int dead_how;
+static int dead_how, dead_exchanged;
 
 static void dead_rank(rank_arg *a)
 {
@@ -443,7 +514,9 @@ static void dead_rank(rank_arg *a)
     TCHECK_OK(sf_comm_send(c, x, 4, SF_DTYPE_F32, other));
     TCHECK_OK(sf_comm_recv(c, y, 4, SF_DTYPE_F32, other));
     if (a->rank == 2) {
-        usleep(100000); /* rank 0 is waiting by now */
+        /* an abort drops what the peer has not taken yet: rank 0 must have had its message */
+        for (int k = 0; k < 500 && !__atomic_load_n(&dead_exchanged, __ATOMIC_ACQUIRE); k++) usleep(10000);
+        usleep(50000); /* rank 0 is waiting by now */
         if (dead_how == 0) sf_comm_abort(c, "injected failure");
         if (dead_how == 1) sf_net_test_freeze(t->net[2], 1);
         if (dead_how == 2) {
@@ -452,21 +525,25 @@ static void dead_rank(rank_arg *a)
         }
         return;
     }
+    __atomic_store_n(&dead_exchanged, 1, __ATOMIC_RELEASE);
     const double t0 = now_s();
     int rc = sf_comm_recv(c, y, 4, SF_DTYPE_F32, 2);
     const double took = now_s() - t0;
-    static const char *what[] = {"aborted by rank 2", "rank 2 (host loopback) stopped answering", "rank 2 closed its communicator"};
+    static const char *what[] = {"aborted by rank 2", "rank 2 (host loopback) stopped answering",
+                                 "rank 2 closed its communicator"};
     /* the net declares a silent peer dead after 600 ms (heartbeats every 100) */
     const double limit = dead_how == 1 ? 2.0 : 1.5;
     TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), what[dead_how]) && took < limit,
             "rank 0 when rank 2 left (%d): %d after %.2f s (%s)", dead_how, rc, took, sf_last_error());
-    if (dead_how == 0) TCHECKF(strstr(sf_last_error(), "injected failure"), "the reason did not travel: %s", sf_last_error());
+    if (dead_how == 0)
+        TCHECKF(strstr(sf_last_error(), "injected failure"), "the reason did not travel: %s", sf_last_error());
     printf("test_comm_net: peer gone (%s): recv failed after %.2f s: %s\n", what[dead_how], took, sf_last_error());
 }
 
 static void dead(void)
 {
     for (dead_how = 0; dead_how < 3; dead_how++) {
+        dead_exchanged = 0;
         trio t;
         static const int timeouts[R] = {10000, 10000, 10000};
         CHECK_OK(make_trio(&t, dead_how == 1, 600));
@@ -478,7 +555,8 @@ static void dead(void)
         }
         const double t0 = now_s();
         free_trio(&t);
-        CHECKF(now_s() - t0 < 2, "freeing the communicators after rank 2 left (%d) took %.2f s", dead_how, now_s() - t0);
+        CHECKF(now_s() - t0 < 2, "freeing the communicators after rank 2 left (%d) took %.2f s", dead_how,
+               now_s() - t0);
     }
 }
 
@@ -487,7 +565,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         void (*run)(void);
-    } parts[] = {{"ring", ring}, {"lossy", lossy}, {"collectives", collectives}, {"silent", silent}, {"dead", dead}};
+    } parts[] = {{"ring", ring},     {"lossy", lossy}, {"collectives", collectives},
+                 {"silent", silent}, {"stuck", stuck}, {"dead", dead}};
     for (int i = 0; i < R; i++) CHECK_OK(sf_net_keypair(pub[i], sec[i]));
     alarm(60); /* a hang fails */
     for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
