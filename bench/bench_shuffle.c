@@ -9,7 +9,8 @@
  * For each: frame bytes, ratio (float32 bytes / frame bytes, header included) and encode /
  * decode MB/s (1e6 bytes of float32 input per second, one thread, best of --repeat) for LZ4,
  * LZ4-HC 9, zstd 1, 3 and 9, lossless f32 and bf16 quantization, without and with the shuffle;
- * then the shuffle loop alone (and memcpy) on the same bytes.
+ * then, as a yardstick, each float32 byte plane's order-0 entropy (what a coder of independent
+ * bytes could reach on the shuffled planes), and the shuffle loop alone (and memcpy).
  *
  *   bench_shuffle [--copies C] [--repeat N] [--seed S]
  */
@@ -112,6 +113,18 @@ static void bench_frame(const char *what, const float *x, size_t rows, size_t co
            bytes / best_dec / 1e6);
 }
 
+/* Order-0 entropy, in bits per byte, of byte b of every float32 value. */
+static double plane_entropy(const float *x, size_t n, int b)
+{
+    size_t count[256] = {0};
+    const uint8_t *p = (const uint8_t *)x;
+    for (size_t i = 0; i < n; i++) count[p[4 * i + b]]++;
+    double h = 0;
+    for (int v = 0; v < 256; v++)
+        if (count[v]) h -= (double)count[v] / (double)n * log2((double)count[v] / (double)n);
+    return h;
+}
+
 static void bench_loop(const char *what, const float *x, size_t bytes, int repeat)
 {
     uint8_t *a = malloc(bytes), *b = malloc(bytes);
@@ -189,6 +202,13 @@ int main(int argc, char **argv)
                 for (int sh = 0; sh < 2; sh++)
                     bench_frame(sets[s].name, sets[s].x, sets[s].rows, sets[s].cols, &codecs[c], (sf_quant_kind)q, sh,
                                 repeat, &buf, y);
+    }
+    printf("order-0 entropy of each float32 byte plane (little-endian: byte 3 = sign + 7 exponent bits), bits:\n");
+    for (size_t s = 0; s < sizeof sets / sizeof sets[0]; s++) {
+        double h[4], sum = 0;
+        for (int b = 0; b < 4; b++) sum += h[b] = plane_entropy(sets[s].x, sets[s].rows * sets[s].cols, b);
+        printf("%-7s byte0 %.2f  byte1 %.2f  byte2 %.2f  byte3 %.2f  -> order-0 ceiling %.2fx\n", sets[s].name, h[0], h[1],
+               h[2], h[3], 32.0 / sum);
     }
     printf("the shuffle loop alone (compress/shuffle.c), one thread, best of %d:\n", repeat * 4);
     bench_loop("M", m, n_mem * sizeof(float), repeat);
