@@ -5,7 +5,10 @@
  * the relative error ||x - x'|| / ||x|| and encode / decode GB/s of float32 input on one thread
  * (best of --repeat).
  *
- *   bench_compress [--input FILE] [--streams S] [--repeat N] [--max-hidden-rows R] [--quick]
+ *   bench_compress [--input FILE] [--streams S] [--repeat N] [--max-hidden-rows R] [--quick] [--shuffle]
+ *
+ * --shuffle byte-shuffles every frame before its codec (compress/frame.h; it changes only the
+ * lossless f32 and bf16 cells under LZ4/zstd).
  */
 #include <getopt.h>
 #include <math.h>
@@ -118,13 +121,13 @@ typedef struct {
     int group; /* 0 = per row */
 } quant_case;
 
-static void bench_one(const tensor *t, const quant_case *qc, const codec_case *cc, int repeat, sf_buffer *buf,
-                      float *y)
+static void bench_one(const tensor *t, const quant_case *qc, const codec_case *cc, int repeat, int shuffle,
+                      sf_buffer *buf, float *y)
 {
     size_t n = t->rows * t->cols;
     sf_frame_desc d = {.kind = SF_FRAME_STATE, .dtype = SF_FRAME_F32, .ndim = 2, .shape = {t->rows, t->cols},
                        .codec = cc->codec, .level = cc->level,
-                       .quant = {qc->kind, qc->group ? qc->group : (int)t->cols}};
+                       .quant = {qc->kind, qc->group ? qc->group : (int)t->cols}, .shuffle = shuffle};
     double best_enc = INFINITY, best_dec = INFINITY, spent = 0;
     int reps = cc->codec == SF_CODEC_ZSTD && cc->level >= 10 ? 1 : repeat;
     for (int r = 0; r < reps && (r == 0 || spent < 2.0); r++) {
@@ -157,24 +160,26 @@ static void bench_one(const tensor *t, const quant_case *qc, const codec_case *c
 int main(int argc, char **argv)
 {
     const char *input = NULL;
-    int streams = 0, repeat = 5, quick = 0;
+    int streams = 0, repeat = 5, quick = 0, shuffle = 0;
     long max_hidden_rows = 8192;
     static const struct option longopts[] = {{"input", required_argument, 0, 'i'},
                                              {"streams", required_argument, 0, 's'},
                                              {"repeat", required_argument, 0, 'r'},
                                              {"max-hidden-rows", required_argument, 0, 'm'},
                                              {"quick", no_argument, 0, 'q'},
+                                             {"shuffle", no_argument, 0, 'S'},
                                              {0, 0, 0, 0}};
-    for (int o; (o = getopt_long(argc, argv, "i:s:r:m:q", longopts, NULL)) != -1;) {
+    for (int o; (o = getopt_long(argc, argv, "i:s:r:m:qS", longopts, NULL)) != -1;) {
         switch (o) {
         case 'i': input = optarg; break;
         case 's': streams = atoi(optarg); break;
         case 'r': repeat = atoi(optarg); break;
         case 'm': max_hidden_rows = atol(optarg); break;
         case 'q': quick = 1; break;
+        case 'S': shuffle = 1; break;
         default:
             fprintf(stderr, "usage: bench_compress [--input FILE] [--streams S] [--repeat N] "
-                            "[--max-hidden-rows R] [--quick]\n");
+                            "[--max-hidden-rows R] [--quick] [--shuffle]\n");
             return 2;
         }
     }
@@ -244,7 +249,8 @@ int main(int argc, char **argv)
     for (size_t t = 0; t < 4; t++)
         printf("  %-8s %zu x %zu floats (%.2f MB)\n", tensors[t]->name, tensors[t]->rows, tensors[t]->cols,
                (double)(tensors[t]->rows * tensors[t]->cols * 4) / 1e6);
-    printf("one thread, best of %d (zstd-19: 1); GB/s of float32 input (1e9 bytes)\n", repeat);
+    printf("one thread, best of %d (zstd-19: 1); GB/s of float32 input (1e9 bytes)%s\n", repeat,
+           shuffle ? "; byte shuffle on" : "");
     printf("%-8s %-9s %-8s %9s %8s %10s %8s %8s\n", "tensor", "quant", "codec", "bytes", "ratio", "rel.err",
            "enc GB/s", "dec GB/s");
     sf_buffer buf = {0};
@@ -254,7 +260,7 @@ int main(int argc, char **argv)
         for (size_t q = 0; q < sizeof quants / sizeof quants[0]; q++)
             for (size_t c = 0; c < sizeof codecs / sizeof codecs[0]; c++) {
                 if (quick && (codecs[c].level == 19 || quants[q].group == 32)) continue;
-                bench_one(tensors[t], &quants[q], &codecs[c], repeat, &buf, y);
+                bench_one(tensors[t], &quants[q], &codecs[c], repeat, shuffle, &buf, y);
             }
         free(y);
     }

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <zstd.h>
 
+#include "compress/shuffle.h"
 #include "seqflow/error.h"
 
 enum {
@@ -117,6 +118,22 @@ static uint64_t encoded_size_for(sf_frame_dtype dtype, const sf_quant_params *q,
     return sf_quant_encoded_size(q, (size_t)n);
 }
 
+/* Bytes of one encoded value, the element the shuffle regroups by: 4 for lossless f32 and u32,
+ * 2 for bf16 codes, 1 (nothing to shuffle) for u8 and the int8/int4/fp8 layouts of scales
+ * followed by codes. */
+static size_t shuffle_width(sf_frame_dtype dtype, sf_quant_kind quant)
+{
+    if (dtype == SF_FRAME_F32) return quant == SF_QUANT_F32 ? 4 : quant == SF_QUANT_BF16 ? 2 : 1;
+    return sf_frame_dtype_size(dtype);
+}
+
+/* Whether a frame of these fields is shuffled when asked: only a codec gains from it, and only
+ * values of more than one byte have byte positions to regroup. */
+static int shuffle_applies(sf_frame_dtype dtype, sf_quant_kind quant, sf_codec codec, uint64_t n)
+{
+    return codec != SF_CODEC_RAW && n && shuffle_width(dtype, quant) > 1;
+}
+
 /* The largest payload codec makes of encoded bytes (> 0); 0 when the codec cannot carry that
  * many. Encoder and decoder share it so that they agree on which sizes are possible. */
 static size_t codec_bound(sf_codec codec, uint64_t encoded)
@@ -182,6 +199,8 @@ static int check_desc(const sf_frame_desc *d, uint64_t *n_out)
         (d->quant.group < 1 || (d->quant.kind == SF_QUANT_INT4 && d->quant.group % 2)))
         return sf_error(SF_E_INVAL, "frame encode: quantization group %d invalid (>= 1, even for int4)",
                         d->quant.group);
+    if (d->shuffle != 0 && d->shuffle != 1)
+        return sf_error(SF_E_INVAL, "frame encode: shuffle %d is neither 0 nor 1", d->shuffle);
     *n_out = n;
     return SF_OK;
 }
@@ -220,13 +239,19 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
     uint8_t *header = out->data + out->len, *payload = header + SF_FRAME_HEADER_SIZE;
 
     /* Quantizing is the only step that can fail on the data, so it runs before anything is
-     * committed; the codecs cannot fail into a buffer of their bound. */
+     * committed; the codecs cannot fail into a buffer of their bound. The codec's input is the
+     * data, or the quantized codes, or either shuffled: one scratch holds whichever is not
+     * already in place (a shuffled frame quantizes into the payload area, which the bound
+     * makes large enough, then shuffles into the scratch). */
+    const int shuffled = desc->shuffle && shuffle_applies(desc->dtype, q.kind, desc->codec, n);
     const uint8_t *enc = data;
     uint8_t *scratch = NULL;
-    if (quantize) {
-        uint8_t *qdst = payload;
-        if (desc->codec != SF_CODEC_RAW && !(qdst = scratch = malloc((size_t)encoded)))
+    if ((quantize && desc->codec != SF_CODEC_RAW) || shuffled) {
+        if (!(scratch = malloc((size_t)encoded)))
             return sf_error(SF_E_NOMEM, "frame encode: out of memory (%llu bytes)", (unsigned long long)encoded);
+    }
+    if (quantize) {
+        uint8_t *qdst = desc->codec == SF_CODEC_RAW || shuffled ? payload : scratch;
         rc = feedback ? sf_quantize_with_feedback(&q, feedback, data, (size_t)n, qdst, (size_t)encoded)
                       : sf_quantize(&q, data, (size_t)n, qdst, (size_t)encoded);
         if (rc) {
@@ -234,6 +259,10 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
             return rc;
         }
         enc = qdst;
+    }
+    if (shuffled) {
+        sf_byte_shuffle(enc, scratch, (size_t)encoded, shuffle_width(desc->dtype, q.kind));
+        enc = scratch;
     }
 
     size_t payload_bytes = 0;
@@ -276,6 +305,7 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
     put_u64(header + OFF_SEGMENT, desc->segment);
     put_u64(header + OFF_ENCODED, encoded);
     put_u64(header + OFF_PAYLOAD, payload_bytes);
+    put_u32(header + OFF_FLAGS, shuffled ? SF_FRAME_SHUFFLED : 0);
     put_u32(header + OFF_PAYLOAD_CRC, sf_crc32c(0, payload, payload_bytes));
     put_u32(header + OFF_HEADER_CRC, sf_crc32c(0, header, OFF_HEADER_CRC));
     out->len += SF_FRAME_HEADER_SIZE + payload_bytes;
@@ -315,8 +345,16 @@ static int parse_header(const uint8_t *b, size_t len, size_t max_bytes, sf_frame
     } else if (group != 0) {
         return sf_error(SF_E_FRAME, "frame: quantization group %u must be 0 without scales", (unsigned)group);
     }
-    if (get_u32(b + OFF_FLAGS) != 0)
-        return sf_error(SF_E_FRAME, "frame: flags 0x%08x set (reserved, must be 0)", (unsigned)get_u32(b + OFF_FLAGS));
+    uint32_t flags = get_u32(b + OFF_FLAGS);
+    if (flags & ~SF_FRAME_SHUFFLED)
+        return sf_error(SF_E_FRAME, "frame: flags 0x%08x has unknown bits (only 0x%x, shuffled, is defined)",
+                        (unsigned)flags, SF_FRAME_SHUFFLED);
+    /* ndim 0 is the one empty shape (a used dimension is >= 1, checked below). */
+    if ((flags & SF_FRAME_SHUFFLED) &&
+        !shuffle_applies((sf_frame_dtype)dtype, (sf_quant_kind)quant, (sf_codec)codec, ndim))
+        return sf_error(SF_E_FRAME, "frame: shuffle flag on a frame that is never shuffled (%s codec, %zu-byte values%s)",
+                        sf_codec_name((sf_codec)codec), shuffle_width((sf_frame_dtype)dtype, (sf_quant_kind)quant),
+                        ndim ? "" : ", empty");
     if (get_u32(b + OFF_RESERVED) != 0) return sf_error(SF_E_FRAME, "frame: reserved bytes 92..95 not 0");
 
     uint64_t n = ndim ? 1 : 0;
@@ -379,6 +417,7 @@ static int parse_header(const uint8_t *b, size_t len, size_t max_bytes, sf_frame
     h->encoded_bytes = encoded;
     h->payload_bytes = payload;
     h->value_bytes = (size_t)value_bytes;
+    h->shuffled = (flags & SF_FRAME_SHUFFLED) != 0;
     return SF_OK;
 }
 
@@ -428,27 +467,38 @@ static int run_codec(const sf_frame_header *h, const uint8_t *payload, uint8_t *
     return sf_error(SF_E_FRAME, "frame: codec %d unknown", (int)h->codec);
 }
 
+/* Codec, unshuffle and dequantizer, as the header asks. Paths other than a plain lossless
+ * frame go through one scratch of encoded_bytes (checked against max_bytes with the header, so
+ * the allocation is bounded by the caller): the codec's output, unshuffled into dst when
+ * lossless, dequantized into dst when quantized. A shuffled quantized frame is bf16 (the only
+ * quantization with 2-byte values, see shuffle_width), whose 2n code bytes fit in the 4n bytes
+ * of dst: the codec writes them there, they are unshuffled into the scratch and dequantized
+ * from it into dst. */
 static int decode_payload(const sf_frame_header *h, const uint8_t *payload, void *dst)
 {
     if (!h->encoded_bytes) return SF_OK;
-    int lossy = h->dtype == SF_FRAME_F32 && h->quant.kind != SF_QUANT_F32;
-    if (!lossy) return run_codec(h, payload, dst);
+    const size_t encoded = (size_t)h->encoded_bytes, width = shuffle_width(h->dtype, h->quant.kind);
+    const int lossy = h->dtype == SF_FRAME_F32 && h->quant.kind != SF_QUANT_F32;
+    if (!lossy && !h->shuffled) return run_codec(h, payload, dst);
 
-    const uint8_t *enc = payload;
+    const uint8_t *enc = payload; /* a raw frame is never shuffled: its codes are the payload */
     uint8_t *scratch = NULL;
     if (h->codec != SF_CODEC_RAW) {
-        /* encoded_bytes was checked against max_bytes: this allocation is bounded by the caller. */
-        if (!(scratch = malloc((size_t)h->encoded_bytes)))
-            return sf_error(SF_E_NOMEM, "frame: out of memory (%llu bytes)", (unsigned long long)h->encoded_bytes);
-        int rc = run_codec(h, payload, scratch);
-        if (rc) {
+        if (!(scratch = malloc(encoded)))
+            return sf_error(SF_E_NOMEM, "frame: out of memory (%zu bytes)", encoded);
+        const int via_dst = lossy && h->shuffled;
+        int rc = run_codec(h, payload, via_dst ? dst : scratch);
+        if (rc == SF_OK && h->shuffled) {
+            if (via_dst) sf_byte_unshuffle(dst, scratch, encoded, width);
+            else sf_byte_unshuffle(scratch, dst, encoded, width);
+        }
+        if (rc || !lossy) {
             free(scratch);
             return rc;
         }
         enc = scratch;
     }
-    size_t n = h->value_bytes / sizeof(float);
-    int rc = sf_dequantize(&h->quant, enc, (size_t)h->encoded_bytes, dst, n);
+    int rc = sf_dequantize(&h->quant, enc, encoded, dst, h->value_bytes / sizeof(float));
     free(scratch);
     if (rc) {
         char why[256];

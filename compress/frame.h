@@ -17,7 +17,7 @@
  *    56    8 segment index
  *    64    8 encoded bytes (after quantization, before the codec)
  *    72    8 payload bytes (after the codec: what follows the header)
- *    80    4 flags (0; reserved, must be 0)
+ *    80    4 flags: bit 0 SF_FRAME_SHUFFLED (see below); every other bit must be 0
  *    84    4 header checksum: CRC-32C of bytes [0, 84)
  *    88    4 payload checksum: CRC-32C of the payload
  *    92    4 reserved, must be 0
@@ -28,17 +28,31 @@
  * scales (a decoded header then reports quant.group = 1, valid for compress/quantize.h); an
  * LZ4 payload is one LZ4 block, a zstd payload one zstd frame.
  *
+ * Byte shuffle (flag SF_FRAME_SHUFFLED, asked for with sf_frame_desc.shuffle): the encoded
+ * bytes are regrouped by byte position within each encoded value (compress/shuffle.h) before
+ * the codec, and regrouped back after it. The value's width is that of the encoded bytes: 4 for
+ * lossless f32 and for u32, 2 for bf16 quantization; u8 and the 1-byte quantizations (int8,
+ * int4, fp8, whose scales and codes are not one array of equal elements) have nothing to
+ * shuffle. The shuffle only helps a codec, so it is applied, and the flag set, exactly when
+ * asked for, the codec is LZ4 or zstd, the width is 2 or 4 and the frame is not empty;
+ * otherwise the request is ignored and the frame is the one without it (a raw frame's payload
+ * stays the plain values). The decoder refuses the flag anywhere else, so that each content
+ * still has one valid encoding. Frames without the flag are exactly those of earlier builds
+ * (same version); a build that predates the flag refuses a shuffled frame by its flags.
+ *
  * Decoding validates in this order and refuses with a message naming the field: buffer
  * shorter than a header (SF_E_FRAME_TRUNCATED), magic, header checksum, version (newer or
- * unknown: SF_E_FRAME_VERSION), kind/dtype/codec/quantization/ndim/flags values, shape
+ * unknown: SF_E_FRAME_VERSION), kind/dtype/codec/quantization/ndim/flags values (an unknown
+ * flag bit, or the shuffle flag where it does not apply, is SF_E_FRAME), shape
  * consistency (no overflow; encoded bytes equal what the quantizer produces for the shape),
  * the caller's size limit on decoded and encoded bytes (SF_E_FRAME_TOO_LARGE), payload
  * shorter than payload_bytes (SF_E_FRAME_TRUNCATED), payload checksum, then the codec (its
  * output must be exactly encoded bytes) and the dequantizer. All are SF_E_FRAME* codes (see
  * seqflow/error.h); nothing is allocated before the header has passed every check, and never
  * more than the caller's limit. Memory: sf_frame_decode allocates the values (value_bytes);
- * a quantized frame under LZ4 or zstd also needs a scratch of encoded_bytes for the codec's
- * output, freed before returning; each of these is <= max_bytes. */
+ * a quantized or shuffled frame under LZ4 or zstd also needs one scratch of encoded_bytes,
+ * freed before returning; each of these is <= max_bytes. (A shuffled bf16 frame uses the
+ * destination as working space for the codec's output before the dequantizer fills it.) */
 #ifndef SEQFLOW_COMPRESS_FRAME_H
 #define SEQFLOW_COMPRESS_FRAME_H
 
@@ -56,6 +70,7 @@ extern "C" {
 #define SF_FRAME_VERSION 1
 #define SF_FRAME_HEADER_SIZE 96
 #define SF_FRAME_MAX_DIMS 4
+#define SF_FRAME_SHUFFLED 1u /* header flags bit 0: the payload was byte-shuffled before the codec */
 
 typedef enum sf_frame_kind {
     SF_FRAME_TOKENS = 1,     /* a segment's token ids (u32) */
@@ -70,7 +85,9 @@ typedef enum sf_frame_dtype { SF_FRAME_U8 = 1, SF_FRAME_U32 = 2, SF_FRAME_F32 = 
 typedef enum sf_codec { SF_CODEC_RAW = 0, SF_CODEC_LZ4 = 1, SF_CODEC_ZSTD = 2 } sf_codec;
 
 /* What to encode. level: LZ4 1 = fast (default), 2..12 = LZ4-HC level; zstd 1..19
- * (0 = 3). quant applies to dtype F32 only (kind F32 = lossless). */
+ * (0 = 3). quant applies to dtype F32 only (kind F32 = lossless). shuffle: 1 = byte-shuffle
+ * the encoded values before LZ4/zstd where that applies (see above; ignored otherwise), 0 =
+ * never (the default; other values are SF_E_INVAL). */
 typedef struct sf_frame_desc {
     sf_frame_kind kind;
     sf_frame_dtype dtype;
@@ -80,6 +97,7 @@ typedef struct sf_frame_desc {
     sf_codec codec;
     int level;
     sf_quant_params quant;
+    int shuffle;
 } sf_frame_desc;
 
 /* A decoded header (host byte order). */
@@ -94,6 +112,7 @@ typedef struct sf_frame_header {
     uint64_t stream, segment;
     uint64_t encoded_bytes, payload_bytes;
     size_t value_bytes; /* decoded bytes: product(shape) * dtype size */
+    int shuffled;       /* 1 when the flag SF_FRAME_SHUFFLED is set */
 } sf_frame_header;
 
 /* Bytes of one value of dtype (1 or 4); 0 for an unknown dtype. */
@@ -118,7 +137,8 @@ int sf_frame_peek(const uint8_t *buf, size_t len, size_t max_bytes, sf_frame_hea
 
 /* Decodes the frame at buf[0..len) (len may exceed the frame; *used receives the frame's total
  * size when not NULL) into dst, which must hold h.value_bytes (dst_size >= that). Validates
- * everything first; dst is written only by the final codec/dequantize step. */
+ * everything first; dst is written only after that, by the codec and dequantizer (a damaged
+ * compressed stream found by the codec can leave dst partly written). */
 int sf_frame_decode_into(const uint8_t *buf, size_t len, size_t max_bytes, sf_frame_header *h,
                          void *dst, size_t dst_size, size_t *used);
 

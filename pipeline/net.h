@@ -73,6 +73,8 @@ typedef struct sf_link_options { /* one link's encoding and flow control (both h
     sf_codec codec; int level;   /* compress/frame.h; default raw */
     sf_quant_kind quant; int group; /* rows' quantization; default f32 = lossless; group 0 = the
                                      row width */
+    int shuffle;                 /* 1 = byte-shuffle before LZ4/zstd (sf_wire_options.shuffle);
+                                    0 = off (the default); only the sending half uses it */
     int error_feedback;          /* lossy quantization only: carry each stream's rounding error
                                     into its next packet of the same size; 0 or 1 = on (the
                                     default), -1 = off */
@@ -81,7 +83,7 @@ typedef struct sf_link_options { /* one link's encoding and flow control (both h
                                     single larger packet still passes, alone) */
 } sf_link_options;
 
-/* Defaults: raw codec, f32 (lossless), error feedback on, 8 packets, 256 MiB. */
+/* Defaults: raw codec, f32 (lossless), no shuffle, error feedback on, 8 packets, 256 MiB. */
 sf_link_options sf_link_options_default(void);
 
 /* Creates the context, binds the ROUTER (failing with SF_E_IO naming the endpoint), starts the

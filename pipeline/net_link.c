@@ -497,13 +497,13 @@ int sf_net_link_create(sf_net *n, int peer, uint32_t channel, int direction, con
     if (o.window_packets > 1 << 16) return sf_error(SF_E_INVAL, "sf_net_link_create: window of %d packets", o.window_packets);
     if (!o.window_bytes) o.window_bytes = (size_t)256 << 20;
     if (o.codec < SF_CODEC_RAW || o.codec > SF_CODEC_ZSTD || o.quant < SF_QUANT_F32 || o.quant > SF_QUANT_FP8_E4M3 ||
-        o.group < 0)
-        return sf_error(SF_E_INVAL, "sf_net_link_create: bad codec or quantization");
+        o.group < 0 || (o.shuffle != 0 && o.shuffle != 1))
+        return sf_error(SF_E_INVAL, "sf_net_link_create: bad codec, quantization or shuffle");
     net_link *l = calloc(1, sizeof *l);
     if (!l) return sf_error(SF_E_NOMEM, "out of memory for a network link");
     l->base.ops = &net_ops;
     l->net = n, l->peer = index, l->channel = channel, l->dir = direction, l->o = o;
-    l->wo = (sf_wire_options){o.codec, o.level, o.quant, o.group};
+    l->wo = (sf_wire_options){o.codec, o.level, o.quant, o.group, o.shuffle};
     l->expected = 1, l->next_send = 1;
     int rc = SF_OK;
     if (direction == SF_NET_SEND) {

@@ -14,7 +14,7 @@
 #include "seqflow/error.h"
 
 /* Which fields of a link level the file set (the others fall through to the level below). */
-enum { L_CODEC = 1, L_LEVEL = 2, L_QUANT = 4, L_GROUP = 8, L_FEEDBACK = 16, L_WPACKETS = 32, L_WBYTES = 64 };
+enum { L_CODEC = 1, L_LEVEL = 2, L_QUANT = 4, L_GROUP = 8, L_FEEDBACK = 16, L_WPACKETS = 32, L_WBYTES = 64, L_SHUFFLE = 128 };
 
 typedef struct link_level {
     unsigned set;
@@ -215,12 +215,12 @@ static int get_endpoint(const ctx *c, const cJSON *obj, const char *path, const 
 
 void sf_topology_link_defaults(sf_topology_link *out)
 {
-    *out = (sf_topology_link){.codec = SF_CODEC_RAW, .level = 0, .quant = SF_QUANT_F32, .group = 0,
+    *out = (sf_topology_link){.codec = SF_CODEC_RAW, .level = 0, .quant = SF_QUANT_F32, .group = 0, .shuffle = 0,
                               .error_feedback = 1, .window_packets = 8, .window_bytes = (size_t)256 << 20};
 }
 
-static const char *const link_fields[] = {"codec", "level", "quant", "group", "error_feedback", "window_packets",
-                                          "window_bytes", NULL};
+static const char *const link_fields[] = {"codec", "level", "quant", "group", "shuffle", "error_feedback",
+                                          "window_packets", "window_bytes", NULL};
 
 /* The link fields of obj (others already checked by the caller) into *l. */
 static int read_link_fields(const ctx *c, const cJSON *obj, const char *path, link_level *l)
@@ -254,6 +254,12 @@ static int read_link_fields(const ctx *c, const cJSON *obj, const char *path, li
             return fail(c, field_path(p, sizeof p, path, "group"), "int4 needs an even group (got %ld)", v);
         l->v.group = (int)v, l->set |= L_GROUP;
     }
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(obj, "shuffle");
+    if (sh) {
+        if (!cJSON_IsBool(sh)) return fail(c, field_path(p, sizeof p, path, "shuffle"), "expected true or false");
+        l->v.shuffle = cJSON_IsTrue(sh);
+        l->set |= L_SHUFFLE;
+    }
     const cJSON *fb = cJSON_GetObjectItemCaseSensitive(obj, "error_feedback");
     if (fb) {
         if (!cJSON_IsBool(fb)) return fail(c, field_path(p, sizeof p, path, "error_feedback"), "expected true or false");
@@ -273,6 +279,7 @@ static void link_apply(sf_topology_link *out, const link_level *l)
     if (l->set & L_LEVEL) out->level = l->v.level;
     if (l->set & L_QUANT) out->quant = l->v.quant;
     if (l->set & L_GROUP) out->group = l->v.group;
+    if (l->set & L_SHUFFLE) out->shuffle = l->v.shuffle;
     if (l->set & L_FEEDBACK) out->error_feedback = l->v.error_feedback;
     if (l->set & L_WPACKETS) out->window_packets = l->v.window_packets;
     if (l->set & L_WBYTES) out->window_bytes = l->v.window_bytes;
@@ -313,7 +320,7 @@ static int read_links(const ctx *c, const cJSON *links)
     t->overrides = calloc((size_t)(n ? n : 1), sizeof *t->overrides);
     if (!t->overrides) return sf_error(SF_E_NOMEM, "out of memory");
     static const char *const override_fields[] = {"datacenters", "nodes", "ranks", "codec", "level", "quant", "group",
-                                                  "error_feedback", "window_packets", "window_bytes", NULL};
+                                                  "shuffle", "error_feedback", "window_packets", "window_bytes", NULL};
     static const char *const match_fields[] = {"datacenters", "nodes", "ranks"};
     int i = 0;
     for (const cJSON *o = ov->child; o; o = o->next, i++) {

@@ -44,16 +44,17 @@ typedef enum sf_link_scope {
 } sf_link_scope;
 
 /* One link's encoding and flow control: the fields of sf_link_options (pipeline/net.h), which
- * the executor fills from it: codec, level, quant and group as they are (group 0 = the row
- * width: one scale per row), window_packets and window_bytes as they are (always set here),
+ * the executor fills from it: codec, level, quant, group and shuffle as they are (group 0 = the
+ * row width: one scale per row; shuffle 0 or 1), window_packets and window_bytes as they are (always set here),
  * error_feedback 1 as 1 and 0 as -1 (sf_link_options' "off"). Defaults, used where the file
- * sets nothing: raw codec, level 0 (the codec's default), f32 (lossless), group 0,
+ * sets nothing: raw codec, level 0 (the codec's default), f32 (lossless), group 0, shuffle 0,
  * error_feedback 1 (used only by lossy kinds), window 8 packets and 256 MiB. */
 typedef struct sf_topology_link {
     sf_codec codec;
     int level;
     sf_quant_kind quant;
     int group;
+    int shuffle;
     int error_feedback;
     int window_packets;
     size_t window_bytes;

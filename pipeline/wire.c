@@ -114,13 +114,14 @@ static int frame(sf_buffer *out, const sf_packet *p, const sf_wire_options *o, s
     d.stream = p->stream, d.segment = p->segment;
     d.codec = o->codec, d.level = o->level;
     d.quant = quant;
+    d.shuffle = o->shuffle;
     return sf_frame_encode(&d, data, bytes, fb, out);
 }
 
 int sf_wire_encode(const sf_packet *p, const sf_wire_options *o, sf_wire_feedback *feedback,
                    sf_buffer *out)
 {
-    static const sf_wire_options raw = {SF_CODEC_RAW, 0, SF_QUANT_F32, 0};
+    static const sf_wire_options raw = {SF_CODEC_RAW, 0, SF_QUANT_F32, 0, 0};
     if (!o) o = &raw;
     if (!p || !out) return sf_error(SF_E_INVAL, "wire: NULL packet or buffer");
     if (p->dev) return sf_error(SF_E_INVAL, "wire: packet rows are on a device");

@@ -18,9 +18,9 @@
  *    48    8 width
  *    56    4 reserved, 0
  *    60    4 CRC-32C of bytes [0, 60)
- *   tokens: a TOKENS frame, u32, shape [n], the link's codec;
- *   rows:   f32 rows: a HIDDEN frame, f32, shape [n, width], the link's codec and quantization
- *           (decoded back to f32); bf16 rows: a HIDDEN frame of u8, shape [n, 2 * width] (the
+ *   tokens: a TOKENS frame, u32, shape [n], the link's codec (and shuffle);
+ *   rows:   f32 rows: a HIDDEN frame, f32, shape [n, width], the link's codec, quantization and
+ *           shuffle (decoded back to f32); bf16 rows: a HIDDEN frame of u8, shape [n, 2 * width] (the
  *           bit patterns; never quantized again), the link's codec;
  *   state:  a BLOB frame, u8, shape [state_len], the link's codec (checkpoint markers).
  * Every frame's stream and segment fields repeat the envelope's; the message ends exactly
@@ -53,6 +53,9 @@ typedef struct sf_wire_options {
     int level;             /* the codec's level (compress/frame.h) */
     sf_quant_kind quant;   /* f32 rows only; SF_QUANT_F32 = lossless */
     int group;             /* 0 = the row width (rounded up to even for int4) */
+    int shuffle;           /* 1 = byte-shuffle each frame before LZ4/zstd where its values have
+                              2 or 4 bytes (compress/frame.h: f32 rows, bf16-quantized rows, token
+                              ids; not bf16 rows, which travel as u8); 0 = off, the default */
 } sf_wire_options;
 
 typedef struct sf_wire_feedback sf_wire_feedback;

@@ -60,6 +60,25 @@ layouts)
     check "launch: layer pipeline" ref1.raw "$bin" launch -n 3 -- $model -i in.bin -o out.raw "$layer"
     check "launch: stream parallel" ref3.raw "$bin" launch -n 3 -- $model $multi -o out.raw "$stream"
     check "launch: both" ref3.raw "$bin" launch -n 3 -- $model $multi -o out.raw "$combined"
+    # a topology's link options reach the links: zstd with and without the byte shuffle give
+    # seqflow run's bytes, and the shuffled links send fewer (rank 0's embeddings, as floats)
+    "$bin" launch -n 3 --write-topology "$tmp/topo" > /dev/null || fail "--write-topology"
+    for sh in false true; do
+        sed "/\"timeout_ms\"/a\\
+  \"links\": {\"default\": {\"codec\": \"zstd\", \"level\": 1, \"shuffle\": $sh}}," \
+            "$tmp/topo/topology.json" > "$tmp/topo/links-$sh.json"
+        rm -f out.raw
+        "$bin" launch -n 3 --topology "$tmp/topo/links-$sh.json" -- --key "$tmp/topo/rank{rank}.key" \
+            --layers 2 -t 1 -i in.bin -o out.raw "$layer" 2> "net-$sh.txt" ||
+            { cat "net-$sh.txt" >&2; fail "zstd links, shuffle $sh: exit status"; }
+        cmp -s out.raw ref1.raw || fail "zstd links, shuffle $sh: output differs from seqflow run"
+        echo "ok: launch: zstd links, shuffle $sh"
+    done
+    sent() { sed -n 's/^seqflow: network: sent [0-9]* packets (\([0-9]*\) bytes).*/\1/p' "$1"; }
+    plain_bytes=$(sent net-false.txt) shuffled_bytes=$(sent net-true.txt)
+    [ -n "$plain_bytes" ] && [ -n "$shuffled_bytes" ] && [ "$shuffled_bytes" -lt "$plain_bytes" ] ||
+        fail "shuffled links sent ${shuffled_bytes:-?} bytes, plain ones ${plain_bytes:-?}"
+    echo "ok: rank 0 sent $shuffled_bytes bytes shuffled, $plain_bytes without"
     # refusals: a bad placement is a usage error before anything runs
     rm -f out.raw
     "$bin" launch -n 2 -- $model -i in.bin -o out.raw "segment ! embed @1,2 ! block @1 ! norm" 2> err.txt

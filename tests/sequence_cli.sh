@@ -5,7 +5,8 @@
 #   - scan on 2, 3 and 4 processes (equal and unequal chunks), for delta and linear memory, with
 #     and without global tokens, causal and not: every segment within 1e-5 (relative, L2);
 #     two scan runs give the same bytes;
-#   - the example topology of two datacenters (examples/sequence-2dc.json): within 1e-5;
+#   - the example topology of two datacenters (examples/sequence-2dc.json): within 1e-5; with
+#     "shuffle": true on its zstd link between them, the same bytes and fewer packet bytes sent;
 #   - '{rank}' in -o: each rank writes its own file, holding its rows;
 #   - a rank killed mid-stream: the job fails naming it; with --checkpoint, --resume finishes
 #     with the bytes of an uninterrupted run;
@@ -86,6 +87,20 @@ err=$(close ref.npy dc.npy $seg_values) || fail "two datacenters: $err"
 across=$(sed -n 's/.*across datacenters \([0-9]*\) out.*/\1/p' err.txt | awk '{ s += $1 } END { print s + 0 }')
 [ "$across" -gt 0 ] || { cat err.txt >&2; fail "two datacenters: nothing crossed between them"; }
 echo "ok: two datacenters x two nodes (examples/sequence-2dc.json): worst segment $err, $across bytes across"
+# the same with the byte shuffle on the link between them (zstd): the same bytes out, and fewer
+# packet bytes sent (the "network:" lines of every rank; only that link's encoding changed)
+cp err.txt err-2dc.txt
+sent_bytes() { sed -n 's/.*network: sent [0-9]* packets (\([0-9]*\) bytes).*/\1/p' "$1" | awk '{ s += $1 } END { print s + 0 }'; }
+sed 's/"across_datacenters": {"codec": "zstd"}/"across_datacenters": {"codec": "zstd", "shuffle": true}/' \
+    "$here/../examples/sequence-2dc.json" > 2dc-shuffle.json
+grep -q '"shuffle": true' 2dc-shuffle.json || fail "two datacenters, shuffled: the example's links changed"
+"$bin" launch -n 4 --topology 2dc-shuffle.json -- $small --sequence scan --chunks 4 \
+    -i in.bin -o dc-shuffle.npy 2> err.txt || { cat err.txt >&2; fail "the example topology, shuffled"; }
+cmp -s dc.npy dc-shuffle.npy || fail "two datacenters, shuffled: output differs from the unshuffled run"
+wire=$(sent_bytes err-2dc.txt) wire_shuffled=$(sent_bytes err.txt)
+[ "$wire_shuffled" -gt 0 ] && [ "$wire_shuffled" -lt "$wire" ] ||
+    { cat err.txt >&2; fail "two datacenters, shuffled: the ranks sent $wire_shuffled packet bytes, $wire without"; }
+echo "ok: two datacenters, shuffled: the same bytes; the ranks sent $wire_shuffled packet bytes instead of $wire"
 
 # a file per rank
 "$bin" launch -n 2 -- -q $small --sequence handoff --chunks 4 -i in.bin -o 'part{rank}.npy' 2> err.txt ||

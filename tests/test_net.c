@@ -168,13 +168,15 @@ static int consume(sf_link *in, int count, size_t rows, size_t width, tcp_proxy 
     return good == i ? good : -good - 1;
 }
 
-static void roundtrip(int ipc, int plaintext)
+/* 200 packets through one link with codec/shuffle; returns the packet bytes the sender sent. */
+static uint64_t roundtrip(int ipc, int plaintext, sf_codec codec, int shuffle)
 {
     pair p;
     CHECK_OK(make_pair(&p, ipc, plaintext, 3000));
-    if (!p.net[0] || !p.net[1]) return free_pair(&p);
+    if (!p.net[0] || !p.net[1]) return free_pair(&p), 0;
     sf_link_options o = sf_link_options_default();
     o.window_packets = 4;
+    o.codec = codec, o.shuffle = shuffle;
     sf_link *out = NULL, *in = NULL;
     CHECK_OK(sf_net_link_create(p.net[0], 1, 5, SF_NET_SEND, &o, &out));
     CHECK_OK(sf_net_link_create(p.net[1], 0, 5, SF_NET_RECV, &o, &in));
@@ -184,8 +186,8 @@ static void roundtrip(int ipc, int plaintext)
     pthread_create(&t, NULL, produce, &pr);
     int got = consume(in, pr.count, pr.rows, pr.width, NULL, NULL);
     pthread_join(t, NULL);
-    CHECKF(got == pr.count, "%s%s: %d of %d packets identical and in order", ipc ? "ipc" : "tcp",
-           plaintext ? " plaintext" : "", got, pr.count);
+    CHECKF(got == pr.count, "%s%s %s%s: %d of %d packets identical and in order", ipc ? "ipc" : "tcp",
+           plaintext ? " plaintext" : "", sf_codec_name(codec), shuffle ? " shuffle" : "", got, pr.count);
     CHECK_OK(sf_net_link_error(in));
     CHECK_OK(sf_net_link_error(out));
     if (ipc) { /* the receiving half goes first: its last acknowledgement must still reach the sender */
@@ -195,7 +197,10 @@ static void roundtrip(int ipc, int plaintext)
         sf_link_destroy(out);
         sf_link_destroy(in);
     }
+    sf_net_stats st;
+    sf_net_stats_get(p.net[0], &st);
     free_pair(&p);
+    return st.packet_bytes_sent;
 }
 
 static void lossy_link(void)
@@ -681,9 +686,21 @@ static void lost_acks(void)
 
 static void roundtrips(void)
 {
-    roundtrip(0, 0);
-    roundtrip(1, 0);
-    roundtrip(1, 1);
+    roundtrip(0, 0, SF_CODEC_RAW, 0);
+    roundtrip(1, 0, SF_CODEC_RAW, 0);
+    roundtrip(1, 1, SF_CODEC_RAW, 0);
+    /* the link's shuffle reaches the wire: the same packets under zstd take fewer bytes shuffled
+     * (the float rows' exponent bytes line up), and come back identical */
+    const uint64_t plain = roundtrip(1, 1, SF_CODEC_ZSTD, 0), shuffled = roundtrip(1, 1, SF_CODEC_ZSTD, 1);
+    CHECKF(shuffled > 0 && shuffled < plain, "zstd link: %llu packet bytes shuffled, %llu without",
+           (unsigned long long)shuffled, (unsigned long long)plain);
+    sf_link_options bad = sf_link_options_default();
+    bad.shuffle = 2;
+    pair p;
+    CHECK_OK(make_pair(&p, 1, 1, 3000));
+    sf_link *l = NULL;
+    if (p.net[0]) CHECK(sf_net_link_create(p.net[0], 1, 6, SF_NET_SEND, &bad, &l) == SF_E_INVAL && l == NULL);
+    free_pair(&p);
 }
 
 /* Arguments: names of the parts to run (default: all). */

@@ -40,9 +40,10 @@ static const char full[] =
     " 'links': {\n"
     "  'default': {'window_packets': 16},\n"
     "  'same_node': {'codec': 'raw'},\n"
-    "  'across_datacenters': {'codec': 'lz4', 'quant': 'int8', 'group': 128, 'error_feedback': true},\n"
+    "  'across_datacenters': {'codec': 'lz4', 'quant': 'int8', 'group': 128, 'error_feedback': true, 'shuffle': true},\n"
     "  'overrides': [{'datacenters': ['us', 'eu'], 'level': 9},\n"
-    "                {'ranks': [4, 3], 'codec': 'zstd', 'level': 3, 'window_bytes': 1048576},\n"
+    "                {'ranks': [4, 3], 'codec': 'zstd', 'level': 3, 'window_bytes': 1048576, 'shuffle': true},\n"
+    "                {'ranks': [0, 4], 'shuffle': false},\n"
     "                {'nodes': ['eu-1', 'eu-2'], 'quant': 'bf16'}]}}\n";
 
 static void check_full(void)
@@ -91,7 +92,7 @@ static void check_full(void)
     sf_topology_link l;
     /* same node: built-in defaults + default level */
     CHECK_OK(sf_topology_link_options(t, 1, 0, &l));
-    CHECK(l.codec == SF_CODEC_RAW && l.quant == SF_QUANT_F32 && l.group == 0 && l.error_feedback == 1 && l.window_packets == 16 &&
+    CHECK(l.codec == SF_CODEC_RAW && l.quant == SF_QUANT_F32 && l.group == 0 && l.shuffle == 0 && l.error_feedback == 1 && l.window_packets == 16 &&
           l.window_bytes == (size_t)256 << 20);
     /* eu-1 <-> eu-2: the node pair override */
     CHECK_OK(sf_topology_link_options(t, 2, 0, &l));
@@ -99,9 +100,15 @@ static void check_full(void)
     /* across datacenters: the class, then the datacenter pair (in either order) */
     CHECK_OK(sf_topology_link_options(t, 0, 4, &l));
     CHECK(l.codec == SF_CODEC_LZ4 && l.level == 9 && l.quant == SF_QUANT_INT8 && l.group == 128 && l.error_feedback == 1);
+    CHECK(l.shuffle == 0); /* the class says true, the later rank pair override false */
+    CHECK_OK(sf_topology_link_options(t, 1, 4, &l));
+    CHECK(l.codec == SF_CODEC_LZ4 && l.shuffle == 1); /* the class's shuffle */
+    sf_topology_link d;
+    sf_topology_link_defaults(&d);
+    CHECK(d.shuffle == 0);
     /* 3 <-> 4 is one node: same_node, then the rank pair */
     CHECK_OK(sf_topology_link_options(t, 3, 4, &l));
-    CHECK(l.codec == SF_CODEC_ZSTD && l.level == 3 && l.quant == SF_QUANT_F32 && l.window_bytes == 1048576);
+    CHECK(l.codec == SF_CODEC_ZSTD && l.level == 3 && l.quant == SF_QUANT_F32 && l.window_bytes == 1048576 && l.shuffle == 1);
     CHECK(sf_topology_link_options(t, 0, 5, &l) == SF_E_INVAL);
     sf_topology_free(t);
     sf_topology_free(NULL);
@@ -195,6 +202,14 @@ static void check_refusals(void)
     CHECK(refused("'links': {'default': {'codec': 'lz4', 'level': 13}},", TWO_RANKS, "$.links.default.level: expected an integer in 0..12"));
     CHECK(refused("'links': {'default': {'quant': 'int4', 'group': 7}},", TWO_RANKS, "int4 needs an even group"));
     CHECK(refused("'links': {'same_node': {'error_feedback': 1}},", TWO_RANKS, "$.links.same_node.error_feedback: expected true or false"));
+    CHECK(refused("'links': {'default': {'shuffle': 1}},", TWO_RANKS, "$.links.default.shuffle: expected true or false"));
+    CHECK(refused("'links': {'across_datacenters': {'shuffle': 'yes'}},", TWO_RANKS,
+                  "$.links.across_datacenters.shuffle: expected true or false"));
+    CHECK(refused("'links': {'default': {'shuffle': null}},", TWO_RANKS, "$.links.default.shuffle: expected true or false"));
+    CHECK(refused("'links': {'overrides': [{'ranks': [0, 1], 'shuffle': 'on'}]},", TWO_RANKS,
+                  "$.links.overrides[0].shuffle: expected true or false"));
+    CHECK(refused("'links': {'default': {'shuffel': true}},", TWO_RANKS, "$.links.default.shuffel: unknown field"));
+    CHECK(refused("'links': {'default': {'shuffle': true, 'shuffle': false}},", TWO_RANKS, "$.links.default.shuffle: given twice"));
     CHECK(refused("'links': {'overrides': [{'datacenters': ['a', 'b'], 'codec': 'lz4'}]},", TWO_RANKS,
                   "$.links.overrides[0].datacenters[1]: no datacenter named \"b\" (datacenters: a)"));
     CHECK(refused("'links': {'overrides': [{'nodes': ['n0', 'x']}]},", TWO_RANKS, "overrides[0].nodes[1]: no node named \"x\""));

@@ -1,6 +1,7 @@
 /* The packet wire format (pipeline/wire.h): every kind of packet comes back identical, lossy
  * rows within the quantizer's bound with error feedback carried per stream and dropped at
- * FINAL, and every truncation or flipped byte is refused with an SF_E_FRAME* code. */
+ * FINAL, every truncation or flipped byte is refused with an SF_E_FRAME* code, and the shuffle
+ * option marks exactly the frames whose values it regroups. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,7 @@ int main(void)
     for (int c = 0; c < 3; c++)
         for (int which = 0; which < 5; which++) {
             sf_packet *p = sample(which, &r);
-            sf_wire_options o = {codecs[c], 0, SF_QUANT_F32, 0};
+            sf_wire_options o = {codecs[c], 0, SF_QUANT_F32, 0, 0};
             sf_buffer b = {0};
             CHECK_OK(sf_wire_encode(p, &o, NULL, &b));
             sf_packet *q = NULL;
@@ -110,7 +111,7 @@ int main(void)
         const size_t n = 16, w = 48, count = n * w;
         sf_wire_feedback *fb = NULL;
         CHECK_OK(sf_wire_feedback_create(&fb));
-        sf_wire_options o = {SF_CODEC_LZ4, 0, SF_QUANT_INT8, 0};
+        sf_wire_options o = {SF_CODEC_LZ4, 0, SF_QUANT_INT8, 0, 0};
         sf_quant_params qp = {SF_QUANT_INT8, (int)w};
         sf_quant_feedback mine;
         CHECK_OK(sf_quant_feedback_init(&mine, count));
@@ -152,6 +153,46 @@ int main(void)
         sf_wire_feedback_free(fb);
         free(sum_x), free(sum_y), free(expect), free(enc);
     }
+
+    /* shuffle on: every packet comes back identical (bf16-quantized rows as without it), the
+     * frames of 4- and 2-byte values carry the shuffle flag and the others do not; under raw
+     * the option changes no byte */
+    for (int c = 0; c < 3; c++)
+        for (int which = 0; which < 5; which++)
+            for (int quant = SF_QUANT_F32; quant <= SF_QUANT_BF16; quant++) {
+                sf_packet *p = sample(which, &r);
+                sf_wire_options on = {codecs[c], 0, (sf_quant_kind)quant, 0, 1}, off = on;
+                off.shuffle = 0;
+                sf_buffer b = {0}, plain = {0};
+                CHECK_OK(sf_wire_encode(p, &on, NULL, &b));
+                CHECK_OK(sf_wire_encode(p, &off, NULL, &plain));
+                sf_packet *q = NULL, *q_plain = NULL;
+                CHECK_OK(sf_wire_decode(b.data, b.len, 1 << 20, &q));
+                CHECK_OK(sf_wire_decode(plain.data, plain.len, 1 << 20, &q_plain));
+                CHECKF(q && q_plain && same(q_plain, q), "shuffle: codec %d quant %d packet %d differs", c, quant, which);
+                if (quant == SF_QUANT_F32) CHECKF(q && same(p, q), "shuffle: codec %d packet %d differs", c, which);
+                if (c == 0) CHECK(b.len == plain.len && memcmp(b.data, plain.data, b.len) == 0);
+                /* walk the frames: tokens (u32) and f32 rows are shuffled, bf16 rows (u8) and
+                 * state (u8) are not */
+                int wrong = 0, flagged = 0;
+                for (size_t off_at = SF_WIRE_HEADER_SIZE; off_at + SF_FRAME_HEADER_SIZE <= b.len;) {
+                    sf_frame_header h;
+                    if (sf_frame_peek(b.data + off_at, b.len - off_at, 1 << 20, &h) != SF_OK) {
+                        wrong++;
+                        break;
+                    }
+                    const int want = c != 0 && (h.dtype == SF_FRAME_U32 || h.dtype == SF_FRAME_F32);
+                    wrong += h.shuffled != want;
+                    flagged += h.shuffled;
+                    off_at += SF_FRAME_HEADER_SIZE + (size_t)h.payload_bytes;
+                }
+                const int expect_flagged = c == 0 ? 0 : which == 0 ? 1 : which == 1 ? 2 : 0;
+                CHECKF(wrong == 0 && flagged == expect_flagged, "codec %d packet %d: %d frames shuffled, %d wrong", c,
+                       which, flagged, wrong);
+                sf_packet_free(q), sf_packet_free(q_plain);
+                sf_buffer_release(&b), sf_buffer_release(&plain);
+                sf_packet_free(p);
+            }
 
     /* a header whose sizes claim far more than the limit is refused before any allocation */
     {

@@ -193,6 +193,7 @@ static int net_link(void *user, int peer, uint32_t channel, int direction, sf_li
     o.level = t.level;
     o.quant = t.quant;
     o.group = t.group;
+    o.shuffle = t.shuffle;
     o.error_feedback = t.error_feedback ? 1 : -1;
     o.window_packets = t.window_packets;
     o.window_bytes = t.window_bytes;

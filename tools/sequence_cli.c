@@ -232,13 +232,15 @@ static void rank_path(const char *path, int rank, char *out, size_t size)
 static int link_options(void *user, int peer, sf_link_options *o)
 {
     /* the exchange's messages are exact (stages/block_seq.c quantizes what it may itself): the
-     * topology's codec and window for the pair, never its quantization */
+     * topology's codec, byte shuffle (lossless: the float32 maps compress under lz4/zstd) and
+     * window for the pair, never its quantization */
     seq_file_io *f = user;
     sf_topology_link t;
     int rc = sf_topology_link_options(f->topology, f->rank, peer, &t);
     *o = sf_link_options_default();
     if (rc != SF_OK) return rc;
-    o->codec = t.codec, o->level = t.level, o->window_packets = t.window_packets, o->window_bytes = t.window_bytes;
+    o->codec = t.codec, o->level = t.level, o->shuffle = t.shuffle;
+    o->window_packets = t.window_packets, o->window_bytes = t.window_bytes;
     return SF_OK;
 }
 

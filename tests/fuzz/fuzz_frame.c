@@ -3,7 +3,7 @@
  *   mode 0: the body is a frame, decoded as it is;
  *   mode 1: the same, with both checksums recomputed first, so that mutations reach the size
  *           checks, the codecs and the dequantizers instead of stopping at a CRC;
- *   mode 2: the body describes a frame (kind, dtype, codec, level, quantization, shape) and its
+ *   mode 2: the body describes a frame (kind, dtype, codec, level, quantization, shape, shuffle) and its
  *           values; it is encoded, then decoded, which must give the values back (exactly when
  *           lossless, within sf_quant_error_bound when quantized).
  * Whatever decodes must respect the limit, agree with sf_frame_peek and sf_frame_decode_into
@@ -48,7 +48,8 @@ static int same_header(const sf_frame_header *a, const sf_frame_header *b)
                a->codec == b->codec && a->quant.kind == b->quant.kind &&
                a->quant.group == b->quant.group && a->ndim == b->ndim && a->stream == b->stream &&
                a->segment == b->segment && a->encoded_bytes == b->encoded_bytes &&
-               a->payload_bytes == b->payload_bytes && a->value_bytes == b->value_bytes;
+               a->payload_bytes == b->payload_bytes && a->value_bytes == b->value_bytes &&
+               a->shuffled == b->shuffled;
     for (int i = 0; i < SF_FRAME_MAX_DIMS; i++) same = same && a->shape[i] == b->shape[i];
     return same;
 }
@@ -134,6 +135,7 @@ static void encode_and_decode(const uint8_t *data, size_t size, size_t limit)
     if (d.quant.kind == SF_QUANT_INT4 && d.quant.group % 2) d.quant.group++;
     if (d.quant.kind == SF_QUANT_F32 || d.quant.kind == SF_QUANT_BF16) d.quant.group = 1;
     d.ndim = data[6] % 4;
+    d.shuffle = (data[6] >> 2) & 1;
     d.stream = data[7];
     d.segment = (uint64_t)data[7] << 40;
     data += 8;
@@ -182,6 +184,10 @@ static void encode_and_decode(const uint8_t *data, size_t size, size_t limit)
     FUZZ_CHECK(h.kind == d.kind && h.dtype == d.dtype && h.codec == d.codec &&
                h.quant.kind == d.quant.kind && h.ndim == d.ndim && h.stream == d.stream &&
                h.segment == d.segment && h.value_bytes == value_bytes);
+    /* shuffled exactly where compress/frame.h says a request applies */
+    size_t width = d.dtype == SF_FRAME_F32 ? (d.quant.kind == SF_QUANT_F32 ? 4 : d.quant.kind == SF_QUANT_BF16 ? 2 : 1)
+                                           : sf_frame_dtype_size(d.dtype);
+    FUZZ_CHECK(h.shuffled == (d.shuffle && d.codec != SF_CODEC_RAW && width > 1 && value_bytes > 0));
     if (d.quant.kind == SF_QUANT_F32) {
         FUZZ_CHECK(value_bytes == 0 || memcmp(decoded, values, value_bytes) == 0);
     } else {
