@@ -208,7 +208,7 @@ static int msg_encode(sf_seq *q, const seq_msg *m, int parts, uint32_t hash, con
             float f = (float)m->z[i];
             memcpy(p, &f, sizeof f);
         }
-    if (parts & PART_TAIL) {
+    if ((parts & PART_TAIL) && m->cnt) {
         const size_t t = (size_t)m->cnt * q->W * sizeof(float);
         memcpy(p, m->tk, t), p += t;
         memcpy(p, m->tv, t), p += t;
@@ -241,7 +241,7 @@ static int msg_decode(const sf_seq *q, size_t len, seq_msg *m, uint32_t *hash, c
             memcpy(&f, p, sizeof f);
             m->z[i] = f;
         }
-    if (parts & PART_TAIL) {
+    if ((parts & PART_TAIL) && m->cnt) {
         const size_t t = (size_t)m->cnt * q->W * sizeof(float);
         memcpy(m->tk, p, t), p += t;
         memcpy(m->tv, p, t), p += t;

@@ -386,7 +386,7 @@ static void collectives_rank(rank_arg *a)
     const double t0 = now_s();
     int rc = sf_comm_all_reduce(c, y, me == 2 ? 11 : 10, SF_DTYPE_F32);
     const double took = now_s() - t0;
-    TCHECKF(rc == SF_E_COMM && took < 2, "rank %d: mismatched all_reduce: %d after %.2f s (%s)", me, rc, took,
+    TCHECKF(rc == SF_E_COMM && took < 6, "rank %d: mismatched all_reduce: %d after %.2f s (%s)", me, rc, took,
             sf_last_error());
     if (me == 0)
         TCHECKF(strstr(sf_last_error(), "rank 2 sent 11 float32 values, 10 float32 expected"), "rank 0: %s",
@@ -431,14 +431,14 @@ static void silent_rank(rank_arg *a)
     const double took = now_s() - t0;
     if (a->rank == 1) {
         TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "nothing from rank 2 within 500 ms") && took >= 0.45 &&
-                    took < 2.5,
+                    took < 6,
                 "rank 1's wait for silent rank 2: %d after %.2f s (%s)", rc, took, sf_last_error());
         rc = sf_comm_send(c, x, 4, SF_DTYPE_F32, 0);
         TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "failed earlier"), "after the timeout: %d %s", rc,
                 sf_last_error());
     } else {
         TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "aborted by rank 1") &&
-                    strstr(sf_last_error(), "nothing from rank 2") && took < 2.5,
+                    strstr(sf_last_error(), "nothing from rank 2") && took < 6,
                 "rank 0 after rank 1 timed out: %d after %.2f s (%s)", rc, took, sf_last_error());
     }
 }
@@ -479,10 +479,10 @@ static void stuck_rank(rank_arg *a)
     const double took = now_s() - t0;
     if (a->rank == 0)
         TCHECKF(sent == 8 && rc == SF_E_COMM && strstr(sf_last_error(), "no credit within 400 ms") && took >= 0.35 &&
-                    took < 2.5,
+                    took < 6,
                 "a full window: %d sent, then %d after %.2f s (%s)", sent, rc, took, sf_last_error());
     else
-        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "stopped") && took >= 0.15 && took < 2,
+        TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), "stopped") && took >= 0.15 && took < 6,
                 "the watched flag: %d after %.2f s (%s)", rc, took, sf_last_error());
 }
 
@@ -497,7 +497,7 @@ static void stuck(void)
     if (t.comm[R - 1]) run3(&t, stuck_rank);
     const double t0 = now_s();
     free_trio(&t);
-    CHECKF(now_s() - t0 < 2, "freeing the communicators took %.2f s", now_s() - t0);
+    CHECKF(now_s() - t0 < 6, "freeing the communicators took %.2f s", now_s() - t0);
 }
 
 /* How rank 2 leaves after one exchange with rank 0: its communicator aborted, its sf_net frozen
@@ -531,8 +531,8 @@ static void dead_rank(rank_arg *a)
     const double took = now_s() - t0;
     static const char *what[] = {"aborted by rank 2", "rank 2 (host loopback) stopped answering",
                                  "rank 2 closed its communicator"};
-    /* the net declares a silent peer dead after 600 ms (heartbeats every 100) */
-    const double limit = dead_how == 1 ? 2.0 : 1.5;
+    /* the net declares a silent peer dead after 1200 ms (heartbeats every 100) */
+    const double limit = dead_how == 1 ? 5.0 : 4.0;
     TCHECKF(rc == SF_E_COMM && strstr(sf_last_error(), what[dead_how]) && took < limit,
             "rank 0 when rank 2 left (%d): %d after %.2f s (%s)", dead_how, rc, took, sf_last_error());
     if (dead_how == 0)
@@ -546,7 +546,7 @@ static void dead(void)
         dead_exchanged = 0;
         trio t;
         static const int timeouts[R] = {10000, 10000, 10000};
-        CHECK_OK(make_trio(&t, dead_how == 1, 600));
+        CHECK_OK(make_trio(&t, dead_how == 1, 1200));
         CHECK_OK(make_comms(&t, BASE + 64, NULL, timeouts));
         if (t.comm[R - 1]) run3(&t, dead_rank);
         if (dead_how == 1) { /* the stopped process resumes, learns it was given up, and goes */
@@ -555,7 +555,7 @@ static void dead(void)
         }
         const double t0 = now_s();
         free_trio(&t);
-        CHECKF(now_s() - t0 < 2, "freeing the communicators after rank 2 left (%d) took %.2f s", dead_how,
+        CHECKF(now_s() - t0 < 6, "freeing the communicators after rank 2 left (%d) took %.2f s", dead_how,
                now_s() - t0);
     }
 }
