@@ -404,22 +404,28 @@ static int output_and_mlp(block *b, int l, int rows, int join_owed)
 /* One layer (SPEC 2) over `count` streams' segments of n rows each, stacked in b->x (count > 1
  * only for full segments): the products, norms and MLP see all count * n rows at once. */
 static int layer_forward_qkv(block *b, stream_state *const *states, int count, int l, int n, int commit,
-                             const void *const given[3]);
+                             int have_qkv);
 
 static int layer_forward(block *b, stream_state *const *states, int count, int l, int n, int commit)
 {
-    return layer_forward_qkv(b, states, count, l, n, commit, NULL);
+    return layer_forward_qkv(b, states, count, l, n, commit, 0);
 }
 
-int sf_block_layer(block *b, stream_state *s, int l, int n, int commit, const void *q, const void *k, const void *v)
+int sf_block_layer(block *b, stream_state *s, int l, int n, int commit, unsigned char *qkv)
 {
-    const void *given[3] = {q, k, v};
-    return layer_forward_qkv(b, &s, 1, l, n, commit, q ? given : NULL);
+    if (!qkv) return layer_forward_qkv(b, &s, 1, l, n, commit, 0);
+    if (b->defer_commit) return sf_error(SF_E_INVAL, "sf_block_layer: given projections with deferred commits");
+    /* the layer reads its set at act.q (qkv_set without deferred commits): lend it the caller's */
+    unsigned char *q = b->act.q, *k = b->act.k, *v = b->act.v;
+    b->act.q = qkv, b->act.k = qkv + (k - q), b->act.v = qkv + (v - q);
+    int rc = layer_forward_qkv(b, &s, 1, l, n, commit, 1);
+    b->act.q = q, b->act.k = k, b->act.v = v;
+    return rc;
 }
 
-/* layer_forward with q, k, v given (one stream; NULL: computed here from the rows) */
+/* layer_forward; have_qkv: the set already holds this layer's q, k, v */
 static int layer_forward_qkv(block *b, stream_state *const *states, int count, int l, int n, int commit,
-                             const void *const given[3])
+                             int have_qkv)
 {
     const sf_model_config *c = b->cfg;
     sf_backend *be = b->be;
@@ -430,12 +436,7 @@ static int layer_forward_qkv(block *b, stream_state *const *states, int count, i
      * (deferring, the one that used this set was joined in the previous layer) */
     int rc = b->defer_commit ? SF_OK : sf_be_side_join(be);
     /* q, k, v = u Wq^T, u Wk^T, u Wv^T with u = rmsnorm(x) */
-    if (rc == SF_OK && given) {
-        const size_t bytes = (size_t)rows * W * b->qkv_size;
-        rc = be->ops->copy(be, q, given[0], bytes);
-        if (rc == SF_OK) rc = be->ops->copy(be, k, given[1], bytes);
-        if (rc == SF_OK) rc = be->ops->copy(be, v, given[2], bytes);
-    } else if (rc == SF_OK)
+    if (rc == SF_OK && !have_qkv)
         rc = sf_be_qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, q, k, v,
                        b->act.u);
     if (rc == SF_OK) rc = commit_begin(b, states, count, l, n, commit);

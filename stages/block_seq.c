@@ -43,8 +43,10 @@ struct sf_seq {
     float *Sgk, *Sgv;      /* [L][G][W] ring */
     int *Scount, *Shead;   /* [L] */
     int rounds;            /* rounds run since create or restore */
-    /* the chunk's projections, kept from the first pass to the walk: [segments][N][W] */
-    float *cq, *ck, *cv, *csk; /* and sigma(k) */
+    /* the chunk's projections, kept from the first pass to the walk: per segment q, k, v of
+     * [N][W] each, one after the other (the block's own layout: sf_block_layer reads them in
+     * place); csk: sigma(k), [segments][N][W] */
+    float *cqkv, *csk;
     int chunk_capacity;
     /* scratch: messages (own, received, composed), summary tokens, z of the walk */
     seq_msg own, tmp, acc, pre, tot, *peer_msgs;
@@ -474,13 +476,12 @@ static int ensure_chunk(sf_seq *q, int segments)
 {
     if (segments <= q->chunk_capacity) return SF_OK;
     const size_t n = (size_t)segments * q->N * q->W;
-    free(q->cq), free(q->ck), free(q->cv), free(q->csk);
-    q->cq = malloc(n * sizeof(float)), q->ck = malloc(n * sizeof(float)), q->cv = malloc(n * sizeof(float));
-    q->csk = malloc(n * sizeof(float));
+    free(q->cqkv), free(q->csk);
+    q->cqkv = malloc(3 * n * sizeof(float)), q->csk = malloc(n * sizeof(float));
     free(q->zinc), free(q->zwalk);
     q->zinc = malloc((size_t)segments * q->hd * sizeof(float) + 1);
     q->zwalk = malloc(q->hd * sizeof(float) + 1);
-    if (!q->cq || !q->ck || !q->cv || !q->csk || !q->zinc || !q->zwalk) {
+    if (!q->cqkv || !q->csk || !q->zinc || !q->zwalk) {
         q->chunk_capacity = 0;
         return sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", segments);
     }
@@ -511,7 +512,7 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
     for (int s = 0; s < segments && rc == SF_OK; s++) {
         const int n = s == segments - 1 ? last_rows : q->N;
         float *xs = x + (size_t)s * q->N * q->D;
-        float *qs = q->cq + s * seg_rows, *ks = q->ck + s * seg_rows, *vs = q->cv + s * seg_rows;
+        float *qs = q->cqkv + 3 * s * seg_rows, *ks = qs + seg_rows, *vs = ks + seg_rows;
         rc = sf_be_qkv(b->be, n, q->D, q->W, xs, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, SF_DTYPE_F32, qs, ks,
                        vs, b->act.u);
         float *zi = q->zinc + (size_t)s * q->hd, *sks = q->csk + s * seg_rows;
@@ -542,7 +543,8 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         for (int s = 0; s < segments && rc == SF_OK; s++) {
             const int n = s == segments - 1 ? last_rows : q->N;
             rc = sf_memory_map_segment_sigma(SF_MEMORY_DELTA, n, q->H, q->d, q->W, q->csk + s * seg_rows,
-                                             q->cv + s * seg_rows, q->zwalk, q->own.A, q->own.B, q->o.threads);
+                                             q->cqkv + (3 * s + 2) * seg_rows, q->zwalk, q->own.A, q->own.B,
+                                             q->o.threads);
             for (size_t i = 0; i < q->hd; i++) q->zwalk[i] += q->zinc[(size_t)s * q->hd + i];
         }
         if (rc == SF_OK) rc = msg_canon(q, &q->own, PART_A | PART_B, NULL, NULL);
@@ -570,7 +572,7 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         const int n = s == segments - 1 ? last_rows : q->N;
         float *keep = b->x;
         b->x = x + (size_t)s * q->N * q->D;
-        rc = sf_block_layer(b, q->work, l, n, 1, q->cq + s * seg_rows, q->ck + s * seg_rows, q->cv + s * seg_rows);
+        rc = sf_block_layer(b, q->work, l, n, 1, (unsigned char *)(q->cqkv + 3 * s * seg_rows));
         b->x = keep;
         if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
     }
@@ -653,7 +655,7 @@ static int handoff_layer(sf_seq *q, int l, int segments, int last_rows, float *x
         const int n = s == segments - 1 ? last_rows : q->N;
         float *keep = q->b->x;
         q->b->x = x + (size_t)s * q->N * q->D;
-        rc = sf_block_layer(q->b, q->work, l, n, 1, NULL, NULL, NULL);
+        rc = sf_block_layer(q->b, q->work, l, n, 1, NULL);
         q->b->x = keep;
         if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
     }
@@ -770,7 +772,7 @@ void sf_seq_free(sf_seq *q)
     for (int i = 0; q->fbB && i < 4 * q->L; i++) sf_quant_feedback_release(&q->fbB[i]);
     free(q->fbB);
     free(q->SM), free(q->Sz), free(q->Sgk), free(q->Sgv), free(q->Scount), free(q->Shead);
-    free(q->cq), free(q->ck), free(q->cv), free(q->csk), free(q->zinc), free(q->zwalk), free(q->wire);
+    free(q->cqkv), free(q->csk), free(q->zinc), free(q->zwalk), free(q->wire);
     free(q->group_of), free(q->gateway_of_group);
     free(q);
 }
@@ -851,25 +853,69 @@ void sf_seq_plan_chunk(const sf_seq_plan *p, uint64_t round, int rank, uint64_t 
     if (end == segments && p->tokens % (uint64_t)p->N) *last_rows = (int)(p->tokens % (uint64_t)p->N);
 }
 
+/* The next round's split: each rank's speed this round (its segments over its seconds of
+ * computing, gathered so that every rank holds the same numbers), the round's total shared in
+ * proportion, at least one segment each, what rounding leaves to the fastest. */
+static int rebalance(sf_seq *q, const sf_seq_plan *p, int segments, double *computed)
+{
+    const double spent = q->stats.compute_s - *computed;
+    *computed = q->stats.compute_s;
+    float mine = segments > 0 && spent > 0 ? (float)(segments / spent) : 0.0f;
+    float *speed = malloc((size_t)p->ranks * sizeof *speed);
+    if (!speed) return sf_error(SF_E_NOMEM, "out of memory");
+    int rc = sf_comm_all_gather(q->comm, &mine, speed, 1, SF_DTYPE_F32);
+    double sum = 0;
+    int total = 0, fastest = 0, measured = 1;
+    for (int r = 0; rc == SF_OK && r < p->ranks; r++) {
+        total += p->chunk[r];
+        if (!(speed[r] > 0)) measured = 0; /* a rank without a measure: the split stays */
+        sum += speed[r];
+        if (speed[r] > speed[fastest]) fastest = r;
+    }
+    if (rc == SF_OK && measured && total >= p->ranks) {
+        int given = 0;
+        for (int r = 0; r < p->ranks; r++) {
+            int k = (int)((double)total * speed[r] / sum);
+            p->chunk[r] = k < 1 ? 1 : k;
+            given += p->chunk[r];
+        }
+        /* what rounding left (or took) goes to (or comes from) the fastest, never below 1 */
+        p->chunk[fastest] += total - given;
+        for (int r = 0; p->chunk[fastest] < 1 && r < p->ranks; r++)
+            while (r != fastest && p->chunk[r] > 1 && p->chunk[fastest] < 1) p->chunk[r]--, p->chunk[fastest]++;
+    }
+    free(speed);
+    return rc;
+}
+
 int sf_seq_run(sf_seq *q, const sf_model *m, const sf_seq_plan *p, uint64_t first_round, const sf_seq_io *io)
 {
     const sf_model_config *c = sf_model_get_config(m);
     if (p->ranks != q->ranks || p->N != q->N)
         return sf_error(SF_E_INVAL, "sequence plan for %d ranks and segments of %d; the job has %d ranks, the model %d",
                         p->ranks, p->N, q->ranks, q->N);
-    const int k = p->chunk[q->rank];
-    const size_t rows_max = (size_t)(k > 0 ? k : 1) * q->N;
-    float *x = malloc(rows_max * q->D * sizeof *x);
-    uint32_t *ids = malloc(rows_max * sizeof *ids);
+    float *x = NULL;
+    uint32_t *ids = NULL;
+    size_t rows_max = 0;
     const float *table = sf_model_embedding(m), *norm = sf_model_final_norm(m);
-    int rc = x && ids ? SF_OK : sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", k);
+    int rc = SF_OK;
     const uint64_t rounds = sf_seq_plan_rounds(p);
+    double computed = q->stats.compute_s;
     for (uint64_t t = first_round; t < rounds && rc == SF_OK; t++) {
         uint64_t first;
         int count, last_rows;
         sf_seq_plan_chunk(p, t, q->rank, &first, &count, &last_rows);
         const size_t rows = count ? (size_t)(count - 1) * q->N + (size_t)last_rows : 0;
         const uint64_t pos = first * (uint64_t)q->N;
+        if (rows > rows_max) { /* the chunk grew (a rebalance) or is the first */
+            free(x), free(ids);
+            rows_max = (size_t)count * q->N;
+            x = malloc(rows_max * q->D * sizeof *x), ids = malloc(rows_max * sizeof *ids);
+            if (!x || !ids) {
+                rc = sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", count);
+                break;
+            }
+        }
         if (rows) rc = io->read(io->user, pos, rows, ids);
         for (size_t i = 0; i < rows && rc == SF_OK; i++) {
             if (ids[i] >= (uint32_t)c->vocab)
@@ -882,6 +928,7 @@ int sf_seq_run(sf_seq *q, const sf_model *m, const sf_seq_plan *p, uint64_t firs
         /* the final norm of SPEC 2, on every row the round produced */
         if (rc == SF_OK && rows && norm) rc = q->b->be->ops->rmsnorm(q->b->be, (int)rows, q->D, x, norm, c->norm_eps, x);
         if (rc == SF_OK && rows) rc = io->write(io->user, pos, rows, x);
+        if (rc == SF_OK && p->balance && t + 1 < rounds) rc = rebalance(q, p, count, &computed);
         if (rc == SF_OK && io->round_done) rc = io->round_done(io->user, t, rounds);
     }
     if (rc != SF_OK) sf_comm_abort(q->comm, sf_last_error());

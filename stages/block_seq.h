@@ -104,7 +104,10 @@ int sf_seq_state_restore(sf_seq *q, const uint8_t *data, size_t len);
 typedef struct sf_seq_plan {
     uint64_t tokens;
     int N, ranks;
-    const int *chunk; /* [ranks] */
+    int *chunk;  /* [ranks] */
+    int balance; /* sf_seq_run: after each round, chunk is split anew in proportion to each rank's
+                    measured speed (segments per second of computing in that round), keeping the
+                    round's total: ranks of different speed finish their chunks together */
 } sf_seq_plan;
 
 /* Rounds the stream takes (0 for an empty stream). */

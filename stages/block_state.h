@@ -108,11 +108,12 @@ void sf_block_release(block *b);
 
 /* Layer l (0 = the block's first) of one stream's segment of n rows at b->x, with that stream's
  * state s: as in a run, the SPEC 2 math, then, when commit, the memory and global-token update
- * of s. q, k, v: the layer's projections of these rows, already computed (backend memory of
- * block.qkv_type, n rows of width each); NULL: computed here. For sequence parallelism
- * (stages/block_seq.c), which needs k and v of a whole run before the memory is known. The side
- * queue is not used (an unsharded block without deferred commits). */
-int sf_block_layer(block *b, stream_state *s, int l, int n, int commit, const void *q, const void *k, const void *v);
+ * of s. qkv: the layer's projections of these rows, already computed, laid out as the block's
+ * own set (backend memory of block.qkv_type: q, then k and v, each N * width elements after the
+ * one before, N the model's segment), read in place; NULL: computed here. For sequence
+ * parallelism (stages/block_seq.c), which needs k and v of a whole run before the memory is
+ * known. Not with deferred commits (SF_E_INVAL). */
+int sf_block_layer(block *b, stream_state *s, int l, int n, int commit, unsigned char *qkv);
 
 /* One unit of a sharded block's work that rank 0 tells the other ranks to do, so that they
  * issue the same collectives and make the same state changes in the same order. */

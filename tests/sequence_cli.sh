@@ -80,6 +80,12 @@ for variant in "--memory linear" "--memory linear --causal 0 --global-tokens 0" 
     echo "ok: scan on 3 processes, $variant: worst segment $err"
 done
 
+# the split following the ranks' speed: hand-off stays byte for byte
+"$bin" launch -n 3 -- -q $small --sequence handoff --chunks 1,6,2 --balance -i in.bin -o bal.npy 2> err.txt ||
+    { cat err.txt >&2; fail "balanced hand-off"; }
+cmp -s bal.npy ref.npy || fail "balanced hand-off: output differs from seqflow run"
+echo "ok: --balance (hand-off, 3 processes from chunks 1,6,2): the bytes of seqflow run"
+
 # two datacenters of two nodes: the exchange crosses between their gateways only
 "$bin" launch -n 4 --topology "$here/../examples/sequence-2dc.json" -- $small --sequence scan --chunks 4 \
     -i in.bin -o dc.npy 2> err.txt || { cat err.txt >&2; fail "the example topology"; }

@@ -75,6 +75,9 @@ static void *rank_main(void *p)
     if (rc == SF_OK) rc = sf_seq_create(j->m, be, a->comm, &j->o, &q);
     if (rc == SF_OK && j->restore) rc = sf_seq_state_restore(q, j->restore, j->restore_len);
     sf_seq_plan plan = j->plan;
+    int chunk[MAX_RANKS]; /* this rank's own copy: a balanced plan changes it */
+    memcpy(chunk, j->plan.chunk, (size_t)plan.ranks * sizeof *chunk);
+    plan.chunk = chunk;
     if (j->stop_round) { /* a plan cut at stop_round rounds */
         uint64_t per = 0;
         for (int r = 0; r < plan.ranks; r++) per += (uint64_t)plan.chunk[r];
@@ -173,6 +176,7 @@ typedef struct layout {
     int chunk[MAX_RANKS];
     sf_seq_exchange exchange;
     int groups[MAX_RANKS]; /* all 0: one group */
+    int balance;           /* the split follows the ranks' measured speed */
 } layout;
 
 /* Every layout of `layouts` on model variant v against one process. */
@@ -189,7 +193,8 @@ static void check_variant(const check_model_variant *v, size_t tokens, const lay
     CHECKF(want != NULL, "%s: reference run failed", v->name);
     for (int i = 0; want && i < n_layouts; i++) {
         const layout *lo = &layouts[i];
-        job j = {.m = m, .tokens = tok, .out = got, .plan = {tokens, (int)N, lo->R, lo->chunk}, .fail_rank = -1};
+        job j = {.m = m, .tokens = tok, .out = got, .plan = {tokens, (int)N, lo->R, (int *)lo->chunk, lo->balance},
+                 .fail_rank = -1};
         j.o.exchange = lo->exchange, j.o.group_of = lo->groups;
         for (size_t k = 0; k < tokens * D; k++) got[k] = NAN;
         int rc = run_job(&j, lo->R, NULL);
@@ -215,13 +220,15 @@ static void check_variant(const check_model_variant *v, size_t tokens, const lay
 static void check_layouts(void)
 {
     static const layout layouts[] = {
-        {"scan R=2", 2, {2, 2}, SF_SEQ_SCAN, {0}},
-        {"scan R=3 chunks 1,3,2", 3, {1, 3, 2}, SF_SEQ_SCAN, {0}},
-        {"scan R=4", 4, {1, 1, 1, 1}, SF_SEQ_SCAN, {0}},
-        {"scan R=4 2 groups", 4, {2, 1, 1, 2}, SF_SEQ_SCAN, {0, 0, 1, 1}},
-        {"scan R=3 3 groups", 3, {1, 2, 1}, SF_SEQ_SCAN, {0, 1, 2}},
-        {"hand-off R=2", 2, {2, 1}, SF_SEQ_HANDOFF, {0}},
-        {"hand-off R=3 2 groups", 3, {1, 1, 2}, SF_SEQ_HANDOFF, {0, 0, 1}},
+        {"scan R=2", 2, {2, 2}, SF_SEQ_SCAN, {0}, 0},
+        {"scan R=3 chunks 1,3,2", 3, {1, 3, 2}, SF_SEQ_SCAN, {0}, 0},
+        {"scan R=4", 4, {1, 1, 1, 1}, SF_SEQ_SCAN, {0}, 0},
+        {"scan R=4 2 groups", 4, {2, 1, 1, 2}, SF_SEQ_SCAN, {0, 0, 1, 1}, 0},
+        {"scan R=3 3 groups", 3, {1, 2, 1}, SF_SEQ_SCAN, {0, 1, 2}, 0},
+        {"hand-off R=2", 2, {2, 1}, SF_SEQ_HANDOFF, {0}, 0},
+        {"hand-off R=3 2 groups", 3, {1, 1, 2}, SF_SEQ_HANDOFF, {0, 0, 1}, 0},
+        {"scan R=3 balanced", 3, {2, 2, 2}, SF_SEQ_SCAN, {0}, 1},
+        {"hand-off R=2 balanced", 2, {3, 3}, SF_SEQ_HANDOFF, {0}, 1},
     };
     const int n = (int)(sizeof layouts / sizeof *layouts);
     /* name, branches, D, H, d, layers, causal, mlp, global, summary, final_norm, segment, memory */
@@ -312,7 +319,8 @@ static void check_tiers(void)
         if (check_variant_model(vs[vi], 5, &m) != SF_OK) continue;
         uint32_t *tok = random_tokens(tokens, 50, 7);
         float *want = reference(m, tok, tokens), *got = malloc(tokens * D * sizeof *got);
-        static const int chunk[2] = {25, 25}, groups[2] = {0, 1};
+        static int chunk[2] = {25, 25};
+        static const int groups[2] = {0, 1};
         static const struct {
             const char *name;
             sf_quant_kind kind;
@@ -357,7 +365,7 @@ static void check_restore(void)
     float *want = reference(m, tok, tokens), *got = malloc(tokens * D * sizeof *got);
     for (int mode = 0; want && mode < 2; mode++) {
         const sf_seq_exchange ex = mode ? SF_SEQ_HANDOFF : SF_SEQ_SCAN;
-        static const int c3[3] = {2, 1, 1}, c2[2] = {1, 3};
+        static int c3[3] = {2, 1, 1}, c2[2] = {1, 3};
         sf_buffer saved_buf = {0}, *saved = &saved_buf;
         job j = {.m = m, .tokens = tok, .out = got, .plan = {tokens, (int)N, 3, c3}, .fail_rank = -1};
         j.o.exchange = ex, j.stop_round = 3, j.saved = saved;
@@ -394,7 +402,7 @@ static void check_failure(void)
     const size_t tokens = 30 * 8;
     uint32_t *tok = random_tokens(tokens, 50, 1);
     float *got = malloc(tokens * 16 * sizeof *got);
-    static const int chunk[3] = {2, 2, 2};
+    static int chunk[3] = {2, 2, 2};
     for (int mode = 0; mode < 2; mode++) {
         job j = {.m = m, .tokens = tok, .out = got, .plan = {tokens, 8, 3, chunk}, .fail_rank = 1};
         j.o.exchange = mode ? SF_SEQ_HANDOFF : SF_SEQ_SCAN;

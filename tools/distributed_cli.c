@@ -54,6 +54,8 @@ static void worker_usage(FILE *f)
           "                          rank passes the exact state on; bit for bit)\n"
           "      --chunks K[,K...]   segments a rank takes per round: one number for every rank,\n"
           "                          or one per rank (default 16)\n"
+          "      --balance           after each round, split the next in proportion to each\n"
+          "                          rank's measured speed (the round's total stays)\n"
           "      --federation        scan: only global tokens cross between datacenters, each\n"
           "                          keeping its own memory (approximate)\n"
           "  The input (-i FILE, bytes or u32) is read and the output (-o FILE, raw or .npy)\n"

@@ -24,8 +24,8 @@
 int seq_parse_option(int argc, char **argv, int *i, seq_args *s)
 {
     const char *arg = argv[*i];
-    if (strcmp(arg, "--federation") == 0) {
-        s->federation = 1;
+    if (strcmp(arg, "--federation") == 0 || strcmp(arg, "--balance") == 0) {
+        *(arg[2] == 'f' ? &s->federation : &s->balance) = 1;
         return 1;
     }
     if (strcmp(arg, "--sequence") != 0 && strcmp(arg, "--chunks") != 0) return 0;
@@ -62,8 +62,8 @@ int seq_parse_option(int argc, char **argv, int *i, seq_args *s)
 
 void seq_describe(const seq_args *s, char *buf, size_t size)
 {
-    size_t used = (size_t)snprintf(buf, size, "sequence %s%s chunks", s->handoff ? "handoff" : "scan",
-                                   s->federation ? " federation" : "");
+    size_t used = (size_t)snprintf(buf, size, "sequence %s%s%s chunks", s->handoff ? "handoff" : "scan",
+                                   s->federation ? " federation" : "", s->balance ? " balance" : "");
     for (int i = 0; i < s->n_chunks && used < size; i++) used += (size_t)snprintf(buf + used, size - used, " %d", s->chunks[i]);
 }
 
@@ -146,6 +146,7 @@ typedef struct seq_file_io {
     const char *label;
     double start;
     const sf_topology *topology;
+    int *chunk; /* the plan's split, as the next round will have it */
 } seq_file_io;
 
 static int read_tokens(void *user, uint64_t pos, size_t n, uint32_t *ids)
@@ -203,7 +204,10 @@ static int round_done(void *user, uint64_t round, uint64_t rounds)
     if (rc != SF_OK || f->rank != f->saver) return rc;
     sf_buffer b = {0};
     const uint64_t next = round + 1;
+    const uint32_t ranks = (uint32_t)f->world;
     rc = sf_buffer_append(&b, &next, sizeof next);
+    if (rc == SF_OK) rc = sf_buffer_append(&b, &ranks, sizeof ranks);
+    if (rc == SF_OK) rc = sf_buffer_append(&b, f->chunk, (size_t)f->world * sizeof *f->chunk);
     if (rc == SF_OK) rc = sf_seq_state_save(f->seq, &b);
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s/%s", dir, SEQ_STATE_FILE);
@@ -300,9 +304,16 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
     f.comm = comm;
     if (rc == SF_OK) rc = sf_seq_create(c->model, be, comm, &so, &seq);
     f.seq = seq;
-    if (rc == SF_OK && resume && resume_len >= 8) {
-        memcpy(&first_round, resume, 8);
-        rc = sf_seq_state_restore(seq, resume + 8, resume_len - 8);
+    /* a resume: the round to start at, the split it had, the state (round_done's layout) */
+    if (rc == SF_OK && resume && resume_len > 0) {
+        uint32_t ranks = 0;
+        if (resume_len >= 12) memcpy(&first_round, resume, 8), memcpy(&ranks, resume + 8, 4);
+        const size_t head = 12 + (size_t)ranks * sizeof(int);
+        if (resume_len < 12 || ranks != (uint32_t)world || resume_len < head)
+            rc = sf_error(SF_E_STATE, "the saved sequence state is for %u ranks (or damaged); the job has %d", ranks,
+                          world);
+        if (rc == SF_OK) memcpy(chunk, resume + 12, (size_t)world * sizeof(int));
+        if (rc == SF_OK) rc = sf_seq_state_restore(seq, resume + head, resume_len - head);
     }
     /* rank 0 makes the output (a resume keeps what is there), then every rank opens it; with
      * {rank} in its name every rank makes its own */
@@ -335,9 +346,8 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
     if (rc == SF_OK && rank != 0 && !own_file && (f.out_fd = open(out, O_WRONLY | O_CLOEXEC)) < 0)
         rc = sf_error(SF_E_IO, "cannot open output '%s' (every rank writes its rows into it: a shared folder, or "
                       "'{rank}' in the name for a file per rank): %s", c->a.out, strerror(errno));
-    int chunk_copy[SEQ_MAX_RANKS];
-    memcpy(chunk_copy, chunk, sizeof chunk);
-    sf_seq_plan plan = {f.tokens, cfg->segment, world, chunk_copy};
+    f.chunk = chunk;
+    sf_seq_plan plan = {f.tokens, cfg->segment, world, chunk, s->balance};
     sf_seq_io io = {read_tokens, write_rows, round_done, &f};
     if (rc == SF_OK) rc = sf_seq_run(seq, c->model, &plan, first_round, &io);
     if (rc == SF_OK && fsync(f.out_fd) != 0) rc = sf_error(SF_E_IO, "writing output '%s' failed: %s", c->a.out, strerror(errno));

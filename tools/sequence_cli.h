@@ -19,11 +19,12 @@ typedef struct seq_args {
     int on;                       /* --sequence given */
     int handoff;                  /* --sequence handoff (else scan) */
     int federation;               /* --federation */
+    int balance;                  /* --balance */
     int chunks[SEQ_MAX_RANKS];    /* --chunks: segments a round per rank */
     int n_chunks;                 /* how many were given (1: the same for every rank) */
 } seq_args;
 
-/* Parses --sequence MODE, --chunks LIST or --federation at argv[*i] (advancing *i past its
+/* Parses --sequence MODE, --chunks LIST, --balance or --federation at argv[*i] (advancing *i past its
  * value). Returns 1 when it took the option, 0 when argv[*i] is not one of them, or -2 after
  * printing a message (exit status 2). */
 int seq_parse_option(int argc, char **argv, int *i, seq_args *s);
