@@ -108,6 +108,17 @@ wire=$(sent_bytes err-2dc.txt) wire_shuffled=$(sent_bytes err.txt)
     { cat err.txt >&2; fail "two datacenters, shuffled: the ranks sent $wire_shuffled packet bytes, $wire without"; }
 echo "ok: two datacenters, shuffled: the same bytes; the ranks sent $wire_shuffled packet bytes instead of $wire"
 
+# the same example topology started by Open MPI's mpirun (its ranks from OMPI_COMM_WORLD_RANK)
+if command -v mpirun > /dev/null; then
+    mpirun --allow-run-as-root --oversubscribe -x OMP_WAIT_POLICY -n 4 \
+        "$bin" worker --topology "$here/../examples/sequence-2dc.json" -q $small --sequence scan --chunks 4 \
+        -i in.bin -o mpi.npy > err.txt 2>&1 || { cat err.txt >&2; fail "the example topology under mpirun"; }
+    cmp -s mpi.npy dc.npy || fail "under mpirun: output differs from seqflow launch's"
+    echo "ok: the example topology under mpirun: the bytes of seqflow launch's run"
+else
+    echo "skipped: mpirun (not installed)"
+fi
+
 # a file per rank
 "$bin" launch -n 2 -- -q $small --sequence handoff --chunks 4 -i in.bin -o 'part{rank}.npy' 2> err.txt ||
     { cat err.txt >&2; fail "a file per rank"; }
