@@ -505,7 +505,7 @@ static int read_rank(const ctx *c, const cJSON *r, const char *path, int dc, int
                      const char **claimed_at)
 {
     sf_topology *t = c->t;
-    static const char *const fields[] = {"id", "endpoint", "bind", "public_key", "devices", "host", NULL};
+    static const char *const fields[] = {"id", "endpoint", "bind", "public_key", "devices", "host", "chunk", NULL};
     int rc = check_fields(c, r, path, fields);
     if (rc != SF_OK) return rc;
     long id = -1;
@@ -533,6 +533,10 @@ static int read_rank(const ctx *c, const cJSON *r, const char *path, int dc, int
      * the one its peers reach it at */
     if ((rc = get_endpoint_opt(c, r, path, "bind", 0, &s)) != SF_OK) return rc;
     if (!(rk->bind = keep_str(t, s ? s : rk->endpoint))) return sf_error(SF_E_NOMEM, "out of memory");
+    /* sequence parallelism: this rank's segments a round (a faster machine takes more) */
+    long chunk = 0;
+    if ((rc = get_int(c, r, path, "chunk", 1, 1 << 20, &present, &chunk)) != SF_OK) return rc;
+    rk->chunk = present ? (int)chunk : 0;
     if ((rc = get_string(c, r, path, "host", 0, &s)) != SF_OK) return rc;
     if (!(rk->host = keep_str(t, s ? s : node_host))) return sf_error(SF_E_NOMEM, "out of memory");
     if ((rc = get_string(c, r, path, "public_key", 0, &s)) != SF_OK) return rc;

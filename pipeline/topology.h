@@ -74,6 +74,8 @@ typedef struct sf_topology_rank {
     int datacenter;                 /* index into the datacenters, in file order */
     int node;                       /* index of its node over the whole file, in file order */
     const char *datacenter_name, *node_name;
+    int chunk;                      /* "chunk": segments a round under sequence parallelism
+                                       (1..2^20); 0 when the file gives none */
 } sf_topology_rank;
 
 typedef struct sf_topology sf_topology;

@@ -108,6 +108,13 @@ wire=$(sent_bytes err-2dc.txt) wire_shuffled=$(sent_bytes err.txt)
     { cat err.txt >&2; fail "two datacenters, shuffled: the ranks sent $wire_shuffled packet bytes, $wire without"; }
 echo "ok: two datacenters, shuffled: the same bytes; the ranks sent $wire_shuffled packet bytes instead of $wire"
 
+# the split from the topology's "chunk" of each rank (8, 8, 12, 12)
+"$bin" launch -n 4 --topology "$here/../examples/sequence-2dc.json" -- -q $small --sequence scan \
+    -i in.bin -o dc-topo.npy 2> err.txt || { cat err.txt >&2; fail "chunks from the topology"; }
+err=$(close ref.npy dc-topo.npy $seg_values) || fail "chunks from the topology: $err"
+cmp -s dc-topo.npy dc.npy && fail "chunks from the topology: the same bytes as chunks of 4 (not read?)"
+echo "ok: chunks from the topology (8, 8, 12, 12): worst segment $err"
+
 # the same example topology started by Open MPI's mpirun (its ranks from OMPI_COMM_WORLD_RANK)
 if command -v mpirun > /dev/null; then
     mpirun --allow-run-as-root --oversubscribe -x OMP_WAIT_POLICY -n 4 \

@@ -30,7 +30,7 @@ static const char full[] =
     "  {'name': 'eu', 'nodes': [\n"
     "    {'name': 'eu-1', 'host': '10.0.0.1', 'ranks': [\n"
     "      {'id': 0, 'endpoint': 'tcp://10.0.0.1:7001', 'public_key': '" K0 "'},\n"
-    "      {'id': 1, 'endpoint': 'tcp://10.0.0.1:7002', 'public_key': '" K1 "', 'devices': ['cuda:0', 'cuda:1']}]},\n"
+    "      {'id': 1, 'endpoint': 'tcp://10.0.0.1:7002', 'public_key': '" K1 "', 'devices': ['cuda:0', 'cuda:1'], 'chunk': 24}]},\n"
     "    {'name': 'eu-2', 'ranks': [\n"
     "      {'id': 2, 'endpoint': 'ipc:///tmp/sf-2', 'public_key': '" K1 "', 'host': 'eu-2.lan'}]}]},\n"
     "  {'name': 'us', 'nodes': [\n"
@@ -68,6 +68,7 @@ static void check_full(void)
     CHECK(r && r->n_devices == 1 && strcmp(r->devices[0], "cpu") == 0);
     r = sf_topology_rank_get(t, 1);
     CHECK(r && r->n_devices == 2 && strcmp(r->devices[1], "cuda:1") == 0 && strcmp(r->public_key, K1) == 0);
+    CHECK(r && r->chunk == 24 && sf_topology_rank_get(t, 4)->chunk == 0);
     r = sf_topology_rank_get(t, 2);
     CHECK(r && strcmp(r->host, "eu-2.lan") == 0 && strcmp(r->node_name, "eu-2") == 0);
     CHECK(sf_topology_rank_get(t, 5) == NULL && sf_topology_rank_get(t, -1) == NULL);
@@ -193,7 +194,7 @@ static void check_refusals(void)
     CHECK(refused("'security': 'none',", TWO_RANKS, "$.security: expected \"curve\" or \"plaintext\""));
     /* typos are refused, not ignored */
     CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpont': 'tcp://h:1'}]}]}]",
-                  "$.datacenters[0].nodes[0].ranks[0].endpont: unknown field (expected one of: id, endpoint, bind, public_key, devices, host)"));
+                  "$.datacenters[0].nodes[0].ranks[0].endpont: unknown field (expected one of: id, endpoint, bind, public_key, devices, host, chunk)"));
     CHECK(refused("'heartbeat': 5,", TWO_RANKS, "$.heartbeat: unknown field"));
     CHECK(refused("'timeout_ms': 1, 'timeout_ms': 2,", TWO_RANKS, "$.timeout_ms: given twice"));
     CHECK(refused("'links': {'acros_datacenters': {}},", TWO_RANKS, "$.links.acros_datacenters: unknown field"));
@@ -235,6 +236,9 @@ static void check_refusals(void)
     CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpoint': 'tcp://h:1', 'public_key': '" K0
                       "'}]}]}, {'name': 'a', 'nodes': [{'name': 'n1', 'ranks': [{'id': 1, 'endpoint': 'tcp://h:2', 'public_key': '" K0 "'}]}]}]",
                   "$.datacenters[1].name: a second datacenter named \"a\""));
+    CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpoint': 'tcp://h:1', 'public_key': '" K0
+                      "', 'chunk': 0}]}]}]",
+                  "ranks[0].chunk"));
     CHECK(refused("", "[{'name': 'a', 'nodes': []}]", "$.datacenters[0].nodes: expected a non-empty list of nodes"));
     CHECK(refused("", "[]", "$.datacenters: expected a non-empty list"));
 

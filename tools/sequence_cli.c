@@ -260,7 +260,11 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
     f.saver = s->handoff ? world - 1 : 0;
     f.start = sf_monotonic_seconds();
     int chunk[SEQ_MAX_RANKS], groups[SEQ_MAX_RANKS];
-    for (int r = 0; r < world; r++) chunk[r] = s->n_chunks > 1 ? s->chunks[r] : s->n_chunks ? s->chunks[0] : 16;
+    /* the split: --chunks, else the topology's "chunk" of each rank, else 16 */
+    for (int r = 0; r < world; r++) {
+        const int from_topology = sf_topology_rank_get(topology, r)->chunk;
+        chunk[r] = s->n_chunks > 1 ? s->chunks[r] : s->n_chunks ? s->chunks[0] : from_topology ? from_topology : 16;
+    }
     /* the datacenters, in rank order; the tier between them from the topology's link options */
     sf_seq_options so = {.exchange = s->handoff ? SF_SEQ_HANDOFF : SF_SEQ_SCAN, .group_of = groups,
                          .federation = s->federation, .threads = c->a.threads > 0 ? c->a.threads : 1};
