@@ -122,6 +122,13 @@ sf_stage *sf_graph_stage(const sf_graph *g, int i)
 
 const char *sf_graph_error(const sf_graph *g) { return g ? g->error_message : ""; }
 
+int sf_graph_stage_stats(const sf_graph *g, int i, sf_stage_stats *out)
+{
+    if (!g || !out || i < 0 || i >= g->n_stages) return sf_error(SF_E_INVAL, "sf_graph_stage_stats: no stage %d", i);
+    *out = g->stages[i]->stats;
+    return SF_OK;
+}
+
 uint64_t sf_graph_tokens_out(const sf_graph *g)
 {
     return g ? (uint64_t)atomic_load(&((sf_graph *)g)->tokens_out) : 0;
@@ -311,7 +318,12 @@ int sf_stage_emit(sf_stage *st, sf_packet *p)
         return SF_OK;
     }
     int rc = rows_for(g, st->index + 1, p);
-    return rc == SF_OK ? st->out->ops->push(st->out, p) : rc;
+    if (rc != SF_OK) return rc;
+    /* a push that waits for room downstream is not this stage's work (sf_graph_stage_stats) */
+    const double t0 = sf_monotonic_seconds();
+    rc = st->out->ops->push(st->out, p);
+    st->stats.busy_seconds -= sf_monotonic_seconds() - t0;
+    return rc;
 }
 
 /* ---- push mode ---------------------------------------------------------------------------- */

@@ -29,6 +29,7 @@ struct sf_stage {
     int *ranks;        /* placement (`@1,2` in the pipeline text): the ranks that run this
                           stage, several = replicated (stream parallel); NULL = rank 0 */
     int n_ranks;
+    sf_stage_stats stats; /* its thread's (sf_graph_stage_stats) */
 };
 
 #define SF_GRAPH_PROFILE_STAGES 32

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/process_stats.h"
 #include "pipeline/graph_internal.h"
 
 void sf_graph_abort_links(sf_graph *g)
@@ -30,7 +31,10 @@ static void *stage_thread(void *arg)
     sf_clear_error();
     if (st->cls->generate) {
         for (;;) {
+            const double t0 = sf_monotonic_seconds();
             rc = st->cls->generate(st);
+            st->stats.busy_seconds += sf_monotonic_seconds() - t0;
+            st->stats.packets++;
             if (rc <= 0) break;
         }
         if (rc > 0) rc = SF_OK;
@@ -49,12 +53,19 @@ static void *stage_thread(void *arg)
                 continue;
             }
             if (last) sf_graph_count_output(g, p);
+            const double t0 = sf_monotonic_seconds();
             rc = st->cls->process(st, p);
+            st->stats.busy_seconds += sf_monotonic_seconds() - t0;
+            st->stats.packets++;
             if (rc != SF_OK) break;
         }
         if (rc == SF_OK && g->error_code != SF_OK) rc = SF_E_CLOSED; /* aborted upstream */
     }
-    if (rc == SF_OK && st->cls->flush) rc = st->cls->flush(st);
+    if (rc == SF_OK && st->cls->flush) {
+        const double t0 = sf_monotonic_seconds();
+        rc = st->cls->flush(st);
+        st->stats.busy_seconds += sf_monotonic_seconds() - t0;
+    }
     if (rc != SF_OK) {
         stage_failed(st, rc);
         if (in) in->ops->abort(in); /* unblock the producer */

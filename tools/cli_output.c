@@ -220,6 +220,20 @@ static int write_stats_json(const char *path, const cli_run_stats *s)
     if (s->pipeline) cJSON_AddStringToObject(root, "pipeline", s->pipeline);
     cJSON_AddNumberToObject(root, "exit_status", s->status);
     if (s->model) cJSON_AddItemToObject(root, "model", model_json(s->model));
+    cJSON *stages = cJSON_AddArrayToObject(root, "stages");
+    for (int i = 0; stages && s->graph && i < sf_graph_size(s->graph); i++) {
+        sf_stage_stats st;
+        cJSON *o = cJSON_CreateObject();
+        if (!o || sf_graph_stage_stats(s->graph, i, &st) != SF_OK) {
+            cJSON_Delete(o);
+            break;
+        }
+        cJSON_AddStringToObject(o, "name", sf_stage_name(sf_graph_stage(s->graph, i)));
+        cJSON_AddNumberToObject(o, "packets", (double)st.packets);
+        /* a wait on a link measured across a clock tick can leave a hair below zero */
+        cJSON_AddNumberToObject(o, "busy_seconds", st.busy_seconds > 0 ? st.busy_seconds : 0.0);
+        cJSON_AddItemToArray(stages, o);
+    }
     if (strcmp(path, "-") == 0) return print_json(stdout, root);
     FILE *f = fopen(path, "w");
     if (!f) {

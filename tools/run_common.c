@@ -828,7 +828,8 @@ int run_execute(run_ctx *c)
         }
     }
     cli_run_stats stats = {.tokens = tokens, .seconds = elapsed, .peak_resident_bytes = sf_peak_resident_bytes(),
-                           .device = c->opts.device, .pipeline = c->pipeline, .model = cfg, .status = status};
+                           .device = c->opts.device, .pipeline = c->pipeline, .model = cfg, .status = status,
+                           .graph = graph};
     if (c->a.stats_json && cli_write_stats_json(c->a.stats_json, &stats) != SF_OK && !status) status = 1;
     return status;
 }

@@ -129,6 +129,16 @@ int sf_graph_checkpoint_finished(const sf_graph *g);
 /* Tokens that left the last stage so far (for progress reports); thread-safe. */
 uint64_t sf_graph_tokens_out(const sf_graph *g);
 
+/* What stage i did in sf_graph_run (threaded): the packets it processed and the seconds its
+ * thread spent in them (process and flush, its waits on its links excluded), so the busiest
+ * stage, the pipeline's bottleneck, is the one closest to the run's wall time. Zero for a stage
+ * of another process. Read after sf_graph_run returns. SF_E_INVAL for a bad index. */
+typedef struct sf_stage_stats {
+    uint64_t packets;
+    double busy_seconds;
+} sf_stage_stats;
+int sf_graph_stage_stats(const sf_graph *g, int i, sf_stage_stats *out);
+
 SF_API_END
 #ifdef __cplusplus
 }
