@@ -80,6 +80,19 @@ static void check_threaded_run(const sf_model *m)
     CHECK_OK(sf_graph_run(g));
     CHECK(sf_graph_tokens_out(g) == 1000);
     CHECK(file_size(raw) == 1000L * c->dim * 4);
+    /* each stage's work: the source's 10 chunks of 100; 1000 tokens in segments of N; the
+     * block's seconds, not the source's, are the run's (the source waits for room downstream,
+     * which is not counted) */
+    sf_stage_stats st[6];
+    for (int i = 0; i < 6; i++) CHECK_OK(sf_graph_stage_stats(g, i, &st[i]));
+    const uint64_t segments = (uint64_t)((1000 + c->segment - 1) / c->segment);
+    CHECKF(st[0].packets >= 10 && st[1].packets >= 10, "source %llu, segment %llu packets",
+           (unsigned long long)st[0].packets, (unsigned long long)st[1].packets);
+    CHECKF(st[3].packets == segments && st[5].packets == segments, "block %llu, sink %llu packets, %llu segments",
+           (unsigned long long)st[3].packets, (unsigned long long)st[5].packets, (unsigned long long)segments);
+    CHECKF(st[3].busy_seconds > 0 && st[3].busy_seconds > st[0].busy_seconds,
+           "block busy %.6f s, source %.6f s", st[3].busy_seconds, st[0].busy_seconds);
+    CHECK(sf_graph_stage_stats(g, 6, &st[0]) == SF_E_INVAL);
     sf_graph_free(g);
 
     /* the digest of the same run, twice: deterministic */
