@@ -404,7 +404,9 @@ static void memory_run(const sf_model *m, const char *device, size_t total, size
     double used_peak = start.device_used, peak_at = -1, used_peak_at = -1;
     size_t done = 0, tokens_at = 0;
     unsigned long long s = 7;
-    double t0 = sf_monotonic_seconds(), next_report = t0 + 10;
+    /* about 60 reports over the run, at least 2 s apart */
+    const double report_every = max_seconds < 120 ? 2 : max_seconds / 60;
+    double t0 = sf_monotonic_seconds(), next_report = t0 + report_every;
     while (done < total && sf_monotonic_seconds() - t0 < max_seconds) {
         for (size_t i = 0; i < N; i++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -418,9 +420,15 @@ static void memory_run(const sf_model *m, const char *device, size_t total, size
         if (done <= at || tokens_at == 0) peak_at = mem.peak, used_peak_at = used_peak, tokens_at = done;
         double now = sf_monotonic_seconds();
         if (now >= next_report) {
-            fprintf(stderr, "  %zu tokens, %.0f tokens/s, backend peak %.1f MiB\n", done, done / (now - t0),
-                    graph_device_memory(g).peak / 1048576);
-            next_report = now + 10;
+            /* one line a report, for plots (bench/plot.py): the rate so far, the backend's peak,
+             * the whole device's use, this process's resident memory */
+            const device_memory d = graph_device_memory(g);
+            printf("MEMLOG tokens=%zu seconds=%.1f tokens_per_s=%.0f backend_peak_mib=%.1f device_used_mib=%.1f "
+                   "rss_mib=%.1f\n",
+                   done, now - t0, done / (now - t0), d.peak / 1048576, d.device_used / 1048576,
+                   sf_resident_bytes() / 1048576.0);
+            fflush(stdout);
+            next_report = now + report_every;
         }
     }
     if (sf_graph_end(g, 0) != SF_OK) die("end");
