@@ -130,12 +130,12 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
         return !qwin_same || k0 + BN > src.kend || (src.causal && k0 + BN - 1 > qs) ||
                (k0 / src.win) != (qs / src.win) || ((k0 + BN - 1) / src.win) != (qs / src.win);
     };
-    static_assert(C::BM <= C::THREADS && C::BM <= 64, "a thread a query row, the rows in one 64-bit mask");
+    static_assert(C::BM <= C::THREADS, "a thread a query row");
     __shared__ unsigned long long bad_slots[2 * WARPS]; /* two tiles' keys, one word a warp */
     /* bit x - qs: query row x sees a key whose V is not finite (the previous query tile's last
      * barrier let go of it) */
-    __shared__ unsigned long long poison_s;
-    if (threadIdx.x == 0) poison_s = 0;
+    __shared__ unsigned long long poison_s[(C::BM + 63) / 64];
+    if (threadIdx.x < (C::BM + 63) / 64) poison_s[threadIdx.x] = 0;
     /* a staged tile to the block (a barrier); one that needs the mask was scrubbed: the rows that
      * see its flagged keys are poisoned (made NaN at the merge), thread i judging row qs + i */
     const auto publish = [&](int k0, __nv_bfloat16 *vs, uint32_t found) {
@@ -153,7 +153,7 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
 #pragma unroll
         for (int w = 0; w < WARPS; w++) bad |= slots[w];
         if (bad && threadIdx.x < C::BM && att_row_sees(bad, k0, qs + threadIdx.x, src.win, src.kend, src.causal))
-            atomicOr(&poison_s, 1ull << threadIdx.x);
+            atomicOr(&poison_s[threadIdx.x / 64], 1ull << (threadIdx.x % 64));
     };
 
     float4 kr[C::LOADS], vr[C::LOADS];
@@ -243,11 +243,10 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
 
     /* merge this tile's rows into the block's accumulators (the loop's last barrier published
      * poison_s) */
-    const uint64_t poison = poison_s;
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int x = row0 + 8 * hr;
-        if (poison >> (x - qs) & 1)
+        if (poison_s[(x - qs) / 64] >> ((x - qs) % 64) & 1)
 #pragma unroll
             for (int j = 0; j < D / 8; j++) acc[j][2 * hr] = acc[j][2 * hr + 1] = NAN;
         merge_tile_row<D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[hr], lrow[hr],
