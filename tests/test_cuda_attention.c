@@ -5,7 +5,10 @@
  * on compute capability 8.0, and called directly), the convert kernel (no workspace), the float32
  * kernel, bf16 q/k/v read in place where the wgmma kernel runs (refused elsewhere), and a head
  * width no tensor-core kernel was built for (the float32 fallback). Output poisoned with NaN
- * before each run; tolerance ||out-ref||/||ref|| <= 2e-2 in bf16, 1e-4 in float32.
+ * before each run; tolerance ||out-ref||/||ref|| <= 2e-2 in bf16, 1e-4 in float32. Then NaN and
+ * infinity in V and NaN in K at chosen keys (check_non_finite): the rows that see them are
+ * non-finite as on the CPU, every other row finite and within tolerance, on every path
+ * including the fused memory mix; each case prints "ok: ..." when it passes.
  * The lab's variants are checked by bench/lab/bench_attention_variants.cu.
  * Skips (77) when the build has no CUDA or the machine has no GPU. */
 #include <math.h>
@@ -157,6 +160,170 @@ static void check_shape(const shape *s, const sf_cuda_device_info *dev, check_rn
     free(host), free(bits);
 }
 
+/* ---- non-finite K/V at chosen keys (SPEC 3: a row sees only its unmasked keys) -------------
+ * A NaN or infinity in V (or a NaN in K) at key j must make exactly the rows that see j
+ * non-finite, as on the CPU: rows of the same key tile before j (causal), rows of other windows
+ * or branches, rows past the end stay finite and within tolerance. Compared per (row, head). */
+
+/* Whether (row, head) of x ([n, ld]) holds a non-finite value; from bf16 bits when b16 */
+static int row_bad(const float *x, const uint16_t *b16, size_t ld, int i, int h, int d)
+{
+    for (int e = 0; e < d; e++) {
+        const size_t at = (size_t)i * ld + (size_t)h * d + e;
+        if (b16 ? (b16[at] & 0x7f80u) == 0x7f80u : !isfinite(x[at])) return 1;
+    }
+    return 0;
+}
+
+/* got against ref: the same (row, head) pairs non-finite, the finite ones within tol */
+static void expect_nf(const char *path, const shape *s, int rc, const float *got, const uint16_t *got16,
+                      const float *ref, double tol)
+{
+    const size_t ld = (size_t)s->heads * s->d;
+    CHECKF(rc == SF_OK, "%s (non-finite K/V), H=%d d=%d n=%d: %s", path, s->heads, s->d, s->n, sf_last_error());
+    if (rc != SF_OK) return;
+    int wrong = 0, first_i = -1, first_h = -1, first_ref = 0;
+    double num = 0, den = 0;
+    for (int i = 0; i < s->n; i++)
+        for (int h = 0; h < s->heads; h++) {
+            const int want = row_bad(ref, NULL, ld, i, h, s->d), have = row_bad(got, got16, ld, i, h, s->d);
+            if (want != have) {
+                if (!wrong) first_i = i, first_h = h, first_ref = want;
+                wrong++;
+                continue;
+            }
+            if (want || !got) continue; /* bf16 output: finiteness only */
+            for (int e = 0; e < s->d; e++) {
+                const size_t at = (size_t)i * ld + (size_t)h * s->d + e;
+                num += (got[at] - ref[at]) * (double)(got[at] - ref[at]);
+                den += (double)ref[at] * ref[at];
+            }
+        }
+    const double err = den > 0 ? sqrt(num / den) : 0;
+    CHECKF(!wrong && err <= tol,
+           "%s (non-finite K/V), H=%d d=%d n=%d causal=%d G=%d: %d (row, head) pairs differ in finiteness "
+           "(first: row %d head %d, reference %s), finite rows' rel err %.3e",
+           path, s->heads, s->d, s->n, s->causal, s->n_global, wrong, first_i, first_h,
+           first_ref ? "non-finite" : "finite", err);
+    if (!wrong && err <= tol) printf("  ok: %s, non-finite K/V, d=%d n=%d causal=%d G=%d\n", path, s->d, s->n, s->causal, s->n_global);
+}
+
+/* bad_global: a NaN in the first global token's V too (every row sees it) */
+static void check_non_finite(const shape *s, int bad_global, const sf_cuda_device_info *dev, check_rng *rng)
+{
+    const int ld = s->heads * s->d, n = s->n, d = s->d;
+    const size_t cnt = (size_t)n * ld, gcnt = (size_t)s->n_global * ld;
+    float *host = malloc((3 * cnt + 2 * gcnt + 3 * cnt) * sizeof *host);
+    uint16_t *bits = malloc(4 * cnt * sizeof *bits);
+    CHECK(host != NULL && bits != NULL);
+    if (!host || !bits) {
+        free(host), free(bits);
+        return;
+    }
+    float *q = host, *k = q + cnt, *v = k + cnt, *gk = v + cnt, *gv = gk + gcnt, *ref = gv + gcnt, *ref16 = ref + cnt,
+          *got = ref16 + cnt;
+    for (size_t i = 0; i < 3 * cnt + 2 * gcnt; i++) host[i] = (float)(2 * check_rng_uniform(rng) - 1);
+    /* keys inside their 64-key tiles (earlier rows of the tile must stay clean), the first and
+     * the last, in every head: NaN and infinity in V, NaN in K */
+    const int vnan[] = {100 % n, n - 3, 1}, vinf[] = {n / 2 + 5}, knan[] = {37 % n};
+    for (int h = 0; h < s->heads; h++) {
+        for (size_t b = 0; b < sizeof vnan / sizeof *vnan; b++) v[(size_t)vnan[b] * ld + h * d + (h + 1) % d] = NAN;
+        for (size_t b = 0; b < sizeof vinf / sizeof *vinf; b++) v[(size_t)vinf[b] * ld + h * d + 3] = INFINITY;
+        for (size_t b = 0; b < sizeof knan / sizeof *knan; b++) k[(size_t)knan[b] * ld + h * d + 2] = NAN;
+        if (bad_global && s->n_global > 0) gv[h * d + 5] = NAN;
+    }
+    sf_attention_desc desc = {n, s->segment, s->heads, d, ld, s->causal, s->nb, s->br, s->n_global,
+                              ld, gk, gv, 1.0f / sqrtf((float)d), SF_DTYPE_F32, 0};
+    CHECK_OK(sf_cpu_attention(NULL, &desc, q, k, v, ref));
+    /* the test means something: some rows are poisoned, most are not */
+    int nbad = 0;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < s->heads; h++) nbad += row_bad(ref, NULL, ld, i, h, d);
+    CHECKF(nbad > 0 && (bad_global || nbad < n * s->heads), "reference: %d of %d (row, head) pairs non-finite", nbad,
+           n * s->heads);
+    const size_t ws_bytes = sf_cuda_attention_workspace_bytes(&desc);
+    float *dq = device_copy(q, cnt * 4), *dk = device_copy(k, cnt * 4), *dv = device_copy(v, cnt * 4);
+    float *dgk = device_copy(gk, gcnt * 4), *dgv = device_copy(gv, gcnt * 4), *dout = device_copy(q, cnt * 4);
+    void *ws = NULL;
+    CHECK(cudaMalloc(&ws, ws_bytes) == cudaSuccess);
+    CHECK(dq && dk && dv && dgk && dgv && dout && ws);
+    if (dq && dk && dv && dgk && dgv && dout && ws) {
+        desc.gk = dgk, desc.gv = dgv;
+        const sf_cuda_device_info portable = {dev->device, 8, 0};
+#define RUN_NF(path, call, tol)                                                                                     \
+    do {                                                                                                           \
+        CHECK(cudaMemset(dout, 0, cnt * sizeof(float)) == cudaSuccess);                                          \
+        int rc_ = (call);                                                                                          \
+        if (rc_ == SF_OK) rc_ = cudaDeviceSynchronize() == cudaSuccess &&                                        \
+                                        cudaMemcpy(got, dout, cnt * 4, cudaMemcpyDeviceToHost) == cudaSuccess      \
+                                    ? SF_OK                                                                        \
+                                    : SF_E_BACKEND;                                                                \
+        expect_nf(path, s, rc_, got, NULL, ref, tol);                                                              \
+    } while (0)
+        RUN_NF("sf_cuda_attention", sf_cuda_attention(&desc, dq, dk, dv, dout, ws, ws_bytes, 0, dev), TOL_BF16);
+        RUN_NF("staged (compute capability 8.0)",
+               sf_cuda_attention(&desc, dq, dk, dv, dout, ws, ws_bytes, 0, &portable), TOL_BF16);
+        if (d == 32 || d == 64 || d == 128)
+            RUN_NF("sf_cuda_attention_convert", sf_cuda_attention_convert(&desc, dq, dk, dv, dout, 0), TOL_BF16);
+        RUN_NF("sf_cuda_attention_f32", sf_cuda_attention_f32(&desc, dq, dk, dv, dout, 0), TOL_F32);
+
+        /* bf16 q/k/v in place, plain and with the memory mix fused (wgmma devices) */
+        sf_attention_desc d16 = desc;
+        d16.qkv_type = SF_DTYPE_BF16;
+        if (sf_cuda_attention_wgmma_usable(&d16, dev)) {
+            float *rq = malloc(3 * cnt * sizeof *rq);
+            for (size_t i = 0; i < 3 * cnt; i++) bits[i] = bf16_bits(host[i]);
+            void *b16 = device_copy(bits, 3 * cnt * 2);
+            /* the mix's memory: M small, z positive so that its denominators are not 0 */
+            const size_t mcnt = (size_t)s->heads * 64 * 64;
+            float *mh = malloc((mcnt + 64 * (size_t)s->heads + s->heads) * sizeof *mh);
+            CHECK(rq && b16 && mh);
+            if (rq && b16 && mh) {
+                for (size_t i = 0; i < 3 * cnt; i++) rq[i] = bf16_round(host[i]);
+                sf_attention_desc host_desc = desc;
+                host_desc.gk = gk, host_desc.gv = gv;
+                CHECK_OK(sf_cpu_attention(NULL, &host_desc, rq, rq + cnt, rq + 2 * cnt, ref16));
+                const uint16_t *bq = b16, *bk = bq + cnt, *bv = bk + cnt;
+                CHECK(cudaMemset(dout, 0, cnt * sizeof(float)) == cudaSuccess);
+                int rc = sf_cuda_attention(&d16, bq, bk, bv, dout, ws, ws_bytes, 0, dev);
+                if (rc == SF_OK)
+                    rc = cudaDeviceSynchronize() == cudaSuccess &&
+                                 cudaMemcpy(got, dout, cnt * 4, cudaMemcpyDeviceToHost) == cudaSuccess
+                             ? SF_OK
+                             : SF_E_BACKEND;
+                expect_nf("sf_cuda_attention, bf16 q/k/v in place", s, rc, got, NULL, ref16, TOL_BF16);
+
+                float *zh = mh + mcnt, *gh = zh + 64 * (size_t)s->heads;
+                for (size_t i = 0; i < mcnt; i++) mh[i] = (float)(0.02 * check_rng_uniform(rng));
+                for (int i = 0; i < 64 * s->heads; i++) zh[i] = 1.0f + (float)check_rng_uniform(rng);
+                for (int h = 0; h < s->heads; h++) gh[h] = 0.5f * h - 1.0f;
+                float *dm = device_copy(mh, (mcnt + 64 * (size_t)s->heads + s->heads) * 4);
+                void *dmix = NULL;
+                CHECK(cudaMalloc(&dmix, cnt * 2) == cudaSuccess && dm);
+                if (dm && dmix) {
+                    const sf_cuda_attention_mix mix = {dm, dm + mcnt, dm + mcnt + 64 * s->heads, dmix};
+                    CHECK(cudaMemset(dmix, 0, cnt * 2) == cudaSuccess);
+                    rc = sf_cuda_attention_with_mix(&d16, bq, bk, bv, dout, &mix, ws, ws_bytes, 0, dev);
+                    uint16_t *mixed = bits + 3 * cnt;
+                    if (rc == SF_OK)
+                        rc = cudaDeviceSynchronize() == cudaSuccess &&
+                                     cudaMemcpy(mixed, dmix, cnt * 2, cudaMemcpyDeviceToHost) == cudaSuccess
+                                 ? SF_OK
+                                 : SF_E_BACKEND;
+                    /* the mix adds the memory's finite retrieval: finiteness is A_dot's */
+                    expect_nf("sf_cuda_attention_with_mix (fused)", s, rc, NULL, mixed, ref16, TOL_BF16);
+                }
+                cudaFree(dm), cudaFree(dmix);
+            }
+            cudaFree(b16);
+            free(rq), free(mh);
+        }
+#undef RUN_NF
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dgk), cudaFree(dgv), cudaFree(dout), cudaFree(ws);
+    free(host), free(bits);
+}
+
 /* d = 48: no tensor-core kernel was built for it; the dispatch runs the float32 kernel. */
 static void check_odd_width(const sf_cuda_device_info *dev, check_rng *rng)
 {
@@ -206,6 +373,21 @@ int main(void)
     check_rng rng = {12345};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(&shapes[i], &dev, &rng);
     check_odd_width(&dev, &rng);
+    static const struct {
+        shape s;
+        int bad_global;
+    } nf[] = {
+        {{2, 64, 512, 300, 1, 0, 2, {{128, 1}, {256, 4}}}, 0},
+        {{2, 64, 512, 300, 0, 0, 2, {{128, 1}, {256, 4}}}, 0},
+        {{2, 64, 512, 450, 1, 9, 2, {{64, 2}, {512, 1}}}, 0},
+        {{2, 64, 256, 200, 1, 5, 1, {{256, 2}}}, 1},
+        {{3, 32, 512, 333, 1, 0, 2, {{128, 1}, {512, 8}}}, 0},
+        {{3, 32, 512, 333, 0, 4, 2, {{128, 4}, {512, 1}}}, 0},
+        {{2, 128, 512, 260, 1, 7, 2, {{64, 2}, {512, 1}}}, 0},
+        {{2, 128, 512, 260, 0, 0, 1, {{256, 4}}}, 0},
+        {{2, 16, 128, 100, 1, 0, 1, {{128, 1}}}, 0}, /* d = 16: the float32 fallback */
+    };
+    for (size_t i = 0; i < sizeof nf / sizeof nf[0]; i++) check_non_finite(&nf[i].s, nf[i].bad_global, &dev, &rng);
     return check_finish("test_cuda_attention");
 }
 #else

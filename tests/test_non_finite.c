@@ -40,9 +40,12 @@ static void fill(uint32_t *tokens, int n, int bad)
 /* Pushes two segments of stream STREAM (the second holding the bad token when bad, so that
  * positions past the first segment are named correctly); returns the first failure's code
  * with its message in msg. */
+static int first_bad_position; /* run_on's: the first output row holding a non-finite value, -1 if none */
+
 static int run_on(const sf_model *m, const char *device, const char *pipeline, int bad, char *msg, size_t msg_size,
                   int *nan_out)
 {
+    first_bad_position = -1;
     sf_graph *g = NULL;
     if (strcmp(device, "cpu") == 0) {
         g = check_graph(m, pipeline);
@@ -64,8 +67,12 @@ static int run_on(const sf_model *m, const char *device, const char *pipeline, i
         fill(tokens, SEGMENT, bad && s == 1);
         rc = sf_graph_push(g, STREAM, tokens, SEGMENT);
         for (sf_packet *p; rc == SF_OK && (p = sf_graph_pull(g)); sf_packet_free(p))
-            for (size_t i = 0; i < p->n * p->width; i++)
-                *nan_out |= p->x ? !isfinite(p->x[i]) : (p->x_bf16[i] & 0x7f80u) == 0x7f80u;
+            for (size_t i = 0; i < p->n * p->width; i++) {
+                const int bad_value = p->x ? !isfinite(p->x[i]) : (p->x_bf16[i] & 0x7f80u) == 0x7f80u;
+                const int pos = (int)(p->position + i / p->width);
+                if (bad_value && (first_bad_position < 0 || pos < first_bad_position)) first_bad_position = pos;
+                *nan_out |= bad_value;
+            }
     }
     if (rc == SF_OK) rc = sf_graph_end(g, STREAM);
     if (rc != SF_OK) snprintf(msg, msg_size, "%s", sf_graph_error(g)[0] ? sf_graph_error(g) : sf_last_error());
@@ -81,13 +88,14 @@ static int run(const sf_model *m, const char *pipeline, int bad, char *msg, size
 /* On a GPU: with checks HOST a GPU run's rows are not scanned, so the NaN reaches the output;
  * with checks ON (the default) they are scanned on the device where they are brought to the host (the final
  * norm, in float32 and bf16, the graph's own download for a pull), and a hit names the stream
- * and a position at or before the bad token's (masked keys on the GPU may carry a NaN up to one
- * key tile back); a clean input passes; OFF scans nothing. */
+ * and the bad token's own position, as on the CPU: the attention kernels keep a masked key's
+ * NaN out of the rows before it; a clean input passes; OFF scans nothing, and the output's
+ * rows before the bad token are finite, the bad token's row is not. */
 static void check_gpu(const sf_model *m)
 {
     char msg[1024], want[64];
     int nan_out;
-    snprintf(want, sizeof want, "stream %d, position", STREAM);
+    snprintf(want, sizeof want, "stream %d, position %d,", STREAM, SEGMENT + BAD_AT);
     const char *pipelines[] = {"segment ! embed ! block ! norm", "segment ! embed ! block",
                                "segment ! embed ! block ! norm dtype=bf16",
                                "segment ! embed ! block ! norm ! sink format=null"};
@@ -96,6 +104,8 @@ static void check_gpu(const sf_model *m)
     for (int i = 0; i < n_pipelines; i++) {
         int rc = run_on(m, "cuda", pipelines[i], 1, msg, sizeof msg, &nan_out);
         CHECKF(rc == SF_OK && (nan_out || i == 3), "cuda, HOST, %s: rc %d, NaN out %d: %s", pipelines[i], rc, nan_out, msg);
+        CHECKF(i == 3 || first_bad_position == SEGMENT + BAD_AT, "cuda, HOST, %s: first non-finite row at %d, want %d",
+               pipelines[i], first_bad_position, SEGMENT + BAD_AT);
     }
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
     for (int i = 0; i < n_pipelines; i++) {
@@ -106,7 +116,13 @@ static void check_gpu(const sf_model *m)
     }
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_OFF));
     int rc = run_on(m, "cuda", "segment ! embed ! block ! norm", 1, msg, sizeof msg, &nan_out);
-    CHECKF(rc == SF_OK && nan_out, "cuda, OFF: rc %d, NaN in output %d: %s", rc, nan_out, msg);
+    CHECKF(rc == SF_OK && nan_out && first_bad_position == SEGMENT + BAD_AT,
+           "cuda, OFF: rc %d, NaN in output %d, first non-finite row at %d (want %d): %s", rc, nan_out,
+           first_bad_position, SEGMENT + BAD_AT, msg);
+    rc = run_on(m, "cuda", "segment ! embed ! block check_finite=0 ! norm", 1, msg, sizeof msg, &nan_out);
+    CHECKF(rc == SF_OK && first_bad_position == SEGMENT + BAD_AT,
+           "cuda, OFF, check_finite=0: rc %d, first non-finite row at %d (want %d): %s", rc, first_bad_position,
+           SEGMENT + BAD_AT, msg);
     CHECK_OK(sf_set_check_finite(SF_CHECK_FINITE_ON));
 }
 

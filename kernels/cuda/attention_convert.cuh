@@ -63,20 +63,42 @@ __device__ __forceinline__ void load_keys(const tile_src &src, int k0, float4 (&
     }
 }
 
+/* The loaded keys into shared memory as bf16. `check` (a tile that needs the mask): returns
+ * nonzero when a V value of this thread's share is not finite (scrub_staged_v then scrubs). */
 template <int D, int WARPS, int BN>
-__device__ __forceinline__ void stage_keys(__nv_bfloat16 *ks, __nv_bfloat16 *vs,
-                                           const float4 (&kr)[fused_cfg<D, WARPS, BN>::LOADS],
-                                           const float4 (&vr)[fused_cfg<D, WARPS, BN>::LOADS])
+__device__ __forceinline__ uint32_t stage_keys(__nv_bfloat16 *ks, __nv_bfloat16 *vs,
+                                               const float4 (&kr)[fused_cfg<D, WARPS, BN>::LOADS],
+                                               const float4 (&vr)[fused_cfg<D, WARPS, BN>::LOADS], bool check)
 {
     using C = fused_cfg<D, WARPS, BN>;
+    uint32_t top = 0;
 #pragma unroll
     for (int u = 0; u < C::LOADS; u++) {
         int f = threadIdx.x + u * C::THREADS, key = f / (D / 4), c4 = f % (D / 4);
         *reinterpret_cast<uint2 *>(ks + key * C::PAD + c4 * 4) =
             make_uint2(pack_bf16x2(kr[u].x, kr[u].y), pack_bf16x2(kr[u].z, kr[u].w));
-        *reinterpret_cast<uint2 *>(vs + key * C::PAD + c4 * 4) =
-            make_uint2(pack_bf16x2(vr[u].x, vr[u].y), pack_bf16x2(vr[u].z, vr[u].w));
+        const uint32_t v0 = pack_bf16x2(vr[u].x, vr[u].y), v1 = pack_bf16x2(vr[u].z, vr[u].w);
+        if (check) top |= att_bf16x2_nonfinite(v0) | att_bf16x2_nonfinite(v1);
+        *reinterpret_cast<uint2 *>(vs + key * C::PAD + c4 * 4) = make_uint2(v0, v1);
     }
+    return top;
+}
+
+/* After stage_keys found a non-finite V value in this thread's share: those values set to 0
+ * (attention_mma.cuh says why; its own writes, so no barrier before); returns bit key set for
+ * each key row of the share that held one. */
+template <int D, int WARPS, int BN>
+__device__ __forceinline__ uint64_t scrub_staged_v(__nv_bfloat16 *vs)
+{
+    using C = fused_cfg<D, WARPS, BN>;
+    static_assert(BN <= 64, "a tile's keys fit the 64-bit mask");
+    uint64_t bad = 0;
+#pragma unroll
+    for (int u = 0; u < C::LOADS; u++) {
+        const int f = threadIdx.x + u * C::THREADS, key = f / (D / 4), c4 = f % (D / 4);
+        if (att_scrub8(reinterpret_cast<uint2 *>(vs + key * C::PAD + c4 * 4))) bad |= 1ull << key;
+    }
+    return bad;
 }
 
 /* One query tile: dilated rows [qs, qe), query row x at qbase + x*qstride, output row at
@@ -104,10 +126,40 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
     const int qlast = qe - 1;
     const int qwin_same = (qs / src.win) == (qlast / src.win);
 
+    const auto needs_mask = [&](int k0) {
+        return !qwin_same || k0 + BN > src.kend || (src.causal && k0 + BN - 1 > qs) ||
+               (k0 / src.win) != (qs / src.win) || ((k0 + BN - 1) / src.win) != (qs / src.win);
+    };
+    static_assert(C::BM <= C::THREADS, "a thread a query row");
+    __shared__ unsigned long long bad_slots[2 * WARPS]; /* two tiles' keys, one word a warp */
+    /* bit x - qs: query row x sees a key whose V is not finite (the previous query tile's last
+     * barrier let go of it) */
+    __shared__ unsigned long long poison_s[(C::BM + 63) / 64];
+    if (threadIdx.x < (C::BM + 63) / 64) poison_s[threadIdx.x] = 0;
+    /* a staged tile to the block (a barrier); one that needs the mask was scrubbed: the rows that
+     * see its flagged keys are poisoned (made NaN at the merge), thread i judging row qs + i */
+    const auto publish = [&](int k0, __nv_bfloat16 *vs, uint32_t found) {
+        if (!needs_mask(k0)) {
+            __syncthreads();
+            return;
+        }
+        const uint64_t mine = found ? scrub_staged_v<D, WARPS, BN>(vs) : 0;
+        const uint32_t lo = __reduce_or_sync(0xffffffffu, (uint32_t)mine);
+        const uint32_t hi = __reduce_or_sync(0xffffffffu, (uint32_t)(mine >> 32));
+        unsigned long long *slots = bad_slots + (k0 / BN & 1) * WARPS;
+        if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = ((unsigned long long)hi << 32) | lo;
+        __syncthreads();
+        uint64_t bad = 0;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) bad |= slots[w];
+        if (bad && threadIdx.x < C::BM && att_row_sees(bad, k0, qs + threadIdx.x, src.win, src.kend, src.causal))
+            atomicOr(&poison_s[threadIdx.x / 64], 1ull << (threadIdx.x % 64));
+    };
+
     float4 kr[C::LOADS], vr[C::LOADS];
     load_keys<D, WARPS, BN>(src, src.kbeg, kr, vr);
-    stage_keys<D, WARPS, BN>(kv, kv + BN * C::PAD, kr, vr);
-    __syncthreads();
+    publish(src.kbeg, kv + BN * C::PAD,
+            stage_keys<D, WARPS, BN>(kv, kv + BN * C::PAD, kr, vr, needs_mask(src.kbeg)));
 
     for (int it = 0; it < nkt; it++) {
         const int k0 = src.kbeg + it * BN;
@@ -127,16 +179,22 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
                 mma_bf16(s[2 * np + 1], qf[kc], b[2], b[3]);
             }
         }
-        const bool need_mask = !qwin_same || k0 + BN > src.kend || (src.causal && k0 + BN - 1 > qs) ||
-                               (k0 / src.win) != (qs / src.win) || ((k0 + BN - 1) / src.win) != (qs / src.win);
-        if (need_mask) {
+        if (needs_mask(k0)) {
+            /* row x keeps the keys [lo, hi) of its window, cut at kend and (causal) at x */
+            int lo[2], hi[2];
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int x = row0 + 8 * hr;
+                lo[hr] = x / src.win * src.win;
+                hi[hr] = min(lo[hr] + src.win, src.kend);
+                if (src.causal) hi[hr] = min(hi[hr], x + 1);
+            }
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int x = row0 + 8 * (e >> 1), key = k0 + j * 8 + 2 * t + (e & 1);
-                    bool ok = key < src.kend && key / src.win == x / src.win && (!src.causal || key <= x);
-                    if (!ok) s[j][e] = -INFINITY;
+                    const int key = k0 + j * 8 + 2 * t + (e & 1);
+                    if (key < lo[e >> 1] || key >= hi[e >> 1]) s[j][e] = -INFINITY;
                 }
         }
 #pragma unroll
@@ -176,15 +234,21 @@ __device__ void attend_tile(const tile_src &src, const float *qbase, size_t qstr
         }
         if (it + 1 < nkt) {
             __nv_bfloat16 *kn = kv + ((it + 1) & 1) * 2 * BN * C::PAD;
-            stage_keys<D, WARPS, BN>(kn, kn + BN * C::PAD, kr, vr);
+            publish(k0 + BN, kn + BN * C::PAD,
+                    stage_keys<D, WARPS, BN>(kn, kn + BN * C::PAD, kr, vr, needs_mask(k0 + BN)));
+        } else {
+            __syncthreads();
         }
-        __syncthreads();
     }
 
-    /* merge this tile's rows into the block's accumulators */
+    /* merge this tile's rows into the block's accumulators (the loop's last barrier published
+     * poison_s) */
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int x = row0 + 8 * hr;
+        if (poison_s[(x - qs) / 64] >> ((x - qs) % 64) & 1)
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) acc[j][2 * hr] = acc[j][2 * hr + 1] = NAN;
         merge_tile_row<D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[hr], lrow[hr],
                           [&](int j) { return make_float2(acc[j][2 * hr], acc[j][2 * hr + 1]); });
     }

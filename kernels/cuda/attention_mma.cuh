@@ -131,19 +131,125 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+/* ---- non-finite values of V on masked key tiles (every bf16 kernel) ------------------------
+ * O += P V runs on whole key tiles: a key masked for a row still enters the product with P = 0,
+ * and 0 times NaN or infinity is NaN, so one non-finite V value would reach rows that must not
+ * see its key (earlier rows under the causal mask, other windows, rows past the end). The CPU
+ * and the float32 kernel skip masked keys. The tensor-core kernels match them this way, only on
+ * tiles that need a mask (a tile without one is seen whole by every row of the query tile, and
+ * multiplying by the NaN is then the right answer): once the tile is in shared memory, the
+ * non-finite values of its V rows are set to 0 (att_scrub16) and the keys that held one noted
+ * (att_block_bad_keys, bit i for key k0 + i); every row that sees such a key (att_row_sees: its
+ * unmasked keys, SPEC 3) is made NaN before it is merged, as the CPU's would be.
+ * K needs nothing: a masked score is overwritten with -inf, whatever Q K^T gave; a NaN score a
+ * row does see makes its sum l NaN, which merge_tile_row carries into the output. */
+
+/* Bit 15 (31) set when the low (high) bf16 of w is non-finite: its exponent bits (0x7f80) all
+ * set. Adding 0x0080 to them carries into bit 15 then only, and never out of the 16-bit half. */
+__device__ __forceinline__ uint32_t att_bf16x2_nonfinite(uint32_t w)
+{
+    return ((w & 0x7f807f80u) + 0x00800080u) & 0x80008000u;
+}
+
+/* w with the halves att_bf16x2_nonfinite flagged in `top` set to 0 */
+__device__ __forceinline__ uint32_t att_bf16x2_zero(uint32_t w, uint32_t top) { return w & ~((top >> 15) * 0xffffu); }
+
+/* 16 bytes (8 bf16 values of a V row) of shared memory at `addr`: the non-finite values are set
+ * to 0 in place; returns whether there were any. */
+__device__ __forceinline__ bool att_scrub16(uint32_t addr)
+{
+    uint32_t w[4];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(addr)
+                 : "memory");
+    uint32_t top[4], any = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        top[i] = att_bf16x2_nonfinite(w[i]);
+        any |= top[i];
+    }
+    if (!any) return false;
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = att_bf16x2_zero(w[i], top[i]);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+    return true;
+}
+
+/* att_scrub16 on 8 bytes (4 bf16 values) of shared memory at p */
+__device__ __forceinline__ bool att_scrub8(uint2 *p)
+{
+    const uint2 w = *p;
+    const uint32_t t0 = att_bf16x2_nonfinite(w.x), t1 = att_bf16x2_nonfinite(w.y);
+    if (!(t0 | t1)) return false;
+    *p = make_uint2(att_bf16x2_zero(w.x, t0), att_bf16x2_zero(w.y, t1));
+    return true;
+}
+
+/* att_scrub16 over this thread's share of a V tile of the mma.sync kernels: BN key rows of D
+ * bf16, rows PAD elements apart from `vs` (shared memory). Returns bit i set when key row i held
+ * a non-finite value. */
+template <int BN, int D, int PAD, int THREADS>
+__device__ __forceinline__ uint64_t att_scrub_v_tile(const __nv_bfloat16 *vs)
+{
+    constexpr int CPR = D / 8, PER = BN * CPR / THREADS;
+    static_assert(BN <= 64 && (BN * CPR) % THREADS == 0, "a tile's keys fit the 64-bit mask, its chunks the threads");
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(vs);
+    uint64_t mine = 0;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int f = threadIdx.x + u * THREADS, key = f / CPR, c8 = f % CPR;
+        if (att_scrub16(base + (uint32_t)(key * PAD + c8 * 8) * 2)) mine |= 1ull << key;
+    }
+    return mine;
+}
+
+/* The keys of the tile (bit i: key k0 + i, 64 at most) whose V row held a non-finite value,
+ * from every thread's `mine`. One block barrier when no thread found one (the usual case); a
+ * second, and `slots` (one 64-bit word a warp, shared memory), only when some did. Every thread
+ * of the block (WARPS warps) calls it; the V tile's scrubbed values are visible to the block's
+ * threads on return (to the async proxy too when the writers fenced before calling). */
+template <int WARPS>
+__device__ __forceinline__ uint64_t att_block_bad_keys(uint64_t mine, unsigned long long *slots)
+{
+    if (!__syncthreads_or(mine != 0)) return 0;
+    const uint32_t lo = __reduce_or_sync(0xffffffffu, (uint32_t)mine);
+    const uint32_t hi = __reduce_or_sync(0xffffffffu, (uint32_t)(mine >> 32));
+    if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = ((unsigned long long)hi << 32) | lo;
+    __syncthreads();
+    uint64_t all = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) all |= slots[w];
+    return all;
+}
+
+/* Whether dilated query row x sees a key flagged in `bad` (bit i: key k0 + i): the keys of its
+ * window of `win` rows, cut at kend and (causal) at x itself; the masks' own rule. */
+__device__ __forceinline__ bool att_row_sees(uint64_t bad, int k0, int x, int win, int kend, int causal)
+{
+    const int lo = x / win * win;
+    int hi = min(lo + win, kend);
+    if (causal) hi = min(hi, x + 1);
+    const int a = max(lo - k0, 0), b = min(hi - k0, 64);
+    if (b <= a) return false;
+    return (bad & ((~0ull >> (64 - (b - a))) << a)) != 0;
+}
 
 /* Merges one query row of a finished tile into the block's accumulator row (SPEC 3's
  * log-sum-exp merge): the row of `out` at li + P (columns from 2t, the thread's pairs) and the
  * row's running max and sum in m_s[li], l_s[li]. Every thread of the warp calls it (it
  * synchronizes the warp); the quad of 4 threads sharing the row adds its partial sums l.
- * pair(j) is the thread's two output values of column block j (columns 8j + 2t, + 1). */
+ * pair(j) is the thread's two output values of column block j (columns 8j + 2t, + 1). A row
+ * whose O or l is NaN stays NaN in `out` and l_s. */
 template <int D, typename Pair>
 __device__ __forceinline__ void merge_tile_row(float *out, size_t ld, int t, float *m_s, float *l_s, bool row_valid,
                                                int li, int P, float m, float l, Pair pair)
 {
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const bool live = row_valid && l > 0;
+    /* l != 0, not l > 0: a NaN sum (a NaN score the row sees) must reach the output */
+    const bool live = row_valid && l != 0;
     float mold = 0, lold = 0;
     if (live) mold = m_s[li], lold = l_s[li];
     __syncwarp();

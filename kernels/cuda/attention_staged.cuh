@@ -114,6 +114,8 @@ __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstrid
 
     const int qwin = qs / src.win;
     const bool qwin_same = qwin == (qe - 1) / src.win;
+    __shared__ unsigned long long bad_slots[WARPS]; /* att_block_bad_keys */
+    unsigned poison = 0; /* bit 2mt + hr: row wrow + 16mt + 8hr sees a key whose V is not finite */
 
     for (int it = 0; it < nkt; it++) {
         cp_async_wait<STAGES - 2>(); /* this thread's part of tile `it` has landed */
@@ -147,6 +149,14 @@ __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstrid
         const bool need_mask = !qwin_same || k0 + BN > src.kend || (src.causal && k0 + BN - 1 > qs) ||
                                k0 / src.win != qwin || (k0 + BN - 1) / src.win != qwin;
         if (need_mask) {
+            /* V's non-finite values to 0 before P V reads them, the rows that see their keys
+             * poisoned (attention_mma.cuh) */
+            const uint64_t bad =
+                att_block_bad_keys<WARPS>(att_scrub_v_tile<BN, D, C::PAD, C::THREADS>(vs), bad_slots);
+            if (bad)
+#pragma unroll
+                for (int r = 0; r < 2 * MT; r++)
+                    poison |= (unsigned)att_row_sees(bad, k0, wrow + 8 * r, src.win, src.kend, src.causal) << r;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -211,6 +221,9 @@ __device__ void staged_tile(const kv_src &src, const float *qbase, size_t qstrid
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const int x = wrow + 16 * mt + 8 * hr;
+            if (poison >> (2 * mt + hr) & 1)
+#pragma unroll
+                for (int j = 0; j < D / 8; j++) acc[mt][j][2 * hr] = acc[mt][j][2 * hr + 1] = NAN;
             merge_tile_row<D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[mt][hr], lrow[mt][hr],
                               [&](int j) { return make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]); });
         }

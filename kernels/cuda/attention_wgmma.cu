@@ -169,6 +169,8 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
     float s[BN / 2];
     uint32_t pa[BN / 16][4];
 
+    __shared__ unsigned long long bad_slots[C::THREADS / 32]; /* att_block_bad_keys */
+    unsigned poison = 0; /* bit hr: row wrow + 8hr sees a key whose V is not finite */
     const wg_stream copies(src);
     for (int it = 0; it < nkt; it++) {
         cp_async_wait<STAGES - 2>(); /* this thread's part of tile `it` has landed */
@@ -185,9 +187,24 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
             if (nt < nkt) copies.issue(nt, kv + (nt % STAGES) * C::STAGE);
             cp_async_commit();
         }
+        const bool need_mask = !qwin_same || k0 < wlo || k0 + BN > whi || (src.causal && k0 + BN - 1 > qs);
+        if (need_mask) {
+            /* under S = Q K^T (which reads K only): V's non-finite values to 0 before P V reads
+             * them, and the rows that see their keys poisoned (attention_mma.cuh). This thread
+             * scrubs the chunks it copied: key rows tid/8 + 16u. */
+            uint64_t mine = 0;
+#pragma unroll
+            for (int u = 0; u < C::PER_THREAD; u++)
+                if (att_scrub16(kaddr + C::TILE + copies.dst0 + u * 2048)) mine |= 1ull << (tid / 8 + 16 * u);
+            if (mine) fence_proxy_async(); /* the zeros, to the tensor cores' proxy */
+            const uint64_t bad = att_block_bad_keys<C::THREADS / 32>(mine, bad_slots);
+            if (bad)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++)
+                    poison |= (unsigned)att_row_sees(bad, k0, wrow + 8 * hr, src.win, src.kend, src.causal) << hr;
+        }
         wgmma_wait<0>();
         reg_fence<BN / 2>(s);
-        const bool need_mask = !qwin_same || k0 < wlo || k0 + BN > whi || (src.causal && k0 + BN - 1 > qs);
         float base[2];
         wg_softmax_max<BN>(s, k0, src, wrow, need_mask, c, mrow, lrow, acc, base);
         wg_softmax_exp<BN>(s, c, base, lrow, pa);
@@ -198,10 +215,14 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
         reg_fence<WG_D / 2>(acc);
     }
 
-    /* merge this tile's rows into the block's accumulators (out, m_s, l_s) */
+    /* merge this tile's rows into the block's accumulators (out, m_s, l_s); a poisoned row is
+     * NaN there, in the plain output and in the fused mix's alike */
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int x = wrow + 8 * hr;
+        if (poison >> hr & 1)
+#pragma unroll
+            for (int j = 0; j < WG_D / 8; j++) acc[4 * j + 2 * hr] = acc[4 * j + 2 * hr + 1] = NAN;
         merge_tile_row<WG_D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[hr], lrow[hr],
                              [&](int j) { return make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]); });
     }

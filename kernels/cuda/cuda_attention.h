@@ -10,6 +10,9 @@
  * long, reused by the next call only after this call's work on `stream` has run.
  * Return SF_OK, or SF_E_INVAL/SF_E_BACKEND/SF_E_UNSUPPORTED with sf_last_error() set;
  * SF_E_UNSUPPORTED launches nothing.
+ * Non-finite inputs as on the CPU: a row is non-finite exactly when one of the keys it sees
+ * (SPEC 3) has a non-finite V value or a NaN K value (or its own q is not finite); a masked key's
+ * values never reach it (attention_mma.cuh says how the bf16 kernels make sure).
  *
  * The kernels (bench/lab/README.md tells the variants they won against):
  *   attention_wgmma.cu    Hopper wgmma (compute capability 9.0, sm_90a image), d = 64; reads
