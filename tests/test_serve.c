@@ -95,7 +95,7 @@ static void reference(stream_case *sc)
     size_t at = 0;
     for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
         CHECK(p->position == at && at + p->n <= sc->len && p->width == (size_t)dim);
-        if (p->position == at && at + p->n <= sc->len) memcpy(sc->ref + at * dim, p->x, p->n * dim * sizeof(float));
+        if (p->n && p->position == at && at + p->n <= sc->len) memcpy(sc->ref + at * dim, p->x, p->n * dim * sizeof(float));
         at += p->n;
     }
     CHECK(at == sc->len);
