@@ -1,11 +1,11 @@
 #!/bin/sh
-# docs/seqflow.1 describes every long option that `seqflow --help` lists, and is valid roff
+# docs/seqflow.1 describes every long option that `seqflow --help` and `seqflow serve --help` list, and is valid roff
 # (where man is installed, it renders without warnings).
 # usage: man_page.sh SEQFLOW_BIN MAN_PAGE
 set -eu
 bin=$1 page=$2
 missing=""
-for opt in $("$bin" --help | grep -o -- '--[a-z][a-z0-9-]*' | sort -u); do
+for opt in $({ "$bin" --help; "$bin" serve --help; } | grep -o -- '--[a-z][a-z0-9-]*' | sort -u); do
     # roff writes a dash as \-
     escaped=$(printf '%s' "$opt" | sed 's/-/\\\\-/g')
     grep -q -- "$escaped" "$page" || missing="$missing $opt"

@@ -666,6 +666,14 @@ static int compose(run_ctx *c)
         fprintf(stderr, "seqflow: out of memory\n");
         return 1;
     }
+    if (c->push) { /* the caller pushes and pulls: the user's stages alone */
+        if (starts_with_stage(body, "source") || ends_with_stage(body, "sink") || a->input || a->format || a->out ||
+            a->sink_format) {
+            fprintf(stderr, "seqflow: a served pipeline has no source or sink (and takes no --input/--out)\n");
+            return 2;
+        }
+        return append_body(pipeline, size, body, a) ? 0 : 2;
+    }
     if (!starts_with_stage(body, "source")) {
         strcpy(pipeline, "source");
         append_option(pipeline, size, "path", a->input ? a->input : "@builtin");

@@ -52,6 +52,8 @@ typedef struct run_ctx {
     void *user;
     const char *label;           /* starts every message line; NULL = "seqflow" */
     int driver;                  /* run_prepare's: this process writes the output */
+    int push;                    /* set before run_prepare: a push-mode graph (seqflow serve):
+                                    no source or sink added, a pipeline with either refused */
 } run_ctx;
 
 /* Parses argv (argv[0] is the command's name) into c->a; usage(stdout) for --help. Returns 0 to

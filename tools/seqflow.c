@@ -22,6 +22,7 @@
 #include "tools/cli_output.h"
 #include "tools/distributed_cli.h"
 #include "tools/run_common.h"
+#include "tools/serve_cli.h"
 
 static void usage(FILE *f)
 {
@@ -30,6 +31,9 @@ static void usage(FILE *f)
         "       seqflow launch -n N [launch options] -- [run options] [PIPELINE]\n"
         "       seqflow worker [worker options] [run options] [PIPELINE]\n"
         "                               a run over several processes (seqflow launch --help)\n"
+        "       seqflow serve --bind ENDPOINT [serve options] [run options] [PIPELINE]\n"
+        "                               one pipeline, many streams, clients over ZeroMQ\n"
+        "                               (seqflow serve --help)\n"
         "       seqflow stages [--json] list the stages and their options\n"
         "       seqflow info [--json] [--model FILE] [model options]   print a model's configuration\n"
         "       seqflow --help | --version\n"
@@ -172,6 +176,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 1, argv + 1);
     if (strcmp(argv[1], "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(argv[1], "worker") == 0) return cmd_worker(argc - 1, argv + 1);
+    if (strcmp(argv[1], "serve") == 0) return cmd_serve(argc - 1, argv + 1);
     if (strcmp(argv[1], "launch") == 0) return cmd_launch(argc - 1, argv + 1);
     if (strcmp(argv[1], "stages") == 0) {
         if (argc > 2 && strcmp(argv[2], "--json") == 0) return cli_print_stages_json(stdout) == SF_OK ? 0 : 1;

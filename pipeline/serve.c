@@ -1,0 +1,639 @@
+/* `seqflow serve`'s server (pipeline/serve.h): clients, streams, credit, the graph loop. The
+ * HTTP side and the metrics are in pipeline/serve_http.c. */
+#include "pipeline/serve.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "core/process_stats.h"
+#include "pipeline/serve_internal.h"
+#include "pipeline/wire.h"
+
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01"
+
+static void logf_(sf_serve *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(sf_serve *s, const char *fmt, ...)
+{
+    if (!s->o.log) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    s->o.log(s->o.user, line);
+}
+
+static void set_int(void *sock, int option, int value) { zmq_setsockopt(sock, option, &value, sizeof value); }
+
+/* ---- ZAP (RFC 27): the admitted clients' keys, or anyone under plaintext ------------------ */
+
+static void on_zap(sf_serve *s)
+{
+    for (;;) {
+        zmq_msg_t part[8];
+        int count = 0, more = 1;
+        while (more) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, s->zap, count ? 0 : ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&m);
+                if (!count) return;
+                break;
+            }
+            more = zmq_msg_more(&m);
+            if (count < 8) part[count++] = m;
+            else zmq_msg_close(&m);
+        }
+        int ok = 0;
+        if (count >= 6) {
+            const char *mech = zmq_msg_data(&part[5]);
+            size_t len = zmq_msg_size(&part[5]);
+            if (len == 5 && memcmp(mech, "CURVE", 5) == 0 && !s->o.plaintext && count >= 7 && zmq_msg_size(&part[6]) == 32) {
+                for (int i = 0; i < s->n_keys && !ok; i++) ok = memcmp(s->keys[i], zmq_msg_data(&part[6]), 32) == 0;
+            } else if (len == 4 && memcmp(mech, "NULL", 4) == 0 && s->o.plaintext) {
+                ok = 1;
+            }
+        }
+        if (!ok) s->refused++;
+        zmq_send(s->zap, "1.0", 3, ZMQ_SNDMORE);
+        if (count >= 2) zmq_send(s->zap, zmq_msg_data(&part[1]), zmq_msg_size(&part[1]), ZMQ_SNDMORE);
+        else zmq_send(s->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(s->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+        zmq_send(s->zap, ok ? "OK" : "key not admitted", ok ? 2 : 16, ZMQ_SNDMORE);
+        zmq_send(s->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(s->zap, "", 0, 0);
+        for (int i = 0; i < count; i++) zmq_msg_close(&part[i]);
+    }
+}
+
+/* ---- clients and streams ------------------------------------------------------------------ */
+
+static serve_client *find_client(sf_serve *s, const uint8_t *id, size_t len)
+{
+    for (uint32_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i]->id_len == len && memcmp(s->clients[i]->id, id, len) == 0) return s->clients[i];
+    return NULL;
+}
+
+static serve_stream *find_stream(sf_serve *s, uint64_t id)
+{
+    for (uint32_t i = 0; i < s->n_streams; i++)
+        if (s->streams[i]->id == id) return s->streams[i];
+    return NULL;
+}
+
+static void remove_stream(sf_serve *s, serve_stream *st)
+{
+    for (uint32_t i = 0; i < s->n_streams; i++)
+        if (s->streams[i] == st) {
+            s->streams[i] = s->streams[--s->n_streams];
+            break;
+        }
+    if (st->owner) st->owner->n_streams--;
+    free(st->tok);
+    free(st);
+}
+
+static void remove_client(sf_serve *s, serve_client *c)
+{
+    for (uint32_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i] == c) {
+            s->clients[i] = s->clients[--s->n_clients];
+            break;
+        }
+    free(c);
+}
+
+/* Sends one message to a client; a client no longer connected is marked gone. */
+static void send_to(sf_serve *s, serve_client *c, const uint8_t *msg, size_t len)
+{
+    if (!c || c->gone) return;
+    if (zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(s->router, msg, len, ZMQ_DONTWAIT) < 0) {
+        if (!c->gone) logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle",
+                            zmq_strerror(errno), s->o.idle_timeout);
+        c->gone = 1;
+        return;
+    }
+    c->last_active = sf_monotonic_seconds();
+}
+
+static void send_simple(sf_serve *s, serve_client *c, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b)
+{
+    uint8_t h[SF_SERVE_HEADER_SIZE];
+    sf_serve_header(h, type, stream, a, b);
+    send_to(s, c, h, sizeof h);
+}
+
+static void send_error(sf_serve *s, serve_client *c, uint64_t stream, sf_serve_error code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void send_error(sf_serve *s, serve_client *c, uint64_t stream, sf_serve_error code, const char *fmt, ...)
+{
+    uint8_t msg[SF_SERVE_HEADER_SIZE + SF_SERVE_MAX_TEXT + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf((char *)msg + SF_SERVE_HEADER_SIZE, SF_SERVE_MAX_TEXT + 1, fmt, ap);
+    va_end(ap);
+    size_t len = n < 0 ? 0 : (size_t)n > SF_SERVE_MAX_TEXT ? SF_SERVE_MAX_TEXT : (size_t)n;
+    sf_serve_header(msg, SF_SERVE_ERROR, stream, (uint64_t)code, len);
+    s->errors_sent++;
+    send_to(s, c, msg, SF_SERVE_HEADER_SIZE + len);
+}
+
+/* The stream named by a message, when c owns it and it takes more (not closing). */
+static serve_stream *owned_stream(sf_serve *s, serve_client *c, const sf_serve_msg *m)
+{
+    serve_stream *st = find_stream(s, m->stream);
+    if (!st || st->owner != c || st->closing) {
+        send_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "%s: stream %llu is not open for this client%s",
+                   sf_serve_type_name(m->type), (unsigned long long)m->stream, st && st->closing ? " (closing)" : "");
+        return NULL;
+    }
+    return st;
+}
+
+static void on_open(sf_serve *s, serve_client *c, const sf_serve_msg *m)
+{
+    serve_stream *st = find_stream(s, m->stream);
+    if (st && st->owner != c) {
+        send_error(s, c, m->stream, SF_SERVE_E_BUSY, "OPEN: stream %llu is open for another client", (unsigned long long)m->stream);
+        return;
+    }
+    if (st && st->closing) {
+        send_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "OPEN: stream %llu is closing", (unsigned long long)m->stream);
+        return;
+    }
+    if (!st) {
+        if (s->n_streams >= s->o.max_streams) {
+            send_error(s, c, m->stream, SF_SERVE_E_LIMIT, "OPEN: the server holds its maximum of %u streams", s->o.max_streams);
+            return;
+        }
+        st = calloc(1, sizeof *st);
+        if (!st) {
+            send_error(s, c, m->stream, SF_SERVE_E_LIMIT, "OPEN: out of memory");
+            return;
+        }
+        st->id = m->stream;
+        st->owner = c;
+        c->n_streams++;
+        s->streams[s->n_streams++] = st;
+        s->streams_opened++;
+    }
+    st->credit += (int64_t)(m->a > s->o.max_credit ? s->o.max_credit : m->a);
+    if (st->credit > (int64_t)s->o.max_credit) st->credit = s->o.max_credit;
+    send_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
+}
+
+/* Remembers when the tokens up to `end` arrived (for the push-to-reply latency); when the
+ * ring is full the newest entry covers the new tokens too (their latency then reads a bit
+ * short, never long). */
+static void note_arrival(serve_stream *st, uint64_t end, double t)
+{
+    if (st->n_arr == SERVE_ARRIVALS) {
+        st->arr[(st->arr_head + st->n_arr - 1) % SERVE_ARRIVALS].end = end;
+        return;
+    }
+    int k = (st->arr_head + st->n_arr++) % SERVE_ARRIVALS;
+    st->arr[k].end = end;
+    st->arr[k].t = t;
+}
+
+/* When the token at position `pos` arrived; drops the entries wholly before `upto`. */
+static double arrival_of(serve_stream *st, uint64_t pos, uint64_t upto)
+{
+    double t = 0;
+    for (int i = 0; i < st->n_arr; i++) {
+        const serve_arrival *a = &st->arr[(st->arr_head + i) % SERVE_ARRIVALS];
+        if (a->end > pos) {
+            t = a->t;
+            break;
+        }
+    }
+    while (st->n_arr && st->arr[st->arr_head].end <= upto) {
+        st->arr_head = (st->arr_head + 1) % SERVE_ARRIVALS;
+        st->n_arr--;
+    }
+    return t;
+}
+
+static void on_push(sf_serve *s, serve_client *c, const sf_serve_msg *m)
+{
+    serve_stream *st = owned_stream(s, c, m);
+    if (!st) return;
+    if (m->a != st->next_pos) {
+        send_error(s, c, m->stream, SF_SERVE_E_POSITION, "PUSH at position %llu: stream %llu takes position %llu next",
+                   (unsigned long long)m->a, (unsigned long long)m->stream, (unsigned long long)st->next_pos);
+        return;
+    }
+    size_t n = (size_t)m->b; /* decode bounded it by the window */
+    if (st->tok_len + n > s->o.window) {
+        send_error(s, c, m->stream, SF_SERVE_E_WINDOW,
+                   "PUSH of %zu tokens: stream %llu holds %zu not yet computed, its window is %u", n,
+                   (unsigned long long)m->stream, st->tok_len, s->o.window);
+        return;
+    }
+    const uint8_t *p = m->payload;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t t = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+                     (uint32_t)p[4 * i + 3] << 24;
+        if (t >= (uint32_t)s->vocab) {
+            send_error(s, c, m->stream, SF_SERVE_E_TOKEN, "PUSH: token %u at position %llu is outside the vocabulary (%d ids)",
+                       t, (unsigned long long)(m->a + i), s->vocab);
+            return;
+        }
+    }
+    if (st->tok_head + st->tok_len + n > st->tok_cap) {
+        if (st->tok_head) { /* slide the pending tokens to the front before growing */
+            memmove(st->tok, st->tok + st->tok_head, st->tok_len * sizeof *st->tok);
+            st->tok_head = 0;
+        }
+        if (st->tok_len + n > st->tok_cap) {
+            size_t cap = st->tok_cap ? st->tok_cap : 1024;
+            while (cap < st->tok_len + n) cap *= 2;
+            if (cap > s->o.window) cap = s->o.window;
+            uint32_t *grown = realloc(st->tok, cap * sizeof *grown);
+            if (!grown) {
+                send_error(s, c, m->stream, SF_SERVE_E_LIMIT, "PUSH: out of memory");
+                return;
+            }
+            st->tok = grown;
+            st->tok_cap = cap;
+        }
+    }
+    uint32_t *dst = st->tok + st->tok_head + st->tok_len;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+    st->tok_len += n;
+    st->next_pos += n;
+    s->tokens_in += n;
+    note_arrival(st, st->next_pos, sf_monotonic_seconds());
+}
+
+static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t len)
+{
+    sf_serve_msg m;
+    s->messages_in++;
+    if (sf_serve_decode(buf, len, s->o.window, &m) != SF_OK) {
+        uint64_t stream = 0;
+        for (int i = 7; len >= 16 && i >= 0; i--) stream = stream << 8 | buf[8 + i];
+        send_error(s, c, stream, SF_SERVE_E_MALFORMED, "%s", sf_last_error());
+        return;
+    }
+    serve_stream *st;
+    switch (m.type) {
+    case SF_SERVE_OPEN: on_open(s, c, &m); break;
+    case SF_SERVE_PUSH: on_push(s, c, &m); break;
+    case SF_SERVE_FLUSH:
+        if (!(st = owned_stream(s, c, &m))) break;
+        if (st->n_flush == SERVE_MAX_FLUSHES) {
+            send_error(s, c, m.stream, SF_SERVE_E_LIMIT, "FLUSH: stream %llu has %d flushes pending already",
+                       (unsigned long long)m.stream, SERVE_MAX_FLUSHES);
+            break;
+        }
+        st->flush_at[st->n_flush] = st->next_pos;
+        st->flush_t[st->n_flush++] = sf_monotonic_seconds();
+        break;
+    case SF_SERVE_CLOSE:
+        if (!(st = owned_stream(s, c, &m))) break;
+        st->closing = 1;
+        break;
+    case SF_SERVE_CREDIT:
+        /* a closing stream still needs credit for its last rows; credit for a stream that is
+         * not (or no longer) this client's is dropped without a word: it races with CLOSED */
+        st = find_stream(s, m.stream);
+        if (!st || st->owner != c) break;
+        st->credit += (int64_t)(m.a > s->o.max_credit ? s->o.max_credit : m.a);
+        if (st->credit > (int64_t)s->o.max_credit) st->credit = s->o.max_credit;
+        break;
+    case SF_SERVE_PING: send_simple(s, c, SF_SERVE_PONG, m.stream, m.a, 0); break;
+    default:
+        send_error(s, c, m.stream, SF_SERVE_E_TYPE, "a client does not send %s (type %d)", sf_serve_type_name(m.type), m.type);
+    }
+}
+
+/* Takes every message waiting on the ROUTER (at most `budget`). */
+static void on_router(sf_serve *s, int budget)
+{
+    while (budget-- > 0) {
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        if (zmq_msg_recv(&id, s->router, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&id);
+            return;
+        }
+        int frames = 1, ok = zmq_msg_more(&id);
+        zmq_msg_init(&body);
+        if (ok && zmq_msg_recv(&body, s->router, 0) < 0) ok = 0;
+        int more = ok && zmq_msg_more(&body);
+        while (more) { /* a message of more than one frame: drain it, then refuse it */
+            zmq_msg_t extra;
+            zmq_msg_init(&extra);
+            more = zmq_msg_recv(&extra, s->router, 0) >= 0 && zmq_msg_more(&extra);
+            zmq_msg_close(&extra);
+            frames++;
+        }
+        size_t id_len = zmq_msg_size(&id);
+        serve_client *c = ok && id_len <= SERVE_MAX_ID ? find_client(s, zmq_msg_data(&id), id_len) : NULL;
+        if (ok && !c && id_len <= SERVE_MAX_ID && s->n_clients < s->o.max_clients && (c = calloc(1, sizeof *c))) {
+            memcpy(c->id, zmq_msg_data(&id), id_len);
+            c->id_len = id_len;
+            s->clients[s->n_clients++] = c;
+        }
+        if (c) {
+            c->last_active = sf_monotonic_seconds();
+            c->gone = 0;
+            if (frames > 1) {
+                s->messages_in++;
+                send_error(s, c, 0, SF_SERVE_E_MALFORMED, "a message is one frame, not %d", frames + 1);
+            } else {
+                on_message(s, c, zmq_msg_data(&body), zmq_msg_size(&body));
+            }
+        } else if (ok && id_len <= SERVE_MAX_ID) { /* no room for another client: say so, keep nothing */
+            serve_client tmp = {.id_len = id_len};
+            memcpy(tmp.id, zmq_msg_data(&id), id_len);
+            send_error(s, &tmp, 0, SF_SERVE_E_LIMIT, "the server has its maximum of %u clients", s->o.max_clients);
+        }
+        zmq_msg_close(&body);
+        zmq_msg_close(&id);
+    }
+}
+
+/* ---- the graph ---------------------------------------------------------------------------- */
+
+static int fail(sf_serve *s, int rc)
+{
+    snprintf(s->failure, sizeof s->failure, "%s", sf_last_error());
+    s->failed = rc;
+    logf_(s, "the pipeline failed: %s", s->failure);
+    for (uint32_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i]->n_streams) send_error(s, s->clients[i], 0, SF_SERVE_E_INTERNAL, "the pipeline failed: %s", s->failure);
+    return rc;
+}
+
+/* Sends what left the graph to the streams' owners; t0 (when > 0) is when the input that
+ * completed it arrived. */
+static int dispatch(sf_serve *s, double t0)
+{
+    for (sf_packet *p; (p = sf_graph_pull(s->graph)); sf_packet_free(p)) {
+        serve_stream *st = find_stream(s, p->stream);
+        if (!st || st->abandoned || !st->owner || st->owner->gone) continue;
+        s->out.len = 0;
+        uint32_t *tokens = p->tokens; /* the client has its tokens: only the rows travel */
+        p->tokens = NULL;
+        int rc = sf_serve_encode(&s->out, SF_SERVE_ROWS, st->id, p->position, p->n, NULL, 0);
+        if (rc == SF_OK) rc = sf_wire_encode(p, &s->wire, NULL, &s->out);
+        p->tokens = tokens;
+        if (rc != SF_OK) {
+            sf_packet_free(p);
+            return fail(s, rc);
+        }
+        send_to(s, st->owner, s->out.data, s->out.len);
+        st->credit--;
+        if (p->flags & SF_PACKET_PROVISIONAL) s->provisional_out += p->n; /* they come again */
+        else s->tokens_out += p->n;
+        s->replies++;
+        if (t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - t0);
+    }
+    return SF_OK;
+}
+
+/* One step of a stream: a flush due, up to one segment of its tokens, or its end. Returns 1
+ * when it did something, 0 when it waits (no credit, nothing to do), or a negative error. */
+static int step(sf_serve *s, serve_stream *st)
+{
+    if (st->credit <= 0) return 0;
+    int rc;
+    if (st->n_flush && st->flush_at[0] == st->fed) {
+        double t0 = st->flush_t[0];
+        memmove(st->flush_at, st->flush_at + 1, (size_t)(st->n_flush - 1) * sizeof *st->flush_at);
+        memmove(st->flush_t, st->flush_t + 1, (size_t)(st->n_flush - 1) * sizeof *st->flush_t);
+        st->n_flush--;
+        if ((rc = sf_graph_flush(s->graph, st->id)) != SF_OK) return fail(s, rc);
+        rc = dispatch(s, t0);
+        return rc == SF_OK ? 1 : rc;
+    }
+    if (st->tok_len) {
+        uint64_t n = st->n_flush ? st->flush_at[0] - st->fed : st->tok_len;
+        uint64_t to_boundary = s->segment - st->fed % s->segment;
+        if (n > to_boundary) n = to_boundary;
+        double t0 = arrival_of(st, st->fed + n - 1, st->fed + n);
+        if ((rc = sf_graph_push(s->graph, st->id, st->tok + st->tok_head, (size_t)n)) != SF_OK) return fail(s, rc);
+        st->tok_head += (size_t)n;
+        st->tok_len -= (size_t)n;
+        st->fed += n;
+        if (!st->tok_len) st->tok_head = 0;
+        rc = dispatch(s, t0);
+        return rc == SF_OK ? 1 : rc;
+    }
+    if (st->closing) {
+        if ((rc = sf_graph_end(s->graph, st->id)) != SF_OK) return fail(s, rc);
+        if ((rc = dispatch(s, 0)) != SF_OK) return rc;
+        send_simple(s, st->owner, SF_SERVE_CLOSED, st->id, st->fed, 0);
+        s->streams_closed++;
+        remove_stream(s, st);
+        return 1;
+    }
+    return 0;
+}
+
+/* Ends the streams of clients inactive for idle_timeout (state freed, rows discarded) and
+ * forgets those clients. */
+static int expire(sf_serve *s, double now)
+{
+    for (uint32_t i = 0; i < s->n_clients;) {
+        serve_client *c = s->clients[i];
+        if (now - c->last_active <= s->o.idle_timeout) {
+            i++;
+            continue;
+        }
+        int ended = 0;
+        for (uint32_t k = 0; k < s->n_streams;) {
+            serve_stream *st = s->streams[k];
+            if (st->owner != c) {
+                k++;
+                continue;
+            }
+            st->abandoned = 1;
+            if (st->fed) { /* the graph holds its state: end it there */
+                int rc = sf_graph_end(s->graph, st->id);
+                if (rc == SF_OK) rc = dispatch(s, 0);
+                if (rc != SF_OK) return rc == s->failed ? rc : fail(s, rc);
+            }
+            remove_stream(s, st);
+            s->streams_expired++;
+            ended++;
+        }
+        if (ended) logf_(s, "a client idle for %.1f s: its %d stream(s) ended and freed", now - c->last_active, ended);
+        remove_client(s, c);
+    }
+    return SF_OK;
+}
+
+/* ---- create, run, free -------------------------------------------------------------------- */
+
+int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_options *opts, sf_serve **out)
+{
+    if (!graph || !cfg || !opts || !out || !opts->bind) return sf_error(SF_E_INVAL, "sf_serve_create: NULL argument");
+    *out = NULL;
+    if (!opts->plaintext && (!opts->secret_key || strlen(opts->secret_key) != 40))
+        return sf_error(SF_E_INVAL, "serve: CURVE needs the server's secret key (40 Z85 characters)");
+    if (!opts->plaintext && !zmq_has("curve")) return sf_error(SF_E_UNSUPPORTED, "libzmq was built without CURVE");
+    sf_serve *s = calloc(1, sizeof *s);
+    if (!s) return sf_error(SF_E_NOMEM, "out of memory");
+    s->graph = graph;
+    s->o = *opts;
+    s->o.http = NULL;
+    s->o.bind = NULL;
+    s->o.secret_key = NULL;
+    s->o.client_keys = NULL;
+    if (!s->o.idle_timeout) s->o.idle_timeout = 30;
+    if (!s->o.window) s->o.window = 65536;
+    if (!s->o.max_credit) s->o.max_credit = 256;
+    if (!s->o.max_streams) s->o.max_streams = 65536;
+    if (!s->o.max_clients) s->o.max_clients = 4096;
+    if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 1000;
+    s->vocab = cfg->vocab;
+    s->segment = cfg->segment > 0 ? (uint64_t)cfg->segment : 1;
+    s->started = sf_monotonic_seconds();
+    s->rate_t = s->started;
+    int rc = SF_OK;
+    s->streams = calloc(s->o.max_streams, sizeof *s->streams);
+    s->clients = calloc(s->o.max_clients, sizeof *s->clients);
+    if (!s->streams || !s->clients) rc = sf_error(SF_E_NOMEM, "out of memory");
+    if (rc == SF_OK && !opts->plaintext) {
+        s->n_keys = opts->n_client_keys;
+        s->keys = calloc((size_t)(s->n_keys ? s->n_keys : 1), sizeof *s->keys);
+        if (!s->keys) rc = sf_error(SF_E_NOMEM, "out of memory");
+        for (int i = 0; rc == SF_OK && i < s->n_keys; i++)
+            if (!opts->client_keys[i] || strlen(opts->client_keys[i]) != 40 || !zmq_z85_decode(s->keys[i], opts->client_keys[i]))
+                rc = sf_error(SF_E_INVAL, "serve: client key %d is not a 40-character Z85 key", i + 1);
+    }
+    if (rc == SF_OK && !(s->ctx = zmq_ctx_new())) rc = sf_error(SF_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(errno));
+    if (rc == SF_OK) {
+        /* the ZAP handler must exist before the ROUTER accepts anyone: without one libzmq
+         * admits every CURVE client */
+        s->zap = zmq_socket(s->ctx, ZMQ_REP);
+        s->router = zmq_socket(s->ctx, ZMQ_ROUTER);
+        if (!s->zap || !s->router || zmq_bind(s->zap, ZAP_ENDPOINT) != 0)
+            rc = sf_error(SF_E_IO, "cannot start the ZAP handler: %s", zmq_strerror(errno));
+    }
+    if (rc == SF_OK) {
+        set_int(s->router, ZMQ_LINGER, 0);
+        set_int(s->router, ZMQ_ROUTER_MANDATORY, 1);
+        set_int(s->router, ZMQ_SNDHWM, 0); /* credit bounds what waits for each client */
+        set_int(s->router, ZMQ_RCVHWM, 10000);
+        set_int(s->router, ZMQ_HEARTBEAT_IVL, s->o.heartbeat_ms);
+        set_int(s->router, ZMQ_HEARTBEAT_TIMEOUT, 3 * s->o.heartbeat_ms);
+        set_int(s->router, ZMQ_HEARTBEAT_TTL, 3 * s->o.heartbeat_ms);
+        /* twice a full PUSH: a PUSH somewhat over the window is answered with ERROR, only a
+         * message beyond this drops the connection (libzmq never allocates it) */
+        int64_t max_msg = SF_SERVE_HEADER_SIZE + 8 * (int64_t)s->o.window;
+        zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg);
+        zmq_setsockopt(s->router, ZMQ_ZAP_DOMAIN, "seqflow-serve", 13);
+        if (!opts->plaintext) {
+            set_int(s->router, ZMQ_CURVE_SERVER, 1);
+            zmq_setsockopt(s->router, ZMQ_CURVE_SECRETKEY, opts->secret_key, 40);
+        }
+        if (zmq_bind(s->router, opts->bind) != 0) rc = sf_error(SF_E_IO, "serve: cannot listen on %s: %s", opts->bind, zmq_strerror(errno));
+    }
+    if (rc == SF_OK && opts->http) rc = serve_http_open(s, opts->http);
+    if (rc != SF_OK) {
+        sf_serve_free(s);
+        return rc;
+    }
+    *out = s;
+    return SF_OK;
+}
+
+void sf_serve_free(sf_serve *s)
+{
+    if (!s) return;
+    for (uint32_t i = 0; i < s->n_streams; i++) {
+        free(s->streams[i]->tok);
+        free(s->streams[i]);
+    }
+    for (uint32_t i = 0; i < s->n_clients; i++) free(s->clients[i]);
+    serve_http_close(s);
+    if (s->router) {
+        set_int(s->router, ZMQ_LINGER, 200); /* a last ERROR still leaves */
+        zmq_close(s->router);
+    }
+    if (s->zap) zmq_close(s->zap);
+    if (s->ctx) zmq_ctx_term(s->ctx);
+    if (s->keys) memset(s->keys, 0, (size_t)s->n_keys * sizeof *s->keys);
+    free(s->keys);
+    free(s->streams);
+    free(s->clients);
+    sf_buffer_release(&s->out);
+    free(s);
+}
+
+int sf_serve_endpoint(const sf_serve *s, int which, char *buf, size_t size)
+{
+    void *sock = !s ? NULL : which == 0 ? s->router : which == 1 ? s->http : NULL;
+    if (!sock || !buf || !size) return sf_error(SF_E_INVAL, "sf_serve_endpoint: no such socket");
+    size_t len = size;
+    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, buf, &len) != 0) return sf_error(SF_E_IO, "%s", zmq_strerror(errno));
+    return SF_OK;
+}
+
+void sf_serve_stop(sf_serve *s)
+{
+    if (s) s->stop = 1;
+}
+
+int sf_serve_run(sf_serve *s)
+{
+    if (!s) return sf_error(SF_E_INVAL, "sf_serve_run: NULL server");
+    double last_expire = 0;
+    uint32_t cursor = 0;
+    while (!s->stop && !s->failed) {
+        int busy = 0;
+        for (uint32_t i = 0; i < s->n_streams && !busy && !s->failed; i++) {
+            const serve_stream *st = s->streams[i];
+            busy = st->credit > 0 && (st->tok_len || st->n_flush || st->closing);
+        }
+        zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}, {s->http, 0, ZMQ_POLLIN, 0}};
+        int n = zmq_poll(items, s->http ? 3 : 2, busy ? 0 : 100);
+        if (n < 0 && errno != EINTR) return sf_error(SF_E_IO, "serve: poll: %s", zmq_strerror(errno));
+        if (n > 0 && (items[1].revents & ZMQ_POLLIN)) on_zap(s);
+        if (n > 0 && (items[0].revents & ZMQ_POLLIN)) on_router(s, 1024);
+        if (n > 0 && s->http && (items[2].revents & ZMQ_POLLIN)) serve_http_poll(s);
+        /* one step of every stream that can move, starting where the last round stopped, so
+         * that no stream waits behind another's backlog */
+        uint32_t count = s->n_streams;
+        for (uint32_t k = 0; k < count && !s->failed && s->n_streams; k++) {
+            uint32_t i = (cursor + k) % s->n_streams;
+            int rc = step(s, s->streams[i]);
+            if (rc < 0) break;
+        }
+        if (s->n_streams) cursor = (cursor + 1) % s->n_streams;
+        double now = sf_monotonic_seconds();
+        if (now - last_expire >= 0.1) {
+            last_expire = now;
+            if (!s->failed) expire(s, now);
+            serve_update_rate(s, now);
+        }
+    }
+    return s->failed ? s->failed : SF_OK;
+}
+
+void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s) return;
+    out->tokens_in = s->tokens_in;
+    out->tokens_out = s->tokens_out;
+    out->messages_in = s->messages_in;
+    out->errors_sent = s->errors_sent;
+    out->streams_opened = s->streams_opened;
+    out->streams_closed = s->streams_closed;
+    out->streams_expired = s->streams_expired;
+    out->refused = s->refused;
+    out->streams = s->n_streams;
+    out->clients = s->n_clients;
+}

@@ -1,0 +1,84 @@
+/* A server that holds one pipeline in push mode and many streams, for clients over ZeroMQ
+ * (`seqflow serve`; the protocol: pipeline/serve_proto.h and docs/SERVE.md).
+ *
+ * One thread (the caller of sf_serve_run) owns everything: the ROUTER socket clients' DEALERs
+ * connect to, the ZAP handler, the optional HTTP socket (/health, /metrics) and the graph, which
+ * it drives with sf_graph_push / sf_graph_flush / sf_graph_end and whose packets it pulls and
+ * sends as ROWS. Streams are named by their client (a uint64 id, one namespace per server: a
+ * stream open by one client is BUSY for the others) and are the graph's stream ids.
+ *
+ * Bounds (what a client cannot make the server hold beyond):
+ *   - per stream at most `window` tokens taken but not yet computed (a PUSH beyond: ERROR WINDOW,
+ *     nothing taken), at most 16 pending FLUSHes;
+ *   - per stream a credit of at most `max_credit` reply messages: the server computes a
+ *     stream's next segment only while its credit is positive, one segment at a time, each
+ *     ROWS sent costing one; so the replies queued for a client that reads nothing stay under
+ *     max_credit (+1 where a pipeline's segment length is shorter than the model's) per stream;
+ *   - at most `max_streams` streams and `max_clients` clients; one message at most
+ *     32 + 8 * window bytes (ZMQ_MAXMSGSIZE: a larger one drops that connection; a PUSH of more
+ *     than `window` tokens below that gets ERROR MALFORMED).
+ * Idle policy: a client's activity is the later of its last message and the server's last
+ * reply to it. A client inactive for `idle_timeout` seconds (it died, its connection dropped,
+ * or it waits without sending PING) is gone: each of its streams is ended in the graph (its
+ * state freed, the final rows discarded) and forgotten; no other stream is affected.
+ *
+ * Ownership: the server borrows the graph (which must be a push-mode graph without source or
+ * sink, and must outlive it) and the model configuration; it copies the options' strings. */
+#ifndef SEQFLOW_PIPELINE_SERVE_H
+#define SEQFLOW_PIPELINE_SERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seqflow/seqflow.h"
+
+typedef struct sf_serve sf_serve;
+
+typedef struct sf_serve_options {
+    const char *bind;              /* the clients' endpoint, "tcp://HOST:PORT" or "ipc://PATH" */
+    const char *http;              /* the HTTP endpoint ("tcp://HOST:PORT"), NULL = none */
+    int plaintext;                 /* 1: no CURVE (clients admitted without keys) */
+    const char *secret_key;        /* the server's CURVE secret key, Z85 (not under plaintext) */
+    const char *const *client_keys; /* the admitted clients' CURVE public keys (Z85) */
+    int n_client_keys;
+    double idle_timeout;           /* seconds; 0 = 30 */
+    uint32_t window;               /* tokens per stream; 0 = 65536 */
+    uint32_t max_credit;           /* reply messages per stream; 0 = 256 */
+    uint32_t max_streams;          /* 0 = 65536 */
+    uint32_t max_clients;          /* 0 = 4096 */
+    int heartbeat_ms;              /* ZMTP heartbeats on the ROUTER; 0 = 1000 */
+    /* One line for each event worth telling (a client gone, a stream expired); NULL = none.
+     * Called from sf_serve_run's thread. */
+    void (*log)(void *user, const char *line);
+    void *user;
+} sf_serve_options;
+
+/* Binds the sockets (so that clients can connect once this returns). The model configuration
+ * gives the vocabulary (a PUSH with an id outside it is refused before the graph sees it) and
+ * the segment length (the unit the server computes per step). Fails with SF_E_INVAL (options),
+ * SF_E_IO (a socket, an endpoint), SF_E_UNSUPPORTED (libzmq without CURVE) or SF_E_NOMEM. */
+int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_options *opts, sf_serve **out);
+void sf_serve_free(sf_serve *s);
+
+/* The endpoint a socket is bound to (a "tcp://H:*" bind resolved to its port): which 0 = the
+ * clients', 1 = the HTTP one. SF_E_INVAL when there is none. */
+int sf_serve_endpoint(const sf_serve *s, int which, char *buf, size_t size);
+
+/* Serves until sf_serve_stop. Returns SF_OK, or the pipeline's error (every client with an
+ * open stream was sent ERROR INTERNAL). */
+int sf_serve_run(sf_serve *s);
+/* Makes sf_serve_run return within about 100 ms. Async-signal-safe; any thread. */
+void sf_serve_stop(sf_serve *s);
+
+/* Counters, for tests and the summary line. */
+typedef struct sf_serve_stats {
+    uint64_t tokens_in, tokens_out, messages_in, errors_sent, streams_opened, streams_closed,
+        streams_expired, refused; /* refused: connections ZAP turned away */
+    uint32_t streams, clients;
+} sf_serve_stats; /* tokens_out: committed rows (FLUSH's provisional rows not counted) */
+void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out);
+
+/* The Prometheus text of /metrics (appended to out). SF_OK or SF_E_NOMEM. */
+int sf_serve_metrics(sf_serve *s, sf_buffer *out);
+
+#endif

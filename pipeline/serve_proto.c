@@ -1,0 +1,114 @@
+/* The `seqflow serve` messages (pipeline/serve_proto.h). */
+#include "pipeline/serve_proto.h"
+
+#include <string.h>
+
+#include "seqflow/error.h"
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+const char *sf_serve_type_name(int type)
+{
+    switch (type) {
+    case SF_SERVE_OPEN: return "OPEN";
+    case SF_SERVE_PUSH: return "PUSH";
+    case SF_SERVE_FLUSH: return "FLUSH";
+    case SF_SERVE_CLOSE: return "CLOSE";
+    case SF_SERVE_CREDIT: return "CREDIT";
+    case SF_SERVE_PING: return "PING";
+    case SF_SERVE_OPENED: return "OPENED";
+    case SF_SERVE_ROWS: return "ROWS";
+    case SF_SERVE_CLOSED: return "CLOSED";
+    case SF_SERVE_ERROR: return "ERROR";
+    case SF_SERVE_PONG: return "PONG";
+    default: return "?";
+    }
+}
+
+void sf_serve_header(uint8_t out[SF_SERVE_HEADER_SIZE], sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b)
+{
+    memcpy(out, SF_SERVE_MAGIC, 4);
+    out[4] = SF_SERVE_VERSION;
+    out[5] = (uint8_t)type;
+    out[6] = out[7] = 0;
+    put64(out + 8, stream);
+    put64(out + 16, a);
+    put64(out + 24, b);
+}
+
+int sf_serve_encode(sf_buffer *out, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b, const void *payload,
+                    size_t payload_len)
+{
+    uint8_t h[SF_SERVE_HEADER_SIZE];
+    sf_serve_header(h, type, stream, a, b);
+    size_t before = out->len;
+    int rc = sf_buffer_append(out, h, sizeof h);
+    if (rc == SF_OK && payload_len) rc = sf_buffer_append(out, payload, payload_len);
+    if (rc != SF_OK) out->len = before;
+    return rc;
+}
+
+int sf_serve_decode(const uint8_t *buf, size_t len, uint64_t max_tokens, sf_serve_msg *m)
+{
+    if (!buf || !m) return sf_error(SF_E_INVAL, "sf_serve_decode: NULL argument");
+    if (len < SF_SERVE_HEADER_SIZE)
+        return sf_error(SF_E_FRAME, "message of %zu bytes is shorter than the %d-byte header", len, SF_SERVE_HEADER_SIZE);
+    if (memcmp(buf, SF_SERVE_MAGIC, 4) != 0) return sf_error(SF_E_FRAME, "bad magic (not SFS1)");
+    if (buf[4] != SF_SERVE_VERSION) return sf_error(SF_E_FRAME, "protocol version %u (this server speaks %d)", buf[4], SF_SERVE_VERSION);
+    if (buf[6] || buf[7]) return sf_error(SF_E_FRAME, "reserved header bytes are not 0");
+    m->type = (sf_serve_type)buf[5];
+    m->stream = get64(buf + 8);
+    m->a = get64(buf + 16);
+    m->b = get64(buf + 24);
+    size_t rest = len - SF_SERVE_HEADER_SIZE;
+    m->payload = rest ? buf + SF_SERVE_HEADER_SIZE : NULL;
+    m->payload_len = rest;
+    const char *name = sf_serve_type_name(buf[5]);
+    switch (m->type) {
+    case SF_SERVE_PUSH:
+        if (m->b == 0) return sf_error(SF_E_FRAME, "PUSH of 0 tokens");
+        if (m->b > max_tokens)
+            return sf_error(SF_E_FRAME, "PUSH of %llu tokens: at most %llu in one message", (unsigned long long)m->b,
+                            (unsigned long long)max_tokens);
+        if (rest != m->b * 4)
+            return sf_error(SF_E_FRAME, "PUSH of %llu tokens carries %zu payload bytes, not %llu",
+                            (unsigned long long)m->b, rest, (unsigned long long)m->b * 4);
+        return SF_OK;
+    case SF_SERVE_ROWS:
+        if (rest == 0) return sf_error(SF_E_FRAME, "ROWS without a packet");
+        return SF_OK;
+    case SF_SERVE_ERROR:
+        if (m->b > SF_SERVE_MAX_TEXT || rest != m->b)
+            return sf_error(SF_E_FRAME, "ERROR text of %zu bytes (header: %llu, at most %d)", rest,
+                            (unsigned long long)m->b, SF_SERVE_MAX_TEXT);
+        return SF_OK;
+    case SF_SERVE_CREDIT:
+        if (m->a == 0) return sf_error(SF_E_FRAME, "CREDIT of 0");
+        /* fall through */
+    case SF_SERVE_OPEN:
+    case SF_SERVE_PING:
+    case SF_SERVE_OPENED:
+    case SF_SERVE_PONG:
+    case SF_SERVE_CLOSED:
+        if (m->type != SF_SERVE_OPENED && m->b) return sf_error(SF_E_FRAME, "%s with b = %llu (must be 0)", name, (unsigned long long)m->b);
+        break;
+    case SF_SERVE_FLUSH:
+    case SF_SERVE_CLOSE:
+        if (m->a || m->b) return sf_error(SF_E_FRAME, "%s with a or b set (must be 0)", name);
+        break;
+    default:
+        return sf_error(SF_E_FRAME, "unknown message type %u", buf[5]);
+    }
+    if (rest) return sf_error(SF_E_FRAME, "%s carries %zu payload bytes (it has none)", name, rest);
+    return SF_OK;
+}

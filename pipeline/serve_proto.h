@@ -1,0 +1,93 @@
+/* The `seqflow serve` protocol (docs/SERVE.md): the messages between a server's ROUTER socket
+ * and its clients' DEALER sockets, one ZeroMQ frame each.
+ *
+ * Every message starts with a fixed 32-byte little-endian header:
+ *   off size field
+ *     0    4 magic "SFS1"
+ *     4    1 version (SF_SERVE_VERSION)
+ *     5    1 type (sf_serve_type)
+ *     6    2 reserved, 0
+ *     8    8 stream (the client's stream id; 0 where the type has none)
+ *    16    8 a      (per type: a position, a credit, an error code, a cookie)
+ *    24    8 b      (per type: a count)
+ * then a payload whose length the type fixes:
+ *   OPEN    a = initial credit (reply messages), b = 0;     no payload
+ *   PUSH    a = position of the first token, b = n (>= 1);   n little-endian uint32 ids
+ *   FLUSH, CLOSE                                              no payload (a = b = 0)
+ *   CREDIT  a = reply messages granted (>= 1), b = 0;        no payload
+ *   PING    a = cookie (echoed by PONG), b = 0;              no payload
+ *   OPENED  a = next position, b = the stream's window in tokens; no payload
+ *   ROWS    a = position of the first row, b = rows;          one wire packet (pipeline/wire.h)
+ *   CLOSED  a = tokens the stream took in all, b = 0;         no payload
+ *   ERROR   a = error code (sf_serve_error), b = text bytes (<= SF_SERVE_MAX_TEXT); the text
+ *   PONG    a = the PING's cookie;                            no payload
+ * Decoding checks the magic, version, type, reserved bytes and that the payload length is
+ * exactly what the header says (a PUSH's n is bounded by the caller's max_tokens before any
+ * arithmetic on it); it never allocates: a decoded message points into the caller's bytes. */
+#ifndef SEQFLOW_PIPELINE_SERVE_PROTO_H
+#define SEQFLOW_PIPELINE_SERVE_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "seqflow/buffer.h"
+
+#define SF_SERVE_MAGIC "SFS1"
+#define SF_SERVE_VERSION 1
+#define SF_SERVE_HEADER_SIZE 32
+#define SF_SERVE_MAX_TEXT 512
+
+typedef enum sf_serve_type {
+    /* client to server */
+    SF_SERVE_OPEN = 1,
+    SF_SERVE_PUSH = 2,
+    SF_SERVE_FLUSH = 3,
+    SF_SERVE_CLOSE = 4,
+    SF_SERVE_CREDIT = 5,
+    SF_SERVE_PING = 6,
+    /* server to client */
+    SF_SERVE_OPENED = 16,
+    SF_SERVE_ROWS = 17,
+    SF_SERVE_CLOSED = 18,
+    SF_SERVE_ERROR = 19,
+    SF_SERVE_PONG = 20
+} sf_serve_type;
+
+/* ERROR's codes (the `a` field). */
+typedef enum sf_serve_error {
+    SF_SERVE_E_MALFORMED = 1,  /* the message does not decode (bad magic, length, type, ...) */
+    SF_SERVE_E_TYPE = 2,       /* a type the server does not take from a client */
+    SF_SERVE_E_NOT_OPEN = 3,   /* the stream is not open for this client (or is closing) */
+    SF_SERVE_E_BUSY = 4,       /* another client has the stream open */
+    SF_SERVE_E_POSITION = 5,   /* PUSH's position is not the stream's next one */
+    SF_SERVE_E_WINDOW = 6,     /* the PUSH would hold more than the window; nothing taken */
+    SF_SERVE_E_LIMIT = 7,      /* too many streams, clients or pending flushes */
+    SF_SERVE_E_TOKEN = 8,      /* a token id outside the model's vocabulary; nothing taken */
+    SF_SERVE_E_INTERNAL = 9    /* the pipeline failed: the server stops serving */
+} sf_serve_error;
+
+typedef struct sf_serve_msg {
+    sf_serve_type type;
+    uint64_t stream, a, b;
+    const uint8_t *payload; /* points into the decoded bytes; NULL when there is none */
+    size_t payload_len;
+} sf_serve_msg;
+
+/* Decodes one message of exactly len bytes. max_tokens bounds a PUSH's n (and max 0 refuses
+ * every PUSH). Returns SF_OK, or SF_E_FRAME with a message naming the field (what the server
+ * sends back in ERROR); m is then unspecified. Server-to-client types decode too. */
+int sf_serve_decode(const uint8_t *buf, size_t len, uint64_t max_tokens, sf_serve_msg *m);
+
+/* Writes the 32-byte header (for any type) into out. */
+void sf_serve_header(uint8_t out[SF_SERVE_HEADER_SIZE], sf_serve_type type, uint64_t stream, uint64_t a,
+                     uint64_t b);
+
+/* Appends a whole message (header then payload_len bytes of payload) to out. SF_OK or
+ * SF_E_NOMEM (out unchanged). */
+int sf_serve_encode(sf_buffer *out, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b,
+                    const void *payload, size_t payload_len);
+
+/* A type's name ("OPEN", ...; "?" when unknown). */
+const char *sf_serve_type_name(int type);
+
+#endif
