@@ -27,6 +27,7 @@ typedef struct seq_msg {
 enum { PART_Z = 1, PART_TAIL = 2, PART_A = 4, PART_B = 8 };
 
 #define MSG_MAGIC 0x53514d31u /* "SQM1" */
+#define SF_SEQ_FLAT_RANKS 16  /* up to this many ranks in one group, the flat scan (scan_flat) */
 #define SPAN_HASH_NONE 0u
 
 struct sf_seq {
@@ -35,6 +36,10 @@ struct sf_seq {
     sf_comm *comm;
     sf_seq_options o;
     int *group_of, rank, ranks, gateway, n_groups, *gateway_of_group;
+    /* one group of a few ranks: every rank sends its message to every other and composes in
+     * rank order itself (scan_flat), no gateway round trip; a rank waits only for the ranks
+     * before it mid-layer, for those after it at the layer's end (the round total) */
+    int flat;
     int L, H, d, W, G, S, N, D;
     size_t hd, hdd;
     sf_memory_kind kind;
@@ -470,6 +475,35 @@ static int scan(sf_seq *q, int l, int phase, const seq_msg *own, int parts)
     return rc;
 }
 
+/* The flat scan's first half: this rank's message to every other rank, and q->pre from the
+ * ranks before it (their messages kept in q->peer_msgs[phase * R + r] for the total). */
+static int scan_flat(sf_seq *q, int phase, const seq_msg *own, int parts)
+{
+    seq_msg *kept = q->peer_msgs + (size_t)phase * q->ranks;
+    int rc = SF_OK;
+    for (int p = 0; p < q->ranks && rc == SF_OK; p++)
+        if (p != q->rank) rc = send_msg(q, p, own, parts, SPAN_HASH_NONE, NULL, NULL);
+    msg_identity(q, &q->pre);
+    for (int p = 0; p < q->rank && rc == SF_OK; p++) {
+        rc = recv_msg(q, p, &kept[p], NULL, NULL);
+        if (rc == SF_OK) rc = msg_then(q, &q->pre, &kept[p], parts);
+    }
+    if (rc == SF_OK) msg_copy(q, &kept[q->rank], own);
+    return rc;
+}
+
+/* Its second half, at the layer's end: the messages of the ranks after this one, then q->tot
+ * composed over every rank in rank order (the same operations on the same bits on every rank). */
+static int scan_flat_total(sf_seq *q, int phase, int parts)
+{
+    seq_msg *kept = q->peer_msgs + (size_t)phase * q->ranks;
+    int rc = SF_OK;
+    for (int p = q->rank + 1; p < q->ranks && rc == SF_OK; p++) rc = recv_msg(q, p, &kept[p], NULL, NULL);
+    msg_identity(q, &q->tot);
+    for (int p = 0; p < q->ranks && rc == SF_OK; p++) rc = msg_then(q, &q->tot, &kept[p], parts);
+    return rc;
+}
+
 /* ---- a round ----------------------------------------------------------------------------- */
 
 static int ensure_chunk(sf_seq *q, int segments)
@@ -531,11 +565,11 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
     int parts1 = (memory ? PART_Z : 0) | PART_TAIL | (q->kind == SF_MEMORY_LINEAR ? PART_B : 0);
     if (rc == SF_OK) rc = msg_canon(q, &q->own, parts1, NULL, NULL);
     q->stats.compute_s += now_s() - t0, t0 = now_s();
-    if (rc == SF_OK) rc = scan(q, l, 0, &q->own, parts1);
+    if (rc == SF_OK) rc = q->flat ? scan_flat(q, 0, &q->own, parts1) : scan(q, l, 0, &q->own, parts1);
     q->stats.exchange_s += now_s() - t0, t0 = now_s();
     int mem_parts = memory ? PART_Z | (q->kind == SF_MEMORY_LINEAR ? PART_B : 0) : 0;
     if (rc == SF_OK) rc = work_from(q, l, &q->pre, mem_parts);
-    if (rc == SF_OK) rc = state_then(q, l, &q->tot, mem_parts);
+    if (rc == SF_OK && !q->flat) rc = state_then(q, l, &q->tot, mem_parts);
     if (rc == SF_OK && q->kind == SF_MEMORY_DELTA) {
         /* the z of the walk at each segment, then the delta map of the chunk */
         memcpy(q->zwalk, q->work->z + (size_t)l * q->hd, q->hd * sizeof(float));
@@ -550,7 +584,8 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         if (rc == SF_OK) rc = msg_canon(q, &q->own, PART_A | PART_B, NULL, NULL);
         q->stats.compute_s += now_s() - t0, t0 = now_s();
         /* the z parts were applied above: this exchange moves only the maps */
-        if (rc == SF_OK) rc = scan(q, l, 1, &q->own, PART_A | PART_B);
+        if (rc == SF_OK)
+            rc = q->flat ? scan_flat(q, 1, &q->own, PART_A | PART_B) : scan(q, l, 1, &q->own, PART_A | PART_B);
         q->stats.exchange_s += now_s() - t0, t0 = now_s();
         if (rc == SF_OK) {
             /* work_from with the map alone: M from the round state; z, tokens as set above */
@@ -564,7 +599,8 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
                 for (size_t i = 0; rc == SF_OK && i < q->hdd; i++) q->work->M[(size_t)l * q->hdd + i] = (float)M[i];
                 free(M);
             }
-            if (rc == SF_OK) rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
+            if (rc == SF_OK && !q->flat)
+                rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
         }
     }
     /* the walk: each segment's layer from the exact state at its start */
@@ -576,7 +612,16 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         b->x = keep;
         if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
     }
-    q->stats.compute_s += now_s() - t0;
+    q->stats.compute_s += now_s() - t0, t0 = now_s();
+    /* the flat scan's round totals, once this rank's own work on the layer is done */
+    if (rc == SF_OK && q->flat) {
+        rc = scan_flat_total(q, 0, parts1);
+        if (rc == SF_OK) rc = state_then(q, l, &q->tot, mem_parts);
+        if (rc == SF_OK && q->kind == SF_MEMORY_DELTA) rc = scan_flat_total(q, 1, PART_A | PART_B);
+        if (rc == SF_OK && q->kind == SF_MEMORY_DELTA)
+            rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
+        q->stats.exchange_s += now_s() - t0;
+    }
     return rc;
 }
 
@@ -712,6 +757,7 @@ int sf_seq_create(const sf_model *m, sf_backend *be, sf_comm *comm, const sf_seq
             q->gateway_of_group[q->n_groups++] = r;
     }
     if (rc == SF_OK) q->gateway = q->gateway_of_group[q->group_of[q->rank]];
+    q->flat = q->n_groups == 1 && q->ranks > 1 && q->ranks <= SF_SEQ_FLAT_RANKS;
     if (rc == SF_OK && q->o.federation && q->o.exchange != SF_SEQ_SCAN)
         rc = sf_error(SF_E_INVAL, "federation needs the scan exchange");
     /* the block: every layer, unsharded, without deferred commits */
@@ -738,10 +784,11 @@ int sf_seq_create(const sf_model *m, sf_backend *be, sf_comm *comm, const sf_seq
     /* messages: own, tmp, acc, pre, tot; at a gateway its members', then 3 scratch */
     seq_msg *fixed[] = {&q->own, &q->tmp, &q->acc, &q->pre, &q->tot};
     for (size_t i = 0; rc == SF_OK && i < sizeof fixed / sizeof *fixed; i++) rc = msg_alloc(q, fixed[i]);
-    q->n_peer_msgs = q->ranks + 3;
+    q->n_peer_msgs = q->flat ? 2 * q->ranks : q->ranks + 3;
     if (rc == SF_OK && !(q->peer_msgs = calloc((size_t)q->n_peer_msgs, sizeof *q->peer_msgs)))
         rc = sf_error(SF_E_NOMEM, "out of memory");
-    for (int i = 0; rc == SF_OK && q->rank == q->gateway && i < q->n_peer_msgs; i++) rc = msg_alloc(q, &q->peer_msgs[i]);
+    for (int i = 0; rc == SF_OK && (q->flat || q->rank == q->gateway) && i < q->n_peer_msgs; i++)
+        rc = msg_alloc(q, &q->peer_msgs[i]);
     if (rc == SF_OK && q->o.tier.kind != SF_QUANT_F32) {
         if (sf_quant_encoded_size(&q->o.tier, q->hdd ? q->hdd : 1) == 0)
             rc = sf_error(SF_E_INVAL, "sequence parallelism: bad tier quantization (group %d)", q->o.tier.group);
