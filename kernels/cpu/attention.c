@@ -150,8 +150,8 @@ static void masked_pv(const float *p, int tq, int tk, const float *v, int d, int
  * b <= a + q_offset (q_offset: position of the first query in key order); key tiles past a query
  * tile's last query are skipped, and only tiles crossing the diagonal are masked. Each query
  * tile's partial result is merged into the head's accumulators at positions pos[]. */
-static void attend_block(head_work *w, const float *q, int nq, const float *k, const float *v, int nk, int d,
-                         float scale, int causal, int q_offset, const int *pos)
+SF_CPU_DISPATCH static void attend_block(head_work *w, const float *q, int nq, const float *k, const float *v, int nk, int d,
+                                         float scale, int causal, int q_offset, const int *pos)
 {
     for (int q0 = 0; q0 < nq; q0 += TILE_Q) {
         int tq = nq - q0 < TILE_Q ? nq - q0 : TILE_Q;
