@@ -185,3 +185,15 @@ def test_curve(binary, serve, tmp_path):
             c.open(3)
     with pytest.raises(ValueError):
         seqflow.Client(endpoint, server_key=server_public)  # CURVE without this client's keys
+
+
+def test_bf16_rows_equal_pipeline(serve):
+    chain = "segment ! embed ! block ! norm dtype=bf16"
+    endpoint = serve("-t", "1", chain)  # the built-in model, as Pipeline(model=None) has it
+    text = seqflow.builtin_text()[:700]
+    with seqflow.Client(endpoint, timeout=30) as c:
+        rows = c.run(1, text)
+    with seqflow.Pipeline(chain, threads=1) as p:
+        want = p.run(text)
+    assert rows.dtype == np.uint16 and want.dtype == np.uint16 and rows.shape == (700, 128)
+    assert rows.tobytes() == want.tobytes()
