@@ -20,7 +20,7 @@ __all__ = ["Client", "Rows", "ServeError", "curve_keypair", "curve_public"]
 
 OPEN, PUSH, FLUSH, CLOSE, CREDIT, PING = 1, 2, 3, 4, 5, 6
 OPENED, ROWS, CLOSED, ERROR, PONG = 16, 17, 18, 19, 20
-ERROR_NAMES = {1: "MALFORMED", 2: "TYPE", 3: "NOT_OPEN", 4: "BUSY", 5: "POSITION", 6: "WINDOW", 7: "LIMIT",
+ERROR_NAMES = {0: "REFUSED", 1: "MALFORMED", 2: "TYPE", 3: "NOT_OPEN", 4: "BUSY", 5: "POSITION", 6: "WINDOW", 7: "LIMIT",
                8: "TOKEN", 9: "INTERNAL"}
 _HEADER = struct.Struct("<4sBBHQQQ")  # magic, version, type, reserved, stream, a, b
 _ENVELOPE = struct.Struct("<4sBBBBIIQQQQQII")  # pipeline/wire.h
@@ -108,7 +108,8 @@ def curve_public(secret):
 
 class ServeError(SeqflowError):
     """An ERROR from the server: code (1..9 of docs/SERVE.md), name ("TOKEN", ...), message (the
-    server's text) and stream (the stream the refused message named; 0 when none)."""
+    server's text) and stream (the stream the refused message named; 0 when none). Code 0,
+    name "REFUSED": the server refused this client's CURVE handshake."""
 
     def __init__(self, code, message, stream=0):
         self.stream = stream

@@ -178,8 +178,9 @@ def test_curve(binary, serve, tmp_path):
         assert c.run(1, text).tobytes() == run_rows(binary, text)
     stranger = seqflow.curve_keypair()
     with seqflow.Client(endpoint, server_key=server_public, client_keys=stranger, timeout=20) as c:
-        with pytest.raises(seqflow.ServeError, match="refused this client's CURVE key"):
+        with pytest.raises(seqflow.ServeError, match="refused this client's CURVE key") as e:
             c.open(2)
+        assert e.value.name == "REFUSED"
     with seqflow.Client(endpoint, timeout=3) as c:  # plaintext to a CURVE server: never answered
         with pytest.raises((TimeoutError, seqflow.ServeError)):
             c.open(3)
