@@ -1,0 +1,335 @@
+/* `seqflow serve` under many concurrent streams (docs/SERVE.md), against the same streams in one
+ * `seqflow run` process:
+ *
+ *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--load F]
+ *               [--latency-segments L] [-- server and run options, e.g. --layers 1]
+ *
+ * It starts `PATH serve --bind ipc://... --plaintext` (with the options after --), connects C
+ * DEALER sockets (default min(N, 64); the N streams are spread over them) and measures:
+ *  - throughput: every stream opens, pushes S segments of random byte tokens (one PUSH per
+ *    segment, credit 8) and closes; aggregate committed rows per second from the first OPEN to
+ *    the last CLOSED;
+ *  - the same N streams through `PATH run -i f1 -i f2 ... --sink-format null` (one process, the
+ *    same options): its time from --stats-json (the graph's, without the process's start-up,
+ *    which is printed too) and tokens per second;
+ *  - latency at F (default 0.5) of the measured throughput: each stream pushes one whole segment
+ *    at a time at a fixed interval (phases spread evenly), L segments each (default 4); for each
+ *    segment, from its PUSH sent to its ROWS received; p50, p99, worst.
+ * Output: readable lines and one RESULT line of key=value. The server and this process share
+ * the machine's cores. */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+extern char **environ;
+
+enum { OPEN = 1, PUSH = 2, CLOSE = 4, CREDIT = 5, OPENED = 16, ROWS = 17, CLOSED = 18, ERROR = 19 };
+#define HEADER 32
+#define SEGMENT 256 /* the built-in model's segment; --segment in the options changes it: keep 256 */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint8_t msg[HEADER + 4 * SEGMENT];
+
+static void send_msg(void *sock, int type, uint64_t stream, uint64_t a, uint64_t b, const uint32_t *tokens)
+{
+    memcpy(msg, "SFS1", 4);
+    msg[4] = 1;
+    msg[5] = (uint8_t)type;
+    msg[6] = msg[7] = 0;
+    put64(msg + 8, stream);
+    put64(msg + 16, a);
+    put64(msg + 24, b);
+    size_t len = HEADER;
+    if (tokens) {
+        for (uint64_t i = 0; i < b; i++)
+            msg[HEADER + 4 * i] = (uint8_t)tokens[i], msg[HEADER + 4 * i + 1] = msg[HEADER + 4 * i + 2] = msg[HEADER + 4 * i + 3] = 0;
+        len += 4 * b;
+    }
+    if (zmq_send(sock, msg, len, 0) < 0) {
+        fprintf(stderr, "bench_serve: send: %s\n", zmq_strerror(zmq_errno()));
+        exit(1);
+    }
+}
+
+/* The tokens of stream s, segment k: random bytes, the same in both runs. */
+static void segment_tokens(uint64_t s, uint64_t k, uint32_t *out)
+{
+    uint64_t x = (s + 1) * 0x9E3779B97F4A7C15ull ^ (k + 1) * 0xD1B54A32D192ED03ull;
+    for (int i = 0; i < SEGMENT; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        out[i] = (uint32_t)(x >> 56);
+    }
+}
+
+typedef struct stream_state {
+    uint64_t pushed_segments, rows, closed;
+    double sent_at, next_at;
+} stream_state;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Receives every message waiting on the sockets (waiting up to wait_ms for the first). Counts
+ * rows and closes; stores latencies when lat is given. Returns messages taken. */
+static int drain(void **socks, int nclients, zmq_pollitem_t *items, stream_state *st, long wait_ms, double *lat,
+                 size_t *nlat, uint64_t *closed, uint8_t *buf, size_t buf_size)
+{
+    if (zmq_poll(items, nclients, wait_ms) <= 0) return 0;
+    int taken = 0;
+    for (int c = 0; c < nclients; c++) {
+        if (!(items[c].revents & ZMQ_POLLIN)) continue;
+        for (;;) {
+            int len = zmq_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT);
+            if (len < 0) break;
+            taken++;
+            if (len < HEADER) exit(1);
+            uint64_t s = get64(buf + 8), a = get64(buf + 16), b = get64(buf + 24);
+            switch (buf[5]) {
+            case ROWS:
+                send_msg(socks[c], CREDIT, s, 1, 0, NULL);
+                st[s].rows += b;
+                if (lat && b) lat[(*nlat)++] = now_s() - st[s].sent_at;
+                break;
+            case CLOSED: st[s].closed = 1, (*closed)++; break;
+            case ERROR:
+                fprintf(stderr, "bench_serve: stream %llu: %.*s\n", (unsigned long long)s, (int)b, buf + HEADER);
+                exit(1);
+            default: (void)a; break;
+            }
+        }
+    }
+    return taken;
+}
+
+int main(int argc, char **argv)
+{
+    const char *seqflow = NULL;
+    int nstreams = 64, nclients = 0, segments = 4, lat_segments = 4;
+    double load = 0.5;
+    int extra = argc;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) { extra = i + 1; break; }
+        if (i + 1 >= argc) break;
+        if (strcmp(argv[i], "--seqflow") == 0) seqflow = argv[++i];
+        else if (strcmp(argv[i], "--streams") == 0) nstreams = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--clients") == 0) nclients = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--segments") == 0) segments = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--load") == 0) load = atof(argv[++i]);
+        else if (strcmp(argv[i], "--latency-segments") == 0) lat_segments = atoi(argv[++i]);
+    }
+    if (!seqflow || nstreams < 1 || segments < 1) {
+        fprintf(stderr, "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--load F] "
+                        "[--latency-segments L] [-- options]\n");
+        return 2;
+    }
+    if (nclients <= 0) nclients = nstreams < 64 ? nstreams : 64;
+    if (nclients > nstreams) nclients = nstreams;
+    int nextra = argc - extra;
+
+    char dir[] = "/tmp/sfbenchXXXXXX", endpoint[64];
+    if (!mkdtemp(dir)) return 1;
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/s", dir);
+    /* the server */
+    char **sargv = calloc((size_t)nextra + 8, sizeof *sargv);
+    int k = 0;
+    sargv[k++] = (char *)seqflow, sargv[k++] = "serve", sargv[k++] = "--bind", sargv[k++] = endpoint;
+    sargv[k++] = "--plaintext", sargv[k++] = "-q";
+    for (int i = 0; i < nextra; i++) sargv[k++] = argv[extra + i];
+    pid_t server;
+    if (posix_spawn(&server, seqflow, NULL, NULL, sargv, environ) != 0) return 1;
+    char sock_path[80];
+    snprintf(sock_path, sizeof sock_path, "%s/s", dir);
+    for (int i = 0; i < 200 && access(sock_path, F_OK) != 0; i++) usleep(20000);
+
+    void *ctx = zmq_ctx_new();
+    void **socks = calloc((size_t)nclients, sizeof *socks);
+    zmq_pollitem_t *items = calloc((size_t)nclients, sizeof *items);
+    for (int c = 0; c < nclients; c++) {
+        socks[c] = zmq_socket(ctx, ZMQ_DEALER);
+        int zero = 0;
+        zmq_setsockopt(socks[c], ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_connect(socks[c], endpoint) != 0) return 1;
+        items[c] = (zmq_pollitem_t){socks[c], 0, ZMQ_POLLIN, 0};
+    }
+    stream_state *st = calloc((size_t)nstreams, sizeof *st);
+    size_t buf_size = 1 << 22;
+    uint8_t *buf = malloc(buf_size);
+    uint32_t tokens[SEGMENT];
+    uint64_t closed = 0, total = (uint64_t)nstreams * (uint64_t)segments * SEGMENT;
+
+    /* throughput: everything pushed at once (the window holds it), credit 8 a stream */
+    double t0 = now_s();
+    for (int s = 0; s < nstreams; s++) {
+        void *sock = socks[s % nclients];
+        send_msg(sock, OPEN, (uint64_t)s, 8, 0, NULL);
+        for (int g = 0; g < segments; g++) {
+            segment_tokens((uint64_t)s, (uint64_t)g, tokens);
+            send_msg(sock, PUSH, (uint64_t)s, (uint64_t)g * SEGMENT, SEGMENT, tokens);
+        }
+        send_msg(sock, CLOSE, (uint64_t)s, 0, 0, NULL);
+    }
+    while (closed < (uint64_t)nstreams) drain(socks, nclients, items, st, 1000, NULL, NULL, &closed, buf, buf_size);
+    double serve_s = now_s() - t0;
+    uint64_t rows = 0;
+    for (int s = 0; s < nstreams; s++) rows += st[s].rows;
+    if (rows != total) {
+        fprintf(stderr, "bench_serve: %llu rows for %llu tokens\n", (unsigned long long)rows, (unsigned long long)total);
+        return 1;
+    }
+    double serve_rate = (double)total / serve_s;
+    printf("serve: %d streams over %d clients, %d segments each: %llu tokens in %.3f s, %.0f tokens/s\n", nstreams,
+           nclients, segments, (unsigned long long)total, serve_s, serve_rate);
+
+    /* latency at `load` of that rate: one segment per stream every `interval` seconds */
+    double interval = (double)nstreams * SEGMENT / (load * serve_rate);
+    size_t cap = (size_t)nstreams * (size_t)lat_segments, nlat = 0;
+    double *lat = malloc(cap * sizeof *lat);
+    memset(st, 0, (size_t)nstreams * sizeof *st);
+    closed = 0;
+    uint64_t base = (uint64_t)nstreams; /* fresh stream ids */
+    t0 = now_s();
+    for (int s = 0; s < nstreams; s++) {
+        send_msg(socks[s % nclients], OPEN, base + (uint64_t)s, 8, 0, NULL);
+        st[s].next_at = t0 + 0.2 + interval * s / nstreams;
+    }
+    stream_state *lst = st; /* indexed by stream id - base below */
+    for (;;) {
+        double t = now_s(), next = 1e300;
+        int busy = 0;
+        for (int s = 0; s < nstreams; s++) {
+            stream_state *x = &lst[s];
+            if (x->pushed_segments >= (uint64_t)lat_segments) continue;
+            busy = 1;
+            if (x->next_at <= t) {
+                segment_tokens(base + (uint64_t)s, x->pushed_segments, tokens);
+                x->sent_at = now_s();
+                send_msg(socks[s % nclients], PUSH, base + (uint64_t)s, x->pushed_segments * SEGMENT, SEGMENT, tokens);
+                x->pushed_segments++;
+                x->next_at += interval;
+            }
+            if (x->pushed_segments < (uint64_t)lat_segments && x->next_at < next) next = x->next_at;
+        }
+        uint64_t got = 0;
+        for (int s = 0; s < nstreams; s++) got += lst[s].rows;
+        if (!busy && got >= (uint64_t)nstreams * (uint64_t)lat_segments * SEGMENT) break;
+        long wait_ms = busy ? (long)((next - now_s()) * 1000) : 1000;
+        if (wait_ms < 0) wait_ms = 0;
+        /* rows arrive indexed by their stream id: shift to this phase's array */
+        int n = 0;
+        if (zmq_poll(items, nclients, wait_ms) > 0) {
+            for (int c = 0; c < nclients; c++) {
+                if (!(items[c].revents & ZMQ_POLLIN)) continue;
+                int len;
+                while ((len = zmq_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT)) >= 0) {
+                    n++;
+                    uint64_t s = get64(buf + 8) - base, b = get64(buf + 24);
+                    if (buf[5] == ROWS) {
+                        send_msg(socks[c], CREDIT, base + s, 1, 0, NULL);
+                        lst[s].rows += b;
+                        if (b && nlat < cap) lat[nlat++] = now_s() - lst[s].sent_at;
+                    } else if (buf[5] == ERROR) {
+                        fprintf(stderr, "bench_serve: %.*s\n", (int)b, buf + HEADER);
+                        return 1;
+                    }
+                }
+            }
+        }
+    }
+    double lat_s = now_s() - t0;
+    qsort(lat, nlat, sizeof *lat, cmp_double);
+    double p50 = nlat ? lat[nlat / 2] : 0, p99 = nlat ? lat[(size_t)(0.99 * (double)(nlat - 1))] : 0,
+           worst = nlat ? lat[nlat - 1] : 0;
+    printf("latency at %.0f%% load (a segment per stream every %.3f s, %zu segments in %.1f s): p50 %.2f ms, "
+           "p99 %.2f ms, worst %.2f ms\n",
+           load * 100, interval, nlat, lat_s, p50 * 1e3, p99 * 1e3, worst * 1e3);
+    for (int c = 0; c < nclients; c++) zmq_close(socks[c]);
+    zmq_ctx_term(ctx);
+    kill(server, SIGTERM);
+    waitpid(server, NULL, 0);
+
+    /* the same streams in one `seqflow run` process */
+    char **rargv = calloc((size_t)nextra + 2 * (size_t)nstreams + 8, sizeof *rargv);
+    char **paths = calloc((size_t)nstreams, sizeof *paths);
+    k = 0;
+    rargv[k++] = (char *)seqflow, rargv[k++] = "run", rargv[k++] = "-q", rargv[k++] = "--sink-format";
+    rargv[k++] = "null";
+    char stats[96];
+    snprintf(stats, sizeof stats, "%s/stats.json", dir);
+    rargv[k++] = "--stats-json", rargv[k++] = stats;
+    for (int s = 0; s < nstreams; s++) {
+        if (asprintf(&paths[s], "%s/in%d", dir, s) < 0) return 1;
+        FILE *f = fopen(paths[s], "wb");
+        uint8_t bytes[SEGMENT];
+        for (int g = 0; g < segments; g++) {
+            segment_tokens((uint64_t)s, (uint64_t)g, tokens);
+            for (int i = 0; i < SEGMENT; i++) bytes[i] = (uint8_t)tokens[i];
+            fwrite(bytes, 1, SEGMENT, f);
+        }
+        fclose(f);
+        rargv[k++] = "-i", rargv[k++] = paths[s];
+    }
+    for (int i = 0; i < nextra; i++) rargv[k++] = argv[extra + i];
+    pid_t run;
+    t0 = now_s();
+    if (posix_spawn(&run, seqflow, NULL, NULL, rargv, environ) != 0) return 1;
+    int status = 0;
+    waitpid(run, &status, 0);
+    double run_s = now_s() - t0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "bench_serve: seqflow run failed\n");
+        return 1;
+    }
+    /* the run's own time (--stats-json "seconds": the graph, without the process's start-up) */
+    double graph_s = run_s;
+    FILE *f = fopen(stats, "r");
+    if (f) {
+        char text[4096];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        text[n] = '\0';
+        const char *p = strstr(text, "\"seconds\":");
+        if (p) graph_s = strtod(p + 10, NULL);
+        fclose(f);
+        unlink(stats);
+    }
+    double run_rate = (double)total / graph_s;
+    printf("run:   the same streams in one process: %.3f s (%.3f s with start-up), %.0f tokens/s; serve/run %.2f\n",
+           graph_s, run_s, run_rate, serve_rate / run_rate);
+    printf("RESULT streams=%d clients=%d segments=%d tokens=%llu serve_s=%.4f serve_tps=%.0f run_s=%.4f run_tps=%.0f "
+           "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f\n",
+           nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate,
+           run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3);
+    for (int s = 0; s < nstreams; s++) unlink(paths[s]), free(paths[s]);
+    unlink(sock_path);
+    rmdir(dir);
+    free(paths), free(rargv), free(sargv), free(lat), free(st), free(buf), free(socks), free(items);
+    return 0;
+}

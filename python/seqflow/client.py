@@ -1,0 +1,475 @@
+"""seqflow.Client: a client of `seqflow serve` (docs/SERVE.md) over libzmq through ctypes.
+
+A DEALER socket speaks the server's protocol: 32-byte headers, PUSH of uint32 token ids, ROWS
+of wire packets (pipeline/wire.h) whose float32 rows become numpy arrays. Credit is granted one
+reply at a time as replies are read; pushes wait (reading replies) while the stream's window is
+full; PING goes out every second while the client waits, so that a slow server never takes it
+for gone. libzmq is the system's libzmq.so.5; ctypes releases the GIL during every call.
+"""
+import ctypes
+import ctypes.util
+import struct
+import time
+from collections import deque, namedtuple
+
+import numpy as np
+
+from .pipeline import SeqflowError, _tokens_array
+
+__all__ = ["Client", "Rows", "ServeError", "curve_keypair", "curve_public"]
+
+OPEN, PUSH, FLUSH, CLOSE, CREDIT, PING = 1, 2, 3, 4, 5, 6
+OPENED, ROWS, CLOSED, ERROR, PONG = 16, 17, 18, 19, 20
+ERROR_NAMES = {0: "REFUSED", 1: "MALFORMED", 2: "TYPE", 3: "NOT_OPEN", 4: "BUSY", 5: "POSITION", 6: "WINDOW", 7: "LIMIT",
+               8: "TOKEN", 9: "INTERNAL"}
+_HEADER = struct.Struct("<4sBBHQQQ")  # magic, version, type, reserved, stream, a, b
+_ENVELOPE = struct.Struct("<4sBBBBIIQQQQQII")  # pipeline/wire.h
+_FRAME_HEADER = 96
+_FINAL, _PROVISIONAL = 1, 2
+
+# libzmq constants (zmq.h)
+_ZMQ_DEALER, _ZMQ_LINGER, _ZMQ_POLLIN, _ZMQ_EAGAIN, _ZMQ_EINTR = 5, 17, 1, 11, 4
+_ZMQ_CURVE_PUBLICKEY, _ZMQ_CURVE_SECRETKEY, _ZMQ_CURVE_SERVERKEY = 48, 49, 50
+_ZMQ_DONTWAIT = 1
+_ZMQ_EVENT_HANDSHAKE_FAILED_AUTH = 0x4000
+_ZMQ_PAIR = 0
+
+
+class _zmq_msg(ctypes.Structure):
+    _fields_ = [("_", ctypes.c_uint64 * 8)]  # zmq_msg_t: 64 opaque bytes
+
+
+class _pollitem(ctypes.Structure):
+    _fields_ = [("socket", ctypes.c_void_p), ("fd", ctypes.c_int), ("events", ctypes.c_short),
+                ("revents", ctypes.c_short)]
+
+
+_zmq = None
+
+
+def _lib():
+    global _zmq
+    if _zmq is None:
+        name = "libzmq.so.5"
+        try:
+            z = ctypes.CDLL(name)
+        except OSError:
+            found = ctypes.util.find_library("zmq")
+            if not found:
+                raise OSError("seqflow.Client needs libzmq (libzmq.so.5; Debian: libzmq5)")
+            z = ctypes.CDLL(found)
+        c_int, c_void_p, c_char_p, c_size_t = ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+        P = ctypes.POINTER
+        for fn, res, args in [
+            ("zmq_ctx_new", c_void_p, []), ("zmq_ctx_term", c_int, [c_void_p]),
+            ("zmq_socket", c_void_p, [c_void_p, c_int]), ("zmq_close", c_int, [c_void_p]),
+            ("zmq_setsockopt", c_int, [c_void_p, c_int, c_void_p, c_size_t]),
+            ("zmq_connect", c_int, [c_void_p, c_char_p]),
+            ("zmq_send", c_int, [c_void_p, c_void_p, c_size_t, c_int]),
+            ("zmq_msg_init", c_int, [P(_zmq_msg)]), ("zmq_msg_close", c_int, [P(_zmq_msg)]),
+            ("zmq_msg_recv", c_int, [P(_zmq_msg), c_void_p, c_int]),
+            ("zmq_msg_data", c_void_p, [P(_zmq_msg)]), ("zmq_msg_size", c_size_t, [P(_zmq_msg)]),
+            ("zmq_msg_more", c_int, [P(_zmq_msg)]),
+            ("zmq_poll", c_int, [P(_pollitem), c_int, ctypes.c_long]),
+            ("zmq_errno", c_int, []), ("zmq_strerror", c_char_p, [c_int]),
+            ("zmq_has", c_int, [c_char_p]),
+            ("zmq_curve_keypair", c_int, [c_char_p, c_char_p]),
+            ("zmq_curve_public", c_int, [c_char_p, c_char_p]),
+            ("zmq_socket_monitor", c_int, [c_void_p, c_char_p, c_int]),
+        ]:
+            f = getattr(z, fn)
+            f.restype, f.argtypes = res, args
+        _zmq = z
+    return _zmq
+
+
+def _zmq_error(what):
+    z = _lib()
+    return OSError(f"seqflow.Client: {what}: {z.zmq_strerror(z.zmq_errno()).decode()}")
+
+
+def curve_keypair():
+    """A new CURVE key pair (public, secret): 40-character Z85 strings (zmq_curve_keypair)."""
+    z = _lib()
+    pub, sec = ctypes.create_string_buffer(41), ctypes.create_string_buffer(41)
+    if not z.zmq_has(b"curve") or z.zmq_curve_keypair(pub, sec) != 0:
+        raise OSError("seqflow: this libzmq has no CURVE")
+    return pub.value.decode(), sec.value.decode()
+
+
+def curve_public(secret):
+    """The public half (Z85) of a Z85 CURVE secret key: e.g. the server's, from its --key file."""
+    secret = secret.strip()
+    pub = ctypes.create_string_buffer(41)
+    if len(secret) != 40 or _lib().zmq_curve_public(pub, secret.encode()) != 0:
+        raise ValueError("seqflow: a CURVE secret key is 40 Z85 characters")
+    return pub.value.decode()
+
+
+class ServeError(SeqflowError):
+    """An ERROR from the server: code (1..9 of docs/SERVE.md), name ("TOKEN", ...), message (the
+    server's text) and stream (the stream the refused message named; 0 when none). Code 0,
+    name "REFUSED": the server refused this client's CURVE handshake."""
+
+    def __init__(self, code, message, stream=0):
+        self.stream = stream
+        SeqflowError.__init__(self, code, ERROR_NAMES.get(code, f"ERROR {code}"), message)
+
+
+class Rows(namedtuple("Rows", "stream position rows")):
+    """One ROWS reply: `rows` [n, D] float32 (or the uint16 bit patterns of bfloat16 after
+    `norm dtype=bf16`) of `stream` from stream position `position`. Unpacks as
+    (stream, position, rows); `provisional` (a flush's rows: they come again once the segment
+    completes) and `final` (the stream's last rows, after close) are attributes."""
+
+    def __new__(cls, stream, position, rows, provisional=False, final=False):
+        self = super().__new__(cls, stream, position, rows)
+        self.provisional, self.final = provisional, final
+        return self
+
+
+class _Stream:
+    __slots__ = ("pushed", "committed", "closing", "flushes", "broken")
+
+    def __init__(self, position):
+        self.pushed = self.committed = position
+        self.closing = False
+        self.flushes = 0
+        self.broken = None
+
+
+class Client:
+    """A connection to `seqflow serve`. `Client(endpoint, server_key=None, client_keys=None)`
+    connects at once (or later with connect()); without server_key the connection is plaintext
+    (a server run with --plaintext). With CURVE, server_key is the server's public key (Z85) and
+    client_keys this client's (public, secret) pair, or its secret alone, as listed in the
+    server's --clients file. `credit` is the reply messages granted ahead per stream; `timeout`
+    the seconds a wait may pass without a word from the server (then TimeoutError). Not
+    thread-safe: one thread uses a Client at a time."""
+
+    def __init__(self, endpoint=None, server_key=None, client_keys=None, credit=8, timeout=60.0):
+        if not 1 <= int(credit) <= 256:
+            raise ValueError("seqflow.Client: credit must be in 1..256")
+        self._credit, self._timeout = int(credit), timeout
+        self._ctx = self._sock = self._monitor = None
+        self._streams = {}
+        self._ready = deque()
+        self._window = 0
+        self._cookie = self._pong = 0
+        self._refused = False
+        if endpoint is not None:
+            self.connect(endpoint, server_key, client_keys)
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def connect(self, endpoint, server_key=None, client_keys=None):
+        """Connects the socket (libzmq connects in the background and reconnects by itself)."""
+        if self._sock:
+            raise ValueError("seqflow.Client: already connected")
+        z = _lib()
+        if server_key is None and client_keys is not None:
+            raise ValueError("seqflow.Client: client_keys need the server's public key (server_key)")
+        if server_key is not None:
+            if client_keys is None:
+                raise ValueError("seqflow.Client: CURVE needs this client's keys (client_keys=(public, secret))")
+            if isinstance(client_keys, str):
+                client_keys = (curve_public(client_keys), client_keys)
+            public, secret = (k.strip() for k in client_keys)
+            if len(server_key.strip()) != 40 or len(public) != 40 or len(secret) != 40:
+                raise ValueError("seqflow.Client: CURVE keys are 40 Z85 characters")
+        self._ctx = z.zmq_ctx_new()
+        self._sock = z.zmq_socket(self._ctx, _ZMQ_DEALER)
+        if not self._sock:
+            self.disconnect()
+            raise _zmq_error("zmq_socket")
+        self._setopt(_ZMQ_LINGER, ctypes.c_int(0))
+        if server_key is not None:
+            for opt, key in ((_ZMQ_CURVE_SERVERKEY, server_key.strip()), (_ZMQ_CURVE_PUBLICKEY, public),
+                             (_ZMQ_CURVE_SECRETKEY, secret)):
+                self._setopt(opt, ctypes.create_string_buffer(key.encode(), 40))
+            # a monitor reports a refused handshake, which otherwise looks like silence
+            addr = f"inproc://seqflow-client-monitor-{id(self)}".encode()
+            if z.zmq_socket_monitor(self._sock, addr, _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0:
+                self._monitor = z.zmq_socket(self._ctx, _ZMQ_PAIR)
+                z.zmq_connect(self._monitor, addr)
+        if z.zmq_connect(self._sock, str(endpoint).encode()) != 0:
+            err = _zmq_error(f"connect {endpoint}")
+            self.disconnect()
+            raise err
+        self._endpoint = endpoint
+        return self
+
+    def _setopt(self, opt, value):
+        if _lib().zmq_setsockopt(self._sock, opt, ctypes.byref(value), ctypes.sizeof(value)) != 0:
+            raise _zmq_error("zmq_setsockopt")
+
+    def disconnect(self):
+        """Closes the socket (streams still open are ended by the server's idle timeout). Idempotent."""
+        z = _lib() if (self._sock or self._ctx) else None
+        for attr in ("_monitor", "_sock"):
+            s = getattr(self, attr)
+            if s:
+                z.zmq_close(s)
+                setattr(self, attr, None)
+        if self._ctx:
+            z.zmq_ctx_term(self._ctx)
+            self._ctx = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.disconnect()
+
+    def __del__(self):
+        try:
+            self.disconnect()
+        except Exception:
+            pass
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _send(self, type_, stream=0, a=0, b=0, payload=b""):
+        if not self._sock:
+            raise ValueError("seqflow.Client: not connected")
+        z = _lib()
+        msg = _HEADER.pack(b"SFS1", 1, type_, 0, stream, a, b) + payload
+        start = time.monotonic()
+        # without a peer (not yet connected, or its handshake refused) a DEALER cannot send:
+        # wait for one, watching the monitor, within the client's timeout
+        while z.zmq_send(self._sock, msg, len(msg), _ZMQ_DONTWAIT) < 0:
+            if z.zmq_errno() not in (_ZMQ_EAGAIN, _ZMQ_EINTR):
+                raise _zmq_error("send")
+            if type_ == PING:
+                return  # a keep-alive is of no use where nothing is connected
+            self._check_monitor(100)
+            if self._timeout is not None and time.monotonic() - start >= self._timeout:
+                raise TimeoutError(f"seqflow.Client: could not send to {self._endpoint} for {self._timeout:g} s")
+
+    def _check_monitor(self, wait_ms):
+        """Raises ServeError if the monitor reported a refused handshake; else sleeps wait_ms."""
+        z = _lib()
+        if not self._monitor:
+            time.sleep(wait_ms / 1000)
+            return
+        item = (_pollitem * 1)(_pollitem(self._monitor, 0, _ZMQ_POLLIN, 0))
+        if z.zmq_poll(item, 1, wait_ms) > 0 and item[0].revents & _ZMQ_POLLIN:
+            self._drain_monitor()
+            raise ServeError(0, f"the server at {self._endpoint} refused this client's CURVE key "
+                                "(not in its --clients file, or the wrong server key)")
+
+    def open(self, stream):
+        """Opens `stream` (a uint64 id; the server's namespace is shared by all its clients) and
+        returns its next position (0 for a new stream). Opening a stream this client has open
+        again reports its position (after a refused PUSH, the one to push at next)."""
+        stream = int(stream)
+        if not 0 <= stream < 1 << 64:
+            raise ValueError("seqflow.Client: a stream id is a uint64")
+        st = self._streams.get(stream)
+        self._send(OPEN, stream, 0 if st else self._credit)
+        while True:
+            m = self._read()
+            if m is not None and m[0] == OPENED and m[1] == stream:
+                return self._streams[stream].pushed
+
+    def push(self, stream, tokens):
+        """Appends tokens (bytes or str: one token per UTF-8 byte; or integer ids) to an open
+        stream. Returns at once unless the stream's window is full, when it reads replies (kept
+        for recv() and iteration) until there is room. A refused PUSH (a token outside the
+        vocabulary, ...) raises ServeError when its ERROR is read; call open(stream) then."""
+        st = self._open_stream(stream)
+        ids = _tokens_array(tokens)
+        step = max(1, min(self._window, 1 << 16))
+        for i in range(0, ids.size, step):
+            chunk = ids[i:i + step]
+            while st.pushed - st.committed + chunk.size > self._window and not st.broken:
+                self._read()
+            if st.broken:
+                raise st.broken
+            self._send(PUSH, stream, st.pushed, chunk.size, chunk.astype("<u4").tobytes())
+            st.pushed += chunk.size
+
+    def flush(self, stream):
+        """Asks for the rows of the stream's partial segment now (provisional rows)."""
+        st = self._open_stream(stream)
+        self._send(FLUSH, stream)
+        st.flushes += 1
+
+    def close(self, stream):
+        """Ends the stream after the tokens pushed: its last rows (final) and CLOSED follow;
+        iterating waits for them."""
+        st = self._open_stream(stream)
+        self._send(CLOSE, stream)
+        st.closing = True
+
+    def _open_stream(self, stream):
+        st = self._streams.get(int(stream))
+        if st is None or st.closing:
+            raise ValueError(f"seqflow.Client: stream {stream} is not open (open() it first)")
+        return st
+
+    def sync(self):
+        """Waits until the server has handled every message sent before (a PING's PONG comes
+        after them): an ERROR for any of them raises here. Replies read meanwhile are kept."""
+        self._cookie += 1
+        cookie = self._cookie
+        self._send(PING, 0, cookie)
+        while self._pong < cookie:
+            self._read()
+
+    # -- replies -------------------------------------------------------------------------------
+
+    def pending(self):
+        """True while a CLOSE or FLUSH this client sent is not yet answered."""
+        return any(st.closing or st.flushes for st in self._streams.values())
+
+    def recv(self, timeout=None):
+        """The next ROWS reply as Rows(stream, position, rows) (with .provisional and .final), or
+        None when none came within `timeout` seconds (None: wait as long as the server answers)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            self._read(left)
+        return self._ready.popleft()
+
+    def replies(self):
+        """Yields every reply waiting now, then every reply while a CLOSE or FLUSH is unanswered."""
+        while True:
+            if self._ready:
+                yield self._ready.popleft()
+            elif self.pending():
+                self._read()
+            elif self._read(0) is None:
+                return
+
+    __iter__ = replies
+
+    def run(self, stream, tokens):
+        """Opens the stream, pushes the tokens, closes it and returns its committed rows as one
+        [n, D] array (replies of other streams stay for recv() and iteration)."""
+        self.open(stream)
+        self.push(stream, tokens)
+        self.close(stream)
+        while stream in self._streams:
+            self._read()
+        parts, others = [], deque()
+        for r in self._ready:
+            if r.stream != stream:
+                others.append(r)
+            elif not r.provisional:
+                parts.append(r.rows)
+        self._ready = others
+        return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+
+    def _read(self, timeout=None):
+        """Waits up to `timeout` seconds (None: up to the client's timeout of silence) for one
+        message and handles it: ROWS go to the ready queue (and one credit back), OPENED and
+        CLOSED update the stream, ERROR raises. Returns (type, stream) or None."""
+        z = _lib()
+        start = time.monotonic()
+        last_ping = start
+        while True:
+            items = (_pollitem * 2)(_pollitem(self._sock, 0, _ZMQ_POLLIN, 0))
+            n = 1
+            if self._monitor:
+                items[1] = _pollitem(self._monitor, 0, _ZMQ_POLLIN, 0)
+                n = 2
+            now = time.monotonic()
+            wait = 1.0 if timeout is None else min(1.0, max(0.0, start + timeout - now))
+            rc = z.zmq_poll(items, n, int(wait * 1000))
+            if rc < 0 and z.zmq_errno() != _ZMQ_EINTR:
+                raise _zmq_error("poll")
+            if n == 2 and items[1].revents & _ZMQ_POLLIN:
+                self._check_monitor(0)
+            if rc > 0 and items[0].revents & _ZMQ_POLLIN:
+                return self._handle(self._recv_bytes())
+            now = time.monotonic()
+            if timeout is not None and now - start >= timeout:
+                return None
+            if self._timeout is not None and now - start >= self._timeout:
+                raise TimeoutError(f"seqflow.Client: no answer from {self._endpoint} for {self._timeout:g} s")
+            if now - last_ping >= 1.0:  # keeps this client alive on the server while it waits
+                self._cookie += 1
+                self._send(PING, 0, self._cookie)
+                last_ping = now
+
+    def _drain_monitor(self):
+        z = _lib()
+        for _ in range(2):  # an event is two frames
+            msg = _zmq_msg()
+            z.zmq_msg_init(ctypes.byref(msg))
+            z.zmq_msg_recv(ctypes.byref(msg), self._monitor, _ZMQ_DONTWAIT)
+            z.zmq_msg_close(ctypes.byref(msg))
+
+    def _recv_bytes(self):
+        z = _lib()
+        msg = _zmq_msg()
+        z.zmq_msg_init(ctypes.byref(msg))
+        try:
+            if z.zmq_msg_recv(ctypes.byref(msg), self._sock, 0) < 0:
+                raise _zmq_error("recv")
+            size = z.zmq_msg_size(ctypes.byref(msg))
+            data = bytearray(size)  # writable, so that the rows' arrays are too
+            if size:
+                ctypes.memmove((ctypes.c_char * size).from_buffer(data), z.zmq_msg_data(ctypes.byref(msg)), size)
+            return data
+        finally:
+            z.zmq_msg_close(ctypes.byref(msg))
+
+    def _handle(self, data):
+        if len(data) < _HEADER.size:
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply shorter than a header")
+        magic, version, type_, _, stream, a, b = _HEADER.unpack_from(data)
+        if magic != b"SFS1" or version != 1:
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply that is not of protocol SFS1 version 1")
+        st = self._streams.get(stream)
+        if type_ == OPENED:
+            self._window = b
+            if st is None:
+                self._streams[stream] = _Stream(a)
+            else:  # a re-open: the position to push at next (rows still on their way count later)
+                st.pushed, st.broken = a, None
+        elif type_ == ROWS:
+            self._send(CREDIT, stream, 1)
+            r = self._rows(stream, a, b, memoryview(data)[_HEADER.size:])
+            if st is not None:
+                if r.provisional:
+                    st.flushes = max(0, st.flushes - 1)
+                else:
+                    st.committed = a + b
+            self._ready.append(r)
+        elif type_ == PONG:
+            self._pong = max(self._pong, a)
+        elif type_ == CLOSED:
+            self._streams.pop(stream, None)
+        elif type_ == ERROR:
+            text = bytes(data[_HEADER.size:_HEADER.size + b]).decode("utf-8", "replace")
+            err = ServeError(int(a), text, stream)
+            if st is not None and a in (5, 6, 8):  # a refused PUSH: the stream's position is unknown
+                st.broken = err
+            if st is not None and a == 3:  # the server no longer holds it (expired)
+                self._streams.pop(stream, None)
+            raise err
+        return type_, stream
+
+    @staticmethod
+    def _rows(stream, position, n, packet):
+        if len(packet) < _ENVELOPE.size:
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a ROWS reply without its packet")
+        (magic, _, _, dtype, _, flags, _, _, _, _, pn, width, _, _) = _ENVELOPE.unpack_from(packet)
+        provisional, final = bool(flags & _PROVISIONAL), bool(flags & _FINAL)
+        if magic != b"SFW1" or pn != n:
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a ROWS packet that does not match its header")
+        if n == 0:
+            return Rows(stream, position, np.zeros((0, width), np.float32), provisional, final)
+        f = memoryview(packet)[_ENVELOPE.size:]
+        if len(f) < _FRAME_HEADER or bytes(f[:4]) != b"SQF1" or f[9] != 0 or f[10] != 0:
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: ROWS rows are not a raw, lossless HIDDEN frame")
+        payload = struct.unpack_from("<Q", f, 72)[0]
+        typestr = "<u2" if dtype == 1 else "<f4"
+        if payload != n * width * (2 if dtype == 1 else 4) or len(f) - _FRAME_HEADER != payload:
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: ROWS payload of the wrong size")
+        rows = np.frombuffer(f, dtype=typestr, offset=_FRAME_HEADER).reshape(n, width)
+        return Rows(stream, position, rows, provisional, final)

@@ -1,0 +1,200 @@
+"""seqflow.Client against a real `seqflow serve` (plaintext on an ipc endpoint, and CURVE): its
+rows equal `seqflow run`'s and seqflow.Pipeline's for the same tokens, byte for byte."""
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import seqflow
+
+MODEL = ["--layers", "1", "-t", "1"]
+
+
+@pytest.fixture
+def serve(binary):
+    """A factory: serve(*args) starts `seqflow serve` on a fresh ipc endpoint and returns it;
+    every server started is stopped (SIGTERM, exit 0 expected) at the end of the test."""
+    started = []
+    folder = tempfile.mkdtemp(prefix="sfs")  # short: an ipc path is at most 107 bytes
+
+    def start(*args, plaintext=True):
+        endpoint = f"ipc://{folder}/s{len(started)}"
+        cmd = [binary, "serve", "--bind", endpoint, "-q"] + (["--plaintext"] if plaintext else []) + list(args)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        started.append(proc)
+        path = endpoint[len("ipc://"):]
+        for _ in range(200):
+            if os.path.exists(path) or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        return endpoint
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err.decode()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_rows(binary, tokens, model=MODEL):
+    """`seqflow run`'s rows for one stream of byte tokens, as raw float32 bytes."""
+    with tempfile.TemporaryDirectory() as d:
+        src, out = os.path.join(d, "in"), os.path.join(d, "out")
+        with open(src, "wb") as f:
+            f.write(tokens)
+        subprocess.run([binary, "run", "-q", "-i", src, "-o", out] + model, check=True)
+        with open(out, "rb") as f:
+            return f.read()
+
+
+def texts():
+    text = seqflow.builtin_text()
+    return [text, text[100:1100], b"short", text[:513]]
+
+
+def test_rows_equal_run(binary, serve):
+    endpoint = serve(*MODEL)
+    inputs = texts()
+    with seqflow.Client(endpoint, timeout=30) as c:
+        # all streams open at once, pushed in odd interleaved chunks with a flush now and then
+        for s in range(len(inputs)):
+            assert c.open(s + 10) == 0
+        got = {s + 10: [] for s in range(len(inputs))}
+        provisional = 0
+        for start in range(0, max(len(t) for t in inputs), 97):
+            for s, t in enumerate(inputs):
+                if start < len(t):
+                    c.push(s + 10, t[start:start + 97])
+                    if start % 5 == 0:
+                        c.flush(s + 10)
+            for r in c.replies():
+                if r.provisional:
+                    provisional += 1
+                    assert r.position == len(b"".join(x.tobytes() for x in got[r.stream])) // (4 * 128)
+                else:
+                    got[r.stream].append(r.rows)
+        for s in range(len(inputs)):
+            c.close(s + 10)
+        finals = 0
+        for r in c:
+            finals += r.final
+            if not r.provisional:
+                got[r.stream].append(r.rows)
+        assert finals == len(inputs) and provisional > 0
+    for s, t in enumerate(inputs):
+        rows = np.concatenate(got[s + 10])
+        assert rows.shape == (len(t), 128) and rows.dtype == np.float32
+        assert rows.tobytes() == run_rows(binary, t)
+
+
+def test_rows_equal_pipeline(serve):
+    endpoint = serve("-t", "1")  # the built-in model, as Pipeline(model=None) has it
+    text = seqflow.builtin_text()
+    with seqflow.Pipeline(threads=1) as p:
+        want = p.run(text)
+    with seqflow.Client(endpoint, timeout=30) as c:
+        rows = c.run(3, text)
+    assert rows.shape == want.shape and rows.tobytes() == want.tobytes()
+
+
+def test_two_clients_at_once(binary, serve):
+    endpoint = serve(*MODEL, "--window", "1024")  # a push larger than the window waits for rows
+    text = seqflow.builtin_text() * 3
+    results, errors = {}, []
+
+    def client(k):
+        try:
+            with seqflow.Client(endpoint, timeout=30) as c:
+                results[(k, 0)] = c.run(100 + 2 * k, text[k:])
+                c.open(101 + 2 * k)
+                c.push(101 + 2 * k, text[:777 + k])
+                c.close(101 + 2 * k)
+                results[(k, 1)] = np.concatenate([r.rows for r in c])
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    for k in range(2):
+        assert results[(k, 0)].tobytes() == run_rows(binary, text[k:])
+        assert results[(k, 1)].tobytes() == run_rows(binary, text[:777 + k])
+
+
+def test_bad_requests_raise(serve):
+    endpoint = serve(*MODEL)
+    with seqflow.Client(endpoint, timeout=30) as a, seqflow.Client(endpoint, timeout=30) as b:
+        assert a.open(1) == 0
+        with pytest.raises(seqflow.ServeError) as e:
+            b.open(1)  # another client has it
+        assert e.value.name == "BUSY" and e.value.code == 4 and "another client" in e.value.message
+        a.push(1, b"abc")
+        a.push(1, [65, 300, 66])  # 300 is outside the byte vocabulary: nothing of it is taken
+        with pytest.raises(seqflow.ServeError) as e:
+            a.sync()  # the ERROR of a PUSH comes back asynchronously; sync() waits for it
+        assert e.value.name == "TOKEN" and e.value.stream == 1
+        assert "token 300 at position 4 is outside the vocabulary" in e.value.message
+        with pytest.raises(seqflow.ServeError):
+            a.push(1, b"d")  # the stream's position is unknown until it is opened again
+        assert a.open(1) == 3  # the server took "abc" only
+        a.push(1, b"d")
+        a._send(2, 1, 4, 0)  # a PUSH of 0 tokens does not decode
+        with pytest.raises(seqflow.ServeError) as e:
+            a.recv(timeout=10)
+        assert e.value.name == "MALFORMED"
+        a.sync()  # nothing else was refused
+        with pytest.raises(ValueError):
+            a.push(2, b"x")  # never opened: refused before anything is sent
+        a.close(1)
+        rows = [r for r in a]
+        assert rows[-1].final and sum(len(r.rows) for r in rows) == 4
+        assert b.open(1) == 0  # closed: free for anyone, from position 0
+
+
+def test_curve(binary, serve, tmp_path):
+    try:
+        server_public, server_secret = seqflow.curve_keypair()
+    except OSError:
+        pytest.skip("libzmq without CURVE")
+    client_public, client_secret = seqflow.curve_keypair()
+    key, clients = tmp_path / "server.key", tmp_path / "clients.txt"
+    key.write_text(server_secret + "\n")
+    key.chmod(0o600)
+    clients.write_text("# admitted\n" + client_public + "\n")
+    endpoint = serve(*MODEL, "--key", str(key), "--clients", str(clients), plaintext=False)
+    assert seqflow.curve_public(server_secret) == server_public
+    text = seqflow.builtin_text()[:600]
+    with seqflow.Client(endpoint, server_key=server_public, client_keys=client_secret, timeout=30) as c:
+        assert c.run(1, text).tobytes() == run_rows(binary, text)
+    stranger = seqflow.curve_keypair()
+    with seqflow.Client(endpoint, server_key=server_public, client_keys=stranger, timeout=20) as c:
+        with pytest.raises(seqflow.ServeError, match="refused this client's CURVE key") as e:
+            c.open(2)
+        assert e.value.name == "REFUSED"
+    with seqflow.Client(endpoint, timeout=3) as c:  # plaintext to a CURVE server: never answered
+        with pytest.raises((TimeoutError, seqflow.ServeError)):
+            c.open(3)
+    with pytest.raises(ValueError):
+        seqflow.Client(endpoint, server_key=server_public)  # CURVE without this client's keys
+
+
+def test_bf16_rows_equal_pipeline(serve):
+    chain = "segment ! embed ! block ! norm dtype=bf16"
+    endpoint = serve("-t", "1", chain)  # the built-in model, as Pipeline(model=None) has it
+    text = seqflow.builtin_text()[:700]
+    with seqflow.Client(endpoint, timeout=30) as c:
+        rows = c.run(1, text)
+    with seqflow.Pipeline(chain, threads=1) as p:
+        want = p.run(text)
+    assert rows.dtype == np.uint16 and want.dtype == np.uint16 and rows.shape == (700, 128)
+    assert rows.tobytes() == want.tobytes()
