@@ -30,11 +30,7 @@ static inline float sf_fast_expf(float x)
     /* written so that NaN fails both tests and lands on SF_EXP_LO: every input reaches the
      * conversion below as a small integer-valued float */
     float clamped = x >= SF_EXP_LO ? (x <= SF_EXP_HI ? x : SF_EXP_HI) : SF_EXP_LO;
-    /* roundf (halves away from zero) without its library call, which GCC keeps at every level
-     * of x86-64 (no instruction rounds halves away): the truncation, moved by one where the
-     * exact remainder v - t reaches a half (checked against roundf on every float in range) */
-    const float v = clamped * SF_EXP_LOG2E, t = (float)(int32_t)v, rem = v - t;
-    float kf = rem >= 0.5f ? t + 1.0f : rem <= -0.5f ? t - 1.0f : t;
+    float kf = __builtin_roundf(clamped * SF_EXP_LOG2E);
     float r = clamped - kf * SF_EXP_LN2_HI;
     r = r - kf * SF_EXP_LN2_LO;
     float p = 1.0f + r * (1.0f + r * (SF_EXP_C2 + r * (SF_EXP_C3 + r * (SF_EXP_C4 + r * (SF_EXP_C5 + r * SF_EXP_C6)))));
