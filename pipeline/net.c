@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "pipeline/net_internal.h"
+#include "pipeline/zap.h"
 #include "seqflow/error.h"
 
 int64_t net_now_ms(void)
@@ -343,51 +344,22 @@ static int address_allowed(const sf_net *n, const char *addr)
     return 0;
 }
 
-static void on_zap(sf_net *n)
+/* A peer's key, or (plaintext) an address the topology allows. */
+static int zap_decide(void *user, const sf_zap_request *r, char *user_id, size_t size)
 {
-    for (;;) {
-        zmq_msg_t part[8];
-        int count = 0, more = 1;
-        while (more) {
-            zmq_msg_t m;
-            zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, n->zap, count ? 0 : ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&m);
-                if (!count) return;
-                break;
+    sf_net *n = user;
+    if (r->key && !n->o.plaintext) {
+        for (int i = 0; i < n->n_peers; i++)
+            if (n->peers[i].has_key && memcmp(n->peers[i].key_bin, r->key, 32) == 0) {
+                snprintf(user_id, size, "%d", n->peers[i].rank);
+                return 1;
             }
-            more = zmq_msg_more(&m);
-            if (count < 8) part[count++] = m;
-            else zmq_msg_close(&m);
-        }
-        char mech[16] = "", addr[64] = "", uid[16] = "";
-        int ok = 0;
-        if (count >= 6) {
-            size_t len = zmq_msg_size(&part[5]);
-            if (len < sizeof mech) memcpy(mech, zmq_msg_data(&part[5]), len), mech[len] = 0;
-            len = zmq_msg_size(&part[3]);
-            if (len < sizeof addr) memcpy(addr, zmq_msg_data(&part[3]), len), addr[len] = 0;
-            if (strcmp(mech, "CURVE") == 0 && count >= 7 && zmq_msg_size(&part[6]) == 32 && !n->o.plaintext) {
-                for (int i = 0; i < n->n_peers && !ok; i++)
-                    if (n->peers[i].has_key && memcmp(n->peers[i].key_bin, zmq_msg_data(&part[6]), 32) == 0) {
-                        ok = 1;
-                        snprintf(uid, sizeof uid, "%d", n->peers[i].rank);
-                    }
-            } else if (strcmp(mech, "NULL") == 0 && n->o.plaintext) {
-                ok = address_allowed(n, addr);
-            }
-        }
-        const char *status = ok ? "200" : "400", *text = ok ? "OK" : "not a peer";
-        zmq_send(n->zap, "1.0", 3, ZMQ_SNDMORE);
-        if (count >= 2) zmq_send(n->zap, zmq_msg_data(&part[1]), zmq_msg_size(&part[1]), ZMQ_SNDMORE);
-        else zmq_send(n->zap, "", 0, ZMQ_SNDMORE);
-        zmq_send(n->zap, status, 3, ZMQ_SNDMORE);
-        zmq_send(n->zap, text, strlen(text), ZMQ_SNDMORE);
-        zmq_send(n->zap, uid, strlen(uid), ZMQ_SNDMORE);
-        zmq_send(n->zap, "", 0, 0);
-        for (int i = 0; i < count; i++) zmq_msg_close(&part[i]);
+        return 0;
     }
+    return strcmp(r->mechanism, "NULL") == 0 && n->o.plaintext && address_allowed(n, r->address);
 }
+
+static void on_zap(sf_net *n) { sf_zap_answer(n->zap, zap_decide, n, "not a peer"); }
 
 /* ---- the I/O thread ------------------------------------------------------------------- */
 

@@ -12,6 +12,7 @@
 #include "core/process_stats.h"
 #include "pipeline/serve_internal.h"
 #include "pipeline/wire.h"
+#include "pipeline/zap.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 
@@ -31,44 +32,20 @@ static void set_int(void *sock, int option, int value) { zmq_setsockopt(sock, op
 
 /* ---- ZAP (RFC 27): the admitted clients' keys, or anyone under plaintext ------------------ */
 
-static void on_zap(sf_serve *s)
+/* An admitted client's key, or anyone under plaintext. */
+static int zap_decide(void *user, const sf_zap_request *r, char *user_id, size_t size)
 {
-    for (;;) {
-        zmq_msg_t part[8];
-        int count = 0, more = 1;
-        while (more) {
-            zmq_msg_t m;
-            zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, s->zap, count ? 0 : ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&m);
-                if (!count) return;
-                break;
-            }
-            more = zmq_msg_more(&m);
-            if (count < 8) part[count++] = m;
-            else zmq_msg_close(&m);
-        }
-        int ok = 0;
-        if (count >= 6) {
-            const char *mech = zmq_msg_data(&part[5]);
-            size_t len = zmq_msg_size(&part[5]);
-            if (len == 5 && memcmp(mech, "CURVE", 5) == 0 && !s->o.plaintext && count >= 7 && zmq_msg_size(&part[6]) == 32) {
-                for (int i = 0; i < s->n_keys && !ok; i++) ok = memcmp(s->keys[i], zmq_msg_data(&part[6]), 32) == 0;
-            } else if (len == 4 && memcmp(mech, "NULL", 4) == 0 && s->o.plaintext) {
-                ok = 1;
-            }
-        }
-        if (!ok) s->refused++;
-        zmq_send(s->zap, "1.0", 3, ZMQ_SNDMORE);
-        if (count >= 2) zmq_send(s->zap, zmq_msg_data(&part[1]), zmq_msg_size(&part[1]), ZMQ_SNDMORE);
-        else zmq_send(s->zap, "", 0, ZMQ_SNDMORE);
-        zmq_send(s->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
-        zmq_send(s->zap, ok ? "OK" : "key not admitted", ok ? 2 : 16, ZMQ_SNDMORE);
-        zmq_send(s->zap, "", 0, ZMQ_SNDMORE);
-        zmq_send(s->zap, "", 0, 0);
-        for (int i = 0; i < count; i++) zmq_msg_close(&part[i]);
+    sf_serve *s = user;
+    (void)user_id, (void)size;
+    if (r->key && !s->o.plaintext) {
+        for (int i = 0; i < s->n_keys; i++)
+            if (memcmp(s->keys[i], r->key, 32) == 0) return 1;
+        return 0;
     }
+    return strcmp(r->mechanism, "NULL") == 0 && s->o.plaintext;
 }
+
+static void on_zap(sf_serve *s) { s->refused += (uint64_t)sf_zap_answer(s->zap, zap_decide, s, "key not admitted"); }
 
 /* ---- clients and streams ------------------------------------------------------------------ */
 

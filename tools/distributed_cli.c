@@ -152,22 +152,6 @@ static int worker_options(int *argc, char **argv, worker *w)
     return 0;
 }
 
-/* path with every "{rank}" replaced by the rank. */
-static void rank_path(const char *path, int rank, char *out, size_t size)
-{
-    size_t used = 0;
-    out[0] = '\0';
-    for (const char *p = path; *p && used + 1 < size;) {
-        if (strncmp(p, "{rank}", 6) == 0) {
-            used += (size_t)snprintf(out + used, size - used, "%d", rank);
-            p += 6;
-        } else {
-            out[used++] = *p++;
-            out[used] = '\0';
-        }
-    }
-}
-
 /* The rendezvous payload of `rank`: a byte (1: resume) then its share of the checkpoint. */
 static int payload_of(void *user, int rank, sf_buffer *out)
 {
@@ -298,7 +282,7 @@ static int worker_run(worker *w)
     const int plaintext = sf_topology_get_security(w->topology) == SF_SECURITY_PLAINTEXT;
     if (!plaintext) {
         char path[4096];
-        rank_path(w->key_path, w->rank, path, sizeof path);
+        run_rank_path(w->key_path, w->rank, path, sizeof path);
         if ((rc = sf_topology_read_key(path, secret)) != SF_OK) {
             fprintf(stderr, "%s: %s\n", label, sf_last_error());
             return 1;

@@ -841,3 +841,18 @@ int run_execute(run_ctx *c)
     if (c->a.stats_json && cli_write_stats_json(c->a.stats_json, &stats) != SF_OK && !status) status = 1;
     return status;
 }
+
+void run_rank_path(const char *path, int rank, char *out, size_t size)
+{
+    size_t used = 0;
+    if (size) out[0] = '\0';
+    for (const char *p = path; *p && used + 1 < size;) {
+        if (strncmp(p, "{rank}", 6) == 0) {
+            used += (size_t)snprintf(out + used, size - used, "%d", rank);
+            p += 6;
+        } else {
+            out[used++] = *p++;
+            out[used] = '\0';
+        }
+    }
+}

@@ -73,6 +73,9 @@ int run_make_model(run_args *a, sf_model **out);
 /* The exit status of an error code: 2 for what the user asked for (a pipeline, an option), 1
  * for the rest. */
 int exit_status_of(int rc);
+/* path with every "{rank}" replaced by rank into out (size bytes, truncated to fit): one command
+ * line for every rank of a job (key files, per-rank outputs). */
+void run_rank_path(const char *path, int rank, char *out, size_t size);
 /* Parses a decimal integer in lo..hi, printing "seqflow: NAME expects ..." otherwise. */
 int parse_int_arg(const char *name, const char *s, long long lo, long long hi, long long *out);
 

@@ -217,22 +217,6 @@ static int round_done(void *user, uint64_t round, uint64_t rounds)
     return rc;
 }
 
-/* path with every "{rank}" replaced by the rank */
-static void rank_path(const char *path, int rank, char *out, size_t size)
-{
-    size_t used = 0;
-    out[0] = '\0';
-    for (const char *p = path; *p && used + 1 < size;) {
-        if (strncmp(p, "{rank}", 6) == 0) {
-            used += (size_t)snprintf(out + used, size - used, "%d", rank);
-            p += 6;
-        } else {
-            out[used++] = *p++;
-            out[used] = '\0';
-        }
-    }
-}
-
 static int link_options(void *user, int peer, sf_link_options *o)
 {
     /* the exchange's messages are exact (stages/block_seq.c quantizes what it may itself): the
@@ -322,7 +306,7 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
     /* rank 0 makes the output (a resume keeps what is there), then every rank opens it; with
      * {rank} in its name every rank makes its own */
     char out[4096];
-    rank_path(c->a.out, rank, out, sizeof out);
+    run_rank_path(c->a.out, rank, out, sizeof out);
     const int own_file = strstr(c->a.out, "{rank}") != NULL;
     if (rc == SF_OK && (rank == 0 || own_file)) {
         const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (first_round ? 0 : O_TRUNC);
