@@ -1,6 +1,7 @@
 /* Sequence parallelism: one stream's segments spread over R ranks, each rank running every layer
  * on a contiguous run of whole segments (its chunk), with the answer of one process (SPEC 7).
- * Not a public header; tools/sequence_cli.c drives it over processes, tests over threads.
+ * Not a public header; tools/sequence_cli.c drives it over processes, tests over threads; the
+ * code: stages/block_seq.c (the exchange, a round), stages/block_seq_run.c (a whole stream).
  *
  * The stream is cut into rounds; in each round rank 0 holds the first chunk, rank 1 the next,
  * and so on (a rank may hold none, e.g. past the end of the stream). Every rank calls
@@ -95,7 +96,6 @@ void sf_seq_stats_get(const sf_seq *q, sf_seq_stats *out);
 int sf_seq_state_save(const sf_seq *q, sf_buffer *out);
 int sf_seq_state_restore(sf_seq *q, const uint8_t *data, size_t len);
 
-#endif
 
 /* ---- a whole stream -------------------------------------------------------------------- */
 
@@ -131,3 +131,5 @@ typedef struct sf_seq_io {
  * restored state): per round, its chunk's tokens read, embedded (ids checked against the
  * vocabulary), through sf_seq_round, the final norm when the model has one, written. */
 int sf_seq_run(sf_seq *q, const sf_model *m, const sf_seq_plan *p, uint64_t first_round, const sf_seq_io *io);
+
+#endif
