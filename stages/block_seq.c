@@ -299,18 +299,27 @@ static void state_tokens(const sf_seq *q, int l, float *tk, float *tv, int *cnt)
     }
 }
 
-/* Layer l of the work state <- the round state then m (z, tokens and, for memory, the map). */
+/* Layer l's M in the work state <- the round state's M then the map (A, B) (A NULL: linear),
+ * in double, rounded once to the float32 the walk holds. */
+static int work_memory_from(sf_seq *q, int l, const double *A, const double *B)
+{
+    double *M = malloc(q->hdd * sizeof *M + 1);
+    if (!M) return sf_error(SF_E_NOMEM, "out of memory");
+    memcpy(M, q->SM + (size_t)l * q->hdd, q->hdd * sizeof *M);
+    int rc = sf_memory_map_apply(q->H, q->d, A, B, M);
+    for (size_t i = 0; rc == SF_OK && i < q->hdd; i++) q->work->M[(size_t)l * q->hdd + i] = (float)M[i];
+    free(M);
+    return rc;
+}
+
+/* Layer l of the work state <- the round state then m: its z and tokens, and M where m carries
+ * the map (PART_B; the delta rule's map comes in a second exchange: work_memory_from then). */
 static int work_from(sf_seq *q, int l, const seq_msg *m, int memory_parts)
 {
     stream_state *w = q->work;
     const size_t row = (size_t)q->W;
-    double *M = malloc(q->hdd * sizeof *M + 1);
-    if (!M) return sf_error(SF_E_NOMEM, "out of memory");
-    memcpy(M, q->SM + (size_t)l * q->hdd, q->hdd * sizeof *M);
     int rc = SF_OK;
-    if (memory_parts & PART_B) rc = sf_memory_map_apply(q->H, q->d, (memory_parts & PART_A) ? m->A : NULL, m->B, M);
-    for (size_t i = 0; i < q->hdd; i++) w->M[(size_t)l * q->hdd + i] = (float)M[i];
-    free(M);
+    if (memory_parts & PART_B) rc = work_memory_from(q, l, (memory_parts & PART_A) ? m->A : NULL, m->B);
     for (size_t i = 0; i < q->hd; i++)
         w->z[(size_t)l * q->hd + i] = (float)(q->Sz[(size_t)l * q->hd + i] + ((memory_parts & PART_Z) ? m->z[i] : 0));
     if (q->G) {
@@ -538,21 +547,9 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         if (rc == SF_OK)
             rc = q->flat ? scan_flat(q, 1, &q->own, PART_A | PART_B) : scan(q, l, 1, &q->own, PART_A | PART_B);
         q->stats.exchange_s += now_s() - t0, t0 = now_s();
-        if (rc == SF_OK) {
-            /* work_from with the map alone: M from the round state; z, tokens as set above */
-            double *M = malloc(q->hdd * sizeof *M + 1);
-            if (!M) rc = sf_error(SF_E_NOMEM, "out of memory");
-            if (rc == SF_OK) {
-                /* the round state's M was already advanced by nothing for the delta rule: apply the
-                 * prefix to it for the walk, the total for the next round */
-                memcpy(M, q->SM + (size_t)l * q->hdd, q->hdd * sizeof *M);
-                rc = sf_memory_map_apply(q->H, q->d, q->pre.A, q->pre.B, M);
-                for (size_t i = 0; rc == SF_OK && i < q->hdd; i++) q->work->M[(size_t)l * q->hdd + i] = (float)M[i];
-                free(M);
-            }
-            if (rc == SF_OK && !q->flat)
-                rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
-        }
+        if (rc == SF_OK) rc = work_memory_from(q, l, q->pre.A, q->pre.B);
+        if (rc == SF_OK && !q->flat) /* the flat scan's total comes at the layer's end */
+            rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
     }
     /* the walk: each segment's layer from the exact state at its start */
     for (int s = 0; s < segments && rc == SF_OK; s++) {

@@ -32,7 +32,6 @@
 
 typedef enum sink_format { SINK_RAW, SINK_NPY, SINK_DIGEST, SINK_NULL } sink_format;
 
-#define NPY_HEADER_BYTES 128
 
 typedef struct sink {
     sink_format format;
@@ -247,7 +246,7 @@ static int sink_init(sf_stage *st)
      * before any work */
     int rc = open_output(st, k);
     if (rc != SF_OK || !k->file || k->format != SINK_NPY) return rc;
-    static const char zeros[NPY_HEADER_BYTES];
+    static const char zeros[SF_NPY_HEADER_BYTES];
     if (fwrite(zeros, 1, sizeof zeros, k->file) != sizeof zeros)
         return sf_error(SF_E_IO, "cannot write output '%s': %s", k->path, strerror(errno));
     return SF_OK;
@@ -297,18 +296,23 @@ static int sink_process(sf_stage *st, sf_packet *in)
     return rc;
 }
 
+void sf_npy_header(char out[SF_NPY_HEADER_BYTES], uint64_t rows, size_t width, int elem_bytes)
+{
+    memset(out, ' ', SF_NPY_HEADER_BYTES);
+    memcpy(out, "\x93NUMPY\x01\x00", 8);
+    const uint16_t dict_len = SF_NPY_HEADER_BYTES - 10;
+    out[8] = (char)(dict_len & 0xff);
+    out[9] = (char)(dict_len >> 8);
+    int n = snprintf(out + 10, dict_len, "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64 ", %zu), }",
+                     elem_bytes == 2 ? "<u2" : "<f4", rows, width);
+    out[10 + n] = ' ';
+    out[SF_NPY_HEADER_BYTES - 1] = '\n';
+}
+
 static int write_npy_header(sink *k)
 {
-    char header[NPY_HEADER_BYTES];
-    memset(header, ' ', sizeof header);
-    memcpy(header, "\x93NUMPY\x01\x00", 8);
-    uint16_t dict_len = NPY_HEADER_BYTES - 10;
-    header[8] = (char)(dict_len & 0xff);
-    header[9] = (char)(dict_len >> 8);
-    int n = snprintf(header + 10, dict_len, "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64 ", %zu), }",
-                     k->elem_bytes == 2 ? "<u2" : "<f4", k->rows, k->width);
-    header[10 + n] = ' ';
-    header[NPY_HEADER_BYTES - 1] = '\n';
+    char header[SF_NPY_HEADER_BYTES];
+    sf_npy_header(header, k->rows, k->width, (int)k->elem_bytes);
     if (fseek(k->file, 0, SEEK_SET) != 0 || fwrite(header, 1, sizeof header, k->file) != sizeof header)
         return sf_error(SF_E_IO, "writing output '%s' failed: %s", k->path, strerror(errno));
     return SF_OK;

@@ -50,19 +50,6 @@ static double now_s(void)
     return (double)t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 typedef struct trio {
     char ep[R][128];
     sf_net *net[R];
@@ -80,7 +67,7 @@ static int make_trio(trio *t, int ipc, int net_timeout_ms)
         if (ipc)
             snprintf(t->ep[i], sizeof t->ep[i], "ipc://%s", check_tmp_path(name));
         else
-            snprintf(t->ep[i], sizeof t->ep[i], "tcp://127.0.0.1:%d", free_port());
+            snprintf(t->ep[i], sizeof t->ep[i], "tcp://127.0.0.1:%d", check_free_port());
     }
     serial++;
     int rc = SF_OK;

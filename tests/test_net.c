@@ -34,19 +34,6 @@ static double now_s(void)
     return (double)t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 typedef struct pair {
     char ep[2][128];  /* where each binds */
     char via[2][128]; /* where the other connects to reach it */
@@ -58,7 +45,7 @@ static void endpoints(pair *p, int ipc)
     memset(p, 0, sizeof *p);
     for (int i = 0; i < 2; i++) {
         if (ipc) snprintf(p->ep[i], sizeof p->ep[i], "ipc://%s", check_tmp_path(i ? "net-b.sock" : "net-a.sock"));
-        else snprintf(p->ep[i], sizeof p->ep[i], "tcp://127.0.0.1:%d", free_port());
+        else snprintf(p->ep[i], sizeof p->ep[i], "tcp://127.0.0.1:%d", check_free_port());
         strcpy(p->via[i], p->ep[i]);
     }
 }

@@ -21,18 +21,6 @@
 #define BIG_PAYLOAD ((size_t)SF_RENDEZVOUS_CHUNK + SF_RENDEZVOUS_CHUNK / 2 + 3)
 
 /* A TCP port free right now on 127.0.0.1 (the kernel's choice for port 0). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
 typedef struct job job;
 typedef struct member {
     job *j;
@@ -90,7 +78,7 @@ static void job_init(job *j, int world)
     memset(j, 0, sizeof *j);
     j->world = j->members = world;
     j->timeout_ms = 5000;
-    snprintf(j->endpoint, sizeof j->endpoint, "tcp://127.0.0.1:%d", free_port());
+    snprintf(j->endpoint, sizeof j->endpoint, "tcp://127.0.0.1:%d", check_free_port());
     for (int r = 0; r < MAX_WORLD; r++) {
         CHECK_OK(sf_curve_keypair(j->pub[r], j->sec[r]));
         j->rank_keys[r] = j->pub[r];
@@ -274,7 +262,7 @@ static void check_from_topology(void)
     char pub[2][41], sec[2][41], other_pub[41], other_sec[41];
     for (int r = 0; r < 2; r++) CHECK_OK(sf_curve_keypair(pub[r], sec[r]));
     CHECK_OK(sf_curve_keypair(other_pub, other_sec));
-    int port = free_port(), data = free_port();
+    int port = check_free_port(), data = check_free_port();
     char text[1024];
     snprintf(text, sizeof text,
              "{\"version\": 1, \"rendezvous\": \"tcp://127.0.0.1:%d\", \"rendezvous_timeout_ms\": 5000, \"datacenters\": "
@@ -313,7 +301,7 @@ int main(void)
 {
     char pub[41], sec[41];
     if (sf_curve_keypair(pub, sec) == SF_E_UNSUPPORTED) return check_skip("libzmq without CURVE");
-    if (free_port() < 0) return check_skip("no TCP loopback");
+    if (check_free_port() < 0) return check_skip("no TCP loopback");
     check_success(0);
     check_success(1);
     check_mismatch();

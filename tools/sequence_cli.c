@@ -13,11 +13,11 @@
 #include "pipeline/comm_net.h"
 #include "state/file_io.h"
 #include "stages/block_seq.h"
+#include "stages/stages.h"
 #include "tools/cli_output.h"
 #include "tools/sequence_cli.h"
 #include "core/process_stats.h"
 
-#define NPY_HEADER_BYTES 128 /* as the sink writes it: the same file as a one-process run */
 #define SEQ_CHANNELS 0x5E000000u /* the exchange's channels, far above the graph's stage indices */
 #define SEQ_STATE_FILE "sequence.state"
 
@@ -279,7 +279,7 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
     if (rc == SF_OK && (f.in_fd < 0 || fstat(f.in_fd, &st) != 0))
         rc = sf_error(SF_E_IO, "cannot open input '%s': %s", c->a.input, strerror(errno));
     if (rc == SF_OK) f.tokens = (uint64_t)st.st_size / (uint64_t)f.token_bytes;
-    f.header = is_npy(&c->a) ? NPY_HEADER_BYTES : 0;
+    f.header = is_npy(&c->a) ? SF_NPY_HEADER_BYTES : 0;
     uint64_t first_round = 0;
     sf_backend *be = NULL;
     sf_comm *comm = NULL;
@@ -315,16 +315,9 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
         const uint64_t size = f.header + f.tokens * f.row_bytes;
         if (rc == SF_OK && ftruncate(f.out_fd, (off_t)size) != 0)
             rc = sf_error(SF_E_IO, "cannot size output '%s' to %" PRIu64 " bytes: %s", c->a.out, size, strerror(errno));
-        if (rc == SF_OK && f.header) {
-            char header[NPY_HEADER_BYTES];
-            memset(header, ' ', sizeof header);
-            memcpy(header, "\x93NUMPY\x01\x00", 8);
-            const uint16_t dict_len = NPY_HEADER_BYTES - 10;
-            header[8] = (char)(dict_len & 0xff), header[9] = (char)(dict_len >> 8);
-            int n = snprintf(header + 10, dict_len, "{'descr': '<f4', 'fortran_order': False, 'shape': (%" PRIu64 ", %d), }",
-                             f.tokens, cfg->dim);
-            header[10 + n] = ' ';
-            header[NPY_HEADER_BYTES - 1] = '\n';
+        if (rc == SF_OK && f.header) { /* the sink's header: the same file as a one-process run */
+            char header[SF_NPY_HEADER_BYTES];
+            sf_npy_header(header, f.tokens, (size_t)cfg->dim, 4);
             if (pwrite(f.out_fd, header, sizeof header, 0) != (ssize_t)sizeof header)
                 rc = sf_error(SF_E_IO, "writing output '%s' failed: %s", c->a.out, strerror(errno));
         }

@@ -55,4 +55,7 @@ const char *check_tmp_path(const char *name);
 /* Resident set size of this process in bytes (from /proc/self/statm). */
 size_t check_rss_bytes(void);
 
+/* A TCP port on 127.0.0.1 free at the time of the call (the kernel's pick), -1 on failure. */
+int check_free_port(void);
+
 #endif
