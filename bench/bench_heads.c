@@ -291,6 +291,9 @@ int main(int argc, char **argv)
     }
     if (r1 > 0)
         printf("overhead of the sharded path with one rank: %.2f%% (target <= 3%%)\n", 100.0 * (1.0 - r1 / med[0]));
+    /* a small all-reduce's time is the cost of issuing one (host and launch), not of moving data */
+    for (int R = 2; R <= most; R *= 2)
+        printf("all-reduce of 1024 floats on %d ranks: %.4f ms\n", R, all_reduce_ms(device, R, 1024));
     free(tokens);
     sf_model_free(m);
     return 0;

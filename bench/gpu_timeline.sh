@@ -5,7 +5,9 @@
 # TIMELINE_SEGMENTS (200) segments, and bench/timeline_summary.py reports the device's idle
 # gaps, what ran beside what, the kernels' times and the host-device copies a segment. Extra
 # arguments are VAR=VALUE settings for the run; TIMELINE_PIPELINE a pipeline instead of the
-# binary's own; TIMELINE_MODEL a bench_gpu_pipeline preset instead of reference (e.g. attention).
+# binary's own; TIMELINE_MODEL a bench_gpu_pipeline preset instead of reference (e.g. attention);
+# TIMELINE_ARGS more arguments for `seqflow run` (e.g. "--gpus 2": then one summary a device,
+# TIMELINE_PER naming a kernel that runs once a segment on every device).
 #
 #   bash bench/gpu_timeline.sh BUILD_DIR [VAR=VALUE ...]
 #
@@ -22,9 +24,13 @@ N=8192 SEGS=${TIMELINE_SEGMENTS:-200} MODEL=${TIMELINE_MODEL:-reference}
 mkdir -p "$D"
 [ -f "$D/$MODEL.st" ] || $B/bench/bench_gpu_pipeline --make-model "$D/$MODEL.st" --preset $MODEL --seed 1 >/dev/null
 [ -f "$D/long$SEGS.u32" ] || $B/bench/bench_gpu_pipeline --make-tokens "$D/long$SEGS.u32" --count $((SEGS * N)) --seed 4 >/dev/null
-tag=$(echo "$MODEL $*" | tr ' =' '_-' | tr -cd 'A-Za-z0-9_.-')
+tag=$(echo "$MODEL ${TIMELINE_ARGS:-} $*" | tr ' =' '_-' | tr -cd 'A-Za-z0-9_.-')
 env "${@:-SEQFLOW_UNUSED=1}" SEQFLOW_TRACE_OUT="/tmp/trace_$tag.csv" CUDA_INJECTION64_PATH="$lib" \
-  $B/seqflow run -d cuda -m "$D/$MODEL.st" -i "$D/long$SEGS.u32" -f u32 --sink-format null -q --no-progress \
+  $B/seqflow run -d cuda ${TIMELINE_ARGS:-} -m "$D/$MODEL.st" -i "$D/long$SEGS.u32" -f u32 --sink-format null -q --no-progress \
   ${TIMELINE_PIPELINE:+"$TIMELINE_PIPELINE"} >"$out/run_$tag.txt" 2>&1 || { tail -5 "$out/run_$tag.txt"; exit 1; }
-python3 bench/timeline_summary.py "/tmp/trace_$tag.csv" >"$out/timeline_$tag.txt"
+devices=$(awk -F, 'NR > 1 && $5 != "" { print $5 }' "/tmp/trace_$tag.csv" | sort -u)
+for dev in $devices; do
+  [ "$(echo "$devices" | wc -w)" -gt 1 ] && echo "== device $dev"
+  python3 bench/timeline_summary.py "/tmp/trace_$tag.csv" --device "$dev" ${TIMELINE_PER:+--per "$TIMELINE_PER"}
+done >"$out/timeline_$tag.txt"
 cat "$out/timeline_$tag.txt"

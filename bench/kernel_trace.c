@@ -11,7 +11,9 @@
  *   SEQFLOW_TRACE_OUT=trace.csv CUDA_INJECTION64_PATH=build/bench/libsf_kernel_trace.so prog ...
  *
  * CUDA loads the library and calls InitializeInjection at its own initialization; the records
- * are flushed and written at exit. Tracing costs each launch a little host time. */
+ * are flushed and written at exit. Tracing costs each launch a little host time. The last
+ * column is the device of a kernel or copy (empty for host calls): one process driving several
+ * GPUs writes them all to one file, and the summary's --device picks one. */
 #include <cupti.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,8 +42,8 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
                                : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "DtoH"
                                : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD ? "DtoD"
                                                                                 : "other";
-            fprintf(trace_file, "%llu,%llu,%u,[memcpy %s %llu]\n", (unsigned long long)m->start,
-                    (unsigned long long)m->end, m->streamId, kind, (unsigned long long)m->bytes);
+            fprintf(trace_file, "%llu,%llu,%u,[memcpy %s %llu],%u\n", (unsigned long long)m->start,
+                    (unsigned long long)m->end, m->streamId, kind, (unsigned long long)m->bytes, m->deviceId);
             continue;
         }
         if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
@@ -49,14 +51,14 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
             if (a->end - a->start < api_min_ns) continue;
             const char *name = NULL;
             if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS || !name) name = "?";
-            fprintf(trace_file, "%llu,%llu,%u,[api %s]\n", (unsigned long long)a->start, (unsigned long long)a->end,
+            fprintf(trace_file, "%llu,%llu,%u,[api %s],\n", (unsigned long long)a->start, (unsigned long long)a->end,
                     a->threadId, name);
             continue;
         }
         if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)record;
-        fprintf(trace_file, "%llu,%llu,%u,%s\n", (unsigned long long)k->start, (unsigned long long)k->end,
-                k->streamId, k->name ? k->name : "?");
+        fprintf(trace_file, "%llu,%llu,%u,%s,%u\n", (unsigned long long)k->start, (unsigned long long)k->end,
+                k->streamId, k->name ? k->name : "?", k->deviceId);
     }
     free(buffer);
 }
@@ -76,7 +78,7 @@ int InitializeInjection(void)
     const char *path = getenv("SEQFLOW_TRACE_OUT");
     trace_file = fopen(path ? path : "kernel_trace.csv", "w");
     if (!trace_file) return 0;
-    fprintf(trace_file, "start,end,stream,name\n");
+    fprintf(trace_file, "start,end,stream,name,device\n");
     if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS) {

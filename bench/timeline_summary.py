@@ -2,7 +2,7 @@
 """Where a GPU run's wall time goes, from a kernel trace: the CSV of bench/kernel_trace.c
 (start,end,stream,name; ns) or an Nsight Systems trace exported to SQLite:
 
-    python3 bench/timeline_summary.py trace.csv|trace.sqlite [--per NAME_SUBSTRING]
+    python3 bench/timeline_summary.py trace.csv|trace.sqlite [--per NAME_SUBSTRING] [--device N]
 
 Over the steady middle of the run (kernel starts between the 20th and the 95th percentile, so
 start-up and the last segments fall out): the window's length, how much of it some kernel ran
@@ -10,7 +10,9 @@ start-up and the last segments fall out): the window's length, how much of it so
 each stream's kernel time, and the top kernels by total time; and, from the CSV, the copies
 between host and device (rows named "[memcpy KIND BYTES]") by direction: how long a copy ran a
 segment (the union of the copies' intervals), bytes, and the rate while copying. --per names a
-kernel that runs once per segment (default: 'embed'), to report everything per segment."""
+kernel that runs once per segment (default: 'embed'), to report everything per segment. --device N keeps the kernels and
+copies of device N (a CSV with a device column: one process driving several GPUs); the host
+calls stay."""
 import csv
 import re
 import sqlite3
@@ -27,10 +29,12 @@ def short_name(name):
 def main():
     path = sys.argv[1]
     per = sys.argv[sys.argv.index("--per") + 1] if "--per" in sys.argv else "embed"
+    device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else None
     copies, apis = [], []
     if path.endswith(".csv"):
         with open(path) as f:
-            rows = sorted((int(r["start"]), int(r["end"]), int(r["stream"]), r["name"]) for r in csv.DictReader(f))
+            rows = sorted((int(r["start"]), int(r["end"]), int(r["stream"]), r["name"]) for r in csv.DictReader(f)
+                          if device is None or r["name"].startswith("[api") or (r.get("device") or device) == device)
         copies = [r for r in rows if r[3].startswith("[memcpy")]
         apis = [r for r in rows if r[3].startswith("[api")]
         rows = [r for r in rows if not r[3].startswith("[memcpy") and not r[3].startswith("[api")]

@@ -9,9 +9,11 @@
  *     0, 1, ..., R-1 whatever the timing, so results are reproducible bit for bit.
  *   - NCCL (kernels/cuda/comm_nccl.cu): one GPU a rank, buffers are that GPU's memory (its
  *     CUDA backend's), operations issued on the backend's compute stream in order with its
- *     other ops. Non-blocking NCCL communicators, polled against the timeout; on a timeout, an
- *     error, a peer's failure in this process (sf_comm_watch) or sf_comm_abort the
- *     communicator is aborted (ncclCommAbort), so that no call hangs.
+ *     other ops. Joined non-blocking and polled against the timeout, then split into a
+ *     blocking communicator for the collectives (NCCL starts a thread for each collective of
+ *     a non-blocking one); on a timeout, an error, a peer's failure in this process
+ *     (sf_comm_watch) or sf_comm_abort both are aborted (ncclCommAbort), so that no call
+ *     hangs.
  *   - network (pipeline/comm_net.h): the ranks are processes joined by an sf_net's links, buffers
  *     are host memory; tagged messages over lossy links keep their error feedback per tag.
  *

@@ -7,6 +7,7 @@
  * behind it (cudaEventQuery), the communicator's asynchronous error and the watch flag, and past
  * the timeout abort the communicator (ncclCommAbort ends the spinning kernel), so that the
  * caller gets SF_E_COMM instead of a hang. Built only with NCCL (SEQFLOW_HAVE_NCCL). */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -26,7 +27,8 @@ extern "C" int sf_cuda_comm_backend_device(sf_backend *be)
 static_assert(sizeof(ncclUniqueId) <= SF_COMM_NCCL_ID_BYTES, "ncclUniqueId larger than SF_COMM_NCCL_ID_BYTES");
 
 typedef struct nccl_comm {
-    ncclComm_t comm;
+    ncclComm_t comm;   /* the collectives' communicator: blocking (see split_blocking) */
+    ncclComm_t parent; /* the non-blocking one it was split from; NULL where the split was not made */
     /* all_reduce_start: its own stream, and per ticket an event where it may start (on the
      * backend's stream) and one where it is done (on this stream) */
     cudaStream_t side;
@@ -60,11 +62,10 @@ static void break_comm(sf_comm *c, const char *why)
     if (n->failed) return;
     n->failed = 1;
     snprintf(n->why, sizeof n->why, "%s", why);
-    if (n->comm) {
-        cudaSetDevice(sf_cuda_of(c->be)->device);
-        ncclCommAbort(n->comm);
-        n->comm = NULL;
-    }
+    cudaSetDevice(sf_cuda_of(c->be)->device);
+    if (n->comm) ncclCommAbort(n->comm);
+    if (n->parent && n->parent != n->comm) ncclCommAbort(n->parent);
+    n->comm = n->parent = NULL;
 }
 
 static int failed_error(sf_comm *c, const char *op)
@@ -76,13 +77,16 @@ static int failed_error(sf_comm *c, const char *op)
 
 /* Polls the communicator until it leaves ncclInProgress: SF_OK, or SF_E_COMM (aborted) on an
  * error, the watch flag or the timeout. */
-static int settle(sf_comm *c, ncclResult_t first, const char *op)
+static int settle_on(sf_comm *c, ncclComm_t comm, ncclResult_t first, const char *op)
 {
-    nccl_comm *n = (nccl_comm *)c->impl;
     ncclResult_t st = first;
     const double start = now_ms();
     char why[200];
-    while (st == ncclInProgress) {
+    /* A non-blocking communicator may answer "in progress" for a call that is only moments
+     * from issued: a spin first, then short sleeps, then long ones (a connection being set
+     * up). A fixed sleep would add its length to the host time of every such collective, and
+     * the device waits for the host where a segment ends in a wait (sf_comm_wait). */
+    for (long spins = 0; st == ncclInProgress; spins++) {
         if (stopped(c)) {
             snprintf(why, sizeof why, "%s stopped: another rank of this process failed", op);
             break;
@@ -92,14 +96,19 @@ static int settle(sf_comm *c, ncclResult_t first, const char *op)
                      c->timeout_ms);
             break;
         }
-        pause_us(100);
-        if (ncclCommGetAsyncError(n->comm, &st) != ncclSuccess) st = ncclInternalError;
+        if (spins > 200) pause_us(spins > 2000 ? 100 : 10);
+        if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) st = ncclInternalError;
     }
     if (st == ncclSuccess) return SF_OK;
     if (st != ncclInProgress)
-        snprintf(why, sizeof why, "%s failed: %s (%s)", op, ncclGetErrorString(st), ncclGetLastError(n->comm));
+        snprintf(why, sizeof why, "%s failed: %s (%s)", op, ncclGetErrorString(st), ncclGetLastError(comm));
     break_comm(c, why);
     return sf_error(SF_E_COMM, "NCCL rank %d of %d: %s", c->rank, c->size, why);
+}
+
+static int settle(sf_comm *c, ncclResult_t first, const char *op)
+{
+    return settle_on(c, ((nccl_comm *)c->impl)->comm, first, op);
 }
 
 static ncclDataType_t nccl_type(sf_dtype t) { return t == SF_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32; }
@@ -295,7 +304,12 @@ static void nccl_destroy(sf_comm *c)
             ncclResult_t st = ncclCommFinalize(n->comm);
             if (settle(c, st, "finalize") == SF_OK && n->comm) {
                 ncclCommDestroy(n->comm);
-                n->comm = NULL;
+                n->comm = n->parent == n->comm ? NULL : n->parent;
+            }
+            if (n->comm && n->comm == n->parent) { /* the split's parent, idle since the split */
+                st = ncclCommFinalize(n->comm);
+                if (settle(c, st, "finalize") == SF_OK && n->comm) ncclCommDestroy(n->comm);
+                n->comm = n->parent = NULL;
             }
         }
     }
@@ -329,6 +343,116 @@ extern "C" int sf_cuda_comm_nccl_unique_id(void *buf)
         return sf_error(SF_E_COMM, "NCCL: ncclGetUniqueId failed: %s (%s)", ncclGetErrorString(st), ncclGetLastError(NULL));
     memset(buf, 0, SF_COMM_NCCL_ID_BYTES);
     memcpy(buf, &id, sizeof id);
+    return SF_OK;
+}
+
+/* ---- the blocking communicator the collectives run on ----------------------------------------
+ *
+ * A non-blocking communicator hands every collective to a thread that NCCL creates for it and
+ * answers "in progress": about 0.16 ms of host time a collective on an H100 host, more than an
+ * all-reduce of a segment's rows takes on NVLink. So the communicator is created non-blocking
+ * (a rank that never joins ends in a timeout, not a hang), then split into a blocking one
+ * with the same ranks, whose collectives are enqueued by the calling thread. The split runs
+ * on a thread of ours, waited for against the timeout and the watch flag; past them the
+ * parent is aborted, which aborts the split (NCCL ties a child's set-up to its parent's abort
+ * flag). Once made, nothing in a blocking collective waits on the host for a peer: the
+ * kernels wait on the device, and wait_event's polling and abort still bound every wait. */
+
+typedef struct split_job {
+    ncclComm_t parent, child; /* child: written by NCCL when the split completes */
+    int rank, device;
+    ncclResult_t st;
+    int done, cancel; /* atomic */
+} split_job;
+
+static void *split_main(void *arg)
+{
+    split_job *j = (split_job *)arg;
+    cudaSetDevice(j->device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    ncclResult_t st = ncclCommSplit(j->parent, 0, j->rank, &j->child, &config);
+    /* NCCL leaves the child NULL until the split completes, which may be after the call
+     * returns (a non-blocking parent): wait for it, then for its set-up; the parent's state
+     * tells of a failure before the child exists */
+    while (st == ncclSuccess || st == ncclInProgress) {
+        ncclComm_t child = __atomic_load_n(&j->child, __ATOMIC_ACQUIRE);
+        ncclResult_t now = ncclInProgress;
+        if (child) {
+            if (ncclCommGetAsyncError(child, &now) != ncclSuccess) now = ncclInternalError;
+            if (now != ncclInProgress) {
+                st = now;
+                break;
+            }
+        } else if (ncclCommGetAsyncError(j->parent, &now) != ncclSuccess ||
+                   (now != ncclSuccess && now != ncclInProgress)) {
+            st = now == ncclSuccess ? ncclInternalError : now;
+            break;
+        }
+        if (__atomic_load_n(&j->cancel, __ATOMIC_ACQUIRE)) {
+            st = ncclInProgress;
+            break;
+        }
+        pause_us(50);
+    }
+    j->st = st;
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static int join_within(pthread_t thread, int seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += seconds;
+    return pthread_timedjoin_np(thread, NULL, &until);
+}
+
+static int split_blocking(sf_comm *c)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    split_job *j = new split_job();
+    j->parent = n->comm, j->rank = c->rank, j->device = sf_cuda_of(c->be)->device, j->st = ncclInProgress;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, split_main, j) != 0) {
+        delete j;
+        return sf_error(SF_E_COMM, "NCCL rank %d of %d: could not start the split's thread", c->rank, c->size);
+    }
+    const double start = now_ms();
+    const char *why = NULL;
+    while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
+        if (stopped(c)) why = "stopped while splitting: another rank of this process failed";
+        else if (now_ms() - start > c->timeout_ms) why = "the split was not complete within the timeout: a rank stopped";
+        if (why) break;
+        pause_us(100);
+    }
+    if (why) {
+        /* the thread stops polling at once; one still inside NCCL's split is ended by the
+         * parent's abort (aborted only after the thread stopped polling it, or gave up on it);
+         * a thread that even then does not return is left */
+        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELEASE);
+        int joined = join_within(thread, 1) == 0;
+        ncclCommAbort(n->comm);
+        n->comm = NULL;
+        if (!joined) joined = join_within(thread, 5) == 0;
+        if (joined && j->child) ncclCommAbort(j->child);
+        if (!joined) pthread_detach(thread);
+        /* j is left allocated: an aborted split may still write the child's handle into it */
+        n->failed = 1;
+        snprintf(n->why, sizeof n->why, "%s", why);
+        return sf_error(SF_E_COMM, "NCCL rank %d of %d: %s", c->rank, c->size, why);
+    }
+    pthread_join(thread, NULL);
+    const ncclResult_t st = j->st;
+    ncclComm_t child = j->child;
+    delete j;
+    if (st != ncclSuccess) {
+        if (child) ncclCommAbort(child);
+        return sf_error(SF_E_COMM, "NCCL rank %d of %d: splitting a blocking communicator failed: %s (%s)", c->rank,
+                        c->size, ncclGetErrorString(st), ncclGetLastError(n->comm));
+    }
+    n->parent = n->comm;
+    n->comm = child;
     return SF_OK;
 }
 
@@ -390,6 +514,11 @@ extern "C" int sf_cuda_comm_nccl_create_watched(sf_backend *be, const void *id, 
         char why[64];
         snprintf(why, sizeof why, "creation failed");
         break_comm(c, why);
+        nccl_destroy(c);
+        return rc;
+    }
+    rc = split_blocking(c);
+    if (rc != SF_OK) {
         nccl_destroy(c);
         return rc;
     }
