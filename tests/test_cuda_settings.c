@@ -18,7 +18,8 @@ static const char *const vars[] = {
     "SEQFLOW_CUDA_MEMORY_BF16", "SEQFLOW_CUDA_ATTENTION_MIX", "SEQFLOW_CUDA_GATE_UP",
     "SEQFLOW_CUDA_SIDE_QUEUE",  "SEQFLOW_CUDA_PDL",           "SEQFLOW_CUDA_UPLOAD_UNORDERED",
     "SEQFLOW_PINNED_PACKETS",   "SEQFLOW_CUDA_PROFILE",       "SEQFLOW_DEVICE_ROWS",
-    "SEQFLOW_CUDA_WARMUP",      "SEQFLOW_CUDA_FP8_SCALE",     "SEQFLOW_CUDA_FP8_ACCUM"};
+    "SEQFLOW_CUDA_WARMUP",      "SEQFLOW_CUDA_FP8_SCALE",     "SEQFLOW_CUDA_FP8_ACCUM",
+    "SEQFLOW_NCCL_CTAS"};
 
 /* The parse of text fails with SF_E_OPTION and a message naming `names`. */
 static void refused(const char *text, const char *names)
@@ -43,6 +44,11 @@ int main(void)
     CHECK_OK(sf_cuda_settings_parse("fp8_accum=fast", &s));
     CHECK(s.fp8_accum == 1);
     refused("fp8_accum=slow", "fp8_accum");
+    /* nccl_ctas: auto is 0 blocks (NCCL's choice), a number is itself, others refused */
+    CHECK(sf_cuda_settings_nccl_ctas(&d) == 0);
+    CHECK_OK(sf_cuda_settings_parse("nccl_ctas=8", &s));
+    CHECK(sf_cuda_settings_nccl_ctas(&s) == 8);
+    refused("nccl_ctas=3", "nccl_ctas");
     /* warmup and fp8_scale: given, and from their variables */
     CHECK_OK(sf_cuda_settings_parse("warmup=1,fp8_scale=epilogue", &s));
     CHECK(s.warmup == 1 && s.fp8_scale == SF_CUDA_FP8_SCALE_EPILOGUE);

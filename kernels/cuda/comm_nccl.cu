@@ -360,7 +360,7 @@ extern "C" int sf_cuda_comm_nccl_unique_id(void *buf)
 
 typedef struct split_job {
     ncclComm_t parent, child; /* child: written by NCCL when the split completes */
-    int rank, device;
+    int rank, device, max_ctas;
     ncclResult_t st;
     int done, cancel; /* atomic */
 } split_job;
@@ -371,6 +371,8 @@ static void *split_main(void *arg)
     cudaSetDevice(j->device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
+    /* fewer thread blocks a collective leave more of the GPU to the work beside it (overlap=) */
+    if (j->max_ctas > 0) config.maxCTAs = j->max_ctas;
     ncclResult_t st = ncclCommSplit(j->parent, 0, j->rank, &j->child, &config);
     /* NCCL leaves the child NULL until the split completes, which may be after the call
      * returns (a non-blocking parent): wait for it, then for its set-up; the parent's state
@@ -413,6 +415,7 @@ static int split_blocking(sf_comm *c)
     nccl_comm *n = (nccl_comm *)c->impl;
     split_job *j = new split_job();
     j->parent = n->comm, j->rank = c->rank, j->device = sf_cuda_of(c->be)->device, j->st = ncclInProgress;
+    j->max_ctas = sf_cuda_settings_nccl_ctas(&sf_cuda_of(c->be)->settings);
     pthread_t thread;
     if (pthread_create(&thread, NULL, split_main, j) != 0) {
         delete j;

@@ -22,6 +22,7 @@ static const char *const gemm_values[] = {"fastest", "gemmex", "lt", NULL};
 static const char *const memory_values[] = {"auto", "tiled", "fma", "mma", NULL};
 static const char *const fp8_scale_values[] = {"auto", "epilogue", NULL};
 static const char *const fp8_accum_values[] = {"exact", "fast", NULL};
+static const char *const nccl_ctas_values[] = {"auto", "2", "4", "8", "16", "32", NULL};
 
 #define FIELD(f) offsetof(sf_cuda_settings, f)
 static const setting settings[] = {
@@ -40,6 +41,7 @@ static const setting settings[] = {
     {"warmup", "SEQFLOW_CUDA_WARMUP", FIELD(warmup), off_on},
     {"fp8_scale", "SEQFLOW_CUDA_FP8_SCALE", FIELD(fp8_scale), fp8_scale_values},
     {"fp8_accum", "SEQFLOW_CUDA_FP8_ACCUM", FIELD(fp8_accum), fp8_accum_values},
+    {"nccl_ctas", "SEQFLOW_NCCL_CTAS", FIELD(nccl_ctas), nccl_ctas_values},
 };
 #define N_SETTINGS (int)(sizeof settings / sizeof settings[0])
 
@@ -61,6 +63,12 @@ void sf_cuda_settings_defaults(sf_cuda_settings *out)
     out->warmup = 0; /* measured slower to first rows with it (bench/RESULTS.md) */
     out->fp8_scale = SF_CUDA_FP8_SCALE_AUTO;
     out->fp8_accum = 0;
+    out->nccl_ctas = 0;
+}
+
+int sf_cuda_settings_nccl_ctas(const sf_cuda_settings *s)
+{
+    return s->nccl_ctas > 0 ? atoi(nccl_ctas_values[s->nccl_ctas]) : 0;
 }
 
 /* Sets s's field (an int: a flag or an enum's value) from value (len bytes); `from` names the

@@ -47,7 +47,12 @@ typedef struct sf_cuda_settings {
     int warmup;           /* warmup: first-use costs (kernel loading, product plans, pinned buffers) paid at start-up */
     int fp8_scale;        /* fp8_scale: an sf_cuda_fp8_scale (precision fp8 only) */
     int fp8_accum;        /* fp8_accum: 0 ("exact") partial sums promoted to float32, 1 ("fast") cuBLASLt's FAST_ACCUM */
+    int nccl_ctas;        /* nccl_ctas: the most thread blocks a collective of a head-parallel rank takes: an
+                           * index into "auto", "2", "4", "8", "16", "32" (sf_cuda_settings_nccl_ctas) */
 } sf_cuda_settings;
+
+/* nccl_ctas as a count of thread blocks; 0 for "auto" (NCCL's choice). */
+int sf_cuda_settings_nccl_ctas(const sf_cuda_settings *s);
 
 /* The built-in defaults (the fastest measured), ignoring the environment. */
 void sf_cuda_settings_defaults(sf_cuda_settings *out);
