@@ -8,10 +8,10 @@
  * SwiGLU 4096, final norm; random weights, seed 1) over S segments of random tokens through
  * `segment ! embed ! block ! norm` in push mode, timed after W warm-up segments, for:
  *   plain  - block (today's path)
- *   R=1    - block heads_of=1 (the sharded path with a one-rank communicator: its overhead)
- *   R=2..G - block heads_of=R over R GPUs (when that many are visible and R divides H and F)
+ *   R=1    - block heads_of=1 overlap=1 (the sharded path with a one-rank communicator: its overhead)
+ *   R=2..G - block heads_of=R overlap=1 over R GPUs (when that many are visible and R divides H and F)
  * each also with overlap=K (default 4: the rows after attention in K chunks, each chunk's
- * all-reduce beside the next chunk's work)
+ * all-reduce beside the next chunk's work; the block's own default is 2 on GPUs with R >= 2)
  * repeated K times in turns (plain, R=1, R=2, plain, ...) so that drift hits every one alike;
  * the median of each is reported. Then the communicator alone: an all-reduce of one segment's
  * rows ([N, D] float32, what each layer reduces twice) on R ranks, its mean time. Memory: bytes
@@ -247,7 +247,7 @@ int main(int argc, char **argv)
     const int most = cuda ? (gpus < max_gpus ? gpus : max_gpus) : (max_gpus < 4 ? max_gpus : 4);
     for (int R = 1; R <= most && n_conf + 2 <= 8; R *= 2) {
         if (cfg.heads % R || cfg.mlp_hidden % R) continue;
-        snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d", R), ranks_of[n_conf++] = R;
+        snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=1", R), ranks_of[n_conf++] = R;
         /* the all-reduces beside the next chunk's work (overlap=) */
         snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=%d", R, overlap), ranks_of[n_conf++] = R;
     }
@@ -286,7 +286,7 @@ int main(int argc, char **argv)
                ar, mem);
         printf("RESULT config=%s ranks=%d overlap=%d tokens_per_s=%.1f vs_plain=%.4f vs_r1=%.4f all_reduce_ms=%.4f "
                "all_reduce_ms_per_layer=%.4f mib_gpu0=%.0f mib_gpu1=%.0f\n",
-               R ? "heads_of" : "plain", R, strstr(blocks[i], "overlap") ? overlap : 1, med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar, ar * reductions,
+               R ? "heads_of" : "plain", R, strstr(blocks[i], "overlap=") ? atoi(strstr(blocks[i], "overlap=") + 8) : 1, med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar, ar * reductions,
                last[i].mib[0], last[i].mib[1]);
     }
     if (r1 > 0)

@@ -48,10 +48,11 @@ static const sf_option block_options[] = {
      .help = "heads_of on cuda: the GPU of each rank, e.g. 0,1 (default: the graph's GPU, then the next ones)"},
     {.name = "comm_timeout", .type = SF_OPT_INT, .default_value = "120000", .min = 1, .max = 86400000, .unit = "ms",
      .help = "heads_of: how long a rank waits for the others in a collective before the run fails"},
-    {.name = "overlap", .type = SF_OPT_INT, .default_value = "1", .min = 1, .max = SF_BLOCK_MAX_OVERLAP,
+    {.name = "overlap", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = SF_BLOCK_MAX_OVERLAP,
      .unit = "chunks",
      .help = "heads_of: the rows after attention go through the output product, MLP and all-reduces in this many "
-             "chunks, each chunk's all-reduce beside the next chunk's work"},
+             "chunks, each chunk's all-reduce beside the next chunk's work; 0 = 2 on GPUs with heads_of >= 2 (the "
+             "fastest measured), else 1"},
     {.name = "inject_failure", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 1 << 30, .unit = "segments",
      .help = "testing heads_of: the last rank fails after this many segments (0 = never)"},
     {0}};
@@ -190,6 +191,8 @@ static int block_init(sf_stage *st)
     const int ranks = (int)sf_stage_option_int(st, "heads_of");
     b->inject_failure = (int)sf_stage_option_int(st, "inject_failure");
     b->overlap = (int)sf_stage_option_int(st, "overlap");
+    /* two chunks measured 2-3% faster than one on two H100s, four slower (bench/RESULTS.md) */
+    if (b->overlap == 0) b->overlap = ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0 ? 2 : 1;
     if (ranks && sf_stage_option_int(st, "state_budget"))
         return sf_error(SF_E_OPTION, "heads_of=%d: a state_budget is not supported with head parallelism", ranks);
     rc = sf_block_shard_plan(b, 0, ranks ? ranks : 1);
