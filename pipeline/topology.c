@@ -492,11 +492,13 @@ static int read_pipeline(const ctx *c, const cJSON *v)
 
 /* ---- datacenters, nodes, ranks ---------------------------------------------------------------- */
 
+/* "cpu", "cuda", or either with ":N" (a GPU; a CPU rank of head-parallel blocks) */
 static int device_ok(const char *d)
 {
     if (strcmp(d, "cpu") == 0 || strcmp(d, "cuda") == 0) return 1;
-    if (strncmp(d, "cuda:", 5) != 0 || !d[5] || strlen(d + 5) > 4) return 0;
-    for (const char *s = d + 5; *s; s++)
+    const size_t at = strncmp(d, "cuda:", 5) == 0 ? 5 : strncmp(d, "cpu:", 4) == 0 ? 4 : 0;
+    if (!at || !d[at] || strlen(d + at) > 4) return 0;
+    for (const char *s = d + at; *s; s++)
         if (*s < '0' || *s > '9') return 0;
     return 1;
 }
@@ -561,7 +563,7 @@ static int read_rank(const ctx *c, const cJSON *r, const char *path, int dc, int
         char dp[PATH_MAX_LEN];
         index_path(dp, sizeof dp, p, k);
         if (!cJSON_IsString(d) || !device_ok(d->valuestring))
-            return fail(c, dp, "expected \"cpu\", \"cuda\" or \"cuda:N\"");
+            return fail(c, dp, "expected \"cpu\", \"cpu:N\", \"cuda\" or \"cuda:N\"");
         for (int j = 0; j < k; j++)
             if (strcmp(list[j], d->valuestring) == 0) return fail(c, dp, "device \"%s\" is listed twice", list[j]);
         if (!(list[k] = keep_str(t, d->valuestring))) return sf_error(SF_E_NOMEM, "out of memory");

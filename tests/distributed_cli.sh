@@ -79,6 +79,15 @@ layouts)
     [ -n "$plain_bytes" ] && [ -n "$shuffled_bytes" ] && [ "$shuffled_bytes" -lt "$plain_bytes" ] ||
         fail "shuffled links sent ${shuffled_bytes:-?} bytes, plain ones ${plain_bytes:-?}"
     echo "ok: rank 0 sent $shuffled_bytes bytes shuffled, $plain_bytes without"
+    # head parallelism placed by the topology: every rank listing two CPU ranks splits its
+    # blocks' heads over two threads, as --cpu-ranks 2 does in one process
+    sed 's/"public_key": \("[^"]*"\)}/"public_key": \1, "devices": ["cpu:0", "cpu:1"]}/' \
+        "$tmp/topo/topology.json" > "$tmp/topo/heads.json"
+    grep -q '"cpu:1"' "$tmp/topo/heads.json" || fail "could not write the devices into the topology"
+    "$bin" run $model --cpu-ranks 2 -i in.bin -o ref-heads.raw "$plain" || fail "seqflow run --cpu-ranks 2"
+    cmp -s ref-heads.raw ref1.raw && fail "--cpu-ranks 2 gave the unsharded bytes: the check below could not fail"
+    check "launch: heads over a rank's topology devices" ref-heads.raw "$bin" launch -n 3 \
+        --topology "$tmp/topo/heads.json" -- --key "$tmp/topo/rank{rank}.key" $model -i in.bin -o out.raw "$layer"
     # refusals: a bad placement is a usage error before anything runs
     rm -f out.raw
     "$bin" launch -n 2 -- $model -i in.bin -o out.raw "segment ! embed @1,2 ! block @1 ! norm" 2> err.txt

@@ -232,7 +232,13 @@ static void check_refusals(void)
                   "$.rendezvous: \"tcp://h0:7000\" is also rank 0's endpoint"));
     CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpoint': 'tcp://h:1', 'public_key': '" K0
                       "', 'devices': ['gpu0']}]}]}]",
-                  "ranks[0].devices[0]: expected \"cpu\", \"cuda\" or \"cuda:N\""));
+                  "ranks[0].devices[0]: expected \"cpu\", \"cpu:N\", \"cuda\" or \"cuda:N\""));
+    CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpoint': 'tcp://h:1', 'public_key': '" K0
+                      "', 'devices': ['cpu:x']}]}]}]",
+                  "ranks[0].devices[0]: expected"));
+    CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpoint': 'tcp://h:1', 'public_key': '" K0
+                      "', 'devices': ['cpu:0', 'cpu:0']}]}]}]",
+                  "ranks[0].devices[1]: device \"cpu:0\" is listed twice"));
     CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpoint': 'tcp://h:1', 'public_key': '" K0
                       "'}]}]}, {'name': 'a', 'nodes': [{'name': 'n1', 'ranks': [{'id': 1, 'endpoint': 'tcp://h:2', 'public_key': '" K0 "'}]}]}]",
                   "$.datacenters[1].name: a second datacenter named \"a\""));

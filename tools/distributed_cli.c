@@ -354,6 +354,50 @@ static int worker_run(worker *w)
     return status;
 }
 
+/* Head parallelism from the topology: a rank whose "devices" lists two or more of the run's
+ * kind (["cuda:0", "cuda:1"] for -d cuda, ["cpu:0", "cpu:1"] for a CPU run) splits the heads of
+ * its block stages over them, as --gpus N / --cpu-ranks N would (those, given, win). Devices of
+ * the other kind are left alone, as a single device is. 0, or 2 with the message printed. */
+static int place_heads(run_args *ra, const sf_topology_rank *self, int rank)
+{
+    if (!self || self->n_devices < 2 || ra->heads_of) return 0;
+    const int cuda = ra->device && strcmp(ra->device, "cuda") == 0;
+    int matching = 0;
+    size_t used = 0;
+    for (int i = 0; i < self->n_devices; i++) {
+        const char *d = self->devices[i];
+        if (cuda && strncmp(d, "cuda:", 5) == 0) {
+            matching++;
+            int n = snprintf(ra->heads_devices + used, sizeof ra->heads_devices - used, "%s%s", used ? "," : "", d + 5);
+            if (n < 0 || (size_t)n >= sizeof ra->heads_devices - used) {
+                fprintf(stderr, "seqflow: rank %d: too many devices in the topology\n", rank);
+                return 2;
+            }
+            used += (size_t)n;
+        } else if (!cuda && (strcmp(d, "cpu") == 0 || strncmp(d, "cpu:", 4) == 0)) {
+            matching++;
+        }
+    }
+    if (matching == 0) {
+        ra->heads_devices[0] = 0;
+        return 0;
+    }
+    if (matching != self->n_devices) {
+        fprintf(stderr, "seqflow: rank %d: its topology devices mix kinds; head parallelism over them needs every one "
+                        "to be %s\n",
+                rank, cuda ? "\"cuda:N\"" : "\"cpu\" or \"cpu:N\"");
+        return 2;
+    }
+    if (cuda && ra->device_index_set) {
+        fprintf(stderr, "seqflow: rank %d: -d cuda:N and a topology listing %d GPUs for it; give one of them\n", rank,
+                matching);
+        return 2;
+    }
+    ra->heads_of = matching;
+    ra->heads_on_gpus = cuda;
+    return 0;
+}
+
 int cmd_worker(int argc, char **argv)
 {
     worker w = {.rank = -1, .world = -1, .local_rank = -1};
@@ -385,6 +429,7 @@ int cmd_worker(int argc, char **argv)
     }
     status = run_parse(argc, argv, &w.run, worker_usage);
     run_args *ra = &w.run.a;
+    if (status == 0) status = place_heads(ra, sf_topology_rank_get(w.topology, w.rank), w.rank);
     if (status == 0 && ra->device && strcmp(ra->device, "cuda") == 0 && !ra->device_index_set) {
         /* one GPU a rank on a node: the topology's "devices" of this rank, else its local rank */
         const sf_topology_rank *self = sf_topology_rank_get(w.topology, w.rank);

@@ -521,6 +521,7 @@ static int append_body(char *buf, size_t size, const char *body, const run_args 
             char n[16];
             snprintf(n, sizeof n, "%d", a->heads_of);
             append_option(buf, size, "heads_of", n);
+            if (a->heads_devices[0]) append_option(buf, size, "devices", a->heads_devices);
             strcat(buf, " ");
         }
         if (blocks && starts_with_stage(p, "block")) {
@@ -660,7 +661,7 @@ static int compose(run_ctx *c)
     size_t size = strlen(body) + 4096 + (a->input ? strlen(a->input) : 0) + (a->out ? strlen(a->out) : 0);
     if (a->state_budget) size += (size_t)count_stages(body, "block") * (160 + (a->spill_dir ? strlen(a->spill_dir) : 0));
     if (a->out_dtype) size += (size_t)count_stages(body, "norm") * 32;
-    if (a->heads_of) size += (size_t)count_stages(body, "block") * 32;
+    if (a->heads_of) size += (size_t)count_stages(body, "block") * (48 + strlen(a->heads_devices));
     char *pipeline = c->pipeline = calloc(1, size);
     if (!pipeline) {
         fprintf(stderr, "seqflow: out of memory\n");

@@ -27,6 +27,7 @@ typedef struct run_args {
     sf_precision precision;      /* --precision, AUTO when not given */
     const char *backend_settings; /* --backend-settings KEY=V[,KEY=V], NULL = the defaults */
     int heads_of, heads_on_gpus; /* --gpus N / --cpu-ranks N: head-parallel blocks, 0 = off */
+    char heads_devices[256];     /* a worker's topology devices as block devices= ("0,1"), "" = none */
     int device_index, device_index_set; /* -d cuda:N: N (set: given so); else 0, or a worker's own:
                                     its topology devices' first "cuda:N", else its local rank */
     uint64_t seed;
