@@ -11,8 +11,9 @@
  * received) within the server's window, and sends PING while it waits so that a slow server
  * never takes it for gone. -r paces the input (for demonstrations and tests).
  *
- * Resume: it keeps the tokens the server has not made durable yet (DURABLE tells how far a
- * checkpoint holds the stream). When the connection drops (the server was killed or restarted,
+ * Resume: where the server keeps checkpoints (it sends DURABLE right after OPENED), it keeps the
+ * tokens the server has not made durable yet (DURABLE tells how far a checkpoint holds the
+ * stream). When the connection drops (the server was killed or restarted,
  * which a socket monitor reports at once) it reconnects with a fresh socket, backing off from
  * 0.1 s to 2 s between tries, for at most -R seconds (default 30), and sends RESUME with the
  * rows it has; the server answers the position to push from, it pushes its kept tokens from
@@ -194,6 +195,7 @@ int main(int argc, char **argv)
     uint8_t *kept = malloc(kept_cap);
     double sum = 0, started = now_s();
     int input_done = 0, close_sent = 0, closed = 0, status = 0, silent_ms = 0, resuming = 0;
+    int resumable = 0; /* 1: DURABLE came (the server checkpoints); -1: ROWS came first (it does not) */
     size_t buf_size = 1 << 24;
     uint8_t *buf = malloc(buf_size), payload[4 * CHUNK];
     while (!closed && !status && buf && kept) {
@@ -225,6 +227,10 @@ int main(int argc, char **argv)
             for (size_t t = 0; t < n; t++) memset(payload + 4 * t + 1, 0, 3), payload[4 * t] = kept[pushed - base + t];
             send_msg(cn.sock, PUSH, stream, pushed, n, payload, 4 * n);
             pushed += n;
+            if (resumable < 0) { /* a server without checkpoints: nothing to keep */
+                memmove(kept, kept + (pushed - base), (size_t)(have - pushed));
+                base = pushed;
+            }
         }
         if (window && !resuming && input_done && pushed == have && !close_sent) {
             send_msg(cn.sock, CLOSE, stream, 0, 0, NULL, 0);
@@ -240,6 +246,11 @@ int main(int argc, char **argv)
                 zmq_msg_recv(&ev, cn.monitor, 0);
                 more = zmq_msg_more(&ev);
                 zmq_msg_close(&ev);
+            }
+            if (resumable < 0) {
+                fprintf(stderr, "serve_client: the connection to %s dropped; the server keeps no checkpoints\n", cn.endpoint);
+                status = 1;
+                break;
             }
             if (reconnect(&cn, stream, received, now_s() + resume_timeout) != 0) {
                 fprintf(stderr, "serve_client: the server at %s stayed away for %g s\n", cn.endpoint, resume_timeout);
@@ -284,12 +295,14 @@ int main(int argc, char **argv)
             window = b, pushed = a, resuming = 0, close_sent = 0; /* CLOSE again: it may be lost */
             break;
         case DURABLE:
+            resumable = 1; /* the server checkpoints this stream (DURABLE follows OPENED) */
             if (a > base && a <= pushed) { /* the server's checkpoint holds them: drop */
                 memmove(kept, kept + (a - base), (size_t)(have - a));
                 base = a;
             }
             break;
         case ROWS:
+            if (!resumable) resumable = -1; /* rows before any DURABLE: no checkpoints */
             n = rows_of(buf + HEADER, (size_t)len - HEADER, &rows, &width, &flags);
             if (n < 0 || (uint64_t)n != b || (!(flags & 2) && a > received)) {
                 fprintf(stderr, "serve_client: rows out of order or malformed\n");

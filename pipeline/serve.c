@@ -177,6 +177,8 @@ static void on_open(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     st->credit += (int64_t)(m->a > s->o.max_credit ? s->o.max_credit : m->a);
     if (st->credit > (int64_t)s->o.max_credit) st->credit = s->o.max_credit;
     send_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
+    /* a resumable stream's client learns it here: it keeps its tokens until DURABLE says */
+    if (st->resumable) send_simple(s, c, SF_SERVE_DURABLE, st->id, st->durable, 0);
 }
 
 /* RESUME: a client takes a stream over again (after a restart of the server, from a checkpoint,
