@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -167,15 +168,21 @@ int main(int argc, char **argv)
     char **sargv = calloc((size_t)nextra + 12, sizeof *sargv);
     int k = 0;
     sargv[k++] = (char *)seqflow, sargv[k++] = "serve", sargv[k++] = "--bind", sargv[k++] = endpoint;
-    sargv[k++] = "--plaintext", sargv[k++] = "-q";
-    char ckpt_dir[64], every[32];
+    sargv[k++] = "--plaintext";
+    if (checkpoint <= 0) sargv[k++] = "-q"; /* else its summary says the checkpoints' time */
+    char ckpt_dir[64], every[32], serve_err[64];
+    snprintf(serve_err, sizeof serve_err, "%s/serve.err", dir);
     snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", dir);
     snprintf(every, sizeof every, "%g", checkpoint);
     if (checkpoint > 0)
         sargv[k++] = "--checkpoint", sargv[k++] = ckpt_dir, sargv[k++] = "--checkpoint-every", sargv[k++] = every;
     for (int i = 0; i < nextra; i++) sargv[k++] = argv[extra + i];
     pid_t server;
-    if (posix_spawn(&server, seqflow, NULL, NULL, sargv, environ) != 0) return 1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (checkpoint > 0) posix_spawn_file_actions_addopen(&fa, 2, serve_err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (posix_spawn(&server, seqflow, &fa, NULL, sargv, environ) != 0) return 1;
+    posix_spawn_file_actions_destroy(&fa);
     char sock_path[80];
     snprintf(sock_path, sizeof sock_path, "%s/s", dir);
     for (int i = 0; i < 200 && access(sock_path, F_OK) != 0; i++) usleep(20000);
@@ -301,8 +308,18 @@ int main(int argc, char **argv)
             ckpt_bytes = (unsigned long long)ftell(f);
             fclose(f);
         }
-        printf("checkpoints: every %g s, %llu written, the last (at the stop: the latency phase's streams) %llu bytes\n", checkpoint,
-               ckpt_seq, ckpt_bytes);
+        double ckpt_s = 0; /* from the server's summary line */
+        FILE *e = fopen(serve_err, "r");
+        char line[512];
+        while (e && fgets(line, sizeof line, e)) {
+            const char *w = strstr(line, "checkpoint(s) written in ");
+            if (w) ckpt_s = strtod(w + strlen("checkpoint(s) written in "), NULL);
+        }
+        if (e) fclose(e);
+        unlink(serve_err);
+        printf("checkpoints: every %g s, %llu written in %.3f s of the server's time (%.2f ms each), the last (at the "
+               "stop: the latency phase's streams) %llu bytes\n",
+               checkpoint, ckpt_seq, ckpt_s, ckpt_seq ? 1e3 * ckpt_s / (double)ckpt_seq : 0.0, ckpt_bytes);
         snprintf(cmd, sizeof cmd, "rm -rf %s", ckpt_dir);
         if (system(cmd) != 0) fprintf(stderr, "bench_serve: cannot remove %s\n", ckpt_dir);
     }

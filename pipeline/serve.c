@@ -562,6 +562,7 @@ static int expire(sf_serve *s, double now)
  * write is logged and the server goes on (its streams stay durable up to the last one). */
 static int checkpoint_now(sf_serve *s)
 {
+    double t0 = sf_monotonic_seconds();
     sf_buffer state = {0};
     int rc = sf_graph_save(s->graph, &state);
     /* a save lets waiting batches run: their rows leave (and are kept) before the write */
@@ -574,6 +575,8 @@ static int checkpoint_now(sf_serve *s)
     rc = serve_ckpt_write(s, state.data, state.len);
     sf_buffer_release(&state);
     s->ckpt_last = sf_monotonic_seconds();
+    s->ckpt_seconds = s->ckpt_last - t0; /* the loop computed nothing meanwhile */
+    s->ckpt_seconds_sum += s->ckpt_seconds;
     if (rc != SF_OK) {
         logf_(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
               (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
@@ -758,6 +761,7 @@ void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out)
     out->streams_expired = s->streams_expired;
     out->refused = s->refused;
     out->checkpoints = s->ckpt_written;
+    out->checkpoint_seconds = s->ckpt_seconds_sum;
     out->checkpoint_failures = s->ckpt_failed;
     out->streams_restored = s->streams_restored;
     out->streams_resumed = s->streams_resumed;

@@ -88,6 +88,7 @@ typedef struct sf_serve_stats {
     uint64_t tokens_in, tokens_out, messages_in, errors_sent, streams_opened, streams_closed,
         streams_expired, refused; /* refused: connections ZAP turned away */
     uint64_t checkpoints, checkpoint_failures, streams_restored, streams_resumed;
+    double checkpoint_seconds; /* spent saving and writing checkpoints, in all */
     uint32_t streams, clients;
 } sf_serve_stats; /* tokens_out: committed rows (FLUSH's provisional rows not counted) */
 void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out);

@@ -59,7 +59,6 @@ static int put64(sf_buffer *b, uint64_t v) { return sf_buffer_append(b, &v, 8); 
 
 int serve_ckpt_write(sf_serve *s, const uint8_t *state, size_t state_len)
 {
-    double t0 = sf_monotonic_seconds();
     uint64_t seq = s->ckpt_seq + 1;
     sf_buffer b = {0}, fp = {0};
     int rc = sf_graph_fingerprint(s->graph, s->weights_hash, &fp);
@@ -98,8 +97,6 @@ int serve_ckpt_write(sf_serve *s, const uint8_t *state, size_t state_len)
     s->ckpt_written++;
     s->ckpt_bytes = bytes;
     for (uint32_t i = 0; i < s->n_streams; i++) s->streams[i]->durable = s->streams[i]->fed;
-    s->ckpt_seconds = sf_monotonic_seconds() - t0;
-    s->ckpt_seconds_sum += s->ckpt_seconds;
     return SF_OK;
 }
 

@@ -268,8 +268,8 @@ int cmd_serve(int argc, char **argv)
                 (unsigned long long)st.streams_expired, sa.checkpoint ? "; checkpoints kept" : "",
                 stop_signal ? "; stopped by a signal" : "");
         if (sa.checkpoint)
-            cli_log(CLI_LOG_INFO, "%llu checkpoint(s) written (%llu failed); %llu stream(s) restored, %llu resumed",
-                    (unsigned long long)st.checkpoints, (unsigned long long)st.checkpoint_failures,
+            cli_log(CLI_LOG_INFO, "%llu checkpoint(s) written in %.3f s (%llu failed); %llu stream(s) restored, %llu resumed",
+                    (unsigned long long)st.checkpoints, st.checkpoint_seconds, (unsigned long long)st.checkpoint_failures,
                     (unsigned long long)st.streams_restored, (unsigned long long)st.streams_resumed);
         running = NULL;
     }
