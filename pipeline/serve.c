@@ -213,7 +213,9 @@ static void on_resume(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     if (st->orphan_since) s->streams_resumed++;
     st->orphan_since = 0;
     st->abandoned = 0;
-    st->acked = m->b;
+    /* after a restart the client may hold rows computed after the checkpoint: they come again
+     * (it drops them), and until then the acknowledgement stays within the rows sent */
+    st->acked = m->b < st->rows_sent ? m->b : st->rows_sent;
     serve_drop_acked(st, m->b);
     /* the old connection's credit went with it */
     st->credit = (int64_t)(m->a > s->o.max_credit ? s->o.max_credit : m->a);
