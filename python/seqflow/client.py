@@ -283,14 +283,17 @@ class Client:
             time.sleep(wait_ms / 1000)
             return False
         item = (_pollitem * 1)(_pollitem(self._monitor, 0, _ZMQ_POLLIN, 0))
-        if z.zmq_poll(item, 1, wait_ms) > 0 and item[0].revents & _ZMQ_POLLIN:
-            event = self._drain_monitor()
-            if event == _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
-                raise ServeError(0, f"the server at {self._endpoint} refused this client's CURVE key "
-                                    "(not in its --clients file, or the wrong server key)")
-            if event == _ZMQ_EVENT_DISCONNECTED:
-                self._resume()
-                return True
+        events = set()
+        while z.zmq_poll(item, 1, wait_ms) > 0 and item[0].revents & _ZMQ_POLLIN:
+            events.add(self._drain_monitor())
+            wait_ms = 0
+        if _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH in events:
+            raise ServeError(0, f"the server at {self._endpoint} refused this client's CURVE key "
+                                "(not in its --clients file, or the wrong server key)")
+        # without a stream to resume, libzmq's own reconnection is all there is to do
+        if _ZMQ_EVENT_DISCONNECTED in events and self._streams:
+            self._resume()
+            return True
         return False
 
     def _resume(self):
