@@ -2,8 +2,12 @@
  * `seqflow run` process:
  *
  *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--load F]
- *               [--latency-segments L] [-- server and run options, e.g. --layers 1]
+ *               [--latency-segments L] [--checkpoint SECONDS] [-- server and run options, e.g. --layers 1]
  *
+ * --checkpoint S starts the server with `--checkpoint DIR --checkpoint-every S` (docs/SERVE.md,
+ * "Restarts"): it then keeps every ROWS until acknowledged and writes a checkpoint of every
+ * stream every S seconds; the checkpoints written and the newest one's size are printed. The
+ * client speaks protocol version 2 either way and acknowledges the rows it has with each CREDIT.
  * It starts `PATH serve --bind ipc://... --plaintext` (with the options after --), connects C
  * DEALER sockets (default min(N, 64); the N streams are spread over them) and measures:
  *  - throughput: every stream opens, pushes S segments of random byte tokens (one PUSH per
@@ -24,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -59,7 +64,7 @@ static uint8_t msg[HEADER + 4 * SEGMENT];
 static void send_msg(void *sock, int type, uint64_t stream, uint64_t a, uint64_t b, const uint32_t *tokens)
 {
     memcpy(msg, "SFS1", 4);
-    msg[4] = 1;
+    msg[4] = 2;
     msg[5] = (uint8_t)type;
     msg[6] = msg[7] = 0;
     put64(msg + 8, stream);
@@ -115,8 +120,8 @@ static int drain(void **socks, int nclients, zmq_pollitem_t *items, stream_state
             uint64_t s = get64(buf + 8), a = get64(buf + 16), b = get64(buf + 24);
             switch (buf[5]) {
             case ROWS:
-                send_msg(socks[c], CREDIT, s, 1, 0, NULL);
                 st[s].rows += b;
+                send_msg(socks[c], CREDIT, s, 1, st[s].rows, NULL);
                 if (lat && b) lat[(*nlat)++] = now_s() - st[s].sent_at;
                 break;
             case CLOSED: st[s].closed = 1, (*closed)++; break;
@@ -134,7 +139,7 @@ int main(int argc, char **argv)
 {
     const char *seqflow = NULL;
     int nstreams = 64, nclients = 0, segments = 4, lat_segments = 4;
-    double load = 0.5;
+    double load = 0.5, checkpoint = 0;
     int extra = argc;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { extra = i + 1; break; }
@@ -145,10 +150,11 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--segments") == 0) segments = atoi(argv[++i]);
         else if (strcmp(argv[i], "--load") == 0) load = atof(argv[++i]);
         else if (strcmp(argv[i], "--latency-segments") == 0) lat_segments = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--checkpoint") == 0) checkpoint = atof(argv[++i]);
     }
     if (!seqflow || nstreams < 1 || segments < 1) {
         fprintf(stderr, "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--load F] "
-                        "[--latency-segments L] [-- options]\n");
+                        "[--latency-segments L] [--checkpoint SECONDS] [-- options]\n");
         return 2;
     }
     if (nclients <= 0) nclients = nstreams < 64 ? nstreams : 64;
@@ -159,13 +165,24 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir)) return 1;
     snprintf(endpoint, sizeof endpoint, "ipc://%s/s", dir);
     /* the server */
-    char **sargv = calloc((size_t)nextra + 8, sizeof *sargv);
+    char **sargv = calloc((size_t)nextra + 12, sizeof *sargv);
     int k = 0;
     sargv[k++] = (char *)seqflow, sargv[k++] = "serve", sargv[k++] = "--bind", sargv[k++] = endpoint;
-    sargv[k++] = "--plaintext", sargv[k++] = "-q";
+    sargv[k++] = "--plaintext";
+    if (checkpoint <= 0) sargv[k++] = "-q"; /* else its summary says the checkpoints' time */
+    char ckpt_dir[64], every[32], serve_err[64];
+    snprintf(serve_err, sizeof serve_err, "%s/serve.err", dir);
+    snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", dir);
+    snprintf(every, sizeof every, "%g", checkpoint);
+    if (checkpoint > 0)
+        sargv[k++] = "--checkpoint", sargv[k++] = ckpt_dir, sargv[k++] = "--checkpoint-every", sargv[k++] = every;
     for (int i = 0; i < nextra; i++) sargv[k++] = argv[extra + i];
     pid_t server;
-    if (posix_spawn(&server, seqflow, NULL, NULL, sargv, environ) != 0) return 1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (checkpoint > 0) posix_spawn_file_actions_addopen(&fa, 2, serve_err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (posix_spawn(&server, seqflow, &fa, NULL, sargv, environ) != 0) return 1;
+    posix_spawn_file_actions_destroy(&fa);
     char sock_path[80];
     snprintf(sock_path, sizeof sock_path, "%s/s", dir);
     for (int i = 0; i < 200 && access(sock_path, F_OK) != 0; i++) usleep(20000);
@@ -253,8 +270,8 @@ int main(int argc, char **argv)
                     n++;
                     uint64_t s = get64(buf + 8) - base, b = get64(buf + 24);
                     if (buf[5] == ROWS) {
-                        send_msg(socks[c], CREDIT, base + s, 1, 0, NULL);
                         lst[s].rows += b;
+                        send_msg(socks[c], CREDIT, base + s, 1, lst[s].rows, NULL);
                         if (b && nlat < cap) lat[nlat++] = now_s() - lst[s].sent_at;
                     } else if (buf[5] == ERROR) {
                         fprintf(stderr, "bench_serve: %.*s\n", (int)b, buf + HEADER);
@@ -275,6 +292,37 @@ int main(int argc, char **argv)
     zmq_ctx_term(ctx);
     kill(server, SIGTERM);
     waitpid(server, NULL, 0);
+    /* the checkpoints: the newest one's number (one per write) and size, then away with them */
+    unsigned long long ckpt_seq = 0, ckpt_bytes = 0;
+    if (checkpoint > 0) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "ls %s | sed -n 's/^ckpt-0*\\([0-9]*\\)\\.sqf$/\\1/p' | sort -n | tail -n 1", ckpt_dir);
+        FILE *p = popen(cmd, "r");
+        if (p && fscanf(p, "%llu", &ckpt_seq) != 1) ckpt_seq = 0;
+        if (p) pclose(p);
+        char path[128];
+        snprintf(path, sizeof path, "%s/ckpt-%020llu.sqf", ckpt_dir, ckpt_seq);
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            fseek(f, 0, SEEK_END);
+            ckpt_bytes = (unsigned long long)ftell(f);
+            fclose(f);
+        }
+        double ckpt_s = 0; /* from the server's summary line */
+        FILE *e = fopen(serve_err, "r");
+        char line[512];
+        while (e && fgets(line, sizeof line, e)) {
+            const char *w = strstr(line, "checkpoint(s) written in ");
+            if (w) ckpt_s = strtod(w + strlen("checkpoint(s) written in "), NULL);
+        }
+        if (e) fclose(e);
+        unlink(serve_err);
+        printf("checkpoints: every %g s, %llu written in %.3f s of the server's time (%.2f ms each), the last (at the "
+               "stop: the latency phase's streams) %llu bytes\n",
+               checkpoint, ckpt_seq, ckpt_s, ckpt_seq ? 1e3 * ckpt_s / (double)ckpt_seq : 0.0, ckpt_bytes);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", ckpt_dir);
+        if (system(cmd) != 0) fprintf(stderr, "bench_serve: cannot remove %s\n", ckpt_dir);
+    }
 
     /* the same streams in one `seqflow run` process */
     char **rargv = calloc((size_t)nextra + 2 * (size_t)nstreams + 8, sizeof *rargv);
@@ -324,9 +372,10 @@ int main(int argc, char **argv)
     printf("run:   the same streams in one process: %.3f s (%.3f s with start-up), %.0f tokens/s; serve/run %.2f\n",
            graph_s, run_s, run_rate, serve_rate / run_rate);
     printf("RESULT streams=%d clients=%d segments=%d tokens=%llu serve_s=%.4f serve_tps=%.0f run_s=%.4f run_tps=%.0f "
-           "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f\n",
+           "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f checkpoint_s=%g "
+           "checkpoints=%llu\n",
            nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate,
-           run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3);
+           run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq);
     for (int s = 0; s < nstreams; s++) unlink(paths[s]), free(paths[s]);
     unlink(sock_path);
     rmdir(dir);

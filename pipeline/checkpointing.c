@@ -73,7 +73,7 @@ static void report_trampoline(void *user, const char *line) { report(user, line)
  * weights, which tells model files and built-in seeds apart), the backend and precision (their
  * numbers differ), then each stage with its options (the input, pipeline and output format).
  * The thread count is not in it: results do not depend on it. */
-static int fingerprint(const sf_graph *g, sf_buffer *out)
+int sf_graph_fingerprint(const sf_graph *g, uint64_t weights_hash, sf_buffer *out)
 {
     char text[1024];
     int rc = SF_OK;
@@ -85,7 +85,7 @@ static int fingerprint(const sf_graph *g, sf_buffer *out)
                  c->dim, c->heads, c->head_dim, c->vocab, c->layers, c->segment, branches, c->causal, (int)c->memory,
                  c->global_tokens, c->summary_tokens, (double)c->norm_eps, c->mlp_hidden, c->final_norm);
         rc = sf_buffer_append(out, text, strlen(text));
-        snprintf(text, sizeof text, "weights xxh3=%016" PRIx64 "\n", g->checkpoint->weights_hash);
+        snprintf(text, sizeof text, "weights xxh3=%016" PRIx64 "\n", weights_hash);
         if (rc == SF_OK) rc = sf_buffer_append(out, text, strlen(text));
     }
     /* the backend's resolved precision: AUTO and F32 are the same thing on the CPU */
@@ -123,8 +123,8 @@ static int next_line(const char *text, size_t len, size_t *at, const char **line
 }
 
 /* Names the first item where the checkpoint's fingerprint and this run's differ. */
-static int fingerprint_mismatch(const sf_graph_checkpointing *cp, uint64_t seq, const char *theirs, size_t theirs_len,
-                                const char *mine, size_t mine_len)
+static int fingerprint_mismatch(const char *dir, uint64_t seq, const char *theirs, size_t theirs_len, const char *mine,
+                                size_t mine_len, const char *hint)
 {
     size_t a = 0, b = 0;
     const char *la = "", *lb = "";
@@ -153,9 +153,19 @@ static int fingerprint_mismatch(const sf_graph_checkpointing *cp, uint64_t seq, 
         what = stage;
     }
     return sf_error(SF_E_STATE,
-                    "checkpoint %" PRIu64 " in '%s' was written with a different %s: it has '%.*s', this run '%.*s'; "
-                    "resume with the same arguments (or start without --resume)",
-                    seq, cp->dir, what, (int)(na > 300 ? 300 : na), la, (int)(nb > 300 ? 300 : nb), lb);
+                    "checkpoint %" PRIu64 " in '%s' was written with a different %s: it has '%.*s', this run '%.*s'; %s",
+                    seq, dir, what, (int)(na > 300 ? 300 : na), la, (int)(nb > 300 ? 300 : nb), lb, hint);
+}
+
+int sf_graph_fingerprint_check(const sf_graph *g, uint64_t weights_hash, const char *dir, uint64_t seq,
+                               const uint8_t *theirs, size_t theirs_len, const char *hint)
+{
+    sf_buffer mine = {0};
+    int rc = sf_graph_fingerprint(g, weights_hash, &mine);
+    if (rc == SF_OK && (mine.len != theirs_len || memcmp(mine.data, theirs, theirs_len) != 0))
+        rc = fingerprint_mismatch(dir, seq, (const char *)theirs, theirs_len, (const char *)mine.data, mine.len, hint);
+    sf_buffer_release(&mine);
+    return rc;
 }
 
 static int parse_payload(sf_graph *g, const uint8_t *p, size_t len, uint64_t seq)
@@ -172,11 +182,8 @@ static int parse_payload(sf_graph *g, const uint8_t *p, size_t len, uint64_t seq
     memcpy(&fp_len, p + 20, 4);
     if (stored_seq != seq || fp_len > len - PAYLOAD_HEADER || len - PAYLOAD_HEADER - fp_len < 8 || (flags & ~FLAG_FINISHED))
         return sf_error(SF_E_STATE, "checkpoint %" PRIu64 " is inconsistent", seq);
-    sf_buffer mine = {0};
-    int rc = fingerprint(g, &mine);
-    if (rc == SF_OK && (mine.len != fp_len || memcmp(mine.data, p + PAYLOAD_HEADER, fp_len) != 0))
-        rc = fingerprint_mismatch(cp, seq, (const char *)p + PAYLOAD_HEADER, fp_len, (const char *)mine.data, mine.len);
-    sf_buffer_release(&mine);
+    int rc = sf_graph_fingerprint_check(g, cp->weights_hash, cp->dir, seq, p + PAYLOAD_HEADER, fp_len,
+                                        "resume with the same arguments (or start without --resume)");
     if (rc != SF_OK) return rc;
     size_t at = PAYLOAD_HEADER + fp_len;
     memcpy(&state_len, p + at, 8);
@@ -255,7 +262,7 @@ static int write_checkpoint(sf_graph *g, const uint8_t *state, size_t state_len,
     sf_buffer payload = {0}, fp = {0};
     uint32_t version = PAYLOAD_VERSION, flags = finished ? FLAG_FINISHED : 0, fp_len;
     uint64_t len64 = state_len;
-    int rc = fingerprint(g, &fp);
+    int rc = sf_graph_fingerprint(g, cp->weights_hash, &fp);
     fp_len = (uint32_t)fp.len;
     if (rc == SF_OK) rc = sf_buffer_append(&payload, PAYLOAD_MAGIC, 4);
     if (rc == SF_OK) rc = sf_buffer_append(&payload, &version, 4);

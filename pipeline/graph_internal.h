@@ -92,6 +92,13 @@ int sf_graph_checkpoint_restore_stages(sf_graph *g);
  * last stage, writes the checkpoint. Takes ownership of p. */
 int sf_graph_checkpoint_pass(sf_stage *st, sf_packet *p);
 void sf_graph_checkpoint_free(sf_graph *g);
+/* What must match between the process that wrote a checkpoint and one that loads it (model
+ * configuration, the weights' hash, backend and precision, each stage and its options), as text
+ * lines appended to out; and the check of a stored one against this graph: SF_E_STATE naming
+ * the first item that differs (in directory dir, checkpoint seq), followed by `hint`. */
+int sf_graph_fingerprint(const sf_graph *g, uint64_t weights_hash, sf_buffer *out);
+int sf_graph_fingerprint_check(const sf_graph *g, uint64_t weights_hash, const char *dir, uint64_t seq,
+                               const uint8_t *theirs, size_t theirs_len, const char *hint);
 /* The stage states of data[0..len) (sf_graph_save layout) into the started graph's stages. */
 int sf_graph_restore_stages(sf_graph *g, const uint8_t *data, size_t len);
 /* Appends one stage's entry (index, name, state) in the sf_graph_save layout. */

@@ -63,6 +63,15 @@ static serve_stream *find_stream(sf_serve *s, uint64_t id)
     return NULL;
 }
 
+void serve_stream_free(serve_stream *st)
+{
+    if (!st) return;
+    for (int k = 0; k < st->n_kept; k++) free(st->kept[k].msg);
+    free(st->kept);
+    free(st->tok);
+    free(st);
+}
+
 static void remove_stream(sf_serve *s, serve_stream *st)
 {
     for (uint32_t i = 0; i < s->n_streams; i++)
@@ -71,8 +80,8 @@ static void remove_stream(sf_serve *s, serve_stream *st)
             break;
         }
     if (st->owner) st->owner->n_streams--;
-    free(st->tok);
-    free(st);
+    serve_stream_free(st);
+    s->ckpt_dirty = 1;
 }
 
 static void remove_client(sf_serve *s, serve_client *c)
@@ -85,10 +94,12 @@ static void remove_client(sf_serve *s, serve_client *c)
     free(c);
 }
 
-/* Sends one message to a client; a client no longer connected is marked gone. */
-static void send_to(sf_serve *s, serve_client *c, const uint8_t *msg, size_t len)
+/* Sends one message to a client, in the client's protocol version (the header's byte 4 is
+ * set to it); a client no longer connected is marked gone. */
+static void send_to(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
 {
     if (!c || c->gone) return;
+    msg[4] = (uint8_t)c->version;
     if (zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s->router, msg, len, ZMQ_DONTWAIT) < 0) {
         if (!c->gone) logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle",
@@ -137,7 +148,8 @@ static void on_open(sf_serve *s, serve_client *c, const sf_serve_msg *m)
 {
     serve_stream *st = find_stream(s, m->stream);
     if (st && st->owner != c) {
-        send_error(s, c, m->stream, SF_SERVE_E_BUSY, "OPEN: stream %llu is open for another client", (unsigned long long)m->stream);
+        send_error(s, c, m->stream, SF_SERVE_E_BUSY, "OPEN: stream %llu is open for another client%s", (unsigned long long)m->stream,
+                   st->owner ? "" : " (restored from a checkpoint, it awaits its client's RESUME)");
         return;
     }
     if (st && st->closing) {
@@ -156,13 +168,67 @@ static void on_open(sf_serve *s, serve_client *c, const sf_serve_msg *m)
         }
         st->id = m->stream;
         st->owner = c;
+        st->resumable = s->ckpt_dir && m->version >= 2;
         c->n_streams++;
         s->streams[s->n_streams++] = st;
         s->streams_opened++;
+        s->ckpt_dirty = 1;
     }
     st->credit += (int64_t)(m->a > s->o.max_credit ? s->o.max_credit : m->a);
     if (st->credit > (int64_t)s->o.max_credit) st->credit = s->o.max_credit;
     send_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
+    /* a resumable stream's client learns it here: it keeps its tokens until DURABLE says */
+    if (st->resumable) send_simple(s, c, SF_SERVE_DURABLE, st->id, st->durable, 0);
+}
+
+/* RESUME: a client takes a stream over again (after a restart of the server, from a checkpoint,
+ * or after its own connection broke) and gets the rows it lacks that were already computed. */
+static void on_resume(sf_serve *s, serve_client *c, const sf_serve_msg *m)
+{
+    serve_stream *st = find_stream(s, m->stream);
+    unsigned long long id = (unsigned long long)m->stream;
+    if (!s->ckpt_dir) {
+        send_error(s, c, m->stream, SF_SERVE_E_UNKNOWN, "RESUME: this server keeps no checkpoints (started without --checkpoint)");
+        return;
+    }
+    if (!st || !st->resumable) {
+        send_error(s, c, m->stream, SF_SERVE_E_UNKNOWN,
+                   "RESUME: the server holds no state of stream %llu (%s)", id,
+                   st ? "opened with protocol version 1" : "never opened, closed, expired, or opened after the last checkpoint");
+        return;
+    }
+    /* the rows it can send again start at the oldest kept one, else at the next to compute */
+    uint64_t first = st->n_kept ? st->kept[0].pos : st->rows_sent;
+    if (m->b < first || m->b < st->acked) {
+        send_error(s, c, m->stream, SF_SERVE_E_GAP,
+                   "RESUME: stream %llu's rows before %llu were acknowledged and are no longer held; the client has %llu", id,
+                   (unsigned long long)(first > st->acked ? first : st->acked), (unsigned long long)m->b);
+        return;
+    }
+    if (st->owner != c) {
+        if (st->owner) st->owner->n_streams--;
+        st->owner = c;
+        c->n_streams++;
+    }
+    if (st->orphan_since) s->streams_resumed++;
+    st->orphan_since = 0;
+    st->abandoned = 0;
+    /* after a restart the client may hold rows computed after the checkpoint: they come again
+     * (it drops them), and until then the acknowledgement stays within the rows sent */
+    st->acked = m->b < st->rows_sent ? m->b : st->rows_sent;
+    serve_drop_acked(st, m->b);
+    /* the old connection's credit went with it */
+    st->credit = (int64_t)(m->a > s->o.max_credit ? s->o.max_credit : m->a);
+    send_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
+    if (st->durable) send_simple(s, c, SF_SERVE_DURABLE, st->id, st->durable, 0);
+    st->durable_told = st->durable;
+    for (int k = 0; k < st->n_kept; k++) { /* each costs its credit: it may go below 0 */
+        send_to(s, c, st->kept[k].msg, st->kept[k].len);
+        st->credit--;
+        s->replies++;
+    }
+    logf_(s, "stream %llu resumed at position %llu (the client has %llu rows; %d kept sent again)", id,
+          (unsigned long long)st->next_pos, (unsigned long long)m->b, st->n_kept);
 }
 
 /* Remembers when the tokens up to `end` arrived (for the push-to-reply latency); when the
@@ -254,6 +320,7 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
 {
     sf_serve_msg m;
     s->messages_in++;
+    if (len > 4 && buf[4] >= SF_SERVE_VERSION_MIN && buf[4] <= SF_SERVE_VERSION) c->version = buf[4];
     if (sf_serve_decode(buf, len, s->o.window, &m) != SF_OK) {
         uint64_t stream = 0;
         for (int i = 7; len >= 16 && i >= 0; i--) stream = stream << 8 | buf[8 + i];
@@ -263,6 +330,7 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
     serve_stream *st;
     switch (m.type) {
     case SF_SERVE_OPEN: on_open(s, c, &m); break;
+    case SF_SERVE_RESUME: on_resume(s, c, &m); break;
     case SF_SERVE_PUSH: on_push(s, c, &m); break;
     case SF_SERVE_FLUSH:
         if (!(st = owned_stream(s, c, &m))) break;
@@ -275,6 +343,8 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
         st->flush_t[st->n_flush++] = sf_monotonic_seconds();
         break;
     case SF_SERVE_CLOSE:
+        st = find_stream(s, m.stream);
+        if (st && st->owner == c && st->closing) break; /* again, after a RESUME: it stands */
         if (!(st = owned_stream(s, c, &m))) break;
         st->closing = 1;
         break;
@@ -285,6 +355,10 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
         if (!st || st->owner != c) break;
         st->credit += (int64_t)(m.a > s->o.max_credit ? s->o.max_credit : m.a);
         if (st->credit > (int64_t)s->o.max_credit) st->credit = s->o.max_credit;
+        if (m.b > st->acked && m.b <= st->rows_sent) { /* version 2: the rows it has */
+            st->acked = m.b;
+            serve_drop_acked(st, m.b);
+        }
         break;
     case SF_SERVE_PING: send_simple(s, c, SF_SERVE_PONG, m.stream, m.a, 0); break;
     default:
@@ -318,6 +392,7 @@ static void on_router(sf_serve *s, int budget)
         if (ok && !c && id_len <= SERVE_MAX_ID && s->n_clients < s->o.max_clients && (c = calloc(1, sizeof *c))) {
             memcpy(c->id, zmq_msg_data(&id), id_len);
             c->id_len = id_len;
+            c->version = SF_SERVE_VERSION;
             s->clients[s->n_clients++] = c;
         }
         if (c) {
@@ -330,7 +405,7 @@ static void on_router(sf_serve *s, int budget)
                 on_message(s, c, zmq_msg_data(&body), zmq_msg_size(&body));
             }
         } else if (ok && id_len <= SERVE_MAX_ID) { /* no room for another client: say so, keep nothing */
-            serve_client tmp = {.id_len = id_len};
+            serve_client tmp = {.id_len = id_len, .version = SF_SERVE_VERSION};
             memcpy(tmp.id, zmq_msg_data(&id), id_len);
             send_error(s, &tmp, 0, SF_SERVE_E_LIMIT, "the server has its maximum of %u clients", s->o.max_clients);
         }
@@ -357,7 +432,9 @@ static int dispatch(sf_serve *s, double t0)
 {
     for (sf_packet *p; (p = sf_graph_pull(s->graph)); sf_packet_free(p)) {
         serve_stream *st = find_stream(s, p->stream);
-        if (!st || st->abandoned || !st->owner || st->owner->gone) continue;
+        if (!st || st->abandoned) continue;
+        /* a resumable stream's rows are kept even while its client is away: it resumes */
+        if (!st->resumable && (!st->owner || st->owner->gone)) continue;
         s->out.len = 0;
         uint32_t *tokens = p->tokens; /* the client has its tokens: only the rows travel */
         p->tokens = NULL;
@@ -367,6 +444,14 @@ static int dispatch(sf_serve *s, double t0)
         if (rc != SF_OK) {
             sf_packet_free(p);
             return fail(s, rc);
+        }
+        if (!(p->flags & SF_PACKET_PROVISIONAL)) {
+            st->rows_sent = p->position + p->n;
+            /* kept until acknowledged: a RESUME sends it again, a checkpoint saves it */
+            if (st->resumable && (rc = serve_keep(st, p->position, p->n, s->out.data, s->out.len)) != SF_OK) {
+                sf_packet_free(p);
+                return fail(s, rc);
+            }
         }
         send_to(s, st->owner, s->out.data, s->out.len);
         st->credit--;
@@ -380,9 +465,16 @@ static int dispatch(sf_serve *s, double t0)
 
 /* One step of a stream: a flush due, up to one segment of its tokens, or its end. Returns 1
  * when it did something, 0 when it waits (no credit, nothing to do), or a negative error. */
+static int can_step(const sf_serve *s, const serve_stream *st)
+{
+    /* a resumable stream also waits while max_credit of its ROWS are unacknowledged: that
+     * bounds what the server keeps for it */
+    return st->credit > 0 && st->owner && (!st->resumable || st->n_kept < (int)s->o.max_credit);
+}
+
 static int step(sf_serve *s, serve_stream *st)
 {
-    if (st->credit <= 0) return 0;
+    if (!can_step(s, st)) return 0;
     int rc;
     if (st->n_flush && st->flush_at[0] == st->fed) {
         double t0 = st->flush_t[0];
@@ -402,6 +494,7 @@ static int step(sf_serve *s, serve_stream *st)
         st->tok_head += (size_t)n;
         st->tok_len -= (size_t)n;
         st->fed += n;
+        s->ckpt_dirty = 1;
         if (!st->tok_len) st->tok_head = 0;
         rc = dispatch(s, t0);
         return rc == SF_OK ? 1 : rc;
@@ -447,6 +540,57 @@ static int expire(sf_serve *s, double now)
         if (ended) logf_(s, "a client idle for %.1f s: its %d stream(s) ended and freed", now - c->last_active, ended);
         remove_client(s, c);
     }
+    /* streams restored from a checkpoint that no client resumed within the timeout */
+    for (uint32_t k = 0; k < s->n_streams;) {
+        serve_stream *st = s->streams[k];
+        if (st->owner || now - st->orphan_since <= s->o.idle_timeout) {
+            k++;
+            continue;
+        }
+        st->abandoned = 1;
+        int rc = st->fed ? sf_graph_end(s->graph, st->id) : SF_OK;
+        if (rc == SF_OK) rc = dispatch(s, 0);
+        if (rc != SF_OK) return rc == s->failed ? rc : fail(s, rc);
+        logf_(s, "stream %llu, restored from a checkpoint, was not resumed within %.1f s: ended and freed",
+              (unsigned long long)st->id, s->o.idle_timeout);
+        remove_stream(s, st);
+        s->streams_expired++;
+    }
+    return SF_OK;
+}
+
+/* Writes a checkpoint of every stream now (between steps, so each stream's state covers
+ * exactly its fed tokens), then tells each client how far its stream is durable. A failed
+ * write is logged and the server goes on (its streams stay durable up to the last one). */
+static int checkpoint_now(sf_serve *s)
+{
+    double t0 = sf_monotonic_seconds();
+    sf_buffer state = {0};
+    int rc = sf_graph_save(s->graph, &state);
+    /* a save lets waiting batches run: their rows leave (and are kept) before the write */
+    if (rc == SF_OK) rc = dispatch(s, 0);
+    else rc = fail(s, rc);
+    if (rc != SF_OK) {
+        sf_buffer_release(&state);
+        return rc;
+    }
+    rc = serve_ckpt_write(s, state.data, state.len);
+    sf_buffer_release(&state);
+    s->ckpt_last = sf_monotonic_seconds();
+    s->ckpt_seconds = s->ckpt_last - t0; /* the loop computed nothing meanwhile */
+    s->ckpt_seconds_sum += s->ckpt_seconds;
+    if (rc != SF_OK) {
+        logf_(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
+              (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
+        return SF_OK;
+    }
+    s->ckpt_dirty = 0;
+    for (uint32_t i = 0; i < s->n_streams; i++) {
+        serve_stream *st = s->streams[i];
+        if (!st->resumable || !st->owner || st->owner->version < 2 || st->durable == st->durable_told) continue;
+        send_simple(s, st->owner, SF_SERVE_DURABLE, st->id, st->durable, 0);
+        st->durable_told = st->durable;
+    }
     return SF_OK;
 }
 
@@ -477,6 +621,10 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     s->segment = cfg->segment > 0 ? (uint64_t)cfg->segment : 1;
     s->started = sf_monotonic_seconds();
     s->rate_t = s->started;
+    s->ckpt_lock = -1;
+    s->ckpt_last = s->started;
+    s->o.checkpoint_dir = NULL;
+    if (!(s->o.checkpoint_every > 0)) s->o.checkpoint_every = 1;
     int rc = SF_OK;
     s->streams = calloc(s->o.max_streams, sizeof *s->streams);
     s->clients = calloc(s->o.max_clients, sizeof *s->clients);
@@ -489,6 +637,8 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
             if (!opts->client_keys[i] || strlen(opts->client_keys[i]) != 40 || !zmq_z85_decode(s->keys[i], opts->client_keys[i]))
                 rc = sf_error(SF_E_INVAL, "serve: client key %d is not a 40-character Z85 key", i + 1);
     }
+    /* before the socket is bound: a client that connects finds its streams restored */
+    if (rc == SF_OK && opts->checkpoint_dir) rc = serve_ckpt_open(s, opts->checkpoint_dir);
     if (rc == SF_OK && !(s->ctx = zmq_ctx_new())) rc = sf_error(SF_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(errno));
     if (rc == SF_OK) {
         /* the ZAP handler must exist before the ROUTER accepts anyone: without one libzmq
@@ -529,10 +679,8 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
 void sf_serve_free(sf_serve *s)
 {
     if (!s) return;
-    for (uint32_t i = 0; i < s->n_streams; i++) {
-        free(s->streams[i]->tok);
-        free(s->streams[i]);
-    }
+    for (uint32_t i = 0; i < s->n_streams; i++) serve_stream_free(s->streams[i]);
+    serve_ckpt_close(s);
     for (uint32_t i = 0; i < s->n_clients; i++) free(s->clients[i]);
     serve_http_close(s);
     if (s->router) {
@@ -572,7 +720,7 @@ int sf_serve_run(sf_serve *s)
         int busy = 0;
         for (uint32_t i = 0; i < s->n_streams && !busy && !s->failed; i++) {
             const serve_stream *st = s->streams[i];
-            busy = st->credit > 0 && (st->tok_len || st->n_flush || st->closing);
+            busy = can_step(s, st) && (st->tok_len || st->n_flush || st->closing);
         }
         zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}, {s->http, 0, ZMQ_POLLIN, 0}};
         int n = zmq_poll(items, s->http ? 3 : 2, busy ? 0 : 100);
@@ -595,7 +743,10 @@ int sf_serve_run(sf_serve *s)
             if (!s->failed) expire(s, now);
             serve_update_rate(s, now);
         }
+        if (s->ckpt_dir && s->ckpt_dirty && !s->failed && now - s->ckpt_last >= s->o.checkpoint_every) checkpoint_now(s);
     }
+    /* stopped: a last checkpoint, so that a restart resumes every stream where it stands */
+    if (s->ckpt_dir && s->ckpt_dirty && !s->failed) checkpoint_now(s);
     return s->failed ? s->failed : SF_OK;
 }
 
@@ -611,6 +762,11 @@ void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out)
     out->streams_closed = s->streams_closed;
     out->streams_expired = s->streams_expired;
     out->refused = s->refused;
+    out->checkpoints = s->ckpt_written;
+    out->checkpoint_seconds = s->ckpt_seconds_sum;
+    out->checkpoint_failures = s->ckpt_failed;
+    out->streams_restored = s->streams_restored;
+    out->streams_resumed = s->streams_resumed;
     out->streams = s->n_streams;
     out->clients = s->n_clients;
 }

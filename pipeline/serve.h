@@ -22,6 +22,12 @@
  * or it waits without sending PING) is gone: each of its streams is ended in the graph (its
  * state freed, the final rows discarded) and forgotten; no other stream is affected.
  *
+ * Restarts: with a checkpoint directory the server saves the graph's state and every stream's
+ * position there, atomically, at most every checkpoint_every seconds, tells each client how far
+ * its stream is durable (DURABLE), keeps each committed ROWS until its client acknowledges it,
+ * and on start loads what the directory holds: a client RESUMEs its stream, re-sends the tokens
+ * from the durable position and gets the rows it lacks, so that it sees every row once.
+ *
  * Ownership: the server borrows the graph (which must be a push-mode graph without source or
  * sink, and must outlive it) and the model configuration; it copies the options' strings. */
 #ifndef SEQFLOW_PIPELINE_SERVE_H
@@ -47,6 +53,13 @@ typedef struct sf_serve_options {
     uint32_t max_streams;          /* 0 = 65536 */
     uint32_t max_clients;          /* 0 = 4096 */
     int heartbeat_ms;              /* ZMTP heartbeats on the ROUTER; 0 = 1000 */
+    /* Checkpoints (docs/SERVE.md, "Restarts"): NULL = none. Otherwise the directory (created
+     * when missing, locked while the server runs) whose newest valid checkpoint sf_serve_create
+     * loads, and where the server writes one every checkpoint_every seconds (0 = 1) while
+     * streams move, and at sf_serve_run's return. Streams opened by version-2 clients then
+     * survive a restart: their clients RESUME them. */
+    const char *checkpoint_dir;
+    double checkpoint_every;
     /* One line for each event worth telling (a client gone, a stream expired); NULL = none.
      * Called from sf_serve_run's thread. */
     void (*log)(void *user, const char *line);
@@ -74,6 +87,8 @@ void sf_serve_stop(sf_serve *s);
 typedef struct sf_serve_stats {
     uint64_t tokens_in, tokens_out, messages_in, errors_sent, streams_opened, streams_closed,
         streams_expired, refused; /* refused: connections ZAP turned away */
+    uint64_t checkpoints, checkpoint_failures, streams_restored, streams_resumed;
+    double checkpoint_seconds; /* spent saving and writing checkpoints, in all */
     uint32_t streams, clients;
 } sf_serve_stats; /* tokens_out: committed rows (FLUSH's provisional rows not counted) */
 void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out);

@@ -113,6 +113,21 @@ int sf_serve_metrics(sf_serve *s, sf_buffer *out)
     M("seqflow_serve_segment_latency_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", s->latency_count);
     M("seqflow_serve_segment_latency_seconds_sum %.9f\n", s->latency_sum);
     M("seqflow_serve_segment_latency_seconds_count %" PRIu64 "\n", s->latency_count);
+    if (s->ckpt_dir) {
+        M("# HELP seqflow_serve_checkpoints_total Checkpoints written (--checkpoint), and failed.\n"
+          "# TYPE seqflow_serve_checkpoints_total counter\n");
+        M("seqflow_serve_checkpoints_total{result=\"written\"} %" PRIu64 "\n", s->ckpt_written);
+        M("seqflow_serve_checkpoints_total{result=\"failed\"} %" PRIu64 "\n", s->ckpt_failed);
+        M("# HELP seqflow_serve_checkpoint_seconds_total Seconds spent saving and writing checkpoints (nothing is "
+          "computed meanwhile).\n# TYPE seqflow_serve_checkpoint_seconds_total counter\n");
+        M("seqflow_serve_checkpoint_seconds_total %.6f\n", s->ckpt_seconds_sum);
+        M("# HELP seqflow_serve_checkpoint_bytes Size of the last checkpoint's payload.\n"
+          "# TYPE seqflow_serve_checkpoint_bytes gauge\n");
+        M("seqflow_serve_checkpoint_bytes %" PRIu64 "\n", s->ckpt_bytes);
+        M("# HELP seqflow_serve_streams_resumed_total Streams restored from a checkpoint and resumed by a client.\n"
+          "# TYPE seqflow_serve_streams_resumed_total counter\n");
+        M("seqflow_serve_streams_resumed_total %" PRIu64 "\n", s->streams_resumed);
+    }
     M("# HELP seqflow_serve_uptime_seconds Seconds since the server started.\n# TYPE seqflow_serve_uptime_seconds gauge\n");
     M("seqflow_serve_uptime_seconds %.3f\n", sf_monotonic_seconds() - s->started);
 #undef M

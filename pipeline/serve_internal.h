@@ -1,5 +1,6 @@
-/* The server's state, shared by pipeline/serve.c (clients, streams, the graph loop) and
- * pipeline/serve_http.c (/health, /metrics). Internal: only those two files include it. */
+/* The server's state, shared by pipeline/serve.c (clients, streams, the graph loop),
+ * pipeline/serve_checkpoint.c (the checkpoints streams resume from) and pipeline/serve_http.c
+ * (/health, /metrics). Internal: only those files include it. */
 #ifndef SEQFLOW_PIPELINE_SERVE_INTERNAL_H
 #define SEQFLOW_PIPELINE_SERVE_INTERNAL_H
 
@@ -23,7 +24,16 @@ typedef struct serve_client {
     double last_active;  /* the later of its last message and our last reply */
     int gone;            /* a send found it disconnected */
     int n_streams;
+    int version;         /* the protocol version of its last message: replies use it */
 } serve_client;
+
+/* A committed ROWS message sent to a resumable stream's client and not yet acknowledged (CREDIT's
+ * b): sent again on RESUME, and saved with the stream's checkpointed state. */
+typedef struct serve_kept {
+    uint64_t pos, end;   /* the rows' positions [pos, end) */
+    uint8_t *msg;        /* the whole message, header included (malloc'd) */
+    size_t len;
+} serve_kept;
 
 typedef struct serve_arrival {
     uint64_t end;        /* tokens before this position had arrived by t */
@@ -45,6 +55,15 @@ typedef struct serve_stream {
     int abandoned;       /* its client expired: rows are discarded */
     serve_arrival arr[SERVE_ARRIVALS];
     int arr_head, n_arr;
+    /* resume (a checkpointing server, a stream opened by a version-2 client) */
+    int resumable;
+    uint64_t rows_sent;  /* committed rows sent: the next committed row's position */
+    uint64_t acked;      /* committed rows its client has received (CREDIT's b, RESUME's b) */
+    uint64_t durable;    /* tokens the newest checkpoint holds the state of */
+    uint64_t durable_told; /* the last DURABLE sent */
+    serve_kept *kept;    /* sent, not acknowledged, in order */
+    int n_kept, cap_kept;
+    double orphan_since; /* restored from a checkpoint and not yet resumed: since when (else 0) */
 } serve_stream;
 
 typedef struct serve_http_conn {
@@ -80,7 +99,35 @@ struct sf_serve {
     double rate, rate_t;
     uint64_t rate_tokens;
     serve_http_conn conns[SERVE_HTTP_CONNS];
+    /* checkpoints (pipeline/serve_checkpoint.c); ckpt_dir NULL: none */
+    char *ckpt_dir;
+    int ckpt_lock;       /* the directory's lock file, -1 when not held */
+    uint64_t ckpt_seq;   /* the newest checkpoint's number (loaded or written) */
+    uint64_t weights_hash;
+    double ckpt_last;    /* when the last one was written (or the server started) */
+    int ckpt_dirty;      /* something a checkpoint holds changed since the last */
+    uint64_t ckpt_written, ckpt_failed, ckpt_bytes, streams_resumed, streams_restored;
+    double ckpt_seconds, ckpt_seconds_sum;
 };
+
+/* serve.c */
+void serve_stream_free(serve_stream *st);
+
+/* serve_checkpoint.c */
+/* Locks dir (created when missing), loads its newest valid checkpoint (each damaged newer one
+ * logged and skipped; all damaged, or written for another model or pipeline: SF_E_STATE naming
+ * why), restores the graph's states and the streams (unowned, awaiting RESUME; a stream that
+ * cannot be resumed is ended in the graph). An empty dir: nothing to load. */
+int serve_ckpt_open(sf_serve *s, const char *dir);
+/* Writes checkpoint ckpt_seq + 1 of the graph's state (`state`, sf_graph_save's blob, taken
+ * between steps) and every stream's position, counters and kept rows; atomically (temp file,
+ * fsync, rename, fsync of the directory), keeping the newest two. On success every resumable
+ * stream's durable position is its fed one. */
+int serve_ckpt_write(sf_serve *s, const uint8_t *state, size_t state_len);
+void serve_ckpt_close(sf_serve *s);
+/* Keeps a copy of a committed ROWS message of a resumable stream; drops those its client has. */
+int serve_keep(serve_stream *st, uint64_t pos, uint64_t n, const uint8_t *msg, size_t len);
+void serve_drop_acked(serve_stream *st, uint64_t acked);
 
 /* serve_http.c */
 int serve_http_open(sf_serve *s, const char *endpoint);

@@ -31,14 +31,17 @@ const char *sf_serve_type_name(int type)
     case SF_SERVE_CLOSED: return "CLOSED";
     case SF_SERVE_ERROR: return "ERROR";
     case SF_SERVE_PONG: return "PONG";
+    case SF_SERVE_RESUME: return "RESUME";
+    case SF_SERVE_DURABLE: return "DURABLE";
     default: return "?";
     }
 }
 
-void sf_serve_header(uint8_t out[SF_SERVE_HEADER_SIZE], sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b)
+void sf_serve_header_version(uint8_t out[SF_SERVE_HEADER_SIZE], int version, sf_serve_type type, uint64_t stream,
+                             uint64_t a, uint64_t b)
 {
     memcpy(out, SF_SERVE_MAGIC, 4);
-    out[4] = SF_SERVE_VERSION;
+    out[4] = (uint8_t)version;
     out[5] = (uint8_t)type;
     out[6] = out[7] = 0;
     put64(out + 8, stream);
@@ -46,11 +49,22 @@ void sf_serve_header(uint8_t out[SF_SERVE_HEADER_SIZE], sf_serve_type type, uint
     put64(out + 24, b);
 }
 
+void sf_serve_header(uint8_t out[SF_SERVE_HEADER_SIZE], sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b)
+{
+    sf_serve_header_version(out, SF_SERVE_VERSION, type, stream, a, b);
+}
+
 int sf_serve_encode(sf_buffer *out, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b, const void *payload,
                     size_t payload_len)
 {
+    return sf_serve_encode_version(out, SF_SERVE_VERSION, type, stream, a, b, payload, payload_len);
+}
+
+int sf_serve_encode_version(sf_buffer *out, int version, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b,
+                            const void *payload, size_t payload_len)
+{
     uint8_t h[SF_SERVE_HEADER_SIZE];
-    sf_serve_header(h, type, stream, a, b);
+    sf_serve_header_version(h, version, type, stream, a, b);
     size_t before = out->len;
     int rc = sf_buffer_append(out, h, sizeof h);
     if (rc == SF_OK && payload_len) rc = sf_buffer_append(out, payload, payload_len);
@@ -64,8 +78,11 @@ int sf_serve_decode(const uint8_t *buf, size_t len, uint64_t max_tokens, sf_serv
     if (len < SF_SERVE_HEADER_SIZE)
         return sf_error(SF_E_FRAME, "message of %zu bytes is shorter than the %d-byte header", len, SF_SERVE_HEADER_SIZE);
     if (memcmp(buf, SF_SERVE_MAGIC, 4) != 0) return sf_error(SF_E_FRAME, "bad magic (not SFS1)");
-    if (buf[4] != SF_SERVE_VERSION) return sf_error(SF_E_FRAME, "protocol version %u (this server speaks %d)", buf[4], SF_SERVE_VERSION);
+    if (buf[4] < SF_SERVE_VERSION_MIN || buf[4] > SF_SERVE_VERSION)
+        return sf_error(SF_E_FRAME, "protocol version %u (this server speaks %d to %d)", buf[4], SF_SERVE_VERSION_MIN,
+                        SF_SERVE_VERSION);
     if (buf[6] || buf[7]) return sf_error(SF_E_FRAME, "reserved header bytes are not 0");
+    m->version = buf[4];
     m->type = (sf_serve_type)buf[5];
     m->stream = get64(buf + 8);
     m->a = get64(buf + 16);
@@ -94,6 +111,7 @@ int sf_serve_decode(const uint8_t *buf, size_t len, uint64_t max_tokens, sf_serv
         return SF_OK;
     case SF_SERVE_CREDIT:
         if (m->a == 0) return sf_error(SF_E_FRAME, "CREDIT of 0");
+        if (m->version >= 2) break; /* b: the rows received */
         /* fall through */
     case SF_SERVE_OPEN:
     case SF_SERVE_PING:
@@ -101,6 +119,13 @@ int sf_serve_decode(const uint8_t *buf, size_t len, uint64_t max_tokens, sf_serv
     case SF_SERVE_PONG:
     case SF_SERVE_CLOSED:
         if (m->type != SF_SERVE_OPENED && m->b) return sf_error(SF_E_FRAME, "%s with b = %llu (must be 0)", name, (unsigned long long)m->b);
+        break;
+    case SF_SERVE_RESUME:
+        if (m->version < 2) return sf_error(SF_E_FRAME, "RESUME needs protocol version 2 (the message says %d)", m->version);
+        break;
+    case SF_SERVE_DURABLE:
+        if (m->version < 2) return sf_error(SF_E_FRAME, "DURABLE needs protocol version 2 (the message says %d)", m->version);
+        if (m->b) return sf_error(SF_E_FRAME, "DURABLE with b = %llu (must be 0)", (unsigned long long)m->b);
         break;
     case SF_SERVE_FLUSH:
     case SF_SERVE_CLOSE:

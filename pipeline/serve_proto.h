@@ -4,7 +4,7 @@
  * Every message starts with a fixed 32-byte little-endian header:
  *   off size field
  *     0    4 magic "SFS1"
- *     4    1 version (SF_SERVE_VERSION)
+ *     4    1 version (1 or 2: SF_SERVE_VERSION_MIN..SF_SERVE_VERSION)
  *     5    1 type (sf_serve_type)
  *     6    2 reserved, 0
  *     8    8 stream (the client's stream id; 0 where the type has none)
@@ -14,13 +14,24 @@
  *   OPEN    a = initial credit (reply messages), b = 0;     no payload
  *   PUSH    a = position of the first token, b = n (>= 1);   n little-endian uint32 ids
  *   FLUSH, CLOSE                                              no payload (a = b = 0)
- *   CREDIT  a = reply messages granted (>= 1), b = 0;        no payload
+ *   CREDIT  a = reply messages granted (>= 1), b = 0 in version 1; in version 2 b = the
+ *           committed rows the client has received (its next expected row position): the
+ *           acknowledgement that lets a checkpointing server drop the rows it keeps for a
+ *           resume;                                           no payload
  *   PING    a = cookie (echoed by PONG), b = 0;              no payload
+ *   RESUME  (version 2) a = initial credit, b = committed rows the client has received;
+ *           no payload. Answered by OPENED (a = the position to push from), then the kept
+ *           ROWS from about b on (the client drops rows before b)
  *   OPENED  a = next position, b = the stream's window in tokens; no payload
  *   ROWS    a = position of the first row, b = rows;          one wire packet (pipeline/wire.h)
  *   CLOSED  a = tokens the stream took in all, b = 0;         no payload
  *   ERROR   a = error code (sf_serve_error), b = text bytes (<= SF_SERVE_MAX_TEXT); the text
  *   PONG    a = the PING's cookie;                            no payload
+ *   DURABLE (version 2) a = the stream's durable position: a checkpoint holds its state up to
+ *           there, so the client may drop the tokens before it; b = 0; no payload
+ * Versions: a server takes both; types 7 (RESUME) and 21 (DURABLE) and CREDIT's b exist in
+ * version 2 only (a version-1 message with them is malformed). A server answers a client in
+ * the version of that client's last message.
  * Decoding checks the magic, version, type, reserved bytes and that the payload length is
  * exactly what the header says (a PUSH's n is bounded by the caller's max_tokens before any
  * arithmetic on it); it never allocates: a decoded message points into the caller's bytes. */
@@ -33,7 +44,8 @@
 #include "seqflow/buffer.h"
 
 #define SF_SERVE_MAGIC "SFS1"
-#define SF_SERVE_VERSION 1
+#define SF_SERVE_VERSION 2     /* the newest version, what sf_serve_encode writes */
+#define SF_SERVE_VERSION_MIN 1 /* the oldest version decoded */
 #define SF_SERVE_HEADER_SIZE 32
 #define SF_SERVE_MAX_TEXT 512
 
@@ -45,12 +57,14 @@ typedef enum sf_serve_type {
     SF_SERVE_CLOSE = 4,
     SF_SERVE_CREDIT = 5,
     SF_SERVE_PING = 6,
+    SF_SERVE_RESUME = 7,   /* version 2 */
     /* server to client */
     SF_SERVE_OPENED = 16,
     SF_SERVE_ROWS = 17,
     SF_SERVE_CLOSED = 18,
     SF_SERVE_ERROR = 19,
-    SF_SERVE_PONG = 20
+    SF_SERVE_PONG = 20,
+    SF_SERVE_DURABLE = 21  /* version 2 */
 } sf_serve_type;
 
 /* ERROR's codes (the `a` field). */
@@ -63,10 +77,13 @@ typedef enum sf_serve_error {
     SF_SERVE_E_WINDOW = 6,     /* the PUSH would hold more than the window; nothing taken */
     SF_SERVE_E_LIMIT = 7,      /* too many streams, clients or pending flushes */
     SF_SERVE_E_TOKEN = 8,      /* a token id outside the model's vocabulary; nothing taken */
-    SF_SERVE_E_INTERNAL = 9    /* the pipeline failed: the server stops serving */
+    SF_SERVE_E_INTERNAL = 9,   /* the pipeline failed: the server stops serving */
+    SF_SERVE_E_UNKNOWN = 10,   /* RESUME of a stream this server holds no state of */
+    SF_SERVE_E_GAP = 11        /* RESUME: rows the client lacks are no longer held */
 } sf_serve_error;
 
 typedef struct sf_serve_msg {
+    int version; /* SF_SERVE_VERSION_MIN..SF_SERVE_VERSION */
     sf_serve_type type;
     uint64_t stream, a, b;
     const uint8_t *payload; /* points into the decoded bytes; NULL when there is none */
@@ -78,14 +95,18 @@ typedef struct sf_serve_msg {
  * sends back in ERROR); m is then unspecified. Server-to-client types decode too. */
 int sf_serve_decode(const uint8_t *buf, size_t len, uint64_t max_tokens, sf_serve_msg *m);
 
-/* Writes the 32-byte header (for any type) into out. */
+/* Writes the 32-byte header (for any type) into out: of SF_SERVE_VERSION, or of `version`. */
 void sf_serve_header(uint8_t out[SF_SERVE_HEADER_SIZE], sf_serve_type type, uint64_t stream, uint64_t a,
                      uint64_t b);
+void sf_serve_header_version(uint8_t out[SF_SERVE_HEADER_SIZE], int version, sf_serve_type type, uint64_t stream,
+                             uint64_t a, uint64_t b);
 
-/* Appends a whole message (header then payload_len bytes of payload) to out. SF_OK or
- * SF_E_NOMEM (out unchanged). */
+/* Appends a whole message (header then payload_len bytes of payload) to out, of
+ * SF_SERVE_VERSION or of `version`. SF_OK or SF_E_NOMEM (out unchanged). */
 int sf_serve_encode(sf_buffer *out, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b,
                     const void *payload, size_t payload_len);
+int sf_serve_encode_version(sf_buffer *out, int version, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b,
+                            const void *payload, size_t payload_len);
 
 /* A type's name ("OPEN", ...; "?" when unknown). */
 const char *sf_serve_type_name(int type);

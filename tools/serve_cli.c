@@ -40,6 +40,13 @@ static void serve_usage(FILE *f)
           "                        also bounds one PUSH\n"
           "  --max-credit N        reply messages a stream's client may grant ahead (default 256)\n"
           "  --max-streams N       open streams at most (default 65536)\n"
+          "  --checkpoint DIR      streams survive a restart: the graph's state and every stream's\n"
+          "                        position are saved atomically into DIR (created when missing,\n"
+          "                        locked while the server runs), and on start the newest valid\n"
+          "                        checkpoint there is loaded; clients RESUME their streams\n"
+          "                        (protocol version 2). A damaged or foreign checkpoint is refused\n"
+          "  --checkpoint-every S  seconds between checkpoints while streams move, 0.01..3600\n"
+          "                        (default 1); one is also written when the server stops\n"
           "run options (as for `seqflow run`; --help of run lists them): -m/--model, -d/--device,\n"
           "  --precision, -t/--threads, --check-finite, -q/-v/--log-level, the model options\n"
           "  (--segment, --branches, ...) and the built-in model's sizes (--dim, --layers, ...).\n"
@@ -51,9 +58,10 @@ static void serve_usage(FILE *f)
 }
 
 typedef struct serve_args {
-    const char *bind, *key, *clients, *http;
+    const char *bind, *key, *clients, *http, *checkpoint;
     int plaintext;
     long long idle_ms, window, max_credit, max_streams;
+    double checkpoint_every;
 } serve_args;
 
 /* Takes the serve options out of argv, leaving argv[0] and the run options. */
@@ -72,15 +80,18 @@ static int serve_options(int *argc, char **argv, serve_args *s)
         }
         const char **text = NULL;
         long long *number = NULL, lo = 1, hi = 0;
+        double *seconds = NULL;
         if (strcmp(arg, "--bind") == 0) text = &s->bind;
         else if (strcmp(arg, "--key") == 0) text = &s->key;
         else if (strcmp(arg, "--clients") == 0) text = &s->clients;
         else if (strcmp(arg, "--http") == 0) text = &s->http;
+        else if (strcmp(arg, "--checkpoint") == 0) text = &s->checkpoint;
+        else if (strcmp(arg, "--checkpoint-every") == 0) seconds = &s->checkpoint_every, hi = 3600;
         else if (strcmp(arg, "--idle-timeout") == 0) number = &s->idle_ms, hi = 86400;
         else if (strcmp(arg, "--window") == 0) number = &s->window, lo = 16, hi = 1 << 24;
         else if (strcmp(arg, "--max-credit") == 0) number = &s->max_credit, hi = 1 << 20;
         else if (strcmp(arg, "--max-streams") == 0) number = &s->max_streams, hi = 1 << 20;
-        if (!text && !number) {
+        if (!text && !number && !seconds) {
             argv[out++] = argv[i];
             continue;
         }
@@ -91,6 +102,15 @@ static int serve_options(int *argc, char **argv, serve_args *s)
         const char *value = argv[++i];
         if (text) {
             *text = value;
+        } else if (seconds) { /* fractions allowed */
+            char *end;
+            errno = 0;
+            double v = strtod(value, &end);
+            if (errno || end == value || *end || !(v >= 0.01 && v <= (double)hi)) {
+                fprintf(stderr, "seqflow: --checkpoint-every expects seconds in 0.01..%lld, not '%s'\n", hi, value);
+                return 2;
+            }
+            *seconds = v;
         } else if (number == &s->idle_ms) { /* seconds, fractions allowed */
             char *end;
             errno = 0;
@@ -187,7 +207,12 @@ int cmd_serve(int argc, char **argv)
     status = run_parse(argc, argv, &c, serve_usage);
     if (status) return status < 0 ? 0 : status;
     if (c.a.checkpoint_dir || c.a.resume || c.a.stats_json || c.a.progress == 2) {
-        fprintf(stderr, "seqflow: serve takes no --checkpoint, --resume, --stats-json or --progress\n");
+        fprintf(stderr, "seqflow: serve takes no --resume (it loads its --checkpoint directory by itself), "
+                        "--checkpoint-codec, --stats-json or --progress\n");
+        return 2;
+    }
+    if (sa.checkpoint_every > 0 && !sa.checkpoint) {
+        fprintf(stderr, "seqflow: --checkpoint-every needs --checkpoint DIR\n");
         return 2;
     }
     char secret[SF_Z85_KEY_LEN + 1] = "", **keys = NULL;
@@ -208,6 +233,7 @@ int cmd_serve(int argc, char **argv)
                               .client_keys = (const char *const *)keys, .n_client_keys = n_keys,
                               .idle_timeout = sa.idle_ms / 1000.0, .window = (uint32_t)sa.window,
                               .max_credit = (uint32_t)sa.max_credit, .max_streams = (uint32_t)sa.max_streams,
+                              .checkpoint_dir = sa.checkpoint, .checkpoint_every = sa.checkpoint_every,
                               .log = log_line};
         rc = sf_serve_create(c.graph, sf_model_get_config(c.model), &o, &s);
         if (rc != SF_OK) {
@@ -236,10 +262,15 @@ int cmd_serve(int argc, char **argv)
             fprintf(stderr, "seqflow: %s\n", sf_last_error());
             status = 1;
         }
-        cli_log(CLI_LOG_INFO, "served %llu tokens in, %llu rows out; %llu streams opened, %llu closed, %llu expired%s",
+        cli_log(CLI_LOG_INFO, "served %llu tokens in, %llu rows out; %llu streams opened, %llu closed, %llu expired%s%s",
                 (unsigned long long)st.tokens_in, (unsigned long long)st.tokens_out,
                 (unsigned long long)st.streams_opened, (unsigned long long)st.streams_closed,
-                (unsigned long long)st.streams_expired, stop_signal ? "; stopped by a signal" : "");
+                (unsigned long long)st.streams_expired, sa.checkpoint ? "; checkpoints kept" : "",
+                stop_signal ? "; stopped by a signal" : "");
+        if (sa.checkpoint)
+            cli_log(CLI_LOG_INFO, "%llu checkpoint(s) written in %.3f s (%llu failed); %llu stream(s) restored, %llu resumed",
+                    (unsigned long long)st.checkpoints, st.checkpoint_seconds, (unsigned long long)st.checkpoint_failures,
+                    (unsigned long long)st.streams_restored, (unsigned long long)st.streams_resumed);
         running = NULL;
     }
     sf_serve_free(s);

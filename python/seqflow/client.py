@@ -5,6 +5,14 @@ of wire packets (pipeline/wire.h) whose float32 rows become numpy arrays. Credit
 reply at a time as replies are read; pushes wait (reading replies) while the stream's window is
 full; PING goes out every second while the client waits, so that a slow server never takes it
 for gone. libzmq is the system's libzmq.so.5; ctypes releases the GIL during every call.
+
+Resume (protocol version 2): where the server keeps checkpoints (`seqflow serve --checkpoint`,
+which says so with DURABLE right after OPENED), the client keeps each stream's tokens from the
+server's durable position on. When its connection drops (a socket monitor reports it at once)
+it reconnects on a fresh socket, backing off from 0.1 s to 2 s, for at most `resume_timeout`
+seconds, sends RESUME with the rows it has, pushes its kept tokens again from the position the
+server answers and drops rows it had already received: the application sees every committed
+row once, as an uninterrupted run computes it.
 """
 import ctypes
 import ctypes.util
@@ -18,10 +26,11 @@ from .pipeline import SeqflowError, _tokens_array
 
 __all__ = ["Client", "Rows", "ServeError", "curve_keypair", "curve_public"]
 
-OPEN, PUSH, FLUSH, CLOSE, CREDIT, PING = 1, 2, 3, 4, 5, 6
-OPENED, ROWS, CLOSED, ERROR, PONG = 16, 17, 18, 19, 20
+OPEN, PUSH, FLUSH, CLOSE, CREDIT, PING, RESUME = 1, 2, 3, 4, 5, 6, 7
+OPENED, ROWS, CLOSED, ERROR, PONG, DURABLE = 16, 17, 18, 19, 20, 21
 ERROR_NAMES = {0: "REFUSED", 1: "MALFORMED", 2: "TYPE", 3: "NOT_OPEN", 4: "BUSY", 5: "POSITION", 6: "WINDOW", 7: "LIMIT",
-               8: "TOKEN", 9: "INTERNAL"}
+               8: "TOKEN", 9: "INTERNAL", 10: "UNKNOWN", 11: "GAP"}
+_VERSION = 2
 _HEADER = struct.Struct("<4sBBHQQQ")  # magic, version, type, reserved, stream, a, b
 _ENVELOPE = struct.Struct("<4sBBBBIIQQQQQII")  # pipeline/wire.h
 _FRAME_HEADER = 96
@@ -31,7 +40,8 @@ _FINAL, _PROVISIONAL = 1, 2
 _ZMQ_DEALER, _ZMQ_LINGER, _ZMQ_POLLIN, _ZMQ_EAGAIN, _ZMQ_EINTR = 5, 17, 1, 11, 4
 _ZMQ_CURVE_PUBLICKEY, _ZMQ_CURVE_SECRETKEY, _ZMQ_CURVE_SERVERKEY = 48, 49, 50
 _ZMQ_DONTWAIT = 1
-_ZMQ_EVENT_HANDSHAKE_FAILED_AUTH = 0x4000
+_ZMQ_EVENT_HANDSHAKE_FAILED_AUTH, _ZMQ_EVENT_DISCONNECTED = 0x4000, 0x0200
+_ZMQ_SNDTIMEO = 28
 _ZMQ_PAIR = 0
 
 
@@ -129,13 +139,17 @@ class Rows(namedtuple("Rows", "stream position rows")):
 
 
 class _Stream:
-    __slots__ = ("pushed", "committed", "closing", "flushes", "broken")
+    __slots__ = ("pushed", "committed", "closing", "flushes", "broken", "total", "base", "kept", "resumable",
+                 "resuming")
 
     def __init__(self, position):
-        self.pushed = self.committed = position
+        self.pushed = self.committed = self.total = self.base = position
         self.closing = False
         self.flushes = 0
         self.broken = None
+        self.kept = bytearray()  # tokens [base, total) as little-endian uint32, for a resume
+        self.resumable = None  # True: DURABLE came (the server checkpoints); False: ROWS came first
+        self.resuming = False
 
 
 class Client:
@@ -144,13 +158,15 @@ class Client:
     (a server run with --plaintext). With CURVE, server_key is the server's public key (Z85) and
     client_keys this client's (public, secret) pair, or its secret alone, as listed in the
     server's --clients file. `credit` is the reply messages granted ahead per stream; `timeout`
-    the seconds a wait may pass without a word from the server (then TimeoutError). Not
-    thread-safe: one thread uses a Client at a time."""
+    the seconds a wait may pass without a word from the server (then TimeoutError);
+    `resume_timeout` the seconds a dropped connection is tried again before ConnectionError (0:
+    never resumed). Not thread-safe: one thread uses a Client at a time."""
 
-    def __init__(self, endpoint=None, server_key=None, client_keys=None, credit=8, timeout=60.0):
+    def __init__(self, endpoint=None, server_key=None, client_keys=None, credit=8, timeout=60.0, resume_timeout=30.0):
         if not 1 <= int(credit) <= 256:
             raise ValueError("seqflow.Client: credit must be in 1..256")
-        self._credit, self._timeout = int(credit), timeout
+        self._credit, self._timeout, self._resume_timeout = int(credit), timeout, float(resume_timeout)
+        self._generation = 0
         self._ctx = self._sock = self._monitor = None
         self._streams = {}
         self._ready = deque()
@@ -178,26 +194,40 @@ class Client:
             if len(server_key.strip()) != 40 or len(public) != 40 or len(secret) != 40:
                 raise ValueError("seqflow.Client: CURVE keys are 40 Z85 characters")
         self._ctx = z.zmq_ctx_new()
+        self._endpoint = endpoint
+        self._keys = None if server_key is None else (server_key.strip(), public, secret)
+        self._open_socket()
+        return self
+
+    def _open_socket(self):
+        z = _lib()
         self._sock = z.zmq_socket(self._ctx, _ZMQ_DEALER)
         if not self._sock:
             self.disconnect()
             raise _zmq_error("zmq_socket")
         self._setopt(_ZMQ_LINGER, ctypes.c_int(0))
-        if server_key is not None:
-            for opt, key in ((_ZMQ_CURVE_SERVERKEY, server_key.strip()), (_ZMQ_CURVE_PUBLICKEY, public),
-                             (_ZMQ_CURVE_SECRETKEY, secret)):
+        if self._keys is not None:
+            for opt, key in zip((_ZMQ_CURVE_SERVERKEY, _ZMQ_CURVE_PUBLICKEY, _ZMQ_CURVE_SECRETKEY), self._keys):
                 self._setopt(opt, ctypes.create_string_buffer(key.encode(), 40))
-            # a monitor reports a refused handshake, which otherwise looks like silence
-            addr = f"inproc://seqflow-client-monitor-{id(self)}".encode()
-            if z.zmq_socket_monitor(self._sock, addr, _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0:
-                self._monitor = z.zmq_socket(self._ctx, _ZMQ_PAIR)
-                z.zmq_connect(self._monitor, addr)
-        if z.zmq_connect(self._sock, str(endpoint).encode()) != 0:
-            err = _zmq_error(f"connect {endpoint}")
+        # a monitor reports a refused handshake, which otherwise looks like silence, and a dropped
+        # connection (the server died or restarted), which the client resumes
+        self._generation += 1
+        addr = f"inproc://seqflow-client-monitor-{id(self)}-{self._generation}".encode()
+        if z.zmq_socket_monitor(self._sock, addr, _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | _ZMQ_EVENT_DISCONNECTED) == 0:
+            self._monitor = z.zmq_socket(self._ctx, _ZMQ_PAIR)
+            z.zmq_connect(self._monitor, addr)
+        if z.zmq_connect(self._sock, str(self._endpoint).encode()) != 0:
+            err = _zmq_error(f"connect {self._endpoint}")
             self.disconnect()
             raise err
-        self._endpoint = endpoint
-        return self
+
+    def _close_socket(self):
+        z = _lib()
+        for attr in ("_monitor", "_sock"):
+            s = getattr(self, attr)
+            if s:
+                z.zmq_close(s)
+                setattr(self, attr, None)
 
     def _setopt(self, opt, value):
         if _lib().zmq_setsockopt(self._sock, opt, ctypes.byref(value), ctypes.sizeof(value)) != 0:
@@ -205,14 +235,10 @@ class Client:
 
     def disconnect(self):
         """Closes the socket (streams still open are ended by the server's idle timeout). Idempotent."""
-        z = _lib() if (self._sock or self._ctx) else None
-        for attr in ("_monitor", "_sock"):
-            s = getattr(self, attr)
-            if s:
-                z.zmq_close(s)
-                setattr(self, attr, None)
+        if self._sock or self._monitor:
+            self._close_socket()
         if self._ctx:
-            z.zmq_ctx_term(self._ctx)
+            _lib().zmq_ctx_term(self._ctx)
             self._ctx = None
 
     def __enter__(self):
@@ -229,34 +255,103 @@ class Client:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _send(self, type_, stream=0, a=0, b=0, payload=b""):
+    def _send(self, type_, stream=0, a=0, b=0, payload=b"", timeout=None):
         if not self._sock:
             raise ValueError("seqflow.Client: not connected")
         z = _lib()
-        msg = _HEADER.pack(b"SFS1", 1, type_, 0, stream, a, b) + payload
+        msg = _HEADER.pack(b"SFS1", _VERSION, type_, 0, stream, a, b) + payload
         start = time.monotonic()
+        timeout = self._timeout if timeout is None else timeout
         # without a peer (not yet connected, or its handshake refused) a DEALER cannot send:
         # wait for one, watching the monitor, within the client's timeout
         while z.zmq_send(self._sock, msg, len(msg), _ZMQ_DONTWAIT) < 0:
             if z.zmq_errno() not in (_ZMQ_EAGAIN, _ZMQ_EINTR):
                 raise _zmq_error("send")
             if type_ == PING:
-                return  # a keep-alive is of no use where nothing is connected
-            self._check_monitor(100)
-            if self._timeout is not None and time.monotonic() - start >= self._timeout:
-                raise TimeoutError(f"seqflow.Client: could not send to {self._endpoint} for {self._timeout:g} s")
+                return False  # a keep-alive is of no use where nothing is connected
+            if self._check_monitor(100) and type_ != RESUME:
+                return False  # the connection dropped and was resumed: what this carried was sent again
+            if timeout is not None and time.monotonic() - start >= timeout:
+                raise TimeoutError(f"seqflow.Client: could not send to {self._endpoint} for {timeout:g} s")
+        return True
 
     def _check_monitor(self, wait_ms):
-        """Raises ServeError if the monitor reported a refused handshake; else sleeps wait_ms."""
+        """Raises ServeError if the monitor reported a refused handshake; resumes the streams
+        (and returns True) if it reported a dropped connection; else sleeps wait_ms."""
         z = _lib()
         if not self._monitor:
             time.sleep(wait_ms / 1000)
-            return
+            return False
         item = (_pollitem * 1)(_pollitem(self._monitor, 0, _ZMQ_POLLIN, 0))
-        if z.zmq_poll(item, 1, wait_ms) > 0 and item[0].revents & _ZMQ_POLLIN:
-            self._drain_monitor()
+        events = set()
+        while z.zmq_poll(item, 1, wait_ms) > 0 and item[0].revents & _ZMQ_POLLIN:
+            events.add(self._drain_monitor())
+            wait_ms = 0
+        if _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH in events:
             raise ServeError(0, f"the server at {self._endpoint} refused this client's CURVE key "
                                 "(not in its --clients file, or the wrong server key)")
+        # without a stream to resume, libzmq's own reconnection is all there is to do
+        if _ZMQ_EVENT_DISCONNECTED in events and self._streams:
+            self._resume()
+            return True
+        return False
+
+    def _resume(self):
+        """The connection dropped: a fresh socket, RESUME of every stream the server checkpoints,
+        their kept tokens pushed again. A stream it cannot resume gets ConnectionError (raised
+        when it is used); the client's own streams are all lost only when the server stays away
+        for resume_timeout seconds (ConnectionError)."""
+        deadline = time.monotonic() + self._resume_timeout
+        streams = [(sid, st) for sid, st in self._streams.items() if st.resumable]
+        lost = [sid for sid, st in self._streams.items() if not st.resumable]
+        for sid in lost:
+            self._streams.pop(sid)
+        if self._resume_timeout <= 0 or not streams:
+            self._close_socket()
+            self._open_socket()
+            lost += [sid for sid, _ in streams]
+            for sid, _ in streams:
+                self._streams.pop(sid)
+            if lost:
+                raise ConnectionError(f"seqflow.Client: the connection to {self._endpoint} dropped; streams {lost} "
+                                      "are lost (the server keeps no checkpoints, or resume_timeout is 0)")
+            return
+        backoff = 0.1
+        while True:
+            self._close_socket()
+            self._open_socket()
+            try:  # a DEALER sends once it is connected: the first RESUME tells
+                sid, st = streams[0]
+                self._send(RESUME, sid, self._credit, st.committed, timeout=backoff)
+                break
+            except TimeoutError:
+                if time.monotonic() + backoff > deadline:
+                    raise ConnectionError(f"seqflow.Client: the server at {self._endpoint} stayed away for "
+                                          f"{self._resume_timeout:g} s") from None
+                backoff = min(2.0, backoff * 2)
+        for sid, st in streams[1:]:
+            self._send(RESUME, sid, self._credit, st.committed)
+        for sid, st in streams:
+            st.resuming, st.flushes = True, 0  # a FLUSH not answered is dropped: its rows were provisional
+        while any(st.resuming for _, st in streams):
+            self._read()
+        for sid, st in streams:
+            self._repush(sid, st)
+        if lost:
+            raise ConnectionError(f"seqflow.Client: the connection to {self._endpoint} dropped; streams {lost} are "
+                                  "lost (opened where the server keeps no checkpoints); the others resumed")
+
+    def _repush(self, stream, st):
+        """Pushes the kept tokens from the position the server answered, within its window."""
+        while st.pushed < st.total:
+            while st.pushed - st.committed >= self._window and st.committed < st.pushed:
+                self._read()
+            room = max(1, min(self._window - max(0, st.pushed - st.committed), 1 << 16, st.total - st.pushed))
+            at = (st.pushed - st.base) * 4
+            self._send(PUSH, stream, st.pushed, room, bytes(st.kept[at:at + 4 * room]))
+            st.pushed += room
+        if st.closing:
+            self._send(CLOSE, stream)
 
     def open(self, stream):
         """Opens `stream` (a uint64 id; the server's namespace is shared by all its clients) and
@@ -286,21 +381,28 @@ class Client:
                 self._read()
             if st.broken:
                 raise st.broken
-            self._send(PUSH, stream, st.pushed, chunk.size, chunk.astype("<u4").tobytes())
-            st.pushed += chunk.size
+            data = chunk.astype("<u4").tobytes()
+            if st.resumable is not False:  # kept until the server says it is durable
+                st.kept += data
+            else:
+                st.base = st.total + chunk.size
+            st.total += chunk.size
+            at = st.pushed
+            st.pushed = st.total
+            self._send(PUSH, stream, at, chunk.size, data)
 
     def flush(self, stream):
         """Asks for the rows of the stream's partial segment now (provisional rows)."""
         st = self._open_stream(stream)
-        self._send(FLUSH, stream)
-        st.flushes += 1
+        if self._send(FLUSH, stream):  # not when a resume swallowed it (its rows were provisional)
+            st.flushes += 1
 
     def close(self, stream):
         """Ends the stream after the tokens pushed: its last rows (final) and CLOSED follow;
         iterating waits for them."""
         st = self._open_stream(stream)
+        st.closing = True  # first: a resume inside the send sends CLOSE again
         self._send(CLOSE, stream)
-        st.closing = True
 
     def _open_stream(self, stream):
         st = self._streams.get(int(stream))
@@ -381,8 +483,8 @@ class Client:
             rc = z.zmq_poll(items, n, int(wait * 1000))
             if rc < 0 and z.zmq_errno() != _ZMQ_EINTR:
                 raise _zmq_error("poll")
-            if n == 2 and items[1].revents & _ZMQ_POLLIN:
-                self._check_monitor(0)
+            if n == 2 and items[1].revents & _ZMQ_POLLIN and self._check_monitor(0):
+                continue  # resumed on a fresh socket
             if rc > 0 and items[0].revents & _ZMQ_POLLIN:
                 return self._handle(self._recv_bytes())
             now = time.monotonic()
@@ -396,12 +498,17 @@ class Client:
                 last_ping = now
 
     def _drain_monitor(self):
+        """Reads one monitor event (two frames: u16 event, u32 value; the endpoint) and returns
+        its event number."""
         z = _lib()
-        for _ in range(2):  # an event is two frames
+        event = 0
+        for i in range(2):
             msg = _zmq_msg()
             z.zmq_msg_init(ctypes.byref(msg))
-            z.zmq_msg_recv(ctypes.byref(msg), self._monitor, _ZMQ_DONTWAIT)
+            if z.zmq_msg_recv(ctypes.byref(msg), self._monitor, _ZMQ_DONTWAIT) >= 2 and i == 0:
+                event = struct.unpack_from("<H", ctypes.string_at(z.zmq_msg_data(ctypes.byref(msg)), 2))[0]
             z.zmq_msg_close(ctypes.byref(msg))
+        return event
 
     def _recv_bytes(self):
         z = _lib()
@@ -422,30 +529,55 @@ class Client:
         if len(data) < _HEADER.size:
             raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply shorter than a header")
         magic, version, type_, _, stream, a, b = _HEADER.unpack_from(data)
-        if magic != b"SFS1" or version != 1:
-            raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply that is not of protocol SFS1 version 1")
+        if magic != b"SFS1" or version not in (1, 2):
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply that is not of protocol SFS1 version 1 or 2")
         st = self._streams.get(stream)
         if type_ == OPENED:
             self._window = b
             if st is None:
                 self._streams[stream] = _Stream(a)
+            elif st.resuming:  # the position to push the kept tokens from
+                if not st.base <= a <= st.total:
+                    raise SeqflowError(-1, "STATE", f"seqflow.Client: the server resumes stream {stream} at {a}; "
+                                                    f"this client holds tokens {st.base}..{st.total}")
+                st.pushed, st.resuming = a, False
             else:  # a re-open: the position to push at next (rows still on their way count later)
                 st.pushed, st.broken = a, None
-        elif type_ == ROWS:
-            self._send(CREDIT, stream, 1)
-            r = self._rows(stream, a, b, memoryview(data)[_HEADER.size:])
+                st.total = max(st.total, a)
+        elif type_ == DURABLE:
             if st is not None:
+                st.resumable = True
+                if st.base < a <= st.total:  # the server's checkpoint holds them
+                    del st.kept[:(a - st.base) * 4]
+                    st.base = a
+        elif type_ == ROWS:
+            r = self._rows(stream, a, b, memoryview(data)[_HEADER.size:])
+            keep = True
+            if st is not None:
+                if st.resumable is None:  # rows before any DURABLE: the server keeps no checkpoints
+                    st.resumable = False
+                    st.kept, st.base = bytearray(), st.total
                 if r.provisional:
                     st.flushes = max(0, st.flushes - 1)
+                elif a + b <= st.committed and b:  # sent again after a resume: had them
+                    keep = False
                 else:
-                    st.committed = a + b
-            self._ready.append(r)
+                    if a < st.committed:  # partly had them
+                        r = Rows(stream, st.committed, r.rows[st.committed - a:], r.provisional, r.final)
+                    st.committed = max(st.committed, a + b)
+            self._send(CREDIT, stream, 1, st.committed if st is not None else 0)
+            if keep:
+                self._ready.append(r)
         elif type_ == PONG:
             self._pong = max(self._pong, a)
         elif type_ == CLOSED:
             self._streams.pop(stream, None)
         elif type_ == ERROR:
             text = bytes(data[_HEADER.size:_HEADER.size + b]).decode("utf-8", "replace")
+            if st is not None and st.resuming and a == 10 and st.base == 0:
+                # not checkpointed yet when the server stopped: open it afresh, push from 0
+                self._send(OPEN, stream, self._credit)
+                return type_, stream
             err = ServeError(int(a), text, stream)
             if st is not None and a in (5, 6, 8):  # a refused PUSH: the stream's position is unknown
                 st.broken = err

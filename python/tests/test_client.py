@@ -198,3 +198,49 @@ def test_bf16_rows_equal_pipeline(serve):
         want = p.run(text)
     assert rows.dtype == np.uint16 and want.dtype == np.uint16 and rows.shape == (700, 128)
     assert rows.tobytes() == want.tobytes()
+
+
+def test_resume_after_sigkill(binary, tmp_path):
+    """A server killed with SIGKILL mid-stream and restarted on its checkpoint directory: the
+    client resumes by itself and its committed rows are `seqflow run`'s, each once."""
+    folder = tempfile.mkdtemp(prefix="sfr")  # short: an ipc path is at most 107 bytes
+    endpoint = f"ipc://{folder}/s"
+    cmd = [binary, "serve", "--bind", endpoint, "-q", "--plaintext", "--checkpoint", str(tmp_path / "ckpt"),
+           "--checkpoint-every", "0.05"] + MODEL
+
+    def start():
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(200):
+            if os.path.exists(endpoint[len("ipc://"):]) or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        return proc
+
+    text = seqflow.builtin_text()[:6000]
+    proc = start()
+    try:
+        rows = []
+        with seqflow.Client(endpoint, resume_timeout=20) as c:
+            c.open(7)
+            c.push(7, text[:3000])
+            deadline = time.monotonic() + 30
+            while c._streams[7].base < 1000 and time.monotonic() < deadline:  # durable past 1000
+                r = c.recv(timeout=0.1)
+                if r is not None:
+                    rows.append(r)
+            assert c._streams[7].base >= 1000
+            proc.kill()
+            proc.wait()
+            proc = start()
+            c.push(7, text[3000:])
+            c.close(7)
+            rows += [r for r in c if not r.provisional]
+        got = np.concatenate([r.rows for r in rows if not r.provisional])
+        positions = [r.position for r in rows if not r.provisional]
+        assert positions == sorted(positions) and got.shape[0] == len(text)
+        assert got.tobytes() == run_rows(binary, text)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,6 +1,7 @@
 /* Fuzzes the `seqflow serve` message decoder (pipeline/serve_proto.h), what the server does
  * first with every client's bytes, and the ROWS payload a client decodes (pipeline/wire.h).
- * Input: byte 0 picks the PUSH bound (max_tokens), the rest is one message.
+ * Input: byte 0 picks the PUSH bound (max_tokens), the rest is one message (of protocol version
+ * 1 or 2: RESUME, DURABLE and CREDIT's acknowledgement only in 2).
  * A message that decodes must respect the bound (a PUSH carries exactly 4 n bytes, n within
  * it), point into the input, re-encode to the same bytes, and be refused one byte short
  * (except a ROWS, whose payload is opaque to this layer, while it keeps a byte). */
@@ -34,7 +35,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (m.type == SF_SERVE_PUSH) FUZZ_CHECK(m.b >= 1 && m.b <= max_tokens && m.payload_len == m.b * 4);
     if (m.type == SF_SERVE_ERROR) FUZZ_CHECK(m.b <= SF_SERVE_MAX_TEXT && m.payload_len == m.b);
     sf_buffer again = {0};
-    FUZZ_CHECK(sf_serve_encode(&again, m.type, m.stream, m.a, m.b, m.payload, m.payload_len) == SF_OK);
+    FUZZ_CHECK(m.version >= SF_SERVE_VERSION_MIN && m.version <= SF_SERVE_VERSION && m.version == msg[4]);
+    /* the version-2 types and fields are refused in a version-1 message */
+    if (m.version < 2) FUZZ_CHECK(m.type != SF_SERVE_RESUME && m.type != SF_SERVE_DURABLE && (m.type != SF_SERVE_CREDIT || m.b == 0));
+    if (m.type == SF_SERVE_RESUME || m.type == SF_SERVE_DURABLE) FUZZ_CHECK(m.payload_len == 0);
+    if (m.type == SF_SERVE_DURABLE) FUZZ_CHECK(m.b == 0);
+    FUZZ_CHECK(sf_serve_encode_version(&again, m.version, m.type, m.stream, m.a, m.b, m.payload, m.payload_len) == SF_OK);
     FUZZ_CHECK(again.len == len && memcmp(again.data, msg, len) == 0);
     sf_buffer_release(&again);
     if (m.type != SF_SERVE_ROWS || m.payload_len == 1) {
