@@ -1,7 +1,7 @@
 /* `seqflow serve` under many concurrent streams (docs/SERVE.md), against the same streams in one
  * `seqflow run` process:
  *
- *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--load F]
+ *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F]
  *               [--latency-segments L] [--checkpoint SECONDS] [-- server and run options, e.g. --layers 1]
  *
  * --checkpoint S starts the server with `--checkpoint DIR --checkpoint-every S` (docs/SERVE.md,
@@ -19,6 +19,8 @@
  *  - latency at F (default 0.5) of the measured throughput: each stream pushes one whole segment
  *    at a time at a fixed interval (phases spread evenly), L segments each (default 4); for each
  *    segment, from its PUSH sent to its ROWS received; p50, p99, worst.
+ * --segment N: the tokens of a segment (one PUSH), the model's N (default 256, the built-in
+ * model's; 8192 for bench_gpu_pipeline's reference model).
  * Output: readable lines and one RESULT line of key=value. The server and this process share
  * the machine's cores. */
 #define _GNU_SOURCE
@@ -38,7 +40,8 @@ extern char **environ;
 
 enum { OPEN = 1, PUSH = 2, CLOSE = 4, CREDIT = 5, OPENED = 16, ROWS = 17, CLOSED = 18, ERROR = 19 };
 #define HEADER 32
-#define SEGMENT 256 /* the built-in model's segment; --segment in the options changes it: keep 256 */
+/* tokens a segment: the model's N (--segment; 256 is the built-in model's) */
+static int seg_tokens = 256;
 
 static double now_s(void)
 {
@@ -59,7 +62,7 @@ static void put64(uint8_t *p, uint64_t v)
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static uint8_t msg[HEADER + 4 * SEGMENT];
+static uint8_t *msg; /* HEADER + 4 seg_tokens bytes */
 
 static void send_msg(void *sock, int type, uint64_t stream, uint64_t a, uint64_t b, const uint32_t *tokens)
 {
@@ -86,7 +89,7 @@ static void send_msg(void *sock, int type, uint64_t stream, uint64_t a, uint64_t
 static void segment_tokens(uint64_t s, uint64_t k, uint32_t *out)
 {
     uint64_t x = (s + 1) * 0x9E3779B97F4A7C15ull ^ (k + 1) * 0xD1B54A32D192ED03ull;
-    for (int i = 0; i < SEGMENT; i++) {
+    for (int i = 0; i < seg_tokens; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         out[i] = (uint32_t)(x >> 56);
     }
@@ -150,10 +153,11 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--segments") == 0) segments = atoi(argv[++i]);
         else if (strcmp(argv[i], "--load") == 0) load = atof(argv[++i]);
         else if (strcmp(argv[i], "--latency-segments") == 0) lat_segments = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--segment") == 0) seg_tokens = atoi(argv[++i]);
         else if (strcmp(argv[i], "--checkpoint") == 0) checkpoint = atof(argv[++i]);
     }
-    if (!seqflow || nstreams < 1 || segments < 1) {
-        fprintf(stderr, "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--load F] "
+    if (!seqflow || nstreams < 1 || segments < 1 || seg_tokens < 1 || seg_tokens > (1 << 20)) {
+        fprintf(stderr, "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F] "
                         "[--latency-segments L] [--checkpoint SECONDS] [-- options]\n");
         return 2;
     }
@@ -198,10 +202,13 @@ int main(int argc, char **argv)
         items[c] = (zmq_pollitem_t){socks[c], 0, ZMQ_POLLIN, 0};
     }
     stream_state *st = calloc((size_t)nstreams, sizeof *st);
+    /* a longer message is cut to this (zmq_recv): only the header and an error's text are read */
     size_t buf_size = 1 << 22;
     uint8_t *buf = malloc(buf_size);
-    uint32_t tokens[SEGMENT];
-    uint64_t closed = 0, total = (uint64_t)nstreams * (uint64_t)segments * SEGMENT;
+    msg = malloc(HEADER + 4 * (size_t)seg_tokens);
+    uint32_t *tokens = malloc(sizeof *tokens * (size_t)seg_tokens);
+    if (!msg || !tokens) return 1;
+    uint64_t closed = 0, total = (uint64_t)nstreams * (uint64_t)segments * seg_tokens;
 
     /* throughput: everything pushed at once (the window holds it), credit 8 a stream */
     double t0 = now_s();
@@ -210,7 +217,7 @@ int main(int argc, char **argv)
         send_msg(sock, OPEN, (uint64_t)s, 8, 0, NULL);
         for (int g = 0; g < segments; g++) {
             segment_tokens((uint64_t)s, (uint64_t)g, tokens);
-            send_msg(sock, PUSH, (uint64_t)s, (uint64_t)g * SEGMENT, SEGMENT, tokens);
+            send_msg(sock, PUSH, (uint64_t)s, (uint64_t)g * seg_tokens, seg_tokens, tokens);
         }
         send_msg(sock, CLOSE, (uint64_t)s, 0, 0, NULL);
     }
@@ -227,7 +234,7 @@ int main(int argc, char **argv)
            nclients, segments, (unsigned long long)total, serve_s, serve_rate);
 
     /* latency at `load` of that rate: one segment per stream every `interval` seconds */
-    double interval = (double)nstreams * SEGMENT / (load * serve_rate);
+    double interval = (double)nstreams * seg_tokens / (load * serve_rate);
     size_t cap = (size_t)nstreams * (size_t)lat_segments, nlat = 0;
     double *lat = malloc(cap * sizeof *lat);
     memset(st, 0, (size_t)nstreams * sizeof *st);
@@ -249,7 +256,7 @@ int main(int argc, char **argv)
             if (x->next_at <= t) {
                 segment_tokens(base + (uint64_t)s, x->pushed_segments, tokens);
                 x->sent_at = now_s();
-                send_msg(socks[s % nclients], PUSH, base + (uint64_t)s, x->pushed_segments * SEGMENT, SEGMENT, tokens);
+                send_msg(socks[s % nclients], PUSH, base + (uint64_t)s, x->pushed_segments * seg_tokens, seg_tokens, tokens);
                 x->pushed_segments++;
                 x->next_at += interval;
             }
@@ -257,7 +264,7 @@ int main(int argc, char **argv)
         }
         uint64_t got = 0;
         for (int s = 0; s < nstreams; s++) got += lst[s].rows;
-        if (!busy && got >= (uint64_t)nstreams * (uint64_t)lat_segments * SEGMENT) break;
+        if (!busy && got >= (uint64_t)nstreams * (uint64_t)lat_segments * seg_tokens) break;
         long wait_ms = busy ? (long)((next - now_s()) * 1000) : 1000;
         if (wait_ms < 0) wait_ms = 0;
         /* rows arrive indexed by their stream id: shift to this phase's array */
@@ -336,12 +343,14 @@ int main(int argc, char **argv)
     for (int s = 0; s < nstreams; s++) {
         if (asprintf(&paths[s], "%s/in%d", dir, s) < 0) return 1;
         FILE *f = fopen(paths[s], "wb");
-        uint8_t bytes[SEGMENT];
+        uint8_t *bytes = malloc((size_t)seg_tokens);
+        if (!bytes) return 1;
         for (int g = 0; g < segments; g++) {
             segment_tokens((uint64_t)s, (uint64_t)g, tokens);
-            for (int i = 0; i < SEGMENT; i++) bytes[i] = (uint8_t)tokens[i];
-            fwrite(bytes, 1, SEGMENT, f);
+            for (int i = 0; i < seg_tokens; i++) bytes[i] = (uint8_t)tokens[i];
+            fwrite(bytes, 1, seg_tokens, f);
         }
+        free(bytes);
         fclose(f);
         rargv[k++] = "-i", rargv[k++] = paths[s];
     }
