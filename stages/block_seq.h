@@ -87,6 +87,9 @@ int sf_seq_round(sf_seq *q, int segments, int last_rows, float *x, int last_roun
 typedef struct sf_seq_stats {
     uint64_t sent_across, received_across, sent_within, received_within;
     double exchange_s, compute_s; /* time waiting in the exchange, and computing */
+    /* of exchange_s, the time blocked in a receive: from a rank before this one (the scan's
+     * prefixes, the hand-off's state), and from a rank after it (the flat scan's round totals) */
+    double blocked_before_s, blocked_after_s;
 } sf_seq_stats;
 void sf_seq_stats_get(const sf_seq *q, sf_seq_stats *out);
 

@@ -58,4 +58,36 @@ struct sf_seq {
     sf_seq_stats stats;
 };
 
+/* ---- messages (stages/block_seq_msg.c) ----------------------------------------------------
+ * A message's buffers are sized for q's model (seq_msg_alloc; seq_msg_free accepts a zeroed
+ * one). Parts a message lacks stay the identity. Functions return SF_OK or an SF_E_* code with
+ * its message set. */
+double seq_now_s(void);
+int seq_msg_alloc(const sf_seq *q, seq_msg *m);
+void seq_msg_free(seq_msg *m);
+/* m <- the identity: z 0, no tokens, A = I, B = 0 */
+void seq_msg_identity(const sf_seq *q, seq_msg *m);
+/* tokens (tk, tv, cnt) <- the last G of (tokens, count more from k, v) */
+void seq_tail_append(const sf_seq *q, float *tk, float *tv, int *cnt, const float *k, const float *v, int count);
+/* a <- a then b, for the given parts */
+int seq_msg_then(const sf_seq *q, seq_msg *a, const seq_msg *b, int parts);
+void seq_msg_copy(const sf_seq *q, seq_msg *dst, const seq_msg *src);
+/* m's parts into q->wire (*len bytes), with a hash of the sender's round state (or
+ * SPAN_HASH_NONE); the maps in quant's encoding (NULL: float32), B with error feedback fb */
+int seq_msg_encode(sf_seq *q, const seq_msg *m, int parts, uint32_t hash, const sf_quant_params *quant,
+                   sf_quant_feedback *fb, size_t *len);
+/* m <- the message in q->wire (len bytes), checked; *hash its hash (hash may be NULL) */
+int seq_msg_decode(const sf_seq *q, size_t len, seq_msg *m, uint32_t *hash, const sf_quant_params *quant);
+/* q->wire's len bytes to peer, and the next such bytes from it (counted in q->stats; the time a
+ * receive is blocked, too) */
+int seq_wire_send(sf_seq *q, int peer, size_t len, int across);
+int seq_wire_recv(sf_seq *q, int peer, size_t *len, int across);
+/* encode then send; receive then decode (float32 maps, within a group) */
+int seq_send_msg(sf_seq *q, int peer, const seq_msg *m, int parts, uint32_t hash, const sf_quant_params *quant,
+                 sf_quant_feedback *fb);
+int seq_recv_msg(sf_seq *q, int peer, seq_msg *m, uint32_t *hash, const sf_quant_params *quant);
+/* m <- what m becomes on the wire: every rank uses only that, its own part included, so that
+ * all hold the same bits */
+int seq_msg_canon(sf_seq *q, seq_msg *m, int parts, const sf_quant_params *quant, sf_quant_feedback *fb);
+
 #endif
