@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "compress/frame.h"
+#include "kernels/attention_parts.h"
 #include "kernels/backend_ext.h"
 #include "kernels/memory_map.h"
 #include "stages/block_seq.h"
@@ -18,7 +19,7 @@
 /* ---- the round state --------------------------------------------------------------------- */
 
 /* A hash of layer l's round state (what every rank must hold alike): CRC-32C of its bytes. */
-static uint32_t state_hash(const sf_seq *q, int l, int memory)
+uint32_t seq_state_hash(const sf_seq *q, int l, int memory)
 {
     uint32_t h = 0;
     if (memory) {
@@ -78,7 +79,7 @@ static int work_from(sf_seq *q, int l, const seq_msg *m, int memory_parts)
 }
 
 /* The round state of layer l <- itself then the round's total t. */
-static int state_then(sf_seq *q, int l, const seq_msg *t, int memory_parts)
+int seq_state_then(sf_seq *q, int l, const seq_msg *t, int memory_parts)
 {
     int rc = SF_OK;
     if (memory_parts & PART_B)
@@ -103,113 +104,6 @@ static int state_then(sf_seq *q, int l, const seq_msg *t, int memory_parts)
     return rc;
 }
 
-/* ---- the scan ---------------------------------------------------------------------------- */
-
-/* One exchange of layer l: own is this rank's (already canonical) message with `parts`; on
- * return q->pre is the combination of every rank's before this one, q->tot the round's. Which
- * parts cross between groups: all, or only the tokens (federation). */
-static int scan(sf_seq *q, int l, int phase, const seq_msg *own, int parts)
-{
-    const int across_parts = q->o.federation ? (parts & PART_TAIL) : parts;
-    const sf_quant_params *tier = q->o.tier.kind != SF_QUANT_F32 ? &q->o.tier : NULL;
-    const int my_group = q->group_of[q->rank];
-    int rc = SF_OK;
-    if (q->rank != q->gateway) {
-        rc = seq_send_msg(q, q->gateway, own, parts, SPAN_HASH_NONE, NULL, NULL);
-        if (rc == SF_OK) rc = seq_recv_msg(q, q->gateway, &q->pre, NULL, NULL);
-        if (rc == SF_OK) rc = seq_recv_msg(q, q->gateway, &q->tot, NULL, NULL);
-        return rc;
-    }
-    /* the gateway: its members' messages in rank order (its own first), their combination */
-    int first = q->rank, last = q->rank;
-    while (last + 1 < q->ranks && q->group_of[last + 1] == my_group) last++;
-    const int members = last - first + 1;
-    seq_msg_copy(q, &q->peer_msgs[0], own);
-    for (int r = first + 1; r <= last && rc == SF_OK; r++) rc = seq_recv_msg(q, r, &q->peer_msgs[r - first], NULL, NULL);
-    seq_msg_identity(q, &q->acc);
-    for (int i = 0; i < members && rc == SF_OK; i++) rc = seq_msg_then(q, &q->acc, &q->peer_msgs[i], parts);
-    /* spans between gateways, each with the sender's hash of the round state it started from */
-    const uint32_t hash = state_hash(q, l, !q->o.federation);
-    sf_quant_feedback *fb = q->fbB && tier ? &q->fbB[4 * l + 2 * phase] : NULL;
-    seq_msg *span = &q->peer_msgs[members]; /* scratch after the members */
-    if (rc == SF_OK && q->n_groups > 1) {
-        /* encoded once (the error feedback advances once a round); the same bytes to every
-         * gateway, and decoded here into what the others will hold of ours */
-        size_t len = 0;
-        uint8_t *bytes = NULL;
-        rc = seq_msg_encode(q, &q->acc, across_parts, hash, tier, fb, &len);
-        if (rc == SF_OK && !(bytes = malloc(len))) rc = sf_error(SF_E_NOMEM, "out of memory");
-        if (rc == SF_OK) memcpy(bytes, q->wire, len), rc = seq_msg_decode(q, len, span, NULL, tier);
-        for (int g = 0; g < q->n_groups && rc == SF_OK; g++)
-            if (g != my_group) {
-                memcpy(q->wire, bytes, len);
-                rc = seq_wire_send(q, q->gateway_of_group[g], len, 1);
-            }
-        free(bytes);
-    }
-    /* the total over the groups in order, and the prefix of the groups before ours */
-    seq_msg_identity(q, &q->tot);
-    seq_msg *before = &q->peer_msgs[members + 1];
-    seq_msg_identity(q, before);
-    for (int g = 0; g < q->n_groups && rc == SF_OK; g++) {
-        if (g == my_group) {
-            rc = seq_msg_then(q, &q->tot, q->n_groups > 1 ? span : &q->acc, across_parts);
-            if (rc == SF_OK && q->o.federation) rc = seq_msg_then(q, &q->tot, &q->acc, parts & ~PART_TAIL);
-            continue;
-        }
-        uint32_t theirs = 0;
-        rc = seq_recv_msg(q, q->gateway_of_group[g], &q->tmp, &theirs, tier);
-        if (rc == SF_OK && theirs != hash)
-            rc = sf_error(SF_E_STATE, "sequence exchange: layer %d's state differs between datacenter %d (hash %08x) and "
-                          "%d (%08x) after %d rounds", l, my_group, hash, g, theirs, q->rounds);
-        if (rc == SF_OK) rc = seq_msg_then(q, &q->tot, &q->tmp, across_parts);
-        if (rc == SF_OK && g < my_group) rc = seq_msg_then(q, before, &q->tmp, across_parts);
-    }
-    if (rc == SF_OK) rc = seq_msg_canon(q, &q->tot, parts, NULL, NULL);
-    /* each member's prefix: the groups before, then the members before it */
-    for (int i = 0; i < members && rc == SF_OK; i++) {
-        seq_msg_copy(q, &q->pre, before);
-        for (int j = 0; j < i && rc == SF_OK; j++) rc = seq_msg_then(q, &q->pre, &q->peer_msgs[j], parts);
-        if (rc == SF_OK) rc = seq_msg_canon(q, &q->pre, parts, NULL, NULL);
-        if (rc == SF_OK && i > 0) {
-            rc = seq_send_msg(q, first + i, &q->pre, parts, SPAN_HASH_NONE, NULL, NULL);
-            if (rc == SF_OK) rc = seq_send_msg(q, first + i, &q->tot, parts, SPAN_HASH_NONE, NULL, NULL);
-        }
-        if (rc == SF_OK && i == 0) seq_msg_copy(q, &q->peer_msgs[members + 2], &q->pre);
-    }
-    if (rc == SF_OK) seq_msg_copy(q, &q->pre, &q->peer_msgs[members + 2]);
-    return rc;
-}
-
-/* The flat scan's first half: this rank's message to every other rank, and q->pre from the
- * ranks before it (their messages kept in q->peer_msgs[phase * R + r] for the total). */
-static int scan_flat(sf_seq *q, int phase, const seq_msg *own, int parts)
-{
-    seq_msg *kept = q->peer_msgs + (size_t)phase * q->ranks;
-    int rc = SF_OK;
-    for (int p = 0; p < q->ranks && rc == SF_OK; p++)
-        if (p != q->rank) rc = seq_send_msg(q, p, own, parts, SPAN_HASH_NONE, NULL, NULL);
-    seq_msg_identity(q, &q->pre);
-    for (int p = 0; p < q->rank && rc == SF_OK; p++) {
-        rc = seq_recv_msg(q, p, &kept[p], NULL, NULL);
-        if (rc == SF_OK) rc = seq_msg_then(q, &q->pre, &kept[p], parts);
-    }
-    if (rc == SF_OK) seq_msg_copy(q, &kept[q->rank], own);
-    return rc;
-}
-
-/* Its second half, at the layer's end: the messages of the ranks after this one, then q->tot
- * composed over every rank in rank order (the same operations on the same bits on every rank). */
-static int scan_flat_total(sf_seq *q, int phase, int parts)
-{
-    seq_msg *kept = q->peer_msgs + (size_t)phase * q->ranks;
-    int rc = SF_OK;
-    for (int p = q->rank + 1; p < q->ranks && rc == SF_OK; p++) rc = seq_recv_msg(q, p, &kept[p], NULL, NULL);
-    seq_msg_identity(q, &q->tot);
-    for (int p = 0; p < q->ranks && rc == SF_OK; p++) rc = seq_msg_then(q, &q->tot, &kept[p], parts);
-    return rc;
-}
-
 /* ---- a round ----------------------------------------------------------------------------- */
 
 static int ensure_chunk(sf_seq *q, int segments)
@@ -218,10 +112,12 @@ static int ensure_chunk(sf_seq *q, int segments)
     const size_t n = (size_t)segments * q->N * q->W;
     free(q->cqkv), free(q->csk);
     q->cqkv = malloc(3 * n * sizeof(float)), q->csk = malloc(n * sizeof(float));
-    free(q->zinc), free(q->zwalk);
+    free(q->zinc), free(q->zwalk), free(q->cacc), free(q->cml);
     q->zinc = malloc((size_t)segments * q->hd * sizeof(float) + 1);
     q->zwalk = malloc(q->hd * sizeof(float) + 1);
-    if (!q->cqkv || !q->csk || !q->zinc || !q->zwalk) {
+    q->cacc = malloc(n * sizeof(float));
+    q->cml = malloc((size_t)segments * SF_ATTENTION_ML_FLOATS(q->N, q->H) * sizeof(float));
+    if (!q->cqkv || !q->csk || !q->zinc || !q->zwalk || !q->cacc || !q->cml) {
         q->chunk_capacity = 0;
         return sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", segments);
     }
@@ -238,15 +134,34 @@ static int check_rows(const sf_seq *q, const float *x, size_t rows, int l, int s
                     "column %zu; the weights or the input overflow float32", l, s, at / q->D, at % q->D);
 }
 
+/* Time since *t0 into *into, less what inner work counted as computing meanwhile; *t0 and
+ * *inner0 move on. */
+static void account(sf_seq *q, double *t0, double *inner0, double *into)
+{
+    const double now = seq_now_s();
+    *into += now - *t0 - (q->inner_s - *inner0);
+    *t0 = now, *inner0 = q->inner_s;
+}
+
+/* Layer l's exchange of `parts` of own: the flat scan or the gateways'. */
+static int exchange(sf_seq *q, int l, int phase, int parts, seq_pending *t)
+{
+    return q->flat ? seq_scan_flat(q, phase, &q->own, parts, t) : seq_scan(q, l, phase, &q->own, parts);
+}
+
 /* Layer l over the chunk, the scan way. */
 static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
 {
     block *b = q->b;
     const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
-    const size_t seg_rows = (size_t)q->N * q->W;
-    int rc = SF_OK;
-    double t0 = seq_now_s();
+    const size_t seg_rows = (size_t)q->N * q->W, ml_floats = SF_ATTENTION_ML_FLOATS(q->N, q->H);
+    double t0 = seq_now_s(), inner0 = q->inner_s;
+    /* the flat scan: a slot for this layer's round totals */
+    seq_pending *t = NULL;
+    int rc = q->flat ? seq_totals_reserve(q, l, &t) : SF_OK;
+    account(q, &t0, &inner0, &q->stats.exchange_s);
+    q->attn_done = 0, q->attn_segments = segments, q->attn_last_rows = last_rows;
     /* the projections, z's increments, the summary tokens; the linear rule's map */
     seq_msg_identity(q, &q->own);
     for (int s = 0; s < segments && rc == SF_OK; s++) {
@@ -267,15 +182,15 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
             if (rc == SF_OK) seq_tail_append(q, q->own.tk, q->own.tv, &q->own.cnt, b->act.sk, b->act.sv, produced);
         }
     }
-    const int memory = q->kind != SF_MEMORY_NONE;
-    int parts1 = (memory ? PART_Z : 0) | PART_TAIL | (q->kind == SF_MEMORY_LINEAR ? PART_B : 0);
-    if (rc == SF_OK) rc = seq_msg_canon(q, &q->own, parts1, NULL, NULL);
-    q->stats.compute_s += seq_now_s() - t0, t0 = seq_now_s();
-    if (rc == SF_OK) rc = q->flat ? scan_flat(q, 0, &q->own, parts1) : scan(q, l, 0, &q->own, parts1);
-    q->stats.exchange_s += seq_now_s() - t0, t0 = seq_now_s();
-    int mem_parts = memory ? PART_Z | (q->kind == SF_MEMORY_LINEAR ? PART_B : 0) : 0;
+    int parts0, mem_parts;
+    seq_parts(q, &parts0, &mem_parts);
+    if (rc == SF_OK) rc = seq_msg_canon(q, &q->own, parts0, NULL, NULL);
+    account(q, &t0, &inner0, &q->stats.compute_s);
+    /* while the messages travel, the chunk's attention branches (block_seq_scan.c) */
+    if (rc == SF_OK) rc = exchange(q, l, 0, parts0, t);
+    account(q, &t0, &inner0, &q->stats.exchange_s);
     if (rc == SF_OK) rc = work_from(q, l, &q->pre, mem_parts);
-    if (rc == SF_OK && !q->flat) rc = state_then(q, l, &q->tot, mem_parts);
+    if (rc == SF_OK && !q->flat) rc = seq_state_then(q, l, &q->tot, mem_parts);
     if (rc == SF_OK && q->kind == SF_MEMORY_DELTA) {
         /* the z of the walk at each segment, then the delta map of the chunk */
         memcpy(q->zwalk, q->work->z + (size_t)l * q->hd, q->hd * sizeof(float));
@@ -288,34 +203,30 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
             for (size_t i = 0; i < q->hd; i++) q->zwalk[i] += q->zinc[(size_t)s * q->hd + i];
         }
         if (rc == SF_OK) rc = seq_msg_canon(q, &q->own, PART_A | PART_B, NULL, NULL);
-        q->stats.compute_s += seq_now_s() - t0, t0 = seq_now_s();
+        account(q, &t0, &inner0, &q->stats.compute_s);
         /* the z parts were applied above: this exchange moves only the maps */
-        if (rc == SF_OK)
-            rc = q->flat ? scan_flat(q, 1, &q->own, PART_A | PART_B) : scan(q, l, 1, &q->own, PART_A | PART_B);
-        q->stats.exchange_s += seq_now_s() - t0, t0 = seq_now_s();
+        if (rc == SF_OK) rc = exchange(q, l, 1, PART_A | PART_B, t);
+        account(q, &t0, &inner0, &q->stats.exchange_s);
         if (rc == SF_OK) rc = work_memory_from(q, l, q->pre.A, q->pre.B);
-        if (rc == SF_OK && !q->flat) /* the flat scan's total comes at the layer's end */
+        if (rc == SF_OK && !q->flat) /* the flat scan's total comes in later (seq_totals_open) */
             rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
     }
-    /* the walk: each segment's layer from the exact state at its start */
+    /* the branches no wait covered, then the walk: each segment's layer from the exact state at
+     * its start, its branches given */
+    if (rc == SF_OK) rc = seq_attention_rest(q);
     for (int s = 0; s < segments && rc == SF_OK; s++) {
         const int n = s == segments - 1 ? last_rows : q->N;
         float *keep = b->x;
         b->x = x + (size_t)s * q->N * q->D;
+        b->attn_acc = q->cacc + s * seg_rows, b->attn_ml = q->cml + s * ml_floats;
         rc = sf_block_layer(b, q->work, l, n, 1, (unsigned char *)(q->cqkv + 3 * s * seg_rows));
-        b->x = keep;
+        b->x = keep, b->attn_acc = b->attn_ml = NULL;
         if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
     }
-    q->stats.compute_s += seq_now_s() - t0, t0 = seq_now_s();
-    /* the flat scan's round totals, once this rank's own work on the layer is done */
-    if (rc == SF_OK && q->flat) {
-        rc = scan_flat_total(q, 0, parts1);
-        if (rc == SF_OK) rc = state_then(q, l, &q->tot, mem_parts);
-        if (rc == SF_OK && q->kind == SF_MEMORY_DELTA) rc = scan_flat_total(q, 1, PART_A | PART_B);
-        if (rc == SF_OK && q->kind == SF_MEMORY_DELTA)
-            rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
-        q->stats.exchange_s += seq_now_s() - t0;
-    }
+    account(q, &t0, &inner0, &q->stats.compute_s);
+    /* the flat scan's round totals: folded from now on, as the later ranks' messages arrive */
+    if (rc == SF_OK && q->flat) rc = seq_totals_open(q, t);
+    account(q, &t0, &inner0, &q->stats.exchange_s);
     return rc;
 }
 
@@ -416,6 +327,8 @@ int sf_seq_round(sf_seq *q, int segments, int last_rows, float *x, int last_roun
     for (int l = 0; l < q->L && rc == SF_OK; l++)
         rc = q->o.exchange == SF_SEQ_HANDOFF ? handoff_layer(q, l, segments, last_rows, x, last_round)
                                              : scan_layer(q, l, segments, last_rows, x);
+    /* the stream's end: every total in (no message left in flight, the state complete) */
+    if (rc == SF_OK && last_round) rc = seq_totals_drain(q);
     if (rc == SF_OK) q->rounds++;
     else sf_comm_abort(q->comm, sf_last_error());
     return rc;
@@ -480,11 +393,13 @@ int sf_seq_create(const sf_model *m, sf_backend *be, sf_comm *comm, const sf_seq
     /* messages: own, tmp, acc, pre, tot; at a gateway its members', then 3 scratch */
     seq_msg *fixed[] = {&q->own, &q->tmp, &q->acc, &q->pre, &q->tot};
     for (size_t i = 0; rc == SF_OK && i < sizeof fixed / sizeof *fixed; i++) rc = seq_msg_alloc(q, fixed[i]);
-    q->n_peer_msgs = q->flat ? 2 * q->ranks : q->ranks + 3;
+    q->n_peer_msgs = q->ranks + 3;
     if (rc == SF_OK && !(q->peer_msgs = calloc((size_t)q->n_peer_msgs, sizeof *q->peer_msgs)))
         rc = sf_error(SF_E_NOMEM, "out of memory");
-    for (int i = 0; rc == SF_OK && (q->flat || q->rank == q->gateway) && i < q->n_peer_msgs; i++)
+    for (int i = 0; rc == SF_OK && !q->flat && q->rank == q->gateway && i < q->n_peer_msgs; i++)
         rc = seq_msg_alloc(q, &q->peer_msgs[i]);
+    /* the flat scan: its round totals' slots */
+    for (int i = 0; rc == SF_OK && q->flat && i < 2 * SEQ_PENDING; i++) rc = seq_msg_alloc(q, &q->pend[i / 2].tot[i % 2]);
     if (rc == SF_OK && q->o.tier.kind != SF_QUANT_F32) {
         if (sf_quant_encoded_size(&q->o.tier, q->hdd ? q->hdd : 1) == 0)
             rc = sf_error(SF_E_INVAL, "sequence parallelism: bad tier quantization (group %d)", q->o.tier.group);
@@ -511,11 +426,12 @@ void sf_seq_free(sf_seq *q)
     seq_msg *fixed[] = {&q->own, &q->tmp, &q->acc, &q->pre, &q->tot};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) seq_msg_free(fixed[i]);
     for (int i = 0; q->peer_msgs && i < q->n_peer_msgs; i++) seq_msg_free(&q->peer_msgs[i]);
+    for (int i = 0; i < 2 * SEQ_PENDING; i++) seq_msg_free(&q->pend[i / 2].tot[i % 2]);
     free(q->peer_msgs);
     for (int i = 0; q->fbB && i < 4 * q->L; i++) sf_quant_feedback_release(&q->fbB[i]);
     free(q->fbB);
     free(q->SM), free(q->Sz), free(q->Sgk), free(q->Sgv), free(q->Scount), free(q->Shead);
-    free(q->cqkv), free(q->csk), free(q->zinc), free(q->zwalk), free(q->wire);
+    free(q->cqkv), free(q->csk), free(q->zinc), free(q->zwalk), free(q->cacc), free(q->cml), free(q->wire);
     free(q->group_of), free(q->gateway_of_group);
     free(q);
 }
@@ -524,11 +440,12 @@ void sf_seq_free(sf_seq *q)
  * [H d d]), z (double [H d]), u32 count, u32 head, gk, gv (float [G W]); little-endian hosts. */
 #define STATE_MAGIC 0x31535153u
 
-int sf_seq_state_save(const sf_seq *q, sf_buffer *out)
+int sf_seq_state_save(sf_seq *q, sf_buffer *out)
 {
     const uint32_t head[7] = {STATE_MAGIC, (uint32_t)q->L, (uint32_t)q->H, (uint32_t)q->d, (uint32_t)q->G,
                               (uint32_t)q->W, (uint32_t)q->rounds};
-    int rc = sf_buffer_append(out, head, sizeof head);
+    int rc = seq_totals_drain(q);
+    if (rc == SF_OK) rc = sf_buffer_append(out, head, sizeof head);
     const size_t gw = (size_t)q->G * q->W;
     for (int l = 0; l < q->L && rc == SF_OK; l++) {
         const uint32_t ring[2] = {(uint32_t)q->Scount[l], (uint32_t)q->Shead[l]};
@@ -547,6 +464,8 @@ int sf_seq_state_restore(sf_seq *q, const uint8_t *data, size_t len)
     const size_t gw = (size_t)q->G * q->W;
     const size_t want = sizeof head + (size_t)q->L * (q->hdd * 8 + q->hd * 8 + 8 + 2 * gw * 4);
     if (len < sizeof head) return sf_error(SF_E_STATE, "sequence state: %zu bytes", len);
+    int rc = seq_totals_drain(q); /* nothing may land on the state restored */
+    if (rc != SF_OK) return rc;
     memcpy(head, data, sizeof head);
     if (head[0] != STATE_MAGIC || head[1] != (uint32_t)q->L || head[2] != (uint32_t)q->H || head[3] != (uint32_t)q->d ||
         head[4] != (uint32_t)q->G || head[5] != (uint32_t)q->W || len != want)

@@ -95,8 +95,9 @@ void sf_seq_stats_get(const sf_seq *q, sf_seq_stats *out);
 
 /* The round state into out, and back: the state after the rounds run so far, as every rank of
  * a scan holds it (the hand-off mode: the last rank's, after its chunk). A checkpoint of a
- * run; restore before the next round, on the same number of ranks or another. */
-int sf_seq_state_save(const sf_seq *q, sf_buffer *out);
+ * run; restore before the next round, on the same number of ranks or another. Both first wait
+ * for the round totals still on their way (the flat scan folds them in as they arrive). */
+int sf_seq_state_save(sf_seq *q, sf_buffer *out);
 int sf_seq_state_restore(sf_seq *q, const uint8_t *data, size_t len);
 
 

@@ -20,6 +20,15 @@ typedef struct seq_msg {
  * parts; federation keeps the memory's parts inside a group) */
 enum { PART_Z = 1, PART_TAIL = 2, PART_A = 4, PART_B = 8 };
 
+/* A layer's round totals in the flat scan, waiting for the messages of the ranks after this
+ * one: tot[phase] holds the composition of every rank's message up to next[phase] - 1 (the
+ * delta rule's two exchanges; one otherwise). open: the layer's own exchanges are done. */
+typedef struct seq_pending {
+    int layer, open, next[2];
+    seq_msg tot[2];
+} seq_pending;
+#define SEQ_PENDING 3 /* layers whose totals may wait at once */
+
 #define MSG_MAGIC 0x53514d31u /* "SQM1" */
 #define SF_SEQ_FLAT_RANKS 16  /* up to this many ranks in one group, the flat scan (scan_flat) */
 #define SPAN_HASH_NONE 0u
@@ -47,6 +56,16 @@ struct sf_seq {
      * place); csk: sigma(k), [segments][N][W] */
     float *cqkv, *csk;
     int chunk_capacity;
+    /* the chunk's attention branches (kernels/attention_parts.h), computed while messages
+     * travel: per segment acc [N][W] and ml [2][H][N]; attn_done of attn_segments (the last of
+     * attn_last_rows rows) done in the current layer. inner_s: seconds of computing done inside
+     * the exchange (counted in stats.compute_s, not in exchange_s) */
+    float *cacc, *cml;
+    int attn_done, attn_segments, attn_last_rows;
+    double inner_s;
+    /* the flat scan's round totals still waiting: a ring of pend_count from pend_first */
+    seq_pending pend[SEQ_PENDING];
+    int pend_first, pend_count;
     /* scratch: messages (own, received, composed), summary tokens, z of the walk */
     seq_msg own, tmp, acc, pre, tot, *peer_msgs;
     int n_peer_msgs;
@@ -57,6 +76,35 @@ struct sf_seq {
                                one exchange, the delta rule's second), of B then A - I */
     sf_seq_stats stats;
 };
+
+/* ---- the round state (stages/block_seq.c) ------------------------------------------------ */
+
+/* A hash of layer l's round state (memory: its M and z too), never SPAN_HASH_NONE. */
+uint32_t seq_state_hash(const sf_seq *q, int l, int memory);
+/* The round state of layer l <- itself then the round's total t (its memory_parts, and the
+ * tokens). */
+int seq_state_then(sf_seq *q, int l, const seq_msg *t, int memory_parts);
+
+/* ---- the scan (stages/block_seq_scan.c) --------------------------------------------------- */
+
+/* Which parts a layer's first exchange carries (the delta rule's second: PART_A | PART_B), and
+ * which of them the memory takes. */
+void seq_parts(const sf_seq *q, int *parts0, int *memory_parts);
+/* One exchange of layer l through the gateways: own is this rank's (already canonical) message
+ * with `parts`; on return q->pre is the combination of every rank's before this one, q->tot
+ * the round's. Which parts cross between groups: all, or only the tokens (federation). */
+int seq_scan(sf_seq *q, int l, int phase, const seq_msg *own, int parts);
+/* One exchange of the flat scan: own to every other rank, q->pre from the ranks before this
+ * one, t->tot[phase] started (the ranks after this one are folded in later). */
+int seq_scan_flat(sf_seq *q, int phase, const seq_msg *own, int parts, seq_pending *t);
+/* The flat scan's totals of layer l: a slot, taken at the layer's start (the same layer of the
+ * round before first completed, into the round state); opened at the layer's end (from then
+ * on, the messages of later ranks fold into it as they arrive); all completed (drain). */
+int seq_totals_reserve(sf_seq *q, int l, seq_pending **out);
+int seq_totals_open(sf_seq *q, seq_pending *t);
+int seq_totals_drain(sf_seq *q);
+/* The chunk's attention branches not yet computed in this layer. */
+int seq_attention_rest(sf_seq *q);
 
 /* ---- messages (stages/block_seq_msg.c) ----------------------------------------------------
  * A message's buffers are sized for q's model (seq_msg_alloc; seq_msg_free accepts a zeroed
