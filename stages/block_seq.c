@@ -146,7 +146,8 @@ static void account(sf_seq *q, double *t0, double *inner0, double *into)
 /* Layer l's exchange of `parts` of own: the flat scan or the gateways'. */
 static int exchange(sf_seq *q, int l, int phase, int parts, seq_pending *t)
 {
-    return q->flat ? seq_scan_flat(q, phase, &q->own, parts, t) : seq_scan(q, l, phase, &q->own, parts);
+    if (q->flat) return seq_scan_flat(q, phase, &q->own, parts, t);
+    return q->tree ? seq_scan_tree(q, phase, &q->own, parts) : seq_scan(q, l, phase, &q->own, parts);
 }
 
 /* Layer l over the chunk, the scan way. */
@@ -367,6 +368,7 @@ int sf_seq_create(const sf_model *m, sf_backend *be, sf_comm *comm, const sf_seq
     }
     if (rc == SF_OK) q->gateway = q->gateway_of_group[q->group_of[q->rank]];
     q->flat = q->n_groups == 1 && q->ranks > 1 && q->ranks <= SF_SEQ_FLAT_RANKS;
+    q->tree = q->n_groups == 1 && q->ranks > SF_SEQ_FLAT_RANKS;
     if (rc == SF_OK && q->o.federation && q->o.exchange != SF_SEQ_SCAN)
         rc = sf_error(SF_E_INVAL, "federation needs the scan exchange");
     /* the block: every layer, unsharded, without deferred commits */
@@ -390,13 +392,16 @@ int sf_seq_create(const sf_model *m, sf_backend *be, sf_comm *comm, const sf_seq
         q->Scount = calloc((size_t)q->L, sizeof(int)), q->Shead = calloc((size_t)q->L, sizeof(int));
         if (!q->SM || !q->Sz || !q->Sgk || !q->Sgv || !q->Scount || !q->Shead) rc = sf_error(SF_E_NOMEM, "out of memory");
     }
-    /* messages: own, tmp, acc, pre, tot; at a gateway its members', then 3 scratch */
+    /* messages: own, tmp, acc, pre, tot */
     seq_msg *fixed[] = {&q->own, &q->tmp, &q->acc, &q->pre, &q->tot};
     for (size_t i = 0; rc == SF_OK && i < sizeof fixed / sizeof *fixed; i++) rc = seq_msg_alloc(q, fixed[i]);
+    /* at a gateway its members', then 3 scratch; in the tree, a child's subtree per level */
     q->n_peer_msgs = q->ranks + 3;
+    if (q->tree)
+        for (q->n_peer_msgs = 0; (1 << q->n_peer_msgs) < q->ranks;) q->n_peer_msgs++;
     if (rc == SF_OK && !(q->peer_msgs = calloc((size_t)q->n_peer_msgs, sizeof *q->peer_msgs)))
         rc = sf_error(SF_E_NOMEM, "out of memory");
-    for (int i = 0; rc == SF_OK && !q->flat && q->rank == q->gateway && i < q->n_peer_msgs; i++)
+    for (int i = 0; rc == SF_OK && !q->flat && (q->tree || q->rank == q->gateway) && i < q->n_peer_msgs; i++)
         rc = seq_msg_alloc(q, &q->peer_msgs[i]);
     /* the flat scan: its round totals' slots */
     for (int i = 0; rc == SF_OK && q->flat && i < 2 * SEQ_PENDING; i++) rc = seq_msg_alloc(q, &q->pend[i / 2].tot[i % 2]);

@@ -43,6 +43,8 @@ struct sf_seq {
      * rank order itself (scan_flat), no gateway round trip; a rank waits only for the ranks
      * before it mid-layer, for those after it at the layer's end (the round total) */
     int flat;
+    /* one group of more ranks: the binomial tree (seq_scan_tree) instead of the gateway's star */
+    int tree;
     int L, H, d, W, G, S, N, D;
     size_t hd, hdd;
     sf_memory_kind kind;
@@ -94,6 +96,9 @@ void seq_parts(const sf_seq *q, int *parts0, int *memory_parts);
  * with `parts`; on return q->pre is the combination of every rank's before this one, q->tot
  * the round's. Which parts cross between groups: all, or only the tokens (federation). */
 int seq_scan(sf_seq *q, int l, int phase, const seq_msg *own, int parts);
+/* The same for one group of more than SF_SEQ_FLAT_RANKS ranks, over a binomial tree (log
+ * depth): q->pre and q->tot as seq_scan leaves them. */
+int seq_scan_tree(sf_seq *q, int phase, const seq_msg *own, int parts);
 /* One exchange of the flat scan: own to every other rank, q->pre from the ranks before this
  * one, t->tot[phase] started (the ranks after this one are folded in later). */
 int seq_scan_flat(sf_seq *q, int phase, const seq_msg *own, int parts, seq_pending *t);

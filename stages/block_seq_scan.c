@@ -140,6 +140,53 @@ int seq_scan(sf_seq *q, int l, int phase, const seq_msg *own, int parts)
     return rc;
 }
 
+/* ---- the tree: one group beyond SF_SEQ_FLAT_RANKS ---------------------------------------- */
+
+/* A binomial tree over the ranks: rank r's parent is r less its lowest set bit, its children
+ * r + 2^k for every 2^k below that bit (rank 0: below the ranks' count). Up: each rank composes
+ * its own message then its children's subtrees in rank order and sends that to its parent;
+ * rank 0 ends with the round's total. Down: each rank, given the prefix of the ranks before it
+ * and the total, sends each child the prefix of the ranks before that child (its own prefix,
+ * its own message, the subtrees of the children before) and the total. 2 log2 R steps; every
+ * rank holds rank 0's total, bit for bit, and its own exact prefix. */
+int seq_scan_tree(sf_seq *q, int phase, const seq_msg *own, int parts)
+{
+    const int r = q->rank, R = q->ranks;
+    int levels = 0; /* the children's levels: r + 2^k for k < levels */
+    if (r == 0)
+        while ((1 << levels) < R) levels++;
+    else
+        while (!(r & (1 << levels))) levels++;
+    seq_msg *kids = q->peer_msgs; /* kids[k]: the subtree at r + 2^k */
+    int rc = SF_OK, n_kids = 0;
+    seq_msg_copy(q, &q->acc, own);
+    for (int k = 0; k < levels && r + (1 << k) < R && rc == SF_OK; k++, n_kids++) {
+        rc = recv_overlapped(q, r + (1 << k), &kids[k], NULL, NULL);
+        if (rc == SF_OK) rc = seq_msg_then(q, &q->acc, &kids[k], parts);
+    }
+    if (rc == SF_OK && r) {
+        const int parent = r - (1 << levels);
+        rc = seq_send_msg(q, parent, &q->acc, parts, SPAN_HASH_NONE, NULL, NULL);
+        if (rc == SF_OK) rc = recv_overlapped(q, parent, &q->pre, NULL, NULL);
+        if (rc == SF_OK) rc = seq_recv_msg(q, parent, &q->tot, NULL, NULL);
+    } else if (rc == SF_OK) {
+        seq_msg_identity(q, &q->pre);
+        seq_msg_copy(q, &q->tot, &q->acc);
+        rc = seq_msg_canon(q, &q->tot, parts, NULL, NULL); /* what the others receive */
+    }
+    /* the children's prefixes: q->acc runs from this rank's prefix on */
+    if (rc == SF_OK) {
+        seq_msg_copy(q, &q->acc, &q->pre);
+        rc = seq_msg_then(q, &q->acc, own, parts);
+    }
+    for (int k = 0; k < n_kids && rc == SF_OK; k++) {
+        rc = seq_send_msg(q, r + (1 << k), &q->acc, parts, SPAN_HASH_NONE, NULL, NULL);
+        if (rc == SF_OK) rc = seq_send_msg(q, r + (1 << k), &q->tot, parts, SPAN_HASH_NONE, NULL, NULL);
+        if (rc == SF_OK && k + 1 < n_kids) rc = seq_msg_then(q, &q->acc, &kids[k], parts);
+    }
+    return rc;
+}
+
 /* ---- the flat scan ----------------------------------------------------------------------- */
 
 int seq_scan_flat(sf_seq *q, int phase, const seq_msg *own, int parts, seq_pending *t)
