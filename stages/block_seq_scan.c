@@ -1,8 +1,9 @@
-/* Sequence parallelism's scan (stages/block_seq_internal.h): the gateway star, the flat scan
- * with its round totals folded as they arrive, and what a rank computes while messages travel.
+/* Sequence parallelism's scan (stages/block_seq_internal.h): the gateway star, the binomial
+ * tree, the flat scan with its round totals folded as they arrive, and what a rank computes
+ * while messages travel.
  *
- * Overlap. A rank that must wait for a message its layer needs now (the prefix of the ranks
- * before it, or the gateway's) first runs, segment by segment, the attention branches of its
+ * Overlap. A rank that must wait for a message its layer needs now (the messages of the ranks
+ * before it, its parent's or children's in the tree, its gateway's) first runs, segment by segment, the attention branches of its
  * chunk (sf_attention_local: they read only the chunk's own q, k, v, never the memory or the
  * global tokens), and folds any round totals that came in, until the message is there. The
  * walk then merges the global tokens into the branches kept and mixes in the memory: what
