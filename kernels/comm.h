@@ -81,6 +81,11 @@ typedef struct sf_comm_ops {
      * receiver passes the same exact flag. Point-to-point order is per (peer, exact). */
     int (*send_tagged)(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer, uint64_t tag, int exact);
     int (*recv_tagged)(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer, int exact);
+    /* Optional (NULL: never known): 1 when peer's next point-to-point message on the (exact)
+     * link has arrived, so that a receive of it would not wait (or the communicator failed, so
+     * that the receive would fail at once), 0 when it may wait. Never waits. For a caller that
+     * has other work to do while a message travels. */
+    int (*probe)(sf_comm *c, int peer, int exact);
 } sf_comm_ops;
 
 struct sf_comm {
@@ -103,6 +108,9 @@ int sf_comm_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer);
  * the transport has no such op. */
 int sf_comm_send_tagged(sf_comm *c, const void *buf, size_t count, sf_dtype type, int peer, uint64_t tag, int exact);
 int sf_comm_recv_tagged(sf_comm *c, void *buf, size_t count, sf_dtype type, int peer, int exact);
+/* The probe (sf_comm_ops.probe): 1 when a receive from peer would not wait, 0 when it may (or
+ * the transport cannot tell); SF_E_INVAL for a bad peer. */
+int sf_comm_probe(sf_comm *c, int peer, int exact);
 int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket);
 int sf_comm_join(sf_comm *c, int ticket);
 int sf_comm_group_begin(sf_comm *c);

@@ -84,6 +84,13 @@ int sf_comm_recv_tagged(sf_comm *c, void *buf, size_t count, sf_dtype type, int 
                                : c->ops->recv(c, buf, count, type, peer);
 }
 
+int sf_comm_probe(sf_comm *c, int peer, int exact)
+{
+    int rc = check_peer(c, "probe", peer);
+    if (rc != SF_OK) return rc;
+    return c->ops->probe ? c->ops->probe(c, peer, exact) : 0;
+}
+
 int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket)
 {
     int rc = check_type(c, "all_reduce", type);
@@ -367,6 +374,16 @@ static int host_recv(sf_comm *c, void *buf, size_t count, sf_dtype type, int pee
     return rc;
 }
 
+static int host_probe(sf_comm *c, int peer, int exact)
+{
+    host_comm *h = c->impl;
+    host_group *g = h->g;
+    pthread_mutex_lock(&g->lock);
+    const int ready = g->mail[(size_t)c->rank * g->size + peer] != NULL || h->failed || g->aborted || stopped(c);
+    pthread_mutex_unlock(&g->lock);
+    return ready;
+}
+
 static int host_nothing(sf_comm *c)
 {
     host_comm *h = c->impl;
@@ -433,6 +450,7 @@ static const sf_comm_ops host_ops = {
     .fence = host_nothing,
     .abort = host_abort,
     .destroy = host_destroy,
+    .probe = host_probe,
 };
 
 int sf_comm_host_create(int size, sf_backend *be, int timeout_ms, sf_comm **comms)

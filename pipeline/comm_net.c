@@ -243,6 +243,14 @@ static int net_recv_tagged(sf_comm *c, void *buf, size_t count, sf_dtype type, i
     return recv_into(c, "recv", exact ? LINK_EXACT : LINK_DATA, peer, buf, count, type, OP_P2P);
 }
 
+static int net_probe(sf_comm *c, int peer, int exact)
+{
+    link_pair *pp;
+    /* a failure is "ready": the receive reports it at once */
+    if (alive(c, "probe") != SF_OK || pair_of(c, "probe", peer, exact ? LINK_EXACT : LINK_DATA, &pp) != SF_OK) return 1;
+    return sf_net_link_wait(pp->recv, 0, c->stop);
+}
+
 static float bf16_value(uint16_t b)
 {
     const uint32_t u = (uint32_t)b << 16;
@@ -409,6 +417,7 @@ static const sf_comm_ops net_ops = {
     .destroy = net_destroy,
     .send_tagged = net_send_tagged,
     .recv_tagged = net_recv_tagged,
+    .probe = net_probe,
 };
 
 int sf_comm_net_create(sf_net *net, int rank, int size, uint32_t channel_base, sf_comm_net_options_fn options,

@@ -29,6 +29,9 @@
  *     residual of `count` floats on the sending side for the life of the communicator. bf16
  *     values travel as their bit patterns, never quantized: lossless on every link. On a lossy
  *     data link every value must be finite (SF_E_INVAL otherwise, nothing sent).
+ *   - probe (sf_comm_probe): whether the next message from a peer on a link has arrived (the
+ *     receiving half's sf_net_link_wait with no wait; a failed communicator answers 1, so that
+ *     the receive reports it).
  *   - Order is per (peer, link): a receiver takes the messages of one peer on one link in the
  *     order they were sent; exact and inexact messages (and collectives) are independent.
  *     (Code meant for any communicator keeps one order per peer: the host and NCCL ones fall

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/attention_parts.h"
 #include "kernels/backend_ext.h"
 #include "kernels/comm.h"
 #include "stages/block_shard.h"
@@ -340,6 +341,14 @@ static int attention_mix(block *b, stream_state *s, int l, int i, int n, const u
         .n_global = G ? s->g_count[l] : 0, .global_ld = W,
         .gk = G ? s->gk + (size_t)l * G * W : NULL, .gv = G ? s->gv + (size_t)l * G * W : NULL,
         .scale = 1.0f / sqrtf((float)d), .qkv_type = b->qkv_type, .head_offset = b->head0};
+    if (b->attn_acc) { /* the branches were computed before: the composed attention_mix's other steps */
+        if (b->mix_type != SF_DTYPE_F32 || i != 0)
+            return sf_error(SF_E_INVAL, "attention given in part: one stream's float32 mix only");
+        int rc = sf_attention_finish(b->be, &desc, (const float *)q, b->attn_acc, b->attn_ml, a);
+        if (rc != SF_OK || !memory) return rc;
+        return b->be->ops->memory_mix(b->be, n, H, d, W, b->qkv_type, q, s->M + (size_t)l * H * d * d,
+                                      s->z + (size_t)l * H * d, b->weights[l].gate, a);
+    }
     return sf_be_attention_mix(b->be, &desc, q, k, v, a, memory ? s->M + (size_t)l * H * d * d : NULL,
                                memory ? s->z + (size_t)l * H * d : NULL, b->weights[l].gate, b->mix_type, out);
 }

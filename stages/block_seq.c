@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "compress/frame.h"
+#include "kernels/attention_parts.h"
 #include "kernels/backend_ext.h"
 #include "kernels/memory_map.h"
 #include "stages/block_seq.h"
@@ -15,264 +16,10 @@
 
 #include "stages/block_seq_internal.h"
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec / 1e9;
-}
-
-/* ---- messages ---------------------------------------------------------------------------- */
-
-static int msg_alloc(const sf_seq *q, seq_msg *m)
-{
-    memset(m, 0, sizeof *m);
-    m->z = calloc(q->hd, sizeof *m->z);
-    m->B = calloc(q->hdd ? q->hdd : 1, sizeof *m->B);
-    if (q->kind == SF_MEMORY_DELTA) m->A = calloc(q->hdd, sizeof *m->A);
-    if (q->G) {
-        m->tk = calloc((size_t)q->G * q->W, sizeof *m->tk);
-        m->tv = calloc((size_t)q->G * q->W, sizeof *m->tv);
-    }
-    if (!m->z || !m->B || (q->kind == SF_MEMORY_DELTA && !m->A) || (q->G && (!m->tk || !m->tv)))
-        return sf_error(SF_E_NOMEM, "out of memory for the sequence-parallel exchange");
-    return SF_OK;
-}
-
-static void msg_free(seq_msg *m)
-{
-    free(m->z), free(m->B), free(m->A), free(m->tk), free(m->tv);
-    memset(m, 0, sizeof *m);
-}
-
-static void msg_identity(const sf_seq *q, seq_msg *m)
-{
-    memset(m->z, 0, q->hd * sizeof *m->z);
-    sf_memory_map_identity(q->H, q->d, m->A, m->B);
-    m->cnt = 0;
-}
-
-/* tokens (tk, tv, cnt) <- the last G of (tokens, count more from k, v) */
-static void tail_append(const sf_seq *q, float *tk, float *tv, int *cnt, const float *k, const float *v, int count)
-{
-    const size_t row = (size_t)q->W;
-    if (count >= q->G) {
-        memcpy(tk, k + (size_t)(count - q->G) * row, (size_t)q->G * row * sizeof *tk);
-        memcpy(tv, v + (size_t)(count - q->G) * row, (size_t)q->G * row * sizeof *tv);
-        *cnt = q->G;
-        return;
-    }
-    const int keep = *cnt + count > q->G ? q->G - count : *cnt, drop = *cnt - keep;
-    memmove(tk, tk + (size_t)drop * row, (size_t)keep * row * sizeof *tk);
-    memmove(tv, tv + (size_t)drop * row, (size_t)keep * row * sizeof *tv);
-    memcpy(tk + (size_t)keep * row, k, (size_t)count * row * sizeof *tk);
-    memcpy(tv + (size_t)keep * row, v, (size_t)count * row * sizeof *tv);
-    *cnt = keep + count;
-}
-
-/* a <- a then b, for the given parts */
-static int msg_then(const sf_seq *q, seq_msg *a, const seq_msg *b, int parts)
-{
-    if (parts & PART_Z)
-        for (size_t i = 0; i < q->hd; i++) a->z[i] += b->z[i];
-    if ((parts & PART_TAIL) && q->G) tail_append(q, a->tk, a->tv, &a->cnt, b->tk, b->tv, b->cnt);
-    if (!(parts & PART_B)) return SF_OK;
-    return sf_memory_map_then(q->H, q->d, (parts & PART_A) ? b->A : NULL, b->B, (parts & PART_A) ? a->A : NULL, a->B);
-}
-
-static void msg_copy(const sf_seq *q, seq_msg *dst, const seq_msg *src)
-{
-    memcpy(dst->z, src->z, q->hd * sizeof *dst->z);
-    memcpy(dst->B, src->B, q->hdd * sizeof *dst->B);
-    if (dst->A) memcpy(dst->A, src->A, q->hdd * sizeof *dst->A);
-    if (q->G) {
-        memcpy(dst->tk, src->tk, (size_t)src->cnt * q->W * sizeof *dst->tk);
-        memcpy(dst->tv, src->tv, (size_t)src->cnt * q->W * sizeof *dst->tv);
-    }
-    dst->cnt = src->cnt;
-}
-
-/* The wire form: a header of 4 uint32 (magic, parts, tokens, hash), z as float32, the tokens'
- * k then v as float32, then A and B, each as float32 or, with quant (between gateways), in the
- * tier's encoding (compress/quantize.h; B with error feedback fb). */
-static int ensure_wire(sf_seq *q, size_t bytes)
-{
-    if (bytes <= q->wire_cap) return SF_OK;
-    uint8_t *w = realloc(q->wire, bytes);
-    if (!w) return sf_error(SF_E_NOMEM, "out of memory for a %zu-byte exchange message", bytes);
-    q->wire = w, q->wire_cap = bytes;
-    return SF_OK;
-}
-
-static size_t map_bytes(const sf_seq *q, const sf_quant_params *quant)
-{
-    return quant && quant->kind != SF_QUANT_F32 ? sf_quant_encoded_size(quant, q->hdd) : q->hdd * sizeof(float);
-}
-
-static size_t msg_bytes(const sf_seq *q, const seq_msg *m, int parts, const sf_quant_params *quant)
-{
-    size_t n = 16;
-    if (parts & PART_Z) n += q->hd * sizeof(float);
-    if (parts & PART_TAIL) n += 2 * (size_t)m->cnt * q->W * sizeof(float);
-    if (parts & PART_A) n += map_bytes(q, quant);
-    if (parts & PART_B) n += map_bytes(q, quant);
-    return n;
-}
-
-/* A map part on the wire: B as it is, A as A - I (is_a), whose entries are all small, so that
- * a scale per group and float32 both keep what A does to M rather than the identity's 1s. */
-static int put_map(sf_seq *q, const double *src, int is_a, uint8_t *out, const sf_quant_params *quant,
-                   sf_quant_feedback *fb)
-{
-    float *f = malloc(q->hdd * sizeof *f);
-    if (!f) return sf_error(SF_E_NOMEM, "out of memory");
-    const size_t diag = (size_t)q->d + 1;
-    for (size_t i = 0; i < q->hdd; i++) f[i] = (float)(src[i] - (is_a && i % ((size_t)q->d * q->d) % diag == 0));
-    int rc = SF_OK;
-    if (quant && quant->kind != SF_QUANT_F32)
-        rc = fb ? sf_quantize_with_feedback(quant, fb, f, q->hdd, out, map_bytes(q, quant))
-                : sf_quantize(quant, f, q->hdd, out, map_bytes(q, quant));
-    else
-        memcpy(out, f, q->hdd * sizeof *f);
-    free(f);
-    return rc;
-}
-
-static int get_map(const sf_seq *q, const uint8_t *in, double *dst, int is_a, const sf_quant_params *quant)
-{
-    const size_t diag = (size_t)q->d + 1;
-    float *f = malloc(q->hdd * sizeof *f);
-    if (!f) return sf_error(SF_E_NOMEM, "out of memory");
-    int rc = SF_OK;
-    if (quant && quant->kind != SF_QUANT_F32) rc = sf_dequantize(quant, in, map_bytes(q, quant), f, q->hdd);
-    else memcpy(f, in, q->hdd * sizeof *f);
-    for (size_t i = 0; rc == SF_OK && i < q->hdd; i++)
-        dst[i] = (double)f[i] + (is_a && i % ((size_t)q->d * q->d) % diag == 0);
-    free(f);
-    return rc;
-}
-
-static int msg_encode(sf_seq *q, const seq_msg *m, int parts, uint32_t hash, const sf_quant_params *quant,
-                      sf_quant_feedback *fb, size_t *len)
-{
-    const size_t bytes = msg_bytes(q, m, parts, quant);
-    int rc = ensure_wire(q, bytes);
-    if (rc != SF_OK) return rc;
-    uint32_t head[4] = {MSG_MAGIC, (uint32_t)parts, (uint32_t)m->cnt, hash};
-    uint8_t *p = q->wire;
-    memcpy(p, head, sizeof head), p += sizeof head;
-    if (parts & PART_Z)
-        for (size_t i = 0; i < q->hd; i++, p += sizeof(float)) {
-            float f = (float)m->z[i];
-            memcpy(p, &f, sizeof f);
-        }
-    if ((parts & PART_TAIL) && m->cnt) {
-        const size_t t = (size_t)m->cnt * q->W * sizeof(float);
-        memcpy(p, m->tk, t), p += t;
-        memcpy(p, m->tv, t), p += t;
-    }
-    if (rc == SF_OK && (parts & PART_A)) rc = put_map(q, m->A, 1, p, quant, fb ? fb + 1 : NULL), p += map_bytes(q, quant);
-    if (rc == SF_OK && (parts & PART_B)) rc = put_map(q, m->B, 0, p, quant, fb), p += map_bytes(q, quant);
-    *len = bytes;
-    return rc;
-}
-
-/* m <- the message in q->wire (len bytes); parts it lacks are left as the identity */
-static int msg_decode(const sf_seq *q, size_t len, seq_msg *m, uint32_t *hash, const sf_quant_params *quant)
-{
-    uint32_t head[4];
-    if (len < sizeof head) return sf_error(SF_E_COMM, "sequence exchange: a message of %zu bytes", len);
-    memcpy(head, q->wire, sizeof head);
-    const int parts = (int)head[1];
-    if (head[0] != MSG_MAGIC || head[2] > (uint32_t)q->G || (parts & ~15))
-        return sf_error(SF_E_COMM, "sequence exchange: malformed message (magic %08x, %u tokens)", head[0], head[2]);
-    msg_identity(q, m);
-    m->cnt = (int)head[2];
-    if (hash) *hash = head[3];
-    if (len != msg_bytes(q, m, parts, quant))
-        return sf_error(SF_E_COMM, "sequence exchange: a message of %zu bytes, %zu expected (do the ranks agree on the "
-                        "model and the tier?)", len, msg_bytes(q, m, parts, quant));
-    const uint8_t *p = q->wire + sizeof head;
-    if (parts & PART_Z)
-        for (size_t i = 0; i < q->hd; i++, p += sizeof(float)) {
-            float f;
-            memcpy(&f, p, sizeof f);
-            m->z[i] = f;
-        }
-    if ((parts & PART_TAIL) && m->cnt) {
-        const size_t t = (size_t)m->cnt * q->W * sizeof(float);
-        memcpy(m->tk, p, t), p += t;
-        memcpy(m->tv, p, t), p += t;
-    }
-    int rc = SF_OK;
-    if ((parts & PART_A) && m->A) rc = get_map(q, p, m->A, 1, quant), p += map_bytes(q, quant);
-    if (rc == SF_OK && (parts & PART_B)) rc = get_map(q, p, m->B, 0, quant);
-    return rc;
-}
-
-/* The wire's bytes travel as float32 elements of exact messages: a length first, then the
- * bytes padded to whole elements. */
-static int wire_send(sf_seq *q, int peer, size_t len, int across)
-{
-    float head;
-    uint32_t n = (uint32_t)len;
-    memcpy(&head, &n, sizeof head);
-    int rc = sf_comm_send_tagged(q->comm, &head, 1, SF_DTYPE_F32, peer, 0, 1);
-    const size_t elems = (len + 3) / 4;
-    if (rc == SF_OK) rc = ensure_wire(q, elems * 4);
-    if (rc == SF_OK) memset(q->wire + len, 0, elems * 4 - len);
-    if (rc == SF_OK) rc = sf_comm_send_tagged(q->comm, q->wire, elems, SF_DTYPE_F32, peer, 0, 1);
-    if (across) q->stats.sent_across += elems * 4 + 4;
-    else q->stats.sent_within += elems * 4 + 4;
-    return rc;
-}
-
-static int wire_recv(sf_seq *q, int peer, size_t *len, int across)
-{
-    *len = 0;
-    float head;
-    int rc = sf_comm_recv_tagged(q->comm, &head, 1, SF_DTYPE_F32, peer, 1);
-    if (rc != SF_OK) return rc;
-    uint32_t n;
-    memcpy(&n, &head, sizeof n);
-    if (n > (1u << 30)) return sf_error(SF_E_COMM, "sequence exchange: rank %d announced %u bytes", peer, n);
-    const size_t elems = (n + 3) / 4;
-    rc = ensure_wire(q, elems * 4 + 4);
-    if (rc == SF_OK) rc = sf_comm_recv_tagged(q->comm, q->wire, elems, SF_DTYPE_F32, peer, 1);
-    *len = n;
-    if (across) q->stats.received_across += elems * 4 + 4;
-    else q->stats.received_within += elems * 4 + 4;
-    return rc;
-}
-
-static int send_msg(sf_seq *q, int peer, const seq_msg *m, int parts, uint32_t hash, const sf_quant_params *quant,
-                    sf_quant_feedback *fb)
-{
-    size_t len;
-    int rc = msg_encode(q, m, parts, hash, quant, fb, &len);
-    return rc == SF_OK ? wire_send(q, peer, len, q->group_of[peer] != q->group_of[q->rank]) : rc;
-}
-
-static int recv_msg(sf_seq *q, int peer, seq_msg *m, uint32_t *hash, const sf_quant_params *quant)
-{
-    size_t len;
-    int rc = wire_recv(q, peer, &len, q->group_of[peer] != q->group_of[q->rank]);
-    return rc == SF_OK ? msg_decode(q, len, m, hash, quant) : rc;
-}
-
-/* m <- what m becomes on the wire (float32, or the tier's encoding): every rank uses only that,
- * its own part included, so that all hold the same bits */
-static int msg_canon(sf_seq *q, seq_msg *m, int parts, const sf_quant_params *quant, sf_quant_feedback *fb)
-{
-    size_t len;
-    int rc = msg_encode(q, m, parts, 0, quant, fb, &len);
-    return rc == SF_OK ? msg_decode(q, len, m, NULL, quant) : rc;
-}
-
 /* ---- the round state --------------------------------------------------------------------- */
 
 /* A hash of layer l's round state (what every rank must hold alike): CRC-32C of its bytes. */
-static uint32_t state_hash(const sf_seq *q, int l, int memory)
+uint32_t seq_state_hash(const sf_seq *q, int l, int memory)
 {
     uint32_t h = 0;
     if (memory) {
@@ -295,7 +42,7 @@ static void state_tokens(const sf_seq *q, int l, float *tk, float *tv, int *cnt)
     *cnt = 0;
     for (int j = 0; j < q->Scount[l]; j++) {
         const int slot = (q->Shead[l] + j) % q->G;
-        tail_append(q, tk, tv, cnt, gk + slot * row, gv + slot * row, 1);
+        seq_tail_append(q, tk, tv, cnt, gk + slot * row, gv + slot * row, 1);
     }
 }
 
@@ -325,14 +72,14 @@ static int work_from(sf_seq *q, int l, const seq_msg *m, int memory_parts)
     if (q->G) {
         float *gk = w->gk + (size_t)l * q->G * row, *gv = w->gv + (size_t)l * q->G * row;
         state_tokens(q, l, gk, gv, &w->g_count[l]);
-        tail_append(q, gk, gv, &w->g_count[l], m->tk, m->tv, m->cnt);
+        seq_tail_append(q, gk, gv, &w->g_count[l], m->tk, m->tv, m->cnt);
         w->g_head[l] = 0;
     }
     return rc;
 }
 
 /* The round state of layer l <- itself then the round's total t. */
-static int state_then(sf_seq *q, int l, const seq_msg *t, int memory_parts)
+int seq_state_then(sf_seq *q, int l, const seq_msg *t, int memory_parts)
 {
     int rc = SF_OK;
     if (memory_parts & PART_B)
@@ -347,120 +94,13 @@ static int state_then(sf_seq *q, int l, const seq_msg *t, int memory_parts)
         int cnt = 0;
         if (rc == SF_OK) {
             state_tokens(q, l, tk, tv, &cnt);
-            tail_append(q, tk, tv, &cnt, t->tk, t->tv, t->cnt);
+            seq_tail_append(q, tk, tv, &cnt, t->tk, t->tv, t->cnt);
             memcpy(gk, tk, (size_t)cnt * row * sizeof *gk);
             memcpy(gv, tv, (size_t)cnt * row * sizeof *gv);
             q->Scount[l] = cnt, q->Shead[l] = 0;
         }
         free(tk), free(tv);
     }
-    return rc;
-}
-
-/* ---- the scan ---------------------------------------------------------------------------- */
-
-/* One exchange of layer l: own is this rank's (already canonical) message with `parts`; on
- * return q->pre is the combination of every rank's before this one, q->tot the round's. Which
- * parts cross between groups: all, or only the tokens (federation). */
-static int scan(sf_seq *q, int l, int phase, const seq_msg *own, int parts)
-{
-    const int across_parts = q->o.federation ? (parts & PART_TAIL) : parts;
-    const sf_quant_params *tier = q->o.tier.kind != SF_QUANT_F32 ? &q->o.tier : NULL;
-    const int my_group = q->group_of[q->rank];
-    int rc = SF_OK;
-    if (q->rank != q->gateway) {
-        rc = send_msg(q, q->gateway, own, parts, SPAN_HASH_NONE, NULL, NULL);
-        if (rc == SF_OK) rc = recv_msg(q, q->gateway, &q->pre, NULL, NULL);
-        if (rc == SF_OK) rc = recv_msg(q, q->gateway, &q->tot, NULL, NULL);
-        return rc;
-    }
-    /* the gateway: its members' messages in rank order (its own first), their combination */
-    int first = q->rank, last = q->rank;
-    while (last + 1 < q->ranks && q->group_of[last + 1] == my_group) last++;
-    const int members = last - first + 1;
-    msg_copy(q, &q->peer_msgs[0], own);
-    for (int r = first + 1; r <= last && rc == SF_OK; r++) rc = recv_msg(q, r, &q->peer_msgs[r - first], NULL, NULL);
-    msg_identity(q, &q->acc);
-    for (int i = 0; i < members && rc == SF_OK; i++) rc = msg_then(q, &q->acc, &q->peer_msgs[i], parts);
-    /* spans between gateways, each with the sender's hash of the round state it started from */
-    const uint32_t hash = state_hash(q, l, !q->o.federation);
-    sf_quant_feedback *fb = q->fbB && tier ? &q->fbB[4 * l + 2 * phase] : NULL;
-    seq_msg *span = &q->peer_msgs[members]; /* scratch after the members */
-    if (rc == SF_OK && q->n_groups > 1) {
-        /* encoded once (the error feedback advances once a round); the same bytes to every
-         * gateway, and decoded here into what the others will hold of ours */
-        size_t len = 0;
-        uint8_t *bytes = NULL;
-        rc = msg_encode(q, &q->acc, across_parts, hash, tier, fb, &len);
-        if (rc == SF_OK && !(bytes = malloc(len))) rc = sf_error(SF_E_NOMEM, "out of memory");
-        if (rc == SF_OK) memcpy(bytes, q->wire, len), rc = msg_decode(q, len, span, NULL, tier);
-        for (int g = 0; g < q->n_groups && rc == SF_OK; g++)
-            if (g != my_group) {
-                memcpy(q->wire, bytes, len);
-                rc = wire_send(q, q->gateway_of_group[g], len, 1);
-            }
-        free(bytes);
-    }
-    /* the total over the groups in order, and the prefix of the groups before ours */
-    msg_identity(q, &q->tot);
-    seq_msg *before = &q->peer_msgs[members + 1];
-    msg_identity(q, before);
-    for (int g = 0; g < q->n_groups && rc == SF_OK; g++) {
-        if (g == my_group) {
-            rc = msg_then(q, &q->tot, q->n_groups > 1 ? span : &q->acc, across_parts);
-            if (rc == SF_OK && q->o.federation) rc = msg_then(q, &q->tot, &q->acc, parts & ~PART_TAIL);
-            continue;
-        }
-        uint32_t theirs = 0;
-        rc = recv_msg(q, q->gateway_of_group[g], &q->tmp, &theirs, tier);
-        if (rc == SF_OK && theirs != hash)
-            rc = sf_error(SF_E_STATE, "sequence exchange: layer %d's state differs between datacenter %d (hash %08x) and "
-                          "%d (%08x) after %d rounds", l, my_group, hash, g, theirs, q->rounds);
-        if (rc == SF_OK) rc = msg_then(q, &q->tot, &q->tmp, across_parts);
-        if (rc == SF_OK && g < my_group) rc = msg_then(q, before, &q->tmp, across_parts);
-    }
-    if (rc == SF_OK) rc = msg_canon(q, &q->tot, parts, NULL, NULL);
-    /* each member's prefix: the groups before, then the members before it */
-    for (int i = 0; i < members && rc == SF_OK; i++) {
-        msg_copy(q, &q->pre, before);
-        for (int j = 0; j < i && rc == SF_OK; j++) rc = msg_then(q, &q->pre, &q->peer_msgs[j], parts);
-        if (rc == SF_OK) rc = msg_canon(q, &q->pre, parts, NULL, NULL);
-        if (rc == SF_OK && i > 0) {
-            rc = send_msg(q, first + i, &q->pre, parts, SPAN_HASH_NONE, NULL, NULL);
-            if (rc == SF_OK) rc = send_msg(q, first + i, &q->tot, parts, SPAN_HASH_NONE, NULL, NULL);
-        }
-        if (rc == SF_OK && i == 0) msg_copy(q, &q->peer_msgs[members + 2], &q->pre);
-    }
-    if (rc == SF_OK) msg_copy(q, &q->pre, &q->peer_msgs[members + 2]);
-    return rc;
-}
-
-/* The flat scan's first half: this rank's message to every other rank, and q->pre from the
- * ranks before it (their messages kept in q->peer_msgs[phase * R + r] for the total). */
-static int scan_flat(sf_seq *q, int phase, const seq_msg *own, int parts)
-{
-    seq_msg *kept = q->peer_msgs + (size_t)phase * q->ranks;
-    int rc = SF_OK;
-    for (int p = 0; p < q->ranks && rc == SF_OK; p++)
-        if (p != q->rank) rc = send_msg(q, p, own, parts, SPAN_HASH_NONE, NULL, NULL);
-    msg_identity(q, &q->pre);
-    for (int p = 0; p < q->rank && rc == SF_OK; p++) {
-        rc = recv_msg(q, p, &kept[p], NULL, NULL);
-        if (rc == SF_OK) rc = msg_then(q, &q->pre, &kept[p], parts);
-    }
-    if (rc == SF_OK) msg_copy(q, &kept[q->rank], own);
-    return rc;
-}
-
-/* Its second half, at the layer's end: the messages of the ranks after this one, then q->tot
- * composed over every rank in rank order (the same operations on the same bits on every rank). */
-static int scan_flat_total(sf_seq *q, int phase, int parts)
-{
-    seq_msg *kept = q->peer_msgs + (size_t)phase * q->ranks;
-    int rc = SF_OK;
-    for (int p = q->rank + 1; p < q->ranks && rc == SF_OK; p++) rc = recv_msg(q, p, &kept[p], NULL, NULL);
-    msg_identity(q, &q->tot);
-    for (int p = 0; p < q->ranks && rc == SF_OK; p++) rc = msg_then(q, &q->tot, &kept[p], parts);
     return rc;
 }
 
@@ -472,10 +112,12 @@ static int ensure_chunk(sf_seq *q, int segments)
     const size_t n = (size_t)segments * q->N * q->W;
     free(q->cqkv), free(q->csk);
     q->cqkv = malloc(3 * n * sizeof(float)), q->csk = malloc(n * sizeof(float));
-    free(q->zinc), free(q->zwalk);
+    free(q->zinc), free(q->zwalk), free(q->cacc), free(q->cml);
     q->zinc = malloc((size_t)segments * q->hd * sizeof(float) + 1);
     q->zwalk = malloc(q->hd * sizeof(float) + 1);
-    if (!q->cqkv || !q->csk || !q->zinc || !q->zwalk) {
+    q->cacc = malloc(n * sizeof(float));
+    q->cml = malloc((size_t)segments * SF_ATTENTION_ML_FLOATS(q->N, q->H) * sizeof(float));
+    if (!q->cqkv || !q->csk || !q->zinc || !q->zwalk || !q->cacc || !q->cml) {
         q->chunk_capacity = 0;
         return sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", segments);
     }
@@ -492,17 +134,37 @@ static int check_rows(const sf_seq *q, const float *x, size_t rows, int l, int s
                     "column %zu; the weights or the input overflow float32", l, s, at / q->D, at % q->D);
 }
 
+/* Time since *t0 into *into, less what inner work counted as computing meanwhile; *t0 and
+ * *inner0 move on. */
+static void account(sf_seq *q, double *t0, double *inner0, double *into)
+{
+    const double now = seq_now_s();
+    *into += now - *t0 - (q->inner_s - *inner0);
+    *t0 = now, *inner0 = q->inner_s;
+}
+
+/* Layer l's exchange of `parts` of own: the flat scan or the gateways'. */
+static int exchange(sf_seq *q, int l, int phase, int parts, seq_pending *t)
+{
+    if (q->flat) return seq_scan_flat(q, phase, &q->own, parts, t);
+    return q->tree ? seq_scan_tree(q, phase, &q->own, parts) : seq_scan(q, l, phase, &q->own, parts);
+}
+
 /* Layer l over the chunk, the scan way. */
 static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
 {
     block *b = q->b;
     const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
-    const size_t seg_rows = (size_t)q->N * q->W;
-    int rc = SF_OK;
-    double t0 = now_s();
+    const size_t seg_rows = (size_t)q->N * q->W, ml_floats = SF_ATTENTION_ML_FLOATS(q->N, q->H);
+    double t0 = seq_now_s(), inner0 = q->inner_s;
+    /* the flat scan: a slot for this layer's round totals */
+    seq_pending *t = NULL;
+    int rc = q->flat ? seq_totals_reserve(q, l, &t) : SF_OK;
+    account(q, &t0, &inner0, &q->stats.exchange_s);
+    q->attn_done = 0, q->attn_segments = segments, q->attn_last_rows = last_rows;
     /* the projections, z's increments, the summary tokens; the linear rule's map */
-    msg_identity(q, &q->own);
+    seq_msg_identity(q, &q->own);
     for (int s = 0; s < segments && rc == SF_OK; s++) {
         const int n = s == segments - 1 ? last_rows : q->N;
         float *xs = x + (size_t)s * q->N * q->D;
@@ -518,22 +180,22 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
             int produced = 0;
             rc = b->be->ops->summary(b->be, n, q->N, q->S, q->W, q->W, SF_DTYPE_F32, ks, vs, b->act.sk, b->act.sv,
                                      &produced);
-            if (rc == SF_OK) tail_append(q, q->own.tk, q->own.tv, &q->own.cnt, b->act.sk, b->act.sv, produced);
+            if (rc == SF_OK) seq_tail_append(q, q->own.tk, q->own.tv, &q->own.cnt, b->act.sk, b->act.sv, produced);
         }
     }
-    const int memory = q->kind != SF_MEMORY_NONE;
-    int parts1 = (memory ? PART_Z : 0) | PART_TAIL | (q->kind == SF_MEMORY_LINEAR ? PART_B : 0);
-    if (rc == SF_OK) rc = msg_canon(q, &q->own, parts1, NULL, NULL);
-    q->stats.compute_s += now_s() - t0, t0 = now_s();
-    if (rc == SF_OK) rc = q->flat ? scan_flat(q, 0, &q->own, parts1) : scan(q, l, 0, &q->own, parts1);
-    q->stats.exchange_s += now_s() - t0, t0 = now_s();
-    int mem_parts = memory ? PART_Z | (q->kind == SF_MEMORY_LINEAR ? PART_B : 0) : 0;
+    int parts0, mem_parts;
+    seq_parts(q, &parts0, &mem_parts);
+    if (rc == SF_OK) rc = seq_msg_canon(q, &q->own, parts0, NULL, NULL);
+    account(q, &t0, &inner0, &q->stats.compute_s);
+    /* while the messages travel, the chunk's attention branches (block_seq_scan.c) */
+    if (rc == SF_OK) rc = exchange(q, l, 0, parts0, t);
+    account(q, &t0, &inner0, &q->stats.exchange_s);
     if (rc == SF_OK) rc = work_from(q, l, &q->pre, mem_parts);
-    if (rc == SF_OK && !q->flat) rc = state_then(q, l, &q->tot, mem_parts);
+    if (rc == SF_OK && !q->flat) rc = seq_state_then(q, l, &q->tot, mem_parts);
     if (rc == SF_OK && q->kind == SF_MEMORY_DELTA) {
         /* the z of the walk at each segment, then the delta map of the chunk */
         memcpy(q->zwalk, q->work->z + (size_t)l * q->hd, q->hd * sizeof(float));
-        msg_identity(q, &q->own);
+        seq_msg_identity(q, &q->own);
         for (int s = 0; s < segments && rc == SF_OK; s++) {
             const int n = s == segments - 1 ? last_rows : q->N;
             rc = sf_memory_map_segment_sigma(SF_MEMORY_DELTA, n, q->H, q->d, q->W, q->csk + s * seg_rows,
@@ -541,35 +203,31 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
                                              q->o.threads);
             for (size_t i = 0; i < q->hd; i++) q->zwalk[i] += q->zinc[(size_t)s * q->hd + i];
         }
-        if (rc == SF_OK) rc = msg_canon(q, &q->own, PART_A | PART_B, NULL, NULL);
-        q->stats.compute_s += now_s() - t0, t0 = now_s();
+        if (rc == SF_OK) rc = seq_msg_canon(q, &q->own, PART_A | PART_B, NULL, NULL);
+        account(q, &t0, &inner0, &q->stats.compute_s);
         /* the z parts were applied above: this exchange moves only the maps */
-        if (rc == SF_OK)
-            rc = q->flat ? scan_flat(q, 1, &q->own, PART_A | PART_B) : scan(q, l, 1, &q->own, PART_A | PART_B);
-        q->stats.exchange_s += now_s() - t0, t0 = now_s();
+        if (rc == SF_OK) rc = exchange(q, l, 1, PART_A | PART_B, t);
+        account(q, &t0, &inner0, &q->stats.exchange_s);
         if (rc == SF_OK) rc = work_memory_from(q, l, q->pre.A, q->pre.B);
-        if (rc == SF_OK && !q->flat) /* the flat scan's total comes at the layer's end */
+        if (rc == SF_OK && !q->flat) /* the flat scan's total comes in later (seq_totals_open) */
             rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
     }
-    /* the walk: each segment's layer from the exact state at its start */
+    /* the branches no wait covered, then the walk: each segment's layer from the exact state at
+     * its start, its branches given */
+    if (rc == SF_OK) rc = seq_attention_rest(q);
     for (int s = 0; s < segments && rc == SF_OK; s++) {
         const int n = s == segments - 1 ? last_rows : q->N;
         float *keep = b->x;
         b->x = x + (size_t)s * q->N * q->D;
+        b->attn_acc = q->cacc + s * seg_rows, b->attn_ml = q->cml + s * ml_floats;
         rc = sf_block_layer(b, q->work, l, n, 1, (unsigned char *)(q->cqkv + 3 * s * seg_rows));
-        b->x = keep;
+        b->x = keep, b->attn_acc = b->attn_ml = NULL;
         if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
     }
-    q->stats.compute_s += now_s() - t0, t0 = now_s();
-    /* the flat scan's round totals, once this rank's own work on the layer is done */
-    if (rc == SF_OK && q->flat) {
-        rc = scan_flat_total(q, 0, parts1);
-        if (rc == SF_OK) rc = state_then(q, l, &q->tot, mem_parts);
-        if (rc == SF_OK && q->kind == SF_MEMORY_DELTA) rc = scan_flat_total(q, 1, PART_A | PART_B);
-        if (rc == SF_OK && q->kind == SF_MEMORY_DELTA)
-            rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
-        q->stats.exchange_s += now_s() - t0;
-    }
+    account(q, &t0, &inner0, &q->stats.compute_s);
+    /* the flat scan's round totals: folded from now on, as the later ranks' messages arrive */
+    if (rc == SF_OK && q->flat) rc = seq_totals_open(q, t);
+    account(q, &t0, &inner0, &q->stats.exchange_s);
     return rc;
 }
 
@@ -595,7 +253,9 @@ static int handoff_io(sf_seq *q, int l, int peer, int send)
         if (across) q->stats.sent_across += n * 4;
         else q->stats.sent_within += n * 4;
     } else {
+        const double t0 = seq_now_s();
         rc = sf_comm_recv_tagged(q->comm, buf, n, SF_DTYPE_F32, peer, 1);
+        *(peer < q->rank ? &q->stats.blocked_before_s : &q->stats.blocked_after_s) += seq_now_s() - t0;
         for (int i = 0; rc == SF_OK && i < 4; i++) memcpy(parts[i], p, sizes[i] * sizeof *p), p += sizes[i];
         if (rc == SF_OK) memcpy(&w->g_count[l], p, sizeof(int)), memcpy(&w->g_head[l], p + 1, sizeof(int));
         if (rc == SF_OK && (w->g_count[l] < 0 || w->g_count[l] > q->G || w->g_head[l] < 0 ||
@@ -640,10 +300,10 @@ static int handoff_layer(sf_seq *q, int l, int segments, int last_rows, float *x
 {
     const int prev = q->rank > 0 ? q->rank - 1 : q->ranks - 1, next = (q->rank + 1) % q->ranks;
     int rc = SF_OK;
-    double t0 = now_s();
+    double t0 = seq_now_s();
     if (q->rank == 0 && q->rounds == 0) work_from_state(q, l);
     else if (q->ranks > 1) rc = handoff_io(q, l, prev, 0);
-    q->stats.exchange_s += now_s() - t0, t0 = now_s();
+    q->stats.exchange_s += seq_now_s() - t0, t0 = seq_now_s();
     for (int s = 0; s < segments && rc == SF_OK; s++) {
         const int n = s == segments - 1 ? last_rows : q->N;
         float *keep = q->b->x;
@@ -652,11 +312,11 @@ static int handoff_layer(sf_seq *q, int l, int segments, int last_rows, float *x
         q->b->x = keep;
         if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
     }
-    q->stats.compute_s += now_s() - t0, t0 = now_s();
+    q->stats.compute_s += seq_now_s() - t0, t0 = seq_now_s();
     const int last_rank = q->rank == q->ranks - 1;
     if (rc == SF_OK && last_rank) state_from_work(q, l);
     if (rc == SF_OK && q->ranks > 1 && !(last_rank && last_round)) rc = handoff_io(q, l, next, 1);
-    q->stats.exchange_s += now_s() - t0;
+    q->stats.exchange_s += seq_now_s() - t0;
     return rc;
 }
 
@@ -668,6 +328,8 @@ int sf_seq_round(sf_seq *q, int segments, int last_rows, float *x, int last_roun
     for (int l = 0; l < q->L && rc == SF_OK; l++)
         rc = q->o.exchange == SF_SEQ_HANDOFF ? handoff_layer(q, l, segments, last_rows, x, last_round)
                                              : scan_layer(q, l, segments, last_rows, x);
+    /* the stream's end: every total in (no message left in flight, the state complete) */
+    if (rc == SF_OK && last_round) rc = seq_totals_drain(q);
     if (rc == SF_OK) q->rounds++;
     else sf_comm_abort(q->comm, sf_last_error());
     return rc;
@@ -706,6 +368,7 @@ int sf_seq_create(const sf_model *m, sf_backend *be, sf_comm *comm, const sf_seq
     }
     if (rc == SF_OK) q->gateway = q->gateway_of_group[q->group_of[q->rank]];
     q->flat = q->n_groups == 1 && q->ranks > 1 && q->ranks <= SF_SEQ_FLAT_RANKS;
+    q->tree = q->n_groups == 1 && q->ranks > SF_SEQ_FLAT_RANKS;
     if (rc == SF_OK && q->o.federation && q->o.exchange != SF_SEQ_SCAN)
         rc = sf_error(SF_E_INVAL, "federation needs the scan exchange");
     /* the block: every layer, unsharded, without deferred commits */
@@ -729,14 +392,19 @@ int sf_seq_create(const sf_model *m, sf_backend *be, sf_comm *comm, const sf_seq
         q->Scount = calloc((size_t)q->L, sizeof(int)), q->Shead = calloc((size_t)q->L, sizeof(int));
         if (!q->SM || !q->Sz || !q->Sgk || !q->Sgv || !q->Scount || !q->Shead) rc = sf_error(SF_E_NOMEM, "out of memory");
     }
-    /* messages: own, tmp, acc, pre, tot; at a gateway its members', then 3 scratch */
+    /* messages: own, tmp, acc, pre, tot */
     seq_msg *fixed[] = {&q->own, &q->tmp, &q->acc, &q->pre, &q->tot};
-    for (size_t i = 0; rc == SF_OK && i < sizeof fixed / sizeof *fixed; i++) rc = msg_alloc(q, fixed[i]);
-    q->n_peer_msgs = q->flat ? 2 * q->ranks : q->ranks + 3;
+    for (size_t i = 0; rc == SF_OK && i < sizeof fixed / sizeof *fixed; i++) rc = seq_msg_alloc(q, fixed[i]);
+    /* at a gateway its members', then 3 scratch; in the tree, a child's subtree per level */
+    q->n_peer_msgs = q->ranks + 3;
+    if (q->tree)
+        for (q->n_peer_msgs = 0; (1 << q->n_peer_msgs) < q->ranks;) q->n_peer_msgs++;
     if (rc == SF_OK && !(q->peer_msgs = calloc((size_t)q->n_peer_msgs, sizeof *q->peer_msgs)))
         rc = sf_error(SF_E_NOMEM, "out of memory");
-    for (int i = 0; rc == SF_OK && (q->flat || q->rank == q->gateway) && i < q->n_peer_msgs; i++)
-        rc = msg_alloc(q, &q->peer_msgs[i]);
+    for (int i = 0; rc == SF_OK && !q->flat && (q->tree || q->rank == q->gateway) && i < q->n_peer_msgs; i++)
+        rc = seq_msg_alloc(q, &q->peer_msgs[i]);
+    /* the flat scan: its round totals' slots */
+    for (int i = 0; rc == SF_OK && q->flat && i < 2 * SEQ_PENDING; i++) rc = seq_msg_alloc(q, &q->pend[i / 2].tot[i % 2]);
     if (rc == SF_OK && q->o.tier.kind != SF_QUANT_F32) {
         if (sf_quant_encoded_size(&q->o.tier, q->hdd ? q->hdd : 1) == 0)
             rc = sf_error(SF_E_INVAL, "sequence parallelism: bad tier quantization (group %d)", q->o.tier.group);
@@ -761,13 +429,14 @@ void sf_seq_free(sf_seq *q)
         free(q->b);
     }
     seq_msg *fixed[] = {&q->own, &q->tmp, &q->acc, &q->pre, &q->tot};
-    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) msg_free(fixed[i]);
-    for (int i = 0; q->peer_msgs && i < q->n_peer_msgs; i++) msg_free(&q->peer_msgs[i]);
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) seq_msg_free(fixed[i]);
+    for (int i = 0; q->peer_msgs && i < q->n_peer_msgs; i++) seq_msg_free(&q->peer_msgs[i]);
+    for (int i = 0; i < 2 * SEQ_PENDING; i++) seq_msg_free(&q->pend[i / 2].tot[i % 2]);
     free(q->peer_msgs);
     for (int i = 0; q->fbB && i < 4 * q->L; i++) sf_quant_feedback_release(&q->fbB[i]);
     free(q->fbB);
     free(q->SM), free(q->Sz), free(q->Sgk), free(q->Sgv), free(q->Scount), free(q->Shead);
-    free(q->cqkv), free(q->csk), free(q->zinc), free(q->zwalk), free(q->wire);
+    free(q->cqkv), free(q->csk), free(q->zinc), free(q->zwalk), free(q->cacc), free(q->cml), free(q->wire);
     free(q->group_of), free(q->gateway_of_group);
     free(q);
 }
@@ -776,11 +445,12 @@ void sf_seq_free(sf_seq *q)
  * [H d d]), z (double [H d]), u32 count, u32 head, gk, gv (float [G W]); little-endian hosts. */
 #define STATE_MAGIC 0x31535153u
 
-int sf_seq_state_save(const sf_seq *q, sf_buffer *out)
+int sf_seq_state_save(sf_seq *q, sf_buffer *out)
 {
     const uint32_t head[7] = {STATE_MAGIC, (uint32_t)q->L, (uint32_t)q->H, (uint32_t)q->d, (uint32_t)q->G,
                               (uint32_t)q->W, (uint32_t)q->rounds};
-    int rc = sf_buffer_append(out, head, sizeof head);
+    int rc = seq_totals_drain(q);
+    if (rc == SF_OK) rc = sf_buffer_append(out, head, sizeof head);
     const size_t gw = (size_t)q->G * q->W;
     for (int l = 0; l < q->L && rc == SF_OK; l++) {
         const uint32_t ring[2] = {(uint32_t)q->Scount[l], (uint32_t)q->Shead[l]};
@@ -799,6 +469,8 @@ int sf_seq_state_restore(sf_seq *q, const uint8_t *data, size_t len)
     const size_t gw = (size_t)q->G * q->W;
     const size_t want = sizeof head + (size_t)q->L * (q->hdd * 8 + q->hd * 8 + 8 + 2 * gw * 4);
     if (len < sizeof head) return sf_error(SF_E_STATE, "sequence state: %zu bytes", len);
+    int rc = seq_totals_drain(q); /* nothing may land on the state restored */
+    if (rc != SF_OK) return rc;
     memcpy(head, data, sizeof head);
     if (head[0] != STATE_MAGIC || head[1] != (uint32_t)q->L || head[2] != (uint32_t)q->H || head[3] != (uint32_t)q->d ||
         head[4] != (uint32_t)q->G || head[5] != (uint32_t)q->W || len != want)

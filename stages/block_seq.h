@@ -14,7 +14,12 @@
  * chunk's memory map (kernels/memory_map.h); the ranks combine these in an exclusive scan
  * (below), after which each knows the exact state at its chunk's start, and finishes the layer
  * by walking its own segments from there. Every rank works at once; the only wait is for the
- * scan. Within 1e-5 of one process in float32, not bit for bit: z and the maps are summed and
+ * scan, and what does not need its answer runs meanwhile: while a rank waits for the earlier
+ * ranks' messages it computes its chunk's attention branches (they read only the chunk's own
+ * q, k, v; the walk merges the global tokens into them), and the round totals (the later
+ * ranks' messages, needed only by the same layer of the next round) are folded in as they
+ * arrive, while the rank goes on to its next layer (stages/block_seq_scan.c). Within 1e-5 of
+ * one process in float32, not bit for bit: z and the maps are summed and
  * composed in another order (in double, rounded to float32 for the wire), and M at a chunk's
  * start is A M + B instead of the segments' float32 updates one by one. Run to run it is
  * deterministic: the order of every sum is fixed by the ranks' order, not by timing.
@@ -25,7 +30,10 @@
  * runs layer l while rank r + 1 runs layer l - 1), so it pays when a layer of a chunk takes
  * longer than a state's trip, and the rounds are short next to the layers times the ranks.
  *
- * The scan: ranks are grouped (datacenters, sf_seq_options.group_of: consecutive ranks); the
+ * The scan: in one group of up to 16 ranks, every rank sends its message to every other and
+ * composes them in rank order itself (the flat scan); one group of more ranks scans over a
+ * binomial tree (2 log2 R steps, rank 0's total sent down). Several groups: ranks are grouped
+ * (datacenters, sf_seq_options.group_of: consecutive ranks); the
  * lowest rank of each group is its gateway. Each rank sends its chunk's message to its gateway;
  * the gateway combines its group's messages in rank order into the group's span message and
  * exchanges span messages with the other gateways (only these cross between groups), then
@@ -87,13 +95,17 @@ int sf_seq_round(sf_seq *q, int segments, int last_rows, float *x, int last_roun
 typedef struct sf_seq_stats {
     uint64_t sent_across, received_across, sent_within, received_within;
     double exchange_s, compute_s; /* time waiting in the exchange, and computing */
+    /* of exchange_s, the time blocked in a receive: from a rank before this one (the scan's
+     * prefixes, the hand-off's state), and from a rank after it (the flat scan's round totals) */
+    double blocked_before_s, blocked_after_s;
 } sf_seq_stats;
 void sf_seq_stats_get(const sf_seq *q, sf_seq_stats *out);
 
 /* The round state into out, and back: the state after the rounds run so far, as every rank of
  * a scan holds it (the hand-off mode: the last rank's, after its chunk). A checkpoint of a
- * run; restore before the next round, on the same number of ranks or another. */
-int sf_seq_state_save(const sf_seq *q, sf_buffer *out);
+ * run; restore before the next round, on the same number of ranks or another. Both first wait
+ * for the round totals still on their way (the flat scan folds them in as they arrive). */
+int sf_seq_state_save(sf_seq *q, sf_buffer *out);
 int sf_seq_state_restore(sf_seq *q, const uint8_t *data, size_t len);
 
 

@@ -96,6 +96,11 @@ typedef struct block {
      * only when ON, where they leave the device (after the download here, in the final norm, or
      * where the graph brings them to the host) */
     int check_finite, host_rows;
+    /* sequence parallelism (stages/block_seq.c), for one sf_block_layer call: the segment's
+     * attention branches, computed beforehand by sf_attention_local (kernels/attention_parts.h;
+     * the CPU backend, one stream, float32), so that the layer only merges the global tokens
+     * in. NULL: the layer computes the whole attention. */
+    const float *attn_acc, *attn_ml;
 } block;
 
 /* The rest of block_init once the options are read (cfg, be, first, count, batch, the shard

@@ -10,13 +10,17 @@
  *  - a saved round state restored on another number of ranks continues the stream;
  *  - the memory maps alone: segments composed in any grouping against the sequential update,
  *    in double (1e-12) and against the float32 update (1e-5);
- *  - a rank that fails ends the others with an error, not a hang. */
+ *  - a rank that fails ends the others with an error, not a hang;
+ *  - the overlap: the attention in two halves (kernels/attention_parts.h) gives the whole op's
+ *    bits; more layers than round totals may wait (SEQ_PENDING), 4 and 8 ranks, run to run alike;
+ *  - one group beyond 16 ranks (the binomial tree): 17 and 20 ranks within 1e-5, run to run alike. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/attention_parts.h"
 #include "kernels/comm.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/memory_map.h"
@@ -27,7 +31,8 @@
 #include "support/small_model.h"
 
 #define TOL 1e-5
-#define MAX_RANKS 8
+#define MAX_RANKS 20
+#define SF_SEQ_FLAT_RANKS_TEST 16 /* stages/block_seq_internal.h: the flat scan's most ranks */
 
 typedef struct job {
     const sf_model *m;
@@ -215,6 +220,71 @@ static void check_variant(const check_model_variant *v, size_t tokens, const lay
     }
     free(want), free(got), free(again), free(tok);
     sf_model_free(m);
+}
+
+/* The attention in two halves against the whole op: branches, partial segments, global tokens,
+ * causal or not, the same bits. */
+static void check_attention_parts(void)
+{
+    sf_backend *be = NULL;
+    if (sf_backend_create_opts("cpu", &(sf_backend_options){.threads = 2}, &be) != SF_OK) {
+        CHECKF(0, "attention parts: backend: %s", sf_last_error());
+        return;
+    }
+    enum { N = 32, H = 4, d = 8, W = H * d, G = 5 };
+    static const sf_branch br[] = {{8, 1}, {16, 2}, {32, 4}};
+    static float q[N * W], k[N * W], v[N * W], gk[G * W], gv[G * W], whole[N * W], parts[N * W], acc[N * W];
+    static float ml[2 * H * N];
+    float *all[] = {q, k, v, gk, gv};
+    const size_t sizes[] = {N * W, N * W, N * W, G * W, G * W};
+    uint64_t r = 0x2545f4914f6cdd1dull;
+    for (int a = 0; a < 5; a++)
+        for (size_t i = 0; i < sizes[a]; i++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            all[a][i] = (float)((double)(r >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+        }
+    int cases = 0;
+    for (int causal = 0; causal < 2; causal++)
+        for (int n = 13; n <= N; n += N - 13)
+            for (int g = 0; g <= G; g += G) {
+                const sf_attention_desc desc = {.n = n, .segment = N, .heads = H, .head_dim = d, .ld = W, .causal = causal,
+                                                .n_branches = 3, .branches = br, .n_global = g, .global_ld = W,
+                                                .gk = g ? gk : NULL, .gv = g ? gv : NULL, .scale = 1.0f / sqrtf((float)d)};
+                memset(whole, 0, sizeof whole), memset(parts, 0xff, sizeof parts);
+                int rc = be->ops->attention(be, &desc, q, k, v, whole);
+                if (rc == SF_OK) rc = sf_attention_local(be, &desc, q, k, v, acc, ml);
+                if (rc == SF_OK) rc = sf_attention_finish(be, &desc, q, acc, ml, parts);
+                CHECKF(rc == SF_OK, "attention parts: %s", sf_last_error());
+                CHECKF(memcmp(whole, parts, (size_t)n * W * sizeof *whole) == 0,
+                       "attention parts (causal %d, n %d, %d global): not the whole op's bits", causal, n, g);
+                cases++;
+            }
+    printf("  attention in two halves: the whole op's bits in %d cases\n", cases);
+    sf_backend_free(be);
+}
+
+/* The overlap's bookkeeping: more layers than round totals may wait, ranks of unequal chunks,
+ * and one group beyond SF_SEQ_FLAT_RANKS (the binomial tree); each within 1e-5, twice alike. */
+static void check_overlap_and_tree(void)
+{
+    static const layout layouts[][1] = {
+        {{"scan R=4 chunks 3,1,2,1", 4, {3, 1, 2, 1}, SF_SEQ_SCAN, {0}, 0}},
+        {{"scan R=8", 8, {1, 1, 1, 1, 1, 1, 1, 1}, SF_SEQ_SCAN, {0}, 0}},
+        {{"scan R=17 (tree)", 17, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, SF_SEQ_SCAN, {0}, 0}},
+        {{"scan R=20 (tree) unequal", 20, {2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1}, SF_SEQ_SCAN,
+          {0}, 0}},
+    };
+    /* name, branches, D, H, d, layers, causal, mlp, global, summary, final_norm, segment, memory */
+    static const check_model_variant deep = {"delta, 5 layers", "8:1,16:2", 32, 4, 8, 5, 1, 64, 6, 2, 1, 16,
+                                             SF_MEMORY_DELTA};
+    static const check_model_variant lin = {"linear global", "8:2,16:1", 24, 3, 8, 2, 0, 48, 3, 1, 1, 16,
+                                            SF_MEMORY_LINEAR};
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+        /* every rank holds a chunk in at least two rounds, the last one partial */
+        const size_t tokens = 61 * (size_t)deep.segment + 7;
+        check_variant(&deep, tokens, layouts[i], 1);
+        if (layouts[i][0].R > SF_SEQ_FLAT_RANKS_TEST) check_variant(&lin, tokens, layouts[i], 1);
+    }
 }
 
 static void check_layouts(void)
@@ -417,6 +487,8 @@ static void check_failure(void)
 int main(void)
 {
     check_maps();
+    check_attention_parts();
+    check_overlap_and_tree();
     check_layouts();
     check_restore();
     check_failure();

@@ -350,11 +350,11 @@ int seq_run(run_ctx *c, const seq_args *s, sf_net *net, const sf_topology *topol
         if (!c->a.quiet)
             fprintf(stderr,
                     "%s: %" PRIu64 " tokens in %.3f s (%.0f tokens/s) over %d ranks (%s); exchange: %" PRIu64
-                    " bytes out, %" PRIu64 " in (across datacenters %" PRIu64 " out, %" PRIu64 " in); waited %.3f s, "
-                    "computed %.3f s\n",
+                    " bytes out, %" PRIu64 " in (across datacenters %" PRIu64 " out, %" PRIu64 " in); waited %.3f s "
+                    "(blocked on ranks before %.3f s, after %.3f s), computed %.3f s\n",
                     label, done, elapsed, elapsed > 0 ? done / elapsed : 0, world, s->handoff ? "hand-off" : "scan",
                     ss.sent_within + ss.sent_across, ss.received_within + ss.received_across, ss.sent_across,
-                    ss.received_across, ss.exchange_s, ss.compute_s);
+                    ss.received_across, ss.exchange_s, ss.blocked_before_s, ss.blocked_after_s, ss.compute_s);
     }
     if (f.in_fd >= 0) close(f.in_fd);
     if (f.out_fd >= 0) close(f.out_fd);

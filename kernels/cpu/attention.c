@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/attention_parts.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/fast_exp.h"
@@ -216,8 +217,9 @@ static void head_work_free(head_work *w)
     free(w->s), free(w->o), free(w->tm), free(w->tl), free(w->pos);
 }
 
-SF_CPU_DISPATCH static void attend_head(head_work *w, const sf_attention_desc *dd, int h, const float *q,
-                                        const float *k, const float *v, float *out)
+/* Head h's branches (SPEC 3) into w's accumulators, from scratch. */
+SF_CPU_DISPATCH static void attend_branches(head_work *w, const sf_attention_desc *dd, int h, const float *q,
+                                            const float *k, const float *v)
 {
     const int n = dd->n, d = dd->head_dim, ld = dd->ld;
     const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d, *vh = v + (size_t)h * d;
@@ -234,6 +236,14 @@ SF_CPU_DISPATCH static void attend_head(head_work *w, const sf_attention_desc *d
             attend_block(w, w->q, rows, w->k, w->v, rows, d, dd->scale, dd->causal, 0, w->pos);
         }
     }
+}
+
+/* Head h's global tokens (SPEC 5) merged into w's accumulators, then A_dot into out. */
+SF_CPU_DISPATCH static void attend_global_and_finish(head_work *w, const sf_attention_desc *dd, int h,
+                                                     const float *q, float *out)
+{
+    const int n = dd->n, d = dd->head_dim, ld = dd->ld;
+    const float *qh = q + (size_t)h * d;
     if (dd->n_global > 0) {
         for (int i = 0; i < n; i++) w->pos[i] = i;
         gather(qh, ld, w->pos, n, d, w->q);
@@ -256,8 +266,30 @@ SF_CPU_DISPATCH static void attend_head(head_work *w, const sf_attention_desc *d
     }
 }
 
-int sf_cpu_attention(sf_backend *be, const sf_attention_desc *dd, const float *q, const float *k, const float *v,
-                     float *out)
+/* Head h's accumulators between the two halves: acc [n][ld] at column h*d (an unnormalized
+ * output, laid out as out), ml [heads][2][n] (the running max, then the sum). */
+static void part_store(const head_work *w, const sf_attention_desc *dd, int h, float *acc, float *ml)
+{
+    const int n = dd->n, d = dd->head_dim;
+    for (int i = 0; i < n; i++) memcpy(acc + (size_t)i * dd->ld + (size_t)h * d, w->acc + (size_t)i * d, (size_t)d * sizeof *acc);
+    memcpy(ml + (size_t)h * 2 * n, w->m, (size_t)n * sizeof *ml);
+    memcpy(ml + ((size_t)h * 2 + 1) * n, w->l, (size_t)n * sizeof *ml);
+}
+
+static void part_load(head_work *w, const sf_attention_desc *dd, int h, const float *acc, const float *ml)
+{
+    const int n = dd->n, d = dd->head_dim;
+    for (int i = 0; i < n; i++) memcpy(w->acc + (size_t)i * d, acc + (size_t)i * dd->ld + (size_t)h * d, (size_t)d * sizeof *acc);
+    memcpy(w->m, ml + (size_t)h * 2 * n, (size_t)n * sizeof *ml);
+    memcpy(w->l, ml + ((size_t)h * 2 + 1) * n, (size_t)n * sizeof *ml);
+}
+
+enum { WHOLE, LOCAL, FINISH };
+
+/* The heads in parallel, each thread with its own scratch: the whole attention, its local half
+ * (acc, ml written) or its finishing half (acc, ml read). */
+static int attention_heads(sf_backend *be, const sf_attention_desc *dd, const float *q, const float *k, const float *v,
+                           float *out, int what, float *acc, float *ml)
 {
     if (dd->n <= 0) return SF_OK;
     /* the gathered K/V blocks also hold the global tokens */
@@ -274,11 +306,45 @@ int sf_cpu_attention(sf_backend *be, const sf_attention_desc *dd, const float *q
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int h = 0; h < dd->heads; h++)
-            if (ok) attend_head(&w, dd, h, q, k, v, out);
+        for (int h = 0; h < dd->heads; h++) {
+            if (!ok) continue;
+            if (what != FINISH) attend_branches(&w, dd, h, q, k, v);
+            if (what == LOCAL) part_store(&w, dd, h, acc, ml);
+            if (what == FINISH) part_load(&w, dd, h, acc, ml);
+            if (what != LOCAL) attend_global_and_finish(&w, dd, h, q, out);
+        }
         head_work_free(&w);
     }
     return failed ? sf_error(SF_E_NOMEM, "out of memory in attention") : SF_OK;
+}
+
+int sf_cpu_attention(sf_backend *be, const sf_attention_desc *dd, const float *q, const float *k, const float *v,
+                     float *out)
+{
+    return attention_heads(be, dd, q, k, v, out, WHOLE, NULL, NULL);
+}
+
+static int cpu_f32(const sf_backend *be, const sf_attention_desc *dd, const char *op)
+{
+    if (!be || !be->ops || strcmp(be->ops->name, "cpu") != 0)
+        return sf_error(SF_E_UNSUPPORTED, "%s: the cpu backend only (not %s)", op, be && be->ops ? be->ops->name : "none");
+    if (dd->qkv_type != SF_DTYPE_F32)
+        return sf_error(SF_E_UNSUPPORTED, "%s: float32 q, k, v only (not type %d)", op, (int)dd->qkv_type);
+    return SF_OK;
+}
+
+int sf_attention_local(sf_backend *be, const sf_attention_desc *dd, const float *q, const float *k, const float *v,
+                       float *acc, float *ml)
+{
+    int rc = cpu_f32(be, dd, "sf_attention_local");
+    return rc != SF_OK ? rc : attention_heads(be, dd, q, k, v, NULL, LOCAL, acc, ml);
+}
+
+int sf_attention_finish(sf_backend *be, const sf_attention_desc *dd, const float *q, const float *acc, const float *ml,
+                        float *out)
+{
+    int rc = cpu_f32(be, dd, "sf_attention_finish");
+    return rc != SF_OK ? rc : attention_heads(be, dd, q, NULL, NULL, out, FINISH, (float *)acc, (float *)ml);
 }
 
 double sf_attention_useful_flops(const sf_attention_desc *dd)
