@@ -1,7 +1,9 @@
 #!/bin/sh
 # A layer pipeline over 2 processes against 1 process with 1 compute thread, on this machine;
 # then how long a job takes to fail after a worker is killed, and how long a resumed run takes
-# to write its first new output.
+# to write its first new output. Each repetition also runs two independent 1-process runs at
+# once, one pinned to each of cores 0 and 1: the most two processes can gain on this machine
+# ("ceiling": twice one run's time over the pair's), whatever seqflow does.
 #   bench/bench_layer_pipeline.sh [BIN] [REPEATS]
 # BIN: the seqflow binary (default build/seqflow); REPEATS: runs of each, the best kept (3).
 # Environment: BENCH_BYTES (input size, default 200000), BENCH_MODEL (model options).
@@ -27,8 +29,13 @@ for i in $(seq "$repeats"); do
     "$bin" launch -n 2 -- -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/two.raw" "$two"
     t2=$(now)
     cmp -s "$tmp/one.raw" "$tmp/two.raw" || { echo "outputs differ" >&2; exit 1; }
-    a=$(elapsed "$t0" "$t1") b=$(elapsed "$t1" "$t2")
-    echo "run $i: 1 process $a s, 2 processes $b s"
+    taskset -c 0 "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/p0.raw" "$one" &
+    p0=$!
+    taskset -c 1 "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/p1.raw" "$one"
+    wait $p0
+    t3=$(now)
+    a=$(elapsed "$t0" "$t1") b=$(elapsed "$t1" "$t2") c=$(elapsed "$t2" "$t3")
+    echo "run $i: 1 process $a s, 2 processes $b s ($(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2fx", a / b }')); two 1-process runs side by side $c s (ceiling $(awk -v a="$a" -v c="$c" 'BEGIN { printf "%.2fx", 2 * a / c }'))"
     best1=$(awk -v x="$a" -v y="$best1" 'BEGIN { print (x < y ? x : y) }')
     best2=$(awk -v x="$b" -v y="$best2" 'BEGIN { print (x < y ? x : y) }')
 done
