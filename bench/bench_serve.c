@@ -169,11 +169,23 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir)) return 1;
     snprintf(endpoint, sizeof endpoint, "ipc://%s/s", dir);
     /* the server */
-    char **sargv = calloc((size_t)nextra + 12, sizeof *sargv);
+    char **sargv = calloc((size_t)nextra + 14, sizeof *sargv);
     int k = 0;
     sargv[k++] = (char *)seqflow, sargv[k++] = "serve", sargv[k++] = "--bind", sargv[k++] = endpoint;
     sargv[k++] = "--plaintext";
     if (checkpoint <= 0) sargv[k++] = "-q"; /* else its summary says the checkpoints' time */
+    /* the throughput phase pushes all of a stream's segments at once: the server's window
+     * (tokens a stream may hold not yet computed, default 65536) must take them */
+    char window[32];
+    const long long need = (long long)segments * seg_tokens;
+    if (need > 65536) {
+        if (need > (1 << 24)) {
+            fprintf(stderr, "bench_serve: %lld tokens a stream exceed the server's largest window (%d)\n", need, 1 << 24);
+            return 2;
+        }
+        snprintf(window, sizeof window, "%lld", need);
+        sargv[k++] = "--window", sargv[k++] = window;
+    }
     char ckpt_dir[64], every[32], serve_err[64];
     snprintf(serve_err, sizeof serve_err, "%s/serve.err", dir);
     snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", dir);
@@ -290,7 +302,7 @@ int main(int argc, char **argv)
     }
     double lat_s = now_s() - t0;
     qsort(lat, nlat, sizeof *lat, cmp_double);
-    double p50 = nlat ? lat[nlat / 2] : 0, p99 = nlat ? lat[(size_t)(0.99 * (double)(nlat - 1))] : 0,
+    double p50 = nlat ? lat[(size_t)(0.5 * (double)(nlat - 1))] : 0, p99 = nlat ? lat[(size_t)(0.99 * (double)(nlat - 1))] : 0,
            worst = nlat ? lat[nlat - 1] : 0;
     printf("latency at %.0f%% load (a segment per stream every %.3f s, %zu segments in %.1f s): p50 %.2f ms, "
            "p99 %.2f ms, worst %.2f ms\n",
