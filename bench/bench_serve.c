@@ -36,10 +36,13 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "pipeline/serve_proto.h"
+
 extern char **environ;
 
-enum { OPEN = 1, PUSH = 2, CLOSE = 4, CREDIT = 5, OPENED = 16, ROWS = 17, CLOSED = 18, ERROR = 19 };
-#define HEADER 32
+/* the messages are the server's own (pipeline/serve_proto.h); headers are read in place, as a
+ * ROWS message longer than the receive buffer arrives cut to it */
+#define HEADER SF_SERVE_HEADER_SIZE
 /* tokens a segment: the model's N (--segment; 256 is the built-in model's) */
 static int seg_tokens = 256;
 
@@ -57,22 +60,11 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static uint8_t *msg; /* HEADER + 4 seg_tokens bytes */
 
-static void send_msg(void *sock, int type, uint64_t stream, uint64_t a, uint64_t b, const uint32_t *tokens)
+static void send_msg(void *sock, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b, const uint32_t *tokens)
 {
-    memcpy(msg, "SFS1", 4);
-    msg[4] = 2;
-    msg[5] = (uint8_t)type;
-    msg[6] = msg[7] = 0;
-    put64(msg + 8, stream);
-    put64(msg + 16, a);
-    put64(msg + 24, b);
+    sf_serve_header(msg, type, stream, a, b);
     size_t len = HEADER;
     if (tokens) {
         for (uint64_t i = 0; i < b; i++)
@@ -122,13 +114,13 @@ static int drain(void **socks, int nclients, zmq_pollitem_t *items, stream_state
             if (len < HEADER) exit(1);
             uint64_t s = get64(buf + 8), a = get64(buf + 16), b = get64(buf + 24);
             switch (buf[5]) {
-            case ROWS:
+            case SF_SERVE_ROWS:
                 st[s].rows += b;
-                send_msg(socks[c], CREDIT, s, 1, st[s].rows, NULL);
+                send_msg(socks[c], SF_SERVE_CREDIT, s, 1, st[s].rows, NULL);
                 if (lat && b) lat[(*nlat)++] = now_s() - st[s].sent_at;
                 break;
-            case CLOSED: st[s].closed = 1, (*closed)++; break;
-            case ERROR:
+            case SF_SERVE_CLOSED: st[s].closed = 1, (*closed)++; break;
+            case SF_SERVE_ERROR:
                 fprintf(stderr, "bench_serve: stream %llu: %.*s\n", (unsigned long long)s, (int)b, buf + HEADER);
                 exit(1);
             default: (void)a; break;
@@ -226,12 +218,12 @@ int main(int argc, char **argv)
     double t0 = now_s();
     for (int s = 0; s < nstreams; s++) {
         void *sock = socks[s % nclients];
-        send_msg(sock, OPEN, (uint64_t)s, 8, 0, NULL);
+        send_msg(sock, SF_SERVE_OPEN, (uint64_t)s, 8, 0, NULL);
         for (int g = 0; g < segments; g++) {
             segment_tokens((uint64_t)s, (uint64_t)g, tokens);
-            send_msg(sock, PUSH, (uint64_t)s, (uint64_t)g * seg_tokens, seg_tokens, tokens);
+            send_msg(sock, SF_SERVE_PUSH, (uint64_t)s, (uint64_t)g * seg_tokens, seg_tokens, tokens);
         }
-        send_msg(sock, CLOSE, (uint64_t)s, 0, 0, NULL);
+        send_msg(sock, SF_SERVE_CLOSE, (uint64_t)s, 0, 0, NULL);
     }
     while (closed < (uint64_t)nstreams) drain(socks, nclients, items, st, 1000, NULL, NULL, &closed, buf, buf_size);
     double serve_s = now_s() - t0;
@@ -254,7 +246,7 @@ int main(int argc, char **argv)
     uint64_t base = (uint64_t)nstreams; /* fresh stream ids */
     t0 = now_s();
     for (int s = 0; s < nstreams; s++) {
-        send_msg(socks[s % nclients], OPEN, base + (uint64_t)s, 8, 0, NULL);
+        send_msg(socks[s % nclients], SF_SERVE_OPEN, base + (uint64_t)s, 8, 0, NULL);
         st[s].next_at = t0 + 0.2 + interval * s / nstreams;
     }
     stream_state *lst = st; /* indexed by stream id - base below */
@@ -268,7 +260,7 @@ int main(int argc, char **argv)
             if (x->next_at <= t) {
                 segment_tokens(base + (uint64_t)s, x->pushed_segments, tokens);
                 x->sent_at = now_s();
-                send_msg(socks[s % nclients], PUSH, base + (uint64_t)s, x->pushed_segments * seg_tokens, seg_tokens, tokens);
+                send_msg(socks[s % nclients], SF_SERVE_PUSH, base + (uint64_t)s, x->pushed_segments * seg_tokens, seg_tokens, tokens);
                 x->pushed_segments++;
                 x->next_at += interval;
             }
@@ -288,11 +280,11 @@ int main(int argc, char **argv)
                 while ((len = zmq_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT)) >= 0) {
                     n++;
                     uint64_t s = get64(buf + 8) - base, b = get64(buf + 24);
-                    if (buf[5] == ROWS) {
+                    if (buf[5] == SF_SERVE_ROWS) {
                         lst[s].rows += b;
-                        send_msg(socks[c], CREDIT, base + s, 1, lst[s].rows, NULL);
+                        send_msg(socks[c], SF_SERVE_CREDIT, base + s, 1, lst[s].rows, NULL);
                         if (b && nlat < cap) lat[nlat++] = now_s() - lst[s].sent_at;
-                    } else if (buf[5] == ERROR) {
+                    } else if (buf[5] == SF_SERVE_ERROR) {
                         fprintf(stderr, "bench_serve: %.*s\n", (int)b, buf + HEADER);
                         return 1;
                     }

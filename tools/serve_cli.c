@@ -60,8 +60,8 @@ static void serve_usage(FILE *f)
 typedef struct serve_args {
     const char *bind, *key, *clients, *http, *checkpoint;
     int plaintext;
-    long long idle_ms, window, max_credit, max_streams;
-    double checkpoint_every;
+    long long window, max_credit, max_streams;
+    double idle_s, checkpoint_every; /* seconds, 0 = the server's default */
 } serve_args;
 
 /* Takes the serve options out of argv, leaving argv[0] and the run options. */
@@ -80,14 +80,14 @@ static int serve_options(int *argc, char **argv, serve_args *s)
         }
         const char **text = NULL;
         long long *number = NULL, lo = 1, hi = 0;
-        double *seconds = NULL;
+        double *seconds = NULL, least = 0; /* seconds: fractions allowed, from `least` */
         if (strcmp(arg, "--bind") == 0) text = &s->bind;
         else if (strcmp(arg, "--key") == 0) text = &s->key;
         else if (strcmp(arg, "--clients") == 0) text = &s->clients;
         else if (strcmp(arg, "--http") == 0) text = &s->http;
         else if (strcmp(arg, "--checkpoint") == 0) text = &s->checkpoint;
-        else if (strcmp(arg, "--checkpoint-every") == 0) seconds = &s->checkpoint_every, hi = 3600;
-        else if (strcmp(arg, "--idle-timeout") == 0) number = &s->idle_ms, hi = 86400;
+        else if (strcmp(arg, "--checkpoint-every") == 0) seconds = &s->checkpoint_every, least = 0.01, hi = 3600;
+        else if (strcmp(arg, "--idle-timeout") == 0) seconds = &s->idle_s, least = 0.05, hi = 86400;
         else if (strcmp(arg, "--window") == 0) number = &s->window, lo = 16, hi = 1 << 24;
         else if (strcmp(arg, "--max-credit") == 0) number = &s->max_credit, hi = 1 << 20;
         else if (strcmp(arg, "--max-streams") == 0) number = &s->max_streams, hi = 1 << 20;
@@ -102,24 +102,15 @@ static int serve_options(int *argc, char **argv, serve_args *s)
         const char *value = argv[++i];
         if (text) {
             *text = value;
-        } else if (seconds) { /* fractions allowed */
+        } else if (seconds) {
             char *end;
             errno = 0;
             double v = strtod(value, &end);
-            if (errno || end == value || *end || !(v >= 0.01 && v <= (double)hi)) {
-                fprintf(stderr, "seqflow: --checkpoint-every expects seconds in 0.01..%lld, not '%s'\n", hi, value);
+            if (errno || end == value || *end || !(v >= least && v <= (double)hi)) {
+                fprintf(stderr, "seqflow: %s expects seconds in %g..%lld, not '%s'\n", arg, least, hi, value);
                 return 2;
             }
             *seconds = v;
-        } else if (number == &s->idle_ms) { /* seconds, fractions allowed */
-            char *end;
-            errno = 0;
-            double v = strtod(value, &end);
-            if (errno || end == value || *end || !(v >= 0.05 && v <= (double)hi)) {
-                fprintf(stderr, "seqflow: --idle-timeout expects seconds in 0.05..%lld, not '%s'\n", hi, value);
-                return 2;
-            }
-            s->idle_ms = (long long)(v * 1000 + 0.5);
         } else if (!parse_int_arg(arg, value, lo, hi, number)) {
             return 2;
         }
@@ -231,7 +222,7 @@ int cmd_serve(int argc, char **argv)
         sf_serve_options o = {.bind = sa.bind, .http = sa.http, .plaintext = sa.plaintext,
                               .secret_key = sa.plaintext ? NULL : secret,
                               .client_keys = (const char *const *)keys, .n_client_keys = n_keys,
-                              .idle_timeout = sa.idle_ms / 1000.0, .window = (uint32_t)sa.window,
+                              .idle_timeout = sa.idle_s, .window = (uint32_t)sa.window,
                               .max_credit = (uint32_t)sa.max_credit, .max_streams = (uint32_t)sa.max_streams,
                               .checkpoint_dir = sa.checkpoint, .checkpoint_every = sa.checkpoint_every,
                               .log = log_line};
