@@ -198,16 +198,22 @@ int sf_graph_start(sf_graph *g, int threaded)
         if (!threaded && st->cls->generate && !st->cls->process)
             return sf_error(SF_E_PARSE, "push mode feeds tokens itself; remove source '%s'", st->cls->name);
     }
+    /* stages that were initialized stay so (sf_graph_free frees them): never run init twice */
+    if (g->start_failed) return sf_error(SF_E_INVAL, "the graph failed to start; free it and make another");
     for (int i = 0; i < g->n_stages; i++) {
         sf_stage *st = g->stages[i];
         if (st->remote) continue; /* another process of a distributed run initializes it */
         sf_clear_error();
         int rc = st->cls->init ? st->cls->init(st) : SF_OK;
         st->initialized = 1; /* free() runs even after a failed init, on whatever init set up */
+        if (rc != SF_OK) g->start_failed = 1;
         if (rc != SF_OK) return sf_error(rc, "%s: %s", st->cls->name, *sf_last_error() ? sf_last_error() : sf_strerror(rc));
         if (threaded && i + 1 < g->n_stages && !g->dist) { /* a distributed part has its links */
             sf_link *q = sf_queue_link_create(g->opts.queue_depth);
-            if ((rc = sf_graph_own_link(g, q)) != SF_OK) return rc;
+            if ((rc = sf_graph_own_link(g, q)) != SF_OK) {
+                g->start_failed = 1;
+                return rc;
+            }
             st->out = q;
             g->stages[i + 1]->in = q;
         }
@@ -215,6 +221,13 @@ int sf_graph_start(sf_graph *g, int threaded)
     g->started = 1;
     g->push_mode = !threaded;
     return SF_OK;
+}
+
+int sf_graph_prepare(sf_graph *g)
+{
+    if (!g) return sf_error(SF_E_INVAL, "sf_graph_prepare: NULL graph");
+    if (g->started && !g->push_mode) return sf_error(SF_E_INVAL, "this graph runs on threads (sf_graph_run); it takes no pushes");
+    return sf_graph_start(g, 0);
 }
 
 /* ---- stage accessors ---------------------------------------------------------------------- */

@@ -46,6 +46,7 @@ struct sf_graph {
     sf_stage **stages;
     int n_stages, cap_stages;
     int started;                  /* stages initialized, links made */
+    int start_failed;             /* a stage's init failed: the graph cannot start again */
     int push_mode;                /* driven by sf_graph_push */
     volatile sig_atomic_t interrupted;
     atomic_uint_fast64_t tokens_out;

@@ -637,6 +637,8 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
             if (!opts->client_keys[i] || strlen(opts->client_keys[i]) != 40 || !zmq_z85_decode(s->keys[i], opts->client_keys[i]))
                 rc = sf_error(SF_E_INVAL, "serve: client key %d is not a 40-character Z85 key", i + 1);
     }
+    /* set up before the socket is bound: the first client's stream does not pay for it */
+    if (rc == SF_OK) rc = sf_graph_prepare(graph);
     /* before the socket is bound: a client that connects finds its streams restored */
     if (rc == SF_OK && opts->checkpoint_dir) rc = serve_ckpt_open(s, opts->checkpoint_dir);
     if (rc == SF_OK && !(s->ctx = zmq_ctx_new())) rc = sf_error(SF_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(errno));

@@ -24,7 +24,9 @@
 #    fp8, and test_gpu_fp8_stream over 10,000 segments.
 # Logs under $OUT (default /tmp/gpu_speed_out); the summary is printed last and kept in
 # $OUT/summary.txt. GPU_SPEED_REPS (default 3) sets the pairs of 4 and the runs of 5;
-# GPU_SPEED_BUDGET (default 390) the seconds after which optional steps are skipped.
+# GPU_SPEED_BUDGET (default 390) the seconds after which optional steps are skipped;
+# GPU_SPEED_STEPS (default "tests fp8 cold latency binary long") the steps that run: tests (2),
+# fp8 (4), cold (5), latency (6), binary and long (7).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 START=$SECONDS
@@ -33,6 +35,7 @@ DATA=${GPU_SPEED_DATA:-/tmp/gpu_speed_data}
 REPS=${GPU_SPEED_REPS:-3}
 BUDGET=${GPU_SPEED_BUDGET:-390}
 BUILD=build-gpu
+STEPS=" ${GPU_SPEED_STEPS:-tests fp8 cold latency binary long} "
 mkdir -p "$OUT" "$DATA"
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
@@ -46,6 +49,7 @@ value() { grep '^RESULT' "$2" 2>/dev/null | tail -1 | tr ' ' '\n' | sed -n "s/^$
 median() { sort -g | awk '{a[NR] = $1} END {if (NR == 0) print "n/a"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 elapsed() { echo $((SECONDS - START)); }
 time_left() { [ $((SECONDS - START)) -lt "$1" ]; }
+want() { [[ $STEPS == *" $1 "* ]]; }
 
 if [ -f .gpu/gpu-env.sh ] && ! pkg-config --exists openblas 2>/dev/null; then
   # shellcheck disable=SC1091
@@ -75,6 +79,7 @@ SEQFLOW=$PWD/$BUILD/seqflow
 BENCH=$PWD/$BUILD/bench/bench_gpu_pipeline
 SL=$PWD/$BUILD/bench/bench_start_latency
 
+if want tests; then
 echo "== GPU tests (at once, each its own log)"
 t0=$SECONDS
 run_test() { # name [args...]: exit status into $OUT/NAME.status
@@ -106,6 +111,7 @@ awk '/ fp8 / && /rel err/ {print $NF, $0}' "$OUT/test_gpu_pipeline.log" | sort -
   sed 's/^ */  fp8 pipeline (largest): /' | tee -a "$SUMMARY"
 grep -E "^  segment" "$OUT/test_gpu_fp8_stream.log" | sed 's/^/  fp8 stream: /' | tee -a "$SUMMARY"
 note "tests took $((SECONDS - t0)) s"
+fi
 
 echo "== models and tokens"
 N=8192
@@ -116,6 +122,7 @@ SMALL=$DATA/small.safetensors
 [ -f "$DATA/tokens64.u32" ] || "$BENCH" --make-tokens "$DATA/tokens64.u32" --count $((64 * N)) --seed 4 >/dev/null
 [ -f "$DATA/tokens1.u32" ] || head -c $((N * 4)) "$DATA/tokens64.u32" >"$DATA/tokens1.u32"
 
+if want fp8; then
 echo "== A. FP8 against bf16 on the reference model"
 for r in $(seq "$REPS"); do
   for p in bf16 fp8; do
@@ -154,7 +161,9 @@ EOF
 else
   note "(accuracy against the CPU skipped: $(elapsed) s gone)"
 fi
+fi
 
+if want cold; then
 echo "== B. cold start (a fresh process each)"
 cold() { # tag model settings [VAR=VALUE of the environment]
   env "${4:-SEQFLOW_UNUSED=1}" "$SL" --model "$2" --cold --segments 40 --settings "$3" >"$OUT/cold_$1.txt" 2>&1 ||
@@ -168,7 +177,7 @@ done
 for w in on off; do
   files=$(for r in $(seq "$REPS"); do echo "$OUT/cold_ref_${w}_$r.txt"; done)
   # shellcheck disable=SC2086 # a list of files
-  note "reference cold start, warmup=$([ $w = on ] && echo 1 || echo 0), median of $REPS: model loaded to first rows $(for f in $files; do value model_to_first_ms "$f"; done | median) ms (graph creation $(for f in $files; do value setup_ms "$f"; done | median) ms + first segment $(for f in $files; do value first_ms "$f"; done | median) ms); first 10 segments at $(for f in $files; do value first10_ratio "$f"; done | median) of the steady rate ($(for f in $files; do value steady_tps "$f"; done | median) tokens/s); CUDA start $(for f in $files; do value context_ms "$f"; done | median) ms, model load $(for f in $files; do value load_ms "$f"; done | median) ms"
+  note "reference cold start, warmup=$([ $w = on ] && echo 1 || echo 0), median of $REPS: model loaded to first rows $(for f in $files; do value model_to_first_ms "$f"; done | median) ms (graph creation and set-up $(for f in $files; do value setup_ms "$f"; done | median) ms + first segment $(for f in $files; do value first_ms "$f"; done | median) ms); first 10 segments at $(for f in $files; do value first10_ratio "$f"; done | median) of the steady rate ($(for f in $files; do value steady_tps "$f"; done | median) tokens/s); CUDA start $(for f in $files; do value context_ms "$f"; done | median) ms, model load $(for f in $files; do value load_ms "$f"; done | median) ms"
 done
 # once each: how much of it is the product plans' timing (gemm=gemmex times nothing), and CUDA's
 # lazy module loading (CUDA_MODULE_LOADING=EAGER loads every kernel when the context starts)
@@ -178,15 +187,18 @@ cold ref_off_eager "$REF" warmup=0 CUDA_MODULE_LOADING=EAGER >/dev/null
 cold ref_on_eager "$REF" warmup=1 CUDA_MODULE_LOADING=EAGER >/dev/null
 for tag in ref_on_gemmex ref_off_gemmex ref_off_eager ref_on_eager; do
   f=$OUT/cold_$tag.txt
-  note "  reference $tag (one run): model loaded to first rows $(value model_to_first_ms "$f") ms (graph creation $(value setup_ms "$f") + first segment $(value first_ms "$f")); first 10 at $(value first10_ratio "$f") of steady; CUDA start $(value context_ms "$f") ms"
+  note "  reference $tag (one run): model loaded to first rows $(value model_to_first_ms "$f") ms (graph creation and set-up $(value setup_ms "$f") + first segment $(value first_ms "$f")); first 10 at $(value first10_ratio "$f") of steady; CUDA start $(value context_ms "$f") ms"
 done
 cold small_on "$SMALL" warmup=1 >/dev/null
 cold small_off "$SMALL" warmup=0 >/dev/null
 for w in on off; do
   f=$OUT/cold_small_$w.txt
-  note "small model cold start, warmup=$([ $w = on ] && echo 1 || echo 0): model loaded to first rows $(value model_to_first_ms "$f") ms (graph creation $(value setup_ms "$f") ms + first segment $(value first_ms "$f") ms); first 10 segments at $(value first10_ratio "$f") of steady"
+  note "small model cold start, warmup=$([ $w = on ] && echo 1 || echo 0): model loaded to first rows $(value model_to_first_ms "$f") ms (graph creation and set-up $(value setup_ms "$f") ms + first segment $(value first_ms "$f") ms); first 10 segments at $(value first10_ratio "$f") of steady"
 done
 
+fi
+
+if want latency; then
 echo "== C. latency (tokens in real time at half the capacity)"
 lat() { # tag model [args]
   local tag=$1 model=$2
@@ -198,10 +210,11 @@ lat() { # tag model [args]
 lat reference_bf16 "$REF"
 lat reference_fp8 "$REF" --precision fp8
 lat small_bf16 "$SMALL"
+fi
 
 # the threaded binary's steady rate: 64 against LONG segments (start-up cancels out)
 LONG=448
-[ -f "$DATA/tokens$LONG.u32" ] || "$BENCH" --make-tokens "$DATA/tokens$LONG.u32" --count $((LONG * N)) --seed 4 >/dev/null
+want binary && [ ! -f "$DATA/tokens$LONG.u32" ] && "$BENCH" --make-tokens "$DATA/tokens$LONG.u32" --count $((LONG * N)) --seed 4 >/dev/null
 binary_seconds() { # precision segments
   local t0
   t0=$(date +%s.%N)
@@ -209,7 +222,9 @@ binary_seconds() { # precision segments
     >>"$OUT/binary_runs.txt" 2>&1 || echo "binary run failed: $1 $2" >&2
   python3 -c "print($(date +%s.%N) - $t0)"
 }
-if time_left $((BUDGET - 100)); then
+if ! want binary; then
+  :
+elif time_left $((BUDGET - 100)); then
   for r in $(seq 2); do
     for p in bf16 fp8; do
       short=$(binary_seconds $p 64)
@@ -223,7 +238,9 @@ else
   note "(threaded binary rates skipped: $(elapsed) s gone)"
 fi
 
-if time_left $((BUDGET - 60)); then
+if ! want long; then
+  :
+elif time_left $((BUDGET - 60)); then
   echo "== FP8 over 10,000 segments"
   (cd "$BUILD/tests" && OPENBLAS_NUM_THREADS=1 timeout 120 ./test_gpu_fp8_stream 10000) >"$OUT/fp8_stream_10000.log" 2>&1
   note "test_gpu_fp8_stream 10000: exit $?: $(grep -E '^RESULT|passed, [0-9]+ failed' "$OUT/fp8_stream_10000.log" | tr '\n' ' ')"

@@ -62,6 +62,15 @@ int sf_graph_add_class(sf_graph *g, const sf_stage_class *cls, const char *optio
  * the stages stay in the graph. */
 int sf_graph_parse(sf_graph *g, const char *pipeline);
 
+/* Sets the graph up for push mode now instead of at the first sf_graph_push: every stage's
+ * init runs here (a block uploads and converts its weights, reserves its scratch; on the CUDA
+ * backend with the setting warmup=1 it also runs one made-up segment, so that the first real
+ * segment finds its kernels loaded, its product plans chosen and its buffers allocated).
+ * Optional: a graph that is not prepared does this at its first push, and that push pays for
+ * it. Returns SF_OK (also when already prepared), the first stage's init error, or SF_E_INVAL
+ * for a graph that sf_graph_run started (threads set themselves up). */
+int sf_graph_prepare(sf_graph *g);
+
 /* Number of stages and the i-th stage. */
 int sf_graph_size(const sf_graph *g);
 sf_stage *sf_graph_stage(const sf_graph *g, int i);

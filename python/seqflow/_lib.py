@@ -81,6 +81,7 @@ def _declare(lib):
         "sf_graph_create": (c_int, [c_void_p, P(sf_graph_options), P(c_void_p)]),
         "sf_graph_free": (None, [c_void_p]),
         "sf_graph_parse": (c_int, [c_void_p, c_char_p]),
+        "sf_graph_prepare": (c_int, [c_void_p]),
         "sf_graph_error": (c_char_p, [c_void_p]),
         "sf_graph_push": (c_int, [c_void_p, c_uint64, P(ctypes.c_uint32), c_size_t]),
         "sf_graph_flush": (c_int, [c_void_p, c_uint64]),

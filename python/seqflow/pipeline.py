@@ -124,6 +124,9 @@ class Pipeline:
             _check(lib.sf_graph_create(self._model, ctypes.byref(opts), ctypes.byref(graph)))
             self._graph = graph
             _check(lib.sf_graph_parse(graph, text.encode()), graph)
+            # set up now (weights on the device, a GPU's warm-up): errors surface here, and the
+            # first push pays only for its tokens
+            _check(lib.sf_graph_prepare(graph), graph)
         except BaseException:
             self.close()
             raise
