@@ -7,8 +7,9 @@
 # 2. runs the GPU tests of these paths at once, each with its own log: test_cuda_settings,
 #    test_cuda_fp8 (FP8 products against float64), test_gpu_fp8_stream (2,000 segments: the
 #    memory's error against the CPU at segment 100 and at the end), test_gpu_pipeline (every
-#    pipeline in f32, bf16 and fp8 against the CPU), and, for what the changes touch,
-#    test_backend_ops, test_gpu_checkpoint and test_side_queue;
+#    pipeline in f32, bf16 and fp8 against the CPU), test_gpu_warmup (the warm-up changes no
+#    output), and, for what the changes touch, test_backend_ops, test_gpu_checkpoint and
+#    test_side_queue;
 # 3. makes the reference model (bench_gpu_pipeline --preset reference) and one of the built-in
 #    model's shape (--preset small), and random tokens;
 # 4. FP8 against bf16: bench_gpu_pipeline's push-mode rate on the reference model, alternating
@@ -64,7 +65,7 @@ git log -1 --format='commit %h %s' 2>/dev/null || true
 
 echo "== build ($BUILD)"
 TARGETS="seqflow bench_gpu_pipeline bench_start_latency test_cuda_settings test_cuda_fp8 test_gpu_fp8_stream
-         test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue"
+         test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue test_gpu_warmup"
 # shellcheck disable=SC2086 # a list of targets
 if ! { cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
          -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_BENCH=ON -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 &&
@@ -90,7 +91,8 @@ run_test() { # name [args...]: exit status into $OUT/NAME.status
      timeout 240 "./$name" "$@") >"$OUT/$name.log" 2>&1
   echo $? >"$OUT/$name.status"
 }
-TESTS="test_cuda_settings test_cuda_fp8 test_gpu_fp8_stream test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue"
+TESTS="test_cuda_settings test_cuda_fp8 test_gpu_fp8_stream test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue
+       test_gpu_warmup"
 pids=()
 for t in $TESTS; do
   run_test "$t" &

@@ -40,7 +40,7 @@ int main(void)
     CHECK(d.qkv_bf16 == 1 && d.gemm == SF_CUDA_GEMM_FASTEST && d.memory == SF_CUDA_MEMORY_AUTO);
     CHECK(d.memory_bf16 == 1 && d.attention_mix == 1 && d.gate_up == 1 && d.side_queue == 1);
     CHECK(d.early_launch == 1 && d.upload_unordered == 1 && d.pinned_packets == 1 && d.profile == 0);
-    CHECK(d.device_rows == 1 && d.warmup == 0 && d.fp8_scale == SF_CUDA_FP8_SCALE_AUTO && d.fp8_accum == 0);
+    CHECK(d.device_rows == 1 && d.warmup == 1 && d.fp8_scale == SF_CUDA_FP8_SCALE_AUTO && d.fp8_accum == 0);
     CHECK_OK(sf_cuda_settings_parse("fp8_accum=fast", &s));
     CHECK(s.fp8_accum == 1);
     refused("fp8_accum=slow", "fp8_accum");
@@ -52,12 +52,12 @@ int main(void)
     /* warmup and fp8_scale: given, and from their variables */
     CHECK_OK(sf_cuda_settings_parse("warmup=1,fp8_scale=epilogue", &s));
     CHECK(s.warmup == 1 && s.fp8_scale == SF_CUDA_FP8_SCALE_EPILOGUE);
-    setenv("SEQFLOW_CUDA_WARMUP", "1", 1);
+    setenv("SEQFLOW_CUDA_WARMUP", "0", 1);
     setenv("SEQFLOW_CUDA_FP8_SCALE", "epilogue", 1);
     CHECK_OK(sf_cuda_settings_parse(NULL, &s));
-    CHECK(s.warmup == 1 && s.fp8_scale == SF_CUDA_FP8_SCALE_EPILOGUE);
-    CHECK_OK(sf_cuda_settings_parse("warmup=0,fp8_scale=auto", &s));
-    CHECK(s.warmup == 0 && s.fp8_scale == SF_CUDA_FP8_SCALE_AUTO);
+    CHECK(s.warmup == 0 && s.fp8_scale == SF_CUDA_FP8_SCALE_EPILOGUE);
+    CHECK_OK(sf_cuda_settings_parse("warmup=1,fp8_scale=auto", &s));
+    CHECK(s.warmup == 1 && s.fp8_scale == SF_CUDA_FP8_SCALE_AUTO);
     unsetenv("SEQFLOW_CUDA_WARMUP");
     unsetenv("SEQFLOW_CUDA_FP8_SCALE");
     refused("fp8_scale=outer", "fp8_scale");

@@ -247,6 +247,53 @@ int main(void)
     CHECK(sf_graph_run(g) == SF_E_PARSE);
     CHECKF(strstr(sf_last_error(), "stage 2 (sink)") != NULL, "%s", sf_last_error());
     sf_graph_free(g);
+    /* sf_graph_prepare sets the stages up before the first push: twice is harmless, and the
+     * rows are those of a graph that set up at its first push */
+    {
+        const size_t n = (size_t)cfg.segment * 2 + 3;
+        uint32_t *tokens = malloc(n * sizeof *tokens);
+        for (size_t i = 0; i < n; i++) tokens[i] = (uint32_t)(i * 7 % (size_t)cfg.vocab);
+        float *rows[2] = {NULL, NULL};
+        size_t got[2] = {0, 0};
+        for (int prepared = 0; prepared < 2; prepared++) {
+            rows[prepared] = calloc(n * (size_t)cfg.dim, sizeof(float));
+            CHECK_OK(sf_graph_create(m, NULL, &g));
+            CHECK_OK(sf_graph_parse(g, "segment ! embed ! block ! norm"));
+            if (prepared) {
+                CHECK_OK(sf_graph_prepare(g));
+                CHECK_OK(sf_graph_prepare(g));
+            }
+            CHECK_OK(sf_graph_push(g, 0, tokens, n));
+            CHECK_OK(sf_graph_end(g, 0));
+            for (sf_packet *p; (p = sf_graph_pull(g)); sf_packet_free(p)) {
+                if (p->kind != SF_PACKET_HIDDEN || (p->flags & SF_PACKET_PROVISIONAL) || !p->x) continue;
+                CHECK(p->position + p->n <= n && p->width == (size_t)cfg.dim);
+                if (p->position + p->n > n || p->width != (size_t)cfg.dim) continue;
+                memcpy(rows[prepared] + p->position * p->width, p->x, p->n * p->width * sizeof(float));
+                got[prepared] += p->n;
+            }
+            sf_graph_free(g);
+        }
+        CHECKF(got[0] == n && got[1] == n, "rows out: %zu unprepared, %zu prepared, of %zu", got[0], got[1], n);
+        CHECK(memcmp(rows[0], rows[1], n * (size_t)cfg.dim * sizeof(float)) == 0);
+        free(rows[0]), free(rows[1]), free(tokens);
+    }
+    /* a stage whose set-up fails: the error at prepare, and the graph never starts again (its
+     * stages are not set up twice) */
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECK_OK(sf_graph_parse(g, "segment ! embed ! block layers=99 ! norm"));
+    CHECK(sf_graph_prepare(g) == SF_E_OPTION);
+    CHECKF(strstr(sf_last_error(), "layers=99") != NULL, "%s", sf_last_error());
+    CHECK(sf_graph_push(g, 0, (const uint32_t[]){1}, 1) == SF_E_INVAL);
+    CHECKF(strstr(sf_last_error(), "failed to start") != NULL, "%s", sf_last_error());
+    sf_graph_free(g);
+    /* a graph that ran on threads takes no prepare */
+    CHECK_OK(sf_graph_create(m, NULL, &g));
+    CHECK_OK(sf_graph_parse(g, "source path=@builtin ! segment ! sink format=null"));
+    CHECK_OK(sf_graph_run(g));
+    CHECK(sf_graph_prepare(g) == SF_E_INVAL);
+    sf_graph_free(g);
+    CHECK(sf_graph_prepare(NULL) == SF_E_INVAL);
     /* a valid but tiny number (it underflows a double) is a number, not "not a number" */
     CHECK_OK(sf_register_stage(&eps_class));
     CHECK_OK(sf_graph_create(m, NULL, &g));

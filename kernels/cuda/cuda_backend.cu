@@ -202,6 +202,8 @@ static void cuda_free(sf_backend *be, void *ptr)
     sf_cuda_leave(c);
 }
 
+static int slot_fit(sf_cuda *c, sf_cuda_staging *slot, size_t bytes);
+
 /* Uploads and downloads of up to the reserved size go through pinned, double-buffered staging
  * on their own streams: the host never blocks on the compute stream to upload, and a download
  * waits only for the work issued before it, not for what other stage threads queued since.
@@ -214,7 +216,7 @@ static int upload(sf_backend *be, void *dst, const void *host_src, size_t bytes,
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     sf_cuda_staging *slot = &c->up[c->up_next];
-    if (bytes > slot->bytes) {
+    if (bytes > c->staging_limit) {
         /* from pageable memory this returns once the source is staged, so the caller may reuse it */
         rc = sf_cuda_status(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream), "upload");
         sf_cuda_leave(c);
@@ -223,6 +225,8 @@ static int upload(sf_backend *be, void *dst, const void *host_src, size_t bytes,
     c->up_next = (c->up_next + 1) % SF_CUDA_STAGING_SLOTS;
     /* the slot's previous upload must have left it before it is overwritten */
     if (slot->pending) rc = sf_cuda_status(cudaEventSynchronize(slot->done), "upload (staging)");
+    slot->pending = 0;
+    if (rc == SF_OK) rc = slot_fit(c, slot, bytes);
     if (rc == SF_OK) {
         memcpy(slot->host, host_src, bytes);
         if (after_earlier) rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "upload (order)");
@@ -268,7 +272,7 @@ static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t
     if (rc != SF_OK) return rc;
     sf_cuda_staging *slot = NULL;
     for (int i = 0; i < SF_CUDA_STAGING_SLOTS && !slot; i++)
-        if (!c->down[i].busy && bytes <= c->down[i].bytes) slot = &c->down[i];
+        if (!c->down[i].busy && bytes <= c->staging_limit) slot = &c->down[i];
     if (!slot) {
         rc = sf_cuda_status(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "download");
         cudaStream_t issued_on = c->stream; /* read under the lock: a side thread swaps it */
@@ -282,7 +286,8 @@ static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t
      * straight from the device; others go through the slot's staging and one host memcpy,
      * which at ~8 GB/s took longer than the copy from the device itself */
     const int direct = is_pinned(host_dst);
-    rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "download (order)");
+    if (!direct) rc = slot_fit(c, slot, bytes);
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "download (order)");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->copy_out, slot->ready, 0), "download (order)");
     if (rc == SF_OK)
         rc = sf_cuda_status(cudaMemcpyAsync(direct ? host_dst : slot->host, src, bytes, cudaMemcpyDeviceToHost,
@@ -298,27 +303,35 @@ static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t
     return rc;
 }
 
-/* Pinned staging of `bytes` per slot (host memory: not in the device byte count). */
+/* Pinned staging (host memory: not in the device byte count). reserve sets how large a
+ * transfer may be staged; a slot's buffer is made at the first transfer that needs it, to the
+ * next power of two from 1 MiB: page-locking costs about 0.5 ms per MiB, and with device rows and
+ * page-locked packets the default path stages only token ids, so most of it would never be used.
+ * With warmup=1 the warm-up segment makes what the first segments need. */
 #define STAGING_MAX_BYTES ((size_t)64 << 20) /* per slot; 4 slots */
+#define STAGING_MIN_BYTES ((size_t)1 << 20)
 
-static int reserve_staging(sf_cuda *c, size_t bytes)
+/* Under the lock, on a slot no transfer is using. */
+static int slot_fit(sf_cuda *c, sf_cuda_staging *slot, size_t bytes)
 {
-    sf_cuda_staging *all[2 * SF_CUDA_STAGING_SLOTS];
-    for (int i = 0; i < SF_CUDA_STAGING_SLOTS; i++) all[i] = &c->up[i], all[SF_CUDA_STAGING_SLOTS + i] = &c->down[i];
-    for (int i = 0; i < 2 * SF_CUDA_STAGING_SLOTS; i++) {
-        sf_cuda_staging *slot = all[i];
-        if (slot->bytes >= bytes || slot->busy) continue;
-        if (slot->pending) cudaEventSynchronize(slot->done);
-        cudaFreeHost(slot->host);
-        slot->host = NULL, slot->bytes = 0, slot->pending = 0;
-        int rc = sf_cuda_status(cudaHostAlloc(&slot->host, bytes, cudaHostAllocDefault), "pinned staging");
-        if (rc != SF_OK) {
-            slot->host = NULL;
-            return rc;
-        }
-        slot->bytes = bytes;
+    if (slot->bytes >= bytes) return SF_OK;
+    size_t size = STAGING_MIN_BYTES;
+    while (size < bytes) size *= 2;
+    if (size > c->staging_limit) size = c->staging_limit;
+    cudaFreeHost(slot->host);
+    slot->host = NULL, slot->bytes = 0;
+    int rc = sf_cuda_status(cudaHostAlloc(&slot->host, size, cudaHostAllocDefault), "pinned staging");
+    if (rc != SF_OK) {
+        slot->host = NULL;
+        return rc;
     }
+    slot->bytes = size;
     return SF_OK;
+}
+
+static void reserve_staging(sf_cuda *c, size_t bytes)
+{
+    if (bytes > c->staging_limit) c->staging_limit = bytes;
 }
 
 static int cuda_copy(sf_backend *be, void *dst, const void *src, size_t bytes)
@@ -503,7 +516,7 @@ static int cuda_reserve(sf_backend *be, int rows, int width, int heads, int head
      * device rows and page-locked packets no activation goes through staging at all, so it is
      * capped: a larger copy is a plain one, slower but never wrong */
     size_t staging = (size_t)rows * (size_t)width * sizeof(float);
-    if (rc == SF_OK) rc = reserve_staging(c, staging < STAGING_MAX_BYTES ? staging : STAGING_MAX_BYTES);
+    if (rc == SF_OK) reserve_staging(c, staging < STAGING_MAX_BYTES ? staging : STAGING_MAX_BYTES);
     sf_cuda_leave(c);
     return rc;
 }

@@ -151,6 +151,7 @@ typedef struct sf_cuda {
     cudaStream_t copy_in, copy_out; /* host <-> device copies, off the compute stream */
     sf_cuda_staging up[SF_CUDA_STAGING_SLOTS], down[SF_CUDA_STAGING_SLOTS];
     int up_next;
+    size_t staging_limit; /* the largest transfer staged (reserve); larger ones are plain copies */
     cublasHandle_t blas;
     void *blas_workspace;
     size_t blas_workspace_bytes;

@@ -60,7 +60,9 @@ void sf_cuda_settings_defaults(sf_cuda_settings *out)
     out->pinned_packets = 1;
     out->profile = 0;
     out->device_rows = 1;
-    out->warmup = 0; /* measured slower to first rows with it (bench/RESULTS.md) */
+    /* first-use costs at start-up (sf_graph_prepare, or the graph's start): the first segment
+     * then takes its steady time (bench/RESULTS.md, cold start) */
+    out->warmup = 1;
     out->fp8_scale = SF_CUDA_FP8_SCALE_AUTO;
     out->fp8_accum = 0;
     out->nccl_ctas = 0;
