@@ -17,7 +17,9 @@
 #    against the CPU's float32 pipeline in both (if time is left);
 # 5. cold start (bench_start_latency --cold, a fresh process each): model loaded to the first
 #    segment's rows, and the first 10 segments' rate against the steady rate, with the backend
-#    setting warmup=1 (default) and warmup=0, alternating, on the reference and small models;
+#    setting warmup=1 (default) and warmup=0, alternating, on the reference and small models,
+#    each with a fresh plan cache (the product plans timed), then again with the plans taken
+#    from the cache that one earlier run wrote;
 # 6. latency (bench_start_latency --latency): tokens arriving in real time at half the measured
 #    capacity, last token to rows out p50/p99, on the reference model (bf16 and fp8) and the
 #    small one;
@@ -65,7 +67,8 @@ git log -1 --format='commit %h %s' 2>/dev/null || true
 
 echo "== build ($BUILD)"
 TARGETS="seqflow bench_gpu_pipeline bench_start_latency test_cuda_settings test_cuda_fp8 test_gpu_fp8_stream
-         test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue test_gpu_warmup"
+         test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue test_gpu_warmup
+         test_gpu_plan_cache"
 # shellcheck disable=SC2086 # a list of targets
 if ! { cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
          -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_BENCH=ON -DSEQFLOW_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 &&
@@ -92,7 +95,7 @@ run_test() { # name [args...]: exit status into $OUT/NAME.status
   echo $? >"$OUT/$name.status"
 }
 TESTS="test_cuda_settings test_cuda_fp8 test_gpu_fp8_stream test_gpu_pipeline test_backend_ops test_gpu_checkpoint test_side_queue
-       test_gpu_warmup"
+       test_gpu_warmup test_gpu_plan_cache"
 pids=()
 for t in $TESTS; do
   run_test "$t" &
@@ -167,19 +170,30 @@ fi
 
 if want cold; then
 echo "== B. cold start (a fresh process each)"
-cold() { # tag model settings [VAR=VALUE of the environment]
-  env "${4:-SEQFLOW_UNUSED=1}" "$SL" --model "$2" --cold --segments 40 --settings "$3" >"$OUT/cold_$1.txt" 2>&1 ||
-    echo "cold run failed: $1" >&2
+cold() { # tag model settings [VAR=VALUE of the environment]; plan cache: $CACHE_DIR, else a fresh one
+  local cache=${CACHE_DIR:-$DATA/cache_$1}
+  [ -n "${CACHE_DIR:-}" ] || rm -rf "$cache"
+  env SEQFLOW_CACHE_DIR="$cache" "${4:-SEQFLOW_UNUSED=1}" "$SL" --model "$2" --cold --segments 40 --settings "$3" \
+    >"$OUT/cold_$1.txt" 2>&1 || echo "cold run failed: $1" >&2
   grep -v '^RESULT' "$OUT/cold_$1.txt"
 }
 for r in $(seq "$REPS"); do
   cold "ref_on_$r" "$REF" warmup=1
   cold "ref_off_$r" "$REF" warmup=0
 done
-for w in on off; do
+# the product plans from the cache an earlier process wrote (the first run here writes it)
+rm -rf "$DATA/plan_cache"
+CACHE_DIR=$DATA/plan_cache cold ref_cache_fill "$REF" warmup=1 >/dev/null
+for r in $(seq "$REPS"); do
+  CACHE_DIR=$DATA/plan_cache cold "ref_cached_$r" "$REF" warmup=1
+  CACHE_DIR=$DATA/plan_cache cold "ref_cachedoff_$r" "$REF" warmup=0
+done
+for w in on off cached cachedoff; do
   files=$(for r in $(seq "$REPS"); do echo "$OUT/cold_ref_${w}_$r.txt"; done)
+  case $w in on) label="warmup=1" ;; off) label="warmup=0" ;; cached) label="warmup=1, plans from the cache" ;;
+    *) label="warmup=0, plans from the cache" ;; esac
   # shellcheck disable=SC2086 # a list of files
-  note "reference cold start, warmup=$([ $w = on ] && echo 1 || echo 0), median of $REPS: model loaded to first rows $(for f in $files; do value model_to_first_ms "$f"; done | median) ms (graph creation and set-up $(for f in $files; do value setup_ms "$f"; done | median) ms + first segment $(for f in $files; do value first_ms "$f"; done | median) ms); first 10 segments at $(for f in $files; do value first10_ratio "$f"; done | median) of the steady rate ($(for f in $files; do value steady_tps "$f"; done | median) tokens/s); CUDA start $(for f in $files; do value context_ms "$f"; done | median) ms, model load $(for f in $files; do value load_ms "$f"; done | median) ms"
+  note "reference cold start, $label, median of $REPS: model loaded to first rows $(for f in $files; do value model_to_first_ms "$f"; done | median) ms (graph creation and set-up $(for f in $files; do value setup_ms "$f"; done | median) ms + first segment $(for f in $files; do value first_ms "$f"; done | median) ms); first 10 segments at $(for f in $files; do value first10_ratio "$f"; done | median) of the steady rate ($(for f in $files; do value steady_tps "$f"; done | median) tokens/s); CUDA start $(for f in $files; do value context_ms "$f"; done | median) ms, model load $(for f in $files; do value load_ms "$f"; done | median) ms"
 done
 # once each: how much of it is the product plans' timing (gemm=gemmex times nothing), and CUDA's
 # lazy module loading (CUDA_MODULE_LOADING=EAGER loads every kernel when the context starts)

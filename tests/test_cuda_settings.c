@@ -19,7 +19,8 @@ static const char *const vars[] = {
     "SEQFLOW_CUDA_SIDE_QUEUE",  "SEQFLOW_CUDA_PDL",           "SEQFLOW_CUDA_UPLOAD_UNORDERED",
     "SEQFLOW_PINNED_PACKETS",   "SEQFLOW_CUDA_PROFILE",       "SEQFLOW_DEVICE_ROWS",
     "SEQFLOW_CUDA_WARMUP",      "SEQFLOW_CUDA_FP8_SCALE",     "SEQFLOW_CUDA_FP8_ACCUM",
-    "SEQFLOW_NCCL_CTAS"};
+    "SEQFLOW_NCCL_CTAS",        "SEQFLOW_CUDA_PLAN_CACHE",    "SEQFLOW_CACHE_DIR",
+    "XDG_CACHE_HOME"};
 
 /* The parse of text fails with SF_E_OPTION and a message naming `names`. */
 static void refused(const char *text, const char *names)
@@ -61,6 +62,29 @@ int main(void)
     unsetenv("SEQFLOW_CUDA_WARMUP");
     unsetenv("SEQFLOW_CUDA_FP8_SCALE");
     refused("fp8_scale=outer", "fp8_scale");
+    /* plan_cache: on by default; its folder from SEQFLOW_CACHE_DIR, XDG_CACHE_HOME, HOME in turn */
+    CHECK(d.plan_cache == 1 && d.cache_dir[0] == 0);
+    CHECK_OK(sf_cuda_settings_parse("plan_cache=0", &s));
+    CHECK(s.plan_cache == 0);
+    refused("plan_cache=yes", "plan_cache");
+    const char *home = getenv("HOME");
+    char *saved_home = home ? strdup(home) : NULL;
+    setenv("SEQFLOW_CACHE_DIR", "/tmp/sf-own", 1);
+    setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+    setenv("HOME", "/tmp/home", 1);
+    CHECK_OK(sf_cuda_settings_parse(NULL, &s));
+    CHECKF(strcmp(s.cache_dir, "/tmp/sf-own") == 0, "%s", s.cache_dir);
+    unsetenv("SEQFLOW_CACHE_DIR");
+    CHECK_OK(sf_cuda_settings_parse(NULL, &s));
+    CHECKF(strcmp(s.cache_dir, "/tmp/xdg/seqflow") == 0, "%s", s.cache_dir);
+    unsetenv("XDG_CACHE_HOME");
+    CHECK_OK(sf_cuda_settings_parse(NULL, &s));
+    CHECKF(strcmp(s.cache_dir, "/tmp/home/.cache/seqflow") == 0, "%s", s.cache_dir);
+    unsetenv("HOME");
+    CHECK_OK(sf_cuda_settings_parse(NULL, &s));
+    CHECK(s.cache_dir[0] == 0);
+    if (saved_home) setenv("HOME", saved_home, 1);
+    free(saved_home);
     /* device_rows: given, from its variable, and the given key winning over the variable */
     CHECK_OK(sf_cuda_settings_parse("device_rows=0", &s));
     CHECK(s.device_rows == 0);
@@ -72,9 +96,12 @@ int main(void)
     setenv("SEQFLOW_DEVICE_ROWS", "maybe", 1);
     refused(NULL, "SEQFLOW_DEVICE_ROWS");
     unsetenv("SEQFLOW_DEVICE_ROWS");
+    /* nothing given, no variable set: the defaults (the cache folder comes from HOME) */
     CHECK_OK(sf_cuda_settings_parse(NULL, &s));
+    memset(s.cache_dir, 0, sizeof s.cache_dir);
     CHECK(memcmp(&s, &d, sizeof s) == 0);
     CHECK_OK(sf_cuda_settings_parse("", &s));
+    memset(s.cache_dir, 0, sizeof s.cache_dir);
     CHECK(memcmp(&s, &d, sizeof s) == 0);
 
     /* every key, each to a value other than its default */

@@ -523,6 +523,7 @@ static int cuda_reserve(sf_backend *be, int rows, int width, int heads, int head
 
 static void release(sf_cuda *c)
 {
+    sf_cuda_plan_cache_close(c);
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     for (int i = 0; i < c->n_weights; i++)

@@ -46,6 +46,15 @@ typedef struct sf_cuda_memory {
  * SF_E_INVAL otherwise; SF_E_BACKEND when cudaMemGetInfo fails. */
 int sf_cuda_backend_memory(const sf_backend *be, sf_cuda_memory *out);
 
+/* Product plans of a CUDA backend so far (for tests and benchmarks): the shapes whose cuBLAS
+ * path was chosen by timing, and those taken from the plan cache (setting plan_cache). be must
+ * be a "cuda" backend: SF_E_INVAL otherwise. */
+typedef struct sf_cuda_plans {
+    int timed;
+    int from_cache;
+} sf_cuda_plans;
+int sf_cuda_backend_plans(const sf_backend *be, sf_cuda_plans *out);
+
 #ifdef __cplusplus
 }
 #endif
@@ -170,6 +179,9 @@ typedef struct sf_cuda {
     sf_cuda_profile *profile;                         /* settings.profile only */
     sf_cuda_gemm_plan gemm_plans[SF_CUDA_GEMM_PLANS]; /* gemm_plan.cu, under the lock */
     int n_gemm_plans;
+    struct sf_cuda_plan_cache *plan_cache; /* gemm_plan_cache.cu; NULL until a shape's first product */
+    int plan_cache_failed;                 /* the cache could not be set up: no second try */
+    int plans_timed, plans_cached;         /* sf_cuda_backend_plans */
     /* precision fp8 (be->precision FP8; c->precision is then BF16 for everything else):
      * weights of shapes cuBLASLt takes in FP8 get e4m3 copies at prepare_weight_group */
     int fp8;
@@ -188,6 +200,14 @@ typedef struct sf_cuda {
 } sf_cuda;
 
 static inline sf_cuda *sf_cuda_of(sf_backend *be) { return (sf_cuda *)be->impl; }
+
+/* The plan cache (gemm_plan_cache.cu), under the lock. find: 1 and p's path filled (use_lt,
+ * algo, workspace_bytes; p's descriptors must be set up) when the cache holds one that cuBLASLt
+ * still accepts for p's shape, else 0. add: p's chosen path, to be written at close. close:
+ * writes what was added (a cache: failures are silent) and frees it; at the backend's release. */
+int sf_cuda_plan_cache_find(sf_cuda *c, sf_cuda_gemm_plan *p);
+void sf_cuda_plan_cache_add(sf_cuda *c, const sf_cuda_gemm_plan *p);
+void sf_cuda_plan_cache_close(sf_cuda *c);
 
 /* Returns SF_E_BACKEND with the CUDA message when err is not cudaSuccess. */
 static inline int sf_cuda_status(cudaError_t err, const char *what)

@@ -49,6 +49,10 @@ typedef struct sf_cuda_settings {
     int fp8_accum;        /* fp8_accum: 0 ("exact") partial sums promoted to float32, 1 ("fast") cuBLASLt's FAST_ACCUM */
     int nccl_ctas;        /* nccl_ctas: the most thread blocks a collective of a head-parallel rank takes: an
                            * index into "auto", "2", "4", "8", "16", "32" (sf_cuda_settings_nccl_ctas) */
+    int plan_cache;       /* plan_cache: product plans kept on disk between processes (gemm_plan_cache.cu) */
+    /* Not a key: the folder of the plan cache, from SEQFLOW_CACHE_DIR, else $XDG_CACHE_HOME/seqflow,
+     * else $HOME/.cache/seqflow (read by sf_cuda_settings_parse); "" when none is set. */
+    char cache_dir[512];
 } sf_cuda_settings;
 
 /* nccl_ctas as a count of thread blocks; 0 for "auto" (NCCL's choice). */

@@ -8,7 +8,8 @@
  * Candidates that split K are skipped: the others sum each output in the same order (their
  * results matched cublasGemmEx's bit for bit there), so which one wins a noisy timing never
  * changes the numbers. Setting gemm=gemmex never uses Lt; gemm=lt takes Lt's fastest even
- * where cublasGemmEx is faster (the tests use it to exercise that path). */
+ * where cublasGemmEx is faster (the tests use it to exercise that path). A later process takes
+ * what an earlier one timed from the plan cache (gemm_plan_cache.cu). */
 #include "kernels/cuda/cuda_backend.h"
 
 #include <stdint.h>
@@ -131,6 +132,10 @@ static int choose_path(sf_cuda *c, sf_cuda_gemm_plan *p, const sf_cuda_gemm_args
     p->use_lt = 0;
     if (c->settings.gemm == SF_CUDA_GEMM_GEMMEX || describe(p) != CUBLAS_STATUS_SUCCESS) return SF_OK;
     const int force_lt = c->settings.gemm == SF_CUDA_GEMM_LT;
+    if (sf_cuda_plan_cache_find(c, p)) { /* what an earlier process timed for this shape */
+        c->plans_cached++;
+        return SF_OK;
+    }
     cublasLtMatmulPreferenceOpaque_t pref;
     const uint64_t workspace = c->blas_workspace_bytes;
     const uint32_t align = (uint32_t)p->align;
@@ -169,6 +174,10 @@ static int choose_path(sf_cuda *c, sf_cuda_gemm_plan *p, const sf_cuda_gemm_args
     }
     if (start) cudaEventDestroy(start);
     if (stop) cudaEventDestroy(stop);
+    if (rc == SF_OK) {
+        c->plans_timed++;
+        sf_cuda_plan_cache_add(c, p);
+    }
     return rc;
 }
 
