@@ -125,12 +125,15 @@ int main(void)
     size_t len = 0;
     char *text = (char *)check_read_file(file, &len);
     CHECK(text != NULL);
+    int damaged_lines = 0;
     for (char *line = text ? strchr(text, '\n') : NULL; line && line[1]; line = strchr(line + 1, '\n')) {
-        char *hex = strrchr(line + 1, ' ');
-        char *end = strchr(line + 1, '\n');
-        if (hex && end && hex < end)
-            for (char *h = hex + 1; h < end; h++) *h = 'f';
+        char *end = strchr(line + 1, '\n'), *hex = end;
+        while (hex && hex > line + 1 && hex[-1] != ' ') hex--;
+        if (!end || hex <= line + 1) continue;
+        for (char *h = hex; h < end; h++) *h = 'f';
+        damaged_lines++;
     }
+    CHECKF(damaged_lines == 4, "damaged %d plan lines of 4", damaged_lines);
     if (text) {
         char *damaged = malloc(len + 64);
         snprintf(damaged, len + 64, "%snot a plan at all\n", text);
