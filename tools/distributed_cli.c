@@ -62,10 +62,20 @@ static void worker_usage(FILE *f)
           "  written by every rank at its chunks' places: both on a shared folder (or '{rank}'\n"
           "  in -o for a file per rank, each holding its own rows).\n"
           "\n"
+          "      --rejoin-timeout S  with --checkpoint: how long the driver waits for a lost rank to\n"
+          "                          come back (default 60; 0: the job ends at once, as without\n"
+          "                          --checkpoint). Every rank must be given the same value\n"
+          "\n"
           "A rank that dies or stops answering (no heartbeat within the topology's timeout_ms,\n"
           "3000 by default) fails the job: the driver exits 1 naming the rank, its host and the\n"
           "last committed segment, and removes its unfinished output. With --checkpoint, the\n"
-          "same command with --resume goes on from the newest checkpoint, every rank restored.\n"
+          "driver first waits up to --rejoin-timeout seconds for a process to claim the lost rank\n"
+          "at the rendezvous (its launcher starting it again: seqflow launch --restart, a Slurm\n"
+          "restart loop, Kubernetes' restartPolicy: OnFailure), under the same checks and keys as\n"
+          "a first join; the other workers wait there too. Then every rank rolls back to the newest\n"
+          "checkpoint and the job goes on, its output the uninterrupted run's. Only workers come\n"
+          "back: when the driver (rank 0) dies, or the rank does not come back in time, the job\n"
+          "ends, and the same command with --resume goes on from the newest checkpoint.\n"
           "\n"
           "Unless -q is given, every rank ends with a `network:` line: the packets and bytes it\n"
           "sent and received over its links.\n",
@@ -86,7 +96,15 @@ typedef struct worker {
     size_t resume_len;
     seq_args seq;                /* --sequence: a sequence-parallel job (tools/sequence_cli.c) */
     sf_buffer seq_resume;        /* rank 0 of one, with --resume: the saved state handed out */
+    int rejoin_s;                /* --rejoin-timeout (seconds; 0: a lost rank ends the job) */
+    char lost[1024];             /* driver: why the last attempt failed, when a rank was lost and
+                                    the job waits for it to rejoin ("" otherwise) */
+    sf_rendezvous_config rv;     /* the rendezvous, every attempt's; borrows the fields below */
+    const char **rv_keys, **rv_endpoints;
+    sf_launch_info launch;       /* the launcher's view (its rendezvous address, torchrun's) */
 } worker;
+
+#define DEFAULT_REJOIN_SECONDS 60
 
 /* Takes the worker options out of argv (in place); the rest are run options. 0 to go on, else
  * the exit status (-1: help). */
@@ -109,6 +127,7 @@ static int worker_options(int *argc, char **argv, worker *w)
         else if (strcmp(arg, "--rank") == 0) number = &w->rank;
         else if (strcmp(arg, "--world") == 0) number = &w->world;
         else if (strcmp(arg, "--local-rank") == 0) number = &w->local_rank;
+        else if (strcmp(arg, "--rejoin-timeout") == 0) number = &w->rejoin_s;
         if (!text && !number) {
             argv[out++] = argv[i];
             continue;
@@ -120,7 +139,7 @@ static int worker_options(int *argc, char **argv, worker *w)
         const char *value = argv[++i];
         long long v;
         if (text) *text = value;
-        else if (!parse_int_arg(arg, value, 0, SF_DIST_MAX_RANKS, &v)) return 2;
+        else if (!parse_int_arg(arg, value, 0, number == &w->rejoin_s ? 86400 : SF_DIST_MAX_RANKS, &v)) return 2;
         else *number = (int)v;
     }
     *argc = out;
@@ -185,6 +204,13 @@ static int silent_peer(worker *w, int64_t *silent_ms)
     }
 }
 
+/* Whether this rank takes part in a rollback after a failed run: with --checkpoint and a
+ * rejoin timeout, on a graph (not --sequence), not stopped by a signal. */
+static int rejoin_on(const worker *w)
+{
+    return w->run.a.checkpoint_dir && w->rejoin_s > 0 && !w->seq.on && !run_stop_signal();
+}
+
 /* The driver's message for a failed run: the rank that stopped answering (when one did), the
  * graph's error otherwise, then where the output got to. */
 static void driver_message(run_ctx *c, char *message, size_t size)
@@ -198,6 +224,9 @@ static void driver_message(run_ctx *c, char *message, size_t size)
         used = (size_t)snprintf(message, size, "rank %d (host %s) stopped answering (silent for %lld ms)", r,
                                 t && t->host ? t->host : "?", (long long)silent_ms);
     }
+    /* a rank the driver has no link with is seen by its neighbours, whose abort names it */
+    const int lost = r >= 0 || strstr(message, "stopped answering") != NULL;
+    if (used >= size) used = size - 1;
     uint64_t stream, segment;
     if (used < size && sf_dist_last_committed(c->graph, &stream, &segment))
         used += (size_t)snprintf(message + used, size - used, "; last committed segment %" PRIu64 " of stream %" PRIu64,
@@ -205,9 +234,124 @@ static void driver_message(run_ctx *c, char *message, size_t size)
     else if (used < size)
         used += (size_t)snprintf(message + used, size - used, "; no segment committed");
     uint64_t written = sf_graph_checkpoint_written(c->graph), resumed = sf_graph_checkpoint_resumed(c->graph);
-    if (used < size && (written || resumed))
-        snprintf(message + used, size - used, "; checkpoint %" PRIu64 " holds it: rerun with --resume",
-                 written ? written : resumed);
+    const uint64_t newest = written ? written : resumed;
+    if (lost && rejoin_on(w)) {
+        /* the job goes on if the rank comes back (worker_run): the final word comes later */
+        if (used < size && newest)
+            snprintf(w->lost, sizeof w->lost, "%.*s; checkpoint %" PRIu64 " holds it: rerun with --resume", (int)used, message,
+                     newest);
+        else
+            snprintf(w->lost, sizeof w->lost, "%.*s", (int)used, message);
+        if (used < size)
+            snprintf(message + used, size - used, "; waiting up to %d s (--rejoin-timeout) for every rank to come back "
+                     "to the rendezvous, then rolling back to %s", w->rejoin_s, newest ? "the newest checkpoint" : "the beginning");
+        return;
+    }
+    if (used < size && newest)
+        snprintf(message + used, size - used, "; checkpoint %" PRIu64 " holds it: rerun with --resume", newest);
+}
+
+/* One attempt at the job: the plan, the rendezvous (attempt > 0: a rejoin, every rank rolling
+ * back to the driver's newest checkpoint), the network, the run. Returns the exit status;
+ * *ran is set once the graph ran (a failure before that is never retried). */
+static int worker_attempt(worker *w, int attempt, const char *label, const char *seq_text, int *ran)
+{
+    run_ctx *c = &w->run;
+    int rc = SF_OK;
+    *ran = 0;
+    if (!w->seq.on) {
+        if (attempt > 0) {
+            /* the roll-back: a new graph, restored as --resume would (the driver loads the
+             * newest checkpoint, the sink cuts its OUT.partial back to it) */
+            c->a.resume = 1;
+            int status = run_make_graph(c);
+            if (status) return status;
+        }
+        rc = sf_dist_plan(c->graph, w->world, w->rank);
+        if (rc != SF_OK) {
+            fprintf(stderr, "%s: %s\n", label, sf_last_error());
+            return exit_status_of(rc);
+        }
+        w->resume_state = NULL;
+        w->resume_len = 0;
+        if (w->rank == 0 && (rc = sf_dist_checkpoint_load(c->graph, &w->resume_state, &w->resume_len)) != SF_OK) {
+            fprintf(stderr, "seqflow: %s\n", sf_last_error());
+            return 1;
+        }
+    }
+    const int plaintext = sf_topology_get_security(w->topology) == SF_SECURITY_PLAINTEXT;
+    sf_rendezvous_config rv = w->rv;
+    if (attempt > 0) {
+        /* the driver waits --rejoin-timeout for every rank; the others also wait for the driver
+         * to see the failure (up to twice its heartbeat timeout) and start serving */
+        const int timeout = sf_topology_timeout_ms(w->topology);
+        rv.timeout_ms = w->rank == 0 ? w->rejoin_s * 1000 : w->rejoin_s * 1000 + 2 * timeout + 5000;
+    }
+    const sf_topology_rank *self = sf_topology_rank_get(w->topology, w->rank);
+    const sf_model_config *cfg = sf_model_get_config(c->model);
+    char options[256];
+    snprintf(options, sizeof options, "device=%s precision=%d rejoin=%d", c->opts.device, (int)c->opts.precision,
+             c->a.checkpoint_dir && !w->seq.on ? w->rejoin_s : 0);
+    sf_hello hello = {.rank = w->rank, .world = w->world, .version = SEQFLOW_VERSION_STRING,
+                      .model_hash = sf_model_weights_hash(c->model), .config_hash = sf_hash_model_config(cfg),
+                      .pipeline_hash = sf_hash_text(w->seq.on ? seq_text : c->pipeline),
+                      .options_hash = sf_hash_text(options),
+                      .endpoint = self->endpoint, .host = self->host};
+    sf_rendezvous_result *result = NULL;
+    rc = w->rank == 0 ? sf_rendezvous_serve(&rv, &hello, payload_of, w, &result) : sf_rendezvous_join(&rv, &hello, &result);
+    if (rc != SF_OK && attempt > 0 && w->rank == 0) {
+        fprintf(stderr, "seqflow: no rollback: not every rank came back within --rejoin-timeout %d s (%s); %s\n",
+                w->rejoin_s, sf_last_error(), w->lost);
+        return 1;
+    }
+    if (rc != SF_OK && attempt > 0) {
+        fprintf(stderr, "%s: could not rejoin the job (%s); the driver's message says why; with --checkpoint, rerun "
+                        "every rank with --resume\n", label, sf_last_error());
+        return 1;
+    }
+    if (rc == SF_OK && attempt > 0 && w->rank == 0) {
+        uint64_t resumed = sf_graph_checkpoint_resumed(c->graph);
+        if (resumed)
+            fprintf(stderr, "seqflow: every rank is back (attempt %d); rolling back to checkpoint %" PRIu64 "\n", attempt + 1,
+                    resumed);
+        else
+            fprintf(stderr, "seqflow: every rank is back (attempt %d); no checkpoint yet: starting again from the beginning\n",
+                    attempt + 1);
+    }
+    if (rc == SF_OK && !w->seq.on && w->rank != 0 && result->payload_len > 0 && result->payload[0] == 1)
+        rc = sf_dist_set_state(c->graph, result->payload + 1, result->payload_len - 1);
+    if (rc == SF_OK && w->seq.on && w->rank != 0 && result->payload_len > 1 && result->payload[0] == 1)
+        rc = sf_buffer_append(&w->seq_resume, result->payload + 1, result->payload_len - 1);
+    sf_rendezvous_result_free(result);
+    /* the network: every other rank a peer */
+    sf_net_peer *peers = rc == SF_OK ? calloc((size_t)w->world, sizeof *peers) : NULL;
+    int n_peers = 0;
+    for (int r = 0; rc == SF_OK && peers && r < w->world; r++) {
+        const sf_topology_rank *t = sf_topology_rank_get(w->topology, r);
+        if (r != w->rank) peers[n_peers++] = (sf_net_peer){r, t->endpoint, plaintext ? NULL : t->public_key, t->host};
+    }
+    if (rc == SF_OK && !peers) rc = sf_error(SF_E_NOMEM, "out of memory");
+    sf_net_options no = {.rank = w->rank, .bind = self->bind ? self->bind : self->endpoint,
+                         .secret_key = plaintext ? NULL : w->secret, .public_key = plaintext ? NULL : w->public_key,
+                         .plaintext = plaintext, .peers = peers,
+                         .n_peers = n_peers, .heartbeat_ms = sf_topology_heartbeat_ms(w->topology),
+                         .timeout_ms = sf_topology_timeout_ms(w->topology),
+                         .connect_timeout_ms = sf_topology_connect_timeout_ms(w->topology),
+                         .linger_ms = sf_topology_linger_ms(w->topology)};
+    if (rc == SF_OK) rc = sf_net_create(&no, &w->net);
+    free(peers);
+    if (rc == SF_OK && !w->seq.on) {
+        sf_dist_links links = {net_link, w};
+        rc = sf_dist_connect(c->graph, &links);
+    }
+    if (rc != SF_OK) {
+        fprintf(stderr, "%s: %s\n", label, sf_last_error());
+        return rc == SF_E_PARSE ? 2 : 1;
+    }
+    *ran = 1;
+    return w->seq.on ? seq_run(c, &w->seq, w->net, w->topology, w->rank, w->world, w->seq_resume.data, w->seq_resume.len,
+                               label)
+                     : run_execute(c);
 }
 
 /* Everything after the options were read: returns the exit status. */
@@ -241,91 +385,56 @@ static int worker_run(worker *w)
             fprintf(stderr, "seqflow: %s\n", sf_last_error());
             return 1;
         }
-    } else {
-        if ((status = run_prepare(c, w->rank == 0))) return status;
-        rc = sf_dist_plan(c->graph, w->world, w->rank);
-        if (rc != SF_OK) {
-            fprintf(stderr, "%s: %s\n", label, sf_last_error());
-            return exit_status_of(rc);
-        }
-        if (w->rank == 0 && (rc = sf_dist_checkpoint_load(c->graph, &w->resume_state, &w->resume_len)) != SF_OK) {
-            fprintf(stderr, "seqflow: %s\n", sf_last_error());
-            return 1;
-        }
+    } else if ((status = run_prepare(c, w->rank == 0))) {
+        return status;
     }
     /* keys and the rendezvous */
-    char *secret = w->secret, *public_key = w->public_key;
     const int plaintext = sf_topology_get_security(w->topology) == SF_SECURITY_PLAINTEXT;
     if (!plaintext) {
         char path[4096];
         run_rank_path(w->key_path, w->rank, path, sizeof path);
-        if ((rc = sf_topology_read_key(path, secret)) != SF_OK) {
+        if ((rc = sf_topology_read_key(path, w->secret)) != SF_OK) {
             fprintf(stderr, "%s: %s\n", label, sf_last_error());
             return 1;
         }
     }
-    const char **keys = calloc((size_t)w->world, sizeof *keys), **endpoints = calloc((size_t)w->world, sizeof *endpoints);
-    sf_rendezvous_config rv;
-    rc = keys && endpoints ? sf_rendezvous_config_from_topology(w->topology, w->rank, secret, public_key, keys, endpoints, &rv)
-                           : sf_error(SF_E_NOMEM, "out of memory");
-    sf_launch_info info;
+    w->rv_keys = calloc((size_t)w->world, sizeof *w->rv_keys);
+    w->rv_endpoints = calloc((size_t)w->world, sizeof *w->rv_endpoints);
+    rc = w->rv_keys && w->rv_endpoints
+             ? sf_rendezvous_config_from_topology(w->topology, w->rank, w->secret, w->public_key, w->rv_keys,
+                                                  w->rv_endpoints, &w->rv)
+             : sf_error(SF_E_NOMEM, "out of memory");
     sf_launch_overrides ov = {w->rank, w->world, w->local_rank, w->world};
-    if (rc == SF_OK && sf_launcher_resolve((const char *const *)environ, &ov, &info) == SF_OK && info.rendezvous[0])
-        rv.endpoint = info.rendezvous; /* torchrun's MASTER_ADDR:MASTER_PORT */
-    const sf_topology_rank *self = sf_topology_rank_get(w->topology, w->rank);
-    const sf_model_config *cfg = sf_model_get_config(c->model);
-    char options[256];
-    snprintf(options, sizeof options, "device=%s precision=%d", c->opts.device, (int)c->opts.precision);
-    sf_hello hello = {.rank = w->rank, .world = w->world, .version = SEQFLOW_VERSION_STRING,
-                      .model_hash = sf_model_weights_hash(c->model), .config_hash = sf_hash_model_config(cfg),
-                      .pipeline_hash = sf_hash_text(w->seq.on ? seq_text : c->pipeline),
-                      .options_hash = sf_hash_text(options),
-                      .endpoint = self->endpoint, .host = self->host};
-    sf_rendezvous_result *result = NULL;
-    if (rc == SF_OK)
-        rc = w->rank == 0 ? sf_rendezvous_serve(&rv, &hello, payload_of, w, &result) : sf_rendezvous_join(&rv, &hello, &result);
-    if (rc == SF_OK && !w->seq.on && w->rank != 0 && result->payload_len > 0 && result->payload[0] == 1)
-        rc = sf_dist_set_state(c->graph, result->payload + 1, result->payload_len - 1);
-    if (rc == SF_OK && w->seq.on && w->rank != 0 && result->payload_len > 1 && result->payload[0] == 1)
-        rc = sf_buffer_append(&w->seq_resume, result->payload + 1, result->payload_len - 1);
-    sf_rendezvous_result_free(result);
-    /* the network: every other rank a peer */
-    sf_net_peer *peers = calloc((size_t)w->world, sizeof *peers);
-    int n_peers = 0;
-    for (int r = 0; rc == SF_OK && peers && r < w->world; r++) {
-        const sf_topology_rank *t = sf_topology_rank_get(w->topology, r);
-        if (r != w->rank) peers[n_peers++] = (sf_net_peer){r, t->endpoint, plaintext ? NULL : t->public_key, t->host};
-    }
-    if (rc == SF_OK && !peers) rc = sf_error(SF_E_NOMEM, "out of memory");
-    sf_net_options no = {.rank = w->rank, .bind = self->bind ? self->bind : self->endpoint, .secret_key = plaintext ? NULL : secret,
-                         .public_key = plaintext ? NULL : public_key, .plaintext = plaintext, .peers = peers,
-                         .n_peers = n_peers, .heartbeat_ms = sf_topology_heartbeat_ms(w->topology),
-                         .timeout_ms = sf_topology_timeout_ms(w->topology),
-                         .connect_timeout_ms = sf_topology_connect_timeout_ms(w->topology),
-                         .linger_ms = sf_topology_linger_ms(w->topology)};
-    if (rc == SF_OK) rc = sf_net_create(&no, &w->net);
-    free(peers);
-    free(keys);
-    free(endpoints);
-    if (rc == SF_OK && !w->seq.on) {
-        sf_dist_links links = {net_link, w};
-        rc = sf_dist_connect(c->graph, &links);
-    }
+    if (rc == SF_OK && sf_launcher_resolve((const char *const *)environ, &ov, &w->launch) == SF_OK && w->launch.rendezvous[0])
+        w->rv.endpoint = w->launch.rendezvous; /* torchrun's MASTER_ADDR:MASTER_PORT */
     if (rc != SF_OK) {
         fprintf(stderr, "%s: %s\n", label, sf_last_error());
-        return rc == SF_E_PARSE ? 2 : 1;
+        return 1;
     }
-    status = w->seq.on ? seq_run(c, &w->seq, w->net, w->topology, w->rank, w->world, w->seq_resume.data,
-                                 w->seq_resume.len, label)
-                       : run_execute(c);
-    if (!quiet) { /* what crossed the network: the links' encodings at work */
-        sf_net_stats st;
-        sf_net_stats_get(w->net, &st);
-        fprintf(stderr,
-                "%s: network: sent %" PRIu64 " packets (%" PRIu64 " bytes), received %" PRIu64 " packets (%" PRIu64
-                " bytes); messages %" PRIu64 " bytes out, %" PRIu64 " bytes in\n",
-                label, st.packets_sent, st.packet_bytes_sent, st.packets_received, st.packet_bytes_received,
-                st.bytes_sent, st.bytes_received);
+    for (int attempt = 0;; attempt++) {
+        int ran = 0;
+        w->lost[0] = '\0';
+        status = worker_attempt(w, attempt, label, seq_text, &ran);
+        if (!quiet && w->net) { /* what crossed the network: the links' encodings at work */
+            sf_net_stats st;
+            sf_net_stats_get(w->net, &st);
+            fprintf(stderr,
+                    "%s: network: sent %" PRIu64 " packets (%" PRIu64 " bytes), received %" PRIu64 " packets (%" PRIu64
+                    " bytes); messages %" PRIu64 " bytes out, %" PRIu64 " bytes in\n",
+                    label, st.packets_sent, st.packet_bytes_sent, st.packets_received, st.packet_bytes_received,
+                    st.bytes_sent, st.bytes_received);
+        }
+        /* a roll-back needs a run that failed on the network: a rank lost (the driver) or the
+         * links failing (a worker: the driver decides, at the rendezvous) */
+        const int again = status == 1 && ran && rejoin_on(w) && (w->rank != 0 || w->lost[0]);
+        if (!again) break;
+        if (w->rank != 0)
+            fprintf(stderr, "%s: rejoining the job at the rendezvous (--rejoin-timeout %d s)\n", label, w->rejoin_s);
+        /* every link and socket of this attempt goes before the next one binds the same endpoints */
+        sf_graph_free(c->graph);
+        c->graph = NULL;
+        sf_net_free(w->net);
+        w->net = NULL;
     }
     return status;
 }
@@ -376,7 +485,7 @@ static int place_heads(run_args *ra, const sf_topology_rank *self, int rank)
 
 int cmd_worker(int argc, char **argv)
 {
-    worker w = {.rank = -1, .world = -1, .local_rank = -1};
+    worker w = {.rank = -1, .world = -1, .local_rank = -1, .rejoin_s = DEFAULT_REJOIN_SECONDS};
     int status = worker_options(&argc, argv, &w);
     if (status) return status < 0 ? 0 : status;
     if (!w.topology_path) {
@@ -418,6 +527,8 @@ int cmd_worker(int argc, char **argv)
     run_ctx_free(&w.run); /* the links first: they belong to the network */
     sf_buffer_release(&w.seq_resume);
     sf_net_free(w.net);
+    free(w.rv_keys);
+    free(w.rv_endpoints);
     memset(w.secret, 0, sizeof w.secret);
     sf_topology_free(w.topology);
     return status < 0 ? 0 : status;

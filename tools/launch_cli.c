@@ -33,11 +33,18 @@ static void launch_usage(FILE *f)
           "      --write-topology DIR  write a generated topology and keys into DIR (created, mode\n"
           "                          0700) and exit: for mpirun, srun or torchrun to start the\n"
           "                          workers (--topology DIR/topology.json --key DIR/rank{rank}.key)\n"
+          "      --restart N         start a worker (rank 1..N-1) that died again, at most N times\n"
+          "                          per rank (default 0), while the driver runs. With --checkpoint\n"
+          "                          it rejoins the job, every rank rolls back to the newest\n"
+          "                          checkpoint and the job goes on (--rejoin-timeout, seqflow worker\n"
+          "                          --help); a dead driver (rank 0) still ends the job (--resume)\n"
           "\n"
-          "Signals (SIGINT, SIGTERM, SIGHUP) are passed on to every worker. When a worker fails,\n"
-          "the driver is given the heartbeat timeout (and 5 s) to report it, then every worker\n"
-          "still running is stopped. The exit status is the driver's when it failed, else the\n"
-          "first failed worker's (128+N for signal N), else 0.\n",
+          "Signals (SIGINT, SIGTERM, SIGHUP) are passed on to every worker. When a worker fails and\n"
+          "is not started again, the driver is given the heartbeat timeout (plus the rejoin timeout\n"
+          "and 5 s) to report it, then every worker still running is stopped. Without --restart,\n"
+          "nothing would come back: the workers get --rejoin-timeout 0 unless it is given. The exit\n"
+          "status is the driver's when it failed, else the first failed worker's (128+N for signal\n"
+          "N), else 0.\n",
           f);
 }
 
@@ -154,9 +161,49 @@ static void stop_children(int sig)
         }
 }
 
+/* The value of --NAME among the forwarded arguments ("--NAME V" or "--NAME=V"; the last one
+ * counts, as for the worker), or NULL. */
+static const char *forwarded_value(int argc, char **argv, const char *name)
+{
+    const char *value = NULL;
+    const size_t len = strlen(name);
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], name) == 0 && i + 1 < argc) value = argv[++i];
+        else if (strncmp(argv[i], name, len) == 0 && argv[i][len] == '=') value = argv[i] + len + 1;
+    }
+    return value;
+}
+
+/* Starts rank r of n: `seqflow worker` with args, its launcher variables set. */
+static pid_t spawn(int r, long long n, char **args)
+{
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    char value[32];
+    snprintf(value, sizeof value, "%d", r);
+    setenv("RANK", value, 1);
+    setenv("LOCAL_RANK", value, 1);
+    snprintf(value, sizeof value, "%lld", n);
+    setenv("WORLD_SIZE", value, 1);
+    /* OpenMP threads that spin while their process waits for packets would take the
+     * cores the other ranks compute on */
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    /* an outer launcher's variables describe launch itself, not the workers */
+    static const char *const outer[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                        "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", NULL};
+    for (const char *const *v = outer; *v; v++) unsetenv(*v);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    execv("/proc/self/exe", args);
+    fprintf(stderr, "seqflow: cannot start a worker: %s\n", strerror(errno));
+    _exit(127);
+}
+
 int cmd_launch(int argc, char **argv)
 {
-    long long n = 0, timeout_ms = 3000;
+    long long n = 0, timeout_ms = 3000, restart = 0;
     const char *topology = NULL, *write_dir = NULL;
     int i = 1;
     for (; i < argc; i++) {
@@ -176,6 +223,8 @@ int cmd_launch(int argc, char **argv)
             topology = argv[++i];
         } else if (strcmp(arg, "--timeout-ms") == 0 && has_value) {
             if (!parse_int_arg("--timeout-ms", argv[++i], 100, 3600000, &timeout_ms)) return 2;
+        } else if (strcmp(arg, "--restart") == 0 && has_value) {
+            if (!parse_int_arg("--restart", argv[++i], 0, 1000000, &restart)) return 2;
         } else if (strcmp(arg, "--write-topology") == 0 && has_value) {
             write_dir = argv[++i];
         } else {
@@ -217,7 +266,7 @@ int cmd_launch(int argc, char **argv)
     snprintf(topology_path, sizeof topology_path, "%s/topology.json", dir);
     snprintf(key_path, sizeof key_path, "%s/rank{rank}.key", dir);
     const int forwarded = argc - i;
-    char **args = calloc((size_t)forwarded + 8, sizeof *args);
+    char **args = calloc((size_t)forwarded + 10, sizeof *args);
     if (!args) return 1;
     int a = 0;
     args[a++] = "seqflow";
@@ -231,6 +280,15 @@ int cmd_launch(int argc, char **argv)
         args[a++] = "--topology";
         args[a++] = (char *)topology;
     }
+    /* how long the driver may wait for a lost worker: with --restart one comes back; without,
+     * nothing would, and the job ends at once as it always did */
+    const char *rejoin = forwarded_value(forwarded, argv + i, "--rejoin-timeout");
+    if (!rejoin && !restart) {
+        args[a++] = "--rejoin-timeout";
+        args[a++] = "0";
+    }
+    const int checkpointed = forwarded_value(forwarded, argv + i, "--checkpoint") != NULL;
+    const double rejoin_s = !checkpointed ? 0 : rejoin ? atof(rejoin) : restart ? 60 : 0;
     for (int k = 0; k < forwarded; k++) args[a++] = argv[i + k];
     args[a] = NULL;
 
@@ -243,29 +301,7 @@ int cmd_launch(int argc, char **argv)
     fflush(NULL);
     n_children = (int)n;
     for (int r = 0; r < n; r++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            char value[32];
-            snprintf(value, sizeof value, "%d", r);
-            setenv("RANK", value, 1);
-            setenv("LOCAL_RANK", value, 1);
-            snprintf(value, sizeof value, "%lld", n);
-            setenv("WORLD_SIZE", value, 1);
-            /* OpenMP threads that spin while their process waits for packets would take the
-             * cores the other ranks compute on */
-            setenv("OMP_WAIT_POLICY", "passive", 0);
-            /* an outer launcher's variables describe launch itself, not the workers */
-            static const char *const outer[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                                "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                                                "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", NULL};
-            for (const char *const *v = outer; *v; v++) unsetenv(*v);
-            signal(SIGINT, SIG_DFL);
-            signal(SIGTERM, SIG_DFL);
-            signal(SIGHUP, SIG_DFL);
-            execv("/proc/self/exe", args);
-            fprintf(stderr, "seqflow: cannot start a worker: %s\n", strerror(errno));
-            _exit(127);
-        }
+        pid_t pid = spawn(r, n, args);
         if (pid < 0) {
             fprintf(stderr, "seqflow: cannot start rank %d: %s\n", r, strerror(errno));
             n_children = r;
@@ -274,7 +310,7 @@ int cmd_launch(int argc, char **argv)
         }
         children[r] = pid;
     }
-    int statuses[LAUNCH_MAX], first_failed = -1, alive = n_children;
+    int statuses[LAUNCH_MAX], restarts[LAUNCH_MAX] = {0}, first_failed = -1, alive = n_children;
     pid_t driver_pid = children[0];
     double stop_at = 0, kill_at = 0;
     int after_success = 0; /* the stop follows the driver's success: the output is complete */
@@ -294,16 +330,31 @@ int cmd_launch(int argc, char **argv)
                 fprintf(stderr, "seqflow launch: rank %d did not exit after the job finished; stopped\n", r);
                 statuses[r] = 0;
             }
-            if (statuses[r] != 0 && first_failed < 0) first_failed = r;
             if (WIFSIGNALED(wstatus) && !launch_signal && !kill_at)
                 fprintf(stderr, "seqflow launch: rank %d (pid %d) was killed by signal %d\n", r, (int)pid, WTERMSIG(wstatus));
+            /* a worker that died while the driver runs: started again, to rejoin the job */
+            if (statuses[r] != 0 && r > 0 && restarts[r] < restart && children[0] > 0 && !launch_signal && !stop_at) {
+                fflush(NULL);
+                pid_t again = spawn(r, n, args);
+                if (again > 0) {
+                    restarts[r]++;
+                    children[r] = again;
+                    alive++;
+                    statuses[r] = -1;
+                    fprintf(stderr, "seqflow launch: rank %d started again (pid %d; restart %d of %lld)\n", r, (int)again,
+                            restarts[r], restart);
+                    continue;
+                }
+                fprintf(stderr, "seqflow launch: cannot start rank %d again: %s\n", r, strerror(errno));
+            }
+            if (statuses[r] != 0 && first_failed < 0) first_failed = r;
             if (alive == 0) break;
             /* the driver gone: nothing more can be done; a worker gone: the driver names it within
              * its heartbeat timeout, then the rest stop */
             const double t = now_seconds();
             if (r == 0 && statuses[0] != 0 && !stop_at) stop_at = t;
             else if (r == 0 && !stop_at) stop_at = t + 10.0, after_success = 1; /* the workers finish on their own */
-            else if (statuses[r] != 0 && !stop_at) stop_at = t + timeout_ms / 1000.0 + 5.0;
+            else if (statuses[r] != 0 && !stop_at) stop_at = t + timeout_ms / 1000.0 + rejoin_s + 5.0;
             continue;
         }
         if (pid < 0 && errno != EINTR) break;
