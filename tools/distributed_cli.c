@@ -224,24 +224,26 @@ static void driver_message(run_ctx *c, char *message, size_t size)
         used = (size_t)snprintf(message, size, "rank %d (host %s) stopped answering (silent for %lld ms)", r,
                                 t && t->host ? t->host : "?", (long long)silent_ms);
     }
-    /* a rank the driver has no link with is seen by its neighbours, whose abort names it */
-    const int lost = r >= 0 || strstr(message, "stopped answering") != NULL;
+    /* lost on the network: a rank that died or hangs, seen here or by a neighbour whose abort
+     * reached us (the driver has no link with every rank) */
+    const int lost = r >= 0 || c->run_rc == SF_E_PEER || c->run_rc == SF_E_CLOSED;
     if (used >= size) used = size - 1;
+    const size_t head = used;
     uint64_t stream, segment;
     if (used < size && sf_dist_last_committed(c->graph, &stream, &segment))
         used += (size_t)snprintf(message + used, size - used, "; last committed segment %" PRIu64 " of stream %" PRIu64,
                                  segment, stream);
     else if (used < size)
         used += (size_t)snprintf(message + used, size - used, "; no segment committed");
+    if (used >= size) used = size - 1;
     uint64_t written = sf_graph_checkpoint_written(c->graph), resumed = sf_graph_checkpoint_resumed(c->graph);
     const uint64_t newest = written ? written : resumed;
     if (lost && rejoin_on(w)) {
-        /* the job goes on if the rank comes back (worker_run): the final word comes later */
-        if (used < size && newest)
-            snprintf(w->lost, sizeof w->lost, "%.*s; checkpoint %" PRIu64 " holds it: rerun with --resume", (int)used, message,
-                     newest);
-        else
-            snprintf(w->lost, sizeof w->lost, "%.*s", (int)used, message);
+        /* the job goes on if the rank comes back (worker_run), else this is the final word: where
+         * the output got to (the rank that is missing, the rendezvous names then) */
+        int n = snprintf(w->lost, sizeof w->lost, "%s", message + head + 2);
+        if (newest && n >= 0 && (size_t)n < sizeof w->lost)
+            snprintf(w->lost + n, sizeof w->lost - (size_t)n, "; checkpoint %" PRIu64 " holds it: rerun with --resume", newest);
         if (used < size)
             snprintf(message + used, size - used, "; waiting up to %d s (--rejoin-timeout) for every rank to come back "
                      "to the rendezvous, then rolling back to %s", w->rejoin_s, newest ? "the newest checkpoint" : "the beginning");
@@ -300,8 +302,8 @@ static int worker_attempt(worker *w, int attempt, const char *label, const char 
     sf_rendezvous_result *result = NULL;
     rc = w->rank == 0 ? sf_rendezvous_serve(&rv, &hello, payload_of, w, &result) : sf_rendezvous_join(&rv, &hello, &result);
     if (rc != SF_OK && attempt > 0 && w->rank == 0) {
-        fprintf(stderr, "seqflow: no rollback: not every rank came back within --rejoin-timeout %d s (%s); %s\n",
-                w->rejoin_s, sf_last_error(), w->lost);
+        fprintf(stderr, "seqflow: a lost rank did not come back within --rejoin-timeout %d s (%s); %s\n", w->rejoin_s,
+                sf_last_error(), w->lost);
         return 1;
     }
     if (rc != SF_OK && attempt > 0) {
@@ -318,6 +320,7 @@ static int worker_attempt(worker *w, int attempt, const char *label, const char 
             fprintf(stderr, "seqflow: every rank is back (attempt %d); no checkpoint yet: starting again from the beginning\n",
                     attempt + 1);
     }
+    w->lost[0] = '\0'; /* whatever was lost is back */
     if (rc == SF_OK && !w->seq.on && w->rank != 0 && result->payload_len > 0 && result->payload[0] == 1)
         rc = sf_dist_set_state(c->graph, result->payload + 1, result->payload_len - 1);
     if (rc == SF_OK && w->seq.on && w->rank != 0 && result->payload_len > 1 && result->payload[0] == 1)
@@ -413,7 +416,6 @@ static int worker_run(worker *w)
     }
     for (int attempt = 0;; attempt++) {
         int ran = 0;
-        w->lost[0] = '\0';
         status = worker_attempt(w, attempt, label, seq_text, &ran);
         if (!quiet && w->net) { /* what crossed the network: the links' encodings at work */
             sf_net_stats st;
@@ -424,9 +426,10 @@ static int worker_run(worker *w)
                     label, st.packets_sent, st.packet_bytes_sent, st.packets_received, st.packet_bytes_received,
                     st.bytes_sent, st.bytes_received);
         }
-        /* a roll-back needs a run that failed on the network: a rank lost (the driver) or the
-         * links failing (a worker: the driver decides, at the rendezvous) */
-        const int again = status == 1 && ran && rejoin_on(w) && (w->rank != 0 || w->lost[0]);
+        /* a roll-back needs a run that failed on the network (a rank lost, or a neighbour's
+         * abort): a failure of this rank's own (a full disk) would come back every time */
+        const int again = status == 1 && ran && rejoin_on(w) &&
+                          (w->rank != 0 ? c->run_rc == SF_E_PEER || c->run_rc == SF_E_CLOSED : w->lost[0] != 0);
         if (!again) break;
         if (w->rank != 0)
             fprintf(stderr, "%s: rejoining the job at the rendezvous (--rejoin-timeout %d s)\n", label, w->rejoin_s);
