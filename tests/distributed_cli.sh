@@ -9,6 +9,9 @@
 #            --resume that must give the uninterrupted bytes; a dead worker is named by the
 #            driver within its heartbeat timeout, and no output file is left
 #   stop     a SIGSTOPped worker is detected within the timeout; no output (or partial) left
+#   connect  ranks 1 and 2 started with only rank 0's rendezvous (--connect, or MASTER_ADDR and
+#            MASTER_PORT), rank 0's public key and their own keys get the topology from rank 0:
+#            seqflow run's bytes; a rank whose key is not in the topology is refused
 #   rejoin   kill -9 of a worker mid-stream under `seqflow launch --restart 1 --checkpoint`: the
 #            worker is started again, rejoins, every rank rolls back and the job finishes with
 #            the uninterrupted bytes; without a restart the job ends after --rejoin-timeout with
@@ -188,6 +191,48 @@ stop)
     awk -v a="$stopped_at" -v b="$ended_at" -v s="$slack" 'BEGIN { exit !(b - a < 3 + s) }' || fail "detected after more than 3 + $slack s"
     [ -z "$(ls out.raw* 2> /dev/null)" ] || fail "output left behind: $(ls out.raw*)"
     echo "ok: SIGSTOP of rank 2 detected in $(awk -v a="$stopped_at" -v b="$ended_at" 'BEGIN { printf "%.2f", b - a }') s"
+    ;;
+connect)
+    "$bin" launch -n 3 --write-topology "$tmp/topo" > /dev/null || fail "--write-topology"
+    "$bin" launch -n 3 --write-topology "$tmp/other" > /dev/null || fail "--write-topology"
+    key0=$(sed -n 's/.*"id": 0, .*"public_key": "\([^"]*\)".*/\1/p' "$tmp/topo/topology.json")
+    [ ${#key0} -eq 40 ] || fail "no public key of rank 0 in the topology"
+    # worker RANK ARGS...: one rank in the background, RANK and WORLD_SIZE set as a launcher would
+    worker() {
+        r=$1
+        shift
+        RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r "$bin" worker "$@" $model -i in.bin -o out.raw "$layer" > /dev/null 2> "err$r.txt" &
+    }
+    for how in connect master; do
+        rm -f out.raw
+        if [ $how = connect ]; then
+            worker 0 --topology "$tmp/topo/topology.json" --key "$tmp/topo/rank{rank}.key"
+            p0=$!
+            worker 1 --connect "ipc://$tmp/topo/rendezvous" --server-key "$key0" --key "$tmp/topo/rank{rank}.key"
+            p1=$!
+            # a rank with a key the topology does not list is refused, and the job goes on
+            worker 2 --connect "ipc://$tmp/topo/rendezvous" --server-key "$key0" --key "$tmp/other/rank{rank}.key"
+            wait $! && fail "a worker with a foreign key was let in"
+            grep -q "refused this rank's CURVE key" err2.txt || { cat err2.txt >&2; fail "the foreign key: not the expected error"; }
+            echo "ok: a worker with a key not in the topology is refused"
+            worker 2 --connect "ipc://$tmp/topo/rendezvous" --server-key "$key0" --key "$tmp/topo/rank{rank}.key"
+            p2=$!
+        else
+            # torchrun's variables: rank 0 binds MASTER_ADDR:MASTER_PORT, the others ask there
+            port=$((20000 + ($$ + 7) % 20000))
+            export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+            worker 0 --topology "$tmp/topo/topology.json" --key "$tmp/topo/rank{rank}.key"
+            p0=$!
+            worker 1 --server-key "$key0" --key "$tmp/topo/rank{rank}.key"
+            p1=$!
+            worker 2 --server-key "$key0" --key "$tmp/topo/rank{rank}.key"
+            p2=$!
+            unset MASTER_ADDR MASTER_PORT
+        fi
+        for p in $p0 $p1 $p2; do wait $p || { cat err0.txt err1.txt err2.txt >&2; fail "$how: a rank failed"; }; done
+        cmp -s out.raw ref1.raw || fail "$how: output differs from seqflow run"
+        echo "ok: ranks 1 and 2 without the topology file ($how): output identical"
+    done
     ;;
 rejoin)
     head -c 40000 /dev/urandom > in.bin

@@ -42,6 +42,13 @@ static void worker_usage(FILE *f)
           "                          keys, link options; its pipeline is used when none is given\n"
           "      --key FILE          this rank's secret CURVE key (mode 0600); '{rank}' in FILE is\n"
           "                          replaced by the rank (one command line for every rank)\n"
+          "      --connect ENDPOINT  instead of --topology (ranks other than 0): ask rank 0's\n"
+          "                          rendezvous at ENDPOINT (default: MASTER_ADDR:MASTER_PORT) for\n"
+          "                          the topology; the rank comes from --rank or the launcher\n"
+          "      --server-key KEY    with --connect under CURVE: rank 0's public key (40 Z85\n"
+          "                          characters, the topology's); this rank proves itself with\n"
+          "                          --key, whose public half the topology must list for it.\n"
+          "                          Without it the job must be plaintext\n"
           "      --rank R --world N  this rank and the job's size (default: the launcher's\n"
           "                          environment: torchrun, Open MPI, PMIx, Slurm, a Kubernetes\n"
           "                          indexed Job; MASTER_ADDR/MASTER_PORT replace the topology's\n"
@@ -102,6 +109,11 @@ typedef struct worker {
     sf_rendezvous_config rv;     /* the rendezvous, every attempt's; borrows the fields below */
     const char **rv_keys, **rv_endpoints;
     sf_launch_info launch;       /* the launcher's view (its rendezvous address, torchrun's) */
+    const char *connect;         /* --connect: rank 0's rendezvous, the topology asked from it */
+    const char *server_key;      /* --server-key: rank 0's public key (Z85); none: plaintext */
+    char connect_at[300];        /* the rendezvous the topology came from ("": from a file) */
+    char *topology_text;         /* driver: the topology file's text, for ranks that ask */
+    size_t topology_len;
 } worker;
 
 #define DEFAULT_REJOIN_SECONDS 60
@@ -123,6 +135,8 @@ static int worker_options(int *argc, char **argv, worker *w)
         if (taken < 0) return 2;
         if (taken) continue;
         if (strcmp(arg, "--topology") == 0) text = &w->topology_path;
+        else if (strcmp(arg, "--connect") == 0) text = &w->connect;
+        else if (strcmp(arg, "--server-key") == 0) text = &w->server_key;
         else if (strcmp(arg, "--key") == 0) text = &w->key_path;
         else if (strcmp(arg, "--rank") == 0) number = &w->rank;
         else if (strcmp(arg, "--world") == 0) number = &w->world;
@@ -410,6 +424,11 @@ static int worker_run(worker *w)
     sf_launch_overrides ov = {w->rank, w->world, w->local_rank, w->world};
     if (rc == SF_OK && sf_launcher_resolve((const char *const *)environ, &ov, &w->launch) == SF_OK && w->launch.rendezvous[0])
         w->rv.endpoint = w->launch.rendezvous; /* torchrun's MASTER_ADDR:MASTER_PORT */
+    if (w->connect_at[0]) w->rv.endpoint = w->connect_at;
+    if (rc == SF_OK && w->rank == 0) { /* for the ranks that ask for it (--connect) */
+        w->rv.topology_text = w->topology_text;
+        w->rv.topology_len = w->topology_len;
+    }
     if (rc != SF_OK) {
         fprintf(stderr, "%s: %s\n", label, sf_last_error());
         return 1;
@@ -486,18 +505,83 @@ static int place_heads(run_args *ra, const sf_topology_rank *self, int rank)
     return 0;
 }
 
+/* The whole file at path, NUL-terminated, into *text and *len. */
+static int read_text(const char *path, char **text, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return sf_error(SF_E_IO, "cannot read '%s': %s", path, strerror(errno));
+    sf_buffer b = {0};
+    char chunk[65536];
+    size_t n;
+    int rc = SF_OK;
+    while (rc == SF_OK && (n = fread(chunk, 1, sizeof chunk, f)) > 0) rc = sf_buffer_append(&b, chunk, n);
+    if (rc == SF_OK && ferror(f)) rc = sf_error(SF_E_IO, "cannot read '%s': %s", path, strerror(errno));
+    if (rc == SF_OK && b.len > SF_TOPOLOGY_MAX_BYTES)
+        rc = sf_error(SF_E_PARSE, "%s: larger than %u bytes", path, (unsigned)SF_TOPOLOGY_MAX_BYTES);
+    if (rc == SF_OK) rc = sf_buffer_append(&b, "", 1);
+    fclose(f);
+    if (rc != SF_OK) return sf_buffer_release(&b), rc;
+    *text = (char *)b.data;
+    *len = b.len - 1;
+    return SF_OK;
+}
+
+/* A worker without --topology: rank 0's rendezvous (--connect, else the launcher's
+ * MASTER_ADDR:MASTER_PORT) hands it the topology, asked for over this rank's key (--key)
+ * against rank 0's (--server-key; none: a plaintext job). 0, or the exit status with the
+ * message printed. */
+static int fetch_topology(worker *w)
+{
+    sf_launch_info info;
+    int rc = sf_launcher_detect((const char *const *)environ, &info);
+    if (rc != SF_OK) return fprintf(stderr, "seqflow: %s\n", sf_last_error()), 2;
+    const char *at = w->connect ? w->connect : info.rendezvous[0] ? info.rendezvous : NULL;
+    const int rank = w->rank >= 0 ? w->rank : info.rank;
+    if (!at) {
+        fprintf(stderr, "seqflow: worker needs --topology FILE, or --connect ENDPOINT (rank 0's rendezvous, which hands "
+                        "the topology out; or MASTER_ADDR and MASTER_PORT)\n");
+        return 2;
+    }
+    if (rank < 1) {
+        fprintf(stderr, "seqflow: a worker that asks rank 0 for the topology needs its rank, 1 or more (--rank R or the "
+                        "launcher's variables); rank 0 reads the topology file\n");
+        return 2;
+    }
+    snprintf(w->connect_at, sizeof w->connect_at, "%s", at);
+    sf_rendezvous_config c = {.endpoint = w->connect_at, .plaintext = !w->server_key};
+    if (w->server_key) {
+        if (!w->key_path) return fprintf(stderr, "seqflow: rank %d needs its secret key: --key FILE\n", rank), 2;
+        char path[4096];
+        run_rank_path(w->key_path, rank, path, sizeof path);
+        if ((rc = sf_topology_read_key(path, w->secret)) == SF_OK) rc = sf_curve_public_key(w->secret, w->public_key);
+        if (rc == SF_OK && strlen(w->server_key) != SF_Z85_KEY_LEN)
+            rc = sf_error(SF_E_INVAL, "--server-key: expected rank 0's public key, %d Z85 characters", SF_Z85_KEY_LEN);
+        c.server_public_key = w->server_key;
+        c.secret_key = w->secret;
+        c.public_key = w->public_key;
+        if (rc != SF_OK) return fprintf(stderr, "seqflow: %s\n", sf_last_error()), 2;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    rc = sf_rendezvous_fetch_topology(&c, rank, &text, &len);
+    if (rc == SF_OK) rc = sf_topology_parse(text, len, "the topology from rank 0", &w->topology);
+    free(text);
+    if (rc != SF_OK) return fprintf(stderr, "seqflow[rank %d]: %s\n", rank, sf_last_error()), 1;
+    return 0;
+}
+
 int cmd_worker(int argc, char **argv)
 {
     worker w = {.rank = -1, .world = -1, .local_rank = -1, .rejoin_s = DEFAULT_REJOIN_SECONDS};
     int status = worker_options(&argc, argv, &w);
     if (status) return status < 0 ? 0 : status;
+    int rc = SF_OK;
     if (!w.topology_path) {
-        fprintf(stderr, "seqflow: worker needs --topology FILE (seqflow launch --write-topology DIR makes one)\n");
-        return 2;
-    }
-    int rc = sf_topology_load(w.topology_path, &w.topology);
-    if (rc != SF_OK) {
+        if ((status = fetch_topology(&w))) return status;
+    } else if ((rc = read_text(w.topology_path, &w.topology_text, &w.topology_len)) != SF_OK ||
+               (rc = sf_topology_parse(w.topology_text, w.topology_len, w.topology_path, &w.topology)) != SF_OK) {
         fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        free(w.topology_text);
         return 2;
     }
     sf_launch_overrides ov = {w.rank, w.world, w.local_rank, sf_topology_world(w.topology)};
@@ -505,6 +589,7 @@ int cmd_worker(int argc, char **argv)
     if ((rc = sf_launcher_resolve((const char *const *)environ, &ov, &info)) != SF_OK) {
         fprintf(stderr, "seqflow: %s\n", sf_last_error());
         sf_topology_free(w.topology);
+        free(w.topology_text);
         return 2;
     }
     w.rank = info.rank;
@@ -513,6 +598,7 @@ int cmd_worker(int argc, char **argv)
     if (sf_topology_get_security(w.topology) != SF_SECURITY_PLAINTEXT && !w.key_path) {
         fprintf(stderr, "seqflow: rank %d needs its secret key: --key FILE\n", w.rank);
         sf_topology_free(w.topology);
+        free(w.topology_text);
         return 2;
     }
     status = run_parse(argc, argv, &w.run, worker_usage);
@@ -532,6 +618,7 @@ int cmd_worker(int argc, char **argv)
     sf_net_free(w.net);
     free(w.rv_keys);
     free(w.rv_endpoints);
+    free(w.topology_text);
     memset(w.secret, 0, sizeof w.secret);
     sf_topology_free(w.topology);
     return status < 0 ? 0 : status;
