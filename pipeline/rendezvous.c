@@ -12,32 +12,11 @@
 
 #include "seqflow/error.h"
 
-enum { T_HELLO = 1, T_WELCOME = 2, T_REFUSE = 3, T_CHUNK = 4, T_DONE = 5 };
+enum { T_HELLO = 1, T_WELCOME = 2, T_REFUSE = 3, T_CHUNK = 4, T_DONE = 5, T_ASK = 6, T_TOPOLOGY = 7 };
 #define HEADER_BYTES 8
 #define MAX_STR 1024            /* version, endpoint, host, refusal text */
 #define MAX_HELLO (HEADER_BYTES + 8 + 32 + 4 * (2 + MAX_STR))
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
-
-/* ---- hashes ----------------------------------------------------------------------------------- */
-
-uint64_t sf_hash_bytes(const void *data, size_t len) { return XXH3_64bits(len ? data : "", len); }
-uint64_t sf_hash_text(const char *text) { return text ? XXH3_64bits(text, strlen(text)) : XXH3_64bits("", 0); }
-
-uint64_t sf_hash_model_config(const sf_model_config *cfg)
-{
-    if (!cfg) return 0;
-    /* field by field into a packed array: struct padding would make equal configs differ */
-    int64_t v[16 + 2 * SF_MAX_BRANCHES];
-    int n = 0;
-    v[n++] = cfg->dim, v[n++] = cfg->heads, v[n++] = cfg->head_dim, v[n++] = cfg->vocab, v[n++] = cfg->layers;
-    v[n++] = cfg->segment, v[n++] = cfg->n_branches, v[n++] = cfg->causal, v[n++] = cfg->memory;
-    v[n++] = cfg->global_tokens, v[n++] = cfg->summary_tokens, v[n++] = cfg->mlp_hidden, v[n++] = cfg->final_norm;
-    uint32_t eps;
-    memcpy(&eps, &cfg->norm_eps, sizeof eps);
-    v[n++] = eps;
-    for (int b = 0; b < cfg->n_branches && b < SF_MAX_BRANCHES; b++) v[n++] = cfg->branches[b].window, v[n++] = cfg->branches[b].dilation;
-    return XXH3_64bits(v, (size_t)n * sizeof v[0]);
-}
 
 /* ---- messages --------------------------------------------------------------------------------- */
 
@@ -378,6 +357,29 @@ static int take_hello(server *s, int from, reader *r, const char *user_id)
     return SF_OK;
 }
 
+/* ASK (i32 rank) from connection `from`: a rank without the topology file asks for the text.
+ * The same rule as for a HELLO: under CURVE only over that rank's key. */
+static int give_topology(server *s, int from, reader *r, const char *user_id)
+{
+    const int rank = (int32_t)get_le(r, 4);
+    if (r->bad || r->at != r->n) return sf_error(SF_E_PEER, "rendezvous: a malformed topology request");
+    if (rank <= 0 || rank >= s->world) return sf_error(SF_E_PEER, "a rank asks for the topology as rank %d, outside 1..%d", rank, s->world - 1);
+    if (!s->c->plaintext && (!user_id || strcmp(user_id, s->c->rank_keys[rank]) != 0))
+        return sf_error(SF_E_PEER, "rank %d asked for the topology with another key than rank %d's in the topology", rank, rank);
+    if (!s->c->topology_text)
+        return sf_error(SF_E_PEER, "rank %d asked for the topology, and rank 0 has none to give: start it with --topology FILE", rank);
+    sf_buffer b = {0};
+    int bad = 0;
+    put_header(&b, &bad, T_TOPOLOGY);
+    put_u32(&b, &bad, (uint32_t)s->c->topology_len);
+    put_bytes(&b, &bad, s->c->topology_text, s->c->topology_len);
+    int rc = bad ? sf_error(SF_E_NOMEM, "out of memory") : SF_OK;
+    if (rc == SF_OK && send_to(s, &s->peers[from], b.data, b.len) != 0)
+        rc = sf_error(SF_E_PEER, "rank %d left before taking the topology: %s", rank, zmq_strerror(zmq_errno()));
+    sf_buffer_release(&b);
+    return rc;
+}
+
 /* Polls the ROUTER and the ZAP handler until deadline; *got receives a message's sender
  * (index into peers) and body, or -1 on timeout. */
 static int serve_recv(server *s, long long deadline, int *got, zmq_msg_t *body)
@@ -497,11 +499,12 @@ static int serve(server *s, sf_rendezvous_payload_fn payload, void *user, sf_ren
             if (type == -2)
                 rc = sf_error(SF_E_PEER, "rendezvous: a rank speaks protocol %d, rank 0 (host %s) %d: another seqflow version",
                               version, s->hello[0].host, SF_RENDEZVOUS_PROTOCOL);
+            else if (type == T_ASK)
+                rc = give_topology(s, from, &r, c->plaintext ? NULL : zmq_msg_gets(&body, "User-Id"));
             else if (type != T_HELLO)
                 rc = sf_error(SF_E_PEER, "rendezvous: a message of type %d before every rank said hello", type);
-            else
-                rc = take_hello(s, from, &r, c->plaintext ? NULL : zmq_msg_gets(&body, "User-Id"));
-            if (rc == SF_OK) arrived++;
+            else if ((rc = take_hello(s, from, &r, c->plaintext ? NULL : zmq_msg_gets(&body, "User-Id"))) == SF_OK)
+                arrived++;
         }
         zmq_msg_close(&body);
         if (rc != SF_OK) return refuse_all(s, rc);
@@ -577,7 +580,7 @@ int sf_rendezvous_serve(const sf_rendezvous_config *c, const sf_hello *own, sf_r
             if (!cfg.rank_keys[r] || strlen(cfg.rank_keys[r]) != 40)
                 return sf_error(SF_E_INVAL, "rendezvous: rank %d has no valid public key", r);
     }
-    server s = {.c = &cfg, .own = own, .world = own->world, .cap_peers = own->world + 16};
+    server s = {.c = &cfg, .own = own, .world = own->world, .cap_peers = 2 * own->world + 16};
     s.hello = calloc((size_t)s.world, sizeof *s.hello);
     s.arrived = calloc((size_t)s.world, sizeof *s.arrived);
     s.done = calloc((size_t)s.world, sizeof *s.done);
@@ -716,10 +719,10 @@ static int read_welcome(reader *r, int rank, size_t max_payload, sf_rendezvous_r
     return rc;
 }
 
-static int join(client *cl, const sf_hello *own, sf_rendezvous_result **out)
+/* The DEALER to the server (keys, monitor, connected). */
+static int client_open(client *cl)
 {
     const sf_rendezvous_config *c = cl->c;
-    size_t max_payload = c->max_payload ? c->max_payload : SF_RENDEZVOUS_DEFAULT_MAX_PAYLOAD;
     char mon[64];
     snprintf(mon, sizeof mon, "inproc://sf-rendezvous-monitor-%p", (void *)cl);
     if (!(cl->sock = zmq_socket(cl->ctx, ZMQ_DEALER))) return sf_error(SF_E_IO, "rendezvous: %s", zmq_strerror(zmq_errno()));
@@ -736,8 +739,17 @@ static int join(client *cl, const sf_hello *own, sf_rendezvous_result **out)
         return sf_error(SF_E_IO, "rendezvous: monitor: %s", zmq_strerror(zmq_errno()));
     if (zmq_connect(cl->sock, c->endpoint) != 0)
         return sf_error(SF_E_INVAL, "rendezvous: cannot connect to %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
+    return SF_OK;
+}
+
+static int join(client *cl, const sf_hello *own, sf_rendezvous_result **out)
+{
+    const sf_rendezvous_config *c = cl->c;
+    size_t max_payload = c->max_payload ? c->max_payload : SF_RENDEZVOUS_DEFAULT_MAX_PAYLOAD;
+    int rc = client_open(cl);
+    if (rc != SF_OK) return rc;
     sf_buffer b = {0};
-    int rc = encode_hello(own, &b);
+    rc = encode_hello(own, &b);
     if (rc == SF_OK && send_buf(cl->sock, &b, 0) != 0)
         rc = sf_error(SF_E_IO, "rendezvous: sending HELLO: %s", zmq_strerror(zmq_errno()));
     sf_buffer_release(&b);
@@ -791,25 +803,56 @@ static int join(client *cl, const sf_hello *own, sf_rendezvous_result **out)
     return rc;
 }
 
-int sf_rendezvous_join(const sf_rendezvous_config *c, const sf_hello *own, sf_rendezvous_result **out)
+/* Asks for the topology (ASK) and waits for it. */
+static int ask(client *cl, int rank, char **text, size_t *len)
 {
-    if (!out) return sf_error(SF_E_INVAL, "sf_rendezvous_join: NULL argument");
-    *out = NULL;
-    if (!c || !c->endpoint) return sf_error(SF_E_INVAL, "sf_rendezvous_join: no rendezvous endpoint");
-    int rc = check_hello(own, "sf_rendezvous_join");
+    const sf_rendezvous_config *c = cl->c;
+    int rc = client_open(cl);
     if (rc != SF_OK) return rc;
+    sf_buffer b = {0};
+    int bad = 0;
+    put_header(&b, &bad, T_ASK);
+    put_u32(&b, &bad, (uint32_t)rank);
+    if (bad || send_buf(cl->sock, &b, 0) != 0) rc = sf_error(SF_E_IO, "rendezvous: sending the topology request failed");
+    sf_buffer_release(&b);
+    long long deadline = now_ms() + c->timeout_ms;
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (rc == SF_OK) rc = client_recv(cl, &deadline, &msg, "topology");
+    if (rc == SF_OK) {
+        reader r = {zmq_msg_data(&msg), zmq_msg_size(&msg), 0, 0};
+        int version, type = get_header(&r, &version);
+        size_t n = type == T_TOPOLOGY ? (size_t)get_le(&r, 4) : 0;
+        if (type == T_REFUSE) {
+            char refusal[MAX_STR + 1];
+            get_str(&r, refusal, sizeof refusal);
+            rc = sf_error(SF_E_PEER, "refused by the rendezvous: %s", r.bad ? "(malformed refusal)" : refusal);
+        } else if (type != T_TOPOLOGY || r.bad || n != r.n - r.at) {
+            rc = sf_error(SF_E_PEER, "rendezvous at %s: a malformed answer to the topology request (type %d)", c->endpoint, type);
+        } else if (!(*text = malloc(n + 1))) {
+            rc = sf_error(SF_E_NOMEM, "out of memory");
+        } else {
+            memcpy(*text, r.p + r.at, n);
+            (*text)[n] = '\0';
+            *len = n;
+        }
+    }
+    zmq_msg_close(&msg);
+    return rc;
+}
+
+/* Runs join or ask on a context and socket of its own, closed before returning. */
+static int client_run(const sf_rendezvous_config *c, const sf_hello *own, sf_rendezvous_result **out, int rank,
+                      char **text, size_t *len)
+{
     sf_rendezvous_config cfg = *c;
     if (cfg.timeout_ms <= 0) cfg.timeout_ms = SF_RENDEZVOUS_DEFAULT_TIMEOUT_MS;
     if (!cfg.plaintext && (!cfg.server_public_key || !cfg.public_key || !cfg.secret_key))
         return sf_error(SF_E_INVAL, "rendezvous: CURVE needs rank 0's public key and this rank's key pair");
     client cl = {.c = &cfg};
     if (!(cl.ctx = zmq_ctx_new())) return sf_error(SF_E_IO, "rendezvous: %s", zmq_strerror(zmq_errno()));
-    rc = join(&cl, own, out);
-    if (rc != SF_OK) {
-        sf_rendezvous_result_free(*out);
-        *out = NULL;
-        if (cl.sock) set_int(cl.sock, ZMQ_LINGER, 0);
-    }
+    int rc = own ? join(&cl, own, out) : ask(&cl, rank, text, len);
+    if (rc != SF_OK && cl.sock) set_int(cl.sock, ZMQ_LINGER, 0);
     if (cl.sock) zmq_socket_monitor(cl.sock, NULL, 0);
     if (cl.monitor) zmq_close(cl.monitor);
     if (cl.sock) zmq_close(cl.sock);
@@ -817,35 +860,32 @@ int sf_rendezvous_join(const sf_rendezvous_config *c, const sf_hello *own, sf_re
     return rc;
 }
 
-int sf_rendezvous_config_from_topology(const sf_topology *t, int rank, const char *secret_key,
-                                       char public_key[SF_Z85_KEY_LEN + 1], const char **keys,
-                                       const char **endpoints, sf_rendezvous_config *out)
+int sf_rendezvous_join(const sf_rendezvous_config *c, const sf_hello *own, sf_rendezvous_result **out)
 {
-    if (!t || !out || !keys || !endpoints || !public_key)
-        return sf_error(SF_E_INVAL, "sf_rendezvous_config_from_topology: NULL argument");
-    const sf_topology_rank *self = sf_topology_rank_get(t, rank);
-    if (!self) return sf_error(SF_E_INVAL, "rank %d is not in the topology (ranks 0..%d)", rank, sf_topology_world(t) - 1);
-    int world = sf_topology_world(t);
-    for (int r = 0; r < world; r++) {
-        keys[r] = sf_topology_rank_get(t, r)->public_key;
-        endpoints[r] = sf_topology_rank_get(t, r)->endpoint;
+    if (!out) return sf_error(SF_E_INVAL, "sf_rendezvous_join: NULL argument");
+    *out = NULL;
+    if (!c || !c->endpoint) return sf_error(SF_E_INVAL, "sf_rendezvous_join: no rendezvous endpoint");
+    int rc = check_hello(own, "sf_rendezvous_join");
+    if (rc == SF_OK) rc = client_run(c, own, out, 0, NULL, NULL);
+    if (rc != SF_OK) {
+        sf_rendezvous_result_free(*out);
+        *out = NULL;
     }
-    *out = (sf_rendezvous_config){.endpoint = sf_topology_rendezvous(t),
-                                  .plaintext = sf_topology_get_security(t) == SF_SECURITY_PLAINTEXT,
-                                  .rank_keys = keys, .rank_endpoints = endpoints,
-                                  .timeout_ms = sf_topology_rendezvous_timeout_ms(t)};
-    public_key[0] = '\0';
-    if (out->plaintext) {
-        out->rank_keys = NULL;
-        return SF_OK;
+    return rc;
+}
+
+int sf_rendezvous_fetch_topology(const sf_rendezvous_config *c, int rank, char **text, size_t *len)
+{
+    if (!text || !len) return sf_error(SF_E_INVAL, "sf_rendezvous_fetch_topology: NULL argument");
+    *text = NULL;
+    *len = 0;
+    if (!c || !c->endpoint) return sf_error(SF_E_INVAL, "sf_rendezvous_fetch_topology: no rendezvous endpoint");
+    if (rank <= 0) return sf_error(SF_E_INVAL, "sf_rendezvous_fetch_topology: rank 0 serves the topology, it does not ask");
+    int rc = client_run(c, NULL, NULL, rank, text, len);
+    if (rc != SF_OK) {
+        free(*text);
+        *text = NULL;
+        *len = 0;
     }
-    int rc = sf_curve_public_key(secret_key, public_key);
-    if (rc != SF_OK) return rc;
-    if (strcmp(public_key, self->public_key) != 0)
-        return sf_error(SF_E_INVAL, "the secret key given is not rank %d's: its public key is %s, the topology lists %s",
-                        rank, public_key, self->public_key);
-    out->server_public_key = sf_topology_rank_get(t, 0)->public_key;
-    out->secret_key = secret_key;
-    out->public_key = public_key;
-    return SF_OK;
+    return rc;
 }

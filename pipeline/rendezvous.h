@@ -27,6 +27,9 @@
  *   REFUSE  3   str message
  *   CHUNK   4   u64 offset, bytes (the payload in pieces of at most SF_RENDEZVOUS_CHUNK)
  *   DONE    5   (client -> server: the whole payload arrived)
+ *   ASK     6   i32 rank (client -> server, on a connection of its own before its HELLO: a rank
+ *               without the topology file asks for it; it counts as no arrival)
+ *   TOPOLOGY 7  u32 length, the topology's text (server -> client)
  * The payload is received by appending chunks as they arrive (never allocated from the
  * announced size) and refused beyond the client's max_payload. */
 #ifndef SEQFLOW_PIPELINE_RENDEZVOUS_H
@@ -77,6 +80,10 @@ typedef struct sf_rendezvous_config {
     int timeout_ms;               /* server: for every rank to arrive and take its welcome;
                                      client: for the welcome; 0 = SF_RENDEZVOUS_DEFAULT_TIMEOUT_MS */
     size_t max_payload;           /* client: the largest payload accepted; 0 = default (1 GiB) */
+    /* server, optional: the topology's text, handed to a rank that asks for it
+     * (sf_rendezvous_fetch_topology); NULL refuses such requests */
+    const char *topology_text;
+    size_t topology_len;
 } sf_rendezvous_config;
 
 /* The server's source of each rank's payload: appends rank's bytes (its stages' resume
@@ -114,6 +121,15 @@ int sf_rendezvous_serve(const sf_rendezvous_config *c, const sf_hello *own,
  * rendezvous does not answer within the timeout (naming the endpoint), or when the CURVE
  * handshake fails (naming the endpoint: a key not admitted, or the wrong server key). */
 int sf_rendezvous_join(const sf_rendezvous_config *c, const sf_hello *own, sf_rendezvous_result **out);
+
+/* A rank started without the topology file (`seqflow worker --connect`): asks the server at
+ * c->endpoint for the topology's text, with c's keys (under CURVE the server admits only the
+ * topology's keys and answers rank `rank` only over rank `rank`'s: the same proof as a HELLO;
+ * server_public_key is rank 0's). *text (malloc'd, NUL-terminated, *len bytes) is what the
+ * server's config gave; the caller parses it and joins as usual. SF_E_PEER when refused (the
+ * whole job is refused: a request over another rank's key, or a server without a topology to
+ * give), when the server does not answer within c->timeout_ms, or when the handshake fails. */
+int sf_rendezvous_fetch_topology(const sf_rendezvous_config *c, int rank, char **text, size_t *len);
 
 /* The configuration of rank `rank` from topology t: the rendezvous endpoint and timeout,
  * plaintext or CURVE, rank 0's public key, every rank's key and endpoint (written into keys[]

@@ -9,6 +9,13 @@
 #            --resume that must give the uninterrupted bytes; a dead worker is named by the
 #            driver within its heartbeat timeout, and no output file is left
 #   stop     a SIGSTOPped worker is detected within the timeout; no output (or partial) left
+#   connect  ranks 1 and 2 started with only rank 0's rendezvous (--connect, or MASTER_ADDR and
+#            MASTER_PORT), rank 0's public key and their own keys get the topology from rank 0:
+#            seqflow run's bytes; a rank whose key is not in the topology is refused
+#   rejoin   kill -9 of a worker mid-stream under `seqflow launch --restart 1 --checkpoint`: the
+#            worker is started again, rejoins, every rank rolls back and the job finishes with
+#            the uninterrupted bytes; without a restart the job ends after --rejoin-timeout with
+#            the usual error, and --resume finishes it
 # Usage: distributed_cli.sh MODE (SEQFLOW_BIN: the binary; SEQFLOW_TEST_SEED: the kill points)
 set -u
 mode=$1
@@ -184,6 +191,108 @@ stop)
     awk -v a="$stopped_at" -v b="$ended_at" -v s="$slack" 'BEGIN { exit !(b - a < 3 + s) }' || fail "detected after more than 3 + $slack s"
     [ -z "$(ls out.raw* 2> /dev/null)" ] || fail "output left behind: $(ls out.raw*)"
     echo "ok: SIGSTOP of rank 2 detected in $(awk -v a="$stopped_at" -v b="$ended_at" 'BEGIN { printf "%.2f", b - a }') s"
+    ;;
+connect)
+    "$bin" launch -n 3 --write-topology "$tmp/topo" > /dev/null || fail "--write-topology"
+    "$bin" launch -n 3 --write-topology "$tmp/other" > /dev/null || fail "--write-topology"
+    key0=$(sed -n 's/.*"id": 0, .*"public_key": "\([^"]*\)".*/\1/p' "$tmp/topo/topology.json")
+    [ ${#key0} -eq 40 ] || fail "no public key of rank 0 in the topology"
+    # worker RANK ARGS...: one rank in the background, RANK and WORLD_SIZE set as a launcher would
+    worker() {
+        r=$1
+        shift
+        RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r "$bin" worker "$@" $model -i in.bin -o out.raw "$layer" > /dev/null 2> "err$r.txt" &
+    }
+    for how in connect master; do
+        rm -f out.raw
+        if [ $how = connect ]; then
+            worker 0 --topology "$tmp/topo/topology.json" --key "$tmp/topo/rank{rank}.key"
+            p0=$!
+            worker 1 --connect "ipc://$tmp/topo/rendezvous" --server-key "$key0" --key "$tmp/topo/rank{rank}.key"
+            p1=$!
+            # a rank with a key the topology does not list is refused, and the job goes on
+            worker 2 --connect "ipc://$tmp/topo/rendezvous" --server-key "$key0" --key "$tmp/other/rank{rank}.key"
+            wait $! && fail "a worker with a foreign key was let in"
+            grep -q "refused this rank's CURVE key" err2.txt || { cat err2.txt >&2; fail "the foreign key: not the expected error"; }
+            echo "ok: a worker with a key not in the topology is refused"
+            worker 2 --connect "ipc://$tmp/topo/rendezvous" --server-key "$key0" --key "$tmp/topo/rank{rank}.key"
+            p2=$!
+        else
+            # torchrun's variables: rank 0 binds MASTER_ADDR:MASTER_PORT, the others ask there
+            port=$((20000 + ($$ + 7) % 20000))
+            export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+            worker 0 --topology "$tmp/topo/topology.json" --key "$tmp/topo/rank{rank}.key"
+            p0=$!
+            worker 1 --server-key "$key0" --key "$tmp/topo/rank{rank}.key"
+            p1=$!
+            worker 2 --server-key "$key0" --key "$tmp/topo/rank{rank}.key"
+            p2=$!
+            unset MASTER_ADDR MASTER_PORT
+        fi
+        for p in $p0 $p1 $p2; do wait $p || { cat err0.txt err1.txt err2.txt >&2; fail "$how: a rank failed"; }; done
+        cmp -s out.raw ref1.raw || fail "$how: output differs from seqflow run"
+        echo "ok: ranks 1 and 2 without the topology file ($how): output identical"
+    done
+    ;;
+rejoin)
+    head -c 40000 /dev/urandom > in.bin
+    split -n 2 -d in.bin half
+    two="-i half00 -i half01"
+    "$bin" run $model $two -o ref.raw "$plain" || fail "reference"
+    # start_job LAUNCH_OPTIONS -- WORKER_OPTIONS: a checkpointed job in the background ($lp),
+    # returning once its first checkpoint is written (the data crosses every rank)
+    start_job() {
+        rm -rf ck out.raw out.raw.partial*
+        "$bin" launch -n 3 --timeout-ms 1500 "$@" 2> err.txt &
+        lp=$!
+        n=0
+        while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 1000 ] && kill -0 $lp 2> /dev/null; do
+            sleep 0.02
+            n=$((n + 1))
+        done
+        [ -n "$(ls ck/ckpt-* 2> /dev/null)" ] || { cat err.txt >&2; fail "no checkpoint was written"; }
+    }
+    # a worker killed and started again: rank 1 of the layer pipeline, rank 2 of the combined
+    # layout (a replica of the stream-parallel group)
+    for case in "1 layer" "2 combined"; do
+        set -- $case
+        victim=$1 name=$2
+        layout=$layer
+        [ "$name" = combined ] && layout=$combined
+        start_job --restart 1 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 "$layout"
+        sleep 0.2
+        pid=$(rank_pid $lp "$victim")
+        [ -n "$pid" ] || { wait $lp; fail "$name: the job ended before the kill (make the input longer)"; }
+        kill -9 "$pid"
+        wait $lp
+        status=$?
+        [ $status -eq 0 ] || { cat err.txt >&2; fail "$name: rank $victim killed, exit status $status"; }
+        grep -q "rank $victim started again" err.txt || { cat err.txt >&2; fail "$name: rank $victim was not started again"; }
+        grep -q "every rank is back" err.txt || { cat err.txt >&2; fail "$name: no roll-back reported"; }
+        cmp -s out.raw ref.raw || { cat err.txt >&2; fail "$name: output after the rejoin differs from seqflow run"; }
+        [ -z "$(ls out.raw.* 2> /dev/null)" ] || fail "$name: left $(ls out.raw.*)"
+        echo "ok: $name: kill -9 of rank $victim, started again, rejoined; output identical"
+    done
+    # nobody starts it again: the driver waits --rejoin-timeout 2 s, then the usual error
+    start_job -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 --rejoin-timeout 2 "$layer"
+    sleep 0.2
+    pid=$(rank_pid $lp 1)
+    [ -n "$pid" ] || { wait $lp; fail "no rejoin: the job ended before the kill"; }
+    killed_at=$(now)
+    kill -9 "$pid"
+    wait $lp
+    status=$?
+    ended_at=$(now)
+    took=$(awk -v a="$killed_at" -v b="$ended_at" 'BEGIN { printf "%.2f", b - a }')
+    [ $status -eq 1 ] || { cat err.txt >&2; fail "no rejoin: exit status $status, not 1"; }
+    grep -q "^seqflow: a lost rank did not come back within --rejoin-timeout 2 s (.*rank 1 (.*) never arrived.*); last committed segment .*; checkpoint [0-9]* holds it: rerun with --resume" err.txt ||
+        { cat err.txt >&2; fail "no rejoin: not the expected error"; }
+    awk -v t="$took" -v s="$slack" 'BEGIN { exit !(t >= 2 && t < 1.5 + 2 + s) }' || { cat err.txt >&2; fail "no rejoin: ended $took s after the kill"; }
+    [ ! -e out.raw ] || fail "no rejoin: a failed job left out.raw"
+    "$bin" launch -n 3 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 --resume "$layer" 2> err2.txt ||
+        { cat err2.txt >&2; fail "no rejoin: resume"; }
+    cmp -s out.raw ref.raw || fail "no rejoin: resumed output differs"
+    echo "ok: no rejoin within 2 s: the job ended $took s after the kill, named rank 1; resumed"
     ;;
 *)
     fail "unknown mode $mode"

@@ -2,7 +2,7 @@
  * CURVE on. A job that agrees gets every rank's endpoint, host, blob and its own payload
  * (one large enough to travel in several chunks); a job that disagrees is refused naming the
  * ranks and what differs; a missing server or a key not in the topology fails with the
- * endpoint named. */
+ * endpoint named; a rank without the topology asks the server for it, over its own key only. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -29,6 +29,8 @@ typedef struct member {
     char endpoint[64], host[32];
     uint8_t blob[8];
     int key;             /* which key pair it uses (-1: a stranger's) */
+    int fetch;           /* asks for the topology first (sf_rendezvous_fetch_topology) */
+    char *fetched;       /* what it got */
     int rc;
     char message[512];
     sf_rendezvous_result *result;
@@ -36,6 +38,7 @@ typedef struct member {
 
 struct job {
     int world, members, plaintext, timeout_ms, no_server;
+    const char *topology;  /* the server's text for ranks that ask, NULL: none */
     char endpoint[64];
     char pub[MAX_WORLD][41], sec[MAX_WORLD][41], stranger_pub[41], stranger_sec[41];
     const char *rank_keys[MAX_WORLD];
@@ -66,7 +69,12 @@ static void *member_thread(void *arg)
                               .timeout_ms = j->timeout_ms, .rank_keys = j->rank_keys, .rank_endpoints = j->rank_endpoints};
     c.public_key = m->key >= 0 ? j->pub[m->key] : j->stranger_pub;
     c.secret_key = m->key >= 0 ? j->sec[m->key] : j->stranger_sec;
+    c.topology_text = j->topology;
+    c.topology_len = j->topology ? strlen(j->topology) : 0;
+    size_t len = 0;
     if (m->index == 0 && !j->no_server) m->rc = sf_rendezvous_serve(&c, &m->hello, make_payload, NULL, &m->result);
+    else if (m->fetch && (m->rc = sf_rendezvous_fetch_topology(&c, m->hello.rank, &m->fetched, &len)) != SF_OK) {}
+    else if (m->fetch && len != strlen(m->fetched)) m->rc = sf_error(SF_E_INVAL, "fetched %zu bytes, %zu of text", len, strlen(m->fetched));
     else m->rc = sf_rendezvous_join(&c, &m->hello, &m->result);
     snprintf(m->message, sizeof m->message, "%s", m->rc ? sf_last_error() : "");
     return NULL;
@@ -108,7 +116,10 @@ static void job_run(job *j)
 
 static void job_free(job *j)
 {
-    for (int i = 0; i <= MAX_WORLD; i++) sf_rendezvous_result_free(j->m[i].result);
+    for (int i = 0; i <= MAX_WORLD; i++) {
+        sf_rendezvous_result_free(j->m[i].result);
+        free(j->m[i].fetched);
+    }
 }
 
 static int says(const member *m, int rc, const char *mentions)
@@ -240,6 +251,50 @@ static void check_keys_and_timeouts(void)
     job_free(&j);
 }
 
+/* Ranks without the topology ask the server for it before their HELLO. */
+static void check_fetch(void)
+{
+    job j;
+    job_init(&j, 3);
+    j.topology = "{\"version\": 1, \"the\": \"topology\"}";
+    j.m[1].fetch = j.m[2].fetch = 1;
+    job_run(&j);
+    for (int i = 0; i < 3; i++) CHECKF(j.m[i].rc == SF_OK, "rank %d: %s", i, j.m[i].message);
+    for (int i = 1; i < 3; i++) CHECK(j.m[i].fetched && strcmp(j.m[i].fetched, j.topology) == 0);
+    job_free(&j);
+
+    /* asked as rank 2 over rank 1's key: the job is refused, as for such a HELLO */
+    job_init(&j, 3);
+    j.timeout_ms = 2000;
+    j.topology = "{}";
+    j.m[2].fetch = 1;
+    j.m[2].key = 1;
+    job_run(&j);
+    CHECK(says(&j.m[0], SF_E_PEER, "rank 2 asked for the topology with another key than rank 2's in the topology"));
+    CHECK(says(&j.m[2], SF_E_PEER, "refused by the rendezvous: rank 2 asked for the topology with another key"));
+    CHECK(!j.m[2].fetched);
+    job_free(&j);
+
+    /* a stranger's key never gets it */
+    job_init(&j, 2);
+    j.timeout_ms = 1500;
+    j.topology = "{}";
+    j.m[1].fetch = 1;
+    j.m[1].key = -1;
+    job_run(&j);
+    CHECK(says(&j.m[1], SF_E_PEER, "refused this rank's CURVE key"));
+    CHECK(!j.m[1].fetched);
+    job_free(&j);
+
+    /* a server with no topology to give */
+    job_init(&j, 2);
+    j.timeout_ms = 2000;
+    j.m[1].fetch = 1;
+    job_run(&j);
+    CHECK(says(&j.m[1], SF_E_PEER, "rank 1 asked for the topology, and rank 0 has none to give"));
+    job_free(&j);
+}
+
 typedef struct topo_member {
     sf_rendezvous_config c;
     sf_hello hello;
@@ -308,5 +363,6 @@ int main(void)
     check_duplicate();
     check_keys_and_timeouts();
     check_from_topology();
+    check_fetch();
     return check_finish("test_rendezvous");
 }

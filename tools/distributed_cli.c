@@ -42,11 +42,21 @@ static void worker_usage(FILE *f)
           "                          keys, link options; its pipeline is used when none is given\n"
           "      --key FILE          this rank's secret CURVE key (mode 0600); '{rank}' in FILE is\n"
           "                          replaced by the rank (one command line for every rank)\n"
+          "      --connect ENDPOINT  instead of --topology (ranks other than 0): ask rank 0's\n"
+          "                          rendezvous at ENDPOINT (default: MASTER_ADDR:MASTER_PORT) for\n"
+          "                          the topology; the rank comes from --rank or the launcher\n"
+          "      --server-key KEY    with --connect under CURVE: rank 0's public key (40 Z85\n"
+          "                          characters, the topology's); this rank proves itself with\n"
+          "                          --key, whose public half the topology must list for it.\n"
+          "                          Without it the job must be plaintext\n"
           "      --rank R --world N  this rank and the job's size (default: the launcher's\n"
           "                          environment: torchrun, Open MPI, PMIx, Slurm, a Kubernetes\n"
           "                          indexed Job; MASTER_ADDR/MASTER_PORT replace the topology's\n"
           "                          rendezvous)\n"
           "      --local-rank R      this rank's index on its machine (default: the launcher's)\n"
+          "      --rejoin-timeout S  with --checkpoint: how long the driver waits for a lost rank to\n"
+          "                          come back (default 60; 0: the job ends at once, as without\n"
+          "                          --checkpoint). Every rank must be given the same value\n"
           "\n"
           "sequence parallelism (one long stream over every rank; docs/DISTRIBUTED.md):\n"
           "      --sequence MODE     scan (every rank at once, the state at each chunk's start\n"
@@ -65,34 +75,16 @@ static void worker_usage(FILE *f)
           "A rank that dies or stops answering (no heartbeat within the topology's timeout_ms,\n"
           "3000 by default) fails the job: the driver exits 1 naming the rank, its host and the\n"
           "last committed segment, and removes its unfinished output. With --checkpoint, the\n"
-          "same command with --resume goes on from the newest checkpoint, every rank restored.\n"
+          "driver first waits up to --rejoin-timeout seconds for a process to claim the lost rank\n"
+          "at the rendezvous (its launcher starting it again: seqflow launch --restart, a Slurm\n"
+          "restart loop, Kubernetes' restartPolicy: OnFailure), under the same checks and keys as\n"
+          "a first join; the other workers wait there too. Then every rank rolls back to the newest\n"
+          "checkpoint and the job goes on, its output the uninterrupted run's. Only workers come\n"
+          "back: when the driver (rank 0) dies, or the rank does not come back in time, the job\n"
+          "ends, and the same command with --resume goes on from the newest checkpoint.\n"
           "\n"
           "Unless -q is given, every rank ends with a `network:` line: the packets and bytes it\n"
           "sent and received over its links.\n",
-          f);
-}
-
-static void launch_usage(FILE *f)
-{
-    fputs("usage: seqflow launch -n N [launch options] [--] [worker and run options] [PIPELINE]\n"
-          "\n"
-          "Starts N `seqflow worker` processes on this machine (ranks 0..N-1, RANK, WORLD_SIZE and\n"
-          "LOCAL_RANK set) and waits for them. Without --topology it writes a topology of its own\n"
-          "(ipc:// endpoints and fresh CURVE keys in a private temporary folder, removed at the\n"
-          "end). The output is the one `seqflow run` gives for the pipeline without placements.\n"
-          "\n"
-          "launch options:\n"
-          "  -n, --ranks N           processes to start (1..256)\n"
-          "      --topology FILE     use this topology (its world must be N); give --key too\n"
-          "      --timeout-ms MS     a generated topology's silent-peer timeout (default 3000)\n"
-          "      --write-topology DIR  write a generated topology and keys into DIR (created, mode\n"
-          "                          0700) and exit: for mpirun, srun or torchrun to start the\n"
-          "                          workers (--topology DIR/topology.json --key DIR/rank{rank}.key)\n"
-          "\n"
-          "Signals (SIGINT, SIGTERM, SIGHUP) are passed on to every worker. When a worker fails,\n"
-          "the driver is given the heartbeat timeout (and 5 s) to report it, then every worker\n"
-          "still running is stopped. The exit status is the driver's when it failed, else the\n"
-          "first failed worker's (128+N for signal N), else 0.\n",
           f);
 }
 
@@ -110,7 +102,20 @@ typedef struct worker {
     size_t resume_len;
     seq_args seq;                /* --sequence: a sequence-parallel job (tools/sequence_cli.c) */
     sf_buffer seq_resume;        /* rank 0 of one, with --resume: the saved state handed out */
+    int rejoin_s;                /* --rejoin-timeout (seconds; 0: a lost rank ends the job) */
+    char lost[1024];             /* driver: why the last attempt failed, when a rank was lost and
+                                    the job waits for it to rejoin ("" otherwise) */
+    sf_rendezvous_config rv;     /* the rendezvous, every attempt's; borrows the fields below */
+    const char **rv_keys, **rv_endpoints;
+    sf_launch_info launch;       /* the launcher's view (its rendezvous address, torchrun's) */
+    const char *connect;         /* --connect: rank 0's rendezvous, the topology asked from it */
+    const char *server_key;      /* --server-key: rank 0's public key (Z85); none: plaintext */
+    char connect_at[300];        /* the rendezvous the topology came from ("": from a file) */
+    char *topology_text;         /* driver: the topology file's text, for ranks that ask */
+    size_t topology_len;
 } worker;
+
+#define DEFAULT_REJOIN_SECONDS 60
 
 /* Takes the worker options out of argv (in place); the rest are run options. 0 to go on, else
  * the exit status (-1: help). */
@@ -129,10 +134,13 @@ static int worker_options(int *argc, char **argv, worker *w)
         if (taken < 0) return 2;
         if (taken) continue;
         if (strcmp(arg, "--topology") == 0) text = &w->topology_path;
+        else if (strcmp(arg, "--connect") == 0) text = &w->connect;
+        else if (strcmp(arg, "--server-key") == 0) text = &w->server_key;
         else if (strcmp(arg, "--key") == 0) text = &w->key_path;
         else if (strcmp(arg, "--rank") == 0) number = &w->rank;
         else if (strcmp(arg, "--world") == 0) number = &w->world;
         else if (strcmp(arg, "--local-rank") == 0) number = &w->local_rank;
+        else if (strcmp(arg, "--rejoin-timeout") == 0) number = &w->rejoin_s;
         if (!text && !number) {
             argv[out++] = argv[i];
             continue;
@@ -144,7 +152,7 @@ static int worker_options(int *argc, char **argv, worker *w)
         const char *value = argv[++i];
         long long v;
         if (text) *text = value;
-        else if (!parse_int_arg(arg, value, 0, SF_DIST_MAX_RANKS, &v)) return 2;
+        else if (!parse_int_arg(arg, value, 0, number == &w->rejoin_s ? 86400 : SF_DIST_MAX_RANKS, &v)) return 2;
         else *number = (int)v;
     }
     *argc = out;
@@ -209,6 +217,13 @@ static int silent_peer(worker *w, int64_t *silent_ms)
     }
 }
 
+/* Whether this rank takes part in a rollback after a failed run: with --checkpoint and a
+ * rejoin timeout, on a graph (not --sequence), not stopped by a signal. */
+static int rejoin_on(const worker *w)
+{
+    return w->run.a.checkpoint_dir && w->rejoin_s > 0 && !w->seq.on && !run_stop_signal();
+}
+
 /* The driver's message for a failed run: the rank that stopped answering (when one did), the
  * graph's error otherwise, then where the output got to. */
 static void driver_message(run_ctx *c, char *message, size_t size)
@@ -222,16 +237,137 @@ static void driver_message(run_ctx *c, char *message, size_t size)
         used = (size_t)snprintf(message, size, "rank %d (host %s) stopped answering (silent for %lld ms)", r,
                                 t && t->host ? t->host : "?", (long long)silent_ms);
     }
+    /* lost on the network: a rank that died or hangs, seen here or by a neighbour whose abort
+     * reached us (the driver has no link with every rank) */
+    const int lost = r >= 0 || c->run_rc == SF_E_PEER || c->run_rc == SF_E_CLOSED;
+    if (used >= size) used = size - 1;
+    const size_t head = used;
     uint64_t stream, segment;
     if (used < size && sf_dist_last_committed(c->graph, &stream, &segment))
         used += (size_t)snprintf(message + used, size - used, "; last committed segment %" PRIu64 " of stream %" PRIu64,
                                  segment, stream);
     else if (used < size)
         used += (size_t)snprintf(message + used, size - used, "; no segment committed");
+    if (used >= size) used = size - 1;
     uint64_t written = sf_graph_checkpoint_written(c->graph), resumed = sf_graph_checkpoint_resumed(c->graph);
-    if (used < size && (written || resumed))
-        snprintf(message + used, size - used, "; checkpoint %" PRIu64 " holds it: rerun with --resume",
-                 written ? written : resumed);
+    const uint64_t newest = written ? written : resumed;
+    if (lost && rejoin_on(w)) {
+        /* the job goes on if the rank comes back (worker_run), else this is the final word: where
+         * the output got to (the rank that is missing, the rendezvous names then) */
+        int n = snprintf(w->lost, sizeof w->lost, "%s", message + head + 2);
+        if (newest && n >= 0 && (size_t)n < sizeof w->lost)
+            snprintf(w->lost + n, sizeof w->lost - (size_t)n, "; checkpoint %" PRIu64 " holds it: rerun with --resume", newest);
+        if (used < size)
+            snprintf(message + used, size - used, "; waiting up to %d s (--rejoin-timeout) for every rank to come back "
+                     "to the rendezvous, then rolling back to %s", w->rejoin_s, newest ? "the newest checkpoint" : "the beginning");
+        return;
+    }
+    if (used < size && newest)
+        snprintf(message + used, size - used, "; checkpoint %" PRIu64 " holds it: rerun with --resume", newest);
+}
+
+/* One attempt at the job: the plan, the rendezvous (attempt > 0: a rejoin, every rank rolling
+ * back to the driver's newest checkpoint), the network, the run. Returns the exit status;
+ * *ran is set once the graph ran (a failure before that is never retried). */
+static int worker_attempt(worker *w, int attempt, const char *label, const char *seq_text, int *ran)
+{
+    run_ctx *c = &w->run;
+    int rc = SF_OK;
+    *ran = 0;
+    if (!w->seq.on) {
+        if (attempt > 0) {
+            /* the roll-back: a new graph, restored as --resume would (the driver loads the
+             * newest checkpoint, the sink cuts its OUT.partial back to it) */
+            c->a.resume = 1;
+            int status = run_make_graph(c);
+            if (status) return status;
+        }
+        rc = sf_dist_plan(c->graph, w->world, w->rank);
+        if (rc != SF_OK) {
+            fprintf(stderr, "%s: %s\n", label, sf_last_error());
+            return exit_status_of(rc);
+        }
+        w->resume_state = NULL;
+        w->resume_len = 0;
+        if (w->rank == 0 && (rc = sf_dist_checkpoint_load(c->graph, &w->resume_state, &w->resume_len)) != SF_OK) {
+            fprintf(stderr, "seqflow: %s\n", sf_last_error());
+            return 1;
+        }
+    }
+    const int plaintext = sf_topology_get_security(w->topology) == SF_SECURITY_PLAINTEXT;
+    sf_rendezvous_config rv = w->rv;
+    if (attempt > 0) {
+        /* the driver waits --rejoin-timeout for every rank; the others also wait for the driver
+         * to see the failure (up to twice its heartbeat timeout) and start serving */
+        const int timeout = sf_topology_timeout_ms(w->topology);
+        rv.timeout_ms = w->rank == 0 ? w->rejoin_s * 1000 : w->rejoin_s * 1000 + 2 * timeout + 5000;
+    }
+    const sf_topology_rank *self = sf_topology_rank_get(w->topology, w->rank);
+    const sf_model_config *cfg = sf_model_get_config(c->model);
+    char options[256];
+    snprintf(options, sizeof options, "device=%s precision=%d rejoin=%d", c->opts.device, (int)c->opts.precision,
+             c->a.checkpoint_dir && !w->seq.on ? w->rejoin_s : 0);
+    sf_hello hello = {.rank = w->rank, .world = w->world, .version = SEQFLOW_VERSION_STRING,
+                      .model_hash = sf_model_weights_hash(c->model), .config_hash = sf_hash_model_config(cfg),
+                      .pipeline_hash = sf_hash_text(w->seq.on ? seq_text : c->pipeline),
+                      .options_hash = sf_hash_text(options),
+                      .endpoint = self->endpoint, .host = self->host};
+    sf_rendezvous_result *result = NULL;
+    rc = w->rank == 0 ? sf_rendezvous_serve(&rv, &hello, payload_of, w, &result) : sf_rendezvous_join(&rv, &hello, &result);
+    if (rc != SF_OK && attempt > 0 && w->rank == 0) {
+        fprintf(stderr, "seqflow: a lost rank did not come back within --rejoin-timeout %d s (%s); %s\n", w->rejoin_s,
+                sf_last_error(), w->lost);
+        return 1;
+    }
+    if (rc != SF_OK && attempt > 0) {
+        fprintf(stderr, "%s: could not rejoin the job (%s); the driver's message says why; with --checkpoint, rerun "
+                        "every rank with --resume\n", label, sf_last_error());
+        return 1;
+    }
+    if (rc == SF_OK && attempt > 0 && w->rank == 0) {
+        uint64_t resumed = sf_graph_checkpoint_resumed(c->graph);
+        if (resumed)
+            fprintf(stderr, "seqflow: every rank is back (attempt %d); rolling back to checkpoint %" PRIu64 "\n", attempt + 1,
+                    resumed);
+        else
+            fprintf(stderr, "seqflow: every rank is back (attempt %d); no checkpoint yet: starting again from the beginning\n",
+                    attempt + 1);
+    }
+    w->lost[0] = '\0'; /* whatever was lost is back */
+    if (rc == SF_OK && !w->seq.on && w->rank != 0 && result->payload_len > 0 && result->payload[0] == 1)
+        rc = sf_dist_set_state(c->graph, result->payload + 1, result->payload_len - 1);
+    if (rc == SF_OK && w->seq.on && w->rank != 0 && result->payload_len > 1 && result->payload[0] == 1)
+        rc = sf_buffer_append(&w->seq_resume, result->payload + 1, result->payload_len - 1);
+    sf_rendezvous_result_free(result);
+    /* the network: every other rank a peer */
+    sf_net_peer *peers = rc == SF_OK ? calloc((size_t)w->world, sizeof *peers) : NULL;
+    int n_peers = 0;
+    for (int r = 0; rc == SF_OK && peers && r < w->world; r++) {
+        const sf_topology_rank *t = sf_topology_rank_get(w->topology, r);
+        if (r != w->rank) peers[n_peers++] = (sf_net_peer){r, t->endpoint, plaintext ? NULL : t->public_key, t->host};
+    }
+    if (rc == SF_OK && !peers) rc = sf_error(SF_E_NOMEM, "out of memory");
+    sf_net_options no = {.rank = w->rank, .bind = self->bind ? self->bind : self->endpoint,
+                         .secret_key = plaintext ? NULL : w->secret, .public_key = plaintext ? NULL : w->public_key,
+                         .plaintext = plaintext, .peers = peers,
+                         .n_peers = n_peers, .heartbeat_ms = sf_topology_heartbeat_ms(w->topology),
+                         .timeout_ms = sf_topology_timeout_ms(w->topology),
+                         .connect_timeout_ms = sf_topology_connect_timeout_ms(w->topology),
+                         .linger_ms = sf_topology_linger_ms(w->topology)};
+    if (rc == SF_OK) rc = sf_net_create(&no, &w->net);
+    free(peers);
+    if (rc == SF_OK && !w->seq.on) {
+        sf_dist_links links = {net_link, w};
+        rc = sf_dist_connect(c->graph, &links);
+    }
+    if (rc != SF_OK) {
+        fprintf(stderr, "%s: %s\n", label, sf_last_error());
+        return rc == SF_E_PARSE ? 2 : 1;
+    }
+    *ran = 1;
+    return w->seq.on ? seq_run(c, &w->seq, w->net, w->topology, w->rank, w->world, w->seq_resume.data, w->seq_resume.len,
+                               label)
+                     : run_execute(c);
 }
 
 /* Everything after the options were read: returns the exit status. */
@@ -265,91 +401,61 @@ static int worker_run(worker *w)
             fprintf(stderr, "seqflow: %s\n", sf_last_error());
             return 1;
         }
-    } else {
-        if ((status = run_prepare(c, w->rank == 0))) return status;
-        rc = sf_dist_plan(c->graph, w->world, w->rank);
-        if (rc != SF_OK) {
-            fprintf(stderr, "%s: %s\n", label, sf_last_error());
-            return exit_status_of(rc);
-        }
-        if (w->rank == 0 && (rc = sf_dist_checkpoint_load(c->graph, &w->resume_state, &w->resume_len)) != SF_OK) {
-            fprintf(stderr, "seqflow: %s\n", sf_last_error());
-            return 1;
-        }
+    } else if ((status = run_prepare(c, w->rank == 0))) {
+        return status;
     }
     /* keys and the rendezvous */
-    char *secret = w->secret, *public_key = w->public_key;
     const int plaintext = sf_topology_get_security(w->topology) == SF_SECURITY_PLAINTEXT;
     if (!plaintext) {
         char path[4096];
         run_rank_path(w->key_path, w->rank, path, sizeof path);
-        if ((rc = sf_topology_read_key(path, secret)) != SF_OK) {
+        if ((rc = sf_topology_read_key(path, w->secret)) != SF_OK) {
             fprintf(stderr, "%s: %s\n", label, sf_last_error());
             return 1;
         }
     }
-    const char **keys = calloc((size_t)w->world, sizeof *keys), **endpoints = calloc((size_t)w->world, sizeof *endpoints);
-    sf_rendezvous_config rv;
-    rc = keys && endpoints ? sf_rendezvous_config_from_topology(w->topology, w->rank, secret, public_key, keys, endpoints, &rv)
-                           : sf_error(SF_E_NOMEM, "out of memory");
-    sf_launch_info info;
+    w->rv_keys = calloc((size_t)w->world, sizeof *w->rv_keys);
+    w->rv_endpoints = calloc((size_t)w->world, sizeof *w->rv_endpoints);
+    rc = w->rv_keys && w->rv_endpoints
+             ? sf_rendezvous_config_from_topology(w->topology, w->rank, w->secret, w->public_key, w->rv_keys,
+                                                  w->rv_endpoints, &w->rv)
+             : sf_error(SF_E_NOMEM, "out of memory");
     sf_launch_overrides ov = {w->rank, w->world, w->local_rank, w->world};
-    if (rc == SF_OK && sf_launcher_resolve((const char *const *)environ, &ov, &info) == SF_OK && info.rendezvous[0])
-        rv.endpoint = info.rendezvous; /* torchrun's MASTER_ADDR:MASTER_PORT */
-    const sf_topology_rank *self = sf_topology_rank_get(w->topology, w->rank);
-    const sf_model_config *cfg = sf_model_get_config(c->model);
-    char options[256];
-    snprintf(options, sizeof options, "device=%s precision=%d", c->opts.device, (int)c->opts.precision);
-    sf_hello hello = {.rank = w->rank, .world = w->world, .version = SEQFLOW_VERSION_STRING,
-                      .model_hash = sf_model_weights_hash(c->model), .config_hash = sf_hash_model_config(cfg),
-                      .pipeline_hash = sf_hash_text(w->seq.on ? seq_text : c->pipeline),
-                      .options_hash = sf_hash_text(options),
-                      .endpoint = self->endpoint, .host = self->host};
-    sf_rendezvous_result *result = NULL;
-    if (rc == SF_OK)
-        rc = w->rank == 0 ? sf_rendezvous_serve(&rv, &hello, payload_of, w, &result) : sf_rendezvous_join(&rv, &hello, &result);
-    if (rc == SF_OK && !w->seq.on && w->rank != 0 && result->payload_len > 0 && result->payload[0] == 1)
-        rc = sf_dist_set_state(c->graph, result->payload + 1, result->payload_len - 1);
-    if (rc == SF_OK && w->seq.on && w->rank != 0 && result->payload_len > 1 && result->payload[0] == 1)
-        rc = sf_buffer_append(&w->seq_resume, result->payload + 1, result->payload_len - 1);
-    sf_rendezvous_result_free(result);
-    /* the network: every other rank a peer */
-    sf_net_peer *peers = calloc((size_t)w->world, sizeof *peers);
-    int n_peers = 0;
-    for (int r = 0; rc == SF_OK && peers && r < w->world; r++) {
-        const sf_topology_rank *t = sf_topology_rank_get(w->topology, r);
-        if (r != w->rank) peers[n_peers++] = (sf_net_peer){r, t->endpoint, plaintext ? NULL : t->public_key, t->host};
-    }
-    if (rc == SF_OK && !peers) rc = sf_error(SF_E_NOMEM, "out of memory");
-    sf_net_options no = {.rank = w->rank, .bind = self->bind ? self->bind : self->endpoint, .secret_key = plaintext ? NULL : secret,
-                         .public_key = plaintext ? NULL : public_key, .plaintext = plaintext, .peers = peers,
-                         .n_peers = n_peers, .heartbeat_ms = sf_topology_heartbeat_ms(w->topology),
-                         .timeout_ms = sf_topology_timeout_ms(w->topology),
-                         .connect_timeout_ms = sf_topology_connect_timeout_ms(w->topology),
-                         .linger_ms = sf_topology_linger_ms(w->topology)};
-    if (rc == SF_OK) rc = sf_net_create(&no, &w->net);
-    free(peers);
-    free(keys);
-    free(endpoints);
-    if (rc == SF_OK && !w->seq.on) {
-        sf_dist_links links = {net_link, w};
-        rc = sf_dist_connect(c->graph, &links);
+    if (rc == SF_OK && sf_launcher_resolve((const char *const *)environ, &ov, &w->launch) == SF_OK && w->launch.rendezvous[0])
+        w->rv.endpoint = w->launch.rendezvous; /* torchrun's MASTER_ADDR:MASTER_PORT */
+    if (w->connect_at[0]) w->rv.endpoint = w->connect_at;
+    if (rc == SF_OK && w->rank == 0) { /* for the ranks that ask for it (--connect) */
+        w->rv.topology_text = w->topology_text;
+        w->rv.topology_len = w->topology_len;
     }
     if (rc != SF_OK) {
         fprintf(stderr, "%s: %s\n", label, sf_last_error());
-        return rc == SF_E_PARSE ? 2 : 1;
+        return 1;
     }
-    status = w->seq.on ? seq_run(c, &w->seq, w->net, w->topology, w->rank, w->world, w->seq_resume.data,
-                                 w->seq_resume.len, label)
-                       : run_execute(c);
-    if (!quiet) { /* what crossed the network: the links' encodings at work */
-        sf_net_stats st;
-        sf_net_stats_get(w->net, &st);
-        fprintf(stderr,
-                "%s: network: sent %" PRIu64 " packets (%" PRIu64 " bytes), received %" PRIu64 " packets (%" PRIu64
-                " bytes); messages %" PRIu64 " bytes out, %" PRIu64 " bytes in\n",
-                label, st.packets_sent, st.packet_bytes_sent, st.packets_received, st.packet_bytes_received,
-                st.bytes_sent, st.bytes_received);
+    for (int attempt = 0;; attempt++) {
+        int ran = 0;
+        status = worker_attempt(w, attempt, label, seq_text, &ran);
+        if (!quiet && w->net) { /* what crossed the network: the links' encodings at work */
+            sf_net_stats st;
+            sf_net_stats_get(w->net, &st);
+            fprintf(stderr,
+                    "%s: network: sent %" PRIu64 " packets (%" PRIu64 " bytes), received %" PRIu64 " packets (%" PRIu64
+                    " bytes); messages %" PRIu64 " bytes out, %" PRIu64 " bytes in\n",
+                    label, st.packets_sent, st.packet_bytes_sent, st.packets_received, st.packet_bytes_received,
+                    st.bytes_sent, st.bytes_received);
+        }
+        /* a roll-back needs a run that failed on the network (a rank lost, or a neighbour's
+         * abort): a failure of this rank's own (a full disk) would come back every time */
+        const int again = status == 1 && ran && rejoin_on(w) &&
+                          (w->rank != 0 ? c->run_rc == SF_E_PEER || c->run_rc == SF_E_CLOSED : w->lost[0] != 0);
+        if (!again) break;
+        if (w->rank != 0)
+            fprintf(stderr, "%s: rejoining the job at the rendezvous (--rejoin-timeout %d s)\n", label, w->rejoin_s);
+        /* every link and socket of this attempt goes before the next one binds the same endpoints */
+        sf_graph_free(c->graph);
+        c->graph = NULL;
+        sf_net_free(w->net);
+        w->net = NULL;
     }
     return status;
 }
@@ -398,18 +504,83 @@ static int place_heads(run_args *ra, const sf_topology_rank *self, int rank)
     return 0;
 }
 
-int cmd_worker(int argc, char **argv)
+/* The whole file at path, NUL-terminated, into *text and *len. */
+static int read_text(const char *path, char **text, size_t *len)
 {
-    worker w = {.rank = -1, .world = -1, .local_rank = -1};
-    int status = worker_options(&argc, argv, &w);
-    if (status) return status < 0 ? 0 : status;
-    if (!w.topology_path) {
-        fprintf(stderr, "seqflow: worker needs --topology FILE (seqflow launch --write-topology DIR makes one)\n");
+    FILE *f = fopen(path, "rb");
+    if (!f) return sf_error(SF_E_IO, "cannot read '%s': %s", path, strerror(errno));
+    sf_buffer b = {0};
+    char chunk[65536];
+    size_t n;
+    int rc = SF_OK;
+    while (rc == SF_OK && (n = fread(chunk, 1, sizeof chunk, f)) > 0) rc = sf_buffer_append(&b, chunk, n);
+    if (rc == SF_OK && ferror(f)) rc = sf_error(SF_E_IO, "cannot read '%s': %s", path, strerror(errno));
+    if (rc == SF_OK && b.len > SF_TOPOLOGY_MAX_BYTES)
+        rc = sf_error(SF_E_PARSE, "%s: larger than %u bytes", path, (unsigned)SF_TOPOLOGY_MAX_BYTES);
+    if (rc == SF_OK) rc = sf_buffer_append(&b, "", 1);
+    fclose(f);
+    if (rc != SF_OK) return sf_buffer_release(&b), rc;
+    *text = (char *)b.data;
+    *len = b.len - 1;
+    return SF_OK;
+}
+
+/* A worker without --topology: rank 0's rendezvous (--connect, else the launcher's
+ * MASTER_ADDR:MASTER_PORT) hands it the topology, asked for over this rank's key (--key)
+ * against rank 0's (--server-key; none: a plaintext job). 0, or the exit status with the
+ * message printed. */
+static int fetch_topology(worker *w)
+{
+    sf_launch_info info;
+    int rc = sf_launcher_detect((const char *const *)environ, &info);
+    if (rc != SF_OK) return fprintf(stderr, "seqflow: %s\n", sf_last_error()), 2;
+    const char *at = w->connect ? w->connect : info.rendezvous[0] ? info.rendezvous : NULL;
+    const int rank = w->rank >= 0 ? w->rank : info.rank;
+    if (!at) {
+        fprintf(stderr, "seqflow: worker needs --topology FILE, or --connect ENDPOINT (rank 0's rendezvous, which hands "
+                        "the topology out; or MASTER_ADDR and MASTER_PORT)\n");
         return 2;
     }
-    int rc = sf_topology_load(w.topology_path, &w.topology);
-    if (rc != SF_OK) {
+    if (rank < 1) {
+        fprintf(stderr, "seqflow: a worker that asks rank 0 for the topology needs its rank, 1 or more (--rank R or the "
+                        "launcher's variables); rank 0 reads the topology file\n");
+        return 2;
+    }
+    snprintf(w->connect_at, sizeof w->connect_at, "%s", at);
+    sf_rendezvous_config c = {.endpoint = w->connect_at, .plaintext = !w->server_key};
+    if (w->server_key) {
+        if (!w->key_path) return fprintf(stderr, "seqflow: rank %d needs its secret key: --key FILE\n", rank), 2;
+        char path[4096];
+        run_rank_path(w->key_path, rank, path, sizeof path);
+        if ((rc = sf_topology_read_key(path, w->secret)) == SF_OK) rc = sf_curve_public_key(w->secret, w->public_key);
+        if (rc == SF_OK && strlen(w->server_key) != SF_Z85_KEY_LEN)
+            rc = sf_error(SF_E_INVAL, "--server-key: expected rank 0's public key, %d Z85 characters", SF_Z85_KEY_LEN);
+        c.server_public_key = w->server_key;
+        c.secret_key = w->secret;
+        c.public_key = w->public_key;
+        if (rc != SF_OK) return fprintf(stderr, "seqflow: %s\n", sf_last_error()), 2;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    rc = sf_rendezvous_fetch_topology(&c, rank, &text, &len);
+    if (rc == SF_OK) rc = sf_topology_parse(text, len, "the topology from rank 0", &w->topology);
+    free(text);
+    if (rc != SF_OK) return fprintf(stderr, "seqflow[rank %d]: %s\n", rank, sf_last_error()), 1;
+    return 0;
+}
+
+int cmd_worker(int argc, char **argv)
+{
+    worker w = {.rank = -1, .world = -1, .local_rank = -1, .rejoin_s = DEFAULT_REJOIN_SECONDS};
+    int status = worker_options(&argc, argv, &w);
+    if (status) return status < 0 ? 0 : status;
+    int rc = SF_OK;
+    if (!w.topology_path) {
+        if ((status = fetch_topology(&w))) return status;
+    } else if ((rc = read_text(w.topology_path, &w.topology_text, &w.topology_len)) != SF_OK ||
+               (rc = sf_topology_parse(w.topology_text, w.topology_len, w.topology_path, &w.topology)) != SF_OK) {
         fprintf(stderr, "seqflow: %s\n", sf_last_error());
+        free(w.topology_text);
         return 2;
     }
     sf_launch_overrides ov = {w.rank, w.world, w.local_rank, sf_topology_world(w.topology)};
@@ -417,6 +588,7 @@ int cmd_worker(int argc, char **argv)
     if ((rc = sf_launcher_resolve((const char *const *)environ, &ov, &info)) != SF_OK) {
         fprintf(stderr, "seqflow: %s\n", sf_last_error());
         sf_topology_free(w.topology);
+        free(w.topology_text);
         return 2;
     }
     w.rank = info.rank;
@@ -425,6 +597,7 @@ int cmd_worker(int argc, char **argv)
     if (sf_topology_get_security(w.topology) != SF_SECURITY_PLAINTEXT && !w.key_path) {
         fprintf(stderr, "seqflow: rank %d needs its secret key: --key FILE\n", w.rank);
         sf_topology_free(w.topology);
+        free(w.topology_text);
         return 2;
     }
     status = run_parse(argc, argv, &w.run, worker_usage);
@@ -442,302 +615,10 @@ int cmd_worker(int argc, char **argv)
     run_ctx_free(&w.run); /* the links first: they belong to the network */
     sf_buffer_release(&w.seq_resume);
     sf_net_free(w.net);
+    free(w.rv_keys);
+    free(w.rv_endpoints);
+    free(w.topology_text);
     memset(w.secret, 0, sizeof w.secret);
     sf_topology_free(w.topology);
     return status < 0 ? 0 : status;
-}
-
-/* ---- seqflow launch ------------------------------------------------------------------------ */
-
-#define LAUNCH_MAX 256
-
-static pid_t children[LAUNCH_MAX];
-static int n_children;
-static volatile sig_atomic_t launch_signal;
-
-/* Passes the signal on to every worker; they stop as `seqflow run` does. */
-static void on_launch_signal(int sig)
-{
-    launch_signal = sig;
-    for (int i = 0; i < n_children; i++)
-        if (children[i] > 0) kill(children[i], sig);
-}
-
-static int write_file(const char *path, const char *text, mode_t mode)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-    if (fd < 0) return sf_error(SF_E_IO, "cannot write '%s': %s", path, strerror(errno));
-    size_t len = strlen(text), at = 0;
-    while (at < len) {
-        ssize_t n = write(fd, text + at, len - at);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            close(fd);
-            return sf_error(SF_E_IO, "cannot write '%s': %s", path, strerror(errno));
-        }
-        at += (size_t)n;
-    }
-    return close(fd) == 0 ? SF_OK : sf_error(SF_E_IO, "cannot write '%s': %s", path, strerror(errno));
-}
-
-/* DIR/topology.json (ipc:// endpoints in DIR, CURVE) and DIR/rankR.key for n ranks. */
-static int write_topology(const char *dir, int n, int timeout_ms)
-{
-    size_t size = 1024 + (size_t)n * (2 * strlen(dir) + 200);
-    char *json = malloc(size);
-    if (!json) return sf_error(SF_E_NOMEM, "out of memory");
-    size_t used = (size_t)snprintf(json, size,
-                                   "{\n  \"version\": 1,\n  \"security\": \"curve\",\n  \"rendezvous\": \"ipc://%s/rendezvous\",\n"
-                                   "  \"timeout_ms\": %d,\n  \"datacenters\": [{\"name\": \"local\", \"nodes\": [{\"name\": "
-                                   "\"localhost\", \"ranks\": [\n",
-                                   dir, timeout_ms);
-    int rc = SF_OK;
-    for (int r = 0; r < n && rc == SF_OK; r++) {
-        char pub[SF_Z85_KEY_LEN + 1], sec[SF_Z85_KEY_LEN + 1], path[4200], line[64];
-        rc = sf_curve_keypair(pub, sec);
-        snprintf(path, sizeof path, "%s/rank%d.key", dir, r);
-        snprintf(line, sizeof line, "%s\n", sec);
-        if (rc == SF_OK) rc = write_file(path, line, 0600);
-        memset(sec, 0, sizeof sec);
-        memset(line, 0, sizeof line);
-        used += (size_t)snprintf(json + used, size - used, "    {\"id\": %d, \"endpoint\": \"ipc://%s/rank%d\", \"public_key\": \"%s\"}%s\n",
-                                 r, dir, r, pub, r + 1 < n ? "," : "");
-    }
-    snprintf(json + used, size - used, "  ]}]}]\n}\n");
-    char path[4200];
-    snprintf(path, sizeof path, "%s/topology.json", dir);
-    if (rc == SF_OK) rc = write_file(path, json, 0644);
-    free(json);
-    return rc;
-}
-
-/* Removes what write_topology made (and the ipc sockets) and the folder. */
-static void remove_topology(const char *dir, int n)
-{
-    char path[4200];
-    for (int r = 0; r < n; r++) {
-        snprintf(path, sizeof path, "%s/rank%d.key", dir, r);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/rank%d", dir, r);
-        unlink(path);
-    }
-    snprintf(path, sizeof path, "%s/topology.json", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/rendezvous", dir);
-    unlink(path);
-    rmdir(dir);
-}
-
-/* The -o/--out value among the forwarded arguments, or NULL. */
-static const char *forwarded_out(int argc, char **argv)
-{
-    const char *out = NULL;
-    for (int i = 0; i < argc; i++) {
-        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--out") == 0) && i + 1 < argc) out = argv[++i];
-        else if (strncmp(argv[i], "--out=", 6) == 0) out = argv[i] + 6;
-    }
-    return out;
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int status_of(int wstatus)
-{
-    return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WIFSIGNALED(wstatus) ? 128 + WTERMSIG(wstatus) : 1;
-}
-
-static void stop_children(int sig)
-{
-    for (int i = 0; i < n_children; i++)
-        if (children[i] > 0) {
-            kill(children[i], sig);
-            kill(children[i], SIGCONT); /* a stopped worker takes the signal too */
-        }
-}
-
-int cmd_launch(int argc, char **argv)
-{
-    long long n = 0, timeout_ms = 3000;
-    const char *topology = NULL, *write_dir = NULL;
-    int i = 1;
-    for (; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "--") == 0) {
-            i++;
-            break;
-        }
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            launch_usage(stdout);
-            return 0;
-        }
-        const int has_value = i + 1 < argc;
-        if ((strcmp(arg, "-n") == 0 || strcmp(arg, "--ranks") == 0) && has_value) {
-            if (!parse_int_arg("-n", argv[++i], 1, LAUNCH_MAX, &n)) return 2;
-        } else if (strcmp(arg, "--topology") == 0 && has_value) {
-            topology = argv[++i];
-        } else if (strcmp(arg, "--timeout-ms") == 0 && has_value) {
-            if (!parse_int_arg("--timeout-ms", argv[++i], 100, 3600000, &timeout_ms)) return 2;
-        } else if (strcmp(arg, "--write-topology") == 0 && has_value) {
-            write_dir = argv[++i];
-        } else {
-            break; /* the workers' options start here */
-        }
-    }
-    if (n < 1) {
-        fprintf(stderr, "seqflow: launch needs -n N (the number of processes)\nTry 'seqflow launch --help'.\n");
-        return 2;
-    }
-    if (write_dir) {
-        if (mkdir(write_dir, 0700) != 0 && errno != EEXIST) {
-            fprintf(stderr, "seqflow: cannot create '%s': %s\n", write_dir, strerror(errno));
-            return 1;
-        }
-        if (write_topology(write_dir, (int)n, (int)timeout_ms) != SF_OK) {
-            fprintf(stderr, "seqflow: %s\n", sf_last_error());
-            return 1;
-        }
-        printf("%s/topology.json: %lld ranks; start each with: seqflow worker --topology %s/topology.json --key "
-               "%s/rank{rank}.key [run options] [PIPELINE]\n", write_dir, n, write_dir, write_dir);
-        return 0;
-    }
-    /* a private folder for the generated topology; ipc paths must stay short (sun_path) */
-    char dir[64] = "";
-    if (!topology) {
-        snprintf(dir, sizeof dir, "/tmp/seqflow-launch-XXXXXX");
-        if (!mkdtemp(dir)) {
-            fprintf(stderr, "seqflow: cannot create a temporary folder: %s\n", strerror(errno));
-            return 1;
-        }
-        if (write_topology(dir, (int)n, (int)timeout_ms) != SF_OK) {
-            fprintf(stderr, "seqflow: %s\n", sf_last_error());
-            remove_topology(dir, (int)n);
-            return 1;
-        }
-    }
-    char topology_path[128], key_path[128];
-    snprintf(topology_path, sizeof topology_path, "%s/topology.json", dir);
-    snprintf(key_path, sizeof key_path, "%s/rank{rank}.key", dir);
-    const int forwarded = argc - i;
-    char **args = calloc((size_t)forwarded + 8, sizeof *args);
-    if (!args) return 1;
-    int a = 0;
-    args[a++] = "seqflow";
-    args[a++] = "worker";
-    if (!topology) {
-        args[a++] = "--topology";
-        args[a++] = topology_path;
-        args[a++] = "--key";
-        args[a++] = key_path;
-    } else {
-        args[a++] = "--topology";
-        args[a++] = (char *)topology;
-    }
-    for (int k = 0; k < forwarded; k++) args[a++] = argv[i + k];
-    args[a] = NULL;
-
-    struct sigaction sa = {0};
-    sa.sa_handler = on_launch_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    fflush(NULL);
-    n_children = (int)n;
-    for (int r = 0; r < n; r++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            char value[32];
-            snprintf(value, sizeof value, "%d", r);
-            setenv("RANK", value, 1);
-            setenv("LOCAL_RANK", value, 1);
-            snprintf(value, sizeof value, "%lld", n);
-            setenv("WORLD_SIZE", value, 1);
-            /* OpenMP threads that spin while their process waits for packets would take the
-             * cores the other ranks compute on */
-            setenv("OMP_WAIT_POLICY", "passive", 0);
-            /* an outer launcher's variables describe launch itself, not the workers */
-            static const char *const outer[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                                "PMIX_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                                                "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", NULL};
-            for (const char *const *v = outer; *v; v++) unsetenv(*v);
-            signal(SIGINT, SIG_DFL);
-            signal(SIGTERM, SIG_DFL);
-            signal(SIGHUP, SIG_DFL);
-            execv("/proc/self/exe", args);
-            fprintf(stderr, "seqflow: cannot start a worker: %s\n", strerror(errno));
-            _exit(127);
-        }
-        if (pid < 0) {
-            fprintf(stderr, "seqflow: cannot start rank %d: %s\n", r, strerror(errno));
-            n_children = r;
-            stop_children(SIGKILL);
-            break;
-        }
-        children[r] = pid;
-    }
-    int statuses[LAUNCH_MAX], first_failed = -1, alive = n_children;
-    pid_t driver_pid = children[0];
-    double stop_at = 0, kill_at = 0;
-    int after_success = 0; /* the stop follows the driver's success: the output is complete */
-    for (int r = 0; r < n_children; r++) statuses[r] = -1;
-    while (alive > 0) {
-        int wstatus;
-        pid_t pid = waitpid(-1, &wstatus, WNOHANG);
-        if (pid > 0) {
-            int r = 0;
-            while (r < n_children && children[r] != pid) r++;
-            if (r == n_children) continue;
-            children[r] = 0;
-            alive--;
-            statuses[r] = status_of(wstatus);
-            if (after_success && kill_at && statuses[r] != 0) {
-                /* a worker that outlived a finished job by 10 s: stopped, the job stands */
-                fprintf(stderr, "seqflow launch: rank %d did not exit after the job finished; stopped\n", r);
-                statuses[r] = 0;
-            }
-            if (statuses[r] != 0 && first_failed < 0) first_failed = r;
-            if (WIFSIGNALED(wstatus) && !launch_signal && !kill_at)
-                fprintf(stderr, "seqflow launch: rank %d (pid %d) was killed by signal %d\n", r, (int)pid, WTERMSIG(wstatus));
-            if (alive == 0) break;
-            /* the driver gone: nothing more can be done; a worker gone: the driver names it within
-             * its heartbeat timeout, then the rest stop */
-            const double t = now_seconds();
-            if (r == 0 && statuses[0] != 0 && !stop_at) stop_at = t;
-            else if (r == 0 && !stop_at) stop_at = t + 10.0, after_success = 1; /* the workers finish on their own */
-            else if (statuses[r] != 0 && !stop_at) stop_at = t + timeout_ms / 1000.0 + 5.0;
-            continue;
-        }
-        if (pid < 0 && errno != EINTR) break;
-        const double t = now_seconds();
-        if (stop_at && t >= stop_at && !kill_at) {
-            stop_children(SIGTERM);
-            kill_at = t + 2.0;
-        }
-        if (kill_at && t >= kill_at) {
-            stop_children(SIGKILL);
-            kill_at = t + 3600;
-        }
-        struct timespec nap = {0, 20 * 1000 * 1000};
-        nanosleep(&nap, NULL);
-    }
-    /* a driver killed outright leaves its unfinished output (unless checkpointed: kept to resume) */
-    const char *out = forwarded_out(forwarded, argv + i);
-    if (statuses[0] > 128 && out && strcmp(out, "-") != 0) {
-        char partial[4200];
-        snprintf(partial, sizeof partial, "%s.partial-%d", out, (int)driver_pid);
-        unlink(partial);
-    }
-    if (!topology) remove_topology(dir, (int)n);
-    free(args);
-    if (statuses[0] != 0 && statuses[0] != -1) return statuses[0];
-    if (first_failed >= 0) {
-        fprintf(stderr, "seqflow launch: rank %d failed (exit status %d)\n", first_failed, statuses[first_failed]);
-        return statuses[first_failed];
-    }
-    return launch_signal ? 128 + launch_signal : 0;
 }

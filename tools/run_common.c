@@ -726,6 +726,16 @@ int run_prepare(run_ctx *c, int driver)
                                  .threads = a->threads,
                                  .queue_depth = a->queue_depth, .precision = a->precision,
                                  .backend_settings = a->backend_settings};
+    return run_make_graph(c);
+}
+
+int run_make_graph(run_ctx *c)
+{
+    run_args *a = &c->a;
+    const int driver = c->driver;
+    const sf_model_config *cfg = sf_model_get_config(c->model);
+    sf_graph_free(c->graph);
+    c->graph = NULL;
     int rc = sf_graph_create(c->model, &c->opts, &c->graph);
     if (rc == SF_OK) rc = sf_graph_parse(c->graph, c->pipeline);
     if (rc == SF_OK && a->checkpoint_dir && driver) {
@@ -791,7 +801,7 @@ int run_execute(run_ctx *c)
         pthread_cond_init(&prog.wake, NULL);
         have_progress = pthread_create(&prog_thread, NULL, progress_thread, &prog) == 0;
     }
-    rc = sf_graph_run(graph);
+    rc = c->run_rc = sf_graph_run(graph);
     sem_post(&run_ended);
     if (have_watchdog) {
         sem_post(&stop_posted);
@@ -842,6 +852,8 @@ int run_execute(run_ctx *c)
     if (c->a.stats_json && cli_write_stats_json(c->a.stats_json, &stats) != SF_OK && !status) status = 1;
     return status;
 }
+
+int run_stop_signal(void) { return stop_signal; }
 
 void run_rank_path(const char *path, int rank, char *out, size_t size)
 {

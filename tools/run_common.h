@@ -53,6 +53,7 @@ typedef struct run_ctx {
     void *user;
     const char *label;           /* starts every message line; NULL = "seqflow" */
     int driver;                  /* run_prepare's: this process writes the output */
+    int run_rc;                  /* run_execute's: what sf_graph_run returned */
     int push;                    /* set before run_prepare: a push-mode graph (seqflow serve):
                                     no source or sink added, a pipeline with either refused */
 } run_ctx;
@@ -65,10 +66,17 @@ int run_parse(int argc, char **argv, run_ctx *c, void (*usage)(FILE *f));
  * text and the graph (parsed, checkpoints set on the driver). Returns 0 or the exit status, the
  * message printed. */
 int run_prepare(run_ctx *c, int driver);
+/* After run_prepare: c->graph made again from the same pipeline text and options (the one
+ * there freed first: its links before whatever they belong to), checkpoints set on the driver
+ * as c->a says (a worker rolling back sets c->a.resume first). 0 or the exit status, the
+ * message printed. */
+int run_make_graph(run_ctx *c);
 /* Runs c->graph with the stop signals handled and the progress line and summary (unless
  * quiet) printed; returns the exit status. */
 int run_execute(run_ctx *c);
 void run_ctx_free(run_ctx *c);
+/* The first stopping signal (SIGINT, SIGTERM, SIGHUP) run_execute's handlers took, 0 for none. */
+int run_stop_signal(void);
 /* Loads the model file or builds the built-in one, applying the user's overrides. */
 int run_make_model(run_args *a, sf_model **out);
 /* The exit status of an error code: 2 for what the user asked for (a pipeline, an option), 1
