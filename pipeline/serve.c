@@ -561,8 +561,9 @@ static int expire(sf_serve *s, double now)
 
 /* Takes a snapshot of every stream now (between steps, so that each stream's state covers
  * exactly its fed tokens) and hands it to the writer thread; the loop pauses only for this.
- * Called only while the writer is idle: a checkpoint due while the previous one is still being
- * written waits for it (the loop goes on serving meanwhile) and is taken once it landed. */
+ * Called only while the writer is idle. The interval runs from the previous checkpoint's end
+ * (its file landed, or its failure), as when the loop wrote them itself: one write at a time,
+ * and the writer's share of the cores stays what it was. */
 static int checkpoint_start(sf_serve *s)
 {
     double t0 = sf_monotonic_seconds();
@@ -573,9 +574,10 @@ static int checkpoint_start(sf_serve *s)
     else rc = fail(s, rc);
     if (rc != SF_OK) return rc;
     rc = serve_ckpt_submit(s);
-    s->ckpt_last = sf_monotonic_seconds();
-    s->ckpt_pause_sum += s->ckpt_last - t0;
+    double t1 = sf_monotonic_seconds();
+    s->ckpt_pause_sum += t1 - t0;
     if (rc != SF_OK) {
+        s->ckpt_last = t1;
         logf_(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
               (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
         return SF_OK;
@@ -591,6 +593,7 @@ static void checkpoint_collect(sf_serve *s)
 {
     int rc = serve_ckpt_collect(s);
     if (rc == 0) return;
+    s->ckpt_last = sf_monotonic_seconds();
     if (rc < 0) {
         logf_(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
               (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);

@@ -106,7 +106,7 @@ struct sf_serve {
     int ckpt_lock;       /* the directory's lock file, -1 when not held */
     uint64_t ckpt_seq;   /* the newest checkpoint's number (loaded or written) */
     uint64_t weights_hash;
-    double ckpt_last;    /* when the last snapshot was taken (or the server started) */
+    double ckpt_last;    /* when the last checkpoint's write ended (or the server started) */
     int ckpt_dirty;      /* something a checkpoint holds changed since the last snapshot */
     sf_buffer ckpt_fp;   /* the graph's fingerprint, what every checkpoint names */
     struct serve_writer *writer; /* the thread that writes checkpoints; NULL: none */
