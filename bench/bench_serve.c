@@ -6,7 +6,8 @@
  *
  * --checkpoint S starts the server with `--checkpoint DIR --checkpoint-every S` (docs/SERVE.md,
  * "Restarts"): it then keeps every ROWS until acknowledged and writes a checkpoint of every
- * stream every S seconds; the checkpoints written and the newest one's size are printed. The
+ * stream every S seconds; the checkpoints written, their time (snapshot to file landed) and the
+ * server loop's pause for them (from its summary line), and the newest one's size are printed. The
  * client speaks protocol version 2 either way and acknowledges the rows it has with each CREDIT.
  * It starts `PATH serve --bind ipc://... --plaintext` (with the options after --), connects C
  * DEALER sockets (default min(N, 64); the N streams are spread over them) and measures:
@@ -305,6 +306,7 @@ int main(int argc, char **argv)
     waitpid(server, NULL, 0);
     /* the checkpoints: the newest one's number (one per write) and size, then away with them */
     unsigned long long ckpt_seq = 0, ckpt_bytes = 0;
+    double ckpt_s = 0, ckpt_pause_s = 0;
     if (checkpoint > 0) {
         char cmd[256];
         snprintf(cmd, sizeof cmd, "ls %s | sed -n 's/^ckpt-0*\\([0-9]*\\)\\.sqf$/\\1/p' | sort -n | tail -n 1", ckpt_dir);
@@ -319,18 +321,24 @@ int main(int argc, char **argv)
             ckpt_bytes = (unsigned long long)ftell(f);
             fclose(f);
         }
-        double ckpt_s = 0; /* from the server's summary line */
+        /* from the server's summary line: snapshot to file landed, and the loop's pause (the
+         * whole of it where the server says nothing of a pause: it wrote on its loop) */
         FILE *e = fopen(serve_err, "r");
         char line[512];
+        ckpt_pause_s = -1;
         while (e && fgets(line, sizeof line, e)) {
             const char *w = strstr(line, "checkpoint(s) written in ");
             if (w) ckpt_s = strtod(w + strlen("checkpoint(s) written in "), NULL);
+            const char *q = strstr(line, "the loop paused ");
+            if (q) ckpt_pause_s = strtod(q + strlen("the loop paused "), NULL);
         }
+        if (ckpt_pause_s < 0) ckpt_pause_s = ckpt_s;
         if (e) fclose(e);
         unlink(serve_err);
-        printf("checkpoints: every %g s, %llu written in %.3f s of the server's time (%.2f ms each), the last (at the "
-               "stop: the latency phase's streams) %llu bytes\n",
-               checkpoint, ckpt_seq, ckpt_s, ckpt_seq ? 1e3 * ckpt_s / (double)ckpt_seq : 0.0, ckpt_bytes);
+        printf("checkpoints: every %g s, %llu written in %.3f s (%.2f ms each; the loop paused %.3f s, %.2f ms each), the "
+               "last (at the stop: the latency phase's streams) %llu bytes\n",
+               checkpoint, ckpt_seq, ckpt_s, ckpt_seq ? 1e3 * ckpt_s / (double)ckpt_seq : 0.0, ckpt_pause_s,
+               ckpt_seq ? 1e3 * ckpt_pause_s / (double)ckpt_seq : 0.0, ckpt_bytes);
         snprintf(cmd, sizeof cmd, "rm -rf %s", ckpt_dir);
         if (system(cmd) != 0) fprintf(stderr, "bench_serve: cannot remove %s\n", ckpt_dir);
     }
@@ -386,9 +394,10 @@ int main(int argc, char **argv)
            graph_s, run_s, run_rate, serve_rate / run_rate);
     printf("RESULT streams=%d clients=%d segments=%d tokens=%llu serve_s=%.4f serve_tps=%.0f run_s=%.4f run_tps=%.0f "
            "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f checkpoint_s=%g "
-           "checkpoints=%llu\n",
+           "checkpoints=%llu ckpt_total_s=%.4f ckpt_pause_s=%.4f ckpt_bytes=%llu\n",
            nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate,
-           run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq);
+           run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq, ckpt_s,
+           ckpt_pause_s, ckpt_bytes);
     for (int s = 0; s < nstreams; s++) unlink(paths[s]), free(paths[s]);
     unlink(sock_path);
     rmdir(dir);

@@ -581,39 +581,53 @@ static int expire(sf_serve *s, double now)
     return SF_OK;
 }
 
-/* Writes a checkpoint of every stream now (between steps, so each stream's state covers
- * exactly its fed tokens), then tells each client how far its stream is durable. A failed
- * write is logged and the server goes on (its streams stay durable up to the last one). */
-static int checkpoint_now(sf_serve *s)
+/* Takes a snapshot of every stream now (between steps, so that each stream's state covers
+ * exactly its fed tokens) and hands it to the writer thread; the loop pauses only for this.
+ * Called only while the writer is idle. The interval runs from the previous checkpoint's end
+ * (its file landed, or its failure), as when the loop wrote them itself: one write at a time,
+ * and the writer's share of the cores stays what it was. */
+static int checkpoint_start(sf_serve *s)
 {
     double t0 = sf_monotonic_seconds();
-    sf_buffer state = {0};
-    int rc = sf_graph_save(s->graph, &state);
-    /* a save lets waiting batches run: their rows leave (and are kept) before the write */
+    int rc = serve_ckpt_save_state(s);
+    /* a save lets waiting batches run: their rows leave (and are kept) before the streams'
+     * part of the snapshot */
     if (rc == SF_OK) rc = dispatch(s, 0);
     else rc = fail(s, rc);
+    if (rc != SF_OK) return rc;
+    rc = serve_ckpt_submit(s);
+    double t1 = sf_monotonic_seconds();
+    s->ckpt_pause_sum += t1 - t0;
     if (rc != SF_OK) {
-        sf_buffer_release(&state);
-        return rc;
-    }
-    rc = serve_ckpt_write(s, state.data, state.len);
-    sf_buffer_release(&state);
-    s->ckpt_last = sf_monotonic_seconds();
-    s->ckpt_seconds = s->ckpt_last - t0; /* the loop computed nothing meanwhile */
-    s->ckpt_seconds_sum += s->ckpt_seconds;
-    if (rc != SF_OK) {
+        s->ckpt_last = t1;
         logf_(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
               (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
         return SF_OK;
     }
     s->ckpt_dirty = 0;
+    return SF_OK;
+}
+
+/* Takes a write the writer finished: once its file landed (and only then), tells each client
+ * how far its stream is durable. A failed write is logged and the server goes on (its streams
+ * stay durable up to the last one written; the next checkpoint tries again). */
+static void checkpoint_collect(sf_serve *s)
+{
+    int rc = serve_ckpt_collect(s);
+    if (rc == 0) return;
+    s->ckpt_last = sf_monotonic_seconds();
+    if (rc < 0) {
+        logf_(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
+              (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
+        s->ckpt_dirty = 1;
+        return;
+    }
     for (uint32_t i = 0; i < s->n_streams; i++) {
         serve_stream *st = s->streams[i];
         if (!st->resumable || !st->owner || st->owner->version < 2 || st->durable == st->durable_told) continue;
         send_simple(s, st->owner, SF_SERVE_DURABLE, st->id, st->durable, 0);
         st->durable_told = st->durable;
     }
-    return SF_OK;
 }
 
 /* ---- create, run, free -------------------------------------------------------------------- */
@@ -748,12 +762,16 @@ int sf_serve_run(sf_serve *s)
             const serve_stream *st = s->streams[i];
             busy = can_step(s, st) && (st->tok_len || st->n_flush || st->closing);
         }
-        zmq_pollitem_t items[3] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0}, {s->http, 0, ZMQ_POLLIN, 0}};
-        int n = zmq_poll(items, s->http ? 3 : 2, busy ? 0 : 100);
+        zmq_pollitem_t items[4] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0},
+                                   {NULL, serve_ckpt_wake_fd(s), ZMQ_POLLIN, 0}, {s->http, 0, ZMQ_POLLIN, 0}};
+        int n_items = s->writer ? 3 : 2;
+        if (s->http) items[n_items++] = items[3];
+        int n = zmq_poll(items, n_items, busy ? 0 : 100);
         if (n < 0 && errno != EINTR) return sf_error(SF_E_IO, "serve: poll: %s", zmq_strerror(errno));
         if (n > 0 && (items[1].revents & ZMQ_POLLIN)) on_zap(s);
         if (n > 0 && (items[0].revents & ZMQ_POLLIN)) on_router(s, 1024);
-        if (n > 0 && s->http && (items[2].revents & ZMQ_POLLIN)) serve_http_poll(s);
+        if (n > 0 && s->http && (items[n_items - 1].revents & ZMQ_POLLIN)) serve_http_poll(s);
+        if (n > 0 && s->writer && (items[2].revents & ZMQ_POLLIN)) checkpoint_collect(s);
         /* one step of every stream that can move, starting where the last round stopped, so
          * that no stream waits behind another's backlog */
         uint32_t count = s->n_streams;
@@ -769,10 +787,19 @@ int sf_serve_run(sf_serve *s)
             if (!s->failed) expire(s, now);
             serve_update_rate(s, now);
         }
-        if (s->ckpt_dir && s->ckpt_dirty && !s->failed && now - s->ckpt_last >= s->o.checkpoint_every) checkpoint_now(s);
+        if (s->writer && s->ckpt_dirty && !s->failed && now - s->ckpt_last >= s->o.checkpoint_every && !serve_ckpt_busy(s))
+            checkpoint_start(s);
     }
-    /* stopped: a last checkpoint, so that a restart resumes every stream where it stands */
-    if (s->ckpt_dir && s->ckpt_dirty && !s->failed) checkpoint_now(s);
+    /* stopped: the write in flight lands, then a last checkpoint, so that a restart resumes
+     * every stream where it stands */
+    if (s->writer) {
+        serve_ckpt_wait(s);
+        checkpoint_collect(s);
+        if (s->ckpt_dirty && !s->failed && checkpoint_start(s) == SF_OK && serve_ckpt_busy(s)) {
+            serve_ckpt_wait(s);
+            checkpoint_collect(s);
+        }
+    }
     return s->failed ? s->failed : SF_OK;
 }
 
@@ -790,6 +817,7 @@ void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out)
     out->refused = s->refused;
     out->checkpoints = s->ckpt_written;
     out->checkpoint_seconds = s->ckpt_seconds_sum;
+    out->checkpoint_pause_seconds = s->ckpt_pause_sum;
     out->checkpoint_failures = s->ckpt_failed;
     out->streams_restored = s->streams_restored;
     out->streams_resumed = s->streams_resumed;

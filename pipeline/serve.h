@@ -23,10 +23,12 @@
  * state freed, the final rows discarded) and forgotten; no other stream is affected.
  *
  * Restarts: with a checkpoint directory the server saves the graph's state and every stream's
- * position there, atomically, at most every checkpoint_every seconds, tells each client how far
- * its stream is durable (DURABLE), keeps each committed ROWS until its client acknowledges it,
- * and on start loads what the directory holds: a client RESUMEs its stream, re-sends the tokens
- * from the durable position and gets the rows it lacks, so that it sees every row once.
+ * position there, atomically, at most every checkpoint_every seconds (the loop only takes a
+ * snapshot in memory; a writer thread writes, fsyncs and renames the file), tells each client
+ * how far its stream is durable (DURABLE, once that file has landed), keeps each committed ROWS
+ * until its client acknowledges it, and on start loads what the directory holds: a client
+ * RESUMEs its stream, re-sends the tokens from the durable position and gets the rows it lacks,
+ * so that it sees every row once.
  *
  * Ownership: the server borrows the graph (which must be a push-mode graph without source or
  * sink, and must outlive it) and the model configuration; it copies the options' strings. */
@@ -60,6 +62,9 @@ typedef struct sf_serve_options {
      * survive a restart: their clients RESUME them. */
     const char *checkpoint_dir;
     double checkpoint_every;
+    /* Called on the checkpoint writer thread before each write, with its number (tests hold a
+     * write with it, or move the directory away to make one fail); NULL = none. */
+    void (*checkpoint_writing)(void *user, uint64_t seq);
     /* One line for each event worth telling (a client gone, a stream expired); NULL = none.
      * Called from sf_serve_run's thread. */
     void (*log)(void *user, const char *line);
@@ -88,7 +93,8 @@ typedef struct sf_serve_stats {
     uint64_t tokens_in, tokens_out, messages_in, errors_sent, streams_opened, streams_closed,
         streams_expired, refused; /* refused: connections ZAP turned away */
     uint64_t checkpoints, checkpoint_failures, streams_restored, streams_resumed;
-    double checkpoint_seconds; /* spent saving and writing checkpoints, in all */
+    double checkpoint_seconds; /* from each snapshot to its file landing, in all */
+    double checkpoint_pause_seconds; /* of which the loop paused for the snapshots */
     uint32_t streams, clients;
 } sf_serve_stats; /* tokens_out: committed rows (FLUSH's provisional rows not counted) */
 void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out);

@@ -10,11 +10,20 @@
  *     u64 id, u64 fed (tokens its state holds), u64 rows_sent, u64 acked, u32 flags (bit 0:
  *     resumable), u32 kept, then per kept ROWS: u64 pos, u64 end, u64 length, the message.
  * The graph's state covers every stream; a stream that cannot be resumed (opened by a
- * version-1 client) is ended in the graph when loaded. */
+ * version-1 client) is ended in the graph when loaded.
+ *
+ * The loop's thread builds the payload (the snapshot: between steps, so that each stream's
+ * state covers exactly its fed tokens); a writer thread, started with the server, makes the
+ * file of it, so that the loop goes on serving while the file is written and fsync'ed. One
+ * payload buffer is reused: the loop fills it only while the writer is idle. */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/process_stats.h"
 #include "pipeline/graph_internal.h"
@@ -57,47 +66,184 @@ static int put(sf_buffer *b, const void *p, size_t n) { return sf_buffer_append(
 static int put32(sf_buffer *b, uint32_t v) { return sf_buffer_append(b, &v, 4); }
 static int put64(sf_buffer *b, uint64_t v) { return sf_buffer_append(b, &v, 8); }
 
-int serve_ckpt_write(sf_serve *s, const uint8_t *state, size_t state_len)
+/* ---- writing: a snapshot on the loop's thread, the file on the writer's -------------------- */
+
+enum { W_IDLE, W_QUEUED, W_DONE };
+
+typedef struct serve_writer {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;          /* W_*: IDLE and DONE: the loop owns the fields below; QUEUED: the writer */
+    int quit;
+    int wake[2];        /* a pipe: the writer writes a byte when a write finished */
+    sf_buffer payload;  /* the snapshot; kept between checkpoints (its pages stay mapped) */
+    uint64_t seq, job;  /* the checkpoint's number; the snapshot's (never reused) */
+    int rc;             /* the write's result, and its message */
+    char error[512];
+    double t0;          /* when the snapshot began */
+    size_t state_at;    /* where the state's length goes in payload */
+} serve_writer;
+
+static void *writer_main(void *arg)
 {
-    uint64_t seq = s->ckpt_seq + 1;
-    sf_buffer b = {0}, fp = {0};
-    int rc = sf_graph_fingerprint(s->graph, s->weights_hash, &fp);
-    if (rc == SF_OK) rc = put(&b, SV_MAGIC, 4);
-    if (rc == SF_OK) rc = put32(&b, SV_VERSION);
-    if (rc == SF_OK) rc = put64(&b, seq);
-    if (rc == SF_OK) rc = put32(&b, (uint32_t)fp.len);
-    if (rc == SF_OK) rc = put(&b, fp.data, fp.len);
-    if (rc == SF_OK) rc = put64(&b, state_len);
-    if (rc == SF_OK && state_len) rc = put(&b, state, state_len);
-    if (rc == SF_OK) rc = put32(&b, s->n_streams);
+    sf_serve *s = arg;
+    serve_writer *w = s->writer;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->state != W_QUEUED && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->state != W_QUEUED) break; /* quit, nothing queued */
+        pthread_mutex_unlock(&w->mu);
+        if (s->o.checkpoint_writing) s->o.checkpoint_writing(s->o.user, w->seq);
+        int rc = sf_checkpoint_write(s->ckpt_dir, w->seq, w->payload.data, w->payload.len, SF_CODEC_RAW, SV_KEEP);
+        pthread_mutex_lock(&w->mu);
+        w->rc = rc;
+        if (rc != SF_OK) snprintf(w->error, sizeof w->error, "%s", sf_last_error());
+        w->state = W_DONE;
+        pthread_cond_broadcast(&w->cv);
+        ssize_t n = write(w->wake[1], "", 1); /* full pipe: a wake-up is pending anyway */
+        (void)n;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* The writer thread and its wake-up pipe (serve_ckpt_open, once the checkpoint loaded). */
+static int writer_start(sf_serve *s)
+{
+    serve_writer *w = calloc(1, sizeof *w);
+    if (!w) return sf_error(SF_E_NOMEM, "out of memory");
+    w->wake[0] = w->wake[1] = -1;
+    if (pipe(w->wake) != 0 || fcntl(w->wake[0], F_SETFL, O_NONBLOCK) != 0 || fcntl(w->wake[1], F_SETFL, O_NONBLOCK) != 0 ||
+        fcntl(w->wake[0], F_SETFD, FD_CLOEXEC) != 0 || fcntl(w->wake[1], F_SETFD, FD_CLOEXEC) != 0) {
+        int rc = sf_error(SF_E_IO, "serve: cannot make the checkpoint writer's pipe: %s", strerror(errno));
+        if (w->wake[0] >= 0) close(w->wake[0]), close(w->wake[1]);
+        free(w);
+        return rc;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    s->writer = w;
+    int err = pthread_create(&w->thread, NULL, writer_main, s);
+    if (err) {
+        s->writer = NULL;
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        close(w->wake[0]);
+        close(w->wake[1]);
+        free(w);
+        return sf_error(SF_E_IO, "serve: cannot start the checkpoint writer: %s", strerror(err));
+    }
+    return SF_OK;
+}
+
+int serve_ckpt_busy(const sf_serve *s)
+{
+    serve_writer *w = s->writer;
+    if (!w) return 1;
+    pthread_mutex_lock(&w->mu);
+    int busy = w->state != W_IDLE;
+    pthread_mutex_unlock(&w->mu);
+    return busy;
+}
+
+int serve_ckpt_wake_fd(const sf_serve *s) { return s->writer ? s->writer->wake[0] : -1; }
+
+int serve_ckpt_save_state(sf_serve *s)
+{
+    serve_writer *w = s->writer; /* idle: the loop owns it */
+    w->t0 = sf_monotonic_seconds();
+    w->seq = s->ckpt_seq + 1;
+    sf_buffer *b = &w->payload;
+    b->len = 0;
+    int rc = put(b, SV_MAGIC, 4);
+    if (rc == SF_OK) rc = put32(b, SV_VERSION);
+    if (rc == SF_OK) rc = put64(b, w->seq);
+    if (rc == SF_OK) rc = put32(b, (uint32_t)s->ckpt_fp.len);
+    if (rc == SF_OK) rc = put(b, s->ckpt_fp.data, s->ckpt_fp.len);
+    w->state_at = b->len;
+    if (rc == SF_OK) rc = put64(b, 0); /* the state's length, once known */
+    /* straight into the payload: one copy of the state, not two */
+    if (rc == SF_OK) rc = sf_graph_save(s->graph, b);
+    if (rc == SF_OK) {
+        uint64_t state_len = b->len - w->state_at - 8;
+        memcpy(b->data + w->state_at, &state_len, 8);
+    }
+    return rc;
+}
+
+int serve_ckpt_submit(sf_serve *s)
+{
+    serve_writer *w = s->writer;
+    sf_buffer *b = &w->payload;
+    int rc = put32(b, s->n_streams);
     for (uint32_t i = 0; i < s->n_streams && rc == SF_OK; i++) {
         const serve_stream *st = s->streams[i];
-        rc = put64(&b, st->id);
-        if (rc == SF_OK) rc = put64(&b, st->fed);
-        if (rc == SF_OK) rc = put64(&b, st->rows_sent);
-        if (rc == SF_OK) rc = put64(&b, st->acked);
-        if (rc == SF_OK) rc = put32(&b, st->resumable && !st->abandoned ? SV_FLAG_RESUMABLE : 0);
-        if (rc == SF_OK) rc = put32(&b, (uint32_t)st->n_kept);
+        rc = put64(b, st->id);
+        if (rc == SF_OK) rc = put64(b, st->fed);
+        if (rc == SF_OK) rc = put64(b, st->rows_sent);
+        if (rc == SF_OK) rc = put64(b, st->acked);
+        if (rc == SF_OK) rc = put32(b, st->resumable && !st->abandoned ? SV_FLAG_RESUMABLE : 0);
+        if (rc == SF_OK) rc = put32(b, (uint32_t)st->n_kept);
         for (int k = 0; k < st->n_kept && rc == SF_OK; k++) {
-            rc = put64(&b, st->kept[k].pos);
-            if (rc == SF_OK) rc = put64(&b, st->kept[k].end);
-            if (rc == SF_OK) rc = put64(&b, st->kept[k].len);
-            if (rc == SF_OK) rc = put(&b, st->kept[k].msg, st->kept[k].len);
+            rc = put64(b, st->kept[k].pos);
+            if (rc == SF_OK) rc = put64(b, st->kept[k].end);
+            if (rc == SF_OK) rc = put64(b, st->kept[k].len);
+            if (rc == SF_OK) rc = put(b, st->kept[k].msg, st->kept[k].len);
         }
     }
-    if (rc == SF_OK) rc = sf_checkpoint_write(s->ckpt_dir, seq, b.data, b.len, SF_CODEC_RAW, SV_KEEP);
-    size_t bytes = b.len;
-    sf_buffer_release(&b);
-    sf_buffer_release(&fp);
     if (rc != SF_OK) {
         s->ckpt_failed++;
         return rc;
     }
-    s->ckpt_seq = seq;
-    s->ckpt_written++;
-    s->ckpt_bytes = bytes;
-    for (uint32_t i = 0; i < s->n_streams; i++) s->streams[i]->durable = s->streams[i]->fed;
+    /* each stream learns its durable position from this snapshot once its file landed; a
+     * stream opened after it, or closed and opened again, is not this one */
+    uint64_t job = ++w->job;
+    for (uint32_t i = 0; i < s->n_streams; i++) {
+        s->streams[i]->snap_job = job;
+        s->streams[i]->snap_fed = s->streams[i]->fed;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->state = W_QUEUED;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
     return SF_OK;
+}
+
+int serve_ckpt_collect(sf_serve *s)
+{
+    serve_writer *w = s->writer;
+    if (!w) return 0;
+    char drain[64];
+    while (read(w->wake[0], drain, sizeof drain) > 0) {}
+    pthread_mutex_lock(&w->mu);
+    int done = w->state == W_DONE;
+    if (done) w->state = W_IDLE; /* the writer touches nothing more of it */
+    pthread_mutex_unlock(&w->mu);
+    if (!done) return 0;
+    s->ckpt_seconds = sf_monotonic_seconds() - w->t0;
+    s->ckpt_seconds_sum += s->ckpt_seconds;
+    if (w->rc != SF_OK) {
+        s->ckpt_failed++;
+        return sf_error(w->rc, "%s", w->error);
+    }
+    s->ckpt_seq = w->seq;
+    s->ckpt_written++;
+    s->ckpt_bytes = w->payload.len;
+    for (uint32_t i = 0; i < s->n_streams; i++) {
+        serve_stream *st = s->streams[i];
+        if (st->snap_job == w->job && st->snap_fed > st->durable) st->durable = st->snap_fed;
+    }
+    return 1;
+}
+
+void serve_ckpt_wait(sf_serve *s)
+{
+    serve_writer *w = s->writer;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    while (w->state == W_QUEUED) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
 }
 
 /* ---- loading ------------------------------------------------------------------------------- */
@@ -199,12 +345,13 @@ int serve_ckpt_open(sf_serve *s, const char *dir)
     if (rc == SF_OK) rc = sf_graph_start(s->graph, 0);
     if (rc != SF_OK) return rc;
     s->weights_hash = sf_model_weights_hash(s->graph->model);
+    if ((rc = sf_graph_fingerprint(s->graph, s->weights_hash, &s->ckpt_fp)) != SF_OK) return rc;
     uint64_t seq;
     uint8_t *payload;
     size_t len;
     rc = sf_checkpoint_load_newest(dir, SV_MAX_BYTES, report, s, &seq, &payload, &len);
     if (rc != SF_OK) return sf_error(rc, "%s (the server refuses to start on it: move it away to start afresh)", sf_last_error());
-    if (!payload) return SF_OK;
+    if (!payload) return writer_start(s);
     reader r = {payload, len, 0, 0};
     const uint8_t *magic = take(&r, 4);
     uint32_t version = get32(&r);
@@ -235,11 +382,27 @@ int serve_ckpt_open(sf_serve *s, const char *dir)
     snprintf(line, sizeof line, "checkpoint %" PRIu64 " of '%s' loaded: %u stream(s) await their clients' RESUME", seq, dir,
              s->n_streams);
     report(s, line);
-    return SF_OK;
+    return writer_start(s);
 }
 
 void serve_ckpt_close(sf_serve *s)
 {
+    serve_writer *w = s->writer;
+    if (w) {
+        pthread_mutex_lock(&w->mu);
+        w->quit = 1; /* after the write queued, if any */
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        close(w->wake[0]);
+        close(w->wake[1]);
+        sf_buffer_release(&w->payload);
+        free(w);
+        s->writer = NULL;
+    }
+    sf_buffer_release(&s->ckpt_fp);
     sf_checkpoint_unlock(s->ckpt_lock);
     s->ckpt_lock = -1;
     free(s->ckpt_dir);

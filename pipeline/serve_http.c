@@ -118,9 +118,12 @@ int sf_serve_metrics(sf_serve *s, sf_buffer *out)
           "# TYPE seqflow_serve_checkpoints_total counter\n");
         M("seqflow_serve_checkpoints_total{result=\"written\"} %" PRIu64 "\n", s->ckpt_written);
         M("seqflow_serve_checkpoints_total{result=\"failed\"} %" PRIu64 "\n", s->ckpt_failed);
-        M("# HELP seqflow_serve_checkpoint_seconds_total Seconds spent saving and writing checkpoints (nothing is "
-          "computed meanwhile).\n# TYPE seqflow_serve_checkpoint_seconds_total counter\n");
+        M("# HELP seqflow_serve_checkpoint_seconds_total Seconds from each checkpoint's snapshot to its file landing "
+          "(the loop serves on while the writer thread writes).\n# TYPE seqflow_serve_checkpoint_seconds_total counter\n");
         M("seqflow_serve_checkpoint_seconds_total %.6f\n", s->ckpt_seconds_sum);
+        M("# HELP seqflow_serve_checkpoint_pause_seconds_total Seconds the loop paused for checkpoints' snapshots "
+          "(nothing is computed meanwhile).\n# TYPE seqflow_serve_checkpoint_pause_seconds_total counter\n");
+        M("seqflow_serve_checkpoint_pause_seconds_total %.6f\n", s->ckpt_pause_sum);
         M("# HELP seqflow_serve_checkpoint_bytes Size of the last checkpoint's payload.\n"
           "# TYPE seqflow_serve_checkpoint_bytes gauge\n");
         M("seqflow_serve_checkpoint_bytes %" PRIu64 "\n", s->ckpt_bytes);

@@ -63,6 +63,8 @@ typedef struct serve_stream {
     uint64_t durable_told; /* the last DURABLE sent */
     serve_kept *kept;    /* sent, not acknowledged, in order */
     int n_kept, cap_kept;
+    uint64_t snap_job;   /* the checkpoint snapshot that last held it (serve_ckpt_submit's job) */
+    uint64_t snap_fed;   /* its fed position in that snapshot: durable once that file lands */
     double orphan_since; /* restored from a checkpoint and not yet resumed: since when (else 0) */
 } serve_stream;
 
@@ -105,10 +107,13 @@ struct sf_serve {
     int ckpt_lock;       /* the directory's lock file, -1 when not held */
     uint64_t ckpt_seq;   /* the newest checkpoint's number (loaded or written) */
     uint64_t weights_hash;
-    double ckpt_last;    /* when the last one was written (or the server started) */
-    int ckpt_dirty;      /* something a checkpoint holds changed since the last */
+    double ckpt_last;    /* when the last checkpoint's write ended (or the server started) */
+    int ckpt_dirty;      /* something a checkpoint holds changed since the last snapshot */
+    sf_buffer ckpt_fp;   /* the graph's fingerprint, what every checkpoint names */
+    struct serve_writer *writer; /* the thread that writes checkpoints; NULL: none */
     uint64_t ckpt_written, ckpt_failed, ckpt_bytes, streams_resumed, streams_restored;
-    double ckpt_seconds, ckpt_seconds_sum;
+    double ckpt_seconds, ckpt_seconds_sum; /* snapshot to file landed: the last, in all */
+    double ckpt_pause_sum; /* of which the loop's pause (the snapshot), in all */
 };
 
 /* serve.c */
@@ -120,11 +125,27 @@ void serve_stream_free(serve_stream *st);
  * why), restores the graph's states and the streams (unowned, awaiting RESUME; a stream that
  * cannot be resumed is ended in the graph). An empty dir: nothing to load. */
 int serve_ckpt_open(sf_serve *s, const char *dir);
-/* Writes checkpoint ckpt_seq + 1 of the graph's state (`state`, sf_graph_save's blob, taken
- * between steps) and every stream's position, counters and kept rows; atomically (temp file,
- * fsync, rename, fsync of the directory), keeping the newest two. On success every resumable
- * stream's durable position is its fed one. */
-int serve_ckpt_write(sf_serve *s, const uint8_t *state, size_t state_len);
+/* Checkpoints are written in two halves, so that the loop pauses only for what must be
+ * consistent (docs/SERVE.md, "Restarts"):
+ *  - on the loop's thread, between steps and only while serve_ckpt_busy is 0:
+ *    serve_ckpt_save_state appends the payload's head and the graph's state (sf_graph_save;
+ *    its waiting batches' rows are then to be dispatched by the caller, so that they are kept),
+ *    then serve_ckpt_submit appends every stream's position, counters and kept rows, marks each
+ *    stream with the snapshot (snap_job, snap_fed) and hands the bytes to the writer thread;
+ *  - on the writer thread: the checksummed frame, the temp file, fsync, rename, fsync of the
+ *    directory and the pruning to the newest two (state/checkpoint.h).
+ * serve_ckpt_collect (loop thread) takes a finished write: 1 when it landed (ckpt_seq is then
+ * its number and every stream it held is durable up to its snap_fed: the caller sends DURABLE),
+ * a negative code when it failed (the message set; ckpt_failed counted), 0 when none finished.
+ * serve_ckpt_wake_fd is readable once a write finished (for the loop's poll); serve_ckpt_wait
+ * blocks until the writer is idle. One write is in flight at most. */
+int serve_ckpt_busy(const sf_serve *s);
+int serve_ckpt_save_state(sf_serve *s);
+int serve_ckpt_submit(sf_serve *s);
+int serve_ckpt_collect(sf_serve *s);
+int serve_ckpt_wake_fd(const sf_serve *s);
+void serve_ckpt_wait(sf_serve *s);
+/* Joins the writer (after the write in flight, if any), frees what checkpoints held, unlocks. */
 void serve_ckpt_close(sf_serve *s);
 /* Keeps a copy of a committed ROWS message of a resumable stream; drops those its client has. */
 int serve_keep(serve_stream *st, uint64_t pos, uint64_t n, const uint8_t *msg, size_t len);

@@ -3,13 +3,17 @@
  * (a new server on the same directory), and the rows the client gets, once each, are those of
  * one-process push mode byte for byte; RESUME of an unknown stream, of acknowledged rows, or in
  * protocol version 1 is refused clearly; a version-1 client is answered in version 1; a damaged
- * checkpoint stops the next server from starting, naming the checksum. The SIGKILL of a real
- * server under real clients is tests/serve_resume.sh. */
+ * checkpoint stops the next server from starting, naming the checksum. A checkpoint is written
+ * off the loop: while a write is held the server answers and computes, and sends no DURABLE;
+ * DURABLE comes once the file exists, verifies and holds the stream up to that position; a
+ * failed write is logged, counted and tried again. The SIGKILL of a real server under real
+ * clients is tests/serve_resume.sh. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <zmq.h>
 
 #include "core/process_stats.h"
@@ -143,6 +147,213 @@ static void stop(sf_serve *s, sf_graph *g, pthread_t th)
     }
     sf_serve_free(s);
     sf_graph_free(g);
+}
+
+
+/* ---- the writer thread: a write held by the checkpoint_writing hook, then one failed ------- */
+
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static uint64_t hold_allow = ~0ull; /* writes numbered above wait */
+static uint64_t hold_waiting;       /* the number of the write waiting, 0 when none */
+static uint64_t fail_seq;           /* the write of this number fails (its directory moved away) */
+static int moved_away, failure_logged;
+static char dir2[512], dir2_away[600];
+
+static void writing_hook(void *user, uint64_t seq)
+{
+    (void)user;
+    pthread_mutex_lock(&hold_mu);
+    while (seq > hold_allow) {
+        hold_waiting = seq;
+        pthread_cond_broadcast(&hold_cv);
+        pthread_cond_wait(&hold_cv, &hold_mu);
+    }
+    hold_waiting = 0;
+    if (moved_away) { /* the retry after the failure finds its directory again */
+        rename(dir2_away, dir2);
+        moved_away = 0;
+    } else if (seq == fail_seq) {
+        moved_away = rename(dir2, dir2_away) == 0;
+    }
+    pthread_mutex_unlock(&hold_mu);
+}
+
+static void hold_log(void *user, const char *line)
+{
+    (void)user;
+    pthread_mutex_lock(&hold_mu);
+    if (strstr(line, "not written")) failure_logged = 1;
+    pthread_mutex_unlock(&hold_mu);
+}
+
+static void hold_set(uint64_t allow)
+{
+    pthread_mutex_lock(&hold_mu);
+    hold_allow = allow;
+    pthread_cond_broadcast(&hold_cv);
+    pthread_mutex_unlock(&hold_mu);
+}
+
+/* The number of the write the hook holds, once one waits (within 5 s); 0 when none did. */
+static uint64_t hold_wait_for_write(void)
+{
+    uint64_t seq = 0;
+    for (double t = sf_monotonic_seconds() + 5; !seq && sf_monotonic_seconds() < t; usleep(2000)) {
+        pthread_mutex_lock(&hold_mu);
+        seq = hold_waiting > hold_allow ? hold_waiting : 0;
+        pthread_mutex_unlock(&hold_mu);
+    }
+    return seq;
+}
+
+/* The fed position checkpoint `seq` (the newest in dir2, checksums verified; 0: whichever is
+ * the newest) holds for stream `id`; ~0 when it is not the newest valid one or does not hold
+ * the stream. */
+static uint64_t checkpoint_fed(uint64_t seq, uint64_t id)
+{
+    uint64_t got = 0, fed = ~0ull;
+    uint8_t *p = NULL;
+    size_t len = 0;
+    if (sf_checkpoint_load_newest(dir2, (size_t)1 << 30, NULL, NULL, &got, &p, &len) != SF_OK || (seq && got != seq) || len < 24) {
+        free(p);
+        return fed;
+    }
+    uint32_t fp_len, n;
+    uint64_t state_len;
+    memcpy(&fp_len, p + 16, 4);
+    size_t at = 20 + (size_t)fp_len;
+    memcpy(&state_len, p + at, 8);
+    at += 8 + (size_t)state_len;
+    memcpy(&n, p + at, 4);
+    at += 4;
+    for (uint32_t i = 0; i < n && at + 40 <= len; i++) {
+        uint64_t sid, sfed;
+        uint32_t kept;
+        memcpy(&sid, p + at, 8);
+        memcpy(&sfed, p + at + 8, 8);
+        memcpy(&kept, p + at + 36, 4);
+        at += 40;
+        if (sid == id) fed = sfed;
+        for (uint32_t k = 0; k < kept && at + 24 <= len; k++) {
+            uint64_t mlen;
+            memcpy(&mlen, p + at + 16, 8);
+            at += 24 + (size_t)mlen;
+        }
+    }
+    free(p);
+    return fed;
+}
+
+static int file_exists(uint64_t seq)
+{
+    char path[1024];
+    struct stat sb;
+    return sf_checkpoint_path(dir2, seq, path, sizeof path) == SF_OK && stat(path, &sb) == 0;
+}
+
+/* Reads until DURABLE (ROWS taken, PONG counted); its position, ~0 when none came in 5 s. */
+static uint64_t until_durable(void *d, stream_case *sc)
+{
+    sf_serve_msg m;
+    for (int t; (t = next(d, &m)) != 0;) {
+        if (t == SF_SERVE_ROWS) take(d, sc, &m);
+        else if (t == SF_SERVE_DURABLE) return m.a;
+        else if (t < 0) return ~0ull;
+    }
+    return ~0ull;
+}
+
+static void writer_case(void)
+{
+    snprintf(dir2, sizeof dir2, "%s", check_tmp_path("serve_resume_writer"));
+    snprintf(dir2_away, sizeof dir2_away, "%s.away", dir2);
+    sf_checkpoint_clear(dir2);
+    sf_graph *g;
+    sf_graph_options go = {.threads = 1};
+    CHECK_OK(sf_graph_create(model, &go, &g));
+    CHECK_OK(sf_graph_parse(g, PIPELINE));
+    sf_serve_options so = {.bind = "tcp://127.0.0.1:*", .plaintext = 1, .idle_timeout = 5, .window = 4096,
+                           .checkpoint_dir = dir2, .checkpoint_every = 0.02, .checkpoint_writing = writing_hook,
+                           .log = hold_log};
+    sf_serve *s = NULL;
+    CHECK_OK(sf_serve_create(g, sf_model_get_config(model), &so, &s));
+    if (!s) {
+        sf_graph_free(g);
+        return;
+    }
+    pthread_t th;
+    CHECK_OK(sf_serve_endpoint(s, 0, endpoint, sizeof endpoint));
+    pthread_create(&th, NULL, serve_thread, s);
+    static stream_case c;
+    c.id = 9;
+    for (int i = 0; i < LEN; i++) c.tok[i] = (uint32_t)(i * 7 % 256);
+    void *d = dealer();
+    csend(d, 2, SF_SERVE_OPEN, c.id, 8, 0, NULL, 0);
+    CHECK(until(d, &c, SF_SERVE_OPENED) == 0);
+    push(d, &c, 0, 100);
+    uint64_t durable = 0;
+    while (durable < 100 && durable != ~0ull) durable = until_durable(d, &c);
+    CHECKF(durable == 100, "DURABLE %llu", (unsigned long long)durable);
+
+    /* a write held: the loop answers PING and computes ROWS meanwhile, and says nothing durable */
+    hold_set(0);
+    push(d, &c, 100, 200);
+    uint64_t held = hold_wait_for_write();
+    CHECK(held > 0);
+    sf_serve_stats st;
+    sf_serve_get_stats(s, &st);
+    uint64_t written = st.checkpoints;
+    push(d, &c, 200, 300);
+    sf_serve_msg m;
+    int durable_seen = 0, pongs = 0;
+    double t0 = sf_monotonic_seconds();
+    csend(d, 2, SF_SERVE_PING, 0, 77, 0, NULL, 0);
+    for (int t; (pongs == 0 || c.received < 256) && (t = next(d, &m)) != 0;) {
+        if (t == SF_SERVE_ROWS) take(d, &c, &m);
+        else if (t == SF_SERVE_PONG) pongs += m.a == 77;
+        else if (t == SF_SERVE_DURABLE) durable_seen++;
+    }
+    CHECKF(pongs == 1 && c.received == 256, "pong %d, rows %llu while a write is held", pongs,
+           (unsigned long long)c.received);
+    CHECKF(sf_monotonic_seconds() - t0 < 2, "%.3f s for PONG and rows", sf_monotonic_seconds() - t0);
+    CHECK(durable_seen == 0);
+    CHECK(!file_exists(held));
+    sf_serve_get_stats(s, &st);
+    CHECK(st.checkpoints == written && st.checkpoint_pause_seconds <= st.checkpoint_seconds + 1e-9);
+
+    /* released (the next one held): DURABLE comes once the file is there, verifies and holds
+     * the stream up to that position */
+    hold_set(held);
+    durable = until_durable(d, &c);
+    CHECKF(durable > 100 && durable <= 300, "DURABLE %llu after the write landed", (unsigned long long)durable);
+    CHECK(file_exists(held));
+    uint64_t fed = checkpoint_fed(held, c.id);
+    CHECKF(fed == durable, "checkpoint %llu holds stream 9 at %llu, DURABLE said %llu", (unsigned long long)held,
+           (unsigned long long)fed, (unsigned long long)durable);
+
+    /* the next write fails (its directory moved away): logged and counted; the retry (the same
+     * number, the directory back) lands, and DURABLE reaches every token fed */
+    pthread_mutex_lock(&hold_mu);
+    fail_seq = held + 1;
+    pthread_mutex_unlock(&hold_mu);
+    push(d, &c, 300, 400);
+    hold_set(held + 1); /* the failed one and its retry are both numbered held + 1 */
+    while (durable < 400 && durable != ~0ull) durable = until_durable(d, &c);
+    CHECKF(durable == 400, "DURABLE %llu", (unsigned long long)durable);
+    sf_serve_get_stats(s, &st);
+    CHECKF(st.checkpoint_failures == 1, "%llu failures", (unsigned long long)st.checkpoint_failures);
+    pthread_mutex_lock(&hold_mu);
+    CHECK(failure_logged && !moved_away);
+    pthread_mutex_unlock(&hold_mu);
+    CHECK(checkpoint_fed(0, c.id) == 400);
+    hold_set(~0ull);
+    csend(d, 2, SF_SERVE_CLOSE, c.id, 0, 0, NULL, 0);
+    CHECK(until(d, &c, SF_SERVE_CLOSED) == 400);
+    zmq_close(d);
+    stop(s, g, th);
+    sf_checkpoint_clear(dir2);
+    rmdir(dir2);
 }
 
 int main(void)
@@ -285,6 +496,7 @@ int main(void)
     zmq_close(d);
     stop(s, g, th);
     sf_checkpoint_clear(dir);
+    writer_case();
     zmq_ctx_term(zctx);
     sf_model_free(model);
     return check_finish("test_serve_resume");

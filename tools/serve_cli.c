@@ -259,8 +259,10 @@ int cmd_serve(int argc, char **argv)
                 (unsigned long long)st.streams_expired, sa.checkpoint ? "; checkpoints kept" : "",
                 stop_signal ? "; stopped by a signal" : "");
         if (sa.checkpoint)
-            cli_log(CLI_LOG_INFO, "%llu checkpoint(s) written in %.3f s (%llu failed); %llu stream(s) restored, %llu resumed",
-                    (unsigned long long)st.checkpoints, st.checkpoint_seconds, (unsigned long long)st.checkpoint_failures,
+            cli_log(CLI_LOG_INFO, "%llu checkpoint(s) written in %.3f s, the loop paused %.3f s for them (%llu failed); "
+                    "%llu stream(s) restored, %llu resumed",
+                    (unsigned long long)st.checkpoints, st.checkpoint_seconds, st.checkpoint_pause_seconds,
+                    (unsigned long long)st.checkpoint_failures,
                     (unsigned long long)st.streams_restored, (unsigned long long)st.streams_resumed);
         running = NULL;
     }

@@ -13,6 +13,13 @@ it reconnects on a fresh socket, backing off from 0.1 s to 2 s, for at most `res
 seconds, sends RESUME with the rows it has, pushes its kept tokens again from the position the
 server answers and drops rows it had already received: the application sees every committed
 row once, as an uninterrupted run computes it.
+
+A connection that drops while open() waits for OPENED (as examples/serve_client.c does): the
+OPEN may or may not have reached the server, so the client sends RESUME of the stream on the
+fresh socket; a server that took the OPEN and checkpoints hands the stream over (OPENED), one
+that holds no state of it answers UNKNOWN and the client sends OPEN again. A server without
+checkpoints that took the OPEN holds the stream for the old connection until its idle timeout:
+open() then raises ServeError BUSY saying so.
 """
 import ctypes
 import ctypes.util
@@ -41,6 +48,7 @@ _ZMQ_DEALER, _ZMQ_LINGER, _ZMQ_POLLIN, _ZMQ_EAGAIN, _ZMQ_EINTR = 5, 17, 1, 11, 4
 _ZMQ_CURVE_PUBLICKEY, _ZMQ_CURVE_SECRETKEY, _ZMQ_CURVE_SERVERKEY = 48, 49, 50
 _ZMQ_DONTWAIT = 1
 _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH, _ZMQ_EVENT_DISCONNECTED = 0x4000, 0x0200
+_ZMQ_EVENT_HANDSHAKE_SUCCEEDED = 0x1000
 _ZMQ_SNDTIMEO = 28
 _ZMQ_PAIR = 0
 
@@ -116,6 +124,10 @@ def curve_public(secret):
     return pub.value.decode()
 
 
+class _Dropped(Exception):
+    """The connection dropped again while the client was resuming (internal)."""
+
+
 class ServeError(SeqflowError):
     """An ERROR from the server: code (1..9 of docs/SERVE.md), name ("TOKEN", ...), message (the
     server's text) and stream (the stream the refused message named; 0 when none). Code 0,
@@ -140,7 +152,7 @@ class Rows(namedtuple("Rows", "stream position rows")):
 
 class _Stream:
     __slots__ = ("pushed", "committed", "closing", "flushes", "broken", "total", "base", "kept", "resumable",
-                 "resuming")
+                 "resuming", "opening", "opened")
 
     def __init__(self, position):
         self.pushed = self.committed = self.total = self.base = position
@@ -150,6 +162,8 @@ class _Stream:
         self.kept = bytearray()  # tokens [base, total) as little-endian uint32, for a resume
         self.resumable = None  # True: DURABLE came (the server checkpoints); False: ROWS came first
         self.resuming = False
+        self.opening = False  # OPEN sent, OPENED not yet come: a dropped connection opens it again
+        self.opened = 0  # OPENED replies taken
 
 
 class Client:
@@ -167,6 +181,7 @@ class Client:
             raise ValueError("seqflow.Client: credit must be in 1..256")
         self._credit, self._timeout, self._resume_timeout = int(credit), timeout, float(resume_timeout)
         self._generation = 0
+        self._in_resume = self._handshaken = False
         self._ctx = self._sock = self._monitor = None
         self._streams = {}
         self._ready = deque()
@@ -213,7 +228,9 @@ class Client:
         # connection (the server died or restarted), which the client resumes
         self._generation += 1
         addr = f"inproc://seqflow-client-monitor-{id(self)}-{self._generation}".encode()
-        if z.zmq_socket_monitor(self._sock, addr, _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | _ZMQ_EVENT_DISCONNECTED) == 0:
+        self._handshaken = False  # until the monitor reports the first handshake of this socket
+        events = _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | _ZMQ_EVENT_DISCONNECTED | _ZMQ_EVENT_HANDSHAKE_SUCCEEDED
+        if z.zmq_socket_monitor(self._sock, addr, events) == 0:
             self._monitor = z.zmq_socket(self._ctx, _ZMQ_PAIR)
             z.zmq_connect(self._monitor, addr)
         if z.zmq_connect(self._sock, str(self._endpoint).encode()) != 0:
@@ -290,20 +307,27 @@ class Client:
         if _ZMQ_EVENT_HANDSHAKE_FAILED_AUTH in events:
             raise ServeError(0, f"the server at {self._endpoint} refused this client's CURVE key "
                                 "(not in its --clients file, or the wrong server key)")
-        # without a stream to resume, libzmq's own reconnection is all there is to do
-        if _ZMQ_EVENT_DISCONNECTED in events and self._streams:
+        self._handshaken |= _ZMQ_EVENT_HANDSHAKE_SUCCEEDED in events
+        # without a stream to resume, libzmq's own reconnection is all there is to do; an OPEN
+        # not answered is one only where a handshake succeeded (else it never left this socket)
+        if _ZMQ_EVENT_DISCONNECTED in events and any(self._handshaken or not st.opening
+                                                     for st in self._streams.values()):
+            if self._in_resume:
+                raise _Dropped()  # dropped again while resuming: _resume starts over
             self._resume()
             return True
         return False
 
     def _resume(self):
-        """The connection dropped: a fresh socket, RESUME of every stream the server checkpoints,
-        their kept tokens pushed again. A stream it cannot resume gets ConnectionError (raised
-        when it is used); the client's own streams are all lost only when the server stays away
-        for resume_timeout seconds (ConnectionError)."""
+        """The connection dropped: a fresh socket, RESUME of every stream the server checkpoints
+        and of every stream whose OPENED had not come, their kept tokens pushed again. A stream
+        it cannot resume gets ConnectionError (raised when it is used); the client's own streams
+        are all lost only when the server stays away for resume_timeout seconds
+        (ConnectionError). A drop while resuming starts it over, within the same time."""
         deadline = time.monotonic() + self._resume_timeout
-        streams = [(sid, st) for sid, st in self._streams.items() if st.resumable]
-        lost = [sid for sid, st in self._streams.items() if not st.resumable]
+        # a stream whose OPENED has not come: the server may hold it or not; RESUME tells
+        streams = [(sid, st) for sid, st in self._streams.items() if st.resumable or st.opening]
+        lost = [sid for sid, st in self._streams.items() if not (st.resumable or st.opening)]
         for sid in lost:
             self._streams.pop(sid)
         if self._resume_timeout <= 0 or not streams:
@@ -317,6 +341,26 @@ class Client:
                                       "are lost (the server keeps no checkpoints, or resume_timeout is 0)")
             return
         backoff = 0.1
+        self._in_resume = True
+        try:
+            while True:
+                try:
+                    self._resume_once(streams, deadline, backoff)
+                    break
+                except _Dropped:
+                    if time.monotonic() + backoff > deadline:
+                        raise ConnectionError(f"seqflow.Client: the server at {self._endpoint} stayed away for "
+                                              f"{self._resume_timeout:g} s") from None
+                    time.sleep(backoff)
+                    backoff = min(2.0, backoff * 2)
+        finally:
+            self._in_resume = False
+        if lost:
+            raise ConnectionError(f"seqflow.Client: the connection to {self._endpoint} dropped; streams {lost} are "
+                                  "lost (opened where the server keeps no checkpoints); the others resumed")
+
+    def _resume_once(self, streams, deadline, backoff):
+        """One try of _resume on a fresh socket (_Dropped when that connection drops too)."""
         while True:
             self._close_socket()
             self._open_socket()
@@ -336,10 +380,7 @@ class Client:
         while any(st.resuming for _, st in streams):
             self._read()
         for sid, st in streams:
-            self._repush(sid, st)
-        if lost:
-            raise ConnectionError(f"seqflow.Client: the connection to {self._endpoint} dropped; streams {lost} are "
-                                  "lost (opened where the server keeps no checkpoints); the others resumed")
+            self._repush(sid, st)  # nothing for a stream that was opening: it holds no tokens
 
     def _repush(self, stream, st):
         """Pushes the kept tokens from the position the server answered, within its window."""
@@ -356,16 +397,34 @@ class Client:
     def open(self, stream):
         """Opens `stream` (a uint64 id; the server's namespace is shared by all its clients) and
         returns its next position (0 for a new stream). Opening a stream this client has open
-        again reports its position (after a refused PUSH, the one to push at next)."""
+        again reports its position (after a refused PUSH, the one to push at next). A connection
+        that drops before OPENED came is resumed like the other streams' (see the module's
+        docstring): open() returns once the stream is open on the fresh connection, or raises."""
         stream = int(stream)
         if not 0 <= stream < 1 << 64:
             raise ValueError("seqflow.Client: a stream id is a uint64")
         st = self._streams.get(stream)
-        self._send(OPEN, stream, 0 if st else self._credit)
-        while True:
-            m = self._read()
-            if m is not None and m[0] == OPENED and m[1] == stream:
-                return self._streams[stream].pushed
+        if st is not None and not st.opening:
+            opened = st.opened  # a re-open: its OPENED, or a resume's, tells the position
+            self._send(OPEN, stream, 0)
+            while st.opened == opened and self._streams.get(stream) is st:
+                self._read()
+            return st.pushed
+        if st is None:
+            st = self._streams[stream] = _Stream(0)
+            st.opening = True
+        try:
+            self._send(OPEN, stream, self._credit)  # not sent when a resume inside took it over
+            while st.opening:
+                self._read()
+        except BaseException:
+            if self._streams.get(stream) is st and (st.opening or st.broken):
+                self._streams.pop(stream)
+            raise
+        if st.broken:  # refused (on a fresh connection: BUSY, LIMIT, ...)
+            self._streams.pop(stream, None)
+            raise st.broken
+        return st.pushed
 
     def push(self, stream, tokens):
         """Appends tokens (bytes or str: one token per UTF-8 byte; or integer ids) to an open
@@ -535,7 +594,15 @@ class Client:
         if type_ == OPENED:
             self._window = b
             if st is None:
-                self._streams[stream] = _Stream(a)
+                st = self._streams[stream] = _Stream(a)
+            elif st.opening:
+                if st.resuming and a != 0:  # this client pushed nothing to it: another client's
+                    st.broken = SeqflowError(-1, "STATE", f"seqflow.Client: stream {stream} resumed at position {a} "
+                                                          "after the connection dropped before OPENED: another "
+                                                          "client's stream of the same id")
+                else:
+                    st.pushed = st.committed = st.total = st.base = a
+                st.opening = st.resuming = False
             elif st.resuming:  # the position to push the kept tokens from
                 if not st.base <= a <= st.total:
                     raise SeqflowError(-1, "STATE", f"seqflow.Client: the server resumes stream {stream} at {a}; "
@@ -544,6 +611,7 @@ class Client:
             else:  # a re-open: the position to push at next (rows still on their way count later)
                 st.pushed, st.broken = a, None
                 st.total = max(st.total, a)
+            st.opened += 1
         elif type_ == DURABLE:
             if st is not None:
                 st.resumable = True
@@ -577,6 +645,13 @@ class Client:
             if st is not None and st.resuming and a == 10 and st.base == 0:
                 # not checkpointed yet when the server stopped: open it afresh, push from 0
                 self._send(OPEN, stream, self._credit)
+                return type_, stream
+            if st is not None and st.opening:
+                if st.resuming and a == 4:  # the OPEN reached the server before the connection dropped
+                    text += (" (the connection dropped before OPENED: the server holds the stream for the "
+                             "dropped connection until its --idle-timeout; open it again after that)")
+                st.opening = st.resuming = False
+                st.broken = ServeError(int(a), text, stream)  # open() raises it (a resume goes on)
                 return type_, stream
             err = ServeError(int(a), text, stream)
             if st is not None and a in (5, 6, 8):  # a refused PUSH: the stream's position is unknown

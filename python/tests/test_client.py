@@ -2,6 +2,7 @@
 rows equal `seqflow run`'s and seqflow.Pipeline's for the same tokens, byte for byte."""
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -244,3 +245,115 @@ def test_resume_after_sigkill(binary, tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class _DropProxy:
+    """A TCP relay to the server on 127.0.0.1:`port` that, once armed, cuts the client's
+    connection as its next OPEN passes, before any reply comes back: with forward=True the OPEN
+    reaches the server first (which opens the stream for that connection), else it is lost."""
+
+    def __init__(self, port):
+        self.port_to = port
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.armed = None  # None, "forward" or "drop"
+        self.blocked = False  # replies to the connection being cut are not relayed
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.listener.accept()
+            except OSError:
+                return
+            s = socket.create_connection(("127.0.0.1", self.port_to))
+            self.blocked = False
+            for src, dst, up in ((c, s, True), (s, c, False)):
+                threading.Thread(target=self._pump, args=(src, dst, up, (c, s)), daemon=True).start()
+
+    def _pump(self, src, dst, up, pair):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if up and self.armed and b"SFS1\x02\x01" in data:  # version 2, type OPEN
+                    mode, self.armed, self.blocked = self.armed, None, True
+                    if mode == "forward":
+                        dst.sendall(data)
+                        time.sleep(0.3)  # the server takes it (its OPENED goes nowhere)
+                    self.cuts += 1
+                    break
+                if not up and self.blocked:
+                    continue
+                dst.sendall(data)
+        except OSError:
+            pass
+        for x in pair:
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
+
+    def close(self):
+        self.listener.close()
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_open_interrupted_before_opened(binary, tmp_path, checkpoint):
+    """The connection drops after open() sent OPEN and before OPENED came: open() resumes on a
+    fresh connection and returns 0, whether the OPEN reached the server or not (a server with
+    checkpoints hands the stream over to the new connection; one that never saw the OPEN opens
+    it), and the stream's rows are `seqflow run`'s. A server without checkpoints that took the
+    OPEN holds the stream for the dropped connection: open() raises BUSY, saying why, and the
+    client goes on with other streams."""
+    port = _free_port()
+    cmd = [binary, "serve", "--bind", f"tcp://127.0.0.1:{port}", "-q", "--plaintext", "--idle-timeout", "30"] + MODEL
+    if checkpoint:
+        cmd += ["--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "0.05"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proxy = _DropProxy(port)
+    try:
+        for _ in range(200):  # listening
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[1].decode()
+                time.sleep(0.05)
+        text = seqflow.builtin_text()[:700]
+        with seqflow.Client(f"tcp://127.0.0.1:{proxy.port}", timeout=30, resume_timeout=10) as c:
+            c.sync()  # connected
+            for stream, mode in ((2, "drop"), (3, "forward")):
+                proxy.armed = mode
+                cuts = proxy.cuts
+                if mode == "forward" and not checkpoint:
+                    with pytest.raises(seqflow.ServeError, match="dropped before OPENED") as e:
+                        c.open(stream)
+                    assert e.value.name == "BUSY" and proxy.cuts == cuts + 1
+                    assert stream not in c._streams
+                    stream = 4  # the client goes on: another stream opens
+                    assert c.open(stream) == 0
+                else:
+                    assert c.open(stream) == 0
+                    assert proxy.cuts == cuts + 1
+                c.push(stream, text)
+                c.close(stream)
+                rows = [r for r in c if r.stream == stream and not r.provisional]
+                got = np.concatenate([r.rows for r in rows])
+                assert got.tobytes() == run_rows(binary, text)
+    finally:
+        proxy.close()
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err.decode()
