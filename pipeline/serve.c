@@ -110,27 +110,6 @@ static void send_to(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
     c->last_active = sf_monotonic_seconds();
 }
 
-/* send_to for s->out, whose buffer goes to ZeroMQ uncopied when it is large (serve_send.c):
- * s->out is left empty or with a pooled buffer. */
-#define ZERO_COPY_BYTES (64 << 10)
-static void send_out_to(sf_serve *s, serve_client *c)
-{
-    if (s->out.len < ZERO_COPY_BYTES) {
-        send_to(s, c, s->out.data, s->out.len);
-        return;
-    }
-    if (!c || c->gone) return;
-    s->out.data[4] = (uint8_t)c->version;
-    if (zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        serve_send_owned(s->router, s->send_pool, &s->out, ZMQ_DONTWAIT) < 0) {
-        if (!c->gone) logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle",
-                            zmq_strerror(errno), s->o.idle_timeout);
-        c->gone = 1;
-        return;
-    }
-    c->last_active = sf_monotonic_seconds();
-}
-
 static void send_simple(sf_serve *s, serve_client *c, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b)
 {
     uint8_t h[SF_SERVE_HEADER_SIZE];
@@ -456,7 +435,6 @@ static int dispatch(sf_serve *s, double t0)
         if (!st || st->abandoned) continue;
         /* a resumable stream's rows are kept even while its client is away: it resumes */
         if (!st->resumable && (!st->owner || st->owner->gone)) continue;
-        serve_send_take(s->send_pool, &s->out);
         s->out.len = 0;
         uint32_t *tokens = p->tokens; /* the client has its tokens: only the rows travel */
         p->tokens = NULL;
@@ -475,7 +453,7 @@ static int dispatch(sf_serve *s, double t0)
                 return fail(s, rc);
             }
         }
-        send_out_to(s, st->owner);
+        send_to(s, st->owner, s->out.data, s->out.len);
         st->credit--;
         if (p->flags & SF_PACKET_PROVISIONAL) s->provisional_out += p->n; /* they come again */
         else s->tokens_out += p->n;
@@ -664,8 +642,7 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     int rc = SF_OK;
     s->streams = calloc(s->o.max_streams, sizeof *s->streams);
     s->clients = calloc(s->o.max_clients, sizeof *s->clients);
-    s->send_pool = serve_send_pool_create();
-    if (!s->streams || !s->clients || !s->send_pool) rc = sf_error(SF_E_NOMEM, "out of memory");
+    if (!s->streams || !s->clients) rc = sf_error(SF_E_NOMEM, "out of memory");
     if (rc == SF_OK && !opts->plaintext) {
         s->n_keys = opts->n_client_keys;
         s->keys = calloc((size_t)(s->n_keys ? s->n_keys : 1), sizeof *s->keys);
@@ -733,7 +710,6 @@ void sf_serve_free(sf_serve *s)
     free(s->streams);
     free(s->clients);
     sf_buffer_release(&s->out);
-    serve_send_pool_free(s->send_pool); /* after zmq_ctx_term: every message gave its buffer back */
     free(s);
 }
 

@@ -90,7 +90,6 @@ struct sf_serve {
     uint32_t n_streams;
     sf_wire_options wire; /* raw f32, lossless */
     sf_buffer out;       /* the message being sent */
-    struct serve_send_pool *send_pool; /* buffers of replies sent without a copy (serve_send.c) */
     volatile sig_atomic_t stop;
     int failed;          /* the graph's error code once it failed */
     char failure[512];
@@ -157,20 +156,5 @@ void serve_http_close(sf_serve *s);
 void serve_http_poll(sf_serve *s);
 void serve_observe_latency(sf_serve *s, double seconds);
 void serve_update_rate(sf_serve *s, double now);
-
-/* ---- replies without a copy (serve_send.c) ---------------------------------------------- */
-
-/* Buffers that go to ZeroMQ as messages and come back for reuse when sent; thread-safe (the
- * return comes on ZeroMQ's I/O thread). free: only once no message is in flight (after
- * zmq_ctx_term); NULL accepted. */
-typedef struct serve_send_pool serve_send_pool;
-serve_send_pool *serve_send_pool_create(void);
-void serve_send_pool_free(serve_send_pool *p);
-/* An empty *out (no buffer) gets a pooled buffer, if one came back; len 0 either way. */
-void serve_send_take(serve_send_pool *p, sf_buffer *out);
-/* Sends out's bytes as one frame on socket (zmq_send's flags) without copying them: the buffer
- * goes with the message, *out is left with a pooled buffer or none. With p NULL, a plain
- * zmq_send. 0, or -1 with errno set as zmq_send sets it. */
-int serve_send_owned(void *socket, serve_send_pool *p, sf_buffer *out, int flags);
 
 #endif
