@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/process_stats.h"
 #include "pipeline/distributed.h"
 #include "pipeline/topology.h"
 #include "tools/distributed_cli.h"
@@ -138,13 +139,6 @@ static const char *forwarded_out(int argc, char **argv)
         else if (strncmp(argv[i], "--out=", 6) == 0) out = argv[i] + 6;
     }
     return out;
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int status_of(int wstatus)
@@ -292,12 +286,7 @@ int cmd_launch(int argc, char **argv)
     for (int k = 0; k < forwarded; k++) args[a++] = argv[i + k];
     args[a] = NULL;
 
-    struct sigaction sa = {0};
-    sa.sa_handler = on_launch_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    run_catch_stop_signals(on_launch_signal);
     fflush(NULL);
     n_children = (int)n;
     for (int r = 0; r < n; r++) {
@@ -351,14 +340,14 @@ int cmd_launch(int argc, char **argv)
             if (alive == 0) break;
             /* the driver gone: nothing more can be done; a worker gone: the driver names it within
              * its heartbeat timeout, then the rest stop */
-            const double t = now_seconds();
+            const double t = sf_monotonic_seconds();
             if (r == 0 && statuses[0] != 0 && !stop_at) stop_at = t;
             else if (r == 0 && !stop_at) stop_at = t + 10.0, after_success = 1; /* the workers finish on their own */
             else if (statuses[r] != 0 && !stop_at) stop_at = t + timeout_ms / 1000.0 + rejoin_s + 5.0;
             continue;
         }
         if (pid < 0 && errno != EINTR) break;
-        const double t = now_seconds();
+        const double t = sf_monotonic_seconds();
         if (stop_at && t >= stop_at && !kill_at) {
             stop_children(SIGTERM);
             kill_at = t + 2.0;

@@ -785,13 +785,8 @@ int run_execute(run_ctx *c)
     sem_init(&run_ended, 0, 0);
     pthread_t watchdog;
     int have_watchdog = pthread_create(&watchdog, NULL, stop_watchdog, NULL) == 0;
-    struct sigaction sa = {0};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
     running_graph = graph;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    run_catch_stop_signals(on_stop_signal);
 
     progress prog = {.graph = graph, .start = sf_monotonic_seconds(), .total = input_tokens};
     pthread_t prog_thread;
@@ -851,6 +846,16 @@ int run_execute(run_ctx *c)
                            .graph = graph};
     if (c->a.stats_json && cli_write_stats_json(c->a.stats_json, &stats) != SF_OK && !status) status = 1;
     return status;
+}
+
+void run_catch_stop_signals(void (*handler)(int))
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 }
 
 int run_stop_signal(void) { return stop_signal; }

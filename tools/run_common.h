@@ -77,6 +77,8 @@ int run_execute(run_ctx *c);
 void run_ctx_free(run_ctx *c);
 /* The first stopping signal (SIGINT, SIGTERM, SIGHUP) run_execute's handlers took, 0 for none. */
 int run_stop_signal(void);
+/* handler for SIGINT, SIGTERM and SIGHUP: the signals that stop a run, a server or a launch */
+void run_catch_stop_signals(void (*handler)(int));
 /* Loads the model file or builds the built-in one, applying the user's overrides. */
 int run_make_model(run_args *a, sf_model **out);
 /* The exit status of an error code: 2 for what the user asked for (a pipeline, an option), 1

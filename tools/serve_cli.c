@@ -240,12 +240,7 @@ int cmd_serve(int argc, char **argv)
         cli_log(CLI_LOG_INFO, "serving \"%s\" on %s%s%s%s", c.pipeline, endpoint, sa.plaintext ? " (plaintext)" : " (CURVE)",
                 sa.http ? "; HTTP on " : "", http);
         running = s;
-        struct sigaction act = {0};
-        act.sa_handler = on_signal;
-        sigemptyset(&act.sa_mask);
-        sigaction(SIGINT, &act, NULL);
-        sigaction(SIGTERM, &act, NULL);
-        sigaction(SIGHUP, &act, NULL);
+        run_catch_stop_signals(on_signal);
         rc = sf_serve_run(s);
         sf_serve_stats st;
         sf_serve_get_stats(s, &st);
