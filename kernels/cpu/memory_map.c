@@ -28,7 +28,7 @@ void sf_memory_map_identity(int heads, int d, double *A, double *B)
  * time so that the rows are read in place. The x86-64-v3 clone vectorizes sigma (its roundf
  * becomes one instruction); ISO C contracts no product into an FMA, so both clones give the
  * same bits as compressive_memory.c's. */
-SF_CPU_DISPATCH void sf_memory_sigma(int n, int heads, int d, int ld, const float *k, float *sk, float *z_increment)
+SF_CPU_DISPATCH static void sigma_rows(int n, int heads, int d, int ld, const float *k, float *sk, float *z_increment)
 {
     const int W = heads * d;
     for (int i = 0; i < n; i++)
@@ -42,6 +42,12 @@ SF_CPU_DISPATCH void sf_memory_sigma(int n, int heads, int d, int ld, const floa
             for (int e = 0; e < m; e++) s[e] += sk[(size_t)i * ld + e0 + e];
         for (int e = 0; e < m; e++) z_increment[e0 + e] = (float)s[e];
     }
+}
+
+/* (the clones stay static: an exported function with clones would export its resolver too) */
+void sf_memory_sigma(int n, int heads, int d, int ld, const float *k, float *sk, float *z_increment)
+{
+    sigma_rows(n, heads, d, ld, k, sk, z_increment);
 }
 
 /* One head's parts from sigma(K) (rows sld apart): P = sigma(K)^T V and, for the delta rule,
