@@ -39,6 +39,27 @@ int sf_memory_map_segment(sf_memory_kind kind, int n, int heads, int d, int ld, 
 int sf_memory_map_segment_sigma(sf_memory_kind kind, int n, int heads, int d, int ld, const float *sk, const float *v,
                                 const float *z, double *A, double *B, int threads);
 
+/* A segment's map kept in its two float32 parts, so that a caller that needs both the map and
+ * the update (sequence parallelism: each rank maps its chunk, then walks it from the exact
+ * memory) computes the products once. Per head [d][d]: P = sigma(K)^T V and, for the delta
+ * rule, G = sigma(K)^T D sigma(K) (D from z, as in sf_memory_map_segment); the segment's map is
+ * A_s = I - G, B_s = P (linear: A_s = I, B_s = P). sk: sf_memory_sigma's sigma(k), rows ld
+ * apart. The products are the ones sf_memory_map_segment_sigma computes, bit for bit. G is only
+ * written (and may be NULL) for the linear rule. */
+int sf_memory_map_parts(sf_memory_kind kind, int n, int heads, int d, int ld, const float *sk, const float *v,
+                        const float *z, float *P, float *G, int threads);
+/* (A, B) <- (A_s A, A_s B + B_s) for the segment of parts (P, G): sf_memory_map_parts then this
+ * gives sf_memory_map_segment_sigma's bits. A NULL: linear. */
+int sf_memory_map_then_parts(sf_memory_kind kind, int heads, int d, const float *P, const float *G, double *A,
+                             double *B);
+/* The memory update (SPEC 4) of one segment from its parts: per head M <- M + P - G M (the
+ * delta rule; linear: M + P), in double and rounded once to float32; z <- z + z_increment (the
+ * float32 sum, as the CPU update adds it). Mathematically the CPU update (M + sigma(K)^T
+ * (V - D sigma(K) M)); the float32 roundings differ (relative 1e-7 a segment). Costs d^3 a head
+ * instead of the update's 2 n d^2. */
+int sf_memory_update_parts(sf_memory_kind kind, int heads, int d, const float *P, const float *G,
+                           const float *z_increment, float *M, float *z);
+
 /* (A, B) <- (A2, B2) o (A, B) = (A2 A, A2 B + B2): the map of (A, B)'s run followed by
  * (A2, B2)'s. A2 and A NULL: linear maps (B <- B + B2). Scratch: 2 d*d doubles, allocated. */
 int sf_memory_map_then(int heads, int d, const double *A2, const double *B2, double *A, double *B);

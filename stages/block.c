@@ -12,6 +12,7 @@
 #include "kernels/attention_parts.h"
 #include "kernels/backend_ext.h"
 #include "kernels/comm.h"
+#include "kernels/memory_map.h"
 #include "stages/block_shard.h"
 #include "stages/block_state.h"
 #include "stages/stages.h"
@@ -208,14 +209,13 @@ static int block_init(sf_stage *st)
     return rc;
 }
 
-/* Appends this segment's summary tokens to the layer's FIFO, evicting the oldest. */
-static int push_global_tokens(block *b, stream_state *s, int l, int n, const void *k, const void *v)
+/* Appends `produced` summary tokens (tk, tv: rows of the block's width) to the layer's FIFO,
+ * evicting the oldest. */
+static int push_tokens(block *b, stream_state *s, int l, const float *tk, const float *tv, int produced)
 {
     const sf_model_config *c = b->cfg;
     const sf_backend_ops *ops = b->be->ops;
-    int produced = 0;
-    int rc = ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, b->qkv_type, k, v, b->act.sk, b->act.sv,
-                          &produced);
+    int rc = SF_OK;
     size_t row = (size_t)b->width * sizeof(float);
     float *gk = s->gk + (size_t)l * c->global_tokens * b->width;
     float *gv = s->gv + (size_t)l * c->global_tokens * b->width;
@@ -225,8 +225,8 @@ static int push_global_tokens(block *b, stream_state *s, int l, int n, const voi
     for (int j = 0; j < produced && rc == SF_OK;) {
         int slot = (first + j) % c->global_tokens;
         int run = produced - j < c->global_tokens - slot ? produced - j : c->global_tokens - slot;
-        rc = ops->copy(b->be, gk + (size_t)slot * b->width, b->act.sk + (size_t)j * b->width, run * row);
-        if (rc == SF_OK) rc = ops->copy(b->be, gv + (size_t)slot * b->width, b->act.sv + (size_t)j * b->width, run * row);
+        rc = ops->copy(b->be, gk + (size_t)slot * b->width, tk + (size_t)j * b->width, run * row);
+        if (rc == SF_OK) rc = ops->copy(b->be, gv + (size_t)slot * b->width, tv + (size_t)j * b->width, run * row);
         j += run;
     }
     /* the FIFO fills up, then each new token evicts the oldest */
@@ -235,6 +235,16 @@ static int push_global_tokens(block *b, stream_state *s, int l, int n, const voi
         else s->g_head[l] = (s->g_head[l] + 1) % c->global_tokens;
     }
     return rc;
+}
+
+/* Appends this segment's summary tokens to the layer's FIFO, evicting the oldest. */
+static int push_global_tokens(block *b, stream_state *s, int l, int n, const void *k, const void *v)
+{
+    const sf_model_config *c = b->cfg;
+    int produced = 0;
+    int rc = b->be->ops->summary(b->be, n, c->segment, c->summary_tokens, b->width, b->width, b->qkv_type, k, v,
+                                 b->act.sk, b->act.sv, &produced);
+    return rc == SF_OK ? push_tokens(b, s, l, b->act.sk, b->act.sv, produced) : rc;
 }
 
 /* Layer l's q/k/v set (block.defer_commit): set l % 2 when commits are deferred, else the one. */
@@ -252,6 +262,15 @@ static int commit_layer(block *b, stream_state *const *states, int count, int l,
     const size_t hdd = (size_t)H * d * d, hd = (size_t)H * d, part_bytes = (size_t)n * W * b->qkv_size;
     const unsigned char *kset = qkv_set(b, l) + (b->act.k - b->act.q), *vset = qkv_set(b, l) + (b->act.v - b->act.q);
     int rc = SF_OK;
+    const block_commit_given *g = b->commit_given;
+    if (g) { /* computed beforehand (block.commit_given): one stream, the CPU backend */
+        if (count != 1) return sf_error(SF_E_INVAL, "commit given in part: one stream only");
+        if (c->memory != SF_MEMORY_NONE)
+            rc = sf_memory_update_parts(c->memory, H, d, g->P, g->G, g->z_inc, states[0]->M + l * hdd,
+                                        states[0]->z + l * hd);
+        if (rc == SF_OK && G > 0 && c->summary_tokens > 0) rc = push_tokens(b, states[0], l, g->tk, g->tv, g->tokens);
+        return rc;
+    }
     for (int i = 0; i < count && rc == SF_OK; i++) {
         stream_state *s = states[i];
         const void *k = kset + i * part_bytes, *v = vset + i * part_bytes;

@@ -117,7 +117,14 @@ static int ensure_chunk(sf_seq *q, int segments)
     q->zwalk = malloc(q->hd * sizeof(float) + 1);
     q->cacc = malloc(n * sizeof(float));
     q->cml = malloc((size_t)segments * SF_ATTENTION_ML_FLOATS(q->N, q->H) * sizeof(float));
-    if (!q->cqkv || !q->csk || !q->zinc || !q->zwalk || !q->cacc || !q->cml) {
+    free(q->cP), free(q->cG), free(q->ctk), free(q->ctv), free(q->ctok);
+    q->cP = malloc((size_t)segments * q->hdd * sizeof(float) + 1);
+    q->cG = malloc((size_t)segments * q->hdd * sizeof(float) + 1);
+    q->ctk = malloc((size_t)segments * q->S * q->W * sizeof(float) + 1);
+    q->ctv = malloc((size_t)segments * q->S * q->W * sizeof(float) + 1);
+    q->ctok = calloc((size_t)segments, sizeof(int));
+    if (!q->cqkv || !q->csk || !q->zinc || !q->zwalk || !q->cacc || !q->cml || !q->cP || !q->cG || !q->ctk || !q->ctv ||
+        !q->ctok) {
         q->chunk_capacity = 0;
         return sf_error(SF_E_NOMEM, "out of memory for a chunk of %d segments", segments);
     }
@@ -171,16 +178,18 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         float *qs = q->cqkv + 3 * s * seg_rows, *ks = qs + seg_rows, *vs = ks + seg_rows;
         rc = sf_be_qkv(b->be, n, q->D, q->W, xs, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, SF_DTYPE_F32, qs, ks,
                        vs, b->act.u);
-        float *zi = q->zinc + (size_t)s * q->hd, *sks = q->csk + s * seg_rows;
+        float *zi = q->zinc + (size_t)s * q->hd, *sks = q->csk + s * seg_rows, *Ps = q->cP + (size_t)s * q->hdd;
         if (rc == SF_OK && q->kind != SF_MEMORY_NONE) sf_memory_sigma(n, q->H, q->d, q->W, ks, sks, zi);
-        if (rc == SF_OK && q->kind == SF_MEMORY_LINEAR)
-            rc = sf_memory_map_segment_sigma(q->kind, n, q->H, q->d, q->W, sks, vs, NULL, NULL, q->own.B, q->o.threads);
+        if (rc == SF_OK && q->kind == SF_MEMORY_LINEAR) {
+            rc = sf_memory_map_parts(q->kind, n, q->H, q->d, q->W, sks, vs, NULL, Ps, NULL, q->o.threads);
+            if (rc == SF_OK) rc = sf_memory_map_then_parts(q->kind, q->H, q->d, Ps, NULL, NULL, q->own.B);
+        }
         for (size_t i = 0; i < q->hd && rc == SF_OK && q->kind != SF_MEMORY_NONE; i++) q->own.z[i] += zi[i];
-        if (rc == SF_OK && q->G && q->S) {
-            int produced = 0;
-            rc = b->be->ops->summary(b->be, n, q->N, q->S, q->W, q->W, SF_DTYPE_F32, ks, vs, b->act.sk, b->act.sv,
-                                     &produced);
-            if (rc == SF_OK) seq_tail_append(q, q->own.tk, q->own.tv, &q->own.cnt, b->act.sk, b->act.sv, produced);
+        q->ctok[s] = 0;
+        if (rc == SF_OK && q->G && q->S) { /* kept for the walk's commit */
+            float *tk = q->ctk + (size_t)s * q->S * q->W, *tv = q->ctv + (size_t)s * q->S * q->W;
+            rc = b->be->ops->summary(b->be, n, q->N, q->S, q->W, q->W, SF_DTYPE_F32, ks, vs, tk, tv, &q->ctok[s]);
+            if (rc == SF_OK) seq_tail_append(q, q->own.tk, q->own.tv, &q->own.cnt, tk, tv, q->ctok[s]);
         }
     }
     int parts0, mem_parts;
@@ -198,9 +207,10 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
         seq_msg_identity(q, &q->own);
         for (int s = 0; s < segments && rc == SF_OK; s++) {
             const int n = s == segments - 1 ? last_rows : q->N;
-            rc = sf_memory_map_segment_sigma(SF_MEMORY_DELTA, n, q->H, q->d, q->W, q->csk + s * seg_rows,
-                                             q->cqkv + (3 * s + 2) * seg_rows, q->zwalk, q->own.A, q->own.B,
-                                             q->o.threads);
+            float *Ps = q->cP + (size_t)s * q->hdd, *Gs = q->cG + (size_t)s * q->hdd;
+            rc = sf_memory_map_parts(SF_MEMORY_DELTA, n, q->H, q->d, q->W, q->csk + s * seg_rows,
+                                     q->cqkv + (3 * s + 2) * seg_rows, q->zwalk, Ps, Gs, q->o.threads);
+            if (rc == SF_OK) rc = sf_memory_map_then_parts(SF_MEMORY_DELTA, q->H, q->d, Ps, Gs, q->own.A, q->own.B);
             for (size_t i = 0; i < q->hd; i++) q->zwalk[i] += q->zinc[(size_t)s * q->hd + i];
         }
         if (rc == SF_OK) rc = seq_msg_canon(q, &q->own, PART_A | PART_B, NULL, NULL);
@@ -213,15 +223,19 @@ static int scan_layer(sf_seq *q, int l, int segments, int last_rows, float *x)
             rc = sf_memory_map_apply(q->H, q->d, q->tot.A, q->tot.B, q->SM + (size_t)l * q->hdd);
     }
     /* the branches no wait covered, then the walk: each segment's layer from the exact state at
-     * its start, its branches given */
+     * its start, its branches and its commit (the map's products, the summary tokens) given */
     if (rc == SF_OK) rc = seq_attention_rest(q);
     for (int s = 0; s < segments && rc == SF_OK; s++) {
         const int n = s == segments - 1 ? last_rows : q->N;
         float *keep = b->x;
         b->x = x + (size_t)s * q->N * q->D;
         b->attn_acc = q->cacc + s * seg_rows, b->attn_ml = q->cml + s * ml_floats;
+        const block_commit_given given = {.P = q->cP + (size_t)s * q->hdd, .G = q->cG + (size_t)s * q->hdd,
+                                          .z_inc = q->zinc + (size_t)s * q->hd, .tk = q->ctk + (size_t)s * q->S * q->W,
+                                          .tv = q->ctv + (size_t)s * q->S * q->W, .tokens = q->ctok[s]};
+        b->commit_given = &given;
         rc = sf_block_layer(b, q->work, l, n, 1, (unsigned char *)(q->cqkv + 3 * s * seg_rows));
-        b->x = keep, b->attn_acc = b->attn_ml = NULL;
+        b->x = keep, b->attn_acc = b->attn_ml = NULL, b->commit_given = NULL;
         if (rc == SF_OK) rc = check_rows(q, x + (size_t)s * q->N * q->D, (size_t)n, l, s);
     }
     account(q, &t0, &inner0, &q->stats.compute_s);
@@ -437,6 +451,7 @@ void sf_seq_free(sf_seq *q)
     free(q->fbB);
     free(q->SM), free(q->Sz), free(q->Sgk), free(q->Sgv), free(q->Scount), free(q->Shead);
     free(q->cqkv), free(q->csk), free(q->zinc), free(q->zwalk), free(q->cacc), free(q->cml), free(q->wire);
+    free(q->cP), free(q->cG), free(q->ctk), free(q->ctv), free(q->ctok);
     free(q->group_of), free(q->gateway_of_group);
     free(q);
 }

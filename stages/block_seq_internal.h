@@ -57,6 +57,11 @@ struct sf_seq {
      * [N][W] each, one after the other (the block's own layout: sf_block_layer reads them in
      * place); csk: sigma(k), [segments][N][W] */
     float *cqkv, *csk;
+    /* what the first pass computed of each segment's commit, kept for the walk's (the memory
+     * map's products are the update's: kernels/memory_map.h, sf_memory_map_parts): per segment
+     * P and G [H][d][d], the summary tokens ctk, ctv [S][W] and their count ctok */
+    float *cP, *cG, *ctk, *ctv;
+    int *ctok;
     int chunk_capacity;
     /* the chunk's attention branches (kernels/attention_parts.h), computed while messages
      * travel: per segment acc [N][W] and ml [2][H][N]; attn_done of attn_segments (the last of

@@ -101,7 +101,21 @@ typedef struct block {
      * the CPU backend, one stream, float32), so that the layer only merges the global tokens
      * in. NULL: the layer computes the whole attention. */
     const float *attn_acc, *attn_ml;
+    /* the same, for the commit: what the caller already computed of the segment's memory update
+     * and global tokens (block_commit_given); NULL: the commit computes them from k and v */
+    const struct block_commit_given *commit_given;
 } block;
+
+/* A segment's commit computed beforehand (sequence parallelism maps a chunk before it walks it,
+ * and the map has the update's products): the memory update's parts (kernels/memory_map.h,
+ * sf_memory_update_parts: P, G [heads][d][d], z_inc [heads*d]; unused without a memory) and the
+ * summary tokens the segment produces (tk, tv: tokens rows of the block's width). Host float32
+ * memory, the CPU backend's; the caller keeps it. */
+typedef struct block_commit_given {
+    const float *P, *G, *z_inc;
+    const float *tk, *tv;
+    int tokens;
+} block_commit_given;
 
 /* The rest of block_init once the options are read (cfg, be, first, count, batch, the shard
  * plan and defer_commit set): this rank's weights, the rows and activations, the backend's

@@ -9,7 +9,8 @@
  *    its divergence is reported;
  *  - a saved round state restored on another number of ranks continues the stream;
  *  - the memory maps alone: segments composed in any grouping against the sequential update,
- *    in double (1e-12) and against the float32 update (1e-5);
+ *    in double (1e-12) and against the float32 update (1e-5); a map from its parts the same bits,
+ *    the update from the parts within 1e-5 of the float32 update;
  *  - a rank that fails ends the others with an error, not a hang;
  *  - the overlap: the attention in two halves (kernels/attention_parts.h) gives the whole op's
  *    bits; more layers than round totals may wait (SEQ_PENDING), 4 and 8 ranks, run to run alike;
@@ -334,16 +335,38 @@ static void check_maps(void)
         float *M = calloc(hdd, sizeof *M), *z = calloc(hd, sizeof *z);
         double *Md = calloc(hdd, sizeof *Md), *A = malloc(hdd * sizeof *A), *B = malloc(hdd * sizeof *B);
         float *zs = malloc((size_t)(segs + 1) * hd * sizeof *zs), *zinc = malloc(hd * sizeof *zinc);
+        /* the map in parts (sf_memory_map_parts): its composition the same bits, its update
+         * (Mp, zp) within 1e-5 of the float32 update */
+        float *Mp = calloc(hdd, sizeof *Mp), *zp = calloc(hd, sizeof *zp), *sk = malloc((size_t)n * ld * sizeof *sk);
+        float *P = malloc(hdd * sizeof *P), *G = malloc(hdd * sizeof *G), *zinc2 = malloc(hd * sizeof *zinc2);
+        double *A2 = malloc(hdd * sizeof *A2), *B2 = malloc(hdd * sizeof *B2);
         for (int s = 0; s < segs; s++) {
             memcpy(zs + (size_t)s * hd, z, hd * sizeof *z);
             sf_memory_map_identity(H, d, kind == SF_MEMORY_DELTA ? A : NULL, B);
             sf_memory_map_segment(kind, n, H, d, ld, k + (size_t)s * n * ld, v + (size_t)s * n * ld, z,
                                   kind == SF_MEMORY_DELTA ? A : NULL, B, zinc, 1);
+            sf_memory_sigma(n, H, d, ld, k + (size_t)s * n * ld, sk, zinc2);
+            CHECKF(memcmp(zinc, zinc2, hd * sizeof *zinc) == 0, "maps: sf_memory_sigma's z increment differs");
+            sf_memory_map_identity(H, d, kind == SF_MEMORY_DELTA ? A2 : NULL, B2);
+            CHECK(sf_memory_map_parts(kind, n, H, d, ld, sk, v + (size_t)s * n * ld, zp, P, G, 1) == SF_OK);
+            CHECK(sf_memory_map_then_parts(kind, H, d, P, G, kind == SF_MEMORY_DELTA ? A2 : NULL, B2) == SF_OK);
+            CHECKF(memcmp(B, B2, hdd * sizeof *B) == 0 && (kind != SF_MEMORY_DELTA || memcmp(A, A2, hdd * sizeof *A) == 0),
+                   "maps: composed from parts, not the segment map's bits");
+            CHECK(sf_memory_update_parts(kind, H, d, P, G, zinc2, Mp, zp) == SF_OK);
             sf_memory_map_apply(H, d, kind == SF_MEMORY_DELTA ? A : NULL, B, Md);
             sf_cpu_memory_update(NULL, kind, n, H, d, ld, k + (size_t)s * n * ld, v + (size_t)s * n * ld, M, z);
             for (size_t i = 0; i < hd; i++)
                 CHECKF(z[i] == zs[(size_t)s * hd + i] + zinc[i], "maps: z increment differs from the update's");
+            CHECKF(memcmp(z, zp, hd * sizeof *z) == 0, "maps: the update from parts has another z");
         }
+        double ep = 0, np = 0;
+        for (size_t i = 0; i < hdd; i++) ep += ((double)Mp[i] - M[i]) * ((double)Mp[i] - M[i]), np += (double)M[i] * M[i];
+        ep = sqrt(ep / np);
+        CHECKF(np > 0 && ep < 1e-5, "maps (%s): the update from parts is %.3g from the float32 update",
+               kind == SF_MEMORY_DELTA ? "delta" : "linear", ep);
+        printf("  maps %-6s update from parts: %.2e from the float32 update\n", kind == SF_MEMORY_DELTA ? "delta" : "linear",
+               ep);
+        free(Mp), free(zp), free(sk), free(P), free(G), free(zinc2), free(A2), free(B2);
         /* composed in groups of g, then applied once */
         for (int g = 1; g <= 3; g++) {
             double *Mg = calloc(hdd, sizeof *Mg), *Ag = malloc(hdd * sizeof *Ag), *Bg = malloc(hdd * sizeof *Bg);
