@@ -22,6 +22,7 @@
  *    segment, from its PUSH sent to its ROWS received; p50, p99, worst.
  * --segment N: the tokens of a segment (one PUSH), the model's N (default 256, the built-in
  * model's; 8192 for bench_gpu_pipeline's reference model).
+ * A phase that receives nothing for 60 s ends the benchmark with an error (exit 1).
  * Output: readable lines and one RESULT line of key=value. The server and this process share
  * the machine's cores. */
 #define _GNU_SOURCE
@@ -131,6 +132,20 @@ static int drain(void **socks, int nclients, zmq_pollitem_t *items, stream_state
     return taken;
 }
 
+/* A phase that receives nothing for this long is stuck (a client the server dropped waits for
+ * replies that never come): the benchmark says so and stops instead of waiting forever. */
+#define STALL_SECONDS 60.0
+
+static void check_stall(double last_progress, const char *phase, pid_t server)
+{
+    if (now_s() - last_progress < STALL_SECONDS) return;
+    fprintf(stderr, "bench_serve: the %s phase received nothing for %.0f s: a client was dropped or the server "
+                    "stopped (run the server with -v to see which)\n",
+            phase, STALL_SECONDS);
+    kill(server, SIGTERM);
+    exit(1);
+}
+
 int main(int argc, char **argv)
 {
     const char *seqflow = NULL;
@@ -226,7 +241,10 @@ int main(int argc, char **argv)
         }
         send_msg(sock, SF_SERVE_CLOSE, (uint64_t)s, 0, 0, NULL);
     }
-    while (closed < (uint64_t)nstreams) drain(socks, nclients, items, st, 1000, NULL, NULL, &closed, buf, buf_size);
+    for (double last = now_s(); closed < (uint64_t)nstreams;) {
+        if (drain(socks, nclients, items, st, 1000, NULL, NULL, &closed, buf, buf_size) > 0) last = now_s();
+        check_stall(last, "throughput", server);
+    }
     double serve_s = now_s() - t0;
     uint64_t rows = 0;
     for (int s = 0; s < nstreams; s++) rows += st[s].rows;
@@ -251,7 +269,7 @@ int main(int argc, char **argv)
         st[s].next_at = t0 + 0.2 + interval * s / nstreams;
     }
     stream_state *lst = st; /* indexed by stream id - base below */
-    for (;;) {
+    for (double last = now_s();; check_stall(last, "latency", server)) {
         double t = now_s(), next = 1e300;
         int busy = 0;
         for (int s = 0; s < nstreams; s++) {
@@ -264,6 +282,7 @@ int main(int argc, char **argv)
                 send_msg(socks[s % nclients], SF_SERVE_PUSH, base + (uint64_t)s, x->pushed_segments * seg_tokens, seg_tokens, tokens);
                 x->pushed_segments++;
                 x->next_at += interval;
+                last = now_s(); /* a wait between pushes is no stall */
             }
             if (x->pushed_segments < (uint64_t)lat_segments && x->next_at < next) next = x->next_at;
         }
@@ -280,6 +299,7 @@ int main(int argc, char **argv)
                 int len;
                 while ((len = zmq_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT)) >= 0) {
                     n++;
+                    last = now_s();
                     uint64_t s = get64(buf + 8) - base, b = get64(buf + 24);
                     if (buf[5] == SF_SERVE_ROWS) {
                         lst[s].rows += b;
