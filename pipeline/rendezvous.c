@@ -10,6 +10,7 @@
 #include <xxhash.h>
 #include <zmq.h>
 
+#include "core/byte_order.h"
 #include "seqflow/error.h"
 
 enum { T_HELLO = 1, T_WELCOME = 2, T_REFUSE = 3, T_CHUNK = 4, T_DONE = 5, T_ASK = 6, T_TOPOLOGY = 7 };
@@ -24,19 +25,13 @@ static void put_bytes(sf_buffer *b, int *bad, const void *p, size_t n)
 {
     if (!*bad && sf_buffer_append(b, p, n) != SF_OK) *bad = 1;
 }
-static void put_u16(sf_buffer *b, int *bad, uint16_t v) { put_bytes(b, bad, (uint8_t[]){(uint8_t)v, (uint8_t)(v >> 8)}, 2); }
-static void put_u32(sf_buffer *b, int *bad, uint32_t v)
+static void put_le(sf_buffer *b, int *bad, uint64_t v, int bytes)
 {
-    uint8_t x[4];
-    for (int i = 0; i < 4; i++) x[i] = (uint8_t)(v >> (8 * i));
-    put_bytes(b, bad, x, 4);
+    if (!*bad && sf_buffer_put_le(b, v, bytes) != SF_OK) *bad = 1;
 }
-static void put_u64(sf_buffer *b, int *bad, uint64_t v)
-{
-    uint8_t x[8];
-    for (int i = 0; i < 8; i++) x[i] = (uint8_t)(v >> (8 * i));
-    put_bytes(b, bad, x, 8);
-}
+static void put_u16(sf_buffer *b, int *bad, uint16_t v) { put_le(b, bad, v, 2); }
+static void put_u32(sf_buffer *b, int *bad, uint32_t v) { put_le(b, bad, v, 4); }
+static void put_u64(sf_buffer *b, int *bad, uint64_t v) { put_le(b, bad, v, 8); }
 /* A string or blob: u16 length, bytes (callers bound the length first). */
 static void put_blob(sf_buffer *b, int *bad, const void *p, size_t n)
 {
@@ -51,41 +46,17 @@ static void put_header(sf_buffer *b, int *bad, int type)
     put_u16(b, bad, (uint16_t)type);
 }
 
-/* A bounds-checked reader: any read past the end sets bad and reads zeros. */
-typedef struct reader {
-    const uint8_t *p;
-    size_t n, at;
-    int bad;
-} reader;
-
-static const uint8_t *take(reader *r, size_t n)
-{
-    if (r->bad || r->n - r->at < n) {
-        r->bad = 1;
-        return NULL;
-    }
-    const uint8_t *p = r->p + r->at;
-    r->at += n;
-    return p;
-}
-static uint64_t get_le(reader *r, int bytes)
-{
-    const uint8_t *p = take(r, (size_t)bytes);
-    uint64_t v = 0;
-    for (int i = bytes - 1; p && i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
 /* A blob of at most max bytes: *len and a pointer into the message. */
-static const uint8_t *get_blob(reader *r, size_t max, size_t *len)
+static const uint8_t *get_blob(sf_byte_reader *r, size_t max, size_t *len)
 {
-    size_t n = (size_t)get_le(r, 2);
+    size_t n = (size_t)sf_byte_le(r, 2);
     if (n > max) r->bad = 1;
-    const uint8_t *p = r->bad ? NULL : take(r, n);
+    const uint8_t *p = r->bad ? NULL : sf_byte_take(r, n);
     *len = p ? n : 0;
     return p;
 }
 /* A string (no NUL inside) copied into dst[size]. */
-static void get_str(reader *r, char *dst, size_t size)
+static void get_str(sf_byte_reader *r, char *dst, size_t size)
 {
     size_t n;
     const uint8_t *p = get_blob(r, size - 1, &n);
@@ -94,12 +65,12 @@ static void get_str(reader *r, char *dst, size_t size)
     dst[p && !r->bad ? n : 0] = '\0';
 }
 /* The header's type, or -1 (magic) / -2 (protocol version, in *version). */
-static int get_header(reader *r, int *version)
+static int get_header(sf_byte_reader *r, int *version)
 {
-    const uint8_t *magic = take(r, 4);
+    const uint8_t *magic = sf_byte_take(r, 4);
     if (!magic || memcmp(magic, "SFRV", 4) != 0) return -1;
-    *version = (int)get_le(r, 2);
-    int type = (int)get_le(r, 2);
+    *version = (int)sf_byte_le(r, 2);
+    int type = (int)sf_byte_le(r, 2);
     if (r->bad) return -1;
     return *version == SF_RENDEZVOUS_PROTOCOL ? type : -2;
 }
@@ -130,14 +101,14 @@ static int encode_hello(const sf_hello *h, sf_buffer *b)
     return bad ? sf_error(SF_E_NOMEM, "out of memory") : SF_OK;
 }
 
-static int decode_hello(reader *r, hello_in *h)
+static int decode_hello(sf_byte_reader *r, hello_in *h)
 {
-    h->rank = (int32_t)get_le(r, 4);
-    h->world = (int32_t)get_le(r, 4);
-    h->model = get_le(r, 8);
-    h->config = get_le(r, 8);
-    h->pipeline = get_le(r, 8);
-    h->options = get_le(r, 8);
+    h->rank = (int32_t)sf_byte_le(r, 4);
+    h->world = (int32_t)sf_byte_le(r, 4);
+    h->model = sf_byte_le(r, 8);
+    h->config = sf_byte_le(r, 8);
+    h->pipeline = sf_byte_le(r, 8);
+    h->options = sf_byte_le(r, 8);
     get_str(r, h->version, sizeof h->version);
     get_str(r, h->endpoint, sizeof h->endpoint);
     get_str(r, h->host, sizeof h->host);
@@ -329,7 +300,7 @@ static const char *what_differs(const hello_in *a, const hello_in *b)
 }
 
 /* Checks a HELLO from connection `from` against what is known; SF_OK records it. */
-static int take_hello(server *s, int from, reader *r, const char *user_id)
+static int take_hello(server *s, int from, sf_byte_reader *r, const char *user_id)
 {
     hello_in h;
     if (!decode_hello(r, &h)) return sf_error(SF_E_PEER, "rendezvous: a malformed HELLO (%zu bytes)", r->n);
@@ -359,9 +330,9 @@ static int take_hello(server *s, int from, reader *r, const char *user_id)
 
 /* ASK (i32 rank) from connection `from`: a rank without the topology file asks for the text.
  * The same rule as for a HELLO: under CURVE only over that rank's key. */
-static int give_topology(server *s, int from, reader *r, const char *user_id)
+static int give_topology(server *s, int from, sf_byte_reader *r, const char *user_id)
 {
-    const int rank = (int32_t)get_le(r, 4);
+    const int rank = (int32_t)sf_byte_le(r, 4);
     if (r->bad || r->at != r->n) return sf_error(SF_E_PEER, "rendezvous: a malformed topology request");
     if (rank <= 0 || rank >= s->world) return sf_error(SF_E_PEER, "a rank asks for the topology as rank %d, outside 1..%d", rank, s->world - 1);
     if (!s->c->plaintext && (!user_id || strcmp(user_id, s->c->rank_keys[rank]) != 0))
@@ -494,7 +465,7 @@ static int serve(server *s, sf_rendezvous_payload_fn payload, void *user, sf_ren
         rc = serve_recv(s, deadline, &from, &body);
         if (rc == SF_OK && from < 0) rc = missing_ranks(s, s->arrived, "never arrived");
         if (rc == SF_OK) {
-            reader r = {zmq_msg_data(&body), zmq_msg_size(&body), 0, 0};
+            sf_byte_reader r = {zmq_msg_data(&body), zmq_msg_size(&body), 0, 0};
             int version, type = get_header(&r, &version);
             if (type == -2)
                 rc = sf_error(SF_E_PEER, "rendezvous: a rank speaks protocol %d, rank 0 (host %s) %d: another seqflow version",
@@ -549,7 +520,7 @@ static int serve(server *s, sf_rendezvous_payload_fn payload, void *user, sf_ren
         rc = serve_recv(s, deadline, &from, &body);
         if (rc == SF_OK && from < 0) rc = missing_ranks(s, s->done, "did not confirm their welcome");
         if (rc == SF_OK) {
-            reader r = {zmq_msg_data(&body), zmq_msg_size(&body), 0, 0};
+            sf_byte_reader r = {zmq_msg_data(&body), zmq_msg_size(&body), 0, 0};
             int version;
             for (int k = 1; k < s->world; k++)
                 if (s->arrived[k] == from + 1 && !s->done[k] && get_header(&r, &version) == T_DONE)
@@ -694,10 +665,10 @@ static int client_recv(client *cl, long long *deadline, zmq_msg_t *msg, const ch
     }
 }
 
-static int read_welcome(reader *r, int rank, size_t max_payload, sf_rendezvous_result **out, uint64_t *payload_len)
+static int read_welcome(sf_byte_reader *r, int rank, size_t max_payload, sf_rendezvous_result **out, uint64_t *payload_len)
 {
-    int world = (int32_t)get_le(r, 4);
-    *payload_len = get_le(r, 8);
+    int world = (int32_t)sf_byte_le(r, 4);
+    *payload_len = sf_byte_le(r, 8);
     if (r->bad || world < 1 || world > (1 << 20) || rank >= world)
         return sf_error(SF_E_PEER, "rendezvous: a malformed WELCOME (world %d)", world);
     if (*payload_len > max_payload)
@@ -762,7 +733,7 @@ static int join(client *cl, const sf_hello *own, sf_rendezvous_result **out)
     for (int welcomed = 0;;) {
         rc = client_recv(cl, &deadline, &msg, welcomed ? "payload" : "WELCOME");
         if (rc != SF_OK) break;
-        reader r = {zmq_msg_data(&msg), zmq_msg_size(&msg), 0, 0};
+        sf_byte_reader r = {zmq_msg_data(&msg), zmq_msg_size(&msg), 0, 0};
         int version, type = get_header(&r, &version);
         if (type == -2) {
             rc = sf_error(SF_E_PEER, "rendezvous at %s speaks protocol %d, this rank %d: another seqflow version",
@@ -775,7 +746,7 @@ static int join(client *cl, const sf_hello *own, sf_rendezvous_result **out)
             rc = read_welcome(&r, own->rank, max_payload, out, &expected);
             welcomed = 1;
         } else if (type == T_CHUNK && welcomed) {
-            uint64_t offset = get_le(&r, 8);
+            uint64_t offset = sf_byte_le(&r, 8);
             size_t n = r.n - r.at;
             sf_rendezvous_result *res = *out;
             if (r.bad || offset != res->payload_len || n > expected - res->payload_len)
@@ -820,9 +791,9 @@ static int ask(client *cl, int rank, char **text, size_t *len)
     zmq_msg_init(&msg);
     if (rc == SF_OK) rc = client_recv(cl, &deadline, &msg, "topology");
     if (rc == SF_OK) {
-        reader r = {zmq_msg_data(&msg), zmq_msg_size(&msg), 0, 0};
+        sf_byte_reader r = {zmq_msg_data(&msg), zmq_msg_size(&msg), 0, 0};
         int version, type = get_header(&r, &version);
-        size_t n = type == T_TOPOLOGY ? (size_t)get_le(&r, 4) : 0;
+        size_t n = type == T_TOPOLOGY ? (size_t)sf_byte_le(&r, 4) : 0;
         if (type == T_REFUSE) {
             char refusal[MAX_STR + 1];
             get_str(&r, refusal, sizeof refusal);

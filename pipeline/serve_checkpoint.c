@@ -25,6 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/byte_order.h"
 #include "core/process_stats.h"
 #include "pipeline/graph_internal.h"
 #include "pipeline/serve_internal.h"
@@ -63,8 +64,9 @@ void serve_drop_acked(serve_stream *st, uint64_t acked)
 }
 
 static int put(sf_buffer *b, const void *p, size_t n) { return sf_buffer_append(b, p, n); }
-static int put32(sf_buffer *b, uint32_t v) { return sf_buffer_append(b, &v, 4); }
-static int put64(sf_buffer *b, uint64_t v) { return sf_buffer_append(b, &v, 8); }
+/* little-endian whatever the host: a checkpoint may be restored on another machine */
+static int put32(sf_buffer *b, uint32_t v) { return sf_buffer_put_le(b, v, 4); }
+static int put64(sf_buffer *b, uint64_t v) { return sf_buffer_put_le(b, v, 8); }
 
 /* ---- writing: a snapshot on the loop's thread, the file on the writer's -------------------- */
 
@@ -167,7 +169,7 @@ int serve_ckpt_save_state(sf_serve *s)
     if (rc == SF_OK) rc = sf_graph_save(s->graph, b);
     if (rc == SF_OK) {
         uint64_t state_len = b->len - w->state_at - 8;
-        memcpy(b->data + w->state_at, &state_len, 8);
+        sf_le_store(b->data + w->state_at, state_len, 8);
     }
     return rc;
 }
@@ -248,38 +250,8 @@ void serve_ckpt_wait(sf_serve *s)
 
 /* ---- loading ------------------------------------------------------------------------------- */
 
-typedef struct reader {
-    const uint8_t *p;
-    size_t len, at;
-    int bad;
-} reader;
-
-static const uint8_t *take(reader *r, size_t n)
-{
-    if (r->bad || r->len - r->at < n) {
-        r->bad = 1;
-        return NULL;
-    }
-    const uint8_t *p = r->p + r->at;
-    r->at += n;
-    return p;
-}
-
-static uint32_t get32(reader *r)
-{
-    uint32_t v = 0;
-    const uint8_t *p = take(r, 4);
-    if (p) memcpy(&v, p, 4);
-    return v;
-}
-
-static uint64_t get64(reader *r)
-{
-    uint64_t v = 0;
-    const uint8_t *p = take(r, 8);
-    if (p) memcpy(&v, p, 8);
-    return v;
-}
+static uint32_t get32(sf_byte_reader *r) { return (uint32_t)sf_byte_le(r, 4); }
+static uint64_t get64(sf_byte_reader *r) { return sf_byte_le(r, 8); }
 
 static void report(void *user, const char *line)
 {
@@ -288,7 +260,7 @@ static void report(void *user, const char *line)
 }
 
 /* The streams of a checkpoint's payload into the server (r is past the graph's state). */
-static int load_streams(sf_serve *s, reader *r, uint64_t seq)
+static int load_streams(sf_serve *s, sf_byte_reader *r, uint64_t seq)
 {
     uint32_t n = get32(r);
     if (!r->bad && n > s->o.max_streams)
@@ -310,14 +282,14 @@ static int load_streams(sf_serve *s, reader *r, uint64_t seq)
             r->bad = 1;
         for (uint32_t k = 0; k < kept && !r->bad; k++) {
             uint64_t pos = get64(r), end = get64(r), len = get64(r);
-            const uint8_t *msg = take(r, len > r->len ? r->len + 1 : (size_t)len);
+            const uint8_t *msg = sf_byte_take(r, len > r->n ? r->n + 1 : (size_t)len);
             if (!msg || end < pos || end > st->rows_sent || len < SF_SERVE_HEADER_SIZE) r->bad = 1;
             else if (serve_keep(st, pos, end - pos, msg, (size_t)len) != SF_OK) return SF_E_NOMEM;
         }
         for (uint32_t k = 0; k + 1 < s->n_streams && !r->bad; k++)
             if (s->streams[k]->id == st->id) r->bad = 1;
     }
-    if (r->bad || r->at != r->len) return sf_error(SF_E_STATE, "checkpoint %" PRIu64 " in '%s' is inconsistent", seq, s->ckpt_dir);
+    if (r->bad || r->at != r->n) return sf_error(SF_E_STATE, "checkpoint %" PRIu64 " in '%s' is inconsistent", seq, s->ckpt_dir);
     /* streams no client can resume leave the graph now */
     for (uint32_t i = 0; i < s->n_streams;) {
         serve_stream *st = s->streams[i];
@@ -352,12 +324,12 @@ int serve_ckpt_open(sf_serve *s, const char *dir)
     rc = sf_checkpoint_load_newest(dir, SV_MAX_BYTES, report, s, &seq, &payload, &len);
     if (rc != SF_OK) return sf_error(rc, "%s (the server refuses to start on it: move it away to start afresh)", sf_last_error());
     if (!payload) return writer_start(s);
-    reader r = {payload, len, 0, 0};
-    const uint8_t *magic = take(&r, 4);
+    sf_byte_reader r = {payload, len, 0, 0};
+    const uint8_t *magic = sf_byte_take(&r, 4);
     uint32_t version = get32(&r);
     uint64_t stored = get64(&r);
     uint32_t fp_len = get32(&r);
-    const uint8_t *fp = take(&r, fp_len);
+    const uint8_t *fp = sf_byte_take(&r, fp_len);
     if (!magic || memcmp(magic, SV_MAGIC, 4) != 0)
         rc = sf_error(SF_E_STATE, "checkpoint %" PRIu64 " in '%s' is not a seqflow serve checkpoint", seq, dir);
     else if (version != SV_VERSION)
@@ -368,7 +340,7 @@ int serve_ckpt_open(sf_serve *s, const char *dir)
         rc = sf_graph_fingerprint_check(s->graph, s->weights_hash, dir, seq, fp, fp_len,
                                         "start the server with the same model and pipeline (or another --checkpoint directory)");
     uint64_t state_len = rc == SF_OK ? get64(&r) : 0;
-    const uint8_t *state = rc == SF_OK ? take(&r, state_len > len ? len + 1 : (size_t)state_len) : NULL;
+    const uint8_t *state = rc == SF_OK ? sf_byte_take(&r, state_len > len ? len + 1 : (size_t)state_len) : NULL;
     if (rc == SF_OK && !state) rc = sf_error(SF_E_STATE, "checkpoint %" PRIu64 " in '%s' is inconsistent", seq, dir);
     if (rc == SF_OK) {
         rc = sf_graph_restore(s->graph, state, (size_t)state_len);
