@@ -21,6 +21,7 @@
 #include "pipeline/wire.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
+#include "support/files.h"
 #include "support/spawn.h"
 
 #define PIPELINE "segment ! embed ! block ! norm"
@@ -351,18 +352,42 @@ static void binary(void)
     snprintf(line, sizeof line, "# the test client\n%s\n", client_public);
     write_text(clients, line, 0644);
     snprintf(sock, sizeof sock, "ipc://%s", check_tmp_path("serve.sock"));
-    int port = 20000 + (int)(getpid() % 20000);
-    char http[64];
-    snprintf(http, sizeof http, "tcp://127.0.0.1:%d", port);
+    char http[64], errfile[256];
+    snprintf(errfile, sizeof errfile, "%s", check_tmp_path("serve.err"));
     const char *model_opts[] = {"--dim", "64", "--layers", "1", "--segment", "64", "--branches", "16:1,32:2,64:4", "--mlp", "64"};
     const char *argv[32] = {"seqflow", "serve", "--bind", sock, "--key", keyfile, "--clients", clients, "--http", http,
                             "-t", "1"};
     int argc = 12;
     for (int i = 0; i < 10; i++) argv[argc++] = model_opts[i];
-    int in_fd, pid = spawn_start(argv, &in_fd, check_tmp_path("serve.err"));
+    /* a free port can be taken by another test between the probe and the bind: the server
+     * then exits saying so, and starts again on another */
+    int port = -1, pid = -1;
+    for (int attempt = 0; attempt < 5 && pid < 0; attempt++) {
+        port = check_free_port();
+        snprintf(http, sizeof http, "tcp://127.0.0.1:%d", port);
+        int in_fd;
+        pid = spawn_start(argv, &in_fd, errfile);
+        if (pid <= 0) break;
+        close(in_fd);
+        char page[256];
+        int status, up = 0;
+        for (double t = sf_monotonic_seconds() + 30; !up && sf_monotonic_seconds() < t; usleep(20000)) {
+            if (waitpid(pid, &status, WNOHANG) == pid) {
+                size_t len = 0;
+                char *err = (char *)check_read_file(errfile, &len);
+                const int taken = err && strstr(err, "Address already in use");
+                CHECKF(taken, "the server exited at start: %s", err ? err : "(no message)");
+                free(err);
+                pid = -1;
+                if (!taken) return;
+                break;
+            }
+            up = http_get(port, "/health", page, sizeof page) > 0;
+        }
+        CHECKF(pid < 0 || up, "the server did not answer on %s within 30 s", http);
+    }
     CHECK(pid > 0);
     if (pid <= 0) return;
-    close(in_fd);
     /* server key: derived from the secret, as a client learns it */
     char server_pub[41];
     CHECK(zmq_curve_public(server_pub, sec) == 0);
