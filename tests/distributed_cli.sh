@@ -61,6 +61,12 @@ rank_pid() {
 }
 
 now() { date +%s.%N; }
+# a TCP port free now on loopback (the kernel's choice): tests running at once must not share
+# one, as ports made from the shell's pid could
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2> /dev/null ||
+        echo $((20000 + $$ % 20000))
+}
 
 case $mode in
 layouts)
@@ -113,8 +119,9 @@ mpirun)
 torchrun)
     "$bin" launch -n 3 --write-topology "$tmp/topo" > /dev/null || fail "--write-topology"
     rm -f out.raw
+    port=$(free_port)
     for r in 0 1 2; do
-        RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + $$ % 20000)) \
+        RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
             "$bin" worker --topology "$tmp/topo/topology.json" --key "$tmp/topo/rank{rank}.key" \
             $model -i in.bin -o out.raw "$layer" > /dev/null 2> "err$r.txt" &
     done
@@ -219,7 +226,7 @@ connect)
             p2=$!
         else
             # torchrun's variables: rank 0 binds MASTER_ADDR:MASTER_PORT, the others ask there
-            port=$((20000 + ($$ + 7) % 20000))
+            port=$(free_port)
             export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
             worker 0 --topology "$tmp/topo/topology.json" --key "$tmp/topo/rank{rank}.key"
             p0=$!
