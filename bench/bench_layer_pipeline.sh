@@ -2,11 +2,13 @@
 # A layer pipeline over 2 processes against 1 process with 1 compute thread, on this machine;
 # then how long a job takes to fail after a worker is killed, and how long a resumed run takes
 # to write its first new output. Each repetition also runs two independent 1-process runs at
-# once, one pinned to each of cores 0 and 1: the most two processes can gain on this machine
+# once, one pinned to each of the two cores: the most two processes can gain on this machine
 # ("ceiling": twice one run's time over the pair's), whatever seqflow does.
 #   bench/bench_layer_pipeline.sh [BIN] [REPEATS]
 # BIN: the seqflow binary (default build/seqflow); REPEATS: runs of each, the best kept (3).
-# Environment: BENCH_BYTES (input size, default 200000), BENCH_MODEL (model options).
+# Environment: BENCH_BYTES (input size, default 200000), BENCH_MODEL (model options),
+# BENCH_CPUS (the two CPUs every run is held to, default "0 1"; on a larger machine name two
+# physical cores, so that the two processes and their I/O threads get two cores, no more).
 set -eu
 bin=${1:-build/seqflow}
 repeats=${2:-3}
@@ -15,6 +17,9 @@ model=${BENCH_MODEL:---dim 256 --heads 4 --head-dim 64 --layers 4 --mlp 1024 --s
 tmp=$(mktemp -d /tmp/sf-bench.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export OMP_WAIT_POLICY=passive
+set -- ${BENCH_CPUS:-0 1}
+cpu_a=$1 cpu_b=$2
+pin1="taskset -c $cpu_a" pin2="taskset -c $cpu_a,$cpu_b"
 head -c "$bytes" /dev/urandom > "$tmp/in.bin"
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
@@ -24,14 +29,14 @@ two="segment ! embed ! block layers=0-1 ! block layers=2-3 @1 ! norm @1"
 best1=999999 best2=999999
 for i in $(seq "$repeats"); do
     t0=$(now)
-    "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/one.raw" "$one"
+    $pin1 "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/one.raw" "$one"
     t1=$(now)
-    "$bin" launch -n 2 -- -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/two.raw" "$two"
+    $pin2 "$bin" launch -n 2 -- -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/two.raw" "$two"
     t2=$(now)
     cmp -s "$tmp/one.raw" "$tmp/two.raw" || { echo "outputs differ" >&2; exit 1; }
-    taskset -c 0 "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/p0.raw" "$one" &
+    taskset -c "$cpu_a" "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/p0.raw" "$one" &
     p0=$!
-    taskset -c 1 "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/p1.raw" "$one"
+    taskset -c "$cpu_b" "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/p1.raw" "$one"
     wait $p0
     t3=$(now)
     a=$(elapsed "$t0" "$t1") b=$(elapsed "$t1" "$t2") c=$(elapsed "$t2" "$t3")

@@ -10,7 +10,8 @@
 # Environment: BENCH_BYTES (input size, default 400000), BENCH_MODEL (model options, default
 # the built-in model with 4 layers), BENCH_CHUNKS (segments per rank per round, default 16),
 # BENCH_BASELINE (another seqflow binary, e.g. an older build: its scan runs too, in each
-# repetition, after this one's).
+# repetition, after this one's), BENCH_CPUS (the two CPUs the runs are held to, default "0 1":
+# the 1-process run to the first; on a larger machine name two physical cores).
 set -eu
 bin=${1:-build/seqflow}
 repeats=${2:-3}
@@ -24,20 +25,21 @@ export OMP_WAIT_POLICY=passive
 head -c "$bytes" /dev/urandom > "$tmp/in.bin"
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
-pin=""
-command -v taskset > /dev/null && pin="taskset -c 0"
+set -- ${BENCH_CPUS:-0 1}
+pin="" pin2=""
+command -v taskset > /dev/null && pin="taskset -c $1" pin2="taskset -c $1,$2"
 : > "$tmp/runs"
 for i in $(seq "$repeats"); do
     t0=$(now)
     $pin "$bin" run -q -t 1 $model -i "$tmp/in.bin" -o "$tmp/one.npy"
     t1=$(now)
-    "$bin" launch -n 2 -- -q -t 1 $model --sequence scan --chunks "$chunks" -i "$tmp/in.bin" -o "$tmp/scan.npy"
+    $pin2 "$bin" launch -n 2 -- -q -t 1 $model --sequence scan --chunks "$chunks" -i "$tmp/in.bin" -o "$tmp/scan.npy"
     t2=$(now)
-    "$bin" launch -n 2 -- -q -t 1 $model --sequence handoff --chunks "$chunks" -i "$tmp/in.bin" -o "$tmp/handoff.npy"
+    $pin2 "$bin" launch -n 2 -- -q -t 1 $model --sequence handoff --chunks "$chunks" -i "$tmp/in.bin" -o "$tmp/handoff.npy"
     t3=$(now)
     d=0
     if [ -n "$base" ]; then
-        "$base" launch -n 2 -- -q -t 1 $model --sequence scan --chunks "$chunks" -i "$tmp/in.bin" -o "$tmp/base.npy"
+        $pin2 "$base" launch -n 2 -- -q -t 1 $model --sequence scan --chunks "$chunks" -i "$tmp/in.bin" -o "$tmp/base.npy"
         d=$(elapsed "$t3" "$(now)")
     fi
     cmp -s "$tmp/one.npy" "$tmp/handoff.npy" || { echo "hand-off output differs from one process" >&2; exit 1; }

@@ -9,8 +9,8 @@
 #    heads_of=2 with two GPUs: tokens/s, all-reduce time a layer, memory per GPU;
 # 5. the GPU tests the changed kernels touch (test_gpu_pipeline, test_cuda_attention,
 #    test_gpu_checkpoint), as regressions.
-# Logs go to $OUT (the device tool's output folder) when set, else build-gpu/heads; a summary
-# to $OUT/heads-summary.txt. Each step has a time limit, so the whole stays under 6 minutes on
+# HEADS_REPS: bench_heads repetitions (3). Logs go to $OUT (the device tool's output folder)
+# when set, else build-gpu/heads; a summary to $OUT/heads-summary.txt. Each step has a time limit, so the whole stays under 6 minutes on
 # a machine of 16 cores (the build is about 70 s of it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,7 +85,7 @@ print(f"binary: seqflow run -d cuda --gpus {sys.argv[3]} against -d cuda: {a.siz
 EOF
 rm -f "$logs/plain.f32" "$logs/gpus.f32"
 
-step bench_heads 120 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps 3
+step bench_heads 120 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps "${HEADS_REPS:-3}"
 grep -vE "^  rep|^RESULT" "$logs/bench_heads.log" | tail -12 | tee -a "$summary"
 
 for t in test_gpu_pipeline test_cuda_attention test_gpu_checkpoint; do

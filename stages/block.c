@@ -519,8 +519,9 @@ static int layers_forward(block *b, stream_state *const *states, sf_packet *cons
      * device without looking (a download here or in a later stage, a free that synchronizes),
      * and would wait forever for a rank that failed; this wait ends by the failure flag or the
      * timeout instead. The next segment's work is issued right after, so the device idles only
-     * for that issue's first launch. */
-    if (rc == SF_OK && b->comm) rc = sf_comm_wait(b->comm);
+     * for that issue's first launch. One rank has no other rank to wait for: it runs ahead as the
+     * unsharded block does. */
+    if (rc == SF_OK && b->comm && b->comm->size > 1) rc = sf_comm_wait(b->comm);
     return rc;
 }
 
