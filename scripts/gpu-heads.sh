@@ -10,8 +10,8 @@
 # 5. the GPU tests the changed kernels touch (test_gpu_pipeline, test_cuda_attention,
 #    test_gpu_checkpoint), as regressions.
 # HEADS_REPS: bench_heads repetitions (3). Logs go to $OUT (the device tool's output folder)
-# when set, else build-gpu/heads; a summary to $OUT/heads-summary.txt. Each step has a time limit, so the whole stays under 6 minutes on
-# a machine of 16 cores (the build is about 70 s of it).
+# when set, else build-gpu/heads; a summary to $OUT/heads-summary.txt. Each step has a time
+# limit, so the whole stays under 6 minutes on a machine of 16 cores (the build is about 70 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${OUT:-build-gpu/heads}
