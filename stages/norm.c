@@ -141,7 +141,9 @@ static int norm_process(sf_stage *st, sf_packet *in)
     } else if (in->dev) {
         rc = device_rows_out(nm, in, w, eps);
     } else if (in->kind == SF_PACKET_HIDDEN) {
-        if (w && in->n) rc = sf_cpu_rmsnorm(NULL, (int)in->n, (int)in->width, in->x, w, eps, in->x);
+        /* the stage's backend carries the run's thread count (-t): with none, OpenMP would take
+         * every core the process may use, whatever the run asked for */
+        if (w && in->n) rc = sf_cpu_rmsnorm(sf_stage_backend(st), (int)in->n, (int)in->width, in->x, w, eps, in->x);
         if (rc == SF_OK && nm->bf16) rc = sf_packet_to_bf16(in);
     }
     if (rc != SF_OK) {
