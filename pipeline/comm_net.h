@@ -72,7 +72,7 @@
 #include "kernels/comm.h"
 #include "pipeline/net.h"
 
-/* The data link's options for `peer` into *out, which holds sf_link_options_default() on
+/* The data link's options for `peer` (its sf_net rank) into *out, which holds sf_link_options_default() on
  * entry (set only what differs; the exact and coll links take its codec, level and window).
  * SF_OK or an SF_E_* code with its message (the operation that needed the link then fails
  * with SF_E_COMM quoting it). Called on the communicator's thread each time a pair of links
@@ -87,5 +87,13 @@ typedef int (*sf_comm_net_options_fn)(void *user, int peer, sf_link_options *out
  * UINT32_MAX - 2), SF_E_NOMEM. Makes no link. */
 int sf_comm_net_create(sf_net *net, int rank, int size, uint32_t channel_base, sf_comm_net_options_fn options,
                        void *user, int timeout_ms, sf_comm **out);
+
+/* The same over some of the net's ranks (head-parallel blocks whose ranks are processes of a
+ * distributed run: stages/head_procs.h): the communicator's rank r is the process whose sf_net
+ * has rank ranks[r] (ranks: `size` distinct sf_net ranks, copied), this one is rank `rank` (so
+ * ranks[rank] is net's own rank and every other one a peer of net). Messages name the
+ * communicator's ranks; a dead peer's, from the net, names its sf_net rank. */
+int sf_comm_net_create_group(sf_net *net, const int *ranks, int size, int rank, uint32_t channel_base,
+                             sf_comm_net_options_fn options, void *user, int timeout_ms, sf_comm **out);
 
 #endif
