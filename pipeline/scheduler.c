@@ -6,10 +6,29 @@
 
 #include "core/process_stats.h"
 #include "pipeline/graph_internal.h"
+#include "pipeline/net.h"
+
+#define WHY_TRAVELS 150
 
 void sf_graph_abort_links(sf_graph *g)
 {
-    for (int i = 0; i < g->n_links; i++) g->links[i]->ops->abort(g->links[i]);
+    /* A failure of this process's own (not an abort that reached it) travels with the aborts of
+     * its network links, so that the other ranks, the driver among them, say what failed where
+     * instead of only that a link was cut. */
+    char why[sizeof g->error_message] = "";
+    pthread_mutex_lock(&g->error_lock);
+    if (g->error_code != SF_OK && g->error_code != SF_E_CLOSED) memcpy(why, g->error_message, sizeof why);
+    pthread_mutex_unlock(&g->error_lock);
+    /* an abort carries at most 200 bytes of text, the link's own words included: cut at a word */
+    if (strlen(why) > WHY_TRAVELS) {
+        char *cut = why + WHY_TRAVELS - 4;
+        while (cut > why && *cut != ' ') cut--;
+        strcpy(cut, " ...");
+    }
+    for (int i = 0; i < g->n_links; i++) {
+        if (*why) sf_net_link_abort_why(g->links[i], why); /* nothing for other kinds of links */
+        g->links[i]->ops->abort(g->links[i]);
+    }
 }
 
 static void stage_failed(sf_stage *st, int rc)

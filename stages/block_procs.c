@@ -102,8 +102,8 @@ int sf_block_procs_send(block *b, const block_work *w, const uint8_t *const *dat
         p->state = bytes.data, p->state_len = bytes.len, p->state_cap = bytes.cap;
         rc = h->push(h->links, k, p);
         if (rc != SF_OK)
-            rc = sf_error(rc, "head-parallel rank %d of %d (rank %d of the job) takes no more work: %s", k, h->size,
-                          h->ranks[k], sf_last_error());
+            rc = sf_error(rc, "head rank %d of %d (job rank %d) takes no more work: %s", k, h->size, h->ranks[k],
+                          sf_last_error());
     }
     return rc;
 }
@@ -190,8 +190,8 @@ int sf_block_procs_follow(block *b, sf_packet *p)
         /* rank 0 and the others may be waiting in a collective for this rank: they end now, with
          * this reason, instead of at their timeout */
         char why[480];
-        snprintf(why, sizeof why, "head-parallel rank %d of %d (rank %d of the job) failed: %s", h->index, h->size,
-                 h->ranks[h->index], sf_last_error());
+        snprintf(why, sizeof why, "head rank %d of %d (job rank %d) failed: %s", h->index, h->size, h->ranks[h->index],
+                 sf_last_error());
         sf_comm_abort(b->comm, why);
         sf_error(rc, "%s", why);
     }

@@ -130,8 +130,12 @@ int sf_block_shard_check(block *b, int rc)
     struct block_shard *s = b->shard;
     if (rc == SF_OK || !s) return rc;
     if (b->procs) { /* the followers (other processes) may wait for rank 0: they end now, with this reason */
-        char why[400];
-        snprintf(why, sizeof why, "%s", sf_last_error());
+        char why[480];
+        const char *msg = sf_last_error();
+        if (strstr(msg, "head rank ")) /* a follower's own failure, which names it */
+            snprintf(why, sizeof why, "%s", msg);
+        else
+            snprintf(why, sizeof why, "head rank 0 of %d (job rank %d): %s", b->procs->size, b->procs->ranks[0], msg);
         sf_comm_abort(b->comm, why);
         sf_error(rc, "%s", why);
         return rc;
