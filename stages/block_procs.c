@@ -6,9 +6,9 @@
  * endian: u32 "SFHW", u8 op, u8 count, u8 commit, u8 final, u32 n, u64 the unit's number (1, 2,
  * ... checked by the follower), count x u64 stream ids, then a RESTORE's state (the rest). A
  * SAVE's state comes back over the communicator (exact messages to rank 0: its length as a u64
- * in four bf16 values, then its bytes as bf16 values, the last one padded), and a RESTORE ends
- * with an all-reduce of one value on every head rank, so that a follower that cannot restore
- * fails the restore itself rather than a later segment. */
+ * in four bf16 values, then its bytes as bf16 values, the last one padded). A follower that
+ * fails (a RESTORE included) aborts the communicator with its reason, which ends rank 0's next
+ * collective. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,12 +142,6 @@ int sf_block_procs_gather(block *b, int k, sf_buffer *out)
     return rc;
 }
 
-int sf_block_procs_barrier(block *b)
-{
-    float one = 1.0f;
-    return sf_comm_all_reduce(b->comm, &one, 1, SF_DTYPE_F32);
-}
-
 /* One unit of work from p's bytes into *w (RESTORE: w->data points into p). */
 static int work_parse(block *b, const sf_packet *p, block_work *w)
 {
@@ -183,7 +177,6 @@ int sf_block_procs_follow(block *b, sf_packet *p)
     if (rc == SF_OK && w.op == SF_BLOCK_WORK_SAVE) w.out = &state;
     if (rc == SF_OK) rc = sf_block_follow(b, &w);
     if (rc == SF_OK && w.op == SF_BLOCK_WORK_SAVE) rc = send_bytes(b->comm, 0, state.data, state.len);
-    if (rc == SF_OK && w.op == SF_BLOCK_WORK_RESTORE) rc = sf_block_procs_barrier(b);
     sf_buffer_release(&state);
     sf_packet_free(p);
     if (rc != SF_OK) {

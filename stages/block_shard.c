@@ -132,8 +132,9 @@ int sf_block_shard_check(block *b, int rc)
     if (b->procs) { /* the followers (other processes) may wait for rank 0: they end now, with this reason */
         char why[480];
         const char *msg = sf_last_error();
-        if (strstr(msg, "head rank ")) /* a follower's own failure, which names it */
-            snprintf(why, sizeof why, "%s", msg);
+        const char *origin = strstr(msg, "head rank "); /* a follower's own failure, which names it */
+        if (origin)
+            snprintf(why, sizeof why, "%s", origin);
         else
             snprintf(why, sizeof why, "head rank 0 of %d (job rank %d): %s", b->procs->size, b->procs->ranks[0], msg);
         sf_comm_abort(b->comm, why);
@@ -492,10 +493,12 @@ int sf_block_shard_restore(block *b, const uint8_t *data, size_t len)
     int rc = SF_OK;
     if (b->procs) { /* each follower's part travels with its unit of work */
         const block_work w = {.op = SF_BLOCK_WORK_RESTORE};
+        /* no waiting for the followers here: every process restores before its stages' threads
+         * start, and a follower restores in its thread, so two processes each holding another's
+         * follower would wait for each other. A follower that cannot restore aborts the
+         * communicator with the reason, which rank 0's next collective reports. */
         rc = sf_block_procs_send(b, &w, part, part_len);
-        if (rc == SF_OK) rc = sf_block_state_restore(b, part[0], part_len[0]);
-        /* a failure here leaves the followers waiting in the barrier: rank 0's check aborts them */
-        return rc == SF_OK ? sf_block_procs_barrier(b) : rc;
+        return rc == SF_OK ? sf_block_state_restore(b, part[0], part_len[0]) : rc;
     }
     pthread_mutex_lock(&s->lock);
     for (int r = 1; r < s->ranks; r++) {

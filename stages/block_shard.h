@@ -80,8 +80,6 @@ int sf_block_procs_join(block *b);
 int sf_block_procs_send(block *b, const block_work *w, const uint8_t *const *data, const size_t *len);
 /* Rank 0, after handing out a SAVE: follower k's state, appended to out. */
 int sf_block_procs_gather(block *b, int k, sf_buffer *out);
-/* Every head rank after a RESTORE: one all-reduce, which a follower that failed aborts. */
-int sf_block_procs_barrier(block *b);
 /* A follower's process(): the unit of work p holds (takes p), done as rank 0 does it; a SAVE's
  * state goes back to rank 0. On failure the communicator is aborted with the reason. */
 int sf_block_procs_follow(block *b, sf_packet *p);
