@@ -160,6 +160,7 @@ static int send_msg(sf_comm *c, const char *op, int link, int peer, const void *
     p->n = count ? 1 : 0, p->width = count;
     p->stream = tag, p->segment = pp->sent + 1, p->position = what;
     rc = sf_net_link_push_within(pp->send, p, c->timeout_ms, c->stop);
+    if (rc == SF_E_PEER) __atomic_store_n(&c->lost_peer, 1, __ATOMIC_RELEASE);
     if (rc != SF_OK) return fail(c, "%s on rank %d of %d to rank %d: %s", op, c->rank, c->size, peer, sf_last_error());
     pp->sent++;
     return SF_OK;
@@ -190,6 +191,7 @@ static int recv_msg(sf_comm *c, const char *op, int link, int peer, size_t count
         if (failed) return alive(c, op);
         if (rc == SF_OK)
             return fail(c, "%s on rank %d of %d: rank %d closed its communicator", op, c->rank, c->size, peer);
+        if (rc == SF_E_PEER) __atomic_store_n(&c->lost_peer, 1, __ATOMIC_RELEASE);
         return fail(c, "%s on rank %d of %d from rank %d: %s", op, c->rank, c->size, peer, sf_last_error());
     }
     char want[64], got[64];

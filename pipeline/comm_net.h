@@ -49,8 +49,8 @@
  *
  * Errors and failures (SF_E_COMM, "<op> on rank R of S ...: <cause>"): a receive waits at most
  * timeout_ms ("nothing from rank 2 within 2000 ms"); ends early when the link fails (the net's
- * message follows: a peer dead or silent, "rank 2 (host h) stopped answering ...", or aborted,
- * "aborted by rank 2: ..."), when the peer closed its communicator, when the watched flag
+ * message follows: a peer dead or silent, "rank 2 (host h) stopped answering ...", which also
+ * sets the communicator's lost_peer, or aborted, "aborted by rank 2: ..."), when the peer closed its communicator, when the watched flag
  * (sf_comm_watch) becomes non-zero, or after sf_comm_abort. A message out of order, of another
  * count or type, or of another collective fails too. The first failure aborts every link of
  * the communicator, so that the peers' waits end at once with this rank's reason, and every

@@ -186,6 +186,7 @@ int sf_block_procs_follow(block *b, sf_packet *p)
         snprintf(why, sizeof why, "head rank %d of %d (job rank %d) failed: %s", h->index, h->size, h->ranks[h->index],
                  sf_last_error());
         sf_comm_abort(b->comm, why);
+        if (__atomic_load_n(&b->comm->lost_peer, __ATOMIC_ACQUIRE)) rc = SF_E_PEER; /* the job may roll back */
         sf_error(rc, "%s", why);
     }
     return rc;

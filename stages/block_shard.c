@@ -138,6 +138,8 @@ int sf_block_shard_check(block *b, int rc)
         else
             snprintf(why, sizeof why, "head rank 0 of %d (job rank %d): %s", b->procs->size, b->procs->ranks[0], msg);
         sf_comm_abort(b->comm, why);
+        /* a head rank lost to the network is the job's to roll back (as a lost link is) */
+        if (b->comm && __atomic_load_n(&b->comm->lost_peer, __ATOMIC_ACQUIRE)) rc = SF_E_PEER;
         sf_error(rc, "%s", why);
         return rc;
     }

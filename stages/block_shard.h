@@ -62,7 +62,9 @@ int sf_block_shard_restore(block *b, const uint8_t *data, size_t len);
 int sf_block_shard_refuse(const block *b, const uint8_t *data, size_t len);
 /* Rank 0, after each of the stage's calls: rc unchanged when SF_OK or unsharded; otherwise the
  * other ranks are stopped, and the error returned is the first failed rank's (SF_E_COMM naming
- * it) when that was another rank, else rc. */
+ * it) when that was another rank, else rc. Head ranks that are processes: the communicator is
+ * aborted with the message (the followers' waits end), which names the head rank that failed
+ * first; SF_E_PEER when the network lost one (comm.lost_peer: the job may roll back). */
 int sf_block_shard_check(block *b, int rc);
 /* Rank 0 (block_free): stops the other ranks, waits for their threads, frees them. */
 void sf_block_shard_stop(block *b);

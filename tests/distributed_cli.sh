@@ -21,7 +21,8 @@
 #            global tokens on and off, three streams batched: the bytes of the same heads_of= on
 #            threads of one process (the sums are taken in the same order) and within 1e-5
 #            (relative, L2) of one rank; a failing or killed following rank ends the job within
-#            the heartbeat timeout, named; --resume after the kill gives the uninterrupted bytes
+#            the heartbeat timeout, named; --resume after the kill gives the uninterrupted bytes, and
+#            so does a kill under launch --restart (the rank rejoins, every rank rolls back)
 # Usage: distributed_cli.sh MODE (SEQFLOW_BIN: the binary; SEQFLOW_TEST_SEED: the kill points)
 set -u
 mode=$1
@@ -406,6 +407,27 @@ heads)
         cmp -s out.raw ref-long.raw || fail "$world ranks: resumed output differs from the uninterrupted run"
         echo "ok: kill -9 of head rank on rank $victim of $world: the job ended $took s after, named it; resumed, identical"
     done
+    # under launch --restart the killed head rank is started again, its owner (rank 1) rejoins
+    # with it (a head rank lost to the network rolls the job back), and the job ends with the
+    # uninterrupted bytes (ref-long.raw: the last layout's)
+    rm -rf ck out.raw out.raw.partial*
+    "$bin" launch -n 3 --restart 1 --timeout-ms 1500 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 \
+        "$beside" 2> err.txt &
+    lp=$!
+    n=0
+    while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 1000 ] && kill -0 $lp 2> /dev/null; do
+        sleep 0.02
+        n=$((n + 1))
+    done
+    sleep 0.1
+    pid=$(rank_pid $lp 2)
+    [ -n "$pid" ] || { wait $lp; fail "restart: the job ended before the kill"; }
+    kill -9 "$pid"
+    wait $lp || { cat err.txt >&2; fail "restart: head rank on rank 2 killed, exit status $?"; }
+    grep -q "rank 2 started again" err.txt && grep -q "^seqflow\[rank 1\]: rejoining the job" err.txt &&
+        grep -q "every rank is back" err.txt || { cat err.txt >&2; fail "restart: no roll-back of every rank"; }
+    cmp -s out.raw ref-long.raw || fail "restart: output after the rejoin differs from the uninterrupted run"
+    echo "ok: kill -9 of head rank on rank 2 under --restart 1: started again, every rank rolled back; identical"
     # refusals: a head rank outside the job is a usage error; head_ranks= in one process is refused
     "$bin" launch -n 2 -- $model -i in.bin -o out.raw "segment ! embed ! block head_ranks=0,2 ! norm" 2> err.txt
     [ $? -eq 2 ] && grep -q "head_ranks=0,2 names rank 2, but the job has 2 ranks" err.txt ||
