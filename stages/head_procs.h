@@ -1,5 +1,5 @@
 /* Head ranks that are processes: a block stage whose heads are split over ranks of a
- * distributed run (`block head_ranks=1,2`; docs/DISTRIBUTED.md, "Head ranks as processes")
+ * distributed run (`block head_ranks=1,2`; docs/HEADS.md, "Head ranks as processes")
  * rather than over threads of one process. Not a public header.
  *
  * The stage runs on the first rank listed (head rank 0, the owner): it reads the packets and
