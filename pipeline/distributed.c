@@ -192,7 +192,7 @@ static int cross(sf_graph *g, const sf_dist_links *links, int peer, uint32_t cha
 #define HEADS_DEFAULT_TIMEOUT_MS 120000
 
 typedef struct heads_links {
-    sf_head_procs pub;
+    sf_head_procs pub; /* first: a stage's heads pointer is the allocation (sf_dist_heads_free) */
     int ranks[SF_DIST_MAX_REPLICAS];
     sf_link *work[SF_DIST_MAX_REPLICAS]; /* the owner's sending halves ([0] unused; the graph's) */
     int closed;
