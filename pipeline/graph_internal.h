@@ -116,7 +116,7 @@ void sf_dist_part_free(struct sf_dist_part *part);
 int sf_dist_restore(sf_graph *g, const uint8_t *data, size_t len);
 /* Restores the share handed to this process by sf_dist_set_state; SF_OK when none was. */
 int sf_dist_restore_given(sf_graph *g);
-/* Frees a stage's head ranks (NULL accepted), the communicator too when the stage did not take it. */
+/* Frees a stage's head ranks (NULL accepted) and their communicator, after the stage's free. */
 struct sf_head_procs;
 void sf_dist_heads_free(struct sf_head_procs *heads);
 

@@ -796,9 +796,10 @@ static void block_free(sf_stage *st)
 {
     block *b = sf_stage_priv(st);
     if (!b) return;
-    /* the other ranks first (they end their collectives), then this rank's communicator */
+    /* the other ranks first (they end their collectives), then this rank's communicator (head
+     * ranks that are processes: the graph's) */
     sf_block_shard_stop(b);
-    sf_comm_free(b->comm);
+    if (!b->procs) sf_comm_free(b->comm);
     b->comm = NULL;
     sf_block_release(b);
     free(b);

@@ -64,9 +64,7 @@ int sf_block_procs_plan(sf_stage *st, sf_head_procs *h, int *ranks, int *rank)
 
 int sf_block_procs_join(block *b)
 {
-    sf_head_procs *h = b->procs;
-    b->comm = h->comm;
-    h->comm = NULL;
+    b->comm = b->procs->comm; /* borrowed: the graph frees it */
     return sf_block_comm_warmup(b);
 }
 

@@ -132,12 +132,16 @@ int sf_block_shard_check(block *b, int rc)
     if (b->procs) { /* the followers (other processes) may wait for rank 0: they end now, with this reason */
         char why[480];
         const char *msg = sf_last_error();
-        const char *origin = strstr(msg, "head rank "); /* a follower's own failure, which names it */
+        /* a head rank's own failure names it: the last one named is nearest the cause */
+        const char *origin = NULL;
+        for (const char *at = msg; (at = strstr(at, "head rank ")); at++) origin = at;
         if (origin)
             snprintf(why, sizeof why, "%s", origin);
         else
             snprintf(why, sizeof why, "head rank 0 of %d (job rank %d): %s", b->procs->size, b->procs->ranks[0], msg);
-        sf_comm_abort(b->comm, why);
+        /* a link cut because this process failed elsewhere: the graph aborts the communicator
+         * with that failure, which is what the others should hear */
+        if (rc != SF_E_CLOSED) sf_comm_abort(b->comm, why);
         /* a head rank lost to the network is the job's to roll back (as a lost link is) */
         if (b->comm && __atomic_load_n(&b->comm->lost_peer, __ATOMIC_ACQUIRE)) rc = SF_E_PEER;
         sf_error(rc, "%s", why);
@@ -333,8 +337,7 @@ int sf_block_shard_start(sf_stage *st, block *b, int ranks)
     s->ranks = ranks;
     if (b->procs) { /* the other ranks are processes, whose stages set themselves up */
         b->shard = s;
-        b->comm = b->procs->comm;
-        b->procs->comm = NULL;
+        b->comm = b->procs->comm; /* borrowed: the graph frees it */
         return sf_block_comm_warmup(b);
     }
     s->model = sf_stage_model(st);

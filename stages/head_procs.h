@@ -26,8 +26,9 @@ typedef struct sf_head_procs {
     int index;        /* this process's head rank: 0 the owner, 1 .. size-1 a follower */
     int size;         /* head ranks (the stage's heads_of) */
     const int *ranks; /* [size]: the job's rank of each head rank */
-    /* The head ranks' communicator (rank `index` of `size`): the stage takes it at init (sets
-     * this to NULL) and frees it; one left here is freed with the graph. */
+    /* The head ranks' communicator (rank `index` of `size`), the graph's: the stage borrows it
+     * from init to free; the graph aborts it when the process's run fails elsewhere (so that the
+     * other head ranks' waits end at once, with the reason) and frees it after the stage. */
     struct sf_comm *comm;
     /* The owner's ends of the work links, one a follower. push hands follower k (1 .. size-1) a
      * packet, taking it also on failure; it blocks while the link's window is full, and fails
