@@ -96,6 +96,9 @@ struct sf_comm {
     int timeout_ms;              /* how long one wait for the other ranks may take */
     const int *stop;             /* sf_comm_watch: non-zero ends every wait with SF_E_COMM (read
                                     with __atomic_load_n, written likewise) */
+    int lost_peer;               /* set (atomically) by a transport whose failure was a peer it
+                                    lost (dead or silent: the network's verdict), so that a
+                                    distributed job may roll back rather than end */
 };
 
 /* The operations through the table (each checks its arguments first). */

@@ -35,6 +35,7 @@ typedef struct net_comm {
     int failed;
     char why[400];    /* the first failure */
     link_pair *pairs; /* [size * LINKS]: pairs[peer * LINKS + link] */
+    int *net_rank;    /* [size]: the sf_net rank of each of the communicator's ranks */
     float *acc;       /* rank 0's float32 sums of bf16 values */
     size_t acc_cap;
 } net_comm;
@@ -110,7 +111,7 @@ static int pair_of(sf_comm *c, const char *op, int peer, int link, link_pair **o
     *out = pp;
     if (pp->send) return SF_OK;
     sf_link_options o = sf_link_options_default();
-    int rc = m->options ? m->options(m->user, peer, &o) : SF_OK;
+    int rc = m->options ? m->options(m->user, m->net_rank[peer], &o) : SF_OK;
     if (rc != SF_OK)
         return fail(c, "%s on rank %d of %d: the options of the links to rank %d: %s", op, c->rank, c->size, peer,
                     sf_last_error());
@@ -122,8 +123,9 @@ static int pair_of(sf_comm *c, const char *op, int peer, int link, link_pair **o
         pthread_mutex_unlock(&m->lock);
         return alive(c, op);
     }
-    rc = sf_net_link_create(m->net, peer, m->base + (uint32_t)link, SF_NET_SEND, &o, &s);
-    if (rc == SF_OK) rc = sf_net_link_create(m->net, peer, m->base + (uint32_t)link, SF_NET_RECV, &o, &r);
+    const int to = m->net_rank[peer];
+    rc = sf_net_link_create(m->net, to, m->base + (uint32_t)link, SF_NET_SEND, &o, &s);
+    if (rc == SF_OK) rc = sf_net_link_create(m->net, to, m->base + (uint32_t)link, SF_NET_RECV, &o, &r);
     if (rc == SF_OK) {
         pp->send = s, pp->recv = r, pp->lossy = o.quant != SF_QUANT_F32;
     } else {
@@ -158,6 +160,7 @@ static int send_msg(sf_comm *c, const char *op, int link, int peer, const void *
     p->n = count ? 1 : 0, p->width = count;
     p->stream = tag, p->segment = pp->sent + 1, p->position = what;
     rc = sf_net_link_push_within(pp->send, p, c->timeout_ms, c->stop);
+    if (rc == SF_E_PEER) __atomic_store_n(&c->lost_peer, 1, __ATOMIC_RELEASE);
     if (rc != SF_OK) return fail(c, "%s on rank %d of %d to rank %d: %s", op, c->rank, c->size, peer, sf_last_error());
     pp->sent++;
     return SF_OK;
@@ -188,6 +191,7 @@ static int recv_msg(sf_comm *c, const char *op, int link, int peer, size_t count
         if (failed) return alive(c, op);
         if (rc == SF_OK)
             return fail(c, "%s on rank %d of %d: rank %d closed its communicator", op, c->rank, c->size, peer);
+        if (rc == SF_E_PEER) __atomic_store_n(&c->lost_peer, 1, __ATOMIC_RELEASE);
         return fail(c, "%s on rank %d of %d from rank %d: %s", op, c->rank, c->size, peer, sf_last_error());
     }
     char want[64], got[64];
@@ -395,6 +399,7 @@ static void net_destroy(sf_comm *c)
     }
     pthread_mutex_destroy(&m->lock);
     free(m->pairs);
+    free(m->net_rank);
     free(m->acc);
     free(m);
     free(c);
@@ -420,11 +425,11 @@ static const sf_comm_ops net_ops = {
     .probe = net_probe,
 };
 
-int sf_comm_net_create(sf_net *net, int rank, int size, uint32_t channel_base, sf_comm_net_options_fn options,
-                       void *user, int timeout_ms, sf_comm **out)
+int sf_comm_net_create_group(sf_net *net, const int *ranks, int size, int rank, uint32_t channel_base,
+                             sf_comm_net_options_fn options, void *user, int timeout_ms, sf_comm **out)
 {
     if (out) *out = NULL;
-    if (!net || !out) return sf_error(SF_E_INVAL, "network communicator: no sf_net or no place for the result");
+    if (!net || !out || !ranks) return sf_error(SF_E_INVAL, "network communicator: no sf_net, ranks or place for the result");
     if (size < 1 || rank < 0 || rank >= size)
         return sf_error(SF_E_INVAL, "network communicator: rank %d of %d", rank, size);
     if (timeout_ms <= 0) return sf_error(SF_E_INVAL, "network communicator: timeout %d ms", timeout_ms);
@@ -432,22 +437,46 @@ int sf_comm_net_create(sf_net *net, int rank, int size, uint32_t channel_base, s
         return sf_error(SF_E_INVAL, "network communicator: channel base %u leaves no room for %d channels",
                         channel_base, LINKS);
     sf_net_peer_status st;
-    if (sf_net_peer_status_get(net, rank, &st) == SF_OK)
-        return sf_error(SF_E_INVAL, "network communicator: rank %d is a peer of this sf_net, not its own rank", rank);
-    for (int r = 0; r < size; r++)
-        if (r != rank && sf_net_peer_status_get(net, r, &st) != SF_OK)
-            return sf_error(SF_E_INVAL, "network communicator: rank %d of %d is not a peer of rank %d's sf_net", r,
-                            size, rank);
+    if (sf_net_peer_status_get(net, ranks[rank], &st) == SF_OK)
+        return sf_error(SF_E_INVAL, "network communicator: rank %d is a peer of this sf_net, not its own rank",
+                        ranks[rank]);
+    for (int r = 0; r < size; r++) {
+        for (int q = 0; q < r; q++)
+            if (ranks[q] == ranks[r])
+                return sf_error(SF_E_INVAL, "network communicator: ranks %d and %d are both the net's rank %d", q, r,
+                                ranks[r]);
+        if (r != rank && sf_net_peer_status_get(net, ranks[r], &st) != SF_OK)
+            return sf_error(SF_E_INVAL, "network communicator: rank %d of %d (the net's rank %d) is not a peer of rank "
+                                        "%d's sf_net",
+                            r, size, ranks[r], ranks[rank]);
+    }
     sf_comm *c = calloc(1, sizeof *c);
     net_comm *m = calloc(1, sizeof *m);
     link_pair *pairs = calloc((size_t)size * LINKS, sizeof *pairs);
-    if (!c || !m || !pairs) {
-        free(c), free(m), free(pairs);
+    int *net_rank = malloc((size_t)size * sizeof *net_rank);
+    if (!c || !m || !pairs || !net_rank) {
+        free(c), free(m), free(pairs), free(net_rank);
         return sf_error(SF_E_NOMEM, "network communicator: out of memory");
     }
+    memcpy(net_rank, ranks, (size_t)size * sizeof *net_rank);
     pthread_mutex_init(&m->lock, NULL);
     m->net = net, m->base = channel_base, m->options = options, m->user = user, m->pairs = pairs;
+    m->net_rank = net_rank;
     *c = (sf_comm){.ops = &net_ops, .impl = m, .rank = rank, .size = size, .be = NULL, .timeout_ms = timeout_ms};
     *out = c;
     return SF_OK;
+}
+
+int sf_comm_net_create(sf_net *net, int rank, int size, uint32_t channel_base, sf_comm_net_options_fn options,
+                       void *user, int timeout_ms, sf_comm **out)
+{
+    if (out) *out = NULL;
+    if (size < 1 || rank < 0 || rank >= size)
+        return sf_error(SF_E_INVAL, "network communicator: rank %d of %d", rank, size);
+    int *ranks = malloc((size_t)size * sizeof *ranks);
+    if (!ranks) return sf_error(SF_E_NOMEM, "network communicator: out of memory");
+    for (int r = 0; r < size; r++) ranks[r] = r;
+    int rc = sf_comm_net_create_group(net, ranks, size, rank, channel_base, options, user, timeout_ms, out);
+    free(ranks);
+    return rc;
 }

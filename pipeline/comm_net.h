@@ -49,8 +49,8 @@
  *
  * Errors and failures (SF_E_COMM, "<op> on rank R of S ...: <cause>"): a receive waits at most
  * timeout_ms ("nothing from rank 2 within 2000 ms"); ends early when the link fails (the net's
- * message follows: a peer dead or silent, "rank 2 (host h) stopped answering ...", or aborted,
- * "aborted by rank 2: ..."), when the peer closed its communicator, when the watched flag
+ * message follows: a peer dead or silent, "rank 2 (host h) stopped answering ...", which also
+ * sets the communicator's lost_peer, or aborted, "aborted by rank 2: ..."), when the peer closed its communicator, when the watched flag
  * (sf_comm_watch) becomes non-zero, or after sf_comm_abort. A message out of order, of another
  * count or type, or of another collective fails too. The first failure aborts every link of
  * the communicator, so that the peers' waits end at once with this rank's reason, and every
@@ -72,7 +72,7 @@
 #include "kernels/comm.h"
 #include "pipeline/net.h"
 
-/* The data link's options for `peer` into *out, which holds sf_link_options_default() on
+/* The data link's options for `peer` (its sf_net rank) into *out, which holds sf_link_options_default() on
  * entry (set only what differs; the exact and coll links take its codec, level and window).
  * SF_OK or an SF_E_* code with its message (the operation that needed the link then fails
  * with SF_E_COMM quoting it). Called on the communicator's thread each time a pair of links
@@ -87,5 +87,13 @@ typedef int (*sf_comm_net_options_fn)(void *user, int peer, sf_link_options *out
  * UINT32_MAX - 2), SF_E_NOMEM. Makes no link. */
 int sf_comm_net_create(sf_net *net, int rank, int size, uint32_t channel_base, sf_comm_net_options_fn options,
                        void *user, int timeout_ms, sf_comm **out);
+
+/* The same over some of the net's ranks (head-parallel blocks whose ranks are processes of a
+ * distributed run: stages/head_procs.h): the communicator's rank r is the process whose sf_net
+ * has rank ranks[r] (ranks: `size` distinct sf_net ranks, copied), this one is rank `rank` (so
+ * ranks[rank] is net's own rank and every other one a peer of net). Messages name the
+ * communicator's ranks; a dead peer's, from the net, names its sf_net rank. */
+int sf_comm_net_create_group(sf_net *net, const int *ranks, int size, int rank, uint32_t channel_base,
+                             sf_comm_net_options_fn options, void *user, int timeout_ms, sf_comm **out);
 
 #endif

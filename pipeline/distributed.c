@@ -5,9 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/comm.h"
 #include "pipeline/distributed.h"
 #include "pipeline/graph_internal.h"
 #include "pipeline/route_link.h"
+#include "stages/head_procs.h"
 
 typedef struct dist_group {
     int first, last;              /* stage indices */
@@ -19,6 +21,8 @@ typedef struct dist_group {
 typedef struct sf_dist_part {
     int world, rank, n;
     sf_dist_placement *pl;        /* [n], normalized: n >= 1, ranks sorted */
+    sf_dist_placement *heads;     /* [n]: a block's head_ranks= in their order (head rank 0, the
+                                     stage's owner, first), n 0 for a stage without */
     int *group;                   /* [n]: group of each stage, -1 for a single-rank stage */
     dist_group *groups;
     int n_groups;
@@ -32,6 +36,7 @@ void sf_dist_part_free(struct sf_dist_part *part)
 {
     if (!part) return;
     free(part->pl);
+    free(part->heads);
     free(part->group);
     free(part->groups);
     free(part->given);
@@ -68,6 +73,46 @@ static int replicable(const sf_stage *st, char *why, size_t size)
     return 0;
 }
 
+/* Stage i's head_ranks= (a block's heads over processes) into part->heads[i], checked against
+ * the job and the stage's placement, which it sets when the text has none: the stage runs on
+ * its first head rank. */
+static int plan_heads(sf_dist_part *part, const sf_graph *g, int i)
+{
+    const sf_stage *st = g->stages[i];
+    sf_dist_placement *h = &part->heads[i], *pl = &part->pl[i];
+    const char *text = strcmp(st->cls->name, "block") == 0 ? sf_stage_option(st, "head_ranks") : NULL;
+    h->n = 0;
+    if (!text) return SF_OK;
+    int rc = sf_head_ranks_parse(text, h->ranks, SF_DIST_MAX_REPLICAS, &h->n);
+    if (rc != SF_OK) return sf_error(SF_E_PARSE, "stage %d (%s): %s", i, st->cls->name, sf_last_error());
+    for (int j = 0; j < h->n; j++)
+        if (h->ranks[j] >= part->world)
+            return sf_error(SF_E_PARSE, "stage %d (%s): head_ranks=%s names rank %d, but the job has %d ranks (0..%d)", i,
+                            st->cls->name, text, h->ranks[j], part->world, part->world - 1);
+    if (pl->n == 0) {
+        pl->n = 1, pl->ranks[0] = h->ranks[0];
+    } else if (pl->n != 1 || pl->ranks[0] != h->ranks[0]) {
+        return sf_error(SF_E_PARSE, "stage %d (%s): head_ranks=%s runs the stage on its first rank, %d; the placement "
+                                    "says otherwise (drop it, or write @%d)",
+                        i, st->cls->name, text, h->ranks[0], h->ranks[0]);
+    }
+    return SF_OK;
+}
+
+/* This rank's head rank in stage i's group of head ranks, -1 when it has none there. */
+static int head_index(const sf_dist_part *part, int i, int rank)
+{
+    for (int j = 0; j < part->heads[i].n; j++)
+        if (part->heads[i].ranks[j] == rank) return j;
+    return -1;
+}
+
+/* Whether rank runs stage i: where it is placed, or as one of its following head ranks. */
+static int runs_here(const sf_dist_part *part, int i, int rank)
+{
+    return on_rank(&part->pl[i], rank) || head_index(part, i, rank) > 0;
+}
+
 static int plan(sf_dist_part *part, const sf_graph *g)
 {
     const int n = part->n;
@@ -79,6 +124,8 @@ static int plan(sf_dist_part *part, const sf_graph *g)
             return sf_error(SF_E_PARSE, "stage %d (%s) is replicated over %d ranks; at most %d", i, g->stages[i]->cls->name,
                             pl->n, SF_DIST_MAX_REPLICAS);
         if (pl->n) memcpy(pl->ranks, ranks, (size_t)pl->n * sizeof *ranks);
+        int rc = plan_heads(part, g, i);
+        if (rc != SF_OK) return rc;
         if (pl->n == 0) pl->n = 1, pl->ranks[0] = 0;
         qsort(pl->ranks, (size_t)pl->n, sizeof pl->ranks[0], cmp_int);
         for (int j = 0; j < pl->n; j++) {
@@ -135,6 +182,78 @@ static int cross(sf_graph *g, const sf_dist_links *links, int peer, uint32_t cha
     return sf_graph_own_link(g, *out);
 }
 
+/* ---- head ranks as processes (stages/head_procs.h) ------------------------------------------ */
+
+/* Channels of stage i's head ranks: the work links, and the three of its communicator
+ * (pipeline/comm_net.h), far above the graph's links (stage indices) and the sequence exchange's
+ * (0x5E000000). */
+#define HEADS_WORK_CHANNEL 0x48000000u
+#define HEADS_COMM_CHANNEL 0x49000000u
+#define HEADS_DEFAULT_TIMEOUT_MS 120000
+
+typedef struct heads_links {
+    sf_head_procs pub; /* first: a stage's heads pointer is the allocation (sf_dist_heads_free) */
+    int ranks[SF_DIST_MAX_REPLICAS];
+    sf_link *work[SF_DIST_MAX_REPLICAS]; /* the owner's sending halves ([0] unused; the graph's) */
+    int closed;
+} heads_links;
+
+static int heads_push(void *links, int k, sf_packet *p)
+{
+    heads_links *h = links;
+    if (k < 1 || k >= h->pub.size || !h->work[k]) {
+        sf_packet_free(p);
+        return sf_error(SF_E_INVAL, "no work link to head rank %d", k);
+    }
+    int rc = h->work[k]->ops->push(h->work[k], p);
+    if (rc != SF_OK && h->work[k]->ops->status) { /* the follower's reason, when it gave one */
+        int why = h->work[k]->ops->status(h->work[k]);
+        if (why != SF_OK) rc = why;
+    }
+    return rc;
+}
+
+static void heads_close(void *links)
+{
+    heads_links *h = links;
+    if (h->closed) return;
+    h->closed = 1;
+    for (int k = 1; k < h->pub.size; k++)
+        if (h->work[k]) h->work[k]->ops->close(h->work[k]);
+}
+
+void sf_dist_heads_free(struct sf_head_procs *heads)
+{
+    if (!heads) return;
+    sf_comm_free(heads->comm);
+    free(heads);
+}
+
+/* Stage i's head ranks on this rank, head rank `head` of them: the communicator, and the work
+ * links (the owner's to each follower; a follower's from the owner, its input). */
+static int make_heads(sf_graph *g, sf_dist_part *part, const sf_dist_links *links, int i, int head)
+{
+    sf_stage *st = g->stages[i];
+    const sf_dist_placement *hr = &part->heads[i];
+    if (!links->comm)
+        return sf_error(SF_E_UNSUPPORTED, "stage %d (%s): head_ranks= needs a communicator between the ranks, which "
+                                          "this run's links do not make", i, st->cls->name);
+    heads_links *h = calloc(1, sizeof *h);
+    if (!h) return sf_error(SF_E_NOMEM, "out of memory");
+    memcpy(h->ranks, hr->ranks, (size_t)hr->n * sizeof *h->ranks);
+    h->pub = (sf_head_procs){.index = head, .size = hr->n, .ranks = h->ranks, .push = heads_push, .close = heads_close,
+                             .links = h};
+    st->heads = &h->pub; /* the stage frees it (sf_dist_heads_free) */
+    long long timeout = sf_stage_option_int(st, "comm_timeout");
+    int rc = links->comm(links->user, hr->ranks, hr->n, head, HEADS_COMM_CHANNEL + 4u * (uint32_t)i,
+                         timeout > 0 ? (int)timeout : HEADS_DEFAULT_TIMEOUT_MS, &h->pub.comm);
+    if (rc == SF_OK && !h->pub.comm) rc = sf_error(SF_E_NOMEM, "out of memory");
+    const uint32_t work = HEADS_WORK_CHANNEL + (uint32_t)i;
+    if (head > 0 && rc == SF_OK) return cross(g, links, hr->ranks[0], work, SF_DIST_RECV, &st->in);
+    for (int k = 1; k < hr->n && rc == SF_OK; k++) rc = cross(g, links, hr->ranks[k], work, SF_DIST_SEND, &h->work[k]);
+    return rc;
+}
+
 /* The links of this rank (see distributed.h). Local queues between a stage here and the next
  * one here are made when the producer is visited and picked up by the consumer. */
 static int make_links(sf_graph *g, sf_dist_part *part, const sf_dist_links *links)
@@ -145,7 +264,9 @@ static int make_links(sf_graph *g, sf_dist_part *part, const sf_dist_links *link
     int rc = merge_local && orders ? SF_OK : sf_error(SF_E_NOMEM, "out of memory");
     for (int i = 0; i < n && rc == SF_OK; i++) {
         sf_stage *st = g->stages[i];
-        if (!on_rank(&part->pl[i], me)) continue;
+        const int head = head_index(part, i, me);
+        if (head >= 0) rc = make_heads(g, part, links, i, head);
+        if (rc != SF_OK || !on_rank(&part->pl[i], me)) continue; /* a following head rank: its input is its work */
         const int gi = part->group[i];
         /* the input, unless a local producer gave it */
         if (i > 0 && !st->in) {
@@ -238,9 +359,10 @@ int sf_dist_plan(sf_graph *g, int world, int rank)
     part->rank = rank;
     part->n = g->n_stages;
     part->pl = calloc((size_t)part->n, sizeof *part->pl);
+    part->heads = calloc((size_t)part->n, sizeof *part->heads);
     part->group = calloc((size_t)part->n, sizeof *part->group);
     part->groups = calloc((size_t)part->n, sizeof *part->groups);
-    if (!part->pl || !part->group || !part->groups) {
+    if (!part->pl || !part->heads || !part->group || !part->groups) {
         sf_dist_part_free(part);
         return sf_error(SF_E_NOMEM, "out of memory");
     }
@@ -250,7 +372,7 @@ int sf_dist_plan(sf_graph *g, int world, int rank)
         return rc;
     }
     g->dist = part; /* from here the graph frees it */
-    for (int i = 0; i < part->n; i++) g->stages[i]->remote = !on_rank(&part->pl[i], rank);
+    for (int i = 0; i < part->n; i++) g->stages[i]->remote = !runs_here(part, i, rank);
     return SF_OK;
 }
 
@@ -272,14 +394,14 @@ int sf_dist_peer_used(const sf_graph *g, int peer)
 {
     if (!g || !g->dist || peer < 0 || peer >= g->dist->world) return 0;
     for (int i = 0; i < g->dist->n; i++)
-        if (on_rank(&g->dist->pl[i], peer)) return 1;
+        if (runs_here(g->dist, i, peer)) return 1;
     return 0;
 }
 
 int sf_dist_is_local(const sf_graph *g, int i)
 {
     if (!g || i < 0 || i >= g->n_stages) return 0;
-    return !g->dist || on_rank(&g->dist->pl[i], g->dist->rank);
+    return !g->dist || runs_here(g->dist, i, g->dist->rank);
 }
 
 /* ---- checkpoint states -------------------------------------------------------------------- */
@@ -383,7 +505,7 @@ int sf_dist_restore(sf_graph *g, const uint8_t *data, size_t len)
     int rc = walk(g, data, len, part->rank, NULL, restored, -1);
     for (int i = 0; i < part->n && rc == SF_OK; i++) {
         const sf_stage *st = g->stages[i];
-        if (st->remote || !st->cls->save) continue;
+        if (st->remote || !st->cls->save || (st->heads && st->heads->index > 0)) continue; /* its owner restores it */
         if (restored[i] != 1)
             rc = sf_error(SF_E_STATE, "the checkpoint holds %s state for stage %d (%s) on rank %d: was it written with "
                           "another placement?", restored[i] ? "more than one" : "no", i, st->cls->name, part->rank);
@@ -463,12 +585,22 @@ typedef struct exchange_rank {
     int rank;
 } exchange_rank;
 
+/* The host communicators of one stage's head ranks (threads of this process), made when the
+ * first of them asks, each taken by its rank. */
+typedef struct exchange_comms {
+    uint32_t base;
+    int n;
+    sf_comm **comms;
+    struct exchange_comms *next;
+} exchange_comms;
+
 struct sf_dist_exchange {
     pthread_mutex_t lock;
     int world, depth;
     exchange_rank *ranks;
     exchange_queue **queues;
     int n, cap;
+    exchange_comms *comms;
 };
 
 static int xl_status(sf_link *l);
@@ -585,6 +717,37 @@ static int exchange_create(void *user, int peer, uint32_t channel, int direction
     return SF_OK;
 }
 
+static int exchange_comm(void *user, const int *ranks, int n, int index, uint32_t channel_base, int timeout_ms,
+                         sf_comm **out)
+{
+    exchange_rank *r = user;
+    sf_dist_exchange *x = r->x;
+    *out = NULL;
+    pthread_mutex_lock(&x->lock);
+    exchange_comms *c = x->comms;
+    while (c && c->base != channel_base) c = c->next;
+    int rc = SF_OK;
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (c && !(c->comms = calloc((size_t)n, sizeof *c->comms))) free(c), c = NULL;
+        rc = c ? sf_comm_host_create(n, NULL, timeout_ms, c->comms) : sf_error(SF_E_NOMEM, "out of memory");
+        if (rc == SF_OK) {
+            c->base = channel_base, c->n = n, c->next = x->comms;
+            x->comms = c;
+        } else if (c) {
+            free(c->comms), free(c);
+            c = NULL;
+        }
+    }
+    if (rc == SF_OK && (c->n != n || index < 0 || index >= n || !c->comms[index]))
+        rc = sf_error(SF_E_INVAL, "head ranks on channel %u: rank %d of %d asked twice or of another size", channel_base,
+                      index, n);
+    if (rc == SF_OK) *out = c->comms[index], c->comms[index] = NULL;
+    pthread_mutex_unlock(&x->lock);
+    (void)ranks;
+    return rc;
+}
+
 int sf_dist_exchange_create(int world, int depth, sf_dist_exchange **out)
 {
     *out = NULL;
@@ -611,13 +774,19 @@ void sf_dist_exchange_free(sf_dist_exchange *x)
     }
     free(x->queues);
     free(x->ranks);
+    for (exchange_comms *c = x->comms, *next; c; c = next) {
+        next = c->next;
+        for (int r = 0; r < c->n; r++) sf_comm_free(c->comms[r]);
+        free(c->comms);
+        free(c);
+    }
     pthread_mutex_destroy(&x->lock);
     free(x);
 }
 
 sf_dist_links sf_dist_exchange_links(sf_dist_exchange *x, int rank)
 {
-    return (sf_dist_links){exchange_create, &x->ranks[rank]};
+    return (sf_dist_links){exchange_create, &x->ranks[rank], exchange_comm};
 }
 
 void sf_dist_exchange_fail_after(sf_dist_exchange *x, int sender, uint32_t channel, uint64_t packets)

@@ -21,6 +21,12 @@
  * A replicated stage must emit exactly one packet per packet in: embed, block (batch=1) and
  * norm qualify; others are refused. The first and the last stage (source, sink) run on rank 0.
  *
+ * Head ranks as processes (`block head_ranks=R0,R1,...`, stages/head_procs.h): the stage runs on
+ * R0 (its placement, which the text may omit, must be @R0) and in follower mode on R1, ...: each
+ * follower's input is a work link from R0 (channel 0x48000000 + the stage's index), and the
+ * head ranks share a communicator from the factory's comm (channels 0x49000000 + 4 x the
+ * index). A follower's stage state is saved and restored by R0 (it gathers every head rank's).
+ *
  * Checkpoints: the marker crosses the ranks with the states gathered so far; the driver's last
  * stage writes it (pipeline/checkpointing.c). Its state is the single-process layout
  * (sf_graph_save) with two more kinds of entries at the index of a group's first stage:
@@ -54,9 +60,17 @@ enum { SF_DIST_SEND = 1, SF_DIST_RECV = 2 };
  * SF_DIST_SEND: *out's push/close/abort deliver to rank `peer` on `channel`; SF_DIST_RECV:
  * *out's pop/ready/status give what `peer` sends on `channel`. The graph owns *out (destroyed
  * by sf_graph_free, which must come before whatever the factory's links depend on). */
+struct sf_comm;
 typedef struct sf_dist_links {
     int (*create)(void *user, int peer, uint32_t channel, int direction, sf_link **out);
     void *user;
+    /* Optional (NULL: head_ranks= is refused): the communicator (kernels/comm.h) of a block's
+     * head ranks that are processes (stages/head_procs.h): its rank r is the job's rank
+     * ranks[r] (n of them), this process is rank `index`; channels channel_base ..
+     * channel_base + 2 are its own; timeout_ms bounds every wait. *out is the caller's (the
+     * stage takes it). Called by sf_dist_connect on every head rank of such a stage. */
+    int (*comm)(void *user, const int *ranks, int n, int index, uint32_t channel_base, int timeout_ms,
+                struct sf_comm **out);
 } sf_dist_links;
 
 /* Makes g (parsed, not started) this rank's part of the job: each stage where its placement
@@ -94,7 +108,8 @@ int sf_dist_last_committed(const sf_graph *g, uint64_t *stream, uint64_t *segmen
 /* An in-process exchange: links between "ranks" that are graphs of one process (tests, and a
  * placed pipeline run in one process). Each (sender, receiver, channel) is one queue of
  * `depth` packets shared by its two halves. An abort on either side aborts the queue; the
- * other side's status then reports the peer's failure. Free after every graph that used it. */
+ * other side's status then reports the peer's failure. Head ranks (head_ranks=) share the host
+ * communicator (threads of one process). Free after every graph that used it. */
 typedef struct sf_dist_exchange sf_dist_exchange;
 int sf_dist_exchange_create(int world, int depth, sf_dist_exchange **out);
 void sf_dist_exchange_free(sf_dist_exchange *x);

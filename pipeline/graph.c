@@ -7,6 +7,7 @@
 #include "kernels/backend_ext.h"
 #include "pipeline/graph_internal.h"
 #include "core/process_stats.h"
+#include "stages/head_procs.h"
 
 int sf_graph_create(const sf_model *model, const sf_graph_options *opts, sf_graph **out)
 {
@@ -40,6 +41,7 @@ static void stage_free(sf_stage *st)
 {
     if (!st) return;
     if (st->initialized && st->cls->free) st->cls->free(st);
+    sf_dist_heads_free(st->heads);
     sf_stage_options_free(st);
     free(st->ranks);
     free(st);
@@ -243,6 +245,7 @@ uint64_t sf_stage_checkpoint_every(const sf_stage *st)
     return st->graph->checkpoint && !st->graph->push_mode ? st->graph->checkpoint->opts.every : 0;
 }
 int sf_stage_resuming(const sf_stage *st) { return st->graph->checkpoint && st->graph->checkpoint->resuming; }
+sf_head_procs *sf_stage_head_procs(const sf_stage *st) { return st->heads; }
 
 void sf_graph_count_output(sf_graph *g, const sf_packet *p)
 {

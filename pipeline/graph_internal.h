@@ -29,6 +29,9 @@ struct sf_stage {
     int *ranks;        /* placement (`@1,2` in the pipeline text): the ranks that run this
                           stage, several = replicated (stream parallel); NULL = rank 0 */
     int n_ranks;
+    /* block head_ranks= in a distributed run (stages/head_procs.h): this process's part of the
+     * stage's head ranks (pipeline/distributed.c), NULL otherwise; freed with the stage */
+    struct sf_head_procs *heads;
     sf_stage_stats stats; /* its thread's (sf_graph_stage_stats) */
 };
 
@@ -113,6 +116,9 @@ void sf_dist_part_free(struct sf_dist_part *part);
 int sf_dist_restore(sf_graph *g, const uint8_t *data, size_t len);
 /* Restores the share handed to this process by sf_dist_set_state; SF_OK when none was. */
 int sf_dist_restore_given(sf_graph *g);
+/* Frees a stage's head ranks (NULL accepted) and their communicator, after the stage's free. */
+struct sf_head_procs;
+void sf_dist_heads_free(struct sf_head_procs *heads);
 
 /* Records the first failure of the graph (thread-safe); returns code. */
 int sf_graph_fail(sf_graph *g, int code, const char *stage_name, const char *message);

@@ -5,11 +5,37 @@
 #include <string.h>
 
 #include "core/process_stats.h"
+#include "kernels/comm.h"
 #include "pipeline/graph_internal.h"
+#include "pipeline/net.h"
+#include "stages/head_procs.h"
+
+#define WHY_TRAVELS 150
 
 void sf_graph_abort_links(sf_graph *g)
 {
-    for (int i = 0; i < g->n_links; i++) g->links[i]->ops->abort(g->links[i]);
+    /* A failure of this process's own (not an abort that reached it) travels with the aborts of
+     * its network links, so that the other ranks, the driver among them, say what failed where
+     * instead of only that a link was cut. */
+    char why[sizeof g->error_message] = "", failed[sizeof g->error_message];
+    pthread_mutex_lock(&g->error_lock);
+    if (g->error_code != SF_OK && g->error_code != SF_E_CLOSED) memcpy(why, g->error_message, sizeof why);
+    snprintf(failed, sizeof failed, "%s", g->error_message[0] ? g->error_message : "the process's run failed");
+    pthread_mutex_unlock(&g->error_lock);
+    /* head ranks in other processes may wait in a collective for this one (stages/head_procs.h):
+     * they end now, with this process's reason, not at their timeout */
+    for (int i = 0; i < g->n_stages; i++)
+        if (g->stages[i]->heads) sf_comm_abort(g->stages[i]->heads->comm, failed);
+    /* an abort carries at most 200 bytes of text, the link's own words included: cut at a word */
+    if (strlen(why) > WHY_TRAVELS) {
+        char *cut = why + WHY_TRAVELS - 4;
+        while (cut > why && *cut != ' ') cut--;
+        strcpy(cut, " ...");
+    }
+    for (int i = 0; i < g->n_links; i++) {
+        if (*why) sf_net_link_abort_why(g->links[i], why); /* nothing for other kinds of links */
+        g->links[i]->ops->abort(g->links[i]);
+    }
 }
 
 static void stage_failed(sf_stage *st, int rc)

@@ -404,6 +404,28 @@ int sf_topology_link_options(const sf_topology *t, int a, int b, sf_topology_lin
 
 /* ---- the pipeline ----------------------------------------------------------------------------- */
 
+/* The ranks of list (a non-empty JSON list of distinct ranks of the topology, at path.field)
+ * appended to text as prefix and the ranks separated by commas. */
+static int append_ranks(const ctx *c, const cJSON *list, const char *path, const char *field, const char *prefix,
+                        char *text, size_t cap, size_t *len)
+{
+    char rp[PATH_MAX_LEN];
+    field_path(rp, sizeof rp, path, field);
+    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) == 0) return fail(c, rp, "expected a non-empty list of ranks");
+    int k = 0;
+    for (const cJSON *r = list->child; r; r = r->next, k++) {
+        char ip[PATH_MAX_LEN];
+        index_path(ip, sizeof ip, rp, k);
+        if (!cJSON_IsNumber(r) || r->valuedouble != floor(r->valuedouble) || r->valuedouble < 0 ||
+            r->valuedouble >= c->t->world)
+            return fail(c, ip, "expected a rank of the topology (0..%d)", c->t->world - 1);
+        for (const cJSON *q = list->child; q != r; q = q->next)
+            if (q->valuedouble == r->valuedouble) return fail(c, ip, "rank %d is listed twice", (int)r->valuedouble);
+        *len += (size_t)snprintf(text + *len, cap - *len, "%s%d", k ? "," : prefix, (int)r->valuedouble);
+    }
+    return SF_OK;
+}
+
 /* A stage's text must not hold an unquoted '!': one stage per entry. */
 static int has_bang(const char *s)
 {
@@ -433,24 +455,28 @@ static int read_pipeline(const ctx *c, const cJSON *v)
     size_t cap = 1;
     for (const cJSON *e = v->child; e; e = e->next) {
         const cJSON *s = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "stage") : e;
-        cap += (cJSON_IsString(s) ? strlen(s->valuestring) : 0) + 3 + 12 * (size_t)(cJSON_IsObject(e) ? 1 + cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(e, "ranks")) : 0);
+        cap += (cJSON_IsString(s) ? strlen(s->valuestring) : 0) + 3;
+        if (cJSON_IsObject(e))
+            cap += 12 * (size_t)(2 + cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(e, "ranks")) +
+                                 cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(e, "head_ranks")));
     }
     char *text = malloc(cap);
     if (!text) return sf_error(SF_E_NOMEM, "out of memory");
     size_t len = 0;
     int i = 0, rc = SF_OK;
-    static const char *const stage_fields[] = {"stage", "ranks", NULL};
+    static const char *const stage_fields[] = {"stage", "ranks", "head_ranks", NULL};
     for (const cJSON *e = v->child; e && rc == SF_OK; e = e->next, i++) {
         char p[PATH_MAX_LEN];
         index_path(p, sizeof p, "$.pipeline", i);
         const char *stage = NULL;
-        const cJSON *ranks = NULL;
+        const cJSON *ranks = NULL, *heads = NULL;
         if (cJSON_IsString(e)) {
             stage = e->valuestring;
         } else if (cJSON_IsObject(e)) {
             if ((rc = check_fields(c, e, p, stage_fields)) != SF_OK || (rc = get_string(c, e, p, "stage", 1, &stage)) != SF_OK)
                 break;
             ranks = cJSON_GetObjectItemCaseSensitive(e, "ranks");
+            heads = cJSON_GetObjectItemCaseSensitive(e, "head_ranks");
         } else {
             rc = fail(c, p, "expected a stage's text or {\"stage\": ..., \"ranks\": [...]}");
             break;
@@ -460,30 +486,9 @@ static int read_pipeline(const ctx *c, const cJSON *v)
             break;
         }
         len += (size_t)snprintf(text + len, cap - len, "%s%s", i ? " ! " : "", stage);
-        if (!ranks) continue;
-        char rp[PATH_MAX_LEN];
-        field_path(rp, sizeof rp, p, "ranks");
-        if (!cJSON_IsArray(ranks) || cJSON_GetArraySize(ranks) == 0) {
-            rc = fail(c, rp, "expected a non-empty list of ranks");
-            break;
-        }
-        int k = 0;
-        for (const cJSON *r = ranks->child; r; r = r->next, k++) {
-            char ip[PATH_MAX_LEN];
-            index_path(ip, sizeof ip, rp, k);
-            if (!cJSON_IsNumber(r) || r->valuedouble != floor(r->valuedouble) || r->valuedouble < 0 ||
-                r->valuedouble >= t->world) {
-                rc = fail(c, ip, "expected a rank of the topology (0..%d)", t->world - 1);
-                break;
-            }
-            for (const cJSON *q = ranks->child; q != r; q = q->next)
-                if (q->valuedouble == r->valuedouble) {
-                    rc = fail(c, ip, "rank %d is listed twice", (int)r->valuedouble);
-                    break;
-                }
-            if (rc != SF_OK) break;
-            len += (size_t)snprintf(text + len, cap - len, "%s%d", k ? "," : " @", (int)r->valuedouble);
-        }
+        /* head ranks (a block's heads over processes) are an option, so they come before the placement */
+        if (heads) rc = append_ranks(c, heads, p, "head_ranks", " head_ranks=", text, cap, &len);
+        if (ranks && rc == SF_OK) rc = append_ranks(c, ranks, p, "ranks", " @", text, cap, &len);
     }
     if (rc == SF_OK && !(t->pipeline = keep(t, text, len))) rc = sf_error(SF_E_NOMEM, "out of memory");
     free(text);

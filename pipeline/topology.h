@@ -110,7 +110,8 @@ const char *sf_topology_rendezvous(const sf_topology *t);
 int sf_topology_rendezvous_timeout_ms(const sf_topology *t);
 
 /* The pipeline text with its placements (stages joined by " ! ", placements written as
- * " @1" or " @1,2"), whether the file gave it as one string or as a list of stages; NULL when
+ * " @1" or " @1,2", a list entry's "head_ranks" as the block option " head_ranks=1,2" before
+ * its placement), whether the file gave it as one string or as a list of stages; NULL when
  * the file has no "pipeline" (the command line then gives it). Ranks of the list form are
  * checked against the world here; placements written in the text form are checked by the
  * pipeline parser, and against the world by whoever places the stages. */

@@ -15,6 +15,7 @@
 #include "kernels/memory_map.h"
 #include "stages/block_shard.h"
 #include "stages/block_state.h"
+#include "stages/head_procs.h"
 #include "stages/stages.h"
 
 static const sf_option block_options[] = {
@@ -46,6 +47,9 @@ static const sf_option block_options[] = {
     {.name = "heads_of", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 256, .unit = "ranks",
      .help = "split each layer's heads and MLP over this many ranks (cpu: threads; cuda: one GPU each, NCCL); 0 = "
              "unsharded (stages/block_shard.c)"},
+    {.name = "head_ranks", .type = SF_OPT_STRING,
+     .help = "heads_of over processes of a distributed run: the job's ranks that hold the heads, e.g. 1,2; the stage "
+             "runs on the first, the others follow it (stages/head_procs.h)"},
     {.name = "devices", .type = SF_OPT_STRING,
      .help = "heads_of on cuda: the GPU of each rank, e.g. 0,1 (default: the graph's GPU, then the next ones)"},
     {.name = "comm_timeout", .type = SF_OPT_INT, .default_value = "120000", .min = 1, .max = 86400000, .unit = "ms",
@@ -190,14 +194,18 @@ static int block_init(sf_stage *st)
     b->batch = (int)sf_stage_option_int(st, "batch");
     b->check_finite = sf_stage_option_bool(st, "check_finite") ? (int)sf_check_finite() : SF_CHECK_FINITE_OFF;
     b->host_rows = strcmp(b->be->ops->name, "cpu") == 0; /* its memory is host memory */
-    const int ranks = (int)sf_stage_option_int(st, "heads_of");
+    int ranks = (int)sf_stage_option_int(st, "heads_of"), rank = 0;
+    b->procs = sf_stage_head_procs(st); /* head ranks that are processes (head_ranks=) */
+    rc = sf_block_procs_plan(st, b->procs, &ranks, &rank);
+    if (rc != SF_OK) return rc;
     b->inject_failure = (int)sf_stage_option_int(st, "inject_failure");
     b->overlap = (int)sf_stage_option_int(st, "overlap");
     /* two chunks measured 2-3% faster than one on two H100s, four slower (bench/RESULTS.md) */
     if (b->overlap == 0) b->overlap = ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0 ? 2 : 1;
     if (ranks && sf_stage_option_int(st, "state_budget"))
         return sf_error(SF_E_OPTION, "heads_of=%d: a state_budget is not supported with head parallelism", ranks);
-    rc = sf_block_shard_plan(b, 0, ranks ? ranks : 1);
+    if (rank > 0) b->check_finite = SF_CHECK_FINITE_OFF; /* head rank 0 checks the rows, which are the same here */
+    rc = sf_block_shard_plan(b, rank, ranks ? ranks : 1);
     if (rc == SF_OK) rc = sf_block_store_init(st, b);
     if (rc == SF_OK) rc = defer_commit_wanted(st, b, &b->defer_commit);
     /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
@@ -205,6 +213,7 @@ static int block_init(sf_stage *st)
     if (rc == SF_OK) rc = sf_block_setup(b, m);
     if (rc == SF_OK) rc = block_warmup(b);
     /* the other ranks, and the communicator, last: what init ran before issued no collective */
+    if (rc == SF_OK && rank > 0) return sf_block_procs_join(b); /* a follower: rank 0 hands it its work */
     if (rc == SF_OK && ranks) rc = sf_block_shard_start(st, b, ranks);
     return rc;
 }
@@ -665,18 +674,25 @@ static int run_pending(sf_stage *st)
     return rc;
 }
 
+/* A following head rank (another process): its input is its work, and the flush came as work. */
+static int follows(const block *b) { return b->procs && b->procs->index > 0; }
+
 static int block_flush(sf_stage *st)
 {
     block *b = sf_stage_priv(st);
+    if (follows(b)) return SF_OK;
     int rc = run_pending(st);
     if (rc == SF_OK && b->shard) rc = sf_block_shard_flush(b);
     int late_rc = flush_late_commit(b, 1);
-    return sf_block_shard_check(b, rc == SF_OK ? late_rc : rc);
+    rc = sf_block_shard_check(b, rc == SF_OK ? late_rc : rc);
+    if (rc == SF_OK) sf_block_shard_end(b); /* the end of the other processes' work */
+    return rc;
 }
 
 static int block_process(sf_stage *st, sf_packet *in)
 {
     block *b = sf_stage_priv(st);
+    if (follows(b)) return sf_block_procs_follow(b, in);
     if (in->dtype != SF_DTYPE_F32) {
         sf_packet_free(in);
         return sf_error(SF_E_INVAL, "its input rows are bf16 (a norm with dtype=bf16 ahead of it); "
@@ -741,6 +757,7 @@ static int run_one(sf_stage *st, sf_packet *in)
 static int block_save(sf_stage *st, sf_buffer *out)
 {
     block *b = sf_stage_priv(st);
+    if (follows(b)) return sf_error(SF_E_STATE, "a following head rank's state is saved by head rank 0");
     int rc = run_pending(st);
     if (rc == SF_OK) rc = flush_late_commit(b, 1);
     /* head-parallel: every rank's state, in the layout of stages/block_shard.c */
@@ -751,6 +768,7 @@ static int block_save(sf_stage *st, sf_buffer *out)
 static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
 {
     block *b = sf_stage_priv(st);
+    if (follows(b)) return sf_error(SF_E_STATE, "a following head rank's state is restored by head rank 0");
     if (b->shard) return sf_block_shard_check(b, sf_block_shard_restore(b, data, len));
     int rc = sf_block_shard_refuse(b, data, len);
     return rc == SF_OK ? sf_block_state_restore(b, data, len) : rc;
@@ -778,9 +796,10 @@ static void block_free(sf_stage *st)
 {
     block *b = sf_stage_priv(st);
     if (!b) return;
-    /* the other ranks first (they end their collectives), then this rank's communicator */
+    /* the other ranks first (they end their collectives), then this rank's communicator (head
+     * ranks that are processes: the graph's) */
     sf_block_shard_stop(b);
-    sf_comm_free(b->comm);
+    if (!b->procs) sf_comm_free(b->comm);
     b->comm = NULL;
     sf_block_release(b);
     free(b);

@@ -7,6 +7,7 @@
 
 #include "kernels/comm.h"
 #include "stages/block_shard.h"
+#include "stages/head_procs.h"
 
 #define SHARD_QUEUE 32
 /* The first word of a sharded state: larger than any stream count (max_streams <= 2^20), so
@@ -128,6 +129,24 @@ int sf_block_shard_check(block *b, int rc)
 {
     struct block_shard *s = b->shard;
     if (rc == SF_OK || !s) return rc;
+    if (b->procs) { /* the followers (other processes) may wait for rank 0: they end now, with this reason */
+        char why[480];
+        const char *msg = sf_last_error();
+        /* a head rank's own failure names it: the last one named is nearest the cause */
+        const char *origin = NULL;
+        for (const char *at = msg; (at = strstr(at, "head rank ")); at++) origin = at;
+        if (origin)
+            snprintf(why, sizeof why, "%s", origin);
+        else
+            snprintf(why, sizeof why, "head rank 0 of %d (job rank %d): %s", b->procs->size, b->procs->ranks[0], msg);
+        /* a link cut because this process failed elsewhere: the graph aborts the communicator
+         * with that failure, which is what the others should hear */
+        if (rc != SF_E_CLOSED) sf_comm_abort(b->comm, why);
+        /* a head rank lost to the network is the job's to roll back (as a lost link is) */
+        if (b->comm && __atomic_load_n(&b->comm->lost_peer, __ATOMIC_ACQUIRE)) rc = SF_E_PEER;
+        sf_error(rc, "%s", why);
+        return rc;
+    }
     pthread_mutex_lock(&s->lock);
     const int other = s->failed && s->failed_rank != 0;
     pthread_mutex_unlock(&s->lock);
@@ -145,7 +164,7 @@ int sf_block_shard_check(block *b, int rc)
 /* Every rank's first collectives, at set-up: NCCL connects its ranks at the first operation of
  * each kind, which may answer "in progress" for a while; done here, no segment waits for it,
  * and a rank that cannot reach the others fails now. */
-static int comm_warmup(block *b)
+int sf_block_comm_warmup(block *b)
 {
     const size_t D = (size_t)b->cfg->dim;
     int rc = b->be->ops->zero(b->be, b->x, D * sizeof(float));
@@ -187,7 +206,7 @@ static int follower_setup(follower *f, const block *lead, int rank)
         s->host_comms[rank] = NULL;
     }
     if (rc == SF_OK) sf_comm_watch(b->comm, &s->failed);
-    return rc == SF_OK ? comm_warmup(b) : rc;
+    return rc == SF_OK ? sf_block_comm_warmup(b) : rc;
 }
 
 static void *follower_main(void *arg)
@@ -239,9 +258,11 @@ static void *follower_main(void *arg)
     return NULL;
 }
 
-/* Hands w to every follower (waiting for room in a queue). */
-static int send_work(struct block_shard *s, const block_work *w)
+/* Hands w to every follower (waiting for room in a queue; processes: onto their work links). */
+static int send_work(block *b, const block_work *w)
 {
+    struct block_shard *s = b->shard;
+    if (b->procs) return sf_block_procs_send(b, w, NULL, NULL);
     int rc = SF_OK;
     pthread_mutex_lock(&s->lock);
     for (int r = 1; r < s->ranks && rc == SF_OK; r++) {
@@ -314,6 +335,11 @@ int sf_block_shard_start(sf_stage *st, block *b, int ranks)
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     s->ranks = ranks;
+    if (b->procs) { /* the other ranks are processes, whose stages set themselves up */
+        b->shard = s;
+        b->comm = b->procs->comm; /* borrowed: the graph frees it */
+        return sf_block_comm_warmup(b);
+    }
     s->model = sf_stage_model(st);
     s->timeout_ms = (int)sf_stage_option_int(st, "comm_timeout");
     s->f = calloc((size_t)ranks, sizeof *s->f);
@@ -343,7 +369,7 @@ int sf_block_shard_start(sf_stage *st, block *b, int ranks)
         rc = sf_comm_nccl_create_watched(b->be, s->nccl_id, 0, ranks, s->timeout_ms, &s->failed, &b->comm);
     if (rc == SF_OK && !cuda) b->comm = s->host_comms[0], s->host_comms[0] = NULL;
     if (rc == SF_OK) sf_comm_watch(b->comm, &s->failed);
-    if (rc == SF_OK) rc = comm_warmup(b);
+    if (rc == SF_OK) rc = sf_block_comm_warmup(b);
     if (rc != SF_OK) {
         char why[400];
         snprintf(why, sizeof why, "%s", sf_last_error());
@@ -365,14 +391,21 @@ int sf_block_shard_forward(block *b, const uint64_t *streams, int count, int n, 
 {
     block_work w = {.op = SF_BLOCK_WORK_FORWARD, .count = count, .n = n, .commit = commit, .final = final};
     memcpy(w.streams, streams, (size_t)count * sizeof *streams);
-    return send_work(b->shard, &w);
+    return send_work(b, &w);
 }
 
 int sf_block_shard_flush(block *b)
 {
     const block_work w = {.op = SF_BLOCK_WORK_FLUSH};
-    return send_work(b->shard, &w);
+    return send_work(b, &w);
 }
+
+void sf_block_shard_end(block *b)
+{
+    if (b->shard && b->procs) b->procs->close(b->procs->links);
+}
+
+static int save_parts(struct block_shard *s, sf_buffer *parts, int rc, sf_buffer *out);
 
 /* Layout: u32 SHARD_MAGIC, u32 ranks, then for each rank in order a u64 length and that rank's
  * state (stages/block_state.c's layout for its heads). */
@@ -382,6 +415,14 @@ int sf_block_shard_save(block *b, sf_buffer *out)
     sf_buffer *parts = calloc((size_t)s->ranks, sizeof *parts);
     if (!parts) return sf_error(SF_E_NOMEM, "out of memory");
     int rc = SF_OK;
+    if (b->procs) { /* the others' states come back over the communicator */
+        const block_work w = {.op = SF_BLOCK_WORK_SAVE};
+        rc = sf_block_procs_send(b, &w, NULL, NULL);
+        if (rc == SF_OK) rc = sf_comm_wait(b->comm);
+        if (rc == SF_OK) rc = sf_block_state_save(b, &parts[0]);
+        for (int r = 1; r < s->ranks && rc == SF_OK; r++) rc = sf_block_procs_gather(b, r, &parts[r]);
+        return save_parts(s, parts, rc, out);
+    }
     pthread_mutex_lock(&s->lock);
     /* each follower's own output buffer: the work is the same but for where it goes */
     for (int r = 1; r < s->ranks; r++) {
@@ -399,6 +440,12 @@ int sf_block_shard_save(block *b, sf_buffer *out)
     if (rc == SF_OK) rc = sf_block_state_save(b, &parts[0]);
     const int waited = wait_done(s);
     if (rc == SF_OK) rc = waited;
+    return save_parts(s, parts, rc, out);
+}
+
+/* The layout below from every rank's state (parts, freed here) when rc is SF_OK. */
+static int save_parts(struct block_shard *s, sf_buffer *parts, int rc, sf_buffer *out)
+{
     const uint32_t head[2] = {SHARD_MAGIC, (uint32_t)s->ranks};
     if (rc == SF_OK) rc = sf_buffer_append(out, head, sizeof head);
     for (int r = 0; r < s->ranks && rc == SF_OK; r++) {
@@ -449,6 +496,15 @@ int sf_block_shard_restore(block *b, const uint8_t *data, size_t len)
     }
     if (at != len) return sf_error(SF_E_STATE, "block state has %zu bytes past its %d ranks", len - at, s->ranks);
     int rc = SF_OK;
+    if (b->procs) { /* each follower's part travels with its unit of work */
+        const block_work w = {.op = SF_BLOCK_WORK_RESTORE};
+        /* no waiting for the followers here: every process restores before its stages' threads
+         * start, and a follower restores in its thread, so two processes each holding another's
+         * follower would wait for each other. A follower that cannot restore aborts the
+         * communicator with the reason, which rank 0's next collective reports. */
+        rc = sf_block_procs_send(b, &w, part, part_len);
+        return rc == SF_OK ? sf_block_state_restore(b, part[0], part_len[0]) : rc;
+    }
     pthread_mutex_lock(&s->lock);
     for (int r = 1; r < s->ranks; r++) {
         follower *f = &s->f[r];
@@ -471,6 +527,14 @@ void sf_block_shard_stop(block *b)
 {
     struct block_shard *s = b->shard;
     if (!s) return;
+    if (b->procs) { /* nothing runs here for the other ranks: the graph ends their work links */
+        free(s->f);
+        pthread_cond_destroy(&s->cond);
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+        b->shard = NULL;
+        return;
+    }
     pthread_mutex_lock(&s->lock);
     s->quit = 1;
     for (int r = 1; r < s->ranks; r++) {

@@ -17,8 +17,13 @@
  * others by a broadcast at the start of each segment. A failure of any rank stops them all:
  * the others' collectives end with SF_E_COMM, and rank 0 reports the failed rank's message.
  *
+ * The ranks may instead be processes of a distributed run (block head_ranks=, stages/head_procs.h;
+ * stages/block_procs.c): rank 0 is the stage on the first rank listed and hands the same units of
+ * work to the others' stages over the network (block.procs); the functions below serve both.
+ *
  * Checkpoints: the stage's state is every rank's own state (its heads' memory and tokens), in
- * rank order, under a header naming the number of ranks; a resume needs the same number. */
+ * rank order, under a header naming the number of ranks; a resume needs the same number. The
+ * layout is the same whether the ranks are threads or processes. */
 #ifndef SEQFLOW_STAGES_BLOCK_SHARD_H
 #define SEQFLOW_STAGES_BLOCK_SHARD_H
 
@@ -32,13 +37,21 @@ int sf_block_load_weights(block *b, const sf_model *m);
 
 /* Rank 0 (block_init, after sf_block_setup): starts ranks 1..ranks-1 (their backends, weights,
  * buffers) and the communicator of all of them (b->comm), reading the stage's devices= and
- * comm_timeout=. On failure everything started is stopped again; block_free cleans up. */
+ * comm_timeout=. On failure everything started is stopped again; block_free cleans up. With
+ * head ranks that are processes (b->procs): takes their communicator and meets the others in
+ * its first collectives instead. */
 int sf_block_shard_start(sf_stage *st, block *b, int ranks);
+/* Every rank's first collectives (an all-reduce and a broadcast of D values), at set-up: a rank
+ * that cannot reach the others fails there rather than in the first segment. */
+int sf_block_comm_warmup(block *b);
 /* Rank 0: hands the other ranks a segment of `count` streams of n rows each (n 0: only the
  * stream's end), which rank 0 is about to run itself (block_work FORWARD). */
 int sf_block_shard_forward(block *b, const uint64_t *streams, int count, int n, int commit, int final);
 /* Rank 0: hands the other ranks a flush of the deferred commit. */
 int sf_block_shard_flush(block *b);
+/* Rank 0, at the end of the input (after the last flush): head ranks that are processes get
+ * the end of their work (their stages end); nothing for threads. */
+void sf_block_shard_end(block *b);
 /* Rank 0: every rank's state into out (rank 0's own state included). */
 int sf_block_shard_save(block *b, sf_buffer *out);
 /* Rank 0: every rank's state from data (SF_E_STATE naming both counts when the number of ranks
@@ -49,9 +62,28 @@ int sf_block_shard_restore(block *b, const uint8_t *data, size_t len);
 int sf_block_shard_refuse(const block *b, const uint8_t *data, size_t len);
 /* Rank 0, after each of the stage's calls: rc unchanged when SF_OK or unsharded; otherwise the
  * other ranks are stopped, and the error returned is the first failed rank's (SF_E_COMM naming
- * it) when that was another rank, else rc. */
+ * it) when that was another rank, else rc. Head ranks that are processes: the communicator is
+ * aborted with the message (the followers' waits end), which names the head rank that failed
+ * first; SF_E_PEER when the network lost one (comm.lost_peer: the job may roll back). */
 int sf_block_shard_check(block *b, int rc);
 /* Rank 0 (block_free): stops the other ranks, waits for their threads, frees them. */
 void sf_block_shard_stop(block *b);
+
+/* ---- head ranks that are processes (stages/block_procs.c) ----------------------------------- */
+
+/* block_init: with head_ranks= given, *ranks (heads_of=, 0 when unset) and *rank from the
+ * graph's head ranks h: SF_E_UNSUPPORTED outside a distributed run (h NULL) or off the cpu
+ * backend, SF_E_OPTION when heads_of= disagrees. Nothing changed without head_ranks=. */
+int sf_block_procs_plan(sf_stage *st, struct sf_head_procs *h, int *ranks, int *rank);
+/* A follower (block.procs, index > 0), at the end of block_init: takes the communicator and
+ * meets the others in the first collectives. */
+int sf_block_procs_join(block *b);
+/* Rank 0: hands w to every follower (RESTORE: data[k], len[k] is follower k's state). */
+int sf_block_procs_send(block *b, const block_work *w, const uint8_t *const *data, const size_t *len);
+/* Rank 0, after handing out a SAVE: follower k's state, appended to out. */
+int sf_block_procs_gather(block *b, int k, sf_buffer *out);
+/* A follower's process(): the unit of work p holds (takes p), done as rank 0 does it; a SAVE's
+ * state goes back to rank 0. On failure the communicator is aborted with the reason. */
+int sf_block_procs_follow(block *b, sf_packet *p);
 
 #endif

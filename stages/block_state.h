@@ -36,6 +36,7 @@ typedef struct block_activations {
 
 struct sf_comm;
 struct block_shard;
+struct sf_head_procs;
 
 typedef struct block {
     const sf_model_config *cfg;
@@ -47,6 +48,11 @@ typedef struct block {
     int rank, ranks, heads, head0, hidden;
     struct sf_comm *comm;        /* the ranks' collectives; NULL unsharded (none issued) */
     struct block_shard *shard;   /* rank 0 of a sharded block: the other ranks (NULL elsewhere) */
+    /* head ranks that are processes (stages/head_procs.h; borrowed from the graph): rank 0 hands
+     * out work (procs_units: units handed out so far), a follower (procs->index > 0) does it
+     * (procs_units: the last unit done); NULL when the ranks are threads, or unsharded */
+    struct sf_head_procs *procs;
+    uint64_t procs_units;
     int inject_failure, segments_seen; /* inject_failure=: the last rank fails after that many segments */
     int overlap;                 /* overlap=: chunks of the rows after attention (head-parallel) */
     int width;              /* heads * d */

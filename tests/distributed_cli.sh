@@ -16,6 +16,13 @@
 #            worker is started again, rejoins, every rank rolls back and the job finishes with
 #            the uninterrupted bytes; without a restart the job ends after --rejoin-timeout with
 #            the usual error, and --resume finishes it
+#   heads    a block's heads over processes (block head_ranks=): over 1, 2 and 4 processes, and
+#            2 processes beside a third rank, for delta, linear and no memory, causal or not,
+#            global tokens on and off, three streams batched: the bytes of the same heads_of= on
+#            threads of one process (the sums are taken in the same order) and within 1e-5
+#            (relative, L2) of one rank; a failing or killed following rank ends the job within
+#            the heartbeat timeout, named; --resume after the kill gives the uninterrupted bytes, and
+#            so does a kill under launch --restart (the rank rejoins, every rank rolls back)
 # Usage: distributed_cli.sh MODE (SEQFLOW_BIN: the binary; SEQFLOW_TEST_SEED: the kill points)
 set -u
 mode=$1
@@ -50,6 +57,25 @@ check() {
     "$@" || fail "$name: exit status $?"
     cmp -s out.raw "$ref" || fail "$name: output differs from seqflow run"
     echo "ok: $name"
+}
+
+# relerr A B: the relative L2 error of the float32 values of file A against those of file B
+# (python3 where it is; od and awk otherwise, five times slower and less precise)
+relerr() {
+    [ "$(wc -c < "$1")" -eq "$(wc -c < "$2")" ] || { echo "sizes differ"; return; }
+    python3 - "$1" "$2" 2> /dev/null << 'PY' && return
+import array, math, sys
+a, b = array.array("f"), array.array("f")
+a.frombytes(open(sys.argv[1], "rb").read())
+b.frombytes(open(sys.argv[2], "rb").read())
+e = sum((x - y) * (x - y) for x, y in zip(a, b))
+n = sum(y * y for y in b)
+print("%.3g" % math.sqrt(e / n) if n else "nan")
+PY
+    od -An -v -tf4 -w4 "$1" > relerr-a.txt
+    od -An -v -tf4 -w4 "$2" > relerr-b.txt
+    paste relerr-a.txt relerr-b.txt |
+        awk '{ d = $1 - $2; e += d * d; n += $2 * $2 } END { if (n == 0) print "nan"; else printf "%.3g\n", sqrt(e / n) }'
 }
 
 # the pid of rank R among the children of pid P
@@ -300,6 +326,126 @@ rejoin)
         { cat err2.txt >&2; fail "no rejoin: resume"; }
     cmp -s out.raw ref.raw || fail "no rejoin: resumed output differs"
     echo "ok: no rejoin within 2 s: the job ended $took s after the kill, named rank 1; resumed"
+    ;;
+heads)
+    # a shorter input: every layout below runs three to six processes' worth of work
+    head -c 4000 /dev/urandom > in.bin
+    split -n 3 -d in.bin part
+    "$bin" run $model -i in.bin -o ref1.raw "$plain" || fail "seqflow run"
+    both="segment ! embed ! block layers=0-0 head_ranks=0,1 ! block layers=1-1 head_ranks=1,0 ! norm"
+    # heads_of=R on threads of one process, the same pipeline over R processes: the same sums in
+    # the same order (rank 0 adds the others' parts in rank order), so the same bytes; and within
+    # 1e-5 of one rank
+    for cfg in "" "--memory linear --causal 0 --global-tokens 0" "--memory none --global-tokens 8 --summary-tokens 2"; do
+        m="$model $cfg"
+        "$bin" run $m -i in.bin -o one.raw "$plain" || fail "seqflow run $cfg"
+        "$bin" run $m --cpu-ranks 2 -i in.bin -o threads.raw "$plain" || fail "seqflow run --cpu-ranks 2 $cfg"
+        cmp -s threads.raw one.raw && fail "$cfg: --cpu-ranks 2 gave one rank's bytes: the checks below could not fail"
+        check "heads over processes 0 and 1 (${cfg:-delta memory, global tokens, causal})" threads.raw \
+            "$bin" launch -n 2 -- $m -i in.bin -o out.raw "$both"
+        err=$(relerr out.raw one.raw)
+        awk -v e="$err" 'BEGIN { exit !(e <= 1e-5) }' || fail "$cfg: relative error $err against one rank"
+        echo "ok: relative error $err against one rank"
+    done
+    # 4 processes, one head each; one rank holding all of them (bit for bit one rank's); two head
+    # ranks of the first layer beside a third rank running the second
+    "$bin" run $model --cpu-ranks 4 -i in.bin -o threads4.raw "$plain" || fail "seqflow run --cpu-ranks 4"
+    check "heads over 4 processes" threads4.raw "$bin" launch -n 4 -- $model -i in.bin -o out.raw \
+        "segment ! embed ! block layers=0-0 head_ranks=0,1,2,3 ! block layers=1-1 head_ranks=3,2,1,0 ! norm"
+    err=$(relerr out.raw ref1.raw)
+    awk -v e="$err" 'BEGIN { exit !(e <= 1e-5) }' || fail "4 processes: relative error $err against one rank"
+    check "one head rank, on rank 1" ref1.raw "$bin" launch -n 2 -- $model -i in.bin -o out.raw \
+        "segment ! embed ! block layers=0-0 head_ranks=1 ! block layers=1-1 ! norm"
+    "$bin" run $model -i in.bin -o threads3.raw "segment ! embed ! block layers=0-0 heads_of=2 ! block layers=1-1 ! norm" ||
+        fail "seqflow run heads_of=2 on layer 0"
+    beside="segment ! embed ! block layers=0-0 head_ranks=1,2 ! block layers=1-1 ! norm"
+    check "heads over processes 1 and 2, rank 0 beside" threads3.raw "$bin" launch -n 3 -- $model -i in.bin -o out.raw "$beside"
+    # three streams batched: units of work of three streams each
+    "$bin" run $model --cpu-ranks 2 $multi -o threads-b.raw "segment ! embed ! block batch=3 ! norm" ||
+        fail "seqflow run --cpu-ranks 2 batch=3"
+    check "three streams, batch=3, over processes 0 and 1" threads-b.raw "$bin" launch -n 2 -- $model $multi -o out.raw \
+        "segment ! embed ! block batch=3 head_ranks=0,1 ! norm"
+    # a following rank that fails: the job ends at once with its reason, no output left
+    rm -f out.raw
+    "$bin" launch -n 3 -- $model -i in.bin -o out.raw \
+        "segment ! embed ! block layers=0-0 head_ranks=1,2 inject_failure=3 ! block layers=1-1 ! norm" 2> err.txt
+    [ $? -eq 1 ] || { cat err.txt >&2; fail "a failing head rank: exit status not 1"; }
+    grep -q "^seqflow: .*head rank 1 of 2 (job rank 2) failed: .*failure injected after 3 segments" err.txt ||
+        { cat err.txt >&2; fail "a failing head rank: the driver does not say what failed"; }
+    [ -z "$(ls out.raw* 2> /dev/null)" ] || fail "a failing head rank: output left behind"
+    echo "ok: a failing following head rank ends the job, named"
+    # kill -9 of a following rank mid-stream: named within the heartbeat timeout (1500 ms); the
+    # checkpoints hold every head rank's state, and --resume gives the uninterrupted bytes
+    head -c 12000 /dev/urandom > long.bin
+    split -n 2 -d long.bin half
+    two="-i half00 -i half01"
+    for case in "2 1 $both" "3 2 $beside"; do
+        set -- $case
+        world=$1 victim=$2
+        shift 2
+        layout="$*"
+        threads="$plain"
+        [ "$world" = 3 ] && threads="segment ! embed ! block layers=0-0 heads_of=2 ! block layers=1-1 ! norm"
+        ranks=--cpu-ranks\ 2
+        [ "$world" = 3 ] && ranks=
+        "$bin" run $model $ranks $two -o ref-long.raw "$threads" || fail "reference of the kill"
+        rm -rf ck out.raw out.raw.partial*
+        "$bin" launch -n "$world" --timeout-ms 1500 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 \
+            "$layout" 2> err.txt &
+        lp=$!
+        n=0
+        while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 1000 ] && kill -0 $lp 2> /dev/null; do
+            sleep 0.02
+            n=$((n + 1))
+        done
+        sleep 0.1
+        pid=$(rank_pid $lp "$victim")
+        [ -n "$pid" ] || { wait $lp; fail "$world ranks: the job ended before the kill (make the input longer)"; }
+        killed_at=$(now)
+        kill -9 "$pid"
+        wait $lp
+        status=$?
+        ended_at=$(now)
+        took=$(awk -v a="$killed_at" -v b="$ended_at" 'BEGIN { printf "%.2f", b - a }')
+        [ $status -eq 1 ] || { cat err.txt >&2; fail "$world ranks: head rank on rank $victim killed: exit status $status"; }
+        grep -q "^seqflow: .*rank $victim (host .*) stopped answering" err.txt ||
+            { cat err.txt >&2; fail "$world ranks: the driver does not name rank $victim"; }
+        awk -v t="$took" -v s="$slack" 'BEGIN { exit !(t < 1.5 + s) }' || { cat err.txt >&2; fail "$world ranks: ended $took s after the kill"; }
+        [ ! -e out.raw ] || fail "$world ranks: a failed job left out.raw"
+        "$bin" launch -n "$world" -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 --resume "$layout" \
+            2> err2.txt || { cat err2.txt >&2; fail "$world ranks: resume"; }
+        cmp -s out.raw ref-long.raw || fail "$world ranks: resumed output differs from the uninterrupted run"
+        echo "ok: kill -9 of head rank on rank $victim of $world: the job ended $took s after, named it; resumed, identical"
+    done
+    # under launch --restart the killed head rank is started again, its owner (rank 1) rejoins
+    # with it (a head rank lost to the network rolls the job back), and the job ends with the
+    # uninterrupted bytes (ref-long.raw: the last layout's)
+    rm -rf ck out.raw out.raw.partial*
+    "$bin" launch -n 3 --restart 1 --timeout-ms 1500 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 \
+        "$beside" 2> err.txt &
+    lp=$!
+    n=0
+    while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 1000 ] && kill -0 $lp 2> /dev/null; do
+        sleep 0.02
+        n=$((n + 1))
+    done
+    sleep 0.1
+    pid=$(rank_pid $lp 2)
+    [ -n "$pid" ] || { wait $lp; fail "restart: the job ended before the kill"; }
+    kill -9 "$pid"
+    wait $lp || { cat err.txt >&2; fail "restart: head rank on rank 2 killed, exit status $?"; }
+    grep -q "rank 2 started again" err.txt && grep -q "^seqflow\[rank 1\]: rejoining the job" err.txt &&
+        grep -q "every rank is back" err.txt || { cat err.txt >&2; fail "restart: no roll-back of every rank"; }
+    cmp -s out.raw ref-long.raw || fail "restart: output after the rejoin differs from the uninterrupted run"
+    echo "ok: kill -9 of head rank on rank 2 under --restart 1: started again, every rank rolled back; identical"
+    # refusals: a head rank outside the job is a usage error; head_ranks= in one process is refused
+    "$bin" launch -n 2 -- $model -i in.bin -o out.raw "segment ! embed ! block head_ranks=0,2 ! norm" 2> err.txt
+    [ $? -eq 2 ] && grep -q "head_ranks=0,2 names rank 2, but the job has 2 ranks" err.txt ||
+        { cat err.txt >&2; fail "a head rank outside the job: not refused"; }
+    "$bin" run $model -i in.bin -o out.raw "segment ! embed ! block head_ranks=0,1 ! norm" 2> err.txt &&
+        fail "head_ranks= in one process ran"
+    grep -q "run it with .seqflow launch" err.txt || { cat err.txt >&2; fail "head_ranks= in one process: not the expected error"; }
+    echo "ok: refusals"
     ;;
 *)
     fail "unknown mode $mode"

@@ -3,8 +3,9 @@
  * of many sizes in a ring; tagged messages over a lossy (int8 + lz4) data link, whose error
  * feedback keeps each tag's running sum within one message's rounding, and exact ones that
  * stay bit for bit; collectives bit-identical on every rank; a peer that never sends or takes
- * nothing, a watched flag raised, a peer that aborts, one that goes silent and one that
- * leaves: every wait ends, naming the peer. */
+ * nothing, a watched flag raised, a peer that aborts, one that goes silent (the only one that
+ * sets lost_peer) and one that leaves: every wait ends, naming the peer. A group over two of the
+ * three nets, its ranks in another order than theirs: sums, broadcast and messages. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -195,6 +196,46 @@ static void ring(void)
     CHECK(sf_comm_net_create(t.net[0], 1, R, BASE, NULL, NULL, 1000, &bad) == SF_E_INVAL && !bad);
     CHECK(sf_comm_net_create(t.net[0], 0, 4, BASE, NULL, NULL, 1000, &bad) == SF_E_INVAL && !bad);
     CHECK(sf_comm_net_create(t.net[0], 0, R, UINT32_MAX - 1, NULL, NULL, 1000, &bad) == SF_E_INVAL && !bad);
+    free_trio(&t);
+}
+
+/* ---- a group over some of the net's ranks ------------------------------------------------ */
+
+/* The communicator of net ranks {2, 0} (rank 1 not in it): its rank 0 is net rank 2. */
+static const int group_ranks[2] = {2, 0};
+
+static void group_rank(rank_arg *a)
+{
+    if (a->rank == 1) return;
+    const int me = a->rank == 2 ? 0 : 1;
+    sf_comm *c = a->t->comm[a->rank];
+    float sum[3] = {me ? 1.5f : 10.0f, me ? 2.5f : 20.0f, 3.0f}, got = me ? 7.0f : 0.0f, in = -1, out = (float)(me + 40);
+    TCHECK_OK(sf_comm_all_reduce(c, sum, 3, SF_DTYPE_F32));
+    TCHECKF(sum[0] == 11.5f && sum[1] == 22.5f && sum[2] == 6.0f, "group rank %d: sums %g %g %g", me, sum[0], sum[1],
+            sum[2]);
+    TCHECK_OK(sf_comm_broadcast(c, &got, 1, SF_DTYPE_F32, 1));
+    TCHECKF(got == 7.0f, "group rank %d: broadcast from rank 1 (net rank 0) gave %g", me, got);
+    TCHECK_OK(sf_comm_send(c, &out, 1, SF_DTYPE_F32, 1 - me));
+    TCHECK_OK(sf_comm_recv(c, &in, 1, SF_DTYPE_F32, 1 - me));
+    TCHECKF(in == (float)(1 - me + 40), "group rank %d: received %g from rank %d", me, in, 1 - me);
+}
+
+static void group(void)
+{
+    trio t;
+    CHECK_OK(make_trio(&t, 1, 3000));
+    int rc = SF_OK;
+    for (int i = 0; i < R && rc == SF_OK; i++)
+        if (i != 1) rc = sf_comm_net_create_group(t.net[i], group_ranks, 2, i == 2 ? 0 : 1, BASE + 96, NULL, NULL, 5000,
+                                                  &t.comm[i]);
+    CHECK_OK(rc);
+    if (rc == SF_OK) run3(&t, group_rank);
+    /* refused: a rank twice, this process's own rank elsewhere than at `rank`, a rank not a peer */
+    sf_comm *bad = NULL;
+    static const int twice[2] = {2, 2}, unknown[2] = {0, 7};
+    CHECK(sf_comm_net_create_group(t.net[0], twice, 2, 0, BASE + 96, NULL, NULL, 1000, &bad) == SF_E_INVAL && !bad);
+    CHECK(sf_comm_net_create_group(t.net[0], group_ranks, 2, 0, BASE + 96, NULL, NULL, 1000, &bad) == SF_E_INVAL && !bad);
+    CHECK(sf_comm_net_create_group(t.net[0], unknown, 2, 0, BASE + 96, NULL, NULL, 1000, &bad) == SF_E_INVAL && !bad);
     free_trio(&t);
 }
 
@@ -524,6 +565,9 @@ static void dead_rank(rank_arg *a)
             "rank 0 when rank 2 left (%d): %d after %.2f s (%s)", dead_how, rc, took, sf_last_error());
     if (dead_how == 0)
         TCHECKF(strstr(sf_last_error(), "injected failure"), "the reason did not travel: %s", sf_last_error());
+    /* only the network's verdict (a silent peer) counts as a peer lost: a job may roll back */
+    TCHECKF((__atomic_load_n(&c->lost_peer, __ATOMIC_ACQUIRE) != 0) == (dead_how == 1),
+            "rank 2 left (%d): lost_peer is %d", dead_how, c->lost_peer);
     printf("test_comm_net: peer gone (%s): recv failed after %.2f s: %s\n", what[dead_how], took, sf_last_error());
 }
 
@@ -552,7 +596,7 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         void (*run)(void);
-    } parts[] = {{"ring", ring},     {"lossy", lossy}, {"collectives", collectives},
+    } parts[] = {{"ring", ring},     {"group", group}, {"lossy", lossy}, {"collectives", collectives},
                  {"silent", silent}, {"stuck", stuck}, {"dead", dead}};
     for (int i = 0; i < R; i++) CHECK_OK(sf_net_keypair(pub[i], sec[i]));
     alarm(60); /* a hang fails */

@@ -4,12 +4,15 @@
  * the single-process output byte for byte (CPU, float32), for several streams with partial,
  * provisional and final segments. Checkpoints cross the ranks: a run cut short by a failing
  * link, resumed from its newest checkpoint (each rank handed its share), ends with the same
- * bytes. Bad placements are refused naming the stage. */
+ * bytes. Bad placements are refused naming the stage. Head ranks as "processes" (block
+ * head_ranks=: the host communicator over the exchange, the network communicator over real
+ * links) give the bytes of the same heads_of= on threads of one graph, also resumed. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/comm_net.h"
 #include "pipeline/distributed.h"
 #include "pipeline/net.h"
 #include "state/checkpoint.h"
@@ -194,6 +197,12 @@ static int net_factory(void *user, int peer, uint32_t channel, int direction, sf
     return sf_net_link_create(user, peer, channel, direction == SF_DIST_SEND ? SF_NET_SEND : SF_NET_RECV, NULL, out);
 }
 
+static int net_comm(void *user, const int *ranks, int n, int index, uint32_t channel_base, int timeout_ms,
+                    sf_comm **out)
+{
+    return sf_comm_net_create_group(user, ranks, n, index, channel_base, NULL, NULL, timeout_ms, out);
+}
+
 /* One sf_net per rank, every other rank a peer, on ipc:// endpoints under the test folder. */
 static int make_nets(int world, sf_net **nets)
 {
@@ -226,7 +235,7 @@ static int run_job(const char *body, const job *jb, char *error, size_t error_si
     for (int r = 0; r < jb->world && rc == SF_OK; r++) {
         runs[r].g = make_graph(body);
         if (!runs[r].g) rc = SF_E_PARSE;
-        sf_dist_links links = jb->network ? (sf_dist_links){net_factory, nets[r]} : sf_dist_exchange_links(x, r);
+        sf_dist_links links = jb->network ? (sf_dist_links){net_factory, nets[r], net_comm} : sf_dist_exchange_links(x, r);
         if (rc == SF_OK) rc = sf_dist_build(runs[r].g, jb->world, r, &links);
     }
     if (rc == SF_OK && jb->checkpoint) {
@@ -346,6 +355,24 @@ int main(void)
     check_resume("segment ! embed ! block layers=0-0 @1,2 ! block layers=1-2 @1,2 ! norm", 3, 2, 5, 20);
     check_resume("segment ! embed @1 ! block layers=0-0 @2,3 ! block layers=1-2 @1 ! norm", 4, 3, 4, 15);
     check_resume("segment ! embed @1 ! block layers=0-0 @2,3 ! block layers=1-2 @1 ! norm", 4, 1, 5, 50);
+
+    /* head ranks that are other "processes": the bytes of heads_of=2 on threads of one graph */
+    free(reference.data);
+    reference = (bytes){0};
+    collected.len = 0;
+    const char *threads = "segment ! embed ! block layers=0-0 heads_of=2 ! block layers=1-2 heads_of=2 ! norm";
+    CHECKF(run_job(threads, &(job){.world = 1}, error, sizeof error) == SF_OK, "heads on threads: %s", error);
+    reference = collected;
+    collected = (bytes){0};
+    check_layout("segment ! embed ! block layers=0-0 head_ranks=0,1 ! block layers=1-2 head_ranks=1,0 ! norm", 2);
+    check_layout("segment ! embed @1 ! block layers=0-0 head_ranks=2,1 ! block layers=1-2 head_ranks=0,2 @0 ! norm", 3);
+    const char *heads = "segment ! embed ! block layers=0-0 head_ranks=1,2 ! block layers=1-2 head_ranks=2,0 ! norm";
+    check_resume(heads, 3, 1, 4, 20);
+    check_resume(heads, 3, 1, 0x48000003, 25); /* the work link to the following head rank */
+    check_refused("segment ! embed ! block head_ranks=1,2 @2 ! norm", 3, "runs the stage on its first rank, 1");
+    check_refused("segment ! embed ! block head_ranks=1,3 ! norm", 3, "the job has 3 ranks");
+    check_refused("segment ! embed ! block head_ranks=1,1 ! norm", 3, "lists rank 1 twice");
+    check_refused("segment ! embed ! block head_ranks=0,1 heads_of=4 ! norm", 2, "disagree");
 
     check_refused("segment @1,2 ! embed ! block ! norm", 3, "emit one packet per packet in");
     check_refused("segment ! embed ! block batch=2 @1,2 ! norm", 3, "batch=1");

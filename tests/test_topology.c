@@ -25,7 +25,8 @@ static char *json(const char *text)
 static const char full[] =
     "{'version': 1, 'rendezvous': 'tcp://10.0.0.1:7000', 'heartbeat_ms': 250, 'timeout_ms': 2000,\n"
     " 'pipeline': ['segment', 'embed', {'stage': 'block layers=0-1', 'ranks': [1]},\n"
-    "              {'stage': 'block layers=2-3', 'ranks': [2, 3]}, 'norm'],\n"
+    "              {'stage': 'block layers=2-3', 'ranks': [2, 3]}, {'stage': 'block layers=4', 'head_ranks': [2, 0]},\n"
+    "              'norm'],\n"
     " 'datacenters': [\n"
     "  {'name': 'eu', 'nodes': [\n"
     "    {'name': 'eu-1', 'host': '10.0.0.1', 'ranks': [\n"
@@ -59,7 +60,8 @@ static void check_full(void)
     CHECK(sf_topology_heartbeat_ms(t) == 250 && sf_topology_timeout_ms(t) == 2000);
     CHECK(sf_topology_connect_timeout_ms(t) == 10000 && sf_topology_linger_ms(t) == 1000);
     CHECK(sf_topology_rendezvous_timeout_ms(t) == 60000);
-    CHECKF(strcmp(sf_topology_pipeline(t), "segment ! embed ! block layers=0-1 @1 ! block layers=2-3 @2,3 ! norm") == 0,
+    CHECKF(strcmp(sf_topology_pipeline(t), "segment ! embed ! block layers=0-1 @1 ! block layers=2-3 @2,3 ! block layers=4 "
+                                           "head_ranks=2,0 ! norm") == 0,
            "%s", sf_topology_pipeline(t));
 
     const sf_topology_rank *r = sf_topology_rank_get(t, 4);
@@ -224,6 +226,10 @@ static void check_refusals(void)
     CHECK(refused("'pipeline': [{'stage': 'block', 'ranks': [2]}],", TWO_RANKS, "$.pipeline[0].ranks[0]: expected a rank of the topology (0..1)"));
     CHECK(refused("'pipeline': [{'stage': 'block', 'ranks': [1, 1]}],", TWO_RANKS, "$.pipeline[0].ranks[1]: rank 1 is listed twice"));
     CHECK(refused("'pipeline': [{'stage': 'block', 'rank': [1]}],", TWO_RANKS, "$.pipeline[0].rank: unknown field"));
+    CHECK(refused("'pipeline': [{'stage': 'block', 'head_ranks': [0, 0]}],", TWO_RANKS,
+                  "$.pipeline[0].head_ranks[1]: rank 0 is listed twice"));
+    CHECK(refused("'pipeline': [{'stage': 'block', 'head_ranks': []}],", TWO_RANKS,
+                  "$.pipeline[0].head_ranks: expected a non-empty list of ranks"));
     CHECK(refused("", "[{'name': 'a', 'nodes': [{'name': 'n0', 'ranks': [{'id': 0, 'endpoint': 'tcp://h:1', 'public_key': '" K0
                       "'}, {'id': 1, 'endpoint': 'tcp://h:1', 'public_key': '" K0 "'}]}]}]",
                   "$.datacenters[0].nodes[0].ranks[1].endpoint: \"tcp://h:1\" is also rank 0's"));

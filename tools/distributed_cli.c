@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pipeline/comm_net.h"
 #include "pipeline/distributed.h"
 #include "pipeline/launcher.h"
 #include "pipeline/net.h"
@@ -176,22 +177,41 @@ static int payload_of(void *user, int rank, sf_buffer *out)
     return rc;
 }
 
-static int net_link(void *user, int peer, uint32_t channel, int direction, sf_link **out)
+/* The options the topology gives the links between this rank and peer (sf_comm_net_options_fn). */
+static int topology_link_options(void *user, int peer, sf_link_options *o)
 {
     worker *w = user;
     sf_topology_link t;
     int rc = sf_topology_link_options(w->topology, w->rank, peer, &t);
     if (rc != SF_OK) return rc;
-    sf_link_options o = sf_link_options_default();
-    o.codec = t.codec;
-    o.level = t.level;
-    o.quant = t.quant;
-    o.group = t.group;
-    o.shuffle = t.shuffle;
-    o.error_feedback = t.error_feedback ? 1 : -1;
-    o.window_packets = t.window_packets;
-    o.window_bytes = t.window_bytes;
+    *o = sf_link_options_default();
+    o->codec = t.codec;
+    o->level = t.level;
+    o->quant = t.quant;
+    o->group = t.group;
+    o->shuffle = t.shuffle;
+    o->error_feedback = t.error_feedback ? 1 : -1;
+    o->window_packets = t.window_packets;
+    o->window_bytes = t.window_bytes;
+    return SF_OK;
+}
+
+static int net_link(void *user, int peer, uint32_t channel, int direction, sf_link **out)
+{
+    worker *w = user;
+    sf_link_options o;
+    int rc = topology_link_options(w, peer, &o);
+    if (rc != SF_OK) return rc;
     return sf_net_link_create(w->net, peer, channel, direction == SF_DIST_SEND ? SF_NET_SEND : SF_NET_RECV, &o, out);
+}
+
+/* A block's head ranks that are processes (head_ranks=): their communicator over this rank's
+ * sf_net; its collectives are lossless whatever the topology's links quantize. */
+static int net_comm(void *user, const int *ranks, int n, int index, uint32_t channel_base, int timeout_ms,
+                    sf_comm **out)
+{
+    worker *w = user;
+    return sf_comm_net_create_group(w->net, ranks, n, index, channel_base, topology_link_options, w, timeout_ms, out);
 }
 
 /* The rank that went silent, if one did: a failure elsewhere often reaches the driver first as
@@ -357,7 +377,7 @@ static int worker_attempt(worker *w, int attempt, const char *label, const char 
     if (rc == SF_OK) rc = sf_net_create(&no, &w->net);
     free(peers);
     if (rc == SF_OK && !w->seq.on) {
-        sf_dist_links links = {net_link, w};
+        sf_dist_links links = {net_link, w, net_comm};
         rc = sf_dist_connect(c->graph, &links);
     }
     if (rc != SF_OK) {
