@@ -72,10 +72,13 @@ e = sum((x - y) * (x - y) for x, y in zip(a, b))
 n = sum(y * y for y in b)
 print("%.3g" % math.sqrt(e / n) if n else "nan")
 PY
-    od -An -v -tf4 -w4 "$1" > relerr-a.txt
-    od -An -v -tf4 -w4 "$2" > relerr-b.txt
-    paste relerr-a.txt relerr-b.txt |
+    local ta tb
+    ta=$(mktemp) tb=$(mktemp)
+    od -An -v -tf4 -w4 "$1" > "$ta"
+    od -An -v -tf4 -w4 "$2" > "$tb"
+    paste "$ta" "$tb" |
         awk '{ d = $1 - $2; e += d * d; n += $2 * $2 } END { if (n == 0) print "nan"; else printf "%.3g\n", sqrt(e / n) }'
+    rm -f "$ta" "$tb"
 }
 
 # the pid of rank R among the children of pid P
