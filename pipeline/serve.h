@@ -14,6 +14,12 @@
  *     stream's next segment only while its credit is positive, one segment at a time, each
  *     ROWS sent costing one; so the replies queued for a client that reads nothing stay under
  *     max_credit (+1 where a pipeline's segment length is shorter than the model's) per stream;
+ *   - server-wide, the ROWS handed to ZeroMQ and not yet written (they go without a copy: the
+ *     buffer a reply is encoded into becomes the message) stay under `send_budget` bytes plus
+ *     what one step releases (one segment's ROWS; a batching block's batch): at the budget the
+ *     loop computes nothing more until ZeroMQ's I/O threads have written enough. Control
+ *     replies (OPENED, PONG, CLOSED, ERROR, DURABLE; at most 544 bytes) are sent regardless, so
+ *     they wait at most behind the budget's bytes of a client's queue;
  *   - at most `max_streams` streams and `max_clients` clients; one message at most
  *     32 + 8 * window bytes (ZMQ_MAXMSGSIZE: a larger one drops that connection; a PUSH of more
  *     than `window` tokens below that gets ERROR MALFORMED).
@@ -42,6 +48,8 @@
 
 typedef struct sf_serve sf_serve;
 
+#define SF_SERVE_SEND_BUDGET_DEFAULT (256ull << 20) /* bytes */
+
 typedef struct sf_serve_options {
     const char *bind;              /* the clients' endpoint, "tcp://HOST:PORT" or "ipc://PATH" */
     const char *http;              /* the HTTP endpoint ("tcp://HOST:PORT"), NULL = none */
@@ -55,6 +63,10 @@ typedef struct sf_serve_options {
     uint32_t max_streams;          /* 0 = 65536 */
     uint32_t max_clients;          /* 0 = 4096 */
     int heartbeat_ms;              /* ZMTP heartbeats on the ROUTER; 0 = 1000 */
+    /* Bytes of ROWS handed to ZeroMQ and not yet written by its I/O threads, server-wide: at
+     * this many the server computes nothing more until they drain (0 = 256 MiB). */
+    uint64_t send_budget;
+    int io_threads;                /* ZeroMQ I/O threads; 0 = min(4, the online cores) */
     /* Checkpoints (docs/SERVE.md, "Restarts"): NULL = none. Otherwise the directory (created
      * when missing, locked while the server runs) whose newest valid checkpoint sf_serve_create
      * loads, and where the server writes one every checkpoint_every seconds (0 = 1) while
@@ -96,6 +108,8 @@ typedef struct sf_serve_stats {
     double checkpoint_seconds; /* from each snapshot to its file landing, in all */
     double checkpoint_pause_seconds; /* of which the loop paused for the snapshots */
     uint32_t streams, clients;
+    uint64_t send_budget, send_in_flight, send_peak; /* bytes: the budget, in flight now, at most */
+    double send_wait_seconds; /* the loop waited this long for the budget, in all */
 } sf_serve_stats; /* tokens_out: committed rows (FLUSH's provisional rows not counted) */
 void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out);
 
