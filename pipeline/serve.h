@@ -4,8 +4,10 @@
  * One thread (the caller of sf_serve_run) owns everything: the ROUTER socket clients' DEALERs
  * connect to, the ZAP handler, the optional HTTP socket (/health, /metrics) and the graph, which
  * it drives with sf_graph_push / sf_graph_flush / sf_graph_end and whose packets it pulls and
- * sends as ROWS. Streams are named by their client (a uint64 id, one namespace per server: a
- * stream open by one client is BUSY for the others) and are the graph's stream ids.
+ * sends as ROWS (without a copy: ZeroMQ's `io_threads` I/O threads write them and give their
+ * buffers back, pipeline/serve_send.c). Streams are named by their client (a uint64 id, one
+ * namespace per server: a stream open by one client is BUSY for the others) and are the graph's
+ * stream ids.
  *
  * Bounds (what a client cannot make the server hold beyond):
  *   - per stream at most `window` tokens taken but not yet computed (a PUSH beyond: ERROR WINDOW,

@@ -1,6 +1,7 @@
 /* The server's state, shared by pipeline/serve.c (clients, streams, the graph loop),
- * pipeline/serve_checkpoint.c (the checkpoints streams resume from) and pipeline/serve_http.c
- * (/health, /metrics). Internal: only those files include it. */
+ * pipeline/serve_checkpoint.c (the checkpoints streams resume from), pipeline/serve_http.c
+ * (/health, /metrics, the counters) and pipeline/serve_send.c (replies without a copy, the send
+ * budget). Internal: only those files include it. */
 #ifndef SEQFLOW_PIPELINE_SERVE_INTERNAL_H
 #define SEQFLOW_PIPELINE_SERVE_INTERNAL_H
 

@@ -8,7 +8,9 @@
  *    and its streams expire;
  *  - 64 streams on 64 connections with rows far larger than the budget all complete, rows exact
  *    (the buffers go back to the pool only once written: a buffer reused too early would change
- *    rows in flight). */
+ *    rows in flight);
+ *  - a RESUME on a fresh connection gets the kept rows again under the budget, a few at a time,
+ *    in order and before the stream's new rows. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -25,6 +27,7 @@
 #include "pipeline/serve_proto.h"
 #include "pipeline/wire.h"
 #include "seqflow/seqflow.h"
+#include "state/checkpoint.h"
 #include "support/check.h"
 
 #define PIPELINE "segment ! embed ! norm"
@@ -50,8 +53,9 @@ static void *serve_main(void *arg)
     return NULL;
 }
 
-/* The built-in model's embedding and norm at D = dim, N = seg; a server with that budget. */
-static int server_start(server *v, int dim, int seg, uint64_t budget, double idle_s, const char *sock)
+/* The built-in model's embedding and norm at D = dim, N = seg; a server with that budget (and
+ * checkpoints in ckpt, unless NULL). */
+static int server_start(server *v, int dim, int seg, uint64_t budget, double idle_s, const char *sock, const char *ckpt)
 {
     memset(v, 0, sizeof *v);
     sf_model_config cfg;
@@ -68,7 +72,7 @@ static int server_start(server *v, int dim, int seg, uint64_t budget, double idl
     CHECK_OK(sf_graph_parse(v->graph, PIPELINE));
     snprintf(v->endpoint, sizeof v->endpoint, "ipc://%s", check_tmp_path(sock));
     sf_serve_options so = {.bind = v->endpoint, .http = "tcp://127.0.0.1:*", .plaintext = 1, .idle_timeout = idle_s,
-                           .send_budget = budget, .io_threads = 2};
+                           .send_budget = budget, .io_threads = 2, .checkpoint_dir = ckpt};
     CHECK_OK(sf_serve_create(v->graph, sf_model_get_config(v->model), &so, &v->serve));
     if (!v->serve) return 0;
     char http[256];
@@ -164,12 +168,11 @@ static void make_stream(const server *v, tstream *t, uint64_t id, int segs, chec
     sf_graph_free(g);
 }
 
-/* OPEN with credit, every segment as one PUSH, CLOSE unless keep_open. */
-static void push_stream(void *d, const server *v, const tstream *t, int credit, int keep_open)
+/* Segments [from, to) as one PUSH each, then CLOSE unless keep_open. */
+static void push_range(void *d, const server *v, const tstream *t, int from, int to, int keep_open)
 {
-    csend(d, SF_SERVE_OPEN, t->id, (uint64_t)credit, 0, NULL, 0);
     uint8_t *payload = malloc(4 * (size_t)v->seg);
-    for (int k = 0; k < t->segs; k++) {
+    for (int k = from; k < to; k++) {
         const uint32_t *tok = t->tokens + (size_t)k * (size_t)v->seg;
         for (int i = 0; i < v->seg; i++)
             payload[4 * i] = (uint8_t)tok[i], payload[4 * i + 1] = payload[4 * i + 2] = payload[4 * i + 3] = 0;
@@ -179,8 +182,16 @@ static void push_stream(void *d, const server *v, const tstream *t, int credit, 
     if (!keep_open) csend(d, SF_SERVE_CLOSE, t->id, 0, 0, NULL, 0);
 }
 
+/* OPEN with credit, every segment as one PUSH, CLOSE unless keep_open. */
+static void push_stream(void *d, const server *v, const tstream *t, int credit, int keep_open)
+{
+    csend(d, SF_SERVE_OPEN, t->id, (uint64_t)credit, 0, NULL, 0);
+    push_range(d, v, t, 0, t->segs, keep_open);
+}
+
 /* Takes the messages waiting on d for its streams: each ROWS checked against the reference (in
- * order, exact) and answered with CREDIT 1. Returns the longest message seen. */
+ * order, exact) and answered with CREDIT 1 (acknowledging no row: a resumable stream's server
+ * keeps them all). Returns the longest message seen. */
 static size_t take(void *d, tstream *ts, int n, const server *v)
 {
     size_t longest = 0;
@@ -214,7 +225,7 @@ static size_t take(void *d, tstream *ts, int n, const server *v)
             csend(d, SF_SERVE_CREDIT, t->id, 1, 0, NULL, 0);
         } else if (msg.type == SF_SERVE_CLOSED) {
             t->closed = 1;
-        } else if (msg.type != SF_SERVE_OPENED && msg.type != SF_SERVE_PONG) {
+        } else if (msg.type != SF_SERVE_OPENED && msg.type != SF_SERVE_PONG && msg.type != SF_SERVE_DURABLE) {
             fprintf(stderr, "unexpected %s on stream %llu\n", sf_serve_type_name(msg.type), (unsigned long long)msg.stream);
             t->bad++;
         }
@@ -238,7 +249,7 @@ static void stuck_client(void)
 {
     const uint64_t budget = 1 << 20; /* 4 ROWS of 256 x 256 floats */
     server v;
-    if (!server_start(&v, 256, 256, budget, 3.0, "budget-stuck.sock")) return;
+    if (!server_start(&v, 256, 256, budget, 3.0, "budget-stuck.sock", NULL)) return;
     check_rng rng = {7};
     tstream f1, f2, stuck[STUCK_STREAMS];
     make_stream(&v, &f1, 1, 48, &rng);
@@ -326,7 +337,7 @@ static void many_streams(void)
 {
     const uint64_t budget = 4 << 20; /* 4 ROWS of 512 x 512 floats; 64 streams want 512 */
     server v;
-    if (!server_start(&v, 512, 512, budget, 30.0, "budget-many.sock")) return;
+    if (!server_start(&v, 512, 512, budget, 30.0, "budget-many.sock", NULL)) return;
     check_rng rng = {11};
     static tstream ts[MANY];
     void *socks[MANY];
@@ -358,11 +369,59 @@ static void many_streams(void)
     server_stop(&v);
 }
 
+/* ---- RESUME: the kept rows again, under the budget ------------------------------------------ */
+
+#define KEPT_SEGS 12
+#define MORE_SEGS 4
+
+static void resume_paced(void)
+{
+    const uint64_t budget = 1 << 20; /* 4 ROWS; the stream keeps 12 of them */
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s", check_tmp_path("budget-ckpt"));
+    server v;
+    if (!server_start(&v, 256, 256, budget, 30.0, "budget-resume.sock", ckpt)) return;
+    check_rng rng = {13};
+    tstream t;
+    make_stream(&v, &t, 7, KEPT_SEGS + MORE_SEGS, &rng);
+    /* the first connection gets 12 segments' rows and acknowledges none, then goes */
+    void *first = dealer(v.endpoint, 0);
+    csend(first, SF_SERVE_OPEN, t.id, 64, 0, NULL, 0);
+    push_range(first, &v, &t, 0, KEPT_SEGS, 1);
+    size_t longest = 0, l;
+    for (double until = sf_monotonic_seconds() + 20; t.got < KEPT_SEGS && sf_monotonic_seconds() < until;) {
+        wait_readable(&first, 1, 100);
+        if ((l = take(first, &t, 1, &v)) > longest) longest = l;
+    }
+    CHECKF(t.got == KEPT_SEGS && !t.bad, "first connection: %d of %d segments, %d wrong", t.got, KEPT_SEGS, t.bad);
+    zmq_close(first);
+    /* a fresh one RESUMEs with no row: all 12 again, in order, then the new ones */
+    void *again = dealer(v.endpoint, 0);
+    t.got = 0;
+    csend(again, SF_SERVE_RESUME, t.id, 64, 0, NULL, 0);
+    push_range(again, &v, &t, KEPT_SEGS, KEPT_SEGS + MORE_SEGS, 0);
+    for (double until = sf_monotonic_seconds() + 20; !t.closed && sf_monotonic_seconds() < until;) {
+        wait_readable(&again, 1, 100);
+        if ((l = take(again, &t, 1, &v)) > longest) longest = l;
+    }
+    CHECKF(t.closed && t.got == KEPT_SEGS + MORE_SEGS && !t.bad, "after RESUME: %d of %d segments, %d wrong, closed %d",
+           t.got, KEPT_SEGS + MORE_SEGS, t.bad, t.closed);
+    const double peak = metric(&v, "seqflow_serve_send_bytes_in_flight_peak");
+    CHECKF(peak > 0 && peak <= (double)budget + (double)longest, "peak %.0f bytes in flight, budget %llu, messages of %zu",
+           peak, (unsigned long long)budget, longest);
+    zmq_close(again);
+    server_stop(&v);
+    sf_checkpoint_clear(ckpt);
+    rmdir(ckpt);
+    free(t.tokens);
+}
+
 int main(void)
 {
     zctx = zmq_ctx_new();
     stuck_client();
     many_streams();
+    resume_paced();
     zmq_ctx_term(zctx);
     return check_finish("test_serve_budget");
 }
