@@ -2,8 +2,13 @@
  * `seqflow run` process:
  *
  *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F]
- *               [--latency-segments L] [--checkpoint SECONDS] [-- server and run options, e.g. --layers 1]
+ *               [--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N]
+ *               [-- server and run options, e.g. --layers 1]
  *
+ * --send-budget and --io-threads go to the server alone (`seqflow serve --send-budget
+ * --io-threads`, docs/SERVE.md); its summary's peak of reply bytes in flight and the time its
+ * loop waited for that budget are printed (send_peak_mib, send_wait_s; -1 from a server that
+ * does not report them).
  * --checkpoint S starts the server with `--checkpoint DIR --checkpoint-every S` (docs/SERVE.md,
  * "Restarts"): it then keeps every ROWS until acknowledged and writes a checkpoint of every
  * stream every S seconds; the checkpoints written, their time (snapshot to file landed) and the
@@ -136,13 +141,19 @@ static int drain(void **socks, int nclients, zmq_pollitem_t *items, stream_state
  * replies that never come): the benchmark says so and stops instead of waiting forever. */
 #define STALL_SECONDS 60.0
 
+static char serve_err[64]; /* the server's log */
+
 static void check_stall(double last_progress, const char *phase, pid_t server)
 {
     if (now_s() - last_progress < STALL_SECONDS) return;
     fprintf(stderr, "bench_serve: the %s phase received nothing for %.0f s: a client was dropped or the server "
-                    "stopped (run the server with -v to see which)\n",
-            phase, STALL_SECONDS);
+                    "stopped; the server's log (%s) ends:\n",
+            phase, STALL_SECONDS, serve_err);
     kill(server, SIGTERM);
+    waitpid(server, NULL, 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "tail -n 20 %s >&2", serve_err);
+    if (system(cmd) != 0) fprintf(stderr, "bench_serve: cannot read %s\n", serve_err);
     exit(1);
 }
 
@@ -151,6 +162,7 @@ int main(int argc, char **argv)
     const char *seqflow = NULL;
     int nstreams = 64, nclients = 0, segments = 4, lat_segments = 4;
     double load = 0.5, checkpoint = 0;
+    const char *send_budget = NULL, *io_threads = NULL;
     int extra = argc;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { extra = i + 1; break; }
@@ -163,10 +175,12 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--latency-segments") == 0) lat_segments = atoi(argv[++i]);
         else if (strcmp(argv[i], "--segment") == 0) seg_tokens = atoi(argv[++i]);
         else if (strcmp(argv[i], "--checkpoint") == 0) checkpoint = atof(argv[++i]);
+        else if (strcmp(argv[i], "--send-budget") == 0) send_budget = argv[++i];
+        else if (strcmp(argv[i], "--io-threads") == 0) io_threads = argv[++i];
     }
     if (!seqflow || nstreams < 1 || segments < 1 || seg_tokens < 1 || seg_tokens > (1 << 20)) {
         fprintf(stderr, "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F] "
-                        "[--latency-segments L] [--checkpoint SECONDS] [-- options]\n");
+                        "[--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N] [-- options]\n");
         return 2;
     }
     if (nclients <= 0) nclients = nstreams < 64 ? nstreams : 64;
@@ -177,11 +191,12 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir)) return 1;
     snprintf(endpoint, sizeof endpoint, "ipc://%s/s", dir);
     /* the server */
-    char **sargv = calloc((size_t)nextra + 14, sizeof *sargv);
+    char **sargv = calloc((size_t)nextra + 18, sizeof *sargv);
     int k = 0;
     sargv[k++] = (char *)seqflow, sargv[k++] = "serve", sargv[k++] = "--bind", sargv[k++] = endpoint;
     sargv[k++] = "--plaintext";
-    if (checkpoint <= 0) sargv[k++] = "-q"; /* else its summary says the checkpoints' time */
+    /* its log goes to a file (serve.err): the summary says the checkpoints' time and the
+     * replies' peak in flight, and a stalled run prints the log's end */
     /* the throughput phase pushes all of a stream's segments at once: the server's window
      * (tokens a stream may hold not yet computed, default 65536) must take them */
     char window[32];
@@ -194,17 +209,19 @@ int main(int argc, char **argv)
         snprintf(window, sizeof window, "%lld", need);
         sargv[k++] = "--window", sargv[k++] = window;
     }
-    char ckpt_dir[64], every[32], serve_err[64];
+    char ckpt_dir[64], every[32];
     snprintf(serve_err, sizeof serve_err, "%s/serve.err", dir);
     snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", dir);
     snprintf(every, sizeof every, "%g", checkpoint);
     if (checkpoint > 0)
         sargv[k++] = "--checkpoint", sargv[k++] = ckpt_dir, sargv[k++] = "--checkpoint-every", sargv[k++] = every;
+    if (send_budget) sargv[k++] = "--send-budget", sargv[k++] = (char *)send_budget;
+    if (io_threads) sargv[k++] = "--io-threads", sargv[k++] = (char *)io_threads;
     for (int i = 0; i < nextra; i++) sargv[k++] = argv[extra + i];
     pid_t server;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    if (checkpoint > 0) posix_spawn_file_actions_addopen(&fa, 2, serve_err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, serve_err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (posix_spawn(&server, seqflow, &fa, NULL, sargv, environ) != 0) return 1;
     posix_spawn_file_actions_destroy(&fa);
     char sock_path[80];
@@ -324,9 +341,29 @@ int main(int argc, char **argv)
     zmq_ctx_term(ctx);
     kill(server, SIGTERM);
     waitpid(server, NULL, 0);
+    /* from the server's summary: the replies' peak in flight and its wait for the send budget;
+     * the checkpoints' time, and the loop's pause for them (the whole of it where the server
+     * says nothing of a pause: it wrote on its loop) */
+    double send_peak_mib = -1, send_wait_s = -1, ckpt_s = 0, ckpt_pause_s = -1;
+    FILE *e = fopen(serve_err, "r");
+    char line[512];
+    while (e && fgets(line, sizeof line, e)) {
+        const char *w = strstr(line, "checkpoint(s) written in ");
+        if (w) ckpt_s = strtod(w + strlen("checkpoint(s) written in "), NULL);
+        const char *q = strstr(line, "the loop paused ");
+        if (q) ckpt_pause_s = strtod(q + strlen("the loop paused "), NULL);
+        const char *r = strstr(line, "replies: at most ");
+        if (r) send_peak_mib = strtod(r + strlen("replies: at most "), NULL);
+        const char *b = strstr(line, "the loop waited ");
+        if (b) send_wait_s = strtod(b + strlen("the loop waited "), NULL);
+    }
+    if (ckpt_pause_s < 0) ckpt_pause_s = ckpt_s;
+    if (e) fclose(e);
+    unlink(serve_err);
+    printf("server: at most %.1f MiB of replies in flight; its loop waited %.3f s for the send budget\n", send_peak_mib,
+           send_wait_s);
     /* the checkpoints: the newest one's number (one per write) and size, then away with them */
     unsigned long long ckpt_seq = 0, ckpt_bytes = 0;
-    double ckpt_s = 0, ckpt_pause_s = 0;
     if (checkpoint > 0) {
         char cmd[256];
         snprintf(cmd, sizeof cmd, "ls %s | sed -n 's/^ckpt-0*\\([0-9]*\\)\\.sqf$/\\1/p' | sort -n | tail -n 1", ckpt_dir);
@@ -341,20 +378,6 @@ int main(int argc, char **argv)
             ckpt_bytes = (unsigned long long)ftell(f);
             fclose(f);
         }
-        /* from the server's summary line: snapshot to file landed, and the loop's pause (the
-         * whole of it where the server says nothing of a pause: it wrote on its loop) */
-        FILE *e = fopen(serve_err, "r");
-        char line[512];
-        ckpt_pause_s = -1;
-        while (e && fgets(line, sizeof line, e)) {
-            const char *w = strstr(line, "checkpoint(s) written in ");
-            if (w) ckpt_s = strtod(w + strlen("checkpoint(s) written in "), NULL);
-            const char *q = strstr(line, "the loop paused ");
-            if (q) ckpt_pause_s = strtod(q + strlen("the loop paused "), NULL);
-        }
-        if (ckpt_pause_s < 0) ckpt_pause_s = ckpt_s;
-        if (e) fclose(e);
-        unlink(serve_err);
         printf("checkpoints: every %g s, %llu written in %.3f s (%.2f ms each; the loop paused %.3f s, %.2f ms each), the "
                "last (at the stop: the latency phase's streams) %llu bytes\n",
                checkpoint, ckpt_seq, ckpt_s, ckpt_seq ? 1e3 * ckpt_s / (double)ckpt_seq : 0.0, ckpt_pause_s,
@@ -414,10 +437,10 @@ int main(int argc, char **argv)
            graph_s, run_s, run_rate, serve_rate / run_rate);
     printf("RESULT streams=%d clients=%d segments=%d tokens=%llu serve_s=%.4f serve_tps=%.0f run_s=%.4f run_tps=%.0f "
            "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f checkpoint_s=%g "
-           "checkpoints=%llu ckpt_total_s=%.4f ckpt_pause_s=%.4f ckpt_bytes=%llu\n",
+           "checkpoints=%llu ckpt_total_s=%.4f ckpt_pause_s=%.4f ckpt_bytes=%llu send_peak_mib=%.1f send_wait_s=%.3f\n",
            nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate,
            run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq, ckpt_s,
-           ckpt_pause_s, ckpt_bytes);
+           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s);
     for (int s = 0; s < nstreams; s++) unlink(paths[s]), free(paths[s]);
     unlink(sock_path);
     rmdir(dir);

@@ -6,24 +6,63 @@
 #   bash bench/gpu_serve.sh BUILD_DIR
 #
 # The reference model (bench_gpu_pipeline --make-model --preset reference: D=1024, 16 heads,
-# N=8192, 4 layers), bf16, float32 rows out. Points: 1 stream x 64 segments, 64 x 8, 1024 x 2;
-# latency at 50% load with 4 segments a stream (1 for 1024 streams, whose 4 would take minutes).
-# Each point's output and the summary go to $OUT (or /tmp/gpu_serve).
+# N=8192, 4 layers), bf16, float32 rows out. Points:
+#   1. the reference model: 1 stream x 64 segments, 64 x 8, 1024 x 2; latency at 50% load with
+#      4 segments a stream (1 for 1024 streams, whose 4 would take minutes);
+#   2. the rows' way out alone: `segment ! embed ! norm` (computes almost nothing) at the
+#      reference model's rows (32 MiB a segment), 1 x 48 and 64 x 6, with the send budget
+#      (`seqflow serve --send-budget`) at 64 MiB, 256 MiB (the default) and 1 GiB, and 1, 2 and 4
+#      ZeroMQ I/O threads (`--io-threads`) at the default budget;
+#   3. a hang check: the reference model, 64 x 6, REPS times (default 10) at the defaults; each
+#      run must end (exit 0) within its timeout.
+# Each point's output and the summary go to $OUT (or /tmp/gpu_serve). PARTS="1 2 3" (default)
+# picks the parts to run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${1:?usage: $0 BUILD_DIR}
 out=${OUT:-/tmp/gpu_serve}
+parts=${PARTS:-1 2 3}
+reps=${REPS:-10}
 mkdir -p "$out"
 D=/tmp/gpu_serve_data
 mkdir -p "$D"
 [ -f "$D/ref.st" ] || "$B/bench/bench_gpu_pipeline" --make-model "$D/ref.st" --preset reference --seed 1 >/dev/null
 summary=$out/serve-summary.txt
 : >"$summary"
-for point in "1 64 4" "64 8 4" "1024 2 1"; do
-  set -- $point
-  log=$out/serve_$1x$2.txt
-  timeout 300 "$B/bench/bench_serve" --seqflow "$B/seqflow" --streams "$1" --segments "$2" --segment 8192 \
-    --latency-segments "$3" -- -d cuda -m "$D/ref.st" >"$log" 2>&1
-  echo "$1 streams x $2 segments: exit $?" | tee -a "$summary"
-  grep -E "^serve:|^latency|^run:|^RESULT" "$log" | tee -a "$summary"
+
+# point NAME STREAMS SEGMENTS LATENCY_SEGMENTS [bench options] -- [server and run options]
+point() {
+  local name=$1 streams=$2 segments=$3 lat=$4
+  shift 4
+  local log=$out/serve_$name.txt
+  timeout 300 "$B/bench/bench_serve" --seqflow "$B/seqflow" --streams "$streams" --segments "$segments" --segment 8192 \
+    --latency-segments "$lat" "$@" >"$log" 2>&1
+  echo "$name: $streams streams x $segments segments: exit $?" | tee -a "$summary"
+  grep -E "^serve:|^latency|^server:|^run:|^RESULT|^bench_serve" "$log" | tee -a "$summary"
+}
+
+trivial="segment ! embed ! norm"
+for part in $parts; do
+  case $part in
+  1)
+    point ref_1x64 1 64 4 -- -d cuda -m "$D/ref.st"
+    point ref_64x8 64 8 4 -- -d cuda -m "$D/ref.st"
+    point ref_1024x2 1024 2 1 -- -d cuda -m "$D/ref.st"
+    ;;
+  2)
+    for budget in 67108864 268435456 1073741824; do
+      point "trivial_1x48_budget$budget" 1 48 2 --send-budget "$budget" -- -d cuda -m "$D/ref.st" "$trivial"
+      point "trivial_64x6_budget$budget" 64 6 2 --send-budget "$budget" -- -d cuda -m "$D/ref.st" "$trivial"
+    done
+    for io in 1 2 4; do
+      point "trivial_64x6_io$io" 64 6 2 --io-threads "$io" -- -d cuda -m "$D/ref.st" "$trivial"
+    done
+    ;;
+  3)
+    for r in $(seq 1 "$reps"); do
+      point "ref_64x6_rep$r" 64 6 2 -- -d cuda -m "$D/ref.st"
+    done
+    echo "hang check: $(grep -c 'ref_64x6_rep.*exit 0$' "$summary") of $reps runs of 64 x 6 ended (exit 0)" | tee -a "$summary"
+    ;;
+  esac
 done

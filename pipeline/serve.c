@@ -1,5 +1,6 @@
 /* `seqflow serve`'s server (pipeline/serve.h): clients, streams, credit, the graph loop. The
- * HTTP side and the metrics are in pipeline/serve_http.c. */
+ * HTTP side, the metrics and the counters are in pipeline/serve_http.c, the replies' way into
+ * ZeroMQ and the send budget in pipeline/serve_send.c. */
 #include "pipeline/serve.h"
 
 #include <errno.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "core/process_stats.h"
@@ -91,6 +93,7 @@ static void remove_client(sf_serve *s, serve_client *c)
             s->clients[i] = s->clients[--s->n_clients];
             break;
         }
+    serve_flow_release(c->flow); /* its messages still in flight hold it until written */
     free(c);
 }
 
@@ -104,6 +107,28 @@ static void send_to(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
         zmq_send(s->router, msg, len, ZMQ_DONTWAIT) < 0) {
         if (!c->gone) logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle",
                             zmq_strerror(errno), s->o.idle_timeout);
+        c->gone = 1;
+        return;
+    }
+    c->last_active = sf_monotonic_seconds();
+}
+
+/* A ROWS (s->out, or a kept copy when kept is given) to a client, without a copy into ZeroMQ
+ * and counted under the send budget (serve_send.c). s->out is left empty or with a pooled
+ * buffer. */
+static void send_rows(sf_serve *s, serve_client *c, const serve_kept *kept)
+{
+    if (!c || c->gone) return;
+    int rc;
+    if (kept) {
+        rc = serve_send_copy(s->router, s->send, c->flow, c->id, c->id_len, kept->msg, kept->len, c->version, ZMQ_DONTWAIT);
+    } else {
+        s->out.data[4] = (uint8_t)c->version;
+        rc = serve_send_owned(s->router, s->send, c->flow, c->id, c->id_len, &s->out, ZMQ_DONTWAIT);
+    }
+    if (rc < 0) {
+        logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
+              s->o.idle_timeout);
         c->gone = 1;
         return;
     }
@@ -222,12 +247,8 @@ static void on_resume(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     send_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
     if (st->durable) send_simple(s, c, SF_SERVE_DURABLE, st->id, st->durable, 0);
     st->durable_told = st->durable;
-    for (int k = 0; k < st->n_kept; k++) { /* each costs its credit: it may go below 0 */
-        send_to(s, c, st->kept[k].msg, st->kept[k].len);
-        st->credit--;
-        s->replies++;
-    }
-    logf_(s, "stream %llu resumed at position %llu (the client has %llu rows; %d kept sent again)", id,
+    st->unsent = st->n_kept; /* sent again as the send budget lets them go (resend_kept) */
+    logf_(s, "stream %llu resumed at position %llu (the client has %llu rows; %d kept to send again)", id,
           (unsigned long long)st->next_pos, (unsigned long long)m->b, st->n_kept);
 }
 
@@ -393,7 +414,8 @@ static void on_router(sf_serve *s, int budget)
             memcpy(c->id, zmq_msg_data(&id), id_len);
             c->id_len = id_len;
             c->version = SF_SERVE_VERSION;
-            s->clients[s->n_clients++] = c;
+            if ((c->flow = serve_flow_create())) s->clients[s->n_clients++] = c;
+            else free(c), c = NULL;
         }
         if (c) {
             c->last_active = sf_monotonic_seconds();
@@ -445,6 +467,7 @@ static int dispatch(sf_serve *s, double t0)
             sf_packet_free(p);
             return fail(s, rc);
         }
+        int queued = 0; /* behind kept rows not yet sent again: sent after them, in order */
         if (!(p->flags & SF_PACKET_PROVISIONAL)) {
             st->rows_sent = p->position + p->n;
             /* kept until acknowledged: a RESUME sends it again, a checkpoint saves it */
@@ -452,8 +475,13 @@ static int dispatch(sf_serve *s, double t0)
                 sf_packet_free(p);
                 return fail(s, rc);
             }
+            if (st->resumable && st->unsent) queued = ++st->unsent;
         }
-        send_to(s, st->owner, s->out.data, s->out.len);
+        if (queued) {
+            s->tokens_out += p->n;
+            continue;
+        }
+        send_rows(s, st->owner, NULL);
         st->credit--;
         if (p->flags & SF_PACKET_PROVISIONAL) s->provisional_out += p->n; /* they come again */
         else s->tokens_out += p->n;
@@ -469,12 +497,54 @@ static int can_step(const sf_serve *s, const serve_stream *st)
 {
     /* a resumable stream also waits while max_credit of its ROWS are unacknowledged: that
      * bounds what the server keeps for it */
-    return st->credit > 0 && st->owner && (!st->resumable || st->n_kept < (int)s->o.max_credit);
+    return st->credit > 0 && st->owner && !st->unsent && (!st->resumable || st->n_kept < (int)s->o.max_credit);
+}
+
+/* Room under the send budget for another reply to c: in all, and within c's share (a client
+ * that does not read holds at most its share while the others go on). */
+static int has_room(const sf_serve *s, const serve_client *c)
+{
+    return !serve_send_full(s->send) && serve_flow_bytes(c->flow) < s->send_share;
+}
+
+/* Whether a stream has a step to take once the budget has room (or rows to send again). */
+static int wants_step(const sf_serve *s, const serve_stream *st)
+{
+    return (can_step(s, st) && (st->tok_len || st->n_flush || st->closing)) || (st->unsent && st->owner && !st->owner->gone);
+}
+
+/* Each client's share of the send budget: the budget over the clients that have rows in
+ * flight or a step to take, and at most half of it, so that a client that stops reading (its
+ * rows stay in flight) never holds all of it: the others go on in the other half. */
+static void update_share(sf_serve *s)
+{
+    uint32_t sharing = 0;
+    for (uint32_t i = 0; i < s->n_clients; i++) s->clients[i]->sharing = serve_flow_bytes(s->clients[i]->flow) > 0;
+    for (uint32_t i = 0; i < s->n_streams; i++)
+        if (s->streams[i]->owner && wants_step(s, s->streams[i])) s->streams[i]->owner->sharing = 1;
+    for (uint32_t i = 0; i < s->n_clients; i++) sharing += (uint32_t)s->clients[i]->sharing;
+    s->send_share = s->o.send_budget / (sharing > 2 ? sharing : 2);
+}
+
+/* Sends kept ROWS again to the clients that RESUMEd their streams, oldest first, while the send
+ * budget has room; each costs its credit (the credit may go below 0). */
+static void resend_kept(sf_serve *s)
+{
+    for (uint32_t i = 0; i < s->n_streams && !serve_send_full(s->send); i++) {
+        serve_stream *st = s->streams[i];
+        if (!st->owner || st->owner->gone) continue;
+        while (st->unsent > 0 && !st->owner->gone && has_room(s, st->owner)) {
+            send_rows(s, st->owner, &st->kept[st->n_kept - st->unsent]);
+            st->unsent--;
+            st->credit--;
+            s->replies++;
+        }
+    }
 }
 
 static int step(sf_serve *s, serve_stream *st)
 {
-    if (!can_step(s, st)) return 0;
+    if (!can_step(s, st) || !has_room(s, st->owner)) return 0;
     int rc;
     if (st->n_flush && st->flush_at[0] == st->fed) {
         double t0 = st->flush_t[0];
@@ -631,6 +701,11 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     if (!s->o.max_streams) s->o.max_streams = 65536;
     if (!s->o.max_clients) s->o.max_clients = 4096;
     if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 1000;
+    if (!s->o.send_budget) s->o.send_budget = SF_SERVE_SEND_BUDGET_DEFAULT;
+    if (s->o.io_threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        s->o.io_threads = cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;
+    }
     s->vocab = cfg->vocab;
     s->segment = cfg->segment > 0 ? (uint64_t)cfg->segment : 1;
     s->started = sf_monotonic_seconds();
@@ -643,6 +718,7 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     s->streams = calloc(s->o.max_streams, sizeof *s->streams);
     s->clients = calloc(s->o.max_clients, sizeof *s->clients);
     if (!s->streams || !s->clients) rc = sf_error(SF_E_NOMEM, "out of memory");
+    if (rc == SF_OK && !(s->send = serve_send_create(s->o.send_budget))) rc = SF_E_NOMEM;
     if (rc == SF_OK && !opts->plaintext) {
         s->n_keys = opts->n_client_keys;
         s->keys = calloc((size_t)(s->n_keys ? s->n_keys : 1), sizeof *s->keys);
@@ -656,6 +732,9 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     /* before the socket is bound: a client that connects finds its streams restored */
     if (rc == SF_OK && opts->checkpoint_dir) rc = serve_ckpt_open(s, opts->checkpoint_dir);
     if (rc == SF_OK && !(s->ctx = zmq_ctx_new())) rc = sf_error(SF_E_IO, "cannot make a ZeroMQ context: %s", zmq_strerror(errno));
+    /* before any socket: each connection is then served by the least busy of them */
+    if (rc == SF_OK && zmq_ctx_set(s->ctx, ZMQ_IO_THREADS, s->o.io_threads) != 0)
+        rc = sf_error(SF_E_INVAL, "serve: %d ZeroMQ I/O threads: %s", s->o.io_threads, zmq_strerror(errno));
     if (rc == SF_OK) {
         /* the ZAP handler must exist before the ROUTER accepts anyone: without one libzmq
          * admits every CURVE client */
@@ -667,7 +746,9 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     if (rc == SF_OK) {
         set_int(s->router, ZMQ_LINGER, 0);
         set_int(s->router, ZMQ_ROUTER_MANDATORY, 1);
-        set_int(s->router, ZMQ_SNDHWM, 0); /* credit bounds what waits for each client */
+        /* no limit in messages: credit bounds what waits for each client, the send budget what
+         * waits for all of them; a limit would drop (or refuse) a control reply instead */
+        set_int(s->router, ZMQ_SNDHWM, 0);
         set_int(s->router, ZMQ_RCVHWM, 10000);
         set_int(s->router, ZMQ_HEARTBEAT_IVL, s->o.heartbeat_ms);
         set_int(s->router, ZMQ_HEARTBEAT_TIMEOUT, 3 * s->o.heartbeat_ms);
@@ -697,7 +778,10 @@ void sf_serve_free(sf_serve *s)
     if (!s) return;
     for (uint32_t i = 0; i < s->n_streams; i++) serve_stream_free(s->streams[i]);
     serve_ckpt_close(s);
-    for (uint32_t i = 0; i < s->n_clients; i++) free(s->clients[i]);
+    for (uint32_t i = 0; i < s->n_clients; i++) {
+        serve_flow_release(s->clients[i]->flow);
+        free(s->clients[i]);
+    }
     serve_http_close(s);
     if (s->router) {
         set_int(s->router, ZMQ_LINGER, 200); /* a last ERROR still leaves */
@@ -710,6 +794,7 @@ void sf_serve_free(sf_serve *s)
     free(s->streams);
     free(s->clients);
     sf_buffer_release(&s->out);
+    serve_send_free(s->send); /* after zmq_ctx_term: every message gave its buffer back */
     free(s);
 }
 
@@ -733,30 +818,44 @@ int sf_serve_run(sf_serve *s)
     double last_expire = 0;
     uint32_t cursor = 0;
     while (!s->stop && !s->failed) {
-        int busy = 0;
+        /* work waits while the replies in flight are at the send budget (or its client's
+         * share): armed first, the poll below wakes when ZeroMQ has written one more */
+        serve_send_arm(s->send, 1);
+        update_share(s);
+        int busy = 0, waiting = 0;
         for (uint32_t i = 0; i < s->n_streams && !busy && !s->failed; i++) {
             const serve_stream *st = s->streams[i];
-            busy = can_step(s, st) && (st->tok_len || st->n_flush || st->closing);
+            if (!wants_step(s, st)) continue;
+            if (has_room(s, st->owner)) busy = 1;
+            else waiting = 1;
         }
-        zmq_pollitem_t items[4] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0},
+        if (busy) serve_send_arm(s->send, 0);
+        double t = sf_monotonic_seconds();
+        if (waiting && !busy && !s->send_wait_since) s->send_wait_since = t;
+        if (s->send_wait_since && (busy || !waiting)) s->send_wait_sum += t - s->send_wait_since, s->send_wait_since = 0;
+        zmq_pollitem_t items[5] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->zap, 0, ZMQ_POLLIN, 0},
+                                   {NULL, serve_send_wake_fd(s->send), ZMQ_POLLIN, 0},
                                    {NULL, serve_ckpt_wake_fd(s), ZMQ_POLLIN, 0}, {s->http, 0, ZMQ_POLLIN, 0}};
-        int n_items = s->writer ? 3 : 2;
-        if (s->http) items[n_items++] = items[3];
+        int n_items = s->writer ? 4 : 3;
+        if (s->http) items[n_items++] = items[4];
         int n = zmq_poll(items, n_items, busy ? 0 : 100);
         if (n < 0 && errno != EINTR) return sf_error(SF_E_IO, "serve: poll: %s", zmq_strerror(errno));
+        if (n > 0 && (items[2].revents & ZMQ_POLLIN)) serve_send_arm(s->send, 0);
         if (n > 0 && (items[1].revents & ZMQ_POLLIN)) on_zap(s);
         if (n > 0 && (items[0].revents & ZMQ_POLLIN)) on_router(s, 1024);
         if (n > 0 && s->http && (items[n_items - 1].revents & ZMQ_POLLIN)) serve_http_poll(s);
-        if (n > 0 && s->writer && (items[2].revents & ZMQ_POLLIN)) checkpoint_collect(s);
+        if (n > 0 && s->writer && (items[3].revents & ZMQ_POLLIN)) checkpoint_collect(s);
+        resend_kept(s);
         /* one step of every stream that can move, starting where the last round stopped, so
-         * that no stream waits behind another's backlog */
-        uint32_t count = s->n_streams;
-        for (uint32_t k = 0; k < count && !s->failed && s->n_streams; k++) {
+         * that no stream waits behind another's backlog; a round cut short by the send budget
+         * goes on from the first stream it did not reach */
+        uint32_t count = s->n_streams, k = 0;
+        for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send); k++) {
             uint32_t i = (cursor + k) % s->n_streams;
             int rc = step(s, s->streams[i]);
             if (rc < 0) break;
         }
-        if (s->n_streams) cursor = (cursor + 1) % s->n_streams;
+        if (s->n_streams) cursor = (cursor + (k < count ? k : 1)) % s->n_streams;
         double now = sf_monotonic_seconds();
         if (now - last_expire >= 0.1) {
             last_expire = now;
@@ -777,26 +876,4 @@ int sf_serve_run(sf_serve *s)
         }
     }
     return s->failed ? s->failed : SF_OK;
-}
-
-void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out)
-{
-    memset(out, 0, sizeof *out);
-    if (!s) return;
-    out->tokens_in = s->tokens_in;
-    out->tokens_out = s->tokens_out;
-    out->messages_in = s->messages_in;
-    out->errors_sent = s->errors_sent;
-    out->streams_opened = s->streams_opened;
-    out->streams_closed = s->streams_closed;
-    out->streams_expired = s->streams_expired;
-    out->refused = s->refused;
-    out->checkpoints = s->ckpt_written;
-    out->checkpoint_seconds = s->ckpt_seconds_sum;
-    out->checkpoint_pause_seconds = s->ckpt_pause_sum;
-    out->checkpoint_failures = s->ckpt_failed;
-    out->streams_restored = s->streams_restored;
-    out->streams_resumed = s->streams_resumed;
-    out->streams = s->n_streams;
-    out->clients = s->n_clients;
 }

@@ -4,8 +4,10 @@
  * One thread (the caller of sf_serve_run) owns everything: the ROUTER socket clients' DEALERs
  * connect to, the ZAP handler, the optional HTTP socket (/health, /metrics) and the graph, which
  * it drives with sf_graph_push / sf_graph_flush / sf_graph_end and whose packets it pulls and
- * sends as ROWS. Streams are named by their client (a uint64 id, one namespace per server: a
- * stream open by one client is BUSY for the others) and are the graph's stream ids.
+ * sends as ROWS (without a copy: ZeroMQ's `io_threads` I/O threads write them and give their
+ * buffers back, pipeline/serve_send.c). Streams are named by their client (a uint64 id, one
+ * namespace per server: a stream open by one client is BUSY for the others) and are the graph's
+ * stream ids.
  *
  * Bounds (what a client cannot make the server hold beyond):
  *   - per stream at most `window` tokens taken but not yet computed (a PUSH beyond: ERROR WINDOW,
@@ -14,6 +16,12 @@
  *     stream's next segment only while its credit is positive, one segment at a time, each
  *     ROWS sent costing one; so the replies queued for a client that reads nothing stay under
  *     max_credit (+1 where a pipeline's segment length is shorter than the model's) per stream;
+ *   - server-wide, the ROWS handed to ZeroMQ and not yet written (they go without a copy: the
+ *     buffer a reply is encoded into becomes the message) stay under `send_budget` bytes plus
+ *     what one step releases (one segment's ROWS; a batching block's batch): at the budget the
+ *     loop computes nothing more until ZeroMQ's I/O threads have written enough. Control
+ *     replies (OPENED, PONG, CLOSED, ERROR, DURABLE; at most 544 bytes) are sent regardless, so
+ *     they wait at most behind the budget's bytes of a client's queue;
  *   - at most `max_streams` streams and `max_clients` clients; one message at most
  *     32 + 8 * window bytes (ZMQ_MAXMSGSIZE: a larger one drops that connection; a PUSH of more
  *     than `window` tokens below that gets ERROR MALFORMED).
@@ -42,6 +50,8 @@
 
 typedef struct sf_serve sf_serve;
 
+#define SF_SERVE_SEND_BUDGET_DEFAULT (256ull << 20) /* bytes */
+
 typedef struct sf_serve_options {
     const char *bind;              /* the clients' endpoint, "tcp://HOST:PORT" or "ipc://PATH" */
     const char *http;              /* the HTTP endpoint ("tcp://HOST:PORT"), NULL = none */
@@ -55,6 +65,10 @@ typedef struct sf_serve_options {
     uint32_t max_streams;          /* 0 = 65536 */
     uint32_t max_clients;          /* 0 = 4096 */
     int heartbeat_ms;              /* ZMTP heartbeats on the ROUTER; 0 = 1000 */
+    /* Bytes of ROWS handed to ZeroMQ and not yet written by its I/O threads, server-wide: at
+     * this many the server computes nothing more until they drain (0 = 256 MiB). */
+    uint64_t send_budget;
+    int io_threads;                /* ZeroMQ I/O threads; 0 = min(4, the online cores) */
     /* Checkpoints (docs/SERVE.md, "Restarts"): NULL = none. Otherwise the directory (created
      * when missing, locked while the server runs) whose newest valid checkpoint sf_serve_create
      * loads, and where the server writes one every checkpoint_every seconds (0 = 1) while
@@ -96,6 +110,8 @@ typedef struct sf_serve_stats {
     double checkpoint_seconds; /* from each snapshot to its file landing, in all */
     double checkpoint_pause_seconds; /* of which the loop paused for the snapshots */
     uint32_t streams, clients;
+    uint64_t send_budget, send_in_flight, send_peak; /* bytes: the budget, in flight now, at most */
+    double send_wait_seconds; /* the loop waited this long for the budget, in all */
 } sf_serve_stats; /* tokens_out: committed rows (FLUSH's provisional rows not counted) */
 void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out);
 

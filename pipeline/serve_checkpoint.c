@@ -61,6 +61,7 @@ void serve_drop_acked(serve_stream *st, uint64_t acked)
     if (!k) return;
     memmove(st->kept, st->kept + k, (size_t)(st->n_kept - k) * sizeof *st->kept);
     st->n_kept -= k;
+    if (st->unsent > st->n_kept) st->unsent = st->n_kept; /* rows the client has need not go again */
 }
 
 static int put(sf_buffer *b, const void *p, size_t n) { return sf_buffer_append(b, p, n); }

@@ -1,5 +1,6 @@
 /* `seqflow serve`'s HTTP side: GET /health and GET /metrics (Prometheus text format 0.0.4) over
- * a ZeroMQ STREAM socket, HTTP/1.0 style: one request a connection, answered, then closed. */
+ * a ZeroMQ STREAM socket, HTTP/1.0 style: one request a connection, answered, then closed; and
+ * the counters of sf_serve_get_stats. */
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
@@ -106,6 +107,25 @@ int sf_serve_metrics(sf_serve *s, sf_buffer *out)
     M("seqflow_serve_streams_total{event=\"opened\"} %" PRIu64 "\n", s->streams_opened);
     M("seqflow_serve_streams_total{event=\"closed\"} %" PRIu64 "\n", s->streams_closed);
     M("seqflow_serve_streams_total{event=\"expired\"} %" PRIu64 "\n", s->streams_expired);
+    serve_send_stats ss;
+    serve_send_counters(s->send, &ss);
+    double waited = s->send_wait_sum + (s->send_wait_since ? sf_monotonic_seconds() - s->send_wait_since : 0);
+    M("# HELP seqflow_serve_send_budget_bytes ROWS bytes that may wait in ZeroMQ, not yet written (--send-budget).\n"
+      "# TYPE seqflow_serve_send_budget_bytes gauge\n");
+    M("seqflow_serve_send_budget_bytes %" PRIu64 "\n", ss.budget);
+    M("# HELP seqflow_serve_send_bytes_in_flight ROWS bytes handed to ZeroMQ and not yet written by its I/O threads.\n"
+      "# TYPE seqflow_serve_send_bytes_in_flight gauge\n");
+    M("seqflow_serve_send_bytes_in_flight %" PRIu64 "\n", ss.in_flight);
+    M("# HELP seqflow_serve_send_bytes_in_flight_peak The most ROWS bytes in flight at once since the start.\n"
+      "# TYPE seqflow_serve_send_bytes_in_flight_peak gauge\n");
+    M("seqflow_serve_send_bytes_in_flight_peak %" PRIu64 "\n", ss.peak);
+    M("# HELP seqflow_serve_send_bytes_total ROWS bytes handed to ZeroMQ.\n# TYPE seqflow_serve_send_bytes_total counter\n");
+    M("seqflow_serve_send_bytes_total %" PRIu64 "\n", ss.bytes);
+    M("# HELP seqflow_serve_send_budget_wait_seconds_total Seconds the loop had work but waited for the send budget.\n"
+      "# TYPE seqflow_serve_send_budget_wait_seconds_total counter\n");
+    M("seqflow_serve_send_budget_wait_seconds_total %.6f\n", waited);
+    M("# HELP seqflow_serve_io_threads ZeroMQ I/O threads (--io-threads).\n# TYPE seqflow_serve_io_threads gauge\n");
+    M("seqflow_serve_io_threads %d\n", s->o.io_threads);
     M("# HELP seqflow_serve_segment_latency_seconds From the PUSH (or FLUSH) that completed a segment to its ROWS "
       "leaving.\n# TYPE seqflow_serve_segment_latency_seconds histogram\n");
     for (int i = 0; i < SERVE_LATENCY_BUCKETS; i++)
@@ -235,4 +255,34 @@ void serve_http_poll(sf_serve *s)
         zmq_msg_close(&data);
         zmq_msg_close(&id);
     }
+}
+
+/* ---- counters (sf_serve_get_stats) -------------------------------------------------------- */
+
+void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s) return;
+    out->tokens_in = s->tokens_in;
+    out->tokens_out = s->tokens_out;
+    out->messages_in = s->messages_in;
+    out->errors_sent = s->errors_sent;
+    out->streams_opened = s->streams_opened;
+    out->streams_closed = s->streams_closed;
+    out->streams_expired = s->streams_expired;
+    out->refused = s->refused;
+    out->checkpoints = s->ckpt_written;
+    out->checkpoint_seconds = s->ckpt_seconds_sum;
+    out->checkpoint_pause_seconds = s->ckpt_pause_sum;
+    out->checkpoint_failures = s->ckpt_failed;
+    out->streams_restored = s->streams_restored;
+    out->streams_resumed = s->streams_resumed;
+    out->streams = s->n_streams;
+    out->clients = s->n_clients;
+    serve_send_stats ss;
+    serve_send_counters(s->send, &ss);
+    out->send_budget = ss.budget;
+    out->send_in_flight = ss.in_flight;
+    out->send_peak = ss.peak;
+    out->send_wait_seconds = s->send_wait_sum;
 }

@@ -1,6 +1,7 @@
 /* The server's state, shared by pipeline/serve.c (clients, streams, the graph loop),
- * pipeline/serve_checkpoint.c (the checkpoints streams resume from) and pipeline/serve_http.c
- * (/health, /metrics). Internal: only those files include it. */
+ * pipeline/serve_checkpoint.c (the checkpoints streams resume from), pipeline/serve_http.c
+ * (/health, /metrics, the counters) and pipeline/serve_send.c (replies without a copy, the send
+ * budget). Internal: only those files include it. */
 #ifndef SEQFLOW_PIPELINE_SERVE_INTERNAL_H
 #define SEQFLOW_PIPELINE_SERVE_INTERNAL_H
 
@@ -25,6 +26,8 @@ typedef struct serve_client {
     int gone;            /* a send found it disconnected */
     int n_streams;
     int version;         /* the protocol version of its last message: replies use it */
+    struct serve_flow *flow; /* its replies in flight (serve_send.c) */
+    int sharing;         /* it has replies in flight or a step to take (the loop's share count) */
 } serve_client;
 
 /* A committed ROWS message sent to a resumable stream's client and not yet acknowledged (CREDIT's
@@ -63,6 +66,8 @@ typedef struct serve_stream {
     uint64_t durable_told; /* the last DURABLE sent */
     serve_kept *kept;    /* sent, not acknowledged, in order */
     int n_kept, cap_kept;
+    int unsent;          /* the last `unsent` of kept are still to be sent to its client (after a
+                            RESUME, as the send budget lets them go); it computes nothing until 0 */
     uint64_t snap_job;   /* the checkpoint snapshot that last held it (serve_ckpt_submit's job) */
     uint64_t snap_fed;   /* its fed position in that snapshot: durable once that file lands */
     double orphan_since; /* restored from a checkpoint and not yet resumed: since when (else 0) */
@@ -89,7 +94,11 @@ struct sf_serve {
     serve_stream **streams;
     uint32_t n_streams;
     sf_wire_options wire; /* raw f32, lossless */
-    sf_buffer out;       /* the message being sent */
+    sf_buffer out;       /* the ROWS being encoded (its buffer then goes to ZeroMQ: serve_send.c) */
+    struct serve_send *send; /* replies in flight under the send budget (serve_send.c) */
+    uint64_t send_share;  /* each client's share of the budget, this round */
+    double send_wait_since; /* when the loop began waiting for the send budget (0: not waiting) */
+    double send_wait_sum;   /* seconds waited for it, in all */
     volatile sig_atomic_t stop;
     int failed;          /* the graph's error code once it failed */
     char failure[512];
@@ -149,6 +158,42 @@ void serve_ckpt_close(sf_serve *s);
 /* Keeps a copy of a committed ROWS message of a resumable stream; drops those its client has. */
 int serve_keep(serve_stream *st, uint64_t pos, uint64_t n, const uint8_t *msg, size_t len);
 void serve_drop_acked(serve_stream *st, uint64_t acked);
+
+/* serve_send.c: ROWS handed to ZeroMQ without a copy, and the budget of bytes in flight.
+ * Loop thread only, except where said. */
+typedef struct serve_send serve_send;
+/* A client's bytes in flight. Created with the client (one reference, the client's); each of
+ * its messages in flight holds another, so it outlives a client forgotten while they drain. */
+typedef struct serve_flow serve_flow;
+serve_flow *serve_flow_create(void);  /* NULL: out of memory */
+void serve_flow_release(serve_flow *f); /* the client's reference; NULL accepted */
+uint64_t serve_flow_bytes(const serve_flow *f); /* 0 for NULL */
+typedef struct serve_send_stats {
+    uint64_t in_flight, budget, peak, messages, bytes; /* peak: the most in flight at once */
+} serve_send_stats;
+/* The pool, its counters and its wake-up pipe; NULL with the message set on failure. */
+serve_send *serve_send_create(uint64_t budget);
+/* Only once no message is in flight any more (after zmq_ctx_term); NULL accepted. */
+void serve_send_free(serve_send *p);
+/* An empty *out (no buffer) gets a pooled buffer, if one came back; len 0 either way. */
+void serve_send_take(serve_send *p, sf_buffer *out);
+/* Sends the routing id, then out's bytes as one frame, on the ROUTER socket (zmq_send's flags)
+ * without copying them: the buffer goes with the message and counts as in flight, in all and in
+ * flow (NULL: in all only), until ZeroMQ has written or dropped it; *out is left with a pooled
+ * buffer or none. 0, or -1 with errno set as zmq_send sets it (nothing was sent then). */
+int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *out,
+                     int flags);
+/* The same for a copy of data (the caller keeps data), its byte 4 (the protocol version) set. */
+int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, const uint8_t *data,
+                    size_t len, int version, int flags);
+/* 1 while the bytes in flight are at or over the budget (any thread may have lowered them). */
+int serve_send_full(const serve_send *p);
+/* The loop's wake-up: serve_send_arm(p, 1) before it decides to wait for bytes to drain makes
+ * the next message written (or dropped) make serve_send_wake_fd readable, for its poll;
+ * serve_send_arm(p, 0) disarms it and empties the pipe. */
+int serve_send_wake_fd(const serve_send *p);
+void serve_send_arm(serve_send *p, int waiting);
+void serve_send_counters(const serve_send *p, serve_send_stats *out);
 
 /* serve_http.c */
 int serve_http_open(sf_serve *s, const char *endpoint);

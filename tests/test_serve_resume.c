@@ -128,8 +128,10 @@ static sf_serve *start(sf_graph **g, pthread_t *th, const char *ckpt, int expect
     sf_graph_options go = {.threads = 1};
     CHECK_OK(sf_graph_create(model, &go, g));
     CHECK_OK(sf_graph_parse(*g, PIPELINE));
+    /* a send budget of 4 ROWS (a client's share: 2): rows go out a few at a time, and what the
+     * checks below see is as without it */
     sf_serve_options so = {.bind = "tcp://127.0.0.1:*", .plaintext = 1, .idle_timeout = 5, .window = 4096,
-                           .checkpoint_dir = ckpt, .checkpoint_every = 0.05};
+                           .checkpoint_dir = ckpt, .checkpoint_every = 0.05, .send_budget = 4 * (64 * 64 * 4 + 200)};
     sf_serve *s = NULL;
     int rc = sf_serve_create(*g, sf_model_get_config(model), &so, &s);
     CHECKF(rc == expect, "sf_serve_create: %d (%s), %d expected", rc, sf_last_error(), expect);

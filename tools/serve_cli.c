@@ -40,6 +40,12 @@ static void serve_usage(FILE *f)
           "                        also bounds one PUSH\n"
           "  --max-credit N        reply messages a stream's client may grant ahead (default 256)\n"
           "  --max-streams N       open streams at most (default 65536)\n"
+          "  --send-budget BYTES   rows handed to ZeroMQ and not yet written, all clients together,\n"
+          "                        65536..1099511627776 (default 268435456, 256 MiB): at the budget the\n"
+          "                        server computes nothing more until they drain (a slow client slows\n"
+          "                        the server instead of filling its memory)\n"
+          "  --io-threads N        ZeroMQ I/O threads writing the replies, 1..64 (default: the online\n"
+          "                        cores, at most 4); a client's connection is served by one of them\n"
           "  --checkpoint DIR      streams survive a restart: the graph's state and every stream's\n"
           "                        position are saved atomically into DIR (created when missing,\n"
           "                        locked while the server runs), and on start the newest valid\n"
@@ -60,7 +66,7 @@ static void serve_usage(FILE *f)
 typedef struct serve_args {
     const char *bind, *key, *clients, *http, *checkpoint;
     int plaintext;
-    long long window, max_credit, max_streams;
+    long long window, max_credit, max_streams, send_budget, io_threads;
     double idle_s, checkpoint_every; /* seconds, 0 = the server's default */
 } serve_args;
 
@@ -91,6 +97,8 @@ static int serve_options(int *argc, char **argv, serve_args *s)
         else if (strcmp(arg, "--window") == 0) number = &s->window, lo = 16, hi = 1 << 24;
         else if (strcmp(arg, "--max-credit") == 0) number = &s->max_credit, hi = 1 << 20;
         else if (strcmp(arg, "--max-streams") == 0) number = &s->max_streams, hi = 1 << 20;
+        else if (strcmp(arg, "--send-budget") == 0) number = &s->send_budget, lo = 1 << 16, hi = 1ll << 40;
+        else if (strcmp(arg, "--io-threads") == 0) number = &s->io_threads, hi = 64;
         if (!text && !number && !seconds) {
             argv[out++] = argv[i];
             continue;
@@ -224,6 +232,7 @@ int cmd_serve(int argc, char **argv)
                               .client_keys = (const char *const *)keys, .n_client_keys = n_keys,
                               .idle_timeout = sa.idle_s, .window = (uint32_t)sa.window,
                               .max_credit = (uint32_t)sa.max_credit, .max_streams = (uint32_t)sa.max_streams,
+                              .send_budget = (uint64_t)sa.send_budget, .io_threads = (int)sa.io_threads,
                               .checkpoint_dir = sa.checkpoint, .checkpoint_every = sa.checkpoint_every,
                               .log = log_line};
         rc = sf_serve_create(c.graph, sf_model_get_config(c.model), &o, &s);
@@ -253,6 +262,9 @@ int cmd_serve(int argc, char **argv)
                 (unsigned long long)st.streams_opened, (unsigned long long)st.streams_closed,
                 (unsigned long long)st.streams_expired, sa.checkpoint ? "; checkpoints kept" : "",
                 stop_signal ? "; stopped by a signal" : "");
+        cli_log(CLI_LOG_INFO, "replies: at most %.1f MiB in flight (the send budget: %.1f MiB); the loop waited %.3f s "
+                "for the budget",
+                (double)st.send_peak / (1 << 20), (double)st.send_budget / (1 << 20), st.send_wait_seconds);
         if (sa.checkpoint)
             cli_log(CLI_LOG_INFO, "%llu checkpoint(s) written in %.3f s, the loop paused %.3f s for them (%llu failed); "
                     "%llu stream(s) restored, %llu resumed",

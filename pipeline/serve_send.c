@@ -1,0 +1,231 @@
+/* Replies handed to ZeroMQ without a copy, under a budget of bytes in flight (serve_internal.h,
+ * serve_send_*).
+ *
+ * Why without a copy: a segment's ROWS are 32 MiB of float32 for the reference model, and
+ * zmq_send copied each into a fresh allocation (on Linux a fresh mapping: a copy and a page
+ * fault per 4 KiB) on the server's one thread. Instead the encoded buffer itself becomes the
+ * message (zmq_msg_init_data); when ZeroMQ's I/O thread has written it, or dropped it with its
+ * connection, ZeroMQ calls written() below, which gives the buffer back to a small pool for the
+ * next reply to be encoded into.
+ *
+ * Why a budget: without the copy the loop outran the I/O thread, and gigabytes of replies
+ * queued behind it (up to streams x credit x 32 MiB); heartbeats and control replies waited
+ * behind them past the heartbeat timeout, ZeroMQ dropped connections and their streams hung
+ * (bench/RESULTS.md, "Runs 44 - 49"). Every ROWS handed over is counted here until written()
+ * returns it, and the loop computes nothing more while the count is at the budget
+ * (serve_send_full): what waits inside ZeroMQ stays under the budget plus one step's replies.
+ * Each client's messages are also counted in its flow, so that the loop can hold a client that
+ * does not read to its share of the budget while the others go on.
+ *
+ * Threads: everything here is the loop's except written(), which runs on a ZeroMQ I/O thread
+ * (or the loop's, where a send fails or a socket closes): the counts are atomic, the pool is
+ * under a mutex, a flow is freed by the last of its client and its messages, and a loop that
+ * waits for bytes to drain (serve_send_arm) is woken by a byte on a pipe it polls, so that it
+ * goes on at once rather than at its next poll timeout. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "pipeline/serve_internal.h"
+
+#define POOL_BUFFERS 8 /* kept for reuse; more coming back are freed */
+
+struct serve_flow {
+    _Atomic uint64_t bytes;     /* the client's bytes in flight */
+    atomic_int refs;            /* its client's and each of its messages' in flight */
+};
+
+struct serve_send {
+    _Atomic uint64_t in_flight; /* bytes handed to ZeroMQ, not yet written or dropped */
+    atomic_int armed;           /* the loop waits for bytes to drain: the next written() wakes it */
+    uint64_t budget;
+    uint64_t peak;              /* the largest in_flight right after a hand-over (loop thread) */
+    uint64_t messages, bytes;   /* handed over, in all (loop thread) */
+    int wake[2];                /* a pipe: written() writes a byte to wake an armed loop */
+    pthread_mutex_t lock;       /* the pool's */
+    sf_buffer pool[POOL_BUFFERS];
+    int n;
+    uint64_t pooled;            /* the pooled buffers' last lengths: about the pages they hold */
+};
+
+/* What travels with a message: its sender, its client's flow and the buffer (len: the bytes
+ * counted). */
+typedef struct owned {
+    serve_send *send;
+    serve_flow *flow;
+    sf_buffer buf;
+} owned;
+
+serve_flow *serve_flow_create(void)
+{
+    serve_flow *f = malloc(sizeof *f);
+    if (!f) return NULL;
+    atomic_init(&f->bytes, 0);
+    atomic_init(&f->refs, 1);
+    return f;
+}
+
+void serve_flow_release(serve_flow *f)
+{
+    if (f && atomic_fetch_sub(&f->refs, 1) == 1) free(f);
+}
+
+uint64_t serve_flow_bytes(const serve_flow *f) { return f ? atomic_load(&f->bytes) : 0; }
+
+serve_send *serve_send_create(uint64_t budget)
+{
+    serve_send *p = calloc(1, sizeof *p);
+    if (!p) {
+        sf_error(SF_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    p->budget = budget;
+    atomic_init(&p->in_flight, 0);
+    atomic_init(&p->armed, 0);
+    p->wake[0] = p->wake[1] = -1;
+    if (pipe(p->wake) != 0 || fcntl(p->wake[0], F_SETFL, O_NONBLOCK) != 0 || fcntl(p->wake[1], F_SETFL, O_NONBLOCK) != 0 ||
+        fcntl(p->wake[0], F_SETFD, FD_CLOEXEC) != 0 || fcntl(p->wake[1], F_SETFD, FD_CLOEXEC) != 0) {
+        sf_error(SF_E_IO, "serve: cannot make the send budget's pipe: %s", strerror(errno));
+        if (p->wake[0] >= 0) close(p->wake[0]), close(p->wake[1]);
+        free(p);
+        return NULL;
+    }
+    pthread_mutex_init(&p->lock, NULL);
+    return p;
+}
+
+void serve_send_free(serve_send *p)
+{
+    if (!p) return;
+    for (int i = 0; i < p->n; i++) sf_buffer_release(&p->pool[i]);
+    pthread_mutex_destroy(&p->lock);
+    close(p->wake[0]);
+    close(p->wake[1]);
+    free(p);
+}
+
+/* ZeroMQ's free function: on its I/O thread once the message is written, or wherever the
+ * message is closed unsent (a failed send, a dropped connection, the socket's close). */
+static void written(void *data, void *hint)
+{
+    owned *o = hint;
+    serve_send *p = o->send;
+    const uint64_t len = o->buf.len;
+    (void)data;
+    pthread_mutex_lock(&p->lock);
+    if (p->n < POOL_BUFFERS && p->pooled + len <= p->budget) {
+        p->pool[p->n++] = o->buf;
+        p->pooled += len;
+        o->buf.data = NULL;
+    }
+    pthread_mutex_unlock(&p->lock);
+    free(o->buf.data);
+    /* after the buffer is back: a loop that wakes finds it in the pool */
+    if (o->flow) {
+        atomic_fetch_sub(&o->flow->bytes, len);
+        serve_flow_release(o->flow);
+    }
+    atomic_fetch_sub(&p->in_flight, len);
+    free(o);
+    if (atomic_exchange(&p->armed, 0)) {
+        ssize_t n = write(p->wake[1], "", 1); /* a full pipe: a wake-up is pending anyway */
+        (void)n;
+    }
+}
+
+void serve_send_take(serve_send *p, sf_buffer *out)
+{
+    if (out->cap || !p) return;
+    pthread_mutex_lock(&p->lock);
+    if (p->n) {
+        *out = p->pool[--p->n];
+        p->pooled -= out->len;
+    }
+    pthread_mutex_unlock(&p->lock);
+    out->len = 0;
+}
+
+/* Hands buf to ZeroMQ as the frame after the routing id, counted until written() runs; buf is
+ * zeroed either way. The message is made before the id frame is sent, so that a failure never
+ * leaves a lone id frame on the socket. */
+static int hand_over(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *buf,
+                     int flags)
+{
+    owned *o = malloc(sizeof *o);
+    if (!o) {
+        sf_buffer_release(buf);
+        errno = ENOMEM;
+        return -1;
+    }
+    o->send = p;
+    o->flow = flow;
+    o->buf = *buf;
+    memset(buf, 0, sizeof *buf);
+    const uint64_t len = o->buf.len;
+    if (flow) {
+        atomic_fetch_add(&flow->refs, 1);
+        atomic_fetch_add(&flow->bytes, len);
+    }
+    const uint64_t now = atomic_fetch_add(&p->in_flight, len) + len;
+    if (now > p->peak) p->peak = now;
+    p->messages++;
+    p->bytes += len;
+    zmq_msg_t msg;
+    if (zmq_msg_init_data(&msg, o->buf.data, len, written, o) != 0) { /* out of memory: nothing sent */
+        int e = errno;
+        written(o->buf.data, o);
+        errno = e;
+        return -1;
+    }
+    if (zmq_send(socket, id, id_len, ZMQ_SNDMORE | flags) >= 0 && zmq_msg_send(&msg, socket, flags) >= 0) return 0;
+    int e = errno;
+    zmq_msg_close(&msg); /* unsent: ZeroMQ calls written() now */
+    errno = e;
+    return -1;
+}
+
+int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *out,
+                     int flags)
+{
+    int rc = hand_over(socket, p, flow, id, id_len, out, flags);
+    serve_send_take(p, out);
+    return rc;
+}
+
+int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, const uint8_t *data,
+                    size_t len, int version, int flags)
+{
+    sf_buffer b = {0};
+    if (sf_buffer_append(&b, data, len) != SF_OK) {
+        errno = ENOMEM;
+        return -1;
+    }
+    if (len > 4) b.data[4] = (uint8_t)version;
+    return hand_over(socket, p, flow, id, id_len, &b, flags);
+}
+
+int serve_send_full(const serve_send *p) { return atomic_load(&p->in_flight) >= p->budget; }
+
+int serve_send_wake_fd(const serve_send *p) { return p->wake[0]; }
+
+void serve_send_arm(serve_send *p, int waiting)
+{
+    atomic_store(&p->armed, waiting);
+    if (waiting) return;
+    char bytes[64];
+    while (read(p->wake[0], bytes, sizeof bytes) > 0) {}
+}
+
+void serve_send_counters(const serve_send *p, serve_send_stats *out)
+{
+    out->in_flight = atomic_load(&p->in_flight);
+    out->budget = p->budget;
+    out->peak = p->peak;
+    out->messages = p->messages;
+    out->bytes = p->bytes;
+}
