@@ -122,12 +122,10 @@ EOF
     lp=$!
     sleep 3
     victim=
-    for d in /proc/[0-9]*; do
-      case " $(pgrep -d ' ' -P "$lp") $(for c in $(pgrep -P "$lp"); do pgrep -d ' ' -P "$c"; done) " in
-        *" ${d#/proc/} "*) ;;
-        *) continue ;;
-      esac
-      { tr '\0' '\n' <"$d/environ"; } 2>/dev/null | grep -qx "RANK=1" && victim=${d#/proc/}
+    for c in $(pgrep -P "$lp"); do # timeout's child is launch, whose children are the workers
+      for w in $(pgrep -P "$c"); do
+        { tr '\0' '\n' <"/proc/$w/environ"; } 2>/dev/null | grep -qx "RANK=1" && victim=$w
+      done
     done
     if [ -n "$victim" ] && kill -0 "$victim" 2>/dev/null; then
       killed=$(date +%s.%N)
