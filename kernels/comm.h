@@ -159,6 +159,10 @@ int sf_comm_nccl_create_watched(sf_backend *be, const void *id, int rank, int si
 
 /* The GPU ordinal of a "cuda" backend; -1 for any other. */
 int sf_comm_backend_device(sf_backend *be);
+/* The UUID of a "cuda" backend's GPU into uuid (16 bytes): the same GPU gives the same bytes in
+ * every process, whatever CUDA_VISIBLE_DEVICES numbers it (so that ranks that are processes can
+ * tell that two of them would share one). SF_E_UNSUPPORTED for any other backend. */
+int sf_comm_backend_gpu_uuid(sf_backend *be, unsigned char uuid[16]);
 
 #ifdef __cplusplus
 }

@@ -503,6 +503,7 @@ typedef int (*nccl_unique_id_fn)(void *buf);
 typedef int (*nccl_create_fn)(sf_backend *be, const void *id, int rank, int size, int timeout_ms, const int *stop,
                               sf_comm **out);
 typedef int (*backend_device_fn)(sf_backend *be);
+typedef int (*backend_uuid_fn)(sf_backend *be, unsigned char *uuid);
 
 static void *module_fn(const char *name) { return sf_cuda_module_symbol(name); }
 
@@ -540,4 +541,12 @@ int sf_comm_backend_device(sf_backend *be)
     if (!be || !be->ops || strcmp(be->ops->name, "cuda") != 0) return -1;
     backend_device_fn f = (backend_device_fn)(uintptr_t)module_fn("sf_cuda_comm_backend_device");
     return f ? f(be) : -1;
+}
+
+int sf_comm_backend_gpu_uuid(sf_backend *be, unsigned char uuid[16])
+{
+    backend_uuid_fn f = (backend_uuid_fn)(uintptr_t)module_fn("sf_cuda_comm_backend_uuid");
+    if (!f || sf_comm_backend_device(be) < 0)
+        return sf_error(SF_E_UNSUPPORTED, "a GPU's UUID: the backend is not cuda");
+    return f(be, uuid);
 }

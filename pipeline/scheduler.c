@@ -25,7 +25,10 @@ void sf_graph_abort_links(sf_graph *g)
     /* head ranks in other processes may wait in a collective for this one (stages/head_procs.h):
      * they end now, with this process's reason, not at their timeout */
     for (int i = 0; i < g->n_stages; i++)
-        if (g->stages[i]->heads) sf_comm_abort(g->stages[i]->heads->comm, failed);
+        if (g->stages[i]->heads) {
+            __atomic_store_n(&g->stages[i]->heads->stop, 1, __ATOMIC_RELEASE); /* the stage's NCCL one */
+            sf_comm_abort(g->stages[i]->heads->comm, failed);
+        }
     /* an abort carries at most 200 bytes of text, the link's own words included: cut at a word */
     if (strlen(why) > WHY_TRAVELS) {
         char *cut = why + WHY_TRAVELS - 4;

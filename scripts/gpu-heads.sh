@@ -4,7 +4,10 @@
 # 1. builds build-gpu (Release, CUDA sm_90, NCCL: the toolkit's or the nvidia-nccl wheel's);
 # 2. runs test_heads (CPU ranks) and test_gpu_heads (NCCL: one rank on one GPU against the
 #    unsharded run, a rank that never joins or fails, resume; two ranks when two GPUs exist);
-# 3. the binary: `seqflow run -d cuda --gpus N` against `-d cuda` on the built-in model;
+# 3. the binary: `seqflow run -d cuda --gpus N` against `-d cuda` on the built-in model; with
+#    two GPUs also head ranks as processes (`seqflow launch -n 2`, `block head_ranks=0,1`, one
+#    GPU a process) against both, and a follower killed mid-stream (the job must fail within
+#    about its comm_timeout=);
 # 4. bench_heads on the reference model: plain block, heads_of=1 (the sharded path's overhead),
 #    heads_of=2 with two GPUs: tokens/s, all-reduce time a layer, memory per GPU;
 # 5. the GPU tests the changed kernels touch (test_gpu_pipeline, test_cuda_attention,
@@ -83,6 +86,68 @@ ok = a.size == b.size and a.size > 0
 err = float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30)) if ok else float("nan")
 print(f"binary: seqflow run -d cuda --gpus {sys.argv[3]} against -d cuda: {a.size} and {b.size} values, relative error {err:.3g}")
 EOF
+
+# head ranks as processes (docs/HEADS.md): `seqflow launch -n 2` with `block head_ranks=0,1`,
+# one GPU a process (launch sets LOCAL_RANK, and a worker's -d cuda without an index takes the
+# local rank's GPU), against the thread form (--gpus 2) and one GPU; then a follower killed
+# mid-stream must end the job with an error within comm_timeout= (10 s here)
+if [ "$gpus" -ge 2 ]; then
+  step run_procs 60 "$bin" launch -n 2 -- -q -d cuda -o "$logs/procs.f32" "segment ! embed ! block head_ranks=0,1 ! norm"
+  python3 - "$logs/procs.f32" "$logs/gpus.f32" "$logs/plain.f32" <<'EOF' 2>&1 | tee -a "$summary"
+import os
+import sys
+import numpy as np
+def load(p):
+    return np.fromfile(p, dtype=np.float32) if os.path.exists(p) else np.zeros(0, dtype=np.float32)
+p, t, one = (load(x) for x in sys.argv[1:4])
+bad = 0
+for name, ref in (("--gpus 2 (threads)", t), ("-d cuda (one GPU)", one)):
+    ok = p.size == ref.size and p.size > 0
+    err = float(np.linalg.norm(p - ref) / max(np.linalg.norm(ref), 1e-30)) if ok else float("nan")
+    ok = ok and err <= 1e-3
+    bad += not ok
+    print(f"binary: launch -n 2 head_ranks=0,1 -d cuda against {name}: {p.size} and {ref.size} values, "
+          f"relative error {err:.3g}" + ("" if ok else " FAIL"))
+sys.exit(1 if bad else 0)
+EOF
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # the kill: an input far too long to finish, the follower (job rank 1: RANK=1 in its
+  # environment) killed 3 s in; the job is expected to end within about comm_timeout= after
+  if [ $(( 340 - ($(date +%s) - start) )) -lt 40 ]; then
+    note "procs_kill: not run (time)"
+  else
+    head -c 100000000 /dev/urandom >"$logs/long.bin"
+    timeout -k 5 90 "$bin" launch -n 2 --timeout-ms 1500 -- -q -d cuda -i "$logs/long.bin" -o "$logs/kill.f32" \
+      "segment ! embed ! block head_ranks=0,1 comm_timeout=10000 ! norm" >"$logs/procs_kill.log" 2>&1 &
+    lp=$!
+    sleep 3
+    victim=
+    for c in $(pgrep -P "$lp"); do # timeout's child is launch, whose children are the workers
+      for w in $(pgrep -P "$c"); do
+        { tr '\0' '\n' <"/proc/$w/environ"; } 2>/dev/null | grep -qx "RANK=1" && victim=$w
+      done
+    done
+    if [ -n "$victim" ] && kill -0 "$victim" 2>/dev/null; then
+      killed=$(date +%s.%N)
+      kill -9 "$victim"
+      wait "$lp"
+      rc=$?
+      took=$(awk -v a="$killed" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+      verdict=ok
+      if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || ! awk -v t="$took" 'BEGIN { exit !(t < 20) }'; then
+        verdict=FAIL
+        status=1
+      fi
+      note "procs_kill: follower (pid $victim) killed, the job ended with exit $rc $took s after (comm_timeout 10 s): $verdict"
+      grep -E "^seqflow:" "$logs/procs_kill.log" | tail -3 | tee -a "$summary"
+    else
+      wait "$lp"
+      note "procs_kill: FAIL: no follower running 3 s in (launch exit $?; see procs_kill.log)"
+      status=1
+    fi
+  fi
+  rm -f "$logs/long.bin" "$logs/kill.f32"* "$logs/procs.f32"
+fi
 rm -f "$logs/plain.f32" "$logs/gpus.f32"
 
 step bench_heads 120 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps "${HEADS_REPS:-3}"

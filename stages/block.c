@@ -213,7 +213,7 @@ static int block_init(sf_stage *st)
     if (rc == SF_OK) rc = sf_block_setup(b, m);
     if (rc == SF_OK) rc = block_warmup(b);
     /* the other ranks, and the communicator, last: what init ran before issued no collective */
-    if (rc == SF_OK && rank > 0) return sf_block_procs_join(b); /* a follower: rank 0 hands it its work */
+    if (rc == SF_OK && rank > 0) return sf_block_procs_join(st, b); /* a follower: rank 0 hands it its work */
     if (rc == SF_OK && ranks) rc = sf_block_shard_start(st, b, ranks);
     return rc;
 }
@@ -797,9 +797,9 @@ static void block_free(sf_stage *st)
     block *b = sf_stage_priv(st);
     if (!b) return;
     /* the other ranks first (they end their collectives), then this rank's communicator (head
-     * ranks that are processes: the graph's) */
+     * ranks that are processes: the graph's, but on cuda the stage's NCCL one) */
     sf_block_shard_stop(b);
-    if (!b->procs) sf_comm_free(b->comm);
+    if (!b->procs || b->comm != b->procs->comm) sf_comm_free(b->comm);
     b->comm = NULL;
     sf_block_release(b);
     free(b);

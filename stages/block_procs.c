@@ -1,14 +1,18 @@
 /* Head ranks that are processes (stages/head_procs.h): the units of work rank 0 hands its
  * followers, as packets on the work links, and a follower's side of them. The rows and the
- * collectives go over the head ranks' communicator, as between threads (stages/block_shard.c).
+ * collectives go over the head ranks' communicator, as between threads (stages/block_shard.c):
+ * on cpu the network one the graph gives (h->comm); on cuda an NCCL one each head rank makes at
+ * init (the stage's, in b->comm) from an id head rank 0 sends over the network one, after every
+ * rank checked that no two of them share a GPU. The network one carries the saved states (host
+ * memory) on either backend, and a failure aborts both.
  *
  * A unit of work on the wire: a packet of kind FLUSH (no rows) whose state part holds, little-
  * endian: u32 "SFHW", u8 op, u8 count, u8 commit, u8 final, u32 n, u64 the unit's number (1, 2,
  * ... checked by the follower), count x u64 stream ids, then a RESTORE's state (the rest). A
- * SAVE's state comes back over the communicator (exact messages to rank 0: its length as a u64
- * in four bf16 values, then its bytes as bf16 values, the last one padded). A follower that
- * fails (a RESTORE included) aborts the communicator with its reason, which ends rank 0's next
- * collective. */
+ * SAVE's state (and on cuda the NCCL id) goes over the network communicator as exact messages:
+ * its length as a u64 in four bf16 values, then its bytes as bf16 values, the last one padded.
+ * A follower that fails (a RESTORE included) aborts the communicators with its reason, which
+ * ends rank 0's next collective. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,19 +57,98 @@ int sf_block_procs_plan(sf_stage *st, sf_head_procs *h, int *ranks, int *rank)
     if (*ranks && *ranks != h->size)
         return sf_error(SF_E_OPTION, "heads_of=%d and head_ranks=%s (%d ranks) disagree", *ranks, text, h->size);
     const sf_backend *be = sf_stage_backend(st);
-    if (strcmp(be->ops->name, "cpu") != 0)
-        return sf_error(SF_E_UNSUPPORTED, "head_ranks=%s: head ranks as processes run on the cpu backend; on %s, "
-                                          "split the heads over the devices of one process (heads_of= devices=)",
+    const int cuda = strcmp(be->ops->name, "cuda") == 0;
+    if (cuda && !sf_comm_nccl_available())
+        return sf_error(SF_E_UNSUPPORTED, "head_ranks=%s on cuda needs NCCL, which this build does not have (build "
+                                          "with CUDA and NCCL, or run the head ranks on -d cpu)",
+                        text);
+    if (!cuda && strcmp(be->ops->name, "cpu") != 0)
+        return sf_error(SF_E_UNSUPPORTED, "head_ranks=%s: head ranks as processes run on the cpu and cuda backends, "
+                                          "not on %s",
                         text, be->ops->name);
     *ranks = h->size;
     *rank = h->index;
     return SF_OK;
 }
 
-int sf_block_procs_join(block *b)
+static int send_bytes(sf_comm *c, int peer, const uint8_t *data, size_t len);
+static int recv_bytes(sf_comm *c, int peer, sf_buffer *out);
+
+/* Refuses, on every head rank alike, two head ranks on one GPU (NCCL takes one rank a GPU):
+ * each rank's GPU UUID (the same bytes in every process, whatever CUDA_VISIBLE_DEVICES numbers
+ * it) and ordinal gathered over the network communicator. */
+static int check_gpus(block *b)
 {
-    b->comm = b->procs->comm; /* borrowed: the graph frees it */
-    return sf_block_comm_warmup(b);
+    sf_head_procs *h = b->procs;
+    enum { WORDS = 12 }; /* 16 bytes of UUID, the ordinal as 4 bytes, 4 bytes of padding: bf16 words */
+    uint8_t mine[2 * WORDS] = {0};
+    int rc = sf_comm_backend_gpu_uuid(b->be, mine);
+    if (rc != SF_OK) return rc;
+    sf_le_store(mine + 16, (uint32_t)sf_comm_backend_device(b->be), 4);
+    uint8_t *all = calloc((size_t)h->size, sizeof mine);
+    if (!all) return sf_error(SF_E_NOMEM, "out of memory");
+    rc = sf_comm_all_gather(h->comm, mine, all, WORDS, SF_DTYPE_BF16);
+    for (int r = 1; r < h->size && rc == SF_OK; r++)
+        for (int q = 0; q < r && rc == SF_OK; q++)
+            if (memcmp(all + q * sizeof mine, all + r * sizeof mine, 16) == 0)
+                rc = sf_error(SF_E_OPTION, "head ranks %d and %d (job ranks %d and %d) are on one GPU (cuda:%u of "
+                                           "job rank %d): NCCL takes one GPU a rank; give each process its own "
+                                           "(-d cuda without an index takes the topology's devices, else the local "
+                                           "rank's GPU; or -d cuda:N on each)",
+                              q, r, h->ranks[q], h->ranks[r], (unsigned)sf_le_load(all + q * sizeof mine + 16, 4),
+                              h->ranks[q]);
+    free(all);
+    return rc;
+}
+
+/* On cuda: the head ranks' NCCL communicator into b->comm (the stage's), from the id head rank
+ * 0 makes and sends every follower over the network communicator. */
+static int join_nccl(sf_stage *st, block *b)
+{
+    sf_head_procs *h = b->procs;
+    const int timeout_ms = (int)sf_stage_option_int(st, "comm_timeout");
+    uint8_t id[SF_COMM_NCCL_ID_BYTES] = {0};
+    int rc = check_gpus(b);
+    if (rc == SF_OK && h->index == 0) {
+        rc = sf_comm_nccl_unique_id(id);
+        for (int k = 1; k < h->size && rc == SF_OK; k++) rc = send_bytes(h->comm, k, id, sizeof id);
+    } else if (rc == SF_OK) {
+        sf_buffer got = {0};
+        rc = recv_bytes(h->comm, 0, &got);
+        if (rc == SF_OK && got.len != sizeof id)
+            rc = sf_error(SF_E_PEER, "head rank %d: an NCCL id of %zu bytes from head rank 0, %zu expected", h->index,
+                          got.len, sizeof id);
+        if (rc == SF_OK) memcpy(id, got.data, sizeof id);
+        sf_buffer_release(&got);
+    }
+    sf_comm *nccl = NULL;
+    /* the graph raises h->stop when this process fails elsewhere: the join and every later wait end */
+    if (rc == SF_OK) rc = sf_comm_nccl_create_watched(b->be, id, h->index, h->size, timeout_ms, &h->stop, &nccl);
+    if (rc != SF_OK) {
+        char why[480];
+        snprintf(why, sizeof why, "head rank %d of %d (job rank %d) on GPU %d: %s", h->index, h->size,
+                 h->ranks[h->index], sf_comm_backend_device(b->be), sf_last_error());
+        sf_comm_abort(h->comm, why); /* the others, waiting for this rank, end with its reason */
+        return sf_error(rc, "%s", why);
+    }
+    b->comm = nccl; /* the stage's: block_free frees it */
+    return SF_OK;
+}
+
+int sf_block_procs_join(sf_stage *st, block *b)
+{
+    sf_head_procs *h = b->procs;
+    int rc = SF_OK;
+    if (strcmp(b->be->ops->name, "cuda") == 0) rc = join_nccl(st, b);
+    else b->comm = h->comm; /* borrowed: the graph frees it */
+    return rc == SF_OK ? sf_block_comm_warmup(b) : rc;
+}
+
+void sf_block_procs_abort(block *b, const char *why)
+{
+    sf_head_procs *h = b->procs;
+    if (b->comm && b->comm != h->comm) sf_comm_abort(b->comm, why);
+    sf_comm_abort(h->comm, why);
 }
 
 /* The unit's bytes into out (RESTORE's data after them). */
@@ -123,21 +206,27 @@ static int send_bytes(sf_comm *c, int peer, const uint8_t *data, size_t len)
     return rc;
 }
 
-int sf_block_procs_gather(block *b, int k, sf_buffer *out)
+/* What send_bytes sent, appended to out. */
+static int recv_bytes(sf_comm *c, int peer, sf_buffer *out)
 {
     uint8_t head[8];
-    int rc = sf_comm_recv_tagged(b->comm, head, 4, SF_DTYPE_BF16, k, 1);
+    int rc = sf_comm_recv_tagged(c, head, 4, SF_DTYPE_BF16, peer, 1);
     if (rc != SF_OK) return rc;
     const uint64_t len = sf_le_load(head, 8);
     if (len > (uint64_t)1 << 40)
-        return sf_error(SF_E_STATE, "head-parallel rank %d sent a state of %llu bytes", k, (unsigned long long)len);
+        return sf_error(SF_E_STATE, "head-parallel rank %d sent a message of %llu bytes", peer, (unsigned long long)len);
     const size_t count = (size_t)(len + 1) / 2;
     uint8_t *data = malloc(2 * count + 1);
-    if (!data) return sf_error(SF_E_NOMEM, "out of memory for %llu bytes of state", (unsigned long long)len);
-    if (count) rc = sf_comm_recv_tagged(b->comm, data, count, SF_DTYPE_BF16, k, 1);
+    if (!data) return sf_error(SF_E_NOMEM, "out of memory for %llu bytes", (unsigned long long)len);
+    if (count) rc = sf_comm_recv_tagged(c, data, count, SF_DTYPE_BF16, peer, 1);
     if (rc == SF_OK) rc = sf_buffer_append(out, data, (size_t)len);
     free(data);
     return rc;
+}
+
+int sf_block_procs_gather(block *b, int k, sf_buffer *out)
+{
+    return recv_bytes(b->procs->comm, k, out); /* host memory: the network communicator, on cuda too */
 }
 
 /* One unit of work from p's bytes into *w (RESTORE: w->data points into p). */
@@ -174,7 +263,7 @@ int sf_block_procs_follow(block *b, sf_packet *p)
     int rc = work_parse(b, p, &w);
     if (rc == SF_OK && w.op == SF_BLOCK_WORK_SAVE) w.out = &state;
     if (rc == SF_OK) rc = sf_block_follow(b, &w);
-    if (rc == SF_OK && w.op == SF_BLOCK_WORK_SAVE) rc = send_bytes(b->comm, 0, state.data, state.len);
+    if (rc == SF_OK && w.op == SF_BLOCK_WORK_SAVE) rc = send_bytes(h->comm, 0, state.data, state.len);
     sf_buffer_release(&state);
     sf_packet_free(p);
     if (rc != SF_OK) {
@@ -183,8 +272,8 @@ int sf_block_procs_follow(block *b, sf_packet *p)
         char why[480];
         snprintf(why, sizeof why, "head rank %d of %d (job rank %d) failed: %s", h->index, h->size, h->ranks[h->index],
                  sf_last_error());
-        sf_comm_abort(b->comm, why);
-        if (__atomic_load_n(&b->comm->lost_peer, __ATOMIC_ACQUIRE)) rc = SF_E_PEER; /* the job may roll back */
+        sf_block_procs_abort(b, why);
+        if (__atomic_load_n(&h->comm->lost_peer, __ATOMIC_ACQUIRE)) rc = SF_E_PEER; /* the job may roll back */
         sf_error(rc, "%s", why);
     }
     return rc;

@@ -141,9 +141,10 @@ int sf_block_shard_check(block *b, int rc)
             snprintf(why, sizeof why, "head rank 0 of %d (job rank %d): %s", b->procs->size, b->procs->ranks[0], msg);
         /* a link cut because this process failed elsewhere: the graph aborts the communicator
          * with that failure, which is what the others should hear */
-        if (rc != SF_E_CLOSED) sf_comm_abort(b->comm, why);
+        if (b->comm && b->comm != b->procs->comm) sf_comm_abort(b->comm, why); /* NCCL: the stage's own */
+        if (rc != SF_E_CLOSED) sf_comm_abort(b->procs->comm, why);
         /* a head rank lost to the network is the job's to roll back (as a lost link is) */
-        if (b->comm && __atomic_load_n(&b->comm->lost_peer, __ATOMIC_ACQUIRE)) rc = SF_E_PEER;
+        if (__atomic_load_n(&b->procs->comm->lost_peer, __ATOMIC_ACQUIRE)) rc = SF_E_PEER;
         sf_error(rc, "%s", why);
         return rc;
     }
@@ -337,8 +338,7 @@ int sf_block_shard_start(sf_stage *st, block *b, int ranks)
     s->ranks = ranks;
     if (b->procs) { /* the other ranks are processes, whose stages set themselves up */
         b->shard = s;
-        b->comm = b->procs->comm; /* borrowed: the graph frees it */
-        return sf_block_comm_warmup(b);
+        return sf_block_procs_join(st, b); /* the graph's communicator, or on cuda an NCCL one */
     }
     s->model = sf_stage_model(st);
     s->timeout_ms = (int)sf_stage_option_int(st, "comm_timeout");

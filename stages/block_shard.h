@@ -72,15 +72,24 @@ void sf_block_shard_stop(block *b);
 /* ---- head ranks that are processes (stages/block_procs.c) ----------------------------------- */
 
 /* block_init: with head_ranks= given, *ranks (heads_of=, 0 when unset) and *rank from the
- * graph's head ranks h: SF_E_UNSUPPORTED outside a distributed run (h NULL) or off the cpu
- * backend, SF_E_OPTION when heads_of= disagrees. Nothing changed without head_ranks=. */
+ * graph's head ranks h: SF_E_UNSUPPORTED outside a distributed run (h NULL), on a backend other
+ * than cpu and cuda, or on cuda in a build without NCCL; SF_E_OPTION when heads_of= disagrees.
+ * Nothing changed without head_ranks=. */
 int sf_block_procs_plan(sf_stage *st, struct sf_head_procs *h, int *ranks, int *rank);
-/* A follower (block.procs, index > 0), at the end of block_init: takes the communicator and
- * meets the others in the first collectives. */
-int sf_block_procs_join(block *b);
+/* Every head rank, at the end of block_init (rank 0 from sf_block_shard_start): sets b->comm
+ * and meets the others in the first collectives. cpu: borrows the graph's network
+ * communicator. cuda: gathers every rank's GPU (SF_E_OPTION naming both ranks when two share
+ * one, on every rank, before NCCL is joined), then head rank 0 makes an NCCL id and sends it to
+ * each follower over the network communicator, and each joins the NCCL communicator on its GPU
+ * (within comm_timeout=, watching h->stop), which b->comm then owns (block_free frees it). A
+ * failure aborts the network communicator with this rank's reason. */
+int sf_block_procs_join(sf_stage *st, block *b);
+/* Aborts the head ranks' communicators (the stage's NCCL one, if any, and the network one). */
+void sf_block_procs_abort(block *b, const char *why);
 /* Rank 0: hands w to every follower (RESTORE: data[k], len[k] is follower k's state). */
 int sf_block_procs_send(block *b, const block_work *w, const uint8_t *const *data, const size_t *len);
-/* Rank 0, after handing out a SAVE: follower k's state, appended to out. */
+/* Rank 0, after handing out a SAVE: follower k's state, appended to out (over the network
+ * communicator, on cuda too: host memory). */
 int sf_block_procs_gather(block *b, int k, sf_buffer *out);
 /* A follower's process(): the unit of work p holds (takes p), done as rank 0 does it; a SAVE's
  * state goes back to rank 0. On failure the communicator is aborted with the reason. */

@@ -7,7 +7,9 @@
  * mode: its input is a link from the owner carrying units of work (block_work, serialized:
  * stages/block_shard.c), and it emits nothing. The rows and the collectives go over a
  * communicator of the head ranks (kernels/comm.h; pipeline/comm_net.h over the network), as
- * they go over the host communicator between threads.
+ * they go over the host communicator between threads; on the cuda backend over an NCCL
+ * communicator the stage makes at init from an id head rank 0 sends over that one (which then
+ * carries only the saved states and the set-up).
  *
  * pipeline/distributed.c makes this for each such stage on each of its head ranks (the
  * communicator from the run's link factory, the owner's work links to every follower); the
@@ -30,6 +32,10 @@ typedef struct sf_head_procs {
      * from init to free; the graph aborts it when the process's run fails elsewhere (so that the
      * other head ranks' waits end at once, with the reason) and frees it after the stage. */
     struct sf_comm *comm;
+    /* Raised (atomically, to 1) by the graph just before it aborts comm: a stage whose
+     * collectives run on a communicator of its own (on GPUs: NCCL, made from an id sent over
+     * comm) watches it (sf_comm_watch), so that its waits end too. */
+    int stop;
     /* The owner's ends of the work links, one a follower. push hands follower k (1 .. size-1) a
      * packet, taking it also on failure; it blocks while the link's window is full, and fails
      * (the link's error: the follower died, or aborted) once the link failed. close ends every

@@ -21,6 +21,16 @@ extern "C" int sf_cuda_comm_backend_device(sf_backend *be)
     return sf_cuda_of(be)->device;
 }
 
+extern "C" int sf_cuda_comm_backend_uuid(sf_backend *be, unsigned char *uuid)
+{
+    const int device = sf_cuda_comm_backend_device(be);
+    if (device < 0) return sf_error(SF_E_UNSUPPORTED, "a GPU's UUID: the backend is not cuda");
+    cudaDeviceProp p;
+    int rc = sf_cuda_status(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+    if (rc == SF_OK) memcpy(uuid, p.uuid.bytes, 16);
+    return rc;
+}
+
 #ifdef SEQFLOW_HAVE_NCCL
 #include <nccl.h>
 
