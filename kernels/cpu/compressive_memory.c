@@ -6,17 +6,8 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/vector_rows.h"
 #include "seqflow/error.h"
-
-static inline float sigma(float x) { return x > 0 ? x + 1.0f : sf_fast_expf(x); } /* ELU + 1 */
-
-/* dst[i, :] = sigma(src[i*ld + :d]) */
-SF_CPU_DISPATCH static void gather_sigma(const float *src, int n, int d, int ld, float *dst)
-{
-    for (int i = 0; i < n; i++)
-        for (int e = 0; e < d; e++) dst[(size_t)i * d + e] = sigma(src[(size_t)i * ld + e]);
-}
 
 /* Retrieve (SPEC 4) for n gathered rows: out[i] = sx[i] M / (sx[i] . z), 0 where sx[i] . z == 0. */
 static void retrieve(const float *sx, int n, int d, const float *Mh, const float *zh, float *out)
@@ -43,7 +34,7 @@ int sf_cpu_memory_mix(sf_backend *be, int n, int heads, int d, int ld, const flo
             failed = 1;
         } else {
             const float *Mh = M + (size_t)h * d * d, *zh = z + (size_t)h * d;
-            gather_sigma(q + (size_t)h * d, n, d, ld, sq);
+            sf_cpu_sigma_rows(n, d, q + (size_t)h * d, ld, sq, d); /* sigma = ELU + 1 */
             retrieve(sq, n, d, Mh, zh, num);
             const float g = 1.0f / (1.0f + expf(-gate[h]));
             for (int i = 0; i < n; i++) {
@@ -70,7 +61,7 @@ int sf_cpu_memory_update(sf_backend *be, sf_memory_kind kind, int n, int heads, 
             failed = 1;
         } else {
             float *Mh = M + (size_t)h * d * d, *zh = z + (size_t)h * d;
-            gather_sigma(k + (size_t)h * d, n, d, ld, sk);
+            sf_cpu_sigma_rows(n, d, k + (size_t)h * d, ld, sk, d);
             for (int i = 0; i < n; i++)
                 for (int e = 0; e < d; e++) target[(size_t)i * d + e] = v[(size_t)i * ld + (size_t)h * d + e];
             if (kind == SF_MEMORY_DELTA) {

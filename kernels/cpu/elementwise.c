@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/vector_rows.h"
 #include "seqflow/error.h"
 
 int sf_cpu_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y)
@@ -28,15 +28,10 @@ int sf_cpu_embed(sf_backend *be, int n, int dim, const uint32_t *tokens, const f
     return SF_OK;
 }
 
-SF_CPU_DISPATCH static void swiglu_row(float *a, const float *b, int f)
-{
-    for (int i = 0; i < f; i++) a[i] = a[i] / (1.0f + sf_fast_expf(-a[i])) * b[i];
-}
-
 int sf_cpu_swiglu(sf_backend *be, int n, int f, float *a, const float *b)
 {
     const size_t count = (size_t)n * f;
 #pragma omp parallel for num_threads(sf_cpu_threads(be)) if (count >= 65536) schedule(static)
-    for (int i = 0; i < n; i++) swiglu_row(a + (size_t)i * f, b + (size_t)i * f, f);
+    for (int i = 0; i < n; i++) sf_cpu_swiglu_rows(a + (size_t)i * f, b + (size_t)i * f, (size_t)f);
     return SF_OK;
 }
