@@ -6,17 +6,19 @@
 #include "kernels/cpu/vector_rows.h"
 #include "seqflow/error.h"
 
+/* SF_CPU_DISPATCH: plain C, the same bits in either copy */
+SF_CPU_DISPATCH static void rmsnorm_row(int dim, const float *row, const float *weight, float eps, float *dst)
+{
+    double ss = 0;
+    for (int j = 0; j < dim; j++) ss += (double)row[j] * row[j];
+    float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    for (int j = 0; j < dim; j++) dst[j] = row[j] * r * weight[j];
+}
+
 int sf_cpu_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y)
 {
 #pragma omp parallel for num_threads(sf_cpu_threads(be)) if (n >= 64) schedule(static)
-    for (int i = 0; i < n; i++) {
-        const float *row = x + (size_t)i * dim;
-        double ss = 0;
-        for (int j = 0; j < dim; j++) ss += (double)row[j] * row[j];
-        float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
-        float *dst = y + (size_t)i * dim;
-        for (int j = 0; j < dim; j++) dst[j] = row[j] * r * weight[j];
-    }
+    for (int i = 0; i < n; i++) rmsnorm_row(dim, x + (size_t)i * dim, weight, eps, y + (size_t)i * dim);
     return SF_OK;
 }
 
