@@ -55,8 +55,10 @@ static void naive_attention(const sf_attention_desc *dd, const float *q, const f
     double mx = -INFINITY, sum = 0;
     for (int t = 0; t < c; t++) mx = fmax(mx, logit[t]);
     for (int t = 0; t < c; t++) sum += exp(logit[t] - mx);
-    for (int t = 0; t < c; t++)
-        for (int e = 0; e < d; e++) out[e] += exp(logit[t] - mx) / sum * val[t][e];
+    for (int t = 0; t < c; t++) {
+        const double p = exp(logit[t] - mx) / sum;
+        for (int e = 0; e < d; e++) out[e] += p * val[t][e];
+    }
     free(logit);
     free(val);
 }
