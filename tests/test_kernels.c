@@ -2,11 +2,13 @@
  * shapes; outputs are poisoned with NaN first so an unwritten element fails. */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/vector_rows.h"
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 
@@ -53,8 +55,10 @@ static void naive_attention(const sf_attention_desc *dd, const float *q, const f
     double mx = -INFINITY, sum = 0;
     for (int t = 0; t < c; t++) mx = fmax(mx, logit[t]);
     for (int t = 0; t < c; t++) sum += exp(logit[t] - mx);
-    for (int t = 0; t < c; t++)
-        for (int e = 0; e < d; e++) out[e] += exp(logit[t] - mx) / sum * val[t][e];
+    for (int t = 0; t < c; t++) {
+        const double p = exp(logit[t] - mx) / sum;
+        for (int e = 0; e < d; e++) out[e] += p * val[t][e];
+    }
     free(logit);
     free(val);
 }
@@ -322,6 +326,34 @@ static void check_buffers(sf_backend *be)
     be->ops->free(be, tiny);
 }
 
+#ifdef SF_HAVE_AVX2_FMA
+/* sf_fast_exp8, on a CPU with AVX2 and FMA only */
+SF_TARGET_AVX2_FMA static void check_fast_exp8(void)
+{
+    {
+        float in[8] = {NAN, INFINITY, 1e30f, -3.4e38f, 3.4e38f, 88.5f, -NAN, 1.0f}, out[8];
+        _mm256_storeu_ps(out, sf_fast_exp8(_mm256_loadu_ps(in)));
+        float top = sf_fast_expf(SF_EXP_HI);
+        CHECKF(isnan(out[0]) && out[1] == top && out[2] == top && out[3] == 0.0f && out[4] == top && out[5] == top &&
+                   isnan(out[6]) && fabsf(out[7] / sf_fast_expf(1.0f) - 1) < 5e-7f,
+               "fast_exp8 extremes: %g %g %g %g %g %g %g %g", out[0], out[1], out[2], out[3], out[4], out[5], out[6],
+               out[7]);
+    }
+    float in[8] = {-INFINITY, -200.0f, -87.5f, -20.25f, -1.0f, 0.0f, 0.3466f, 80.0f}, lanes[8];
+    _mm256_storeu_ps(lanes, sf_fast_exp8(_mm256_loadu_ps(in)));
+    int ok = lanes[0] == 0.0f && lanes[1] == 0.0f && lanes[2] == 0.0f;
+    for (int i = 3; i < 8; i++) ok &= fabs(lanes[i] / exp((double)in[i]) - 1) < 5e-7;
+    CHECKF(ok, "fast_exp8: %g %g %g %g %g %g %g %g", lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5],
+           lanes[6], lanes[7]);
+    double worst = 0;
+    for (float x = -87.0f; x < 88.0f; x += 0.37f) {
+        _mm256_storeu_ps(lanes, sf_fast_exp8(_mm256_set1_ps(x)));
+        worst = fmax(worst, fabs(lanes[0] / exp((double)x) - 1));
+    }
+    CHECKF(worst < 5e-7, "fast_exp8 relative error %.3g", worst);
+}
+#endif
+
 static void check_fast_exp(void)
 {
     double worst = 0;
@@ -341,37 +373,94 @@ static void check_fast_exp(void)
         CHECK(sf_fast_expf(extreme[6]) == top && sf_fast_expf(extreme[7]) == top && isfinite(top));
     }
 #ifdef SF_HAVE_AVX2_FMA
-    {
-        float in[8] = {NAN, INFINITY, 1e30f, -3.4e38f, 3.4e38f, 88.5f, -NAN, 1.0f}, out[8];
-        _mm256_storeu_ps(out, sf_fast_exp8(_mm256_loadu_ps(in)));
-        float top = sf_fast_expf(SF_EXP_HI);
-        CHECKF(isnan(out[0]) && out[1] == top && out[2] == top && out[3] == 0.0f && out[4] == top && out[5] == top &&
-                   isnan(out[6]) && out[7] == sf_fast_expf(1.0f),
-               "fast_exp8 extremes: %g %g %g %g %g %g %g %g", out[0], out[1], out[2], out[3], out[4], out[5], out[6],
-               out[7]);
-    }
-#endif
-#ifdef SF_HAVE_AVX2_FMA
-    float in[8] = {-INFINITY, -200.0f, -87.5f, -20.25f, -1.0f, 0.0f, 0.3466f, 80.0f}, lanes[8];
-    _mm256_storeu_ps(lanes, sf_fast_exp8(_mm256_loadu_ps(in)));
-    int ok = lanes[0] == 0.0f && lanes[1] == 0.0f && lanes[2] == 0.0f;
-    for (int i = 3; i < 8; i++) ok &= fabs(lanes[i] / exp((double)in[i]) - 1) < 5e-7;
-    CHECKF(ok, "fast_exp8: %g %g %g %g %g %g %g %g", lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5],
-           lanes[6], lanes[7]);
-    worst = 0;
-    for (float x = -87.0f; x < 88.0f; x += 0.37f) {
-        _mm256_storeu_ps(lanes, sf_fast_exp8(_mm256_set1_ps(x)));
-        worst = fmax(worst, fabs(lanes[0] / exp((double)x) - 1));
-    }
-    CHECKF(worst < 5e-7, "fast_exp8 relative error %.3g", worst);
+    if (sf_cpu_kernels_available(SF_CPU_KERNELS_AVX2)) check_fast_exp8();
+    else printf("sf_fast_exp8 not checked: this CPU has no AVX2 and FMA\n");
 #endif
 }
 
-int main(void)
+/* |a - b| <= tol (1 + |b|), or both NaN */
+static int close_or_nan(float a, float b, double tol)
 {
-    sf_backend *be;
-    CHECK_OK(sf_backend_create("cpu", 0, &be));
-    check_fast_exp();
+    return (isnan(a) && isnan(b)) || (a == b) || fabs((double)a - b) <= tol * (1 + fabs((double)b));
+}
+
+/* The row kernels of each form on the same inputs (tails of every length, non-finite values):
+ * the AVX2 form within rounding of the baseline one, NaN where it gives NaN, nothing written
+ * past a row, and the same bits when called again. */
+static void check_kernel_forms(void)
+{
+    /* the choice: the CPU's best unless forced; a set the CPU lacks is refused */
+    CHECK(sf_cpu_kernels() == (sf_cpu_kernels_available(SF_CPU_KERNELS_AVX2) ? SF_CPU_KERNELS_AVX2 : SF_CPU_KERNELS_BASELINE));
+    CHECK_OK(sf_cpu_kernels_force(SF_CPU_KERNELS_BASELINE));
+    CHECK(sf_cpu_kernels() == SF_CPU_KERNELS_BASELINE);
+    if (!sf_cpu_kernels_available(SF_CPU_KERNELS_AVX2)) {
+        CHECK(sf_cpu_kernels_force(SF_CPU_KERNELS_AVX2) == SF_E_UNSUPPORTED && sf_cpu_kernels() == SF_CPU_KERNELS_BASELINE);
+        CHECK_OK(sf_cpu_kernels_force(SF_CPU_KERNELS_AUTO));
+        printf("avx2 row kernels not compared: this CPU or build has none\n");
+        return;
+    }
+    enum { SETS = 2, N = 6, W = 45, LD = 48, TQ = 9, TK = 37, TLD = 40, D = 12 };
+    static const float special[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, -100.0f, 100.0f, 1e-30f, -87.2f, 88.3f};
+    const int ns = (int)(sizeof special / sizeof *special);
+    float *x = randoms((size_t)N * LD, 3.0), *b = randoms((size_t)N * LD, 1.0);
+    for (int i = 0; i < ns; i++) x[i * 7 % (N * LD)] = special[i];
+    float sig[SETS][N * LD], swi[SETS][N * LD];
+    float s[SETS][TQ * TLD], o[SETS][TQ * D], m[SETS][TQ], l[SETS][TQ];
+    float acc[SETS][2 * TQ * D], am[SETS][2 * TQ], al[SETS][2 * TQ];
+    int pos[TQ];
+    float *s0 = randoms((size_t)TQ * TLD, 2.0), *o0 = randoms((size_t)TQ * D, 1.0), *acc0 = randoms(2 * TQ * D, 1.0);
+    s0[5 * TLD + 1] = NAN; /* one NaN logit: its probability is NaN in both forms */
+    for (int a = 0; a < TQ; a++) pos[a] = 2 * a + 1;
+    for (int set = 0; set < SETS; set++) {
+        CHECK_OK(sf_cpu_kernels_force(set ? SF_CPU_KERNELS_AVX2 : SF_CPU_KERNELS_BASELINE));
+        for (int i = 0; i < N * LD; i++) sig[set][i] = swi[set][i] = -7.0f; /* past each row: untouched */
+        sf_cpu_sigma_rows(N, W, x, LD, sig[set], LD);
+        memcpy(swi[set], x, (size_t)N * LD * sizeof(float));
+        sf_cpu_swiglu_rows(swi[set], b, (size_t)N * LD - 3);
+        /* two steps of one tile: every key visible, then the causal diagonal (first = -2:
+         * rows 0 and 1 see nothing), rows starting from a running max and sum of their own */
+        memcpy(s[set], s0, sizeof s[set]);
+        memcpy(o[set], o0, sizeof o[set]);
+        for (int a = 0; a < TQ; a++) m[set][a] = a % 3 ? 0.5f : -INFINITY, l[set][a] = a % 3 ? 2.0f : 0.0f;
+        sf_cpu_softmax_tile(s[set], TLD, TQ, TK, TK, m[set], l[set], o[set], D);
+        memcpy(s[set], s0, sizeof s[set]);
+        sf_cpu_softmax_tile(s[set], TLD, TQ, TK, -2, m[set], l[set], o[set], D);
+        memcpy(acc[set], acc0, sizeof acc[set]);
+        for (int i = 0; i < 2 * TQ; i++) am[set][i] = i % 4 ? 1.5f : 0.0f, al[set][i] = i % 4 ? 3.0f : 0.0f;
+        sf_cpu_merge_tile(TQ, D, pos, o[set], m[set], l[set], acc[set], am[set], al[set]);
+    }
+    int ok_sig = 1, ok_swi = 1, ok_tail = 1, ok_soft = 1, ok_merge = 1;
+    for (int i = 0; i < N * LD; i++) {
+        if (i % LD >= W) ok_tail &= sig[0][i] == -7.0f && sig[1][i] == -7.0f;
+        else ok_sig &= close_or_nan(sig[1][i], sig[0][i], 1e-6);
+        if (i >= N * LD - 3) ok_tail &= swi[0][i] == x[i] && swi[1][i] == x[i];
+        else ok_swi &= close_or_nan(swi[1][i], swi[0][i], 1e-6);
+    }
+    for (int i = 0; i < TQ * TLD; i++) ok_soft &= close_or_nan(s[1][i], s[0][i], 1e-6);
+    for (int a = 0; a < TQ; a++) ok_soft &= m[1][a] == m[0][a] && close_or_nan(l[1][a], l[0][a], 1e-6);
+    for (int i = 0; i < TQ * D; i++) ok_soft &= close_or_nan(o[1][i], o[0][i], 1e-6);
+    for (int i = 0; i < 2 * TQ * D; i++) ok_merge &= close_or_nan(acc[1][i], acc[0][i], 1e-6);
+    for (int i = 0; i < 2 * TQ; i++) ok_merge &= am[1][i] == am[0][i] && close_or_nan(al[1][i], al[0][i], 1e-6);
+    CHECK(isnan(sig[0][0]) && isnan(sig[1][0]) && isnan(s[0][5 * TLD + 1]) && isnan(s[1][5 * TLD + 1]));
+    CHECK(s[0][0] == 0 && s[1][TLD + 1] == 0 && s[1][2 * TLD] != 0 && s[1][2 * TLD + 1] == 0); /* the diagonal */
+    CHECKF(ok_sig && ok_tail, "sigma rows: avx2 against baseline (tails untouched: %d)", ok_tail);
+    CHECK(ok_swi);
+    CHECK(ok_soft);
+    CHECK(ok_merge);
+    /* one form, called again: the same bits */
+    float again[N * LD];
+    sf_cpu_sigma_rows(N, W, x, LD, again, LD);
+    int same = 1;
+    for (int i = 0; i < N * LD; i++) same &= i % LD >= W || memcmp(&again[i], &sig[1][i], sizeof again[i]) == 0;
+    CHECK(same);
+    CHECK_OK(sf_cpu_kernels_force(SF_CPU_KERNELS_AUTO));
+    CHECK(sf_cpu_kernels() == SF_CPU_KERNELS_AVX2);
+    free(x), free(b), free(s0), free(o0), free(acc0);
+}
+
+/* Every op of the CPU backend against the float64 loops, on the kernel set forced now. */
+static void check_backend(sf_backend *be)
+{
     check_buffers(be);
     check_dense_ops(be);
     check_summary(be);
@@ -404,6 +493,22 @@ int main(void)
     check_memory(be, SF_MEMORY_LINEAR, 1, 4, 32, 0, 0);
     check_memory(be, SF_MEMORY_DELTA, 9, 2, 4, 0, 1); /* z == 0: retrieval is 0 */
     check_memory(be, SF_MEMORY_NONE, 9, 2, 4, 0, 0);
+}
+
+int main(void)
+{
+    sf_backend *be;
+    CHECK_OK(sf_backend_create("cpu", 0, &be));
+    check_fast_exp();
+    check_kernel_forms();
+    /* every op on each kernel set this CPU has (vector_rows.h), then on the CPU's choice */
+    static const sf_cpu_kernel_set sets[] = {SF_CPU_KERNELS_BASELINE, SF_CPU_KERNELS_AVX2};
+    for (int i = 0; i < 2; i++) {
+        if (!sf_cpu_kernels_available(sets[i])) continue;
+        CHECK_OK(sf_cpu_kernels_force(sets[i]));
+        check_backend(be);
+    }
+    CHECK_OK(sf_cpu_kernels_force(SF_CPU_KERNELS_AUTO));
 
     sf_backend *other = (sf_backend *)1;
     CHECK(sf_backend_create("quantum", 0, &other) == SF_E_BACKEND && other == NULL);

@@ -17,6 +17,7 @@
 
 #include "compress/frame.h"
 #include "core/process_stats.h"
+#include "kernels/cpu/vector_rows.h"
 #include "stages/stages.h"
 #include "tools/cli_output.h"
 #include "tools/run_common.h"
@@ -774,8 +775,8 @@ int run_execute(run_ctx *c)
     /* the source is the CLI's own unless the pipeline brought one: then its input is unknown here;
      * only the driver (which writes the output) checks its size */
     const uint64_t input_tokens = starts_with_stage(c->body, "source") ? 0 : cli_input_tokens(c->a.input, c->a.format);
-    cli_log(CLI_LOG_DEBUG, "pipeline: %s; device %s; %" PRIu64 " input tokens (0: unknown)", c->pipeline, c->opts.device,
-            input_tokens);
+    cli_log(CLI_LOG_DEBUG, "pipeline: %s; device %s; CPU kernels %s; %" PRIu64 " input tokens (0: unknown)", c->pipeline,
+            c->opts.device, sf_cpu_kernels_name(sf_cpu_kernels()), input_tokens);
     if (c->driver && (status = cli_check_run_output(c->a.out, c->a.sink_format, c->a.out_dtype, c->a.format, cfg->dim,
                                                     input_tokens, c->a.max_output)))
         return status;

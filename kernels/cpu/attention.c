@@ -8,7 +8,7 @@
  * result (O unnormalized, running max m, sum l) that is merged into per-position accumulators
  * by their log-sum-exp; the global tokens are one more part. Merging partial softmaxes this way
  * is exactly softmax over the union of the keys (a key reached twice counts twice).
- * The softmax rows run on AVX2 (sf_fast_exp8) when built for x86-64-v3, scalar otherwise.
+ * The softmax rows and the merges run on AVX2 + FMA where the CPU has them (vector_rows.h).
  * Heads run in parallel; each thread owns its head's accumulators and scratch:
  * O(TILE_Q * TILE_K + n * d) floats per thread. */
 #include <cblas.h>
@@ -20,7 +20,7 @@
 #include "kernels/attention_parts.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/vector_rows.h"
 #include "seqflow/error.h"
 
 /* Query and key tile sizes: the score tile is TILE_Q x TILE_K floats. */
@@ -46,78 +46,6 @@ typedef struct head_work {
 static void gather(const float *src, int ld, const int *pos, int rows, int d, float *dst)
 {
     for (int i = 0; i < rows; i++) memcpy(dst + (size_t)i * d, src + (size_t)pos[i] * ld, (size_t)d * sizeof *dst);
-}
-
-/* Merges a tile's partial softmax (o unnormalized, max tm, sum tl) into the accumulators. */
-static void merge_rows(head_work *w, const int *pos, int rows, int d)
-{
-    for (int a = 0; a < rows; a++) {
-        if (w->tl[a] == 0) continue;
-        int i = pos[a];
-        float *acc = w->acc + (size_t)i * d;
-        const float *o = w->o + (size_t)a * d;
-        if (w->l[i] == 0) {
-            memcpy(acc, o, (size_t)d * sizeof *acc);
-            w->m[i] = w->tm[a];
-            w->l[i] = w->tl[a];
-            continue;
-        }
-        float mn = w->m[i] > w->tm[a] ? w->m[i] : w->tm[a];
-        float ca = sf_fast_expf(w->m[i] - mn), cb = sf_fast_expf(w->tm[a] - mn);
-        for (int e = 0; e < d; e++) acc[e] = acc[e] * ca + o[e] * cb;
-        w->l[i] = w->l[i] * ca + w->tl[a] * cb;
-        w->m[i] = mn;
-    }
-}
-
-/* One online-softmax step for a row of a score tile: s[0..limit) are scaled logits, the rest
- * of the tile row [limit, tk) is masked. Updates the row's running max *m and sum *l, turns s
- * into probabilities (0 where masked) and returns the factor the row's output must be
- * rescaled by. limit > 0. */
-static float softmax_row(float *s, int limit, int tk, float *m, float *l)
-{
-    int b = 0;
-    float mx = *m;
-#ifdef SF_HAVE_AVX2_FMA
-    if (limit >= 8) {
-        __m256 vm = _mm256_loadu_ps(s);
-        for (b = 8; b + 8 <= limit; b += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + b));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-        float vmax = _mm_cvtss_f32(h);
-        mx = vmax > mx ? vmax : mx;
-    }
-#endif
-    for (; b < limit; b++) mx = s[b] > mx ? s[b] : mx;
-    float sum = 0;
-    b = 0;
-#ifdef SF_HAVE_AVX2_FMA
-    {
-        const __m256 vmx = _mm256_set1_ps(mx);
-        __m256 acc = _mm256_setzero_ps();
-        for (; b + 8 <= limit; b += 8) {
-            __m256 p = sf_fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + b), vmx));
-            _mm256_storeu_ps(s + b, p);
-            acc = _mm256_add_ps(acc, p);
-        }
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-        sum = _mm_cvtss_f32(h);
-    }
-#endif
-    for (; b < limit; b++) {
-        float p = sf_fast_expf(s[b] - mx);
-        s[b] = p;
-        sum += p;
-    }
-    for (b = limit; b < tk; b++) s[b] = 0;
-    /* *m is -inf before the row's first key: exp(-inf) = 0 and l = 0 anyway */
-    float corr = sf_fast_expf(*m - mx);
-    *l = *l * corr + sum;
-    *m = mx;
-    return corr;
 }
 
 static int all_finite(const float *x, size_t n)
@@ -165,23 +93,8 @@ SF_CPU_DISPATCH static void attend_block(head_work *w, const float *q, int nq, c
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tq, tk, d, scale, q + (size_t)q0 * d, d,
                         k + (size_t)k0 * d, d, 0.0f, w->s, TILE_K);
             int diagonal = causal && k0 + tk - 1 > q_offset + q0;
-            for (int a = 0; a < tq; a++) {
-                float *srow = w->s + (size_t)a * TILE_K;
-                int limit = tk;
-                if (diagonal) {
-                    limit = q_offset + q0 + a - k0 + 1;
-                    if (limit > tk) limit = tk;
-                }
-                if (limit <= 0) { /* nothing of this tile for this row: p = 0, state unchanged */
-                    memset(srow, 0, (size_t)tk * sizeof *srow);
-                    continue;
-                }
-                float corr = softmax_row(srow, limit, tk, &w->tm[a], &w->tl[a]);
-                if (corr != 1.0f) {
-                    float *o = w->o + (size_t)a * d;
-                    for (int e = 0; e < d; e++) o[e] *= corr;
-                }
-            }
+            /* row a sees keys < q_offset + q0 + a - k0 + 1 of the tile on the diagonal, all off it */
+            sf_cpu_softmax_tile(w->s, TILE_K, tq, tk, diagonal ? q_offset + q0 - k0 : tk, w->tm, w->tl, w->o, d);
             const float *vt = v + (size_t)k0 * d;
             if (diagonal && !all_finite(vt, (size_t)tk * d))
                 masked_pv(w->s, tq, tk, vt, d, q_offset + q0 - k0, w->o);
@@ -189,7 +102,7 @@ SF_CPU_DISPATCH static void attend_block(head_work *w, const float *q, int nq, c
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tq, d, tk, 1.0f, w->s, TILE_K, vt, d, 1.0f,
                             w->o, d);
         }
-        merge_rows(w, pos + q0, tq, d);
+        sf_cpu_merge_tile(tq, d, pos + q0, w->o, w->tm, w->tl, w->acc, w->m, w->l);
     }
 }
 

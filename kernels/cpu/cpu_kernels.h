@@ -5,11 +5,12 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "seqflow/backend.h"
 
-/* Marks a hot loop for run-time selection on x86-64: GCC compiles it twice, for the portable
- * baseline and for x86-64-v3 (AVX2, FMA), and the loader picks the copy the CPU runs (an
- * ifunc). The code is plain C and the build does not contract a*b+c into FMA (-std=c11), so
- * both copies compute the same bits: only the speed depends on the CPU. Empty where the whole
- * build already targets AVX2 (SEQFLOW_ARCH), on other architectures and other compilers. */
+/* Marks a plain C loop for run-time selection on x86-64: GCC compiles it twice, for the
+ * portable baseline and for x86-64-v3 (AVX2, FMA), and the loader picks the copy the CPU runs
+ * (an ifunc). The build does not contract a*b+c into FMA (-std=c11), so both copies compute
+ * the same bits: only the speed depends on the CPU. (The exp-bound row kernels, whose vector
+ * forms do round differently, are kernels/cpu/vector_rows.h.) Empty where the whole build
+ * already targets AVX2 (SEQFLOW_ARCH), on other architectures and other compilers. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__) && defined(__ELF__)
 #define SF_CPU_DISPATCH __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else

@@ -3,15 +3,22 @@
  * error below 3e-7 on [-87, 88]; returns 0 below -87 (so exp(-inf) = 0, as softmax needs),
  * e^88 above 88 and NaN for NaN. The clamp also keeps the exponent in range before it is
  * converted to an integer: converting NaN or a huge float is undefined behaviour in C.
- * sf_fast_exp8 is the same function on eight lanes of AVX2 (built with -march=x86-64-v3). */
+ * sf_fast_exp8 is the same function on eight lanes of AVX2 and FMA, for x86-64 code built for
+ * those (-march=x86-64-v3) or marked SF_TARGET_AVX2_FMA and run only where the CPU has them
+ * (kernels/cpu/vector_rows.h); it rounds k to even where sf_fast_expf rounds ties away from
+ * zero, and its FMAs round once, so the two differ in the last bits. */
 #ifndef SEQFLOW_KERNELS_CPU_FAST_EXP_H
 #define SEQFLOW_KERNELS_CPU_FAST_EXP_H
 
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__FMA__)
+/* SF_HAVE_AVX2_FMA: this build has the AVX2 + FMA forms (x86-64 with GCC or Clang, whose
+ * target attribute compiles them whatever -march says). SF_TARGET_AVX2_FMA marks a function
+ * that may use them: it must run only where sf_cpu_kernels_available(SF_CPU_KERNELS_AVX2). */
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define SF_HAVE_AVX2_FMA 1
+#define SF_TARGET_AVX2_FMA __attribute__((target("avx2,fma")))
 #endif
 
 #define SF_EXP_LO (-87.0f)
@@ -43,7 +50,7 @@ static inline float sf_fast_expf(float x)
 }
 
 #ifdef SF_HAVE_AVX2_FMA
-static inline __m256 sf_fast_exp8(__m256 x)
+SF_TARGET_AVX2_FMA static inline __m256 sf_fast_exp8(__m256 x)
 {
     const __m256 lo = _mm256_set1_ps(SF_EXP_LO);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ); /* also true for -inf */

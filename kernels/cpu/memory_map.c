@@ -5,13 +5,12 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/fast_exp.h"
+#include "kernels/cpu/vector_rows.h"
 #include "kernels/memory_map.h"
 #include "seqflow/error.h"
 
-/* ELU + 1, the very function of the CPU memory update (compressive_memory.c), so that the
- * denominators and z agree with it bit for bit */
-static inline float sigma(float x) { return x > 0 ? x + 1.0f : sf_fast_expf(x); }
+/* sigma (ELU + 1) is sf_cpu_sigma_rows, the very function of the CPU memory update
+ * (compressive_memory.c), so that the denominators and z agree with it bit for bit */
 
 void sf_memory_map_identity(int heads, int d, double *A, double *B)
 {
@@ -23,17 +22,11 @@ void sf_memory_map_identity(int heads, int d, double *A, double *B)
         for (int e = 0; e < d; e++) A[(size_t)h * dd + (size_t)e * d + e] = 1.0;
 }
 
-/* sigma over n rows of W floats, and the z increment: per component the double sum over the rows
+/* The z increment of n rows of W sigma values: per component the double sum over the rows
  * in row order (the order of the CPU update's own sum), accumulated a block of columns at a
- * time so that the rows are read in place. The x86-64-v3 clone vectorizes sigma (its roundf
- * becomes one instruction); ISO C contracts no product into an FMA, so both clones give the
- * same bits as compressive_memory.c's. */
-SF_CPU_DISPATCH static void sigma_rows(int n, int heads, int d, int ld, const float *k, float *sk, float *z_increment)
+ * time so that the rows are read in place. */
+SF_CPU_DISPATCH static void z_sums(int n, int W, int ld, const float *sk, float *z_increment)
 {
-    const int W = heads * d;
-    for (int i = 0; i < n; i++)
-        for (int e = 0; e < W; e++) sk[(size_t)i * ld + e] = sigma(k[(size_t)i * ld + e]);
-    if (!z_increment) return;
     enum { BLOCK = 64 };
     for (int e0 = 0; e0 < W; e0 += BLOCK) {
         const int m = W - e0 < BLOCK ? W - e0 : BLOCK;
@@ -47,7 +40,8 @@ SF_CPU_DISPATCH static void sigma_rows(int n, int heads, int d, int ld, const fl
 /* (the clones stay static: an exported function with clones would export its resolver too) */
 void sf_memory_sigma(int n, int heads, int d, int ld, const float *k, float *sk, float *z_increment)
 {
-    sigma_rows(n, heads, d, ld, k, sk, z_increment);
+    sf_cpu_sigma_rows(n, heads * d, k, ld, sk, ld);
+    if (z_increment) z_sums(n, heads * d, ld, sk, z_increment);
 }
 
 /* One head's parts from sigma(K) (rows sld apart): P = sigma(K)^T V and, for the delta rule,
@@ -107,8 +101,7 @@ static int map_head(sf_memory_kind kind, int n, int d, int ld, const float *k, i
     const float *sk = k;
     int sld = ld;
     if (!given) {
-        for (int i = 0; i < n; i++)
-            for (int e = 0; e < d; e++) own[(size_t)i * d + e] = sigma(k[(size_t)i * ld + e]);
+        sf_cpu_sigma_rows(n, d, k, ld, own, d);
         sk = own, sld = d;
     }
     if (z_increment)

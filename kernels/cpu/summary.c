@@ -3,10 +3,10 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "seqflow/error.h"
 
-int sf_cpu_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, const float *k,
-                   const float *v, float *sk, float *sv, int *count)
+/* SF_CPU_DISPATCH: plain C, the same bits in either copy */
+SF_CPU_DISPATCH static int summarize(int n, int segment, int summary_tokens, int width, int ld, const float *k,
+                                     const float *v, float *sk, float *sv)
 {
-    (void)be;
     int produced = 0;
     for (int j = 0; j < summary_tokens; j++) {
         long lo = (long)j * segment / summary_tokens, hi = (long)(j + 1) * segment / summary_tokens;
@@ -21,6 +21,13 @@ int sf_cpu_summary(sf_backend *be, int n, int segment, int summary_tokens, int w
         }
         produced++;
     }
-    *count = produced;
+    return produced;
+}
+
+int sf_cpu_summary(sf_backend *be, int n, int segment, int summary_tokens, int width, int ld, const float *k,
+                   const float *v, float *sk, float *sv, int *count)
+{
+    (void)be;
+    *count = summarize(n, segment, summary_tokens, width, ld, k, v, sk, sv);
     return SF_OK;
 }
