@@ -90,6 +90,34 @@ rank_pid() {
 }
 
 now() { date +%s.%N; }
+# start_job N LAUNCH_OPTIONS -- WORKER_OPTIONS: a checkpointed job of N ranks in the background
+# ($lp, its stderr in err.txt), returning once its first checkpoint is written (the data has
+# crossed every rank)
+start_job() {
+    local world=$1
+    shift
+    rm -rf ck out.raw out.raw.partial*
+    "$bin" launch -n "$world" --timeout-ms 1500 "$@" 2> err.txt &
+    lp=$!
+    n=0
+    while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 1000 ] && kill -0 $lp 2> /dev/null; do
+        sleep 0.02
+        n=$((n + 1))
+    done
+    [ -n "$(ls ck/ckpt-* 2> /dev/null)" ] || { cat err.txt >&2; fail "no checkpoint was written"; }
+}
+# kill_rank R NAME: kill -9 of rank R of the job start_job began, then waits for the job: its
+# exit in $status, the seconds from the kill to its end in $took
+kill_rank() {
+    local pid killed_at
+    pid=$(rank_pid $lp "$1")
+    [ -n "$pid" ] || { wait $lp; fail "$2: the job ended before the kill (make the input longer)"; }
+    killed_at=$(now)
+    kill -9 "$pid"
+    wait $lp
+    status=$?
+    took=$(awk -v a="$killed_at" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+}
 # a TCP port free now on loopback (the kernel's choice): tests running at once must not share
 # one, as ports made from the shell's pid could
 free_port() {
@@ -275,19 +303,6 @@ rejoin)
     split -n 2 -d in.bin half
     two="-i half00 -i half01"
     "$bin" run $model $two -o ref.raw "$plain" || fail "reference"
-    # start_job LAUNCH_OPTIONS -- WORKER_OPTIONS: a checkpointed job in the background ($lp),
-    # returning once its first checkpoint is written (the data crosses every rank)
-    start_job() {
-        rm -rf ck out.raw out.raw.partial*
-        "$bin" launch -n 3 --timeout-ms 1500 "$@" 2> err.txt &
-        lp=$!
-        n=0
-        while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 1000 ] && kill -0 $lp 2> /dev/null; do
-            sleep 0.02
-            n=$((n + 1))
-        done
-        [ -n "$(ls ck/ckpt-* 2> /dev/null)" ] || { cat err.txt >&2; fail "no checkpoint was written"; }
-    }
     # a worker killed and started again: rank 1 of the layer pipeline, rank 2 of the combined
     # layout (a replica of the stream-parallel group)
     for case in "1 layer" "2 combined"; do
@@ -295,13 +310,9 @@ rejoin)
         victim=$1 name=$2
         layout=$layer
         [ "$name" = combined ] && layout=$combined
-        start_job --restart 1 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 "$layout"
+        start_job 3 --restart 1 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 "$layout"
         sleep 0.2
-        pid=$(rank_pid $lp "$victim")
-        [ -n "$pid" ] || { wait $lp; fail "$name: the job ended before the kill (make the input longer)"; }
-        kill -9 "$pid"
-        wait $lp
-        status=$?
+        kill_rank "$victim" "$name"
         [ $status -eq 0 ] || { cat err.txt >&2; fail "$name: rank $victim killed, exit status $status"; }
         grep -q "rank $victim started again" err.txt || { cat err.txt >&2; fail "$name: rank $victim was not started again"; }
         grep -q "every rank is back" err.txt || { cat err.txt >&2; fail "$name: no roll-back reported"; }
@@ -310,16 +321,9 @@ rejoin)
         echo "ok: $name: kill -9 of rank $victim, started again, rejoined; output identical"
     done
     # nobody starts it again: the driver waits --rejoin-timeout 2 s, then the usual error
-    start_job -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 --rejoin-timeout 2 "$layer"
+    start_job 3 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 --rejoin-timeout 2 "$layer"
     sleep 0.2
-    pid=$(rank_pid $lp 1)
-    [ -n "$pid" ] || { wait $lp; fail "no rejoin: the job ended before the kill"; }
-    killed_at=$(now)
-    kill -9 "$pid"
-    wait $lp
-    status=$?
-    ended_at=$(now)
-    took=$(awk -v a="$killed_at" -v b="$ended_at" 'BEGIN { printf "%.2f", b - a }')
+    kill_rank 1 "no rejoin"
     [ $status -eq 1 ] || { cat err.txt >&2; fail "no rejoin: exit status $status, not 1"; }
     grep -q "^seqflow: a lost rank did not come back within --rejoin-timeout 2 s (.*rank 1 (.*) never arrived.*); last committed segment .*; checkpoint [0-9]* holds it: rerun with --resume" err.txt ||
         { cat err.txt >&2; fail "no rejoin: not the expected error"; }
@@ -392,24 +396,9 @@ heads)
         ranks=--cpu-ranks\ 2
         [ "$world" = 3 ] && ranks=
         "$bin" run $model $ranks $two -o ref-long.raw "$threads" || fail "reference of the kill"
-        rm -rf ck out.raw out.raw.partial*
-        "$bin" launch -n "$world" --timeout-ms 1500 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 \
-            "$layout" 2> err.txt &
-        lp=$!
-        n=0
-        while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 1000 ] && kill -0 $lp 2> /dev/null; do
-            sleep 0.02
-            n=$((n + 1))
-        done
+        start_job "$world" -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 "$layout"
         sleep 0.1
-        pid=$(rank_pid $lp "$victim")
-        [ -n "$pid" ] || { wait $lp; fail "$world ranks: the job ended before the kill (make the input longer)"; }
-        killed_at=$(now)
-        kill -9 "$pid"
-        wait $lp
-        status=$?
-        ended_at=$(now)
-        took=$(awk -v a="$killed_at" -v b="$ended_at" 'BEGIN { printf "%.2f", b - a }')
+        kill_rank "$victim" "$world ranks"
         [ $status -eq 1 ] || { cat err.txt >&2; fail "$world ranks: head rank on rank $victim killed: exit status $status"; }
         grep -q "^seqflow: .*rank $victim (host .*) stopped answering" err.txt ||
             { cat err.txt >&2; fail "$world ranks: the driver does not name rank $victim"; }
@@ -423,20 +412,10 @@ heads)
     # under launch --restart the killed head rank is started again, its owner (rank 1) rejoins
     # with it (a head rank lost to the network rolls the job back), and the job ends with the
     # uninterrupted bytes (ref-long.raw: the last layout's)
-    rm -rf ck out.raw out.raw.partial*
-    "$bin" launch -n 3 --restart 1 --timeout-ms 1500 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 \
-        "$beside" 2> err.txt &
-    lp=$!
-    n=0
-    while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 1000 ] && kill -0 $lp 2> /dev/null; do
-        sleep 0.02
-        n=$((n + 1))
-    done
+    start_job 3 --restart 1 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 "$beside"
     sleep 0.1
-    pid=$(rank_pid $lp 2)
-    [ -n "$pid" ] || { wait $lp; fail "restart: the job ended before the kill"; }
-    kill -9 "$pid"
-    wait $lp || { cat err.txt >&2; fail "restart: head rank on rank 2 killed, exit status $?"; }
+    kill_rank 2 restart
+    [ $status -eq 0 ] || { cat err.txt >&2; fail "restart: head rank on rank 2 killed, exit status $status"; }
     grep -q "rank 2 started again" err.txt && grep -q "^seqflow\[rank 1\]: rejoining the job" err.txt &&
         grep -q "every rank is back" err.txt || { cat err.txt >&2; fail "restart: no roll-back of every rank"; }
     cmp -s out.raw ref-long.raw || fail "restart: output after the rejoin differs from the uninterrupted run"
