@@ -488,13 +488,7 @@ extern "C" int sf_cuda_comm_nccl_create_watched(sf_backend *be, const void *id, 
         rc = sf_cuda_status(cudaEventCreateWithFlags(&n->start[i], cudaEventDisableTiming), "event create");
         if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&n->done[i], cudaEventDisableTiming), "event create");
     }
-    /* a high priority lets the collectives' thread blocks take SMs as the products beside them
-     * free some, instead of queueing behind all of the products' blocks */
-    int least = 0, greatest = 0;
-    if (rc == SF_OK) rc = sf_cuda_status(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities");
-    const int priority = cu->settings.nccl_priority ? greatest : least;
-    if (rc == SF_OK)
-        rc = sf_cuda_status(cudaStreamCreateWithPriority(&n->side, cudaStreamNonBlocking, priority), "stream create");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&n->side, cudaStreamNonBlocking), "stream create");
     if (rc != SF_OK) {
         n->failed = 1;
         nccl_destroy(c);

@@ -24,7 +24,6 @@ static const char *const memory_values[] = {"auto", "tiled", "fma", "mma", NULL}
 static const char *const fp8_scale_values[] = {"auto", "epilogue", NULL};
 static const char *const fp8_accum_values[] = {"exact", "fast", NULL};
 static const char *const nccl_ctas_values[] = {"auto", "2", "4", "8", "16", "32", NULL};
-static const char *const nccl_priority_values[] = {"normal", "high", NULL};
 
 #define FIELD(f) offsetof(sf_cuda_settings, f)
 static const setting settings[] = {
@@ -44,7 +43,6 @@ static const setting settings[] = {
     {"fp8_scale", "SEQFLOW_CUDA_FP8_SCALE", FIELD(fp8_scale), fp8_scale_values},
     {"fp8_accum", "SEQFLOW_CUDA_FP8_ACCUM", FIELD(fp8_accum), fp8_accum_values},
     {"nccl_ctas", "SEQFLOW_NCCL_CTAS", FIELD(nccl_ctas), nccl_ctas_values},
-    {"nccl_priority", "SEQFLOW_NCCL_PRIORITY", FIELD(nccl_priority), nccl_priority_values},
     {"plan_cache", "SEQFLOW_CUDA_PLAN_CACHE", FIELD(plan_cache), off_on},
 };
 #define N_SETTINGS (int)(sizeof settings / sizeof settings[0])
@@ -70,7 +68,6 @@ void sf_cuda_settings_defaults(sf_cuda_settings *out)
     out->fp8_scale = SF_CUDA_FP8_SCALE_AUTO;
     out->fp8_accum = 0;
     out->nccl_ctas = 0;
-    out->nccl_priority = 0;
     /* timing a shape's candidates took about 100 ms of the reference model's start-up */
     out->plan_cache = 1;
 }

@@ -49,8 +49,6 @@ typedef struct sf_cuda_settings {
     int fp8_accum;        /* fp8_accum: 0 ("exact") partial sums promoted to float32, 1 ("fast") cuBLASLt's FAST_ACCUM */
     int nccl_ctas;        /* nccl_ctas: the most thread blocks a collective of a head-parallel rank takes: an
                            * index into "auto", "2", "4", "8", "16", "32" (sf_cuda_settings_nccl_ctas) */
-    int nccl_priority;    /* nccl_priority: 1 ("high") the stream of the collectives that overlap= runs beside
-                           * the products has the device's highest priority; 0 ("normal") the default one */
     int plan_cache;       /* plan_cache: product plans kept on disk between processes (gemm_plan_cache.cu) */
     /* Not a key: the folder of the plan cache, from SEQFLOW_CACHE_DIR, else $XDG_CACHE_HOME/seqflow,
      * else $HOME/.cache/seqflow (read by sf_cuda_settings_parse); "" when none is set. */
