@@ -3,11 +3,11 @@
  *
  *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F]
  *               [--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N]
- *               [-- server and run options, e.g. --layers 1]
+ *               [--frame-bytes BYTES] [--client-io-threads N] [-- server and run options, e.g. --layers 1]
  *
- * --send-budget and --io-threads go to the server alone (`seqflow serve --send-budget
- * --io-threads`, docs/SERVE.md); its summary's peak of reply bytes in flight and the time its
- * loop waited for that budget are printed (send_peak_mib, send_wait_s; -1 from a server that
+ * --send-budget, --io-threads and --frame-bytes go to the server alone (`seqflow serve
+ * --send-budget --io-threads --frame-bytes`, docs/SERVE.md); its summary's peak of reply bytes
+ * in flight and the time its loop waited for that budget are printed (send_peak_mib, send_wait_s; -1 from a server that
  * does not report them).
  * --checkpoint S starts the server with `--checkpoint DIR --checkpoint-every S` (docs/SERVE.md,
  * "Restarts"): it then keeps every ROWS until acknowledged and writes a checkpoint of every
@@ -15,7 +15,10 @@
  * server loop's pause for them (from its summary line), and the newest one's size are printed. The
  * client speaks protocol version 2 either way and acknowledges the rows it has with each CREDIT.
  * It starts `PATH serve --bind ipc://... --plaintext` (with the options after --), connects C
- * DEALER sockets (default min(N, 64); the N streams are spread over them) and measures:
+ * DEALER sockets (default min(N, 64); the N streams are spread over them) on one ZeroMQ context
+ * of --client-io-threads I/O threads (default: the online cores, at most 4, as the server's:
+ * the C clients stand for as many client processes), speaks protocol version 3 (a ROWS may come
+ * in frames of --frame-bytes) and measures:
  *  - throughput: every stream opens, pushes S segments of random byte tokens (one PUSH per
  *    segment, credit 8) and closes; aggregate committed rows per second from the first OPEN to
  *    the last CLOSED;
@@ -115,7 +118,7 @@ static int drain(void **socks, int nclients, zmq_pollitem_t *items, stream_state
     for (int c = 0; c < nclients; c++) {
         if (!(items[c].revents & ZMQ_POLLIN)) continue;
         for (;;) {
-            int len = zmq_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT);
+            long len = sf_serve_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT);
             if (len < 0) break;
             taken++;
             if (len < HEADER) exit(1);
@@ -162,7 +165,8 @@ int main(int argc, char **argv)
     const char *seqflow = NULL;
     int nstreams = 64, nclients = 0, segments = 4, lat_segments = 4;
     double load = 0.5, checkpoint = 0;
-    const char *send_budget = NULL, *io_threads = NULL;
+    const char *send_budget = NULL, *io_threads = NULL, *frame_bytes = NULL;
+    int client_io = 0;
     int extra = argc;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { extra = i + 1; break; }
@@ -177,10 +181,13 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--checkpoint") == 0) checkpoint = atof(argv[++i]);
         else if (strcmp(argv[i], "--send-budget") == 0) send_budget = argv[++i];
         else if (strcmp(argv[i], "--io-threads") == 0) io_threads = argv[++i];
+        else if (strcmp(argv[i], "--frame-bytes") == 0) frame_bytes = argv[++i];
+        else if (strcmp(argv[i], "--client-io-threads") == 0) client_io = atoi(argv[++i]);
     }
     if (!seqflow || nstreams < 1 || segments < 1 || seg_tokens < 1 || seg_tokens > (1 << 20)) {
         fprintf(stderr, "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F] "
-                        "[--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N] [-- options]\n");
+                        "[--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N] "
+                        "[--frame-bytes BYTES] [--client-io-threads N] [-- options]\n");
         return 2;
     }
     if (nclients <= 0) nclients = nstreams < 64 ? nstreams : 64;
@@ -217,6 +224,7 @@ int main(int argc, char **argv)
         sargv[k++] = "--checkpoint", sargv[k++] = ckpt_dir, sargv[k++] = "--checkpoint-every", sargv[k++] = every;
     if (send_budget) sargv[k++] = "--send-budget", sargv[k++] = (char *)send_budget;
     if (io_threads) sargv[k++] = "--io-threads", sargv[k++] = (char *)io_threads;
+    if (frame_bytes) sargv[k++] = "--frame-bytes", sargv[k++] = (char *)frame_bytes;
     for (int i = 0; i < nextra; i++) sargv[k++] = argv[extra + i];
     pid_t server;
     posix_spawn_file_actions_t fa;
@@ -229,6 +237,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < 200 && access(sock_path, F_OK) != 0; i++) usleep(20000);
 
     void *ctx = zmq_ctx_new();
+    if (client_io <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        client_io = cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;
+    }
+    if (zmq_ctx_set(ctx, ZMQ_IO_THREADS, client_io) != 0) return 1;
     void **socks = calloc((size_t)nclients, sizeof *socks);
     zmq_pollitem_t *items = calloc((size_t)nclients, sizeof *items);
     for (int c = 0; c < nclients; c++) {
@@ -239,7 +252,7 @@ int main(int argc, char **argv)
         items[c] = (zmq_pollitem_t){socks[c], 0, ZMQ_POLLIN, 0};
     }
     stream_state *st = calloc((size_t)nstreams, sizeof *st);
-    /* a longer message is cut to this (zmq_recv): only the header and an error's text are read */
+    /* a longer message is cut to this (sf_serve_recv): only the header and an error's text are read */
     size_t buf_size = 1 << 22;
     uint8_t *buf = malloc(buf_size);
     msg = malloc(HEADER + 4 * (size_t)seg_tokens);
@@ -313,8 +326,7 @@ int main(int argc, char **argv)
         if (zmq_poll(items, nclients, wait_ms) > 0) {
             for (int c = 0; c < nclients; c++) {
                 if (!(items[c].revents & ZMQ_POLLIN)) continue;
-                int len;
-                while ((len = zmq_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT)) >= 0) {
+                while (sf_serve_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT) >= 0) {
                     n++;
                     last = now_s();
                     uint64_t s = get64(buf + 8) - base, b = get64(buf + 24);
@@ -437,10 +449,11 @@ int main(int argc, char **argv)
            graph_s, run_s, run_rate, serve_rate / run_rate);
     printf("RESULT streams=%d clients=%d segments=%d tokens=%llu serve_s=%.4f serve_tps=%.0f run_s=%.4f run_tps=%.0f "
            "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f checkpoint_s=%g "
-           "checkpoints=%llu ckpt_total_s=%.4f ckpt_pause_s=%.4f ckpt_bytes=%llu send_peak_mib=%.1f send_wait_s=%.3f\n",
+           "checkpoints=%llu ckpt_total_s=%.4f ckpt_pause_s=%.4f ckpt_bytes=%llu send_peak_mib=%.1f send_wait_s=%.3f "
+           "frame_bytes=%s client_io_threads=%d\n",
            nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate,
            run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq, ckpt_s,
-           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s);
+           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s, frame_bytes ? frame_bytes : "default", client_io);
     for (int s = 0; s < nstreams; s++) unlink(paths[s]), free(paths[s]);
     unlink(sock_path);
     rmdir(dir);

@@ -1,29 +1,38 @@
 #!/usr/bin/env bash
 # `seqflow serve` on the GPU against the same streams in one `seqflow run -d cuda`, on the GPU
-# machine (project root, after `source scripts/gpu-env.sh`, with BUILD_DIR's seqflow,
-# bench_serve and bench_gpu_pipeline built):
+# machine (project root, after `source scripts/gpu-env.sh`; BUILD_DIR a configured CUDA build,
+# as scripts/gpu-test.sh makes, or one with seqflow and the benches below built):
 #
 #   bash bench/gpu_serve.sh BUILD_DIR
 #
+# Builds BUILD_DIR's seqflow, bench_serve, bench_gpu_pipeline and bench_zmq_frames, then measures.
 # The reference model (bench_gpu_pipeline --make-model --preset reference: D=1024, 16 heads,
 # N=8192, 4 layers), bf16, float32 rows out. Points:
-#   1. the reference model: 1 stream x 64 segments, 64 x 8, 1024 x 2; latency at 50% load with
-#      4 segments a stream (1 for 1024 streams, whose 4 would take minutes);
+#   0. the transport alone (bench_zmq_frames): 32 MiB messages over ipc in one frame and in
+#      frames of 256 KiB to 16 MiB, on 1 and 4 connections;
+#   1. the reference model: 1 stream x 64 segments, 64 x 8, 1024 x 2 at the defaults (ROWS in
+#      1 MiB frames); 64 x 8 with each ROWS in one frame (`--frame-bytes` 1 TiB, what older
+#      clients get) and with bf16 rows (`--out-dtype bf16`, half the bytes); latency at 50% load
+#      with 4 segments a stream (1 for 1024 streams, whose 4 would take minutes);
 #   2. the rows' way out alone: `segment ! embed ! norm` (computes almost nothing) at the
-#      reference model's rows (32 MiB a segment), 1 x 48 and 64 x 6, with the send budget
-#      (`seqflow serve --send-budget`) at 64 MiB, 256 MiB (the default) and 1 GiB, and 1, 2 and 4
-#      ZeroMQ I/O threads (`--io-threads`) at the default budget;
+#      reference model's rows (32 MiB a segment), 1 x 48 and 64 x 6, in one frame and in 1 MiB
+#      frames, and with 1, 2 and 4 ZeroMQ I/O threads on each side (`--io-threads`,
+#      `--client-io-threads`) at the defaults;
 #   3. a hang check: the reference model, 64 x 6, REPS times (default 10) at the defaults; each
 #      run must end (exit 0) within its timeout.
-# Each point's output and the summary go to $OUT (or /tmp/gpu_serve). PARTS="1 2 3" (default)
+# Each point's output and the summary go to $OUT (or /tmp/gpu_serve). PARTS="0 1 2 3" (default)
 # picks the parts to run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${1:?usage: $0 BUILD_DIR}
 out=${OUT:-/tmp/gpu_serve}
-parts=${PARTS:-1 2 3}
+parts=${PARTS:-0 1 2 3}
 reps=${REPS:-10}
 mkdir -p "$out"
+if [ -f "$B/CMakeCache.txt" ]; then
+  cmake --build "$B" -j"$(nproc)" --target seqflow bench_serve bench_gpu_pipeline bench_zmq_frames >"$out/serve-build.log" 2>&1 \
+    || { tail -30 "$out/serve-build.log"; exit 1; }
+fi
 D=/tmp/gpu_serve_data
 mkdir -p "$D"
 [ -f "$D/ref.st" ] || "$B/bench/bench_gpu_pipeline" --make-model "$D/ref.st" --preset reference --seed 1 >/dev/null
@@ -42,20 +51,28 @@ point() {
 }
 
 trivial="segment ! embed ! norm"
+one=1099511627776 # --frame-bytes over any ROWS: one frame
 for part in $parts; do
   case $part in
+  0)
+    for streams in 1 4; do
+      "$B/bench/bench_zmq_frames" --streams "$streams" 0 262144 1048576 4194304 16777216 2>&1 | tee -a "$summary"
+    done
+    ;;
   1)
     point ref_1x64 1 64 4 -- -d cuda -m "$D/ref.st"
     point ref_64x8 64 8 4 -- -d cuda -m "$D/ref.st"
+    point ref_64x8_oneframe 64 8 4 --frame-bytes "$one" -- -d cuda -m "$D/ref.st"
+    point ref_64x8_bf16 64 8 4 -- -d cuda -m "$D/ref.st" --out-dtype bf16
     point ref_1024x2 1024 2 1 -- -d cuda -m "$D/ref.st"
     ;;
   2)
-    for budget in 67108864 268435456 1073741824; do
-      point "trivial_1x48_budget$budget" 1 48 2 --send-budget "$budget" -- -d cuda -m "$D/ref.st" "$trivial"
-      point "trivial_64x6_budget$budget" 64 6 2 --send-budget "$budget" -- -d cuda -m "$D/ref.st" "$trivial"
+    for frame in "$one" 1048576; do
+      point "trivial_1x48_frame$frame" 1 48 2 --frame-bytes "$frame" -- -d cuda -m "$D/ref.st" "$trivial"
+      point "trivial_64x6_frame$frame" 64 6 2 --frame-bytes "$frame" -- -d cuda -m "$D/ref.st" "$trivial"
     done
     for io in 1 2 4; do
-      point "trivial_64x6_io$io" 64 6 2 --io-threads "$io" -- -d cuda -m "$D/ref.st" "$trivial"
+      point "trivial_64x6_io$io" 64 6 2 --io-threads "$io" --client-io-threads "$io" -- -d cuda -m "$D/ref.st" "$trivial"
     done
     ;;
   3)

@@ -7,7 +7,8 @@
  *
  * Without -k the connection is plaintext (a server started with --plaintext). FILE defaults to
  * standard input. Flow control: it opens with a credit of 4 and grants one more for each ROWS
- * (acknowledging the rows it has, protocol version 2); it keeps (tokens pushed) - (rows
+ * (acknowledging the rows it has, protocol version 3: a ROWS may come in several frames,
+ * joined on receipt); it keeps (tokens pushed) - (rows
  * received) within the server's window, and sends PING while it waits so that a slow server
  * never takes it for gone. -r paces the input (for demonstrations and tests).
  *
@@ -53,7 +54,7 @@ static int send_msg(void *sock, int type, uint64_t stream, uint64_t a, uint64_t 
     uint8_t *m = malloc(HEADER + len);
     if (!m) return -1;
     memcpy(m, "SFS1", 4);
-    m[4] = 2; /* protocol version 2: RESUME, DURABLE, CREDIT's acknowledgement */
+    m[4] = 3; /* protocol version 3: RESUME, DURABLE, CREDIT's acknowledgement, ROWS in frames */
     m[5] = (uint8_t)type;
     m[6] = m[7] = 0;
     put64(m + 8, stream);
@@ -63,6 +64,37 @@ static int send_msg(void *sock, int type, uint64_t stream, uint64_t a, uint64_t 
     int rc = zmq_send(sock, m, HEADER + len, 0) < 0 ? -1 : 0;
     free(m);
     return rc;
+}
+
+/* Receives one whole message into *buf (grown as needed): its frames one after the other (in
+ * protocol version 3 a ROWS may come in several). Returns its length, or -1. */
+static long recv_msg(void *sock, uint8_t **buf, size_t *cap)
+{
+    size_t len = 0;
+    int more = 1;
+    while (more) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, sock, 0) < 0) {
+            zmq_msg_close(&f);
+            return -1;
+        }
+        const size_t size = zmq_msg_size(&f);
+        if (len + size > *cap) {
+            size_t want = *cap * 2 > len + size ? *cap * 2 : len + size;
+            uint8_t *grown = realloc(*buf, want);
+            if (!grown) {
+                zmq_msg_close(&f);
+                return -1;
+            }
+            *buf = grown, *cap = want;
+        }
+        memcpy(*buf + len, zmq_msg_data(&f), size);
+        len += size;
+        more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+    }
+    return (long)len;
 }
 
 /* The float32 rows of a ROWS payload: the wire envelope, then one raw HIDDEN frame. Returns the
@@ -196,7 +228,7 @@ int main(int argc, char **argv)
     double sum = 0, started = now_s();
     int input_done = 0, close_sent = 0, closed = 0, status = 0, silent_ms = 0, resuming = 0;
     int resumable = 0; /* 1: DURABLE came (the server checkpoints); -1: ROWS came first (it does not) */
-    size_t buf_size = 1 << 24;
+    size_t buf_size = 1 << 20;
     uint8_t *buf = malloc(buf_size), payload[4 * CHUNK];
     while (!closed && !status && buf && kept) {
         /* read ahead as -r allows; push while the window allows: the server holds at most
@@ -270,8 +302,8 @@ int main(int argc, char **argv)
             continue;
         }
         silent_ms = 0;
-        int len = zmq_recv(cn.sock, buf, buf_size, 0);
-        if (len < HEADER || (size_t)len > buf_size || memcmp(buf, "SFS1", 4) != 0) {
+        long len = recv_msg(cn.sock, &buf, &buf_size);
+        if (len < HEADER || memcmp(buf, "SFS1", 4) != 0) {
             fprintf(stderr, "serve_client: a malformed reply\n");
             status = 1;
             break;

@@ -119,12 +119,14 @@ static void send_to(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
 static void send_rows(sf_serve *s, serve_client *c, const serve_kept *kept)
 {
     if (!c || c->gone) return;
+    const size_t frame = c->version >= 3 ? (size_t)s->o.frame_bytes : 0; /* older clients: one frame */
     int rc;
     if (kept) {
-        rc = serve_send_copy(s->router, s->send, c->flow, c->id, c->id_len, kept->msg, kept->len, c->version, ZMQ_DONTWAIT);
+        rc = serve_send_copy(s->router, s->send, c->flow, c->id, c->id_len, kept->msg, kept->len, c->version, frame,
+                             ZMQ_DONTWAIT);
     } else {
         s->out.data[4] = (uint8_t)c->version;
-        rc = serve_send_owned(s->router, s->send, c->flow, c->id, c->id_len, &s->out, ZMQ_DONTWAIT);
+        rc = serve_send_owned(s->router, s->send, c->flow, c->id, c->id_len, &s->out, frame, ZMQ_DONTWAIT);
     }
     if (rc < 0) {
         logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
@@ -702,6 +704,7 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     if (!s->o.max_clients) s->o.max_clients = 4096;
     if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 1000;
     if (!s->o.send_budget) s->o.send_budget = SF_SERVE_SEND_BUDGET_DEFAULT;
+    if (!s->o.frame_bytes) s->o.frame_bytes = SF_SERVE_FRAME_BYTES_DEFAULT;
     if (s->o.io_threads <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         s->o.io_threads = cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;

@@ -51,6 +51,7 @@
 typedef struct sf_serve sf_serve;
 
 #define SF_SERVE_SEND_BUDGET_DEFAULT (256ull << 20) /* bytes */
+#define SF_SERVE_FRAME_BYTES_DEFAULT (1ull << 20) /* bytes */
 
 typedef struct sf_serve_options {
     const char *bind;              /* the clients' endpoint, "tcp://HOST:PORT" or "ipc://PATH" */
@@ -69,10 +70,14 @@ typedef struct sf_serve_options {
      * this many the server computes nothing more until they drain (0 = 256 MiB). */
     uint64_t send_budget;
     int io_threads;                /* ZeroMQ I/O threads; 0 = min(4, the online cores) */
+    /* A ROWS to a version-3 client goes in frames of at most this many bytes (one multipart
+     * message): a receiver then allocates frames, not one block the size of a segment's rows,
+     * which glibc maps afresh (a page fault every 4 KiB) past 32 MiB. 0 = 1 MiB. */
+    uint64_t frame_bytes;
     /* Checkpoints (docs/SERVE.md, "Restarts"): NULL = none. Otherwise the directory (created
      * when missing, locked while the server runs) whose newest valid checkpoint sf_serve_create
      * loads, and where the server writes one every checkpoint_every seconds (0 = 1) while
-     * streams move, and at sf_serve_run's return. Streams opened by version-2 clients then
+     * streams move, and at sf_serve_run's return. Streams opened by version-2 (or 3) clients then
      * survive a restart: their clients RESUME them. */
     const char *checkpoint_dir;
     double checkpoint_every;

@@ -126,6 +126,9 @@ int sf_serve_metrics(sf_serve *s, sf_buffer *out)
     M("seqflow_serve_send_budget_wait_seconds_total %.6f\n", waited);
     M("# HELP seqflow_serve_io_threads ZeroMQ I/O threads (--io-threads).\n# TYPE seqflow_serve_io_threads gauge\n");
     M("seqflow_serve_io_threads %d\n", s->o.io_threads);
+    M("# HELP seqflow_serve_frame_bytes Largest frame of a ROWS to a protocol-3 client (--frame-bytes).\n"
+      "# TYPE seqflow_serve_frame_bytes gauge\n");
+    M("seqflow_serve_frame_bytes %" PRIu64 "\n", s->o.frame_bytes);
     M("# HELP seqflow_serve_segment_latency_seconds From the PUSH (or FLUSH) that completed a segment to its ROWS "
       "leaving.\n# TYPE seqflow_serve_segment_latency_seconds histogram\n");
     for (int i = 0; i < SERVE_LATENCY_BUCKETS; i++)

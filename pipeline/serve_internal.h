@@ -177,15 +177,17 @@ serve_send *serve_send_create(uint64_t budget);
 void serve_send_free(serve_send *p);
 /* An empty *out (no buffer) gets a pooled buffer, if one came back; len 0 either way. */
 void serve_send_take(serve_send *p, sf_buffer *out);
-/* Sends the routing id, then out's bytes as one frame, on the ROUTER socket (zmq_send's flags)
- * without copying them: the buffer goes with the message and counts as in flight, in all and in
- * flow (NULL: in all only), until ZeroMQ has written or dropped it; *out is left with a pooled
- * buffer or none. 0, or -1 with errno set as zmq_send sets it (nothing was sent then). */
+/* Sends the routing id, then out's bytes, on the ROUTER socket (zmq_send's flags) without
+ * copying them: as one frame, or (frame > 0) as one multipart message of frames of at most
+ * frame bytes (protocol version 3). The buffer goes with the message and counts as in flight,
+ * in all and in flow (NULL: in all only), until ZeroMQ has written or dropped every frame; *out
+ * is left with a pooled buffer or none. 0, or -1 with errno set as zmq_send sets it (the client
+ * is then to be taken for gone: a message may have been sent in part). */
 int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *out,
-                     int flags);
+                     size_t frame, int flags);
 /* The same for a copy of data (the caller keeps data), its byte 4 (the protocol version) set. */
 int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, const uint8_t *data,
-                    size_t len, int version, int flags);
+                    size_t len, int version, size_t frame, int flags);
 /* 1 while the bytes in flight are at or over the budget (any thread may have lowered them). */
 int serve_send_full(const serve_send *p);
 /* The loop's wake-up: serve_send_arm(p, 1) before it decides to wait for bytes to drain makes

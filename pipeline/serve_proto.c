@@ -1,7 +1,9 @@
 /* The `seqflow serve` messages (pipeline/serve_proto.h). */
 #include "pipeline/serve_proto.h"
 
+#include <errno.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "seqflow/error.h"
 
@@ -15,6 +17,31 @@ static uint64_t get64(const uint8_t *p)
 static void put64(uint8_t *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+long sf_serve_recv(void *socket, void *buf, size_t size, int flags)
+{
+    size_t total = 0;
+    int more = 1;
+    for (int first = 1; more; first = 0) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, socket, first ? flags : 0) < 0) {
+            int e = zmq_errno();
+            zmq_msg_close(&m);
+            if (first) {
+                errno = e;
+                return -1;
+            }
+            break; /* the socket closed in the middle of a message: what came */
+        }
+        const size_t len = zmq_msg_size(&m);
+        if (total < size) memcpy((uint8_t *)buf + total, zmq_msg_data(&m), len < size - total ? len : size - total);
+        total += len;
+        more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    return (long)total;
 }
 
 const char *sf_serve_type_name(int type)

@@ -29,9 +29,10 @@
  *   PONG    a = the PING's cookie;                            no payload
  *   DURABLE (version 2) a = the stream's durable position: a checkpoint holds its state up to
  *           there, so the client may drop the tokens before it; b = 0; no payload
- * Versions: a server takes both; types 7 (RESUME) and 21 (DURABLE) and CREDIT's b exist in
- * version 2 only (a version-1 message with them is malformed). A server answers a client in
- * the version of that client's last message.
+ * Versions: a server takes all three; types 7 (RESUME) and 21 (DURABLE) and CREDIT's b exist
+ * from version 2 (a version-1 message with them is malformed); version 3 is version 2 whose
+ * ROWS may come in several frames. A server answers a client in the version of that client's
+ * last message.
  * Decoding checks the magic, version, type, reserved bytes and that the payload length is
  * exactly what the header says (a PUSH's n is bounded by the caller's max_tokens before any
  * arithmetic on it); it never allocates: a decoded message points into the caller's bytes. */
@@ -44,7 +45,7 @@
 #include "seqflow/buffer.h"
 
 #define SF_SERVE_MAGIC "SFS1"
-#define SF_SERVE_VERSION 2     /* the newest version, what sf_serve_encode writes */
+#define SF_SERVE_VERSION 3     /* the newest version, what sf_serve_encode writes */
 #define SF_SERVE_VERSION_MIN 1 /* the oldest version decoded */
 #define SF_SERVE_HEADER_SIZE 32
 #define SF_SERVE_MAX_TEXT 512
@@ -107,6 +108,13 @@ int sf_serve_encode(sf_buffer *out, sf_serve_type type, uint64_t stream, uint64_
                     const void *payload, size_t payload_len);
 int sf_serve_encode_version(sf_buffer *out, int version, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b,
                             const void *payload, size_t payload_len);
+
+/* Receives one whole message from a ZeroMQ socket: every frame of it (a version-3 ROWS may
+ * come in several), concatenated into buf, at most size bytes. flags (0 or ZMQ_DONTWAIT) apply
+ * to the first frame; the others of a multipart message are there with it. Returns the
+ * message's whole length (cut to size where longer, as zmq_recv cuts), or -1 with zmq_errno()
+ * set when nothing came. */
+long sf_serve_recv(void *socket, void *buf, size_t size, int flags);
 
 /* A type's name ("OPEN", ...; "?" when unknown). */
 const char *sf_serve_type_name(int type);

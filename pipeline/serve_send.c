@@ -59,6 +59,7 @@ typedef struct owned {
     serve_send *send;
     serve_flow *flow;
     sf_buffer buf;
+    atomic_int frames; /* not yet written or dropped: the last one gives the buffer back */
 } owned;
 
 serve_flow *serve_flow_create(void)
@@ -114,9 +115,10 @@ void serve_send_free(serve_send *p)
 static void written(void *data, void *hint)
 {
     owned *o = hint;
+    (void)data;
+    if (atomic_fetch_sub(&o->frames, 1) != 1) return; /* the message's other frames are not done */
     serve_send *p = o->send;
     const uint64_t len = o->buf.len;
-    (void)data;
     pthread_mutex_lock(&p->lock);
     if (p->n < POOL_BUFFERS && p->pooled + len <= p->budget) {
         p->pool[p->n++] = o->buf;
@@ -150,14 +152,20 @@ void serve_send_take(serve_send *p, sf_buffer *out)
     out->len = 0;
 }
 
-/* Hands buf to ZeroMQ as the frame after the routing id, counted until written() runs; buf is
- * zeroed either way. The message is made before the id frame is sent, so that a failure never
+/* Hands buf to ZeroMQ as the frames after the routing id (one, or frames of at most `frame`
+ * bytes), counted until written() has run for every frame; buf is zeroed either way. Every
+ * frame's message is made before the id frame is sent, so that running out of memory never
  * leaves a lone id frame on the socket. */
 static int hand_over(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *buf,
-                     int flags)
+                     size_t frame, int flags)
 {
     owned *o = malloc(sizeof *o);
-    if (!o) {
+    const uint64_t len = buf->len;
+    const size_t n = frame && len > frame ? (size_t)((len + frame - 1) / frame) : 1;
+    zmq_msg_t one, *msgs = n == 1 ? &one : malloc(n * sizeof *msgs);
+    if (!o || !msgs) {
+        free(o);
+        if (msgs != &one) free(msgs);
         sf_buffer_release(buf);
         errno = ENOMEM;
         return -1;
@@ -165,8 +173,8 @@ static int hand_over(void *socket, serve_send *p, serve_flow *flow, const uint8_
     o->send = p;
     o->flow = flow;
     o->buf = *buf;
+    atomic_init(&o->frames, (int)n);
     memset(buf, 0, sizeof *buf);
-    const uint64_t len = o->buf.len;
     if (flow) {
         atomic_fetch_add(&flow->refs, 1);
         atomic_fetch_add(&flow->bytes, len);
@@ -175,30 +183,39 @@ static int hand_over(void *socket, serve_send *p, serve_flow *flow, const uint8_
     if (now > p->peak) p->peak = now;
     p->messages++;
     p->bytes += len;
-    zmq_msg_t msg;
-    if (zmq_msg_init_data(&msg, o->buf.data, len, written, o) != 0) { /* out of memory: nothing sent */
-        int e = errno;
-        written(o->buf.data, o);
-        errno = e;
+    size_t made = 0;
+    while (made < n) {
+        const size_t at = made * frame, size = n == 1 ? len : (len - at < frame ? len - at : frame);
+        if (zmq_msg_init_data(&msgs[made], o->buf.data + at, size, written, o) != 0) break;
+        made++;
+    }
+    if (made < n) { /* out of memory: nothing is sent */
+        for (size_t i = made; i < n; i++) written(NULL, o); /* the frames never made */
+        for (size_t i = 0; i < made; i++) zmq_msg_close(&msgs[i]);
+        if (msgs != &one) free(msgs);
+        errno = ENOMEM;
         return -1;
     }
-    if (zmq_send(socket, id, id_len, ZMQ_SNDMORE | flags) >= 0 && zmq_msg_send(&msg, socket, flags) >= 0) return 0;
-    int e = errno;
-    zmq_msg_close(&msg); /* unsent: ZeroMQ calls written() now */
+    size_t sent = 0;
+    if (zmq_send(socket, id, id_len, ZMQ_SNDMORE | flags) >= 0)
+        while (sent < n && zmq_msg_send(&msgs[sent], socket, (sent + 1 < n ? ZMQ_SNDMORE : 0) | flags) >= 0) sent++;
+    const int e = errno;
+    for (size_t i = sent; i < n; i++) zmq_msg_close(&msgs[i]); /* unsent: ZeroMQ calls written() now */
+    if (msgs != &one) free(msgs);
     errno = e;
-    return -1;
+    return sent == n ? 0 : -1;
 }
 
 int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *out,
-                     int flags)
+                     size_t frame, int flags)
 {
-    int rc = hand_over(socket, p, flow, id, id_len, out, flags);
+    int rc = hand_over(socket, p, flow, id, id_len, out, frame, flags);
     serve_send_take(p, out);
     return rc;
 }
 
 int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, const uint8_t *data,
-                    size_t len, int version, int flags)
+                    size_t len, int version, size_t frame, int flags)
 {
     sf_buffer b = {0};
     if (sf_buffer_append(&b, data, len) != SF_OK) {
@@ -206,7 +223,7 @@ int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t
         return -1;
     }
     if (len > 4) b.data[4] = (uint8_t)version;
-    return hand_over(socket, p, flow, id, id_len, &b, flags);
+    return hand_over(socket, p, flow, id, id_len, &b, frame, flags);
 }
 
 int serve_send_full(const serve_send *p) { return atomic_load(&p->in_flight) >= p->budget; }

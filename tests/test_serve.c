@@ -1,6 +1,7 @@
 /* seqflow serve (pipeline/serve.h): many clients at once get exactly the rows of one-process
  * push mode; a client that dies does not disturb the others and its streams expire; a client
  * whose key is not admitted is refused; malformed messages get ERROR and the server goes on;
+ * protocol version 3 takes a ROWS in frames (every client here but one speaks it);
  * the binary (`seqflow serve`) gives `seqflow run`'s rows byte for byte and answers /metrics. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -58,13 +59,14 @@ static void csend(void *d, sf_serve_type type, uint64_t stream, uint64_t a, uint
     sf_buffer_release(&m);
 }
 
-/* Receives one message within timeout_ms into buf (size bytes); returns its length or -1. */
+/* Receives one message (all its frames) within timeout_ms into buf (size bytes); returns its
+ * length or -1. */
 static int crecv(void *d, uint8_t *buf, size_t size, int timeout_ms)
 {
     zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&it, 1, timeout_ms) <= 0) return -1;
-    int n = zmq_recv(d, buf, size, 0);
-    return n < 0 || (size_t)n > size ? -1 : n;
+    long n = sf_serve_recv(d, buf, size, 0);
+    return n < 0 || (size_t)n > size ? -1 : (int)n;
 }
 
 /* The next message's type and code after sending one: ERROR's code, or 0 for another type. */
@@ -213,6 +215,81 @@ static void *client_thread(void *arg)
     j->bad = drive(d, j->cases, STREAMS, &rng, sf_monotonic_seconds() + 120);
     zmq_close(d);
     return NULL;
+}
+
+/* One stream through a client of protocol `version`: 256 tokens, then CLOSE. Its rows go to
+ * rows ([256, dim]); returns the most frames one ROWS came in, and the largest frame in *largest
+ * (-1 when the stream did not end well). */
+static int framed_stream(int version, uint64_t id, float *rows, size_t *largest)
+{
+    void *d = client_connect(client_public, client_secret);
+    uint8_t payload[4 * 256] = {0};
+    for (int t = 0; t < 256; t++) payload[4 * t] = (uint8_t)(t * 7);
+    const sf_serve_type types[] = {SF_SERVE_OPEN, SF_SERVE_PUSH, SF_SERVE_CLOSE};
+    for (int i = 0; i < 3; i++) {
+        sf_buffer m = {0};
+        sf_serve_encode_version(&m, version, types[i], id, i == 0 ? 8 : 0, i == 1 ? 256 : 0, i == 1 ? payload : NULL,
+                                i == 1 ? sizeof payload : 0);
+        zmq_send(d, m.data, m.len, 0);
+        sf_buffer_release(&m);
+    }
+    int most = 0, ended = 0, bad = 0;
+    size_t got = 0;
+    *largest = 0;
+    sf_buffer whole = {0};
+    zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+    while (!ended && !bad && zmq_poll(&it, 1, 5000) > 0) {
+        int frames = 0;
+        whole.len = 0;
+        for (int more = 1; more; frames++) {
+            zmq_msg_t f;
+            zmq_msg_init(&f);
+            if (zmq_msg_recv(&f, d, 0) < 0) bad = 1;
+            if (zmq_msg_size(&f) > *largest) *largest = zmq_msg_size(&f);
+            sf_buffer_append(&whole, zmq_msg_data(&f), zmq_msg_size(&f));
+            more = !bad && zmq_msg_more(&f);
+            zmq_msg_close(&f);
+        }
+        sf_serve_msg m;
+        if (bad || sf_serve_decode(whole.data, whole.len, 0, &m) != SF_OK || m.version != version) {
+            bad = 1;
+        } else if (m.type == SF_SERVE_ROWS) {
+            sf_packet *p = NULL;
+            bad = sf_wire_decode(m.payload, m.payload_len, 1 << 26, &p) != SF_OK || p->position != got ||
+                  got + p->n > 256 || p->width != (size_t)dim;
+            if (!bad && p->n) memcpy(rows + got * dim, p->x, p->n * dim * sizeof(float));
+            if (!bad) got += p->n;
+            sf_packet_free(p);
+            if (frames > most) most = frames;
+            sf_buffer re = {0};
+            sf_serve_encode_version(&re, version, SF_SERVE_CREDIT, id, 1, version >= 2 ? got : 0, NULL, 0);
+            zmq_send(d, re.data, re.len, 0);
+            sf_buffer_release(&re);
+        } else if (m.type == SF_SERVE_CLOSED) {
+            ended = m.a == 256 && got == 256;
+            bad = !ended;
+        } else if (m.type != SF_SERVE_OPENED) {
+            bad = 1;
+        }
+    }
+    sf_buffer_release(&whole);
+    zmq_close(d);
+    return ended ? most : -1;
+}
+
+/* A version-3 client takes a ROWS in frames of at most the server's frame_bytes (4096 here),
+ * an older client in one frame; the rows are the same. */
+static void framing(void)
+{
+    float *r3 = calloc(256 * (size_t)dim, sizeof(float)), *r2 = calloc(256 * (size_t)dim, sizeof(float));
+    size_t largest3 = 0, largest2 = 0;
+    const int frames3 = framed_stream(3, 700, r3, &largest3), frames2 = framed_stream(2, 701, r2, &largest2);
+    /* a segment is 64 rows of 64 float32 (16 KiB): 5 frames of at most 4096 bytes */
+    CHECKF(frames3 >= 5 && largest3 <= 4096, "version 3: ROWS in up to %d frames, the largest %zu bytes", frames3, largest3);
+    CHECKF(frames2 == 1 && largest2 > 16384, "version 2: ROWS in up to %d frames, the largest %zu bytes", frames2, largest2);
+    CHECK(memcmp(r3, r2, 256 * (size_t)dim * sizeof(float)) == 0);
+    free(r3);
+    free(r2);
 }
 
 /* A client that opens two streams, pushes more than its credit lets the server compute, and
@@ -461,7 +538,7 @@ int main(void)
     CHECK_OK(sf_graph_parse(g, PIPELINE));
     const char *keys[] = {client_public};
     sf_serve_options so = {.bind = "tcp://127.0.0.1:*", .secret_key = server_secret, .client_keys = keys,
-                           .n_client_keys = 1, .idle_timeout = 1.0, .window = 4096};
+                           .n_client_keys = 1, .idle_timeout = 1.0, .window = 4096, .frame_bytes = 4096};
     sf_serve *s = NULL;
     CHECK_OK(sf_serve_create(g, sf_model_get_config(model), &so, &s));
     if (!s) return check_finish("test_serve");
@@ -482,6 +559,7 @@ int main(void)
     for (int c = 0; c < CLIENTS; c++) pthread_create(&threads[c], NULL, client_thread, &jobs[c]);
     refused();
     malformed();
+    framing();
     pthread_join(doomed, NULL);
     int exact = 0, provisional = 0;
     for (int c = 0; c < CLIENTS; c++) {

@@ -195,18 +195,29 @@ static void push_stream(void *d, const server *v, const tstream *t, int credit, 
 static size_t take(void *d, tstream *ts, int n, const server *v)
 {
     size_t longest = 0;
+    sf_buffer whole = {0}; /* the message: its frames one after the other (protocol version 3) */
     for (;;) {
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, d, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&m);
+            sf_buffer_release(&whole);
             return longest;
         }
-        size_t len = zmq_msg_size(&m);
+        whole.len = 0;
+        for (int more = 1; more;) {
+            if (sf_buffer_append(&whole, zmq_msg_data(&m), zmq_msg_size(&m)) != SF_OK) ts[0].bad++;
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+            zmq_msg_init(&m);
+            if (more && zmq_msg_recv(&m, d, 0) < 0) more = 0, ts[0].bad++;
+        }
+        zmq_msg_close(&m);
+        size_t len = whole.len;
         if (len > longest) longest = len;
         sf_serve_msg msg;
         tstream *t = NULL;
-        int ok = sf_serve_decode(zmq_msg_data(&m), len, 1 << 20, &msg) == SF_OK;
+        int ok = sf_serve_decode(whole.data, len, 1 << 20, &msg) == SF_OK;
         for (int i = 0; ok && i < n; i++)
             if (ts[i].id == msg.stream) t = &ts[i];
         if (!t) {
@@ -229,7 +240,6 @@ static size_t take(void *d, tstream *ts, int n, const server *v)
             fprintf(stderr, "unexpected %s on stream %llu\n", sf_serve_type_name(msg.type), (unsigned long long)msg.stream);
             t->bad++;
         }
-        zmq_msg_close(&m);
     }
 }
 

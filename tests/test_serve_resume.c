@@ -55,8 +55,8 @@ static int next(void *d, sf_serve_msg *m)
 {
     zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&it, 1, 5000) <= 0) return 0;
-    int n = zmq_recv(d, buf, sizeof buf, 0);
-    if (n < 0 || sf_serve_decode(buf, (size_t)n, 1 << 20, m) != SF_OK) return 0;
+    long n = sf_serve_recv(d, buf, sizeof buf, 0);
+    if (n < 0 || (size_t)n > sizeof buf || sf_serve_decode(buf, (size_t)n, 1 << 20, m) != SF_OK) return 0;
     return m->type == SF_SERVE_ERROR ? -(int)m->a : (int)m->type;
 }
 

@@ -46,6 +46,9 @@ static void serve_usage(FILE *f)
           "                        the server instead of filling its memory)\n"
           "  --io-threads N        ZeroMQ I/O threads writing the replies, 1..64 (default: the online\n"
           "                        cores, at most 4); a client's connection is served by one of them\n"
+          "  --frame-bytes BYTES   a ROWS to a protocol-3 client goes in frames of at most this many\n"
+          "                        bytes, 4096..1099511627776 (default 1048576, 1 MiB); a size over\n"
+          "                        the largest ROWS sends one frame, as to older clients\n"
           "  --checkpoint DIR      streams survive a restart: the graph's state and every stream's\n"
           "                        position are saved atomically into DIR (created when missing,\n"
           "                        locked while the server runs), and on start the newest valid\n"
@@ -66,7 +69,7 @@ static void serve_usage(FILE *f)
 typedef struct serve_args {
     const char *bind, *key, *clients, *http, *checkpoint;
     int plaintext;
-    long long window, max_credit, max_streams, send_budget, io_threads;
+    long long window, max_credit, max_streams, send_budget, io_threads, frame_bytes;
     double idle_s, checkpoint_every; /* seconds, 0 = the server's default */
 } serve_args;
 
@@ -99,6 +102,7 @@ static int serve_options(int *argc, char **argv, serve_args *s)
         else if (strcmp(arg, "--max-streams") == 0) number = &s->max_streams, hi = 1 << 20;
         else if (strcmp(arg, "--send-budget") == 0) number = &s->send_budget, lo = 1 << 16, hi = 1ll << 40;
         else if (strcmp(arg, "--io-threads") == 0) number = &s->io_threads, hi = 64;
+        else if (strcmp(arg, "--frame-bytes") == 0) number = &s->frame_bytes, lo = 4096, hi = 1ll << 40;
         if (!text && !number && !seconds) {
             argv[out++] = argv[i];
             continue;
@@ -233,6 +237,7 @@ int cmd_serve(int argc, char **argv)
                               .idle_timeout = sa.idle_s, .window = (uint32_t)sa.window,
                               .max_credit = (uint32_t)sa.max_credit, .max_streams = (uint32_t)sa.max_streams,
                               .send_budget = (uint64_t)sa.send_budget, .io_threads = (int)sa.io_threads,
+                              .frame_bytes = (uint64_t)sa.frame_bytes,
                               .checkpoint_dir = sa.checkpoint, .checkpoint_every = sa.checkpoint_every,
                               .log = log_line};
         rc = sf_serve_create(c.graph, sf_model_get_config(c.model), &o, &s);

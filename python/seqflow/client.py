@@ -37,7 +37,7 @@ OPEN, PUSH, FLUSH, CLOSE, CREDIT, PING, RESUME = 1, 2, 3, 4, 5, 6, 7
 OPENED, ROWS, CLOSED, ERROR, PONG, DURABLE = 16, 17, 18, 19, 20, 21
 ERROR_NAMES = {0: "REFUSED", 1: "MALFORMED", 2: "TYPE", 3: "NOT_OPEN", 4: "BUSY", 5: "POSITION", 6: "WINDOW", 7: "LIMIT",
                8: "TOKEN", 9: "INTERNAL", 10: "UNKNOWN", 11: "GAP"}
-_VERSION = 2
+_VERSION = 3
 _HEADER = struct.Struct("<4sBBHQQQ")  # magic, version, type, reserved, stream, a, b
 _ENVELOPE = struct.Struct("<4sBBBBIIQQQQQII")  # pipeline/wire.h
 _FRAME_HEADER = 96
@@ -570,26 +570,37 @@ class Client:
         return event
 
     def _recv_bytes(self):
+        """One whole message: every frame of it (in protocol 3 a ROWS may come in several),
+        copied once into a writable bytearray (so that the rows' arrays are writable too)."""
         z = _lib()
-        msg = _zmq_msg()
-        z.zmq_msg_init(ctypes.byref(msg))
+        frames = []
         try:
-            if z.zmq_msg_recv(ctypes.byref(msg), self._sock, 0) < 0:
-                raise _zmq_error("recv")
-            size = z.zmq_msg_size(ctypes.byref(msg))
-            data = bytearray(size)  # writable, so that the rows' arrays are too
-            if size:
-                ctypes.memmove((ctypes.c_char * size).from_buffer(data), z.zmq_msg_data(ctypes.byref(msg)), size)
+            more = True
+            while more:
+                msg = _zmq_msg()
+                z.zmq_msg_init(ctypes.byref(msg))
+                frames.append(msg)
+                if z.zmq_msg_recv(ctypes.byref(msg), self._sock, 0) < 0:
+                    raise _zmq_error("recv")
+                more = bool(z.zmq_msg_more(ctypes.byref(msg)))
+            data = bytearray(sum(z.zmq_msg_size(ctypes.byref(m)) for m in frames))
+            at = 0
+            for m in frames:
+                size = z.zmq_msg_size(ctypes.byref(m))
+                if size:
+                    ctypes.memmove((ctypes.c_char * size).from_buffer(data, at), z.zmq_msg_data(ctypes.byref(m)), size)
+                at += size
             return data
         finally:
-            z.zmq_msg_close(ctypes.byref(msg))
+            for m in frames:
+                z.zmq_msg_close(ctypes.byref(m))
 
     def _handle(self, data):
         if len(data) < _HEADER.size:
             raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply shorter than a header")
         magic, version, type_, _, stream, a, b = _HEADER.unpack_from(data)
-        if magic != b"SFS1" or version not in (1, 2):
-            raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply that is not of protocol SFS1 version 1 or 2")
+        if magic != b"SFS1" or version not in (1, 2, 3):
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply that is not of protocol SFS1 version 1 to 3")
         st = self._streams.get(stream)
         if type_ == OPENED:
             self._window = b

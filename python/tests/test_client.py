@@ -280,7 +280,7 @@ class _DropProxy:
                 data = src.recv(65536)
                 if not data:
                     break
-                if up and self.armed and b"SFS1\x02\x01" in data:  # version 2, type OPEN
+                if up and self.armed and b"SFS1\x03\x01" in data:  # version 3, type OPEN
                     mode, self.armed, self.blocked = self.armed, None, True
                     if mode == "forward":
                         dst.sendall(data)
