@@ -6,9 +6,10 @@
  *               [--frame-bytes BYTES] [--client-io-threads N] [-- server and run options, e.g. --layers 1]
  *
  * --send-budget, --io-threads and --frame-bytes go to the server alone (`seqflow serve
- * --send-budget --io-threads --frame-bytes`, docs/SERVE.md); its summary's peak of reply bytes
- * in flight and the time its loop waited for that budget are printed (send_peak_mib, send_wait_s; -1 from a server that
- * does not report them).
+ * --send-budget --io-threads --frame-bytes`, docs/SERVE.md); from its summary, the peak of reply
+ * bytes in flight, the time its loop waited for that budget and the loop's time in the pipeline,
+ * in encoding replies and in handing them over are printed (send_peak_mib, send_wait_s,
+ * loop_graph_s, loop_encode_s, loop_handover_s; -1 from a server that does not report them).
  * --checkpoint S starts the server with `--checkpoint DIR --checkpoint-every S` (docs/SERVE.md,
  * "Restarts"): it then keeps every ROWS until acknowledged and writes a checkpoint of every
  * stream every S seconds; the checkpoints written, their time (snapshot to file landed) and the
@@ -356,7 +357,8 @@ int main(int argc, char **argv)
     /* from the server's summary: the replies' peak in flight and its wait for the send budget;
      * the checkpoints' time, and the loop's pause for them (the whole of it where the server
      * says nothing of a pause: it wrote on its loop) */
-    double send_peak_mib = -1, send_wait_s = -1, ckpt_s = 0, ckpt_pause_s = -1;
+    double send_peak_mib = -1, send_wait_s = -1, ckpt_s = 0, ckpt_pause_s = -1, graph_s_loop = -1, encode_s = -1,
+           handover_s = -1;
     FILE *e = fopen(serve_err, "r");
     char line[512];
     while (e && fgets(line, sizeof line, e)) {
@@ -368,12 +370,18 @@ int main(int argc, char **argv)
         if (r) send_peak_mib = strtod(r + strlen("replies: at most "), NULL);
         const char *b = strstr(line, "the loop waited ");
         if (b) send_wait_s = strtod(b + strlen("the loop waited "), NULL);
+        const char *lt = strstr(line, "the loop's time: ");
+        if (lt && sscanf(lt, "the loop's time: %lf s in the pipeline, %lf s encoding replies, %lf s handing", &graph_s_loop,
+                         &encode_s, &handover_s) != 3)
+            graph_s_loop = encode_s = handover_s = -1;
     }
     if (ckpt_pause_s < 0) ckpt_pause_s = ckpt_s;
     if (e) fclose(e);
     unlink(serve_err);
     printf("server: at most %.1f MiB of replies in flight; its loop waited %.3f s for the send budget\n", send_peak_mib,
            send_wait_s);
+    printf("server: its loop's time: %.3f s in the pipeline, %.3f s encoding replies, %.3f s handing them over\n",
+           graph_s_loop, encode_s, handover_s);
     /* the checkpoints: the newest one's number (one per write) and size, then away with them */
     unsigned long long ckpt_seq = 0, ckpt_bytes = 0;
     if (checkpoint > 0) {
@@ -450,10 +458,11 @@ int main(int argc, char **argv)
     printf("RESULT streams=%d clients=%d segments=%d tokens=%llu serve_s=%.4f serve_tps=%.0f run_s=%.4f run_tps=%.0f "
            "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f checkpoint_s=%g "
            "checkpoints=%llu ckpt_total_s=%.4f ckpt_pause_s=%.4f ckpt_bytes=%llu send_peak_mib=%.1f send_wait_s=%.3f "
-           "frame_bytes=%s client_io_threads=%d\n",
+           "frame_bytes=%s client_io_threads=%d loop_graph_s=%.3f loop_encode_s=%.3f loop_handover_s=%.3f\n",
            nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate,
            run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq, ckpt_s,
-           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s, frame_bytes ? frame_bytes : "default", client_io);
+           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s, frame_bytes ? frame_bytes : "default", client_io,
+           graph_s_loop, encode_s, handover_s);
     for (int s = 0; s < nstreams; s++) unlink(paths[s]), free(paths[s]);
     unlink(sock_path);
     rmdir(dir);

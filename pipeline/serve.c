@@ -459,6 +459,7 @@ static int dispatch(sf_serve *s, double t0)
         if (!st || st->abandoned) continue;
         /* a resumable stream's rows are kept even while its client is away: it resumes */
         if (!st->resumable && (!st->owner || st->owner->gone)) continue;
+        const double t_encode = sf_monotonic_seconds();
         s->out.len = 0;
         uint32_t *tokens = p->tokens; /* the client has its tokens: only the rows travel */
         p->tokens = NULL;
@@ -479,11 +480,14 @@ static int dispatch(sf_serve *s, double t0)
             }
             if (st->resumable && st->unsent) queued = ++st->unsent;
         }
+        const double t_handover = sf_monotonic_seconds();
+        s->encode_sum += t_handover - t_encode;
         if (queued) {
             s->tokens_out += p->n;
             continue;
         }
         send_rows(s, st->owner, NULL);
+        s->handover_sum += sf_monotonic_seconds() - t_handover;
         st->credit--;
         if (p->flags & SF_PACKET_PROVISIONAL) s->provisional_out += p->n; /* they come again */
         else s->tokens_out += p->n;
@@ -553,7 +557,9 @@ static int step(sf_serve *s, serve_stream *st)
         memmove(st->flush_at, st->flush_at + 1, (size_t)(st->n_flush - 1) * sizeof *st->flush_at);
         memmove(st->flush_t, st->flush_t + 1, (size_t)(st->n_flush - 1) * sizeof *st->flush_t);
         st->n_flush--;
+        const double t_graph = sf_monotonic_seconds();
         if ((rc = sf_graph_flush(s->graph, st->id)) != SF_OK) return fail(s, rc);
+        s->graph_sum += sf_monotonic_seconds() - t_graph;
         rc = dispatch(s, t0);
         return rc == SF_OK ? 1 : rc;
     }
@@ -562,7 +568,9 @@ static int step(sf_serve *s, serve_stream *st)
         uint64_t to_boundary = s->segment - st->fed % s->segment;
         if (n > to_boundary) n = to_boundary;
         double t0 = arrival_of(st, st->fed + n - 1, st->fed + n);
+        const double t_graph = sf_monotonic_seconds();
         if ((rc = sf_graph_push(s->graph, st->id, st->tok + st->tok_head, (size_t)n)) != SF_OK) return fail(s, rc);
+        s->graph_sum += sf_monotonic_seconds() - t_graph;
         st->tok_head += (size_t)n;
         st->tok_len -= (size_t)n;
         st->fed += n;
@@ -572,7 +580,9 @@ static int step(sf_serve *s, serve_stream *st)
         return rc == SF_OK ? 1 : rc;
     }
     if (st->closing) {
+        const double t_graph = sf_monotonic_seconds();
         if ((rc = sf_graph_end(s->graph, st->id)) != SF_OK) return fail(s, rc);
+        s->graph_sum += sf_monotonic_seconds() - t_graph;
         if ((rc = dispatch(s, 0)) != SF_OK) return rc;
         send_simple(s, st->owner, SF_SERVE_CLOSED, st->id, st->fed, 0);
         s->streams_closed++;

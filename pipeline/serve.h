@@ -117,6 +117,9 @@ typedef struct sf_serve_stats {
     uint32_t streams, clients;
     uint64_t send_budget, send_in_flight, send_peak; /* bytes: the budget, in flight now, at most */
     double send_wait_seconds; /* the loop waited this long for the budget, in all */
+    /* the loop's seconds, in all, in the pipeline (push, flush and end of streams: where it
+     * computes), in encoding ROWS (and keeping copies for resumes), in handing them to ZeroMQ */
+    double graph_seconds, encode_seconds, handover_seconds;
 } sf_serve_stats; /* tokens_out: committed rows (FLUSH's provisional rows not counted) */
 void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out);
 

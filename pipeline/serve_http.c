@@ -124,6 +124,11 @@ int sf_serve_metrics(sf_serve *s, sf_buffer *out)
     M("# HELP seqflow_serve_send_budget_wait_seconds_total Seconds the loop had work but waited for the send budget.\n"
       "# TYPE seqflow_serve_send_budget_wait_seconds_total counter\n");
     M("seqflow_serve_send_budget_wait_seconds_total %.6f\n", waited);
+    M("# HELP seqflow_serve_loop_seconds_total The loop's time: in the pipeline (graph), encoding ROWS (encode), "
+      "handing them to ZeroMQ (handover).\n# TYPE seqflow_serve_loop_seconds_total counter\n");
+    M("seqflow_serve_loop_seconds_total{part=\"graph\"} %.6f\n", s->graph_sum);
+    M("seqflow_serve_loop_seconds_total{part=\"encode\"} %.6f\n", s->encode_sum);
+    M("seqflow_serve_loop_seconds_total{part=\"handover\"} %.6f\n", s->handover_sum);
     M("# HELP seqflow_serve_io_threads ZeroMQ I/O threads (--io-threads).\n# TYPE seqflow_serve_io_threads gauge\n");
     M("seqflow_serve_io_threads %d\n", s->o.io_threads);
     M("# HELP seqflow_serve_frame_bytes Largest frame of a ROWS to a protocol-3 client (--frame-bytes).\n"
@@ -288,4 +293,7 @@ void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out)
     out->send_in_flight = ss.in_flight;
     out->send_peak = ss.peak;
     out->send_wait_seconds = s->send_wait_sum;
+    out->graph_seconds = s->graph_sum;
+    out->encode_seconds = s->encode_sum;
+    out->handover_seconds = s->handover_sum;
 }

@@ -99,6 +99,9 @@ struct sf_serve {
     uint64_t send_share;  /* each client's share of the budget, this round */
     double send_wait_since; /* when the loop began waiting for the send budget (0: not waiting) */
     double send_wait_sum;   /* seconds waited for it, in all */
+    /* the loop's seconds in the pipeline (push, flush, end: the computation), encoding ROWS
+     * and handing them to ZeroMQ, in all: where a segment's time goes */
+    double graph_sum, encode_sum, handover_sum;
     volatile sig_atomic_t stop;
     int failed;          /* the graph's error code once it failed */
     char failure[512];

@@ -270,6 +270,8 @@ int cmd_serve(int argc, char **argv)
         cli_log(CLI_LOG_INFO, "replies: at most %.1f MiB in flight (the send budget: %.1f MiB); the loop waited %.3f s "
                 "for the budget",
                 (double)st.send_peak / (1 << 20), (double)st.send_budget / (1 << 20), st.send_wait_seconds);
+        cli_log(CLI_LOG_INFO, "the loop's time: %.3f s in the pipeline, %.3f s encoding replies, %.3f s handing them to "
+                "ZeroMQ", st.graph_seconds, st.encode_seconds, st.handover_seconds);
         if (sa.checkpoint)
             cli_log(CLI_LOG_INFO, "%llu checkpoint(s) written in %.3f s, the loop paused %.3f s for them (%llu failed); "
                     "%llu stream(s) restored, %llu resumed",
