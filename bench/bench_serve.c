@@ -3,7 +3,8 @@
  *
  *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F]
  *               [--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N]
- *               [--frame-bytes BYTES] [--client-io-threads N] [-- server and run options, e.g. --layers 1]
+ *               [--frame-bytes BYTES] [--client-io-threads N] [--protocol 2|3]
+ *               [-- server and run options, e.g. --layers 1]
  *
  * --send-budget, --io-threads and --frame-bytes go to the server alone (`seqflow serve
  * --send-budget --io-threads --frame-bytes`, docs/SERVE.md); from its summary, the peak of reply
@@ -19,7 +20,8 @@
  * DEALER sockets (default min(N, 64); the N streams are spread over them) on one ZeroMQ context
  * of --client-io-threads I/O threads (default: the online cores, at most 4, as the server's:
  * the C clients stand for as many client processes), speaks protocol version 3 (a ROWS may come
- * in frames of --frame-bytes) and measures:
+ * in frames of --frame-bytes; `--protocol 2` stands for an older client, which the server
+ * answers with each ROWS encoded whole into one frame) and measures:
  *  - throughput: every stream opens, pushes S segments of random byte tokens (one PUSH per
  *    segment, credit 8) and closes; aggregate committed rows per second from the first OPEN to
  *    the last CLOSED;
@@ -72,10 +74,11 @@ static uint64_t get64(const uint8_t *p)
 }
 
 static uint8_t *msg; /* HEADER + 4 seg_tokens bytes */
+static int protocol = SF_SERVE_VERSION; /* --protocol: 2 stands for an older client (ROWS in one frame) */
 
 static void send_msg(void *sock, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b, const uint32_t *tokens)
 {
-    sf_serve_header(msg, type, stream, a, b);
+    sf_serve_header_version(msg, protocol, type, stream, a, b);
     size_t len = HEADER;
     if (tokens) {
         for (uint64_t i = 0; i < b; i++)
@@ -184,11 +187,13 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--io-threads") == 0) io_threads = argv[++i];
         else if (strcmp(argv[i], "--frame-bytes") == 0) frame_bytes = argv[++i];
         else if (strcmp(argv[i], "--client-io-threads") == 0) client_io = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--protocol") == 0) protocol = atoi(argv[++i]);
     }
-    if (!seqflow || nstreams < 1 || segments < 1 || seg_tokens < 1 || seg_tokens > (1 << 20)) {
+    if (!seqflow || nstreams < 1 || segments < 1 || seg_tokens < 1 || seg_tokens > (1 << 20) || protocol < 2 ||
+        protocol > SF_SERVE_VERSION) {
         fprintf(stderr, "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F] "
                         "[--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N] "
-                        "[--frame-bytes BYTES] [--client-io-threads N] [-- options]\n");
+                        "[--frame-bytes BYTES] [--client-io-threads N] [--protocol 2|3] [-- options]\n");
         return 2;
     }
     if (nclients <= 0) nclients = nstreams < 64 ? nstreams : 64;
@@ -458,10 +463,10 @@ int main(int argc, char **argv)
     printf("RESULT streams=%d clients=%d segments=%d tokens=%llu serve_s=%.4f serve_tps=%.0f run_s=%.4f run_tps=%.0f "
            "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f checkpoint_s=%g "
            "checkpoints=%llu ckpt_total_s=%.4f ckpt_pause_s=%.4f ckpt_bytes=%llu send_peak_mib=%.1f send_wait_s=%.3f "
-           "frame_bytes=%s client_io_threads=%d loop_graph_s=%.3f loop_encode_s=%.3f loop_handover_s=%.3f\n",
+           "frame_bytes=%s client_io_threads=%d protocol=%d loop_graph_s=%.3f loop_encode_s=%.3f loop_handover_s=%.3f\n",
            nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate,
            run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq, ckpt_s,
-           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s, frame_bytes ? frame_bytes : "default", client_io,
+           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s, frame_bytes ? frame_bytes : "default", client_io, protocol,
            graph_s_loop, encode_s, handover_s);
     for (int s = 0; s < nstreams; s++) unlink(paths[s]), free(paths[s]);
     unlink(sock_path);

@@ -10,14 +10,15 @@
 # N=8192, 4 layers), bf16, float32 rows out. Points:
 #   0. the transport alone (bench_zmq_frames): 32 MiB messages over ipc in one frame and in
 #      frames of 256 KiB to 16 MiB, on 1 and 4 connections;
-#   1. the reference model: 1 stream x 64 segments, 64 x 8, 1024 x 2 at the defaults (ROWS in
-#      1 MiB frames); 64 x 8 with each ROWS in one frame (`--frame-bytes` 1 TiB, what older
-#      clients get) and with bf16 rows (`--out-dtype bf16`, half the bytes); latency at 50% load
-#      with 4 segments a stream (1 for 1024 streams, whose 4 would take minutes);
+#   1. the reference model: 1 stream x 64 segments, 64 x 8, 1024 x 2 at the defaults (protocol
+#      3: rows without a copy, in 1 MiB frames); 64 x 8 as an older client (`--protocol 2`: each
+#      ROWS encoded whole, one frame), with 32 MiB frames (`--frame-bytes`) and with bf16 rows
+#      (`--out-dtype bf16`, half the bytes); latency at 50% load with 4 segments a stream (1 for
+#      1024 streams, whose 4 would take minutes);
 #   2. the rows' way out alone: `segment ! embed ! norm` (computes almost nothing) at the
-#      reference model's rows (32 MiB a segment), 1 x 48 and 64 x 6, in one frame and in 1 MiB
-#      frames, and with 1, 2 and 4 ZeroMQ I/O threads on each side (`--io-threads`,
-#      `--client-io-threads`) at the defaults;
+#      reference model's rows (32 MiB a segment), 1 x 48 and 64 x 6, as an older client and at
+#      the defaults, and with 1, 2 and 4 ZeroMQ I/O threads on each side (`--io-threads`,
+#      `--client-io-threads`);
 #   3. a hang check: the reference model, 64 x 6, REPS times (default 10) at the defaults; each
 #      run must end (exit 0) within its timeout.
 # Each point's output and the summary go to $OUT (or /tmp/gpu_serve). PARTS="0 1 2 3" (default)
@@ -51,7 +52,6 @@ point() {
 }
 
 trivial="segment ! embed ! norm"
-one=1099511627776 # --frame-bytes over any ROWS: one frame
 for part in $parts; do
   case $part in
   0)
@@ -62,14 +62,15 @@ for part in $parts; do
   1)
     point ref_1x64 1 64 4 -- -d cuda -m "$D/ref.st"
     point ref_64x8 64 8 4 -- -d cuda -m "$D/ref.st"
-    point ref_64x8_oneframe 64 8 4 --frame-bytes "$one" -- -d cuda -m "$D/ref.st"
+    point ref_64x8_protocol2 64 8 4 --protocol 2 -- -d cuda -m "$D/ref.st"
+    point ref_64x8_frame32m 64 8 4 --frame-bytes 33554432 -- -d cuda -m "$D/ref.st"
     point ref_64x8_bf16 64 8 4 -- -d cuda -m "$D/ref.st" --out-dtype bf16
     point ref_1024x2 1024 2 1 -- -d cuda -m "$D/ref.st"
     ;;
   2)
-    for frame in "$one" 1048576; do
-      point "trivial_1x48_frame$frame" 1 48 2 --frame-bytes "$frame" -- -d cuda -m "$D/ref.st" "$trivial"
-      point "trivial_64x6_frame$frame" 64 6 2 --frame-bytes "$frame" -- -d cuda -m "$D/ref.st" "$trivial"
+    for protocol in 2 3; do
+      point "trivial_1x48_protocol$protocol" 1 48 2 --protocol "$protocol" -- -d cuda -m "$D/ref.st" "$trivial"
+      point "trivial_64x6_protocol$protocol" 64 6 2 --protocol "$protocol" -- -d cuda -m "$D/ref.st" "$trivial"
     done
     for io in 1 2 4; do
       point "trivial_64x6_io$io" 64 6 2 --io-threads "$io" --client-io-threads "$io" -- -d cuda -m "$D/ref.st" "$trivial"

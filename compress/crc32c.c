@@ -6,6 +6,7 @@
  * slicing-by-8 table (about 1-2 GB/s). */
 #include <stdint.h>
 #include <string.h>
+#include <omp.h>
 
 #include "compress/frame.h"
 
@@ -137,4 +138,56 @@ uint32_t sf_crc32c(uint32_t crc, const void *data, size_t len)
         __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
     }
     return ~f(~crc, (const uint8_t *)data, len);
+}
+
+/* ---- joining CRCs of consecutive pieces ---------------------------------------------------- */
+
+#define POLY 0x82F63B78u
+
+/* a * b modulo the polynomial, in the reflected bit order (bit 31 is x^0) */
+static uint32_t mul_mod(uint32_t a, uint32_t b)
+{
+    uint32_t product = 0;
+    for (uint32_t m = 1u << 31; m; m >>= 1) {
+        if (a & m) product ^= b;
+        b = (b & 1) ? (b >> 1) ^ POLY : b >> 1;
+    }
+    return product;
+}
+
+/* x^(8 n) modulo the polynomial: n zero bytes' worth of shifting, by squaring */
+static uint32_t shift_bytes(size_t n)
+{
+    uint32_t result = 1u << 31, power = 1u << 23; /* x^0; x^8 */
+    for (; n; n >>= 1) {
+        if (n & 1) result = mul_mod(power, result);
+        power = mul_mod(power, power);
+    }
+    return result;
+}
+
+uint32_t sf_crc32c_combine(uint32_t crc_a, uint32_t crc_b, size_t len_b)
+{
+    /* the pre- and post-inversions cancel: crc(A B) = crc(A) x^(8 |B|) + crc(B) */
+    return mul_mod(shift_bytes(len_b), crc_a) ^ crc_b;
+}
+
+#define PARALLEL_PIECE ((size_t)1 << 20) /* below this a thread's start costs more than it saves */
+
+uint32_t sf_crc32c_parallel(uint32_t crc, const void *data, size_t len, int threads)
+{
+    size_t pieces = len / PARALLEL_PIECE;
+    if (pieces > (size_t)threads) pieces = (size_t)threads;
+    if (pieces > 64) pieces = 64;
+    if (pieces < 2) return sf_crc32c(crc, data, len);
+    const uint8_t *p = data;
+    const size_t step = (len / pieces + 63) & ~(size_t)63;
+    uint32_t part[64];
+#pragma omp parallel for num_threads((int)pieces) schedule(static, 1)
+    for (size_t i = 0; i < pieces; i++) {
+        const size_t at = i * step, n = i + 1 < pieces ? step : len - at;
+        part[i] = sf_crc32c(0, p + at, n);
+    }
+    for (size_t i = 0; i < pieces; i++) crc = sf_crc32c_combine(crc, part[i], i + 1 < pieces ? step : len - i * step);
+    return crc;
 }

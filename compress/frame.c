@@ -205,6 +205,29 @@ static int check_desc(const sf_frame_desc *d, uint64_t *n_out)
     return SF_OK;
 }
 
+/* The 96-byte header (SF_FRAME_HEADER_SIZE) of a frame whose payload has been made. */
+static void put_header(uint8_t *header, const sf_frame_desc *desc, sf_quant_params q, uint64_t encoded,
+                       size_t payload_bytes, int shuffled, uint32_t payload_crc)
+{
+    memset(header, 0, SF_FRAME_HEADER_SIZE);
+    memcpy(header + OFF_MAGIC, SF_FRAME_MAGIC, 4);
+    put_u16(header + OFF_VERSION, SF_FRAME_VERSION);
+    put_u16(header + OFF_KIND, (uint16_t)desc->kind);
+    header[OFF_DTYPE] = (uint8_t)desc->dtype;
+    header[OFF_CODEC] = (uint8_t)desc->codec;
+    header[OFF_QUANT] = (uint8_t)q.kind;
+    header[OFF_NDIM] = (uint8_t)desc->ndim;
+    put_u32(header + OFF_GROUP, quant_uses_group(q.kind) ? (uint32_t)q.group : 0);
+    for (int i = 0; i < desc->ndim; i++) put_u64(header + OFF_SHAPE + 8 * i, desc->shape[i]);
+    put_u64(header + OFF_STREAM, desc->stream);
+    put_u64(header + OFF_SEGMENT, desc->segment);
+    put_u64(header + OFF_ENCODED, encoded);
+    put_u64(header + OFF_PAYLOAD, payload_bytes);
+    put_u32(header + OFF_FLAGS, shuffled ? SF_FRAME_SHUFFLED : 0);
+    put_u32(header + OFF_PAYLOAD_CRC, payload_crc);
+    put_u32(header + OFF_HEADER_CRC, sf_crc32c(0, header, OFF_HEADER_CRC));
+}
+
 int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_bytes,
                     sf_quant_feedback *feedback, sf_buffer *out)
 {
@@ -291,24 +314,29 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
     free(scratch);
     if (rc) return rc;
 
-    memset(header, 0, SF_FRAME_HEADER_SIZE);
-    memcpy(header + OFF_MAGIC, SF_FRAME_MAGIC, 4);
-    put_u16(header + OFF_VERSION, SF_FRAME_VERSION);
-    put_u16(header + OFF_KIND, (uint16_t)desc->kind);
-    header[OFF_DTYPE] = (uint8_t)desc->dtype;
-    header[OFF_CODEC] = (uint8_t)desc->codec;
-    header[OFF_QUANT] = (uint8_t)q.kind;
-    header[OFF_NDIM] = (uint8_t)desc->ndim;
-    put_u32(header + OFF_GROUP, quant_uses_group(q.kind) ? (uint32_t)q.group : 0);
-    for (int i = 0; i < desc->ndim; i++) put_u64(header + OFF_SHAPE + 8 * i, desc->shape[i]);
-    put_u64(header + OFF_STREAM, desc->stream);
-    put_u64(header + OFF_SEGMENT, desc->segment);
-    put_u64(header + OFF_ENCODED, encoded);
-    put_u64(header + OFF_PAYLOAD, payload_bytes);
-    put_u32(header + OFF_FLAGS, shuffled ? SF_FRAME_SHUFFLED : 0);
-    put_u32(header + OFF_PAYLOAD_CRC, sf_crc32c(0, payload, payload_bytes));
-    put_u32(header + OFF_HEADER_CRC, sf_crc32c(0, header, OFF_HEADER_CRC));
+    put_header(header, desc, q, encoded, payload_bytes, shuffled, sf_crc32c(0, payload, payload_bytes));
     out->len += SF_FRAME_HEADER_SIZE + payload_bytes;
+    return SF_OK;
+}
+
+int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t data_bytes, int threads, sf_buffer *out)
+{
+    if (!desc || !out) return sf_error(SF_E_INVAL, "frame encode: desc and out are required");
+    uint64_t n = 0;
+    int rc = check_desc(desc, &n);
+    if (rc) return rc;
+    const sf_quant_params q = quant_normalized(desc->quant);
+    const size_t dsize = sf_frame_dtype_size(desc->dtype);
+    if (desc->codec != SF_CODEC_RAW || (desc->dtype == SF_FRAME_F32 && q.kind != SF_QUANT_F32) ||
+        (desc->shuffle && shuffle_applies(desc->dtype, q.kind, desc->codec, n)))
+        return sf_error(SF_E_INVAL, "frame encode: a header alone is for raw, unquantized, unshuffled frames");
+    if (n > SIZE_MAX / dsize || data_bytes != (size_t)n * dsize || (!data && data_bytes))
+        return sf_error(SF_E_INVAL, "frame encode: %zu data bytes for a shape of %llu values", data_bytes,
+                        (unsigned long long)n);
+    if ((rc = buffer_reserve(out, SF_FRAME_HEADER_SIZE))) return rc;
+    put_header(out->data + out->len, desc, q, data_bytes, data_bytes, 0,
+               data_bytes ? sf_crc32c_parallel(0, data, data_bytes, threads) : 0);
+    out->len += SF_FRAME_HEADER_SIZE;
     return SF_OK;
 }
 

@@ -130,6 +130,14 @@ int sf_codec_parse(const char *text, sf_codec *out);
 int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_bytes,
                     sf_quant_feedback *feedback, sf_buffer *out);
 
+/* Appends only the header of the frame sf_frame_encode would make of data, where that frame's
+ * payload is data's bytes as they are (codec raw, unquantized): the frame is the header
+ * followed by data, which the caller sends without copying it. The payload's CRC is computed
+ * on up to `threads` threads (sf_crc32c_parallel). SF_E_INVAL for a desc of any other codec or
+ * quantization, or an inconsistent one; out unchanged then. */
+int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t data_bytes, int threads,
+                           sf_buffer *out);
+
 /* Validates the header at buf (len bytes available, at least the header; the payload need not
  * be there yet) against max_bytes (a bound on both decoded and payload bytes) and fills *h.
  * For stream readers: read the header, peek, then read h->payload_bytes more. */
@@ -149,6 +157,12 @@ int sf_frame_decode(const uint8_t *buf, size_t len, size_t max_bytes, sf_frame_h
 
 /* CRC-32C (Castagnoli) of data, continuing from crc (start with 0). */
 uint32_t sf_crc32c(uint32_t crc, const void *data, size_t len);
+/* The CRC of A followed by B, from crc_a = sf_crc32c(0, A), crc_b = sf_crc32c(0, B) and B's
+ * length. */
+uint32_t sf_crc32c_combine(uint32_t crc_a, uint32_t crc_b, size_t len_b);
+/* sf_crc32c over up to `threads` pieces at once (OpenMP threads; pieces of at least 1 MiB, so
+ * that small data stays on the caller's thread): the same value. */
+uint32_t sf_crc32c_parallel(uint32_t crc, const void *data, size_t len, int threads);
 
 #ifdef __cplusplus
 }

@@ -113,17 +113,27 @@ static void send_to(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
     c->last_active = sf_monotonic_seconds();
 }
 
-/* A ROWS (s->out, or a kept copy when kept is given) to a client, without a copy into ZeroMQ
- * and counted under the send budget (serve_send.c). s->out is left empty or with a pooled
- * buffer. */
-static void send_rows(sf_serve *s, serve_client *c, const serve_kept *kept)
+/* A ROWS to a client, without a copy into ZeroMQ and counted under the send budget
+ * (serve_send.c): a kept copy when kept is given; else s->out, whole, or (packet given) its
+ * head followed by the packet's rows, which go with the message (the packet is ZeroMQ's then,
+ * sent or not). s->out is left empty or with a pooled buffer. */
+static void send_rows(sf_serve *s, serve_client *c, const serve_kept *kept, sf_packet *packet, const void *rows,
+                      size_t rows_len)
 {
-    if (!c || c->gone) return;
+    if (!c || c->gone) {
+        sf_packet_free(packet);
+        return;
+    }
     const size_t frame = c->version >= 3 ? (size_t)s->o.frame_bytes : 0; /* older clients: one frame */
     int rc;
     if (kept) {
         rc = serve_send_copy(s->router, s->send, c->flow, c->id, c->id_len, kept->msg, kept->len, c->version, frame,
                              ZMQ_DONTWAIT);
+    } else if (packet) {
+        s->out.data[4] = (uint8_t)c->version;
+        rc = serve_send_packet(s->router, s->send, c->flow, c->id, c->id_len, s->out.data, s->out.len, packet, rows,
+                               rows_len, frame, ZMQ_DONTWAIT);
+        s->out.len = 0;
     } else {
         s->out.data[4] = (uint8_t)c->version;
         rc = serve_send_owned(s->router, s->send, c->flow, c->id, c->id_len, &s->out, frame, ZMQ_DONTWAIT);
@@ -463,8 +473,15 @@ static int dispatch(sf_serve *s, double t0)
         s->out.len = 0;
         uint32_t *tokens = p->tokens; /* the client has its tokens: only the rows travel */
         p->tokens = NULL;
+        /* a version-3 client takes the rows without a copy: only the head is encoded, and the
+         * packet goes with the message (a resumable stream keeps whole copies anyway) */
+        const int direct = !st->resumable && st->owner && !st->owner->gone && st->owner->version >= 3;
+        const void *rows = NULL;
+        size_t rows_len = 0;
         int rc = sf_serve_encode(&s->out, SF_SERVE_ROWS, st->id, p->position, p->n, NULL, 0);
-        if (rc == SF_OK) rc = sf_wire_encode(p, &s->wire, NULL, &s->out);
+        if (rc == SF_OK && direct && sf_wire_encode_head(p, s->o.io_threads, &s->out, &rows, &rows_len) != SF_OK)
+            rows = NULL; /* a packet of another shape (or no memory for the head): encoded whole */
+        if (rc == SF_OK && !rows) rc = sf_wire_encode(p, &s->wire, NULL, &s->out);
         p->tokens = tokens;
         if (rc != SF_OK) {
             sf_packet_free(p);
@@ -482,15 +499,22 @@ static int dispatch(sf_serve *s, double t0)
         }
         const double t_handover = sf_monotonic_seconds();
         s->encode_sum += t_handover - t_encode;
+        const size_t n = p->n;
+        const int provisional = (p->flags & SF_PACKET_PROVISIONAL) != 0;
         if (queued) {
-            s->tokens_out += p->n;
+            s->tokens_out += n;
             continue;
         }
-        send_rows(s, st->owner, NULL);
+        if (rows) {
+            send_rows(s, st->owner, NULL, p, rows, rows_len);
+            p = NULL; /* ZeroMQ's now */
+        } else {
+            send_rows(s, st->owner, NULL, NULL, NULL, 0);
+        }
         s->handover_sum += sf_monotonic_seconds() - t_handover;
         st->credit--;
-        if (p->flags & SF_PACKET_PROVISIONAL) s->provisional_out += p->n; /* they come again */
-        else s->tokens_out += p->n;
+        if (provisional) s->provisional_out += n; /* they come again */
+        else s->tokens_out += n;
         s->replies++;
         if (t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - t0);
     }
@@ -540,7 +564,7 @@ static void resend_kept(sf_serve *s)
         serve_stream *st = s->streams[i];
         if (!st->owner || st->owner->gone) continue;
         while (st->unsent > 0 && !st->owner->gone && has_room(s, st->owner)) {
-            send_rows(s, st->owner, &st->kept[st->n_kept - st->unsent]);
+            send_rows(s, st->owner, &st->kept[st->n_kept - st->unsent], NULL, NULL, 0);
             st->unsent--;
             st->credit--;
             s->replies++;

@@ -191,6 +191,12 @@ int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_
 /* The same for a copy of data (the caller keeps data), its byte 4 (the protocol version) set. */
 int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, const uint8_t *data,
                     size_t len, int version, size_t frame, int flags);
+/* The same for a message of head (copied) followed by a packet's rows (rows, rows_len: inside
+ * the packet), the rows in frames of at most frame bytes after a frame of the head: the packet
+ * goes with the message and is freed when ZeroMQ has written or dropped it (on failure too). */
+int serve_send_packet(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len,
+                      const uint8_t *head, size_t head_len, sf_packet *packet, const void *rows, size_t rows_len,
+                      size_t frame, int flags);
 /* 1 while the bytes in flight are at or over the budget (any thread may have lowered them). */
 int serve_send_full(const serve_send *p);
 /* The loop's wake-up: serve_send_arm(p, 1) before it decides to wait for bytes to drain makes

@@ -53,13 +53,17 @@ struct serve_send {
     uint64_t pooled;            /* the pooled buffers' last lengths: about the pages they hold */
 };
 
-/* What travels with a message: its sender, its client's flow and the buffer (len: the bytes
- * counted). */
+/* What travels with a message: its sender, its client's flow, and either the encoded message
+ * (buf) or its head (buf) and the packet whose rows follow it (packet, rows, rows_len). */
 typedef struct owned {
     serve_send *send;
     serve_flow *flow;
     sf_buffer buf;
-    atomic_int frames; /* not yet written or dropped: the last one gives the buffer back */
+    sf_packet *packet;
+    const uint8_t *rows;
+    size_t rows_len;
+    uint64_t len;      /* the bytes counted: the whole message */
+    atomic_int frames; /* not yet written or dropped: the last one gives the buffers back */
 } owned;
 
 serve_flow *serve_flow_create(void)
@@ -118,15 +122,16 @@ static void written(void *data, void *hint)
     (void)data;
     if (atomic_fetch_sub(&o->frames, 1) != 1) return; /* the message's other frames are not done */
     serve_send *p = o->send;
-    const uint64_t len = o->buf.len;
+    const uint64_t len = o->len;
     pthread_mutex_lock(&p->lock);
-    if (p->n < POOL_BUFFERS && p->pooled + len <= p->budget) {
+    if (!o->packet && p->n < POOL_BUFFERS && p->pooled + len <= p->budget) {
         p->pool[p->n++] = o->buf;
         p->pooled += len;
         o->buf.data = NULL;
     }
     pthread_mutex_unlock(&p->lock);
     free(o->buf.data);
+    sf_packet_free(o->packet); /* its rows buffer goes back to the packets' cache */
     /* after the buffer is back: a loop that wakes finds it in the pool */
     if (o->flow) {
         atomic_fetch_sub(&o->flow->bytes, len);
@@ -152,41 +157,34 @@ void serve_send_take(serve_send *p, sf_buffer *out)
     out->len = 0;
 }
 
-/* Hands buf to ZeroMQ as the frames after the routing id (one, or frames of at most `frame`
- * bytes), counted until written() has run for every frame; buf is zeroed either way. Every
+/* Hands o's message to ZeroMQ as the frames after the routing id, counted until written() has
+ * run for every frame: the encoded message as one frame or frames of at most `frame` bytes; or
+ * the head as one frame and the packet's rows in frames of at most `frame` bytes. Every
  * frame's message is made before the id frame is sent, so that running out of memory never
- * leaves a lone id frame on the socket. */
-static int hand_over(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *buf,
-                     size_t frame, int flags)
+ * leaves a lone id frame on the socket. o is ZeroMQ's, or freed, either way. */
+static int hand_over(void *socket, serve_send *p, const uint8_t *id, size_t id_len, owned *o, size_t frame, int flags)
 {
-    owned *o = malloc(sizeof *o);
-    const uint64_t len = buf->len;
-    const size_t n = frame && len > frame ? (size_t)((len + frame - 1) / frame) : 1;
+    const size_t body = o->packet ? o->rows_len : o->buf.len;
+    const uint8_t *data = o->packet ? o->rows : o->buf.data;
+    const size_t pieces = frame && body > frame ? (body + frame - 1) / frame : 1, n = pieces + (o->packet != NULL);
+    const size_t step = pieces == 1 ? body : frame;
     zmq_msg_t one, *msgs = n == 1 ? &one : malloc(n * sizeof *msgs);
-    if (!o || !msgs) {
-        free(o);
-        if (msgs != &one) free(msgs);
-        sf_buffer_release(buf);
-        errno = ENOMEM;
-        return -1;
-    }
     o->send = p;
-    o->flow = flow;
-    o->buf = *buf;
+    o->len = o->packet ? o->buf.len + o->rows_len : o->buf.len;
     atomic_init(&o->frames, (int)n);
-    memset(buf, 0, sizeof *buf);
-    if (flow) {
-        atomic_fetch_add(&flow->refs, 1);
-        atomic_fetch_add(&flow->bytes, len);
+    if (o->flow) {
+        atomic_fetch_add(&o->flow->refs, 1);
+        atomic_fetch_add(&o->flow->bytes, o->len);
     }
-    const uint64_t now = atomic_fetch_add(&p->in_flight, len) + len;
+    const uint64_t now = atomic_fetch_add(&p->in_flight, o->len) + o->len;
     if (now > p->peak) p->peak = now;
     p->messages++;
-    p->bytes += len;
+    p->bytes += o->len;
     size_t made = 0;
-    while (made < n) {
-        const size_t at = made * frame, size = n == 1 ? len : (len - at < frame ? len - at : frame);
-        if (zmq_msg_init_data(&msgs[made], o->buf.data + at, size, written, o) != 0) break;
+    if (msgs && o->packet && zmq_msg_init_data(&msgs[made], o->buf.data, o->buf.len, written, o) == 0) made++;
+    while (msgs && made < n && (made || !o->packet)) {
+        const size_t at = (made - (o->packet != NULL)) * step, size = body - at < step ? body - at : step;
+        if (zmq_msg_init_data(&msgs[made], (void *)(data + at), size, written, o) != 0) break;
         made++;
     }
     if (made < n) { /* out of memory: nothing is sent */
@@ -206,10 +204,25 @@ static int hand_over(void *socket, serve_send *p, serve_flow *flow, const uint8_
     return sent == n ? 0 : -1;
 }
 
+/* A fresh owned for a message going to flow's client; NULL (errno ENOMEM) when out of memory. */
+static owned *owned_new(serve_flow *flow)
+{
+    owned *o = calloc(1, sizeof *o);
+    if (!o) errno = ENOMEM;
+    else o->flow = flow;
+    return o;
+}
+
 int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *out,
                      size_t frame, int flags)
 {
-    int rc = hand_over(socket, p, flow, id, id_len, out, frame, flags);
+    owned *o = owned_new(flow);
+    int rc = -1;
+    if (o) {
+        o->buf = *out;
+        memset(out, 0, sizeof *out);
+        rc = hand_over(socket, p, id, id_len, o, frame, flags);
+    }
     serve_send_take(p, out);
     return rc;
 }
@@ -217,13 +230,30 @@ int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_
 int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, const uint8_t *data,
                     size_t len, int version, size_t frame, int flags)
 {
-    sf_buffer b = {0};
-    if (sf_buffer_append(&b, data, len) != SF_OK) {
+    owned *o = owned_new(flow);
+    if (!o) return -1;
+    if (sf_buffer_append(&o->buf, data, len) != SF_OK) {
+        free(o);
         errno = ENOMEM;
         return -1;
     }
-    if (len > 4) b.data[4] = (uint8_t)version;
-    return hand_over(socket, p, flow, id, id_len, &b, frame, flags);
+    if (len > 4) o->buf.data[4] = (uint8_t)version;
+    return hand_over(socket, p, id, id_len, o, frame, flags);
+}
+
+int serve_send_packet(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len,
+                      const uint8_t *head, size_t head_len, sf_packet *packet, const void *rows, size_t rows_len,
+                      size_t frame, int flags)
+{
+    owned *o = owned_new(flow);
+    if (!o || sf_buffer_append(&o->buf, head, head_len) != SF_OK) {
+        free(o);
+        sf_packet_free(packet);
+        errno = ENOMEM;
+        return -1;
+    }
+    o->packet = packet, o->rows = rows, o->rows_len = rows_len;
+    return hand_over(socket, p, id, id_len, o, frame, flags);
 }
 
 int serve_send_full(const serve_send *p) { return atomic_load(&p->in_flight) >= p->budget; }

@@ -118,6 +118,53 @@ static int frame(sf_buffer *out, const sf_packet *p, const sf_wire_options *o, s
     return sf_frame_encode(&d, data, bytes, fb, out);
 }
 
+/* The 64-byte envelope of p with these parts. */
+static void envelope(const sf_packet *p, unsigned parts, uint8_t h[SF_WIRE_HEADER_SIZE])
+{
+    memset(h, 0, SF_WIRE_HEADER_SIZE);
+    memcpy(h, SF_WIRE_MAGIC, 4);
+    h[4] = SF_WIRE_VERSION;
+    h[5] = (uint8_t)p->kind;
+    h[6] = (parts & PART_ROWS) ? (uint8_t)p->dtype : 0;
+    h[7] = (uint8_t)parts;
+    put_u32(h + 8, p->flags);
+    put_u64(h + 16, p->stream);
+    put_u64(h + 24, p->segment);
+    put_u64(h + 32, p->position);
+    put_u64(h + 40, p->n);
+    put_u64(h + 48, p->width);
+    put_u32(h + 60, sf_crc32c(0, h, 60));
+}
+
+int sf_wire_encode_head(const sf_packet *p, int threads, sf_buffer *out, const void **rows, size_t *rows_len)
+{
+    if (!p || !out || !rows || !rows_len) return sf_error(SF_E_INVAL, "wire: NULL argument");
+    const size_t count = p->n * p->width;
+    const void *x = sf_packet_rows(p);
+    if (p->dev || (p->n && p->tokens) || (p->state && p->state_len) || !count || !x || count / p->width != p->n ||
+        p->kind < SF_PACKET_TOKENS || p->kind > SF_PACKET_CHECKPOINT)
+        return sf_error(SF_E_UNSUPPORTED, "wire: only a packet of host rows alone is encoded without its rows");
+    const int bf16 = p->dtype == SF_DTYPE_BF16;
+    const size_t bytes = count * (bf16 ? 2 : 4);
+    uint8_t h[SF_WIRE_HEADER_SIZE];
+    envelope(p, PART_ROWS, h);
+    const size_t start = out->len;
+    sf_frame_desc d = {0};
+    d.kind = SF_FRAME_HIDDEN, d.dtype = bf16 ? SF_FRAME_U8 : SF_FRAME_F32, d.ndim = 2;
+    d.shape[0] = p->n, d.shape[1] = bf16 ? 2 * p->width : p->width;
+    d.stream = p->stream, d.segment = p->segment;
+    d.codec = SF_CODEC_RAW;
+    d.quant = (sf_quant_params){SF_QUANT_F32, (int)(p->width < 1u << 30 ? p->width : 1u << 30)};
+    int rc = sf_buffer_append(out, h, sizeof h);
+    if (rc == SF_OK) rc = sf_frame_encode_header(&d, x, bytes, threads, out);
+    if (rc != SF_OK) {
+        out->len = start;
+        return rc;
+    }
+    *rows = x, *rows_len = bytes;
+    return SF_OK;
+}
+
 int sf_wire_encode(const sf_packet *p, const sf_wire_options *o, sf_wire_feedback *feedback,
                    sf_buffer *out)
 {
@@ -136,19 +183,8 @@ int sf_wire_encode(const sf_packet *p, const sf_wire_options *o, sf_wire_feedbac
     if (p->n && p->width && count / p->width != p->n) return sf_error(SF_E_INVAL, "wire: packet too large");
 
     const size_t start = out->len;
-    uint8_t h[SF_WIRE_HEADER_SIZE] = {0};
-    memcpy(h, SF_WIRE_MAGIC, 4);
-    h[4] = SF_WIRE_VERSION;
-    h[5] = (uint8_t)p->kind;
-    h[6] = (parts & PART_ROWS) ? (uint8_t)p->dtype : 0;
-    h[7] = (uint8_t)parts;
-    put_u32(h + 8, p->flags);
-    put_u64(h + 16, p->stream);
-    put_u64(h + 24, p->segment);
-    put_u64(h + 32, p->position);
-    put_u64(h + 40, p->n);
-    put_u64(h + 48, p->width);
-    put_u32(h + 60, sf_crc32c(0, h, 60));
+    uint8_t h[SF_WIRE_HEADER_SIZE];
+    envelope(p, parts, h);
     int rc = sf_buffer_append(out, h, sizeof h);
     const sf_quant_params none = {SF_QUANT_F32, 1};
     if (rc == SF_OK && (parts & PART_TOKENS))

@@ -73,6 +73,14 @@ size_t sf_wire_feedback_streams(const sf_wire_feedback *f, size_t *bytes);
 int sf_wire_encode(const sf_packet *p, const sf_wire_options *o, sf_wire_feedback *feedback,
                    sf_buffer *out);
 
+/* For a packet of rows alone (no tokens, no state) on a raw, lossless link: appends everything
+ * of sf_wire_encode's bytes up to the rows themselves (envelope and the rows frame's header) to
+ * out, and points *rows, *rows_len at the packet's rows, whose bytes end the encoding as they
+ * are: the caller sends them without a copy (and keeps p alive until they are sent). The rows'
+ * CRC is computed on up to `threads` threads. SF_E_UNSUPPORTED for any other packet (encode it
+ * whole), SF_E_INVAL or SF_E_NOMEM; out unchanged on failure. */
+int sf_wire_encode_head(const sf_packet *p, int threads, sf_buffer *out, const void **rows, size_t *rows_len);
+
 /* Decodes exactly len bytes into a new packet (*out, the caller's: sf_packet_free). max_bytes
  * bounds each part's decoded and encoded bytes (SF_E_FRAME_TOO_LARGE beyond it). Errors are
  * SF_E_FRAME* (naming the field) or SF_E_NOMEM; *out is then NULL. */

@@ -650,6 +650,24 @@ static void test_crc32c(void)
             CHECKF(sf_crc32c(7, big + off, lens[k]) == ~c, "crc32c of %zu bytes at offset %d", lens[k], off);
         }
     free(big);
+    /* Joining the CRCs of two pieces gives the CRC of both, empty pieces included. */
+    for (size_t split = 0; split <= 300; split += 13)
+        CHECK(sf_crc32c_combine(sf_crc32c(0, data + 1, split), sf_crc32c(0, data + 1 + split, 300 - split),
+                                300 - split) == whole);
+    CHECK(sf_crc32c_combine(whole, 0, 0) == whole && sf_crc32c_combine(0, whole, 300) == whole);
+    /* In pieces on several threads: the one-pass value, for lengths that split unevenly and
+     * with a CRC to continue from. */
+    const size_t huge = (size_t)5 << 20;
+    uint8_t *h = malloc(huge + 3);
+    for (size_t i = 0; i < huge + 3; i++) h[i] = (uint8_t)(i * 2654435761u >> 17);
+    static const size_t hlens[] = {((size_t)1 << 20) - 1, (size_t)2 << 20, ((size_t)5 << 20) + 3};
+    for (size_t k = 0; k < sizeof hlens / sizeof *hlens; k++)
+        for (int t = 1; t <= 8; t += 3) {
+            CHECKF(sf_crc32c_parallel(0, h, hlens[k], t) == sf_crc32c(0, h, hlens[k]), "%zu bytes on %d threads",
+                   hlens[k], t);
+            CHECK(sf_crc32c_parallel(99, h, hlens[k], t) == sf_crc32c(99, h, hlens[k]));
+        }
+    free(h);
 }
 
 int main(void)

@@ -1,7 +1,8 @@
 /* The packet wire format (pipeline/wire.h): every kind of packet comes back identical, lossy
  * rows within the quantizer's bound with error feedback carried per stream and dropped at
- * FINAL, every truncation or flipped byte is refused with an SF_E_FRAME* code, and the shuffle
- * option marks exactly the frames whose values it regroups. */
+ * FINAL, every truncation or flipped byte is refused with an SF_E_FRAME* code, the shuffle
+ * option marks exactly the frames whose values it regroups, and a head encoded without the rows
+ * is the whole encoding's start. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,48 @@ int main(void)
             sf_buffer_release(&b);
             sf_packet_free(p);
         }
+
+    /* the head alone (the rows sent as they are, without a copy): head + rows is the raw,
+     * lossless encoding byte for byte, for f32 and bf16 rows, with the rows' CRC on one or four
+     * threads; packets with tokens or state are refused */
+    for (int which = 0; which < 5; which++) {
+        sf_packet *p = sample(which, &r);
+        if (which == 1) free(p->tokens), p->tokens = NULL, p->cap_tokens = 0; /* rows alone */
+        for (int threads = 1; threads <= 4; threads += 3) {
+            sf_buffer whole = {0}, head = {0};
+            const void *rows = NULL;
+            size_t rows_len = 0;
+            int rc = sf_wire_encode_head(p, threads, &head, &rows, &rows_len);
+            if (which == 1 || which == 2) {
+                CHECK_OK(rc);
+                CHECK_OK(sf_wire_encode(p, NULL, NULL, &whole));
+                CHECK(rows == sf_packet_rows(p) && rows_len == sf_packet_row_bytes(p));
+                CHECKF(head.len + rows_len == whole.len && memcmp(head.data, whole.data, head.len) == 0 &&
+                           memcmp(whole.data + head.len, rows, rows_len) == 0,
+                       "packet %d: head and rows differ from the whole encoding", which);
+            } else {
+                CHECK(rc == SF_E_UNSUPPORTED && head.len == 0);
+            }
+            sf_buffer_release(&whole);
+            sf_buffer_release(&head);
+        }
+        sf_packet_free(p);
+    }
+    /* rows of 2 MiB: their CRC on four threads is the one-thread CRC */
+    {
+        sf_packet *p = sf_packet_new(SF_PACKET_HIDDEN, 0, (size_t)1 << 19);
+        p->n = 512, p->width = 1024, p->stream = 3;
+        check_fill_normal(&r, p->x, p->n * p->width, 1.0);
+        sf_buffer whole = {0}, head = {0};
+        const void *rows = NULL;
+        size_t rows_len = 0;
+        CHECK_OK(sf_wire_encode_head(p, 4, &head, &rows, &rows_len));
+        CHECK_OK(sf_wire_encode(p, NULL, NULL, &whole));
+        CHECK(head.len + rows_len == whole.len && memcmp(head.data, whole.data, head.len) == 0);
+        sf_buffer_release(&whole);
+        sf_buffer_release(&head);
+        sf_packet_free(p);
+    }
 
     /* int8 + lz4 with error feedback: each packet decodes as the quantizer with the stream's
      * residual says, and the running sum stays within one message's bound of the exact one */
