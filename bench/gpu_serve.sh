@@ -10,11 +10,11 @@
 # N=8192, 4 layers), bf16, float32 rows out. Points:
 #   0. the transport alone (bench_zmq_frames): 32 MiB messages over ipc in one frame and in
 #      frames of 256 KiB to 16 MiB, on 1 and 4 connections;
-#   1. the reference model: 1 stream x 64 segments, 64 x 8, 1024 x 2 at the defaults (protocol
+#   1. the reference model: 1 stream x 64 segments, 64 x 8 at the defaults (protocol
 #      3: rows without a copy, in 1 MiB frames); 64 x 8 as an older client (`--protocol 2`: each
 #      ROWS encoded whole, one frame), with 32 MiB frames (`--frame-bytes`) and with bf16 rows
-#      (`--out-dtype bf16`, half the bytes); latency at 50% load with 4 segments a stream (1 for
-#      1024 streams, whose 4 would take minutes);
+#      (`--out-dtype bf16`, half the bytes); 1024 x 2 in float32 and bf16; latency at 50% load
+#      with 4 segments a stream (1 for 1024 streams, whose 4 would take minutes);
 #   2. the rows' way out alone: `segment ! embed ! norm` (computes almost nothing) at the
 #      reference model's rows (32 MiB a segment), 1 x 48 and 64 x 6, as an older client and at
 #      the defaults, and with 1, 2 and 4 ZeroMQ I/O threads on each side (`--io-threads`,
@@ -66,6 +66,7 @@ for part in $parts; do
     point ref_64x8_frame32m 64 8 4 --frame-bytes 33554432 -- -d cuda -m "$D/ref.st"
     point ref_64x8_bf16 64 8 4 -- -d cuda -m "$D/ref.st" --out-dtype bf16
     point ref_1024x2 1024 2 1 -- -d cuda -m "$D/ref.st"
+    point ref_1024x2_bf16 1024 2 1 -- -d cuda -m "$D/ref.st" --out-dtype bf16
     ;;
   2)
     for protocol in 2 3; do
