@@ -11,15 +11,15 @@
  * more than the GPU's whole compute of a segment (issue 3); page-locked buffers (a GPU
  * backend's allocator) cost even more to make and to free. A few are kept: the cache holds at
  * most CACHE_SLOTS buffers of at most CACHE_MAX_FLOATS each and CACHE_MAX_TOTAL floats in all
- * (1 GiB, the process's, until it exits). A threaded GPU graph has up to a link's depth of
+ * (1.5 GiB, the process's, until it exits). A threaded GPU graph has up to a link's depth of
  * host packets in flight between its last stage and the sink, and `seqflow serve` hands its
- * packets' rows to ZeroMQ without a copy, holding up to its send budget's worth (256 MiB by
- * default: 8 reference-model segments) until written, so the slots cover both; a miss costs a
- * page-locked allocation (milliseconds) and, once the cache is full, a page-locked free. */
+ * packets' rows to ZeroMQ without a copy, holding up to its send budget's worth (32 segments
+ * by default) until written, so the slots cover both; a miss costs a page-locked allocation
+ * (milliseconds) and, once the cache is full, a page-locked free. */
 #define CACHE_MIN_FLOATS ((size_t)1 << 18) /* 1 MiB */
 #define CACHE_MAX_FLOATS ((size_t)1 << 26) /* 256 MiB: larger buffers go back to their allocator */
-#define CACHE_MAX_TOTAL ((size_t)1 << 28)
-#define CACHE_SLOTS 32
+#define CACHE_MAX_TOTAL ((size_t)3 << 27) /* 1.5 GiB */
+#define CACHE_SLOTS 48
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static float *cache_x[CACHE_SLOTS];
 static size_t cache_cap[CACHE_SLOTS];

@@ -737,11 +737,14 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     if (!s->o.max_streams) s->o.max_streams = 65536;
     if (!s->o.max_clients) s->o.max_clients = 4096;
     if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 1000;
-    if (!s->o.send_budget) s->o.send_budget = SF_SERVE_SEND_BUDGET_DEFAULT;
+    if (!s->o.send_budget) {
+        const uint64_t rows = (uint64_t)cfg->segment * (uint64_t)cfg->dim * sizeof(float) * SF_SERVE_SEND_BUDGET_SEGMENTS;
+        s->o.send_budget = rows > SF_SERVE_SEND_BUDGET_DEFAULT ? rows : SF_SERVE_SEND_BUDGET_DEFAULT;
+    }
     if (!s->o.frame_bytes) s->o.frame_bytes = SF_SERVE_FRAME_BYTES_DEFAULT;
     if (s->o.io_threads <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        s->o.io_threads = cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN), few = cores < 4 ? cores : 4, half = cores / 2 < 8 ? cores / 2 : 8;
+        s->o.io_threads = few < 1 ? 1 : (int)(few > half ? few : half);
     }
     s->vocab = cfg->vocab;
     s->segment = cfg->segment > 0 ? (uint64_t)cfg->segment : 1;

@@ -50,7 +50,8 @@
 
 typedef struct sf_serve sf_serve;
 
-#define SF_SERVE_SEND_BUDGET_DEFAULT (256ull << 20) /* bytes */
+#define SF_SERVE_SEND_BUDGET_DEFAULT (256ull << 20) /* bytes, the least default */
+#define SF_SERVE_SEND_BUDGET_SEGMENTS 32 /* the default budget holds this many float32 segments */
 #define SF_SERVE_FRAME_BYTES_DEFAULT (1ull << 20) /* bytes */
 
 typedef struct sf_serve_options {
@@ -67,9 +68,13 @@ typedef struct sf_serve_options {
     uint32_t max_clients;          /* 0 = 4096 */
     int heartbeat_ms;              /* ZMTP heartbeats on the ROUTER; 0 = 1000 */
     /* Bytes of ROWS handed to ZeroMQ and not yet written by its I/O threads, server-wide: at
-     * this many the server computes nothing more until they drain (0 = 256 MiB). */
+     * this many the server computes nothing more until they drain. 0 = 32 segments of float32
+     * rows (N x D x 4 bytes each; 1 GiB for D = 1024, N = 8192), at least 256 MiB: the rows of
+     * that many replies are written at once, over as many connections. */
     uint64_t send_budget;
-    int io_threads;                /* ZeroMQ I/O threads; 0 = min(4, the online cores) */
+    /* ZeroMQ I/O threads, also the threads that checksum a reply's rows; 0 = the larger of
+     * min(4, the online cores) and min(8, half of them) */
+    int io_threads;
     /* A ROWS to a version-3 client goes in frames of at most this many bytes (one multipart
      * message): a receiver then allocates frames, not one block the size of a segment's rows,
      * which glibc maps afresh (a page fault every 4 KiB) past 32 MiB. 0 = 1 MiB. */
