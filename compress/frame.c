@@ -319,6 +319,12 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
     return SF_OK;
 }
 
+void sf_frame_header_set_payload_crc(uint8_t *header, uint32_t crc)
+{
+    put_u32(header + OFF_PAYLOAD_CRC, crc);
+    put_u32(header + OFF_HEADER_CRC, sf_crc32c(0, header, OFF_HEADER_CRC));
+}
+
 int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t data_bytes, int threads, sf_buffer *out)
 {
     if (!desc || !out) return sf_error(SF_E_INVAL, "frame encode: desc and out are required");
@@ -335,7 +341,7 @@ int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t d
                         (unsigned long long)n);
     if ((rc = buffer_reserve(out, SF_FRAME_HEADER_SIZE))) return rc;
     put_header(out->data + out->len, desc, q, data_bytes, data_bytes, 0,
-               data_bytes ? sf_crc32c_parallel(0, data, data_bytes, threads) : 0);
+               data_bytes && threads > 0 ? sf_crc32c_parallel(0, data, data_bytes, threads) : 0);
     out->len += SF_FRAME_HEADER_SIZE;
     return SF_OK;
 }

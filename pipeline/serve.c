@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "compress/frame.h"
 #include "core/process_stats.h"
 #include "pipeline/serve_internal.h"
 #include "pipeline/wire.h"
@@ -86,8 +87,11 @@ static void remove_stream(sf_serve *s, serve_stream *st)
     s->ckpt_dirty = 1;
 }
 
+static void send_pending(sf_serve *s);
+
 static void remove_client(sf_serve *s, serve_client *c)
 {
+    if (s->pending.active && s->pending.client == c) send_pending(s);
     for (uint32_t i = 0; i < s->n_clients; i++)
         if (s->clients[i] == c) {
             s->clients[i] = s->clients[--s->n_clients];
@@ -101,6 +105,7 @@ static void remove_client(sf_serve *s, serve_client *c)
  * set to it); a client no longer connected is marked gone. */
 static void send_to(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
 {
+    send_pending(s); /* whatever goes out goes after it: a client's messages stay in order */
     if (!c || c->gone) return;
     msg[4] = (uint8_t)c->version;
     if (zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
@@ -120,6 +125,7 @@ static void send_to(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
 static void send_rows(sf_serve *s, serve_client *c, const serve_kept *kept, sf_packet *packet, const void *rows,
                       size_t rows_len)
 {
+    send_pending(s);
     if (!c || c->gone) {
         sf_packet_free(packet);
         return;
@@ -145,6 +151,62 @@ static void send_rows(sf_serve *s, serve_client *c, const serve_kept *kept, sf_p
         return;
     }
     c->last_active = sf_monotonic_seconds();
+}
+
+/* Sends the pending reply once the checksum thread has its rows' CRC (serve_internal.h). */
+static void send_pending(sf_serve *s)
+{
+    if (!s->pending.active) return;
+    const double t = sf_monotonic_seconds();
+    s->pending.active = 0;
+    sf_buffer *head = &s->pending.head;
+    sf_frame_header_set_payload_crc(head->data + head->len - SF_FRAME_HEADER_SIZE, serve_crc_wait(s->crc));
+    serve_client *c = s->pending.client;
+    if (!c || c->gone) {
+        sf_packet_free(s->pending.packet);
+    } else if (serve_send_packet(s->router, s->send, c->flow, c->id, c->id_len, head->data, head->len,
+                                 s->pending.packet, s->pending.rows, s->pending.rows_len, (size_t)s->o.frame_bytes,
+                                 ZMQ_DONTWAIT) < 0) {
+        logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
+              s->o.idle_timeout);
+        c->gone = 1;
+    } else {
+        c->last_active = sf_monotonic_seconds();
+    }
+    s->pending.packet = NULL;
+    head->len = 0;
+    if (s->pending.t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - s->pending.t0);
+    s->handover_sum += sf_monotonic_seconds() - t;
+}
+
+/* The pending reply's bytes (to c, or to anyone for NULL): counted as in flight already where
+ * the loop decides whether there is room for another step. */
+static uint64_t pending_bytes(const sf_serve *s, const serve_client *c)
+{
+    return s->pending.active && (!c || s->pending.client == c) ? s->pending.head.len + s->pending.rows_len : 0;
+}
+
+/* Makes the ROWS whose head is in s->out, of a version-3 client, the pending reply: its rows'
+ * CRC is computed on the checksum thread while the loop goes on (after the one pending before
+ * it is sent). The packet goes with it. */
+static int make_pending(sf_serve *s, serve_client *c, sf_packet *p, const void *rows, size_t rows_len, double t0)
+{
+    send_pending(s);
+    s->pending.head.len = 0;
+    s->out.data[4] = (uint8_t)c->version;
+    int rc = sf_buffer_append(&s->pending.head, s->out.data, s->out.len);
+    s->out.len = 0;
+    if (rc != SF_OK) {
+        sf_packet_free(p);
+        return rc;
+    }
+    serve_crc_start(s->crc, rows, rows_len);
+    s->pending.active = 1;
+    s->pending.client = c;
+    s->pending.packet = p;
+    s->pending.rows = rows, s->pending.rows_len = rows_len;
+    s->pending.t0 = t0;
+    return SF_OK;
 }
 
 static void send_simple(sf_serve *s, serve_client *c, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b)
@@ -479,7 +541,7 @@ static int dispatch(sf_serve *s, double t0)
         const void *rows = NULL;
         size_t rows_len = 0;
         int rc = sf_serve_encode(&s->out, SF_SERVE_ROWS, st->id, p->position, p->n, NULL, 0);
-        if (rc == SF_OK && direct && sf_wire_encode_head(p, s->o.io_threads, &s->out, &rows, &rows_len) != SF_OK)
+        if (rc == SF_OK && direct && sf_wire_encode_head(p, 0, &s->out, &rows, &rows_len) != SF_OK)
             rows = NULL; /* a packet of another shape (or no memory for the head): encoded whole */
         if (rc == SF_OK && !rows) rc = sf_wire_encode(p, &s->wire, NULL, &s->out);
         p->tokens = tokens;
@@ -505,18 +567,19 @@ static int dispatch(sf_serve *s, double t0)
             s->tokens_out += n;
             continue;
         }
-        if (rows) {
-            send_rows(s, st->owner, NULL, p, rows, rows_len);
-            p = NULL; /* ZeroMQ's now */
+        if (rows) { /* its CRC on the checksum thread while the loop goes on */
+            rc = make_pending(s, st->owner, p, rows, rows_len, t0);
+            p = NULL; /* the pending reply's now */
+            if (rc != SF_OK) return fail(s, rc);
         } else {
             send_rows(s, st->owner, NULL, NULL, NULL, 0);
+            if (t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - t0);
         }
         s->handover_sum += sf_monotonic_seconds() - t_handover;
         st->credit--;
         if (provisional) s->provisional_out += n; /* they come again */
         else s->tokens_out += n;
         s->replies++;
-        if (t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - t0);
     }
     return SF_OK;
 }
@@ -534,7 +597,7 @@ static int can_step(const sf_serve *s, const serve_stream *st)
  * that does not read holds at most its share while the others go on). */
 static int has_room(const sf_serve *s, const serve_client *c)
 {
-    return !serve_send_full(s->send) && serve_flow_bytes(c->flow) < s->send_share;
+    return !serve_send_full(s->send, pending_bytes(s, NULL)) && serve_flow_bytes(c->flow) + pending_bytes(s, c) < s->send_share;
 }
 
 /* Whether a stream has a step to take once the budget has room (or rows to send again). */
@@ -549,7 +612,8 @@ static int wants_step(const sf_serve *s, const serve_stream *st)
 static void update_share(sf_serve *s)
 {
     uint32_t sharing = 0;
-    for (uint32_t i = 0; i < s->n_clients; i++) s->clients[i]->sharing = serve_flow_bytes(s->clients[i]->flow) > 0;
+    for (uint32_t i = 0; i < s->n_clients; i++)
+        s->clients[i]->sharing = serve_flow_bytes(s->clients[i]->flow) + pending_bytes(s, s->clients[i]) > 0;
     for (uint32_t i = 0; i < s->n_streams; i++)
         if (s->streams[i]->owner && wants_step(s, s->streams[i])) s->streams[i]->owner->sharing = 1;
     for (uint32_t i = 0; i < s->n_clients; i++) sharing += (uint32_t)s->clients[i]->sharing;
@@ -560,7 +624,7 @@ static void update_share(sf_serve *s)
  * budget has room; each costs its credit (the credit may go below 0). */
 static void resend_kept(sf_serve *s)
 {
-    for (uint32_t i = 0; i < s->n_streams && !serve_send_full(s->send); i++) {
+    for (uint32_t i = 0; i < s->n_streams && !serve_send_full(s->send, pending_bytes(s, NULL)); i++) {
         serve_stream *st = s->streams[i];
         if (!st->owner || st->owner->gone) continue;
         while (st->unsent > 0 && !st->owner->gone && has_room(s, st->owner)) {
@@ -759,6 +823,8 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     s->clients = calloc(s->o.max_clients, sizeof *s->clients);
     if (!s->streams || !s->clients) rc = sf_error(SF_E_NOMEM, "out of memory");
     if (rc == SF_OK && !(s->send = serve_send_create(s->o.send_budget))) rc = SF_E_NOMEM;
+    if (rc == SF_OK && !(s->crc = serve_crc_create(s->o.io_threads)))
+        rc = sf_error(SF_E_NOMEM, "serve: cannot start the checksum thread");
     if (rc == SF_OK && !opts->plaintext) {
         s->n_keys = opts->n_client_keys;
         s->keys = calloc((size_t)(s->n_keys ? s->n_keys : 1), sizeof *s->keys);
@@ -816,6 +882,12 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
 void sf_serve_free(sf_serve *s)
 {
     if (!s) return;
+    if (s->pending.active) { /* a run that ended without sending it: its CRC job ends first */
+        serve_crc_wait(s->crc);
+        sf_packet_free(s->pending.packet);
+    }
+    serve_crc_free(s->crc);
+    sf_buffer_release(&s->pending.head);
     for (uint32_t i = 0; i < s->n_streams; i++) serve_stream_free(s->streams[i]);
     serve_ckpt_close(s);
     for (uint32_t i = 0; i < s->n_clients; i++) {
@@ -878,6 +950,7 @@ int sf_serve_run(sf_serve *s)
                                    {NULL, serve_ckpt_wake_fd(s), ZMQ_POLLIN, 0}, {s->http, 0, ZMQ_POLLIN, 0}};
         int n_items = s->writer ? 4 : 3;
         if (s->http) items[n_items++] = items[4];
+        if (!busy) send_pending(s); /* nothing to overlap it with */
         int n = zmq_poll(items, n_items, busy ? 0 : 100);
         if (n < 0 && errno != EINTR) return sf_error(SF_E_IO, "serve: poll: %s", zmq_strerror(errno));
         if (n > 0 && (items[2].revents & ZMQ_POLLIN)) serve_send_arm(s->send, 0);
@@ -890,7 +963,7 @@ int sf_serve_run(sf_serve *s)
          * that no stream waits behind another's backlog; a round cut short by the send budget
          * goes on from the first stream it did not reach */
         uint32_t count = s->n_streams, k = 0;
-        for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send); k++) {
+        for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send, pending_bytes(s, NULL)); k++) {
             uint32_t i = (cursor + k) % s->n_streams;
             int rc = step(s, s->streams[i]);
             if (rc < 0) break;
@@ -905,6 +978,7 @@ int sf_serve_run(sf_serve *s)
         if (s->writer && s->ckpt_dirty && !s->failed && now - s->ckpt_last >= s->o.checkpoint_every && !serve_ckpt_busy(s))
             checkpoint_start(s);
     }
+    send_pending(s);
     /* stopped: the write in flight lands, then a last checkpoint, so that a restart resumes
      * every stream where it stands */
     if (s->writer) {

@@ -96,6 +96,19 @@ struct sf_serve {
     sf_wire_options wire; /* raw f32, lossless */
     sf_buffer out;       /* the ROWS being encoded (its buffer then goes to ZeroMQ: serve_send.c) */
     struct serve_send *send; /* replies in flight under the send budget (serve_send.c) */
+    struct serve_crc *crc;   /* the checksum thread (serve_crc.c) */
+    /* The last reply without a copy, its rows' CRC still being computed by the checksum
+     * thread: sent by serve.c's send_pending before anything else goes out, before a client
+     * is forgotten and before the loop waits. */
+    struct {
+        int active;
+        struct serve_client *client;
+        sf_packet *packet;   /* ZeroMQ's once sent */
+        const void *rows;
+        size_t rows_len;
+        sf_buffer head;      /* the ROWS's head, its frame header last (the CRC goes there) */
+        double t0;           /* when the input that completed it arrived (0: not observed) */
+    } pending;
     uint64_t send_share;  /* each client's share of the budget, this round */
     double send_wait_since; /* when the loop began waiting for the send budget (0: not waiting) */
     double send_wait_sum;   /* seconds waited for it, in all */
@@ -197,8 +210,17 @@ int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t
 int serve_send_packet(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len,
                       const uint8_t *head, size_t head_len, sf_packet *packet, const void *rows, size_t rows_len,
                       size_t frame, int flags);
-/* 1 while the bytes in flight are at or over the budget (any thread may have lowered them). */
-int serve_send_full(const serve_send *p);
+/* serve_crc.c: the checksum thread. One job at a time: serve_crc_wait returns the CRC-32C of
+ * the data of the last serve_crc_start (computed on `threads` threads), which must stay alive
+ * until then. */
+typedef struct serve_crc serve_crc;
+serve_crc *serve_crc_create(int threads); /* NULL: no memory or no thread */
+void serve_crc_free(serve_crc *c);        /* no job running; NULL accepted */
+void serve_crc_start(serve_crc *c, const void *data, size_t len);
+uint32_t serve_crc_wait(serve_crc *c);
+/* 1 while the bytes in flight, and extra bytes about to be, are at or over the budget (any
+ * thread may have lowered them). */
+int serve_send_full(const serve_send *p, uint64_t extra);
 /* The loop's wake-up: serve_send_arm(p, 1) before it decides to wait for bytes to drain makes
  * the next message written (or dropped) make serve_send_wake_fd readable, for its poll;
  * serve_send_arm(p, 0) disarms it and empties the pipe. */

@@ -256,7 +256,7 @@ int serve_send_packet(void *socket, serve_send *p, serve_flow *flow, const uint8
     return hand_over(socket, p, id, id_len, o, frame, flags);
 }
 
-int serve_send_full(const serve_send *p) { return atomic_load(&p->in_flight) >= p->budget; }
+int serve_send_full(const serve_send *p, uint64_t extra) { return atomic_load(&p->in_flight) + extra >= p->budget; }
 
 int serve_send_wake_fd(const serve_send *p) { return p->wake[0]; }
 

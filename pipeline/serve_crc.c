@@ -1,0 +1,96 @@
+/* The checksum thread of `seqflow serve` (serve_internal.h, serve_crc_*): the CRC of a reply's
+ * rows, computed while the loop goes on.
+ *
+ * Why: a reply sent without a copy still needs its rows' CRC in its head (SPEC 8), 32 MiB of
+ * float32 rows a reference-model segment, about 1 ms on the loop even on several threads. The
+ * loop hands the rows here and runs the next step meanwhile (the pipeline: the GPU computes the
+ * next segment); the reply goes out when the loop next sends anything, or before it waits.
+ * One job at a time: the loop takes a job's CRC before it starts another. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "compress/frame.h"
+#include "pipeline/serve_internal.h"
+
+struct serve_crc {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done_cond;
+    const void *data;
+    size_t len;
+    int threads;
+    int queued, done, quit;
+    uint32_t crc;
+};
+
+static void *crc_main(void *arg)
+{
+    serve_crc *c = arg;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (!c->queued && !c->quit) pthread_cond_wait(&c->wake, &c->lock);
+        if (c->quit) break;
+        const void *data = c->data;
+        const size_t len = c->len;
+        pthread_mutex_unlock(&c->lock);
+        const uint32_t crc = sf_crc32c_parallel(0, data, len, c->threads);
+        pthread_mutex_lock(&c->lock);
+        c->crc = crc;
+        c->queued = 0;
+        c->done = 1;
+        pthread_cond_signal(&c->done_cond);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+serve_crc *serve_crc_create(int threads)
+{
+    serve_crc *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->threads = threads < 1 ? 1 : threads;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->wake, NULL);
+    pthread_cond_init(&c->done_cond, NULL);
+    if (pthread_create(&c->thread, NULL, crc_main, c) != 0) {
+        pthread_cond_destroy(&c->wake);
+        pthread_cond_destroy(&c->done_cond);
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void serve_crc_free(serve_crc *c)
+{
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    c->quit = 1;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->lock);
+    pthread_join(c->thread, NULL);
+    pthread_cond_destroy(&c->wake);
+    pthread_cond_destroy(&c->done_cond);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+void serve_crc_start(serve_crc *c, const void *data, size_t len)
+{
+    pthread_mutex_lock(&c->lock);
+    c->data = data, c->len = len;
+    c->queued = 1, c->done = 0;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->lock);
+}
+
+uint32_t serve_crc_wait(serve_crc *c)
+{
+    pthread_mutex_lock(&c->lock);
+    while (!c->done) pthread_cond_wait(&c->done_cond, &c->lock);
+    c->done = 0;
+    const uint32_t crc = c->crc;
+    pthread_mutex_unlock(&c->lock);
+    return crc;
+}
