@@ -4,32 +4,18 @@
 #include "pipeline/serve.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
 
-#include "compress/frame.h"
 #include "core/process_stats.h"
 #include "pipeline/serve_internal.h"
 #include "pipeline/wire.h"
 #include "pipeline/zap.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
-
-static void logf_(sf_serve *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void logf_(sf_serve *s, const char *fmt, ...)
-{
-    if (!s->o.log) return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    s->o.log(s->o.user, line);
-}
 
 static void set_int(void *sock, int option, int value) { zmq_setsockopt(sock, option, &value, sizeof value); }
 
@@ -87,11 +73,9 @@ static void remove_stream(sf_serve *s, serve_stream *st)
     s->ckpt_dirty = 1;
 }
 
-static void send_pending(sf_serve *s);
-
 static void remove_client(sf_serve *s, serve_client *c)
 {
-    if (s->pending.active && s->pending.client == c) send_pending(s);
+    if (s->pending.active && s->pending.client == c) serve_reply_flush(s);
     for (uint32_t i = 0; i < s->n_clients; i++)
         if (s->clients[i] == c) {
             s->clients[i] = s->clients[--s->n_clients];
@@ -101,142 +85,12 @@ static void remove_client(sf_serve *s, serve_client *c)
     free(c);
 }
 
-/* Sends one message to a client, in the client's protocol version (the header's byte 4 is
- * set to it); a client no longer connected is marked gone. */
-static void send_to(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
-{
-    send_pending(s); /* whatever goes out goes after it: a client's messages stay in order */
-    if (!c || c->gone) return;
-    msg[4] = (uint8_t)c->version;
-    if (zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(s->router, msg, len, ZMQ_DONTWAIT) < 0) {
-        if (!c->gone) logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle",
-                            zmq_strerror(errno), s->o.idle_timeout);
-        c->gone = 1;
-        return;
-    }
-    c->last_active = sf_monotonic_seconds();
-}
-
-/* A ROWS to a client, without a copy into ZeroMQ and counted under the send budget
- * (serve_send.c): a kept copy when kept is given; else s->out, whole, or (packet given) its
- * head followed by the packet's rows, which go with the message (the packet is ZeroMQ's then,
- * sent or not). s->out is left empty or with a pooled buffer. */
-static void send_rows(sf_serve *s, serve_client *c, const serve_kept *kept, sf_packet *packet, const void *rows,
-                      size_t rows_len)
-{
-    send_pending(s);
-    if (!c || c->gone) {
-        sf_packet_free(packet);
-        return;
-    }
-    const size_t frame = c->version >= 3 ? (size_t)s->o.frame_bytes : 0; /* older clients: one frame */
-    int rc;
-    if (kept) {
-        rc = serve_send_copy(s->router, s->send, c->flow, c->id, c->id_len, kept->msg, kept->len, c->version, frame,
-                             ZMQ_DONTWAIT);
-    } else if (packet) {
-        s->out.data[4] = (uint8_t)c->version;
-        rc = serve_send_packet(s->router, s->send, c->flow, c->id, c->id_len, s->out.data, s->out.len, packet, rows,
-                               rows_len, frame, ZMQ_DONTWAIT);
-        s->out.len = 0;
-    } else {
-        s->out.data[4] = (uint8_t)c->version;
-        rc = serve_send_owned(s->router, s->send, c->flow, c->id, c->id_len, &s->out, frame, ZMQ_DONTWAIT);
-    }
-    if (rc < 0) {
-        logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
-              s->o.idle_timeout);
-        c->gone = 1;
-        return;
-    }
-    c->last_active = sf_monotonic_seconds();
-}
-
-/* Sends the pending reply once the checksum thread has its rows' CRC (serve_internal.h). */
-static void send_pending(sf_serve *s)
-{
-    if (!s->pending.active) return;
-    const double t = sf_monotonic_seconds();
-    s->pending.active = 0;
-    sf_buffer *head = &s->pending.head;
-    sf_frame_header_set_payload_crc(head->data + head->len - SF_FRAME_HEADER_SIZE, serve_crc_wait(s->crc));
-    serve_client *c = s->pending.client;
-    if (!c || c->gone) {
-        sf_packet_free(s->pending.packet);
-    } else if (serve_send_packet(s->router, s->send, c->flow, c->id, c->id_len, head->data, head->len,
-                                 s->pending.packet, s->pending.rows, s->pending.rows_len, (size_t)s->o.frame_bytes,
-                                 ZMQ_DONTWAIT) < 0) {
-        logf_(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
-              s->o.idle_timeout);
-        c->gone = 1;
-    } else {
-        c->last_active = sf_monotonic_seconds();
-    }
-    s->pending.packet = NULL;
-    head->len = 0;
-    if (s->pending.t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - s->pending.t0);
-    s->handover_sum += sf_monotonic_seconds() - t;
-}
-
-/* The pending reply's bytes (to c, or to anyone for NULL): counted as in flight already where
- * the loop decides whether there is room for another step. */
-static uint64_t pending_bytes(const sf_serve *s, const serve_client *c)
-{
-    return s->pending.active && (!c || s->pending.client == c) ? s->pending.head.len + s->pending.rows_len : 0;
-}
-
-/* Makes the ROWS whose head is in s->out, of a version-3 client, the pending reply: its rows'
- * CRC is computed on the checksum thread while the loop goes on (after the one pending before
- * it is sent). The packet goes with it. */
-static int make_pending(sf_serve *s, serve_client *c, sf_packet *p, const void *rows, size_t rows_len, double t0)
-{
-    send_pending(s);
-    s->pending.head.len = 0;
-    s->out.data[4] = (uint8_t)c->version;
-    int rc = sf_buffer_append(&s->pending.head, s->out.data, s->out.len);
-    s->out.len = 0;
-    if (rc != SF_OK) {
-        sf_packet_free(p);
-        return rc;
-    }
-    serve_crc_start(s->crc, rows, rows_len);
-    s->pending.active = 1;
-    s->pending.client = c;
-    s->pending.packet = p;
-    s->pending.rows = rows, s->pending.rows_len = rows_len;
-    s->pending.t0 = t0;
-    return SF_OK;
-}
-
-static void send_simple(sf_serve *s, serve_client *c, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b)
-{
-    uint8_t h[SF_SERVE_HEADER_SIZE];
-    sf_serve_header(h, type, stream, a, b);
-    send_to(s, c, h, sizeof h);
-}
-
-static void send_error(sf_serve *s, serve_client *c, uint64_t stream, sf_serve_error code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void send_error(sf_serve *s, serve_client *c, uint64_t stream, sf_serve_error code, const char *fmt, ...)
-{
-    uint8_t msg[SF_SERVE_HEADER_SIZE + SF_SERVE_MAX_TEXT + 1];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf((char *)msg + SF_SERVE_HEADER_SIZE, SF_SERVE_MAX_TEXT + 1, fmt, ap);
-    va_end(ap);
-    size_t len = n < 0 ? 0 : (size_t)n > SF_SERVE_MAX_TEXT ? SF_SERVE_MAX_TEXT : (size_t)n;
-    sf_serve_header(msg, SF_SERVE_ERROR, stream, (uint64_t)code, len);
-    s->errors_sent++;
-    send_to(s, c, msg, SF_SERVE_HEADER_SIZE + len);
-}
-
 /* The stream named by a message, when c owns it and it takes more (not closing). */
 static serve_stream *owned_stream(sf_serve *s, serve_client *c, const sf_serve_msg *m)
 {
     serve_stream *st = find_stream(s, m->stream);
     if (!st || st->owner != c || st->closing) {
-        send_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "%s: stream %llu is not open for this client%s",
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "%s: stream %llu is not open for this client%s",
                    sf_serve_type_name(m->type), (unsigned long long)m->stream, st && st->closing ? " (closing)" : "");
         return NULL;
     }
@@ -247,22 +101,22 @@ static void on_open(sf_serve *s, serve_client *c, const sf_serve_msg *m)
 {
     serve_stream *st = find_stream(s, m->stream);
     if (st && st->owner != c) {
-        send_error(s, c, m->stream, SF_SERVE_E_BUSY, "OPEN: stream %llu is open for another client%s", (unsigned long long)m->stream,
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_BUSY, "OPEN: stream %llu is open for another client%s", (unsigned long long)m->stream,
                    st->owner ? "" : " (restored from a checkpoint, it awaits its client's RESUME)");
         return;
     }
     if (st && st->closing) {
-        send_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "OPEN: stream %llu is closing", (unsigned long long)m->stream);
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "OPEN: stream %llu is closing", (unsigned long long)m->stream);
         return;
     }
     if (!st) {
         if (s->n_streams >= s->o.max_streams) {
-            send_error(s, c, m->stream, SF_SERVE_E_LIMIT, "OPEN: the server holds its maximum of %u streams", s->o.max_streams);
+            serve_reply_error(s, c, m->stream, SF_SERVE_E_LIMIT, "OPEN: the server holds its maximum of %u streams", s->o.max_streams);
             return;
         }
         st = calloc(1, sizeof *st);
         if (!st) {
-            send_error(s, c, m->stream, SF_SERVE_E_LIMIT, "OPEN: out of memory");
+            serve_reply_error(s, c, m->stream, SF_SERVE_E_LIMIT, "OPEN: out of memory");
             return;
         }
         st->id = m->stream;
@@ -275,9 +129,9 @@ static void on_open(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     }
     st->credit += (int64_t)(m->a > s->o.max_credit ? s->o.max_credit : m->a);
     if (st->credit > (int64_t)s->o.max_credit) st->credit = s->o.max_credit;
-    send_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
+    serve_reply_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
     /* a resumable stream's client learns it here: it keeps its tokens until DURABLE says */
-    if (st->resumable) send_simple(s, c, SF_SERVE_DURABLE, st->id, st->durable, 0);
+    if (st->resumable) serve_reply_simple(s, c, SF_SERVE_DURABLE, st->id, st->durable, 0);
 }
 
 /* RESUME: a client takes a stream over again (after a restart of the server, from a checkpoint,
@@ -287,11 +141,11 @@ static void on_resume(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     serve_stream *st = find_stream(s, m->stream);
     unsigned long long id = (unsigned long long)m->stream;
     if (!s->ckpt_dir) {
-        send_error(s, c, m->stream, SF_SERVE_E_UNKNOWN, "RESUME: this server keeps no checkpoints (started without --checkpoint)");
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_UNKNOWN, "RESUME: this server keeps no checkpoints (started without --checkpoint)");
         return;
     }
     if (!st || !st->resumable) {
-        send_error(s, c, m->stream, SF_SERVE_E_UNKNOWN,
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_UNKNOWN,
                    "RESUME: the server holds no state of stream %llu (%s)", id,
                    st ? "opened with protocol version 1" : "never opened, closed, expired, or opened after the last checkpoint");
         return;
@@ -299,7 +153,7 @@ static void on_resume(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     /* the rows it can send again start at the oldest kept one, else at the next to compute */
     uint64_t first = st->n_kept ? st->kept[0].pos : st->rows_sent;
     if (m->b < first || m->b < st->acked) {
-        send_error(s, c, m->stream, SF_SERVE_E_GAP,
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_GAP,
                    "RESUME: stream %llu's rows before %llu were acknowledged and are no longer held; the client has %llu", id,
                    (unsigned long long)(first > st->acked ? first : st->acked), (unsigned long long)m->b);
         return;
@@ -318,11 +172,11 @@ static void on_resume(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     serve_drop_acked(st, m->b);
     /* the old connection's credit went with it */
     st->credit = (int64_t)(m->a > s->o.max_credit ? s->o.max_credit : m->a);
-    send_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
-    if (st->durable) send_simple(s, c, SF_SERVE_DURABLE, st->id, st->durable, 0);
+    serve_reply_simple(s, c, SF_SERVE_OPENED, st->id, st->next_pos, s->o.window);
+    if (st->durable) serve_reply_simple(s, c, SF_SERVE_DURABLE, st->id, st->durable, 0);
     st->durable_told = st->durable;
     st->unsent = st->n_kept; /* sent again as the send budget lets them go (resend_kept) */
-    logf_(s, "stream %llu resumed at position %llu (the client has %llu rows; %d kept to send again)", id,
+    serve_log(s, "stream %llu resumed at position %llu (the client has %llu rows; %d kept to send again)", id,
           (unsigned long long)st->next_pos, (unsigned long long)m->b, st->n_kept);
 }
 
@@ -363,13 +217,13 @@ static void on_push(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     serve_stream *st = owned_stream(s, c, m);
     if (!st) return;
     if (m->a != st->next_pos) {
-        send_error(s, c, m->stream, SF_SERVE_E_POSITION, "PUSH at position %llu: stream %llu takes position %llu next",
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_POSITION, "PUSH at position %llu: stream %llu takes position %llu next",
                    (unsigned long long)m->a, (unsigned long long)m->stream, (unsigned long long)st->next_pos);
         return;
     }
     size_t n = (size_t)m->b; /* decode bounded it by the window */
     if (st->tok_len + n > s->o.window) {
-        send_error(s, c, m->stream, SF_SERVE_E_WINDOW,
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_WINDOW,
                    "PUSH of %zu tokens: stream %llu holds %zu not yet computed, its window is %u", n,
                    (unsigned long long)m->stream, st->tok_len, s->o.window);
         return;
@@ -379,7 +233,7 @@ static void on_push(sf_serve *s, serve_client *c, const sf_serve_msg *m)
         uint32_t t = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
                      (uint32_t)p[4 * i + 3] << 24;
         if (t >= (uint32_t)s->vocab) {
-            send_error(s, c, m->stream, SF_SERVE_E_TOKEN, "PUSH: token %u at position %llu is outside the vocabulary (%d ids)",
+            serve_reply_error(s, c, m->stream, SF_SERVE_E_TOKEN, "PUSH: token %u at position %llu is outside the vocabulary (%d ids)",
                        t, (unsigned long long)(m->a + i), s->vocab);
             return;
         }
@@ -395,7 +249,7 @@ static void on_push(sf_serve *s, serve_client *c, const sf_serve_msg *m)
             if (cap > s->o.window) cap = s->o.window;
             uint32_t *grown = realloc(st->tok, cap * sizeof *grown);
             if (!grown) {
-                send_error(s, c, m->stream, SF_SERVE_E_LIMIT, "PUSH: out of memory");
+                serve_reply_error(s, c, m->stream, SF_SERVE_E_LIMIT, "PUSH: out of memory");
                 return;
             }
             st->tok = grown;
@@ -419,7 +273,7 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
     if (sf_serve_decode(buf, len, s->o.window, &m) != SF_OK) {
         uint64_t stream = 0;
         for (int i = 7; len >= 16 && i >= 0; i--) stream = stream << 8 | buf[8 + i];
-        send_error(s, c, stream, SF_SERVE_E_MALFORMED, "%s", sf_last_error());
+        serve_reply_error(s, c, stream, SF_SERVE_E_MALFORMED, "%s", sf_last_error());
         return;
     }
     serve_stream *st;
@@ -430,7 +284,7 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
     case SF_SERVE_FLUSH:
         if (!(st = owned_stream(s, c, &m))) break;
         if (st->n_flush == SERVE_MAX_FLUSHES) {
-            send_error(s, c, m.stream, SF_SERVE_E_LIMIT, "FLUSH: stream %llu has %d flushes pending already",
+            serve_reply_error(s, c, m.stream, SF_SERVE_E_LIMIT, "FLUSH: stream %llu has %d flushes pending already",
                        (unsigned long long)m.stream, SERVE_MAX_FLUSHES);
             break;
         }
@@ -455,9 +309,9 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
             serve_drop_acked(st, m.b);
         }
         break;
-    case SF_SERVE_PING: send_simple(s, c, SF_SERVE_PONG, m.stream, m.a, 0); break;
+    case SF_SERVE_PING: serve_reply_simple(s, c, SF_SERVE_PONG, m.stream, m.a, 0); break;
     default:
-        send_error(s, c, m.stream, SF_SERVE_E_TYPE, "a client does not send %s (type %d)", sf_serve_type_name(m.type), m.type);
+        serve_reply_error(s, c, m.stream, SF_SERVE_E_TYPE, "a client does not send %s (type %d)", sf_serve_type_name(m.type), m.type);
     }
 }
 
@@ -496,14 +350,14 @@ static void on_router(sf_serve *s, int budget)
             c->gone = 0;
             if (frames > 1) {
                 s->messages_in++;
-                send_error(s, c, 0, SF_SERVE_E_MALFORMED, "a message is one frame, not %d", frames + 1);
+                serve_reply_error(s, c, 0, SF_SERVE_E_MALFORMED, "a message is one frame, not %d", frames + 1);
             } else {
                 on_message(s, c, zmq_msg_data(&body), zmq_msg_size(&body));
             }
         } else if (ok && id_len <= SERVE_MAX_ID) { /* no room for another client: say so, keep nothing */
             serve_client tmp = {.id_len = id_len, .version = SF_SERVE_VERSION};
             memcpy(tmp.id, zmq_msg_data(&id), id_len);
-            send_error(s, &tmp, 0, SF_SERVE_E_LIMIT, "the server has its maximum of %u clients", s->o.max_clients);
+            serve_reply_error(s, &tmp, 0, SF_SERVE_E_LIMIT, "the server has its maximum of %u clients", s->o.max_clients);
         }
         zmq_msg_close(&body);
         zmq_msg_close(&id);
@@ -516,9 +370,9 @@ static int fail(sf_serve *s, int rc)
 {
     snprintf(s->failure, sizeof s->failure, "%s", sf_last_error());
     s->failed = rc;
-    logf_(s, "the pipeline failed: %s", s->failure);
+    serve_log(s, "the pipeline failed: %s", s->failure);
     for (uint32_t i = 0; i < s->n_clients; i++)
-        if (s->clients[i]->n_streams) send_error(s, s->clients[i], 0, SF_SERVE_E_INTERNAL, "the pipeline failed: %s", s->failure);
+        if (s->clients[i]->n_streams) serve_reply_error(s, s->clients[i], 0, SF_SERVE_E_INTERNAL, "the pipeline failed: %s", s->failure);
     return rc;
 }
 
@@ -568,11 +422,11 @@ static int dispatch(sf_serve *s, double t0)
             continue;
         }
         if (rows) { /* its CRC on the checksum thread while the loop goes on */
-            rc = make_pending(s, st->owner, p, rows, rows_len, t0);
+            rc = serve_reply_defer(s, st->owner, p, rows, rows_len, t0);
             p = NULL; /* the pending reply's now */
             if (rc != SF_OK) return fail(s, rc);
         } else {
-            send_rows(s, st->owner, NULL, NULL, NULL, 0);
+            serve_reply_rows(s, st->owner, NULL, NULL, NULL, 0);
             if (t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - t0);
         }
         s->handover_sum += sf_monotonic_seconds() - t_handover;
@@ -597,7 +451,7 @@ static int can_step(const sf_serve *s, const serve_stream *st)
  * that does not read holds at most its share while the others go on). */
 static int has_room(const sf_serve *s, const serve_client *c)
 {
-    return !serve_send_full(s->send, pending_bytes(s, NULL)) && serve_flow_bytes(c->flow) + pending_bytes(s, c) < s->send_share;
+    return !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL)) && serve_flow_bytes(c->flow) + serve_reply_pending_bytes(s, c) < s->send_share;
 }
 
 /* Whether a stream has a step to take once the budget has room (or rows to send again). */
@@ -613,7 +467,7 @@ static void update_share(sf_serve *s)
 {
     uint32_t sharing = 0;
     for (uint32_t i = 0; i < s->n_clients; i++)
-        s->clients[i]->sharing = serve_flow_bytes(s->clients[i]->flow) + pending_bytes(s, s->clients[i]) > 0;
+        s->clients[i]->sharing = serve_flow_bytes(s->clients[i]->flow) + serve_reply_pending_bytes(s, s->clients[i]) > 0;
     for (uint32_t i = 0; i < s->n_streams; i++)
         if (s->streams[i]->owner && wants_step(s, s->streams[i])) s->streams[i]->owner->sharing = 1;
     for (uint32_t i = 0; i < s->n_clients; i++) sharing += (uint32_t)s->clients[i]->sharing;
@@ -624,11 +478,11 @@ static void update_share(sf_serve *s)
  * budget has room; each costs its credit (the credit may go below 0). */
 static void resend_kept(sf_serve *s)
 {
-    for (uint32_t i = 0; i < s->n_streams && !serve_send_full(s->send, pending_bytes(s, NULL)); i++) {
+    for (uint32_t i = 0; i < s->n_streams && !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL)); i++) {
         serve_stream *st = s->streams[i];
         if (!st->owner || st->owner->gone) continue;
         while (st->unsent > 0 && !st->owner->gone && has_room(s, st->owner)) {
-            send_rows(s, st->owner, &st->kept[st->n_kept - st->unsent], NULL, NULL, 0);
+            serve_reply_rows(s, st->owner, &st->kept[st->n_kept - st->unsent], NULL, NULL, 0);
             st->unsent--;
             st->credit--;
             s->replies++;
@@ -672,7 +526,7 @@ static int step(sf_serve *s, serve_stream *st)
         if ((rc = sf_graph_end(s->graph, st->id)) != SF_OK) return fail(s, rc);
         s->graph_sum += sf_monotonic_seconds() - t_graph;
         if ((rc = dispatch(s, 0)) != SF_OK) return rc;
-        send_simple(s, st->owner, SF_SERVE_CLOSED, st->id, st->fed, 0);
+        serve_reply_simple(s, st->owner, SF_SERVE_CLOSED, st->id, st->fed, 0);
         s->streams_closed++;
         remove_stream(s, st);
         return 1;
@@ -707,7 +561,7 @@ static int expire(sf_serve *s, double now)
             s->streams_expired++;
             ended++;
         }
-        if (ended) logf_(s, "a client idle for %.1f s: its %d stream(s) ended and freed", now - c->last_active, ended);
+        if (ended) serve_log(s, "a client idle for %.1f s: its %d stream(s) ended and freed", now - c->last_active, ended);
         remove_client(s, c);
     }
     /* streams restored from a checkpoint that no client resumed within the timeout */
@@ -721,7 +575,7 @@ static int expire(sf_serve *s, double now)
         int rc = st->fed ? sf_graph_end(s->graph, st->id) : SF_OK;
         if (rc == SF_OK) rc = dispatch(s, 0);
         if (rc != SF_OK) return rc == s->failed ? rc : fail(s, rc);
-        logf_(s, "stream %llu, restored from a checkpoint, was not resumed within %.1f s: ended and freed",
+        serve_log(s, "stream %llu, restored from a checkpoint, was not resumed within %.1f s: ended and freed",
               (unsigned long long)st->id, s->o.idle_timeout);
         remove_stream(s, st);
         s->streams_expired++;
@@ -748,7 +602,7 @@ static int checkpoint_start(sf_serve *s)
     s->ckpt_pause_sum += t1 - t0;
     if (rc != SF_OK) {
         s->ckpt_last = t1;
-        logf_(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
+        serve_log(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
               (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
         return SF_OK;
     }
@@ -765,7 +619,7 @@ static void checkpoint_collect(sf_serve *s)
     if (rc == 0) return;
     s->ckpt_last = sf_monotonic_seconds();
     if (rc < 0) {
-        logf_(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
+        serve_log(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
               (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
         s->ckpt_dirty = 1;
         return;
@@ -773,7 +627,7 @@ static void checkpoint_collect(sf_serve *s)
     for (uint32_t i = 0; i < s->n_streams; i++) {
         serve_stream *st = s->streams[i];
         if (!st->resumable || !st->owner || st->owner->version < 2 || st->durable == st->durable_told) continue;
-        send_simple(s, st->owner, SF_SERVE_DURABLE, st->id, st->durable, 0);
+        serve_reply_simple(s, st->owner, SF_SERVE_DURABLE, st->id, st->durable, 0);
         st->durable_told = st->durable;
     }
 }
@@ -950,7 +804,7 @@ int sf_serve_run(sf_serve *s)
                                    {NULL, serve_ckpt_wake_fd(s), ZMQ_POLLIN, 0}, {s->http, 0, ZMQ_POLLIN, 0}};
         int n_items = s->writer ? 4 : 3;
         if (s->http) items[n_items++] = items[4];
-        if (!busy) send_pending(s); /* nothing to overlap it with */
+        if (!busy) serve_reply_flush(s); /* nothing to overlap it with */
         int n = zmq_poll(items, n_items, busy ? 0 : 100);
         if (n < 0 && errno != EINTR) return sf_error(SF_E_IO, "serve: poll: %s", zmq_strerror(errno));
         if (n > 0 && (items[2].revents & ZMQ_POLLIN)) serve_send_arm(s->send, 0);
@@ -963,7 +817,7 @@ int sf_serve_run(sf_serve *s)
          * that no stream waits behind another's backlog; a round cut short by the send budget
          * goes on from the first stream it did not reach */
         uint32_t count = s->n_streams, k = 0;
-        for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send, pending_bytes(s, NULL)); k++) {
+        for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL)); k++) {
             uint32_t i = (cursor + k) % s->n_streams;
             int rc = step(s, s->streams[i]);
             if (rc < 0) break;
@@ -978,7 +832,7 @@ int sf_serve_run(sf_serve *s)
         if (s->writer && s->ckpt_dirty && !s->failed && now - s->ckpt_last >= s->o.checkpoint_every && !serve_ckpt_busy(s))
             checkpoint_start(s);
     }
-    send_pending(s);
+    serve_reply_flush(s);
     /* stopped: the write in flight lands, then a last checkpoint, so that a restart resumes
      * every stream where it stands */
     if (s->writer) {

@@ -1,7 +1,8 @@
 /* The server's state, shared by pipeline/serve.c (clients, streams, the graph loop),
  * pipeline/serve_checkpoint.c (the checkpoints streams resume from), pipeline/serve_http.c
- * (/health, /metrics, the counters) and pipeline/serve_send.c (replies without a copy, the send
- * budget). Internal: only those files include it. */
+ * (/health, /metrics, the counters), pipeline/serve_reply.c (the replies, in order),
+ * pipeline/serve_send.c (replies without a copy, the send budget) and pipeline/serve_crc.c (the
+ * checksum thread). Internal: only those files include it. */
 #ifndef SEQFLOW_PIPELINE_SERVE_INTERNAL_H
 #define SEQFLOW_PIPELINE_SERVE_INTERNAL_H
 
@@ -142,6 +143,26 @@ struct sf_serve {
 
 /* serve.c */
 void serve_stream_free(serve_stream *st);
+
+/* serve_reply.c: the replies (the loop's thread). */
+void serve_log(sf_serve *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One message to c in c's version (its byte 4 set); a client no longer connected is marked gone. */
+void serve_reply(sf_serve *s, serve_client *c, uint8_t *msg, size_t len);
+void serve_reply_simple(sf_serve *s, serve_client *c, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b);
+void serve_reply_error(sf_serve *s, serve_client *c, uint64_t stream, sf_serve_error code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* A ROWS to c without a copy: a kept copy (kept), s->out whole, or s->out's head followed by
+ * packet's rows (the packet goes with it, sent or not). */
+void serve_reply_rows(sf_serve *s, serve_client *c, const serve_kept *kept, sf_packet *packet, const void *rows,
+                      size_t rows_len);
+/* Makes s->out's head and packet's rows the pending reply of c, its CRC started on the checksum
+ * thread (the one pending before it is sent first); the packet goes with it. SF_OK or
+ * SF_E_NOMEM (the packet freed). */
+int serve_reply_defer(sf_serve *s, serve_client *c, sf_packet *p, const void *rows, size_t rows_len, double t0);
+/* Sends the pending reply, if any, once its CRC is there. */
+void serve_reply_flush(sf_serve *s);
+/* The pending reply's bytes (to c, or to anyone for NULL). */
+uint64_t serve_reply_pending_bytes(const sf_serve *s, const serve_client *c);
 
 /* serve_checkpoint.c */
 /* Locks dir (created when missing), loads its newest valid checkpoint (each damaged newer one
