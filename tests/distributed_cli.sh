@@ -90,6 +90,20 @@ rank_pid() {
 }
 
 now() { date +%s.%N; }
+# sized_input FILE BYTES: BYTES random bytes in FILE, doubled (at most 5 times) until one
+# process takes them in at least 0.8 s here: a job killed after its first checkpoint must still
+# be running then, and on a machine of many fast cores a fixed size ended first
+sized_input() {
+    local file=$1 bytes=$2 n=0 t0 t
+    while :; do
+        head -c "$bytes" /dev/urandom > "$file"
+        t0=$(now)
+        "$bin" run $model -i "$file" --sink-format null "$plain" > /dev/null || fail "seqflow run of $file"
+        t=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+        awk -v t="$t" 'BEGIN { exit !(t < 0.8) }' && [ $n -lt 5 ] || break
+        bytes=$((bytes * 2)) n=$((n + 1))
+    done
+}
 # start_job N LAUNCH_OPTIONS -- WORKER_OPTIONS: a checkpointed job of N ranks in the background
 # ($lp, its stderr in err.txt), returning once its first checkpoint is written (the data has
 # crossed every rank)
@@ -299,7 +313,7 @@ connect)
     done
     ;;
 rejoin)
-    head -c 40000 /dev/urandom > in.bin
+    sized_input in.bin 40000
     split -n 2 -d in.bin half
     two="-i half00 -i half01"
     "$bin" run $model $two -o ref.raw "$plain" || fail "reference"
@@ -383,7 +397,7 @@ heads)
     echo "ok: a failing following head rank ends the job, named"
     # kill -9 of a following rank mid-stream: named within the heartbeat timeout (1500 ms); the
     # checkpoints hold every head rank's state, and --resume gives the uninterrupted bytes
-    head -c 12000 /dev/urandom > long.bin
+    sized_input long.bin 12000
     split -n 2 -d long.bin half
     two="-i half00 -i half01"
     for case in "2 1 $both" "3 2 $beside"; do
