@@ -426,7 +426,7 @@ static int dispatch(sf_serve *s, double t0)
             p = NULL; /* the pending reply's now */
             if (rc != SF_OK) return fail(s, rc);
         } else {
-            serve_reply_rows(s, st->owner, NULL, NULL, NULL, 0);
+            serve_reply_rows(s, st->owner, NULL);
             if (t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - t0);
         }
         s->handover_sum += sf_monotonic_seconds() - t_handover;
@@ -482,7 +482,7 @@ static void resend_kept(sf_serve *s)
         serve_stream *st = s->streams[i];
         if (!st->owner || st->owner->gone) continue;
         while (st->unsent > 0 && !st->owner->gone && has_room(s, st->owner)) {
-            serve_reply_rows(s, st->owner, &st->kept[st->n_kept - st->unsent], NULL, NULL, 0);
+            serve_reply_rows(s, st->owner, &st->kept[st->n_kept - st->unsent]);
             st->unsent--;
             st->credit--;
             s->replies++;

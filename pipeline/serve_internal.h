@@ -151,10 +151,8 @@ void serve_reply(sf_serve *s, serve_client *c, uint8_t *msg, size_t len);
 void serve_reply_simple(sf_serve *s, serve_client *c, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b);
 void serve_reply_error(sf_serve *s, serve_client *c, uint64_t stream, sf_serve_error code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/* A ROWS to c without a copy: a kept copy (kept), s->out whole, or s->out's head followed by
- * packet's rows (the packet goes with it, sent or not). */
-void serve_reply_rows(sf_serve *s, serve_client *c, const serve_kept *kept, sf_packet *packet, const void *rows,
-                      size_t rows_len);
+/* A ROWS to c without a copy: a kept copy (kept), or s->out whole. */
+void serve_reply_rows(sf_serve *s, serve_client *c, const serve_kept *kept);
 /* Makes s->out's head and packet's rows the pending reply of c, its CRC started on the checksum
  * thread (the one pending before it is sent first); the packet goes with it. SF_OK or
  * SF_E_NOMEM (the packet freed). */

@@ -33,8 +33,9 @@ void serve_reply(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
     msg[4] = (uint8_t)c->version;
     if (zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s->router, msg, len, ZMQ_DONTWAIT) < 0) {
-        if (!c->gone) serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle",
-                            zmq_strerror(errno), s->o.idle_timeout);
+        if (!c->gone)
+            serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
+                      s->o.idle_timeout);
         c->gone = 1;
         return;
     }
@@ -42,34 +43,24 @@ void serve_reply(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
 }
 
 /* A ROWS to a client, without a copy into ZeroMQ and counted under the send budget
- * (serve_send.c): a kept copy when kept is given; else s->out, whole, or (packet given) its
- * head followed by the packet's rows, which go with the message (the packet is ZeroMQ's then,
- * sent or not). s->out is left empty or with a pooled buffer. */
-void serve_reply_rows(sf_serve *s, serve_client *c, const serve_kept *kept, sf_packet *packet, const void *rows,
-                      size_t rows_len)
+ * (serve_send.c): a kept copy when kept is given, else s->out, which is left empty or with a
+ * pooled buffer. */
+void serve_reply_rows(sf_serve *s, serve_client *c, const serve_kept *kept)
 {
     serve_reply_flush(s);
-    if (!c || c->gone) {
-        sf_packet_free(packet);
-        return;
-    }
+    if (!c || c->gone) return;
     const size_t frame = c->version >= 3 ? (size_t)s->o.frame_bytes : 0; /* older clients: one frame */
     int rc;
     if (kept) {
         rc = serve_send_copy(s->router, s->send, c->flow, c->id, c->id_len, kept->msg, kept->len, c->version, frame,
                              ZMQ_DONTWAIT);
-    } else if (packet) {
-        s->out.data[4] = (uint8_t)c->version;
-        rc = serve_send_packet(s->router, s->send, c->flow, c->id, c->id_len, s->out.data, s->out.len, packet, rows,
-                               rows_len, frame, ZMQ_DONTWAIT);
-        s->out.len = 0;
     } else {
         s->out.data[4] = (uint8_t)c->version;
         rc = serve_send_owned(s->router, s->send, c->flow, c->id, c->id_len, &s->out, frame, ZMQ_DONTWAIT);
     }
     if (rc < 0) {
         serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
-              s->o.idle_timeout);
+                  s->o.idle_timeout);
         c->gone = 1;
         return;
     }
