@@ -136,8 +136,7 @@ int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_byt
  * on up to `threads` threads (sf_crc32c_parallel); threads 0 leaves it 0, for the caller to set
  * with sf_frame_header_set_payload_crc before the frame goes anywhere. SF_E_INVAL for a desc of
  * any other codec or quantization, or an inconsistent one; out unchanged then. */
-int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t data_bytes, int threads,
-                           sf_buffer *out);
+int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t data_bytes, int threads, sf_buffer *out);
 /* Sets the payload CRC of an encoded frame header (SF_FRAME_HEADER_SIZE bytes) and seals the
  * header again (its own CRC). */
 void sf_frame_header_set_payload_crc(uint8_t *header, uint32_t crc);

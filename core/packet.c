@@ -18,7 +18,7 @@
  * (milliseconds) and, once the cache is full, a page-locked free. */
 #define CACHE_MIN_FLOATS ((size_t)1 << 18) /* 1 MiB */
 #define CACHE_MAX_FLOATS ((size_t)1 << 26) /* 256 MiB: larger buffers go back to their allocator */
-#define CACHE_MAX_TOTAL ((size_t)3 << 27) /* 1.5 GiB */
+#define CACHE_MAX_TOTAL ((size_t)3 << 27)  /* 1.5 GiB */
 #define CACHE_SLOTS 48
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static float *cache_x[CACHE_SLOTS];

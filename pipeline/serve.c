@@ -91,7 +91,8 @@ static serve_stream *owned_stream(sf_serve *s, serve_client *c, const sf_serve_m
     serve_stream *st = find_stream(s, m->stream);
     if (!st || st->owner != c || st->closing) {
         serve_reply_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "%s: stream %llu is not open for this client%s",
-                   sf_serve_type_name(m->type), (unsigned long long)m->stream, st && st->closing ? " (closing)" : "");
+                          sf_serve_type_name(m->type), (unsigned long long)m->stream,
+                          st && st->closing ? " (closing)" : "");
         return NULL;
     }
     return st;
@@ -101,17 +102,20 @@ static void on_open(sf_serve *s, serve_client *c, const sf_serve_msg *m)
 {
     serve_stream *st = find_stream(s, m->stream);
     if (st && st->owner != c) {
-        serve_reply_error(s, c, m->stream, SF_SERVE_E_BUSY, "OPEN: stream %llu is open for another client%s", (unsigned long long)m->stream,
-                   st->owner ? "" : " (restored from a checkpoint, it awaits its client's RESUME)");
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_BUSY, "OPEN: stream %llu is open for another client%s",
+                          (unsigned long long)m->stream,
+                          st->owner ? "" : " (restored from a checkpoint, it awaits its client's RESUME)");
         return;
     }
     if (st && st->closing) {
-        serve_reply_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "OPEN: stream %llu is closing", (unsigned long long)m->stream);
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_NOT_OPEN, "OPEN: stream %llu is closing",
+                          (unsigned long long)m->stream);
         return;
     }
     if (!st) {
         if (s->n_streams >= s->o.max_streams) {
-            serve_reply_error(s, c, m->stream, SF_SERVE_E_LIMIT, "OPEN: the server holds its maximum of %u streams", s->o.max_streams);
+            serve_reply_error(s, c, m->stream, SF_SERVE_E_LIMIT, "OPEN: the server holds its maximum of %u streams",
+                              s->o.max_streams);
             return;
         }
         st = calloc(1, sizeof *st);
@@ -141,21 +145,24 @@ static void on_resume(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     serve_stream *st = find_stream(s, m->stream);
     unsigned long long id = (unsigned long long)m->stream;
     if (!s->ckpt_dir) {
-        serve_reply_error(s, c, m->stream, SF_SERVE_E_UNKNOWN, "RESUME: this server keeps no checkpoints (started without --checkpoint)");
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_UNKNOWN,
+                          "RESUME: this server keeps no checkpoints (started without --checkpoint)");
         return;
     }
     if (!st || !st->resumable) {
-        serve_reply_error(s, c, m->stream, SF_SERVE_E_UNKNOWN,
-                   "RESUME: the server holds no state of stream %llu (%s)", id,
-                   st ? "opened with protocol version 1" : "never opened, closed, expired, or opened after the last checkpoint");
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_UNKNOWN, "RESUME: the server holds no state of stream %llu (%s)",
+                          id,
+                          st ? "opened with protocol version 1"
+                             : "never opened, closed, expired, or opened after the last checkpoint");
         return;
     }
     /* the rows it can send again start at the oldest kept one, else at the next to compute */
     uint64_t first = st->n_kept ? st->kept[0].pos : st->rows_sent;
     if (m->b < first || m->b < st->acked) {
-        serve_reply_error(s, c, m->stream, SF_SERVE_E_GAP,
-                   "RESUME: stream %llu's rows before %llu were acknowledged and are no longer held; the client has %llu", id,
-                   (unsigned long long)(first > st->acked ? first : st->acked), (unsigned long long)m->b);
+        serve_reply_error(
+            s, c, m->stream, SF_SERVE_E_GAP,
+            "RESUME: stream %llu's rows before %llu were acknowledged and are no longer held; the client has %llu", id,
+            (unsigned long long)(first > st->acked ? first : st->acked), (unsigned long long)m->b);
         return;
     }
     if (st->owner != c) {
@@ -177,7 +184,7 @@ static void on_resume(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     st->durable_told = st->durable;
     st->unsent = st->n_kept; /* sent again as the send budget lets them go (resend_kept) */
     serve_log(s, "stream %llu resumed at position %llu (the client has %llu rows; %d kept to send again)", id,
-          (unsigned long long)st->next_pos, (unsigned long long)m->b, st->n_kept);
+              (unsigned long long)st->next_pos, (unsigned long long)m->b, st->n_kept);
 }
 
 /* Remembers when the tokens up to `end` arrived (for the push-to-reply latency); when the
@@ -217,15 +224,16 @@ static void on_push(sf_serve *s, serve_client *c, const sf_serve_msg *m)
     serve_stream *st = owned_stream(s, c, m);
     if (!st) return;
     if (m->a != st->next_pos) {
-        serve_reply_error(s, c, m->stream, SF_SERVE_E_POSITION, "PUSH at position %llu: stream %llu takes position %llu next",
-                   (unsigned long long)m->a, (unsigned long long)m->stream, (unsigned long long)st->next_pos);
+        serve_reply_error(s, c, m->stream, SF_SERVE_E_POSITION,
+                          "PUSH at position %llu: stream %llu takes position %llu next", (unsigned long long)m->a,
+                          (unsigned long long)m->stream, (unsigned long long)st->next_pos);
         return;
     }
     size_t n = (size_t)m->b; /* decode bounded it by the window */
     if (st->tok_len + n > s->o.window) {
         serve_reply_error(s, c, m->stream, SF_SERVE_E_WINDOW,
-                   "PUSH of %zu tokens: stream %llu holds %zu not yet computed, its window is %u", n,
-                   (unsigned long long)m->stream, st->tok_len, s->o.window);
+                          "PUSH of %zu tokens: stream %llu holds %zu not yet computed, its window is %u", n,
+                          (unsigned long long)m->stream, st->tok_len, s->o.window);
         return;
     }
     const uint8_t *p = m->payload;
@@ -233,8 +241,9 @@ static void on_push(sf_serve *s, serve_client *c, const sf_serve_msg *m)
         uint32_t t = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
                      (uint32_t)p[4 * i + 3] << 24;
         if (t >= (uint32_t)s->vocab) {
-            serve_reply_error(s, c, m->stream, SF_SERVE_E_TOKEN, "PUSH: token %u at position %llu is outside the vocabulary (%d ids)",
-                       t, (unsigned long long)(m->a + i), s->vocab);
+            serve_reply_error(s, c, m->stream, SF_SERVE_E_TOKEN,
+                              "PUSH: token %u at position %llu is outside the vocabulary (%d ids)", t,
+                              (unsigned long long)(m->a + i), s->vocab);
             return;
         }
     }
@@ -285,7 +294,7 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
         if (!(st = owned_stream(s, c, &m))) break;
         if (st->n_flush == SERVE_MAX_FLUSHES) {
             serve_reply_error(s, c, m.stream, SF_SERVE_E_LIMIT, "FLUSH: stream %llu has %d flushes pending already",
-                       (unsigned long long)m.stream, SERVE_MAX_FLUSHES);
+                              (unsigned long long)m.stream, SERVE_MAX_FLUSHES);
             break;
         }
         st->flush_at[st->n_flush] = st->next_pos;
@@ -311,7 +320,8 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
         break;
     case SF_SERVE_PING: serve_reply_simple(s, c, SF_SERVE_PONG, m.stream, m.a, 0); break;
     default:
-        serve_reply_error(s, c, m.stream, SF_SERVE_E_TYPE, "a client does not send %s (type %d)", sf_serve_type_name(m.type), m.type);
+        serve_reply_error(s, c, m.stream, SF_SERVE_E_TYPE, "a client does not send %s (type %d)",
+                          sf_serve_type_name(m.type), m.type);
     }
 }
 
@@ -357,7 +367,8 @@ static void on_router(sf_serve *s, int budget)
         } else if (ok && id_len <= SERVE_MAX_ID) { /* no room for another client: say so, keep nothing */
             serve_client tmp = {.id_len = id_len, .version = SF_SERVE_VERSION};
             memcpy(tmp.id, zmq_msg_data(&id), id_len);
-            serve_reply_error(s, &tmp, 0, SF_SERVE_E_LIMIT, "the server has its maximum of %u clients", s->o.max_clients);
+            serve_reply_error(s, &tmp, 0, SF_SERVE_E_LIMIT, "the server has its maximum of %u clients",
+                              s->o.max_clients);
         }
         zmq_msg_close(&body);
         zmq_msg_close(&id);
@@ -372,7 +383,8 @@ static int fail(sf_serve *s, int rc)
     s->failed = rc;
     serve_log(s, "the pipeline failed: %s", s->failure);
     for (uint32_t i = 0; i < s->n_clients; i++)
-        if (s->clients[i]->n_streams) serve_reply_error(s, s->clients[i], 0, SF_SERVE_E_INTERNAL, "the pipeline failed: %s", s->failure);
+        if (s->clients[i]->n_streams)
+            serve_reply_error(s, s->clients[i], 0, SF_SERVE_E_INTERNAL, "the pipeline failed: %s", s->failure);
     return rc;
 }
 
@@ -431,8 +443,10 @@ static int dispatch(sf_serve *s, double t0)
         }
         s->handover_sum += sf_monotonic_seconds() - t_handover;
         st->credit--;
-        if (provisional) s->provisional_out += n; /* they come again */
-        else s->tokens_out += n;
+        if (provisional)
+            s->provisional_out += n; /* they come again */
+        else
+            s->tokens_out += n;
         s->replies++;
     }
     return SF_OK;
@@ -451,7 +465,8 @@ static int can_step(const sf_serve *s, const serve_stream *st)
  * that does not read holds at most its share while the others go on). */
 static int has_room(const sf_serve *s, const serve_client *c)
 {
-    return !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL)) && serve_flow_bytes(c->flow) + serve_reply_pending_bytes(s, c) < s->send_share;
+    return !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL)) &&
+           serve_flow_bytes(c->flow) + serve_reply_pending_bytes(s, c) < s->send_share;
 }
 
 /* Whether a stream has a step to take once the budget has room (or rows to send again). */
@@ -467,7 +482,8 @@ static void update_share(sf_serve *s)
 {
     uint32_t sharing = 0;
     for (uint32_t i = 0; i < s->n_clients; i++)
-        s->clients[i]->sharing = serve_flow_bytes(s->clients[i]->flow) + serve_reply_pending_bytes(s, s->clients[i]) > 0;
+        s->clients[i]->sharing =
+            serve_flow_bytes(s->clients[i]->flow) + serve_reply_pending_bytes(s, s->clients[i]) > 0;
     for (uint32_t i = 0; i < s->n_streams; i++)
         if (s->streams[i]->owner && wants_step(s, s->streams[i])) s->streams[i]->owner->sharing = 1;
     for (uint32_t i = 0; i < s->n_clients; i++) sharing += (uint32_t)s->clients[i]->sharing;
@@ -561,7 +577,8 @@ static int expire(sf_serve *s, double now)
             s->streams_expired++;
             ended++;
         }
-        if (ended) serve_log(s, "a client idle for %.1f s: its %d stream(s) ended and freed", now - c->last_active, ended);
+        if (ended)
+            serve_log(s, "a client idle for %.1f s: its %d stream(s) ended and freed", now - c->last_active, ended);
         remove_client(s, c);
     }
     /* streams restored from a checkpoint that no client resumed within the timeout */
@@ -576,7 +593,7 @@ static int expire(sf_serve *s, double now)
         if (rc == SF_OK) rc = dispatch(s, 0);
         if (rc != SF_OK) return rc == s->failed ? rc : fail(s, rc);
         serve_log(s, "stream %llu, restored from a checkpoint, was not resumed within %.1f s: ended and freed",
-              (unsigned long long)st->id, s->o.idle_timeout);
+                  (unsigned long long)st->id, s->o.idle_timeout);
         remove_stream(s, st);
         s->streams_expired++;
     }
@@ -603,7 +620,7 @@ static int checkpoint_start(sf_serve *s)
     if (rc != SF_OK) {
         s->ckpt_last = t1;
         serve_log(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
-              (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
+                  (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
         return SF_OK;
     }
     s->ckpt_dirty = 0;
@@ -620,7 +637,7 @@ static void checkpoint_collect(sf_serve *s)
     s->ckpt_last = sf_monotonic_seconds();
     if (rc < 0) {
         serve_log(s, "checkpoint %llu not written (%s); the streams stay durable up to checkpoint %llu",
-              (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
+                  (unsigned long long)s->ckpt_seq + 1, sf_last_error(), (unsigned long long)s->ckpt_seq);
         s->ckpt_dirty = 1;
         return;
     }
@@ -656,12 +673,14 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     if (!s->o.max_clients) s->o.max_clients = 4096;
     if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 1000;
     if (!s->o.send_budget) {
-        const uint64_t rows = (uint64_t)cfg->segment * (uint64_t)cfg->dim * sizeof(float) * SF_SERVE_SEND_BUDGET_SEGMENTS;
+        const uint64_t rows =
+            (uint64_t)cfg->segment * (uint64_t)cfg->dim * sizeof(float) * SF_SERVE_SEND_BUDGET_SEGMENTS;
         s->o.send_budget = rows > SF_SERVE_SEND_BUDGET_DEFAULT ? rows : SF_SERVE_SEND_BUDGET_DEFAULT;
     }
     if (!s->o.frame_bytes) s->o.frame_bytes = SF_SERVE_FRAME_BYTES_DEFAULT;
     if (s->o.io_threads <= 0) {
-        const long cores = sysconf(_SC_NPROCESSORS_ONLN), few = cores < 4 ? cores : 4, half = cores / 2 < 8 ? cores / 2 : 8;
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN), few = cores < 4 ? cores : 4,
+                   half = cores / 2 < 8 ? cores / 2 : 8;
         s->o.io_threads = few < 1 ? 1 : (int)(few > half ? few : half);
     }
     s->vocab = cfg->vocab;
@@ -817,7 +836,8 @@ int sf_serve_run(sf_serve *s)
          * that no stream waits behind another's backlog; a round cut short by the send budget
          * goes on from the first stream it did not reach */
         uint32_t count = s->n_streams, k = 0;
-        for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL)); k++) {
+        for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL));
+             k++) {
             uint32_t i = (cursor + k) % s->n_streams;
             int rc = step(s, s->streams[i]);
             if (rc < 0) break;

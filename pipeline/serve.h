@@ -51,8 +51,8 @@
 typedef struct sf_serve sf_serve;
 
 #define SF_SERVE_SEND_BUDGET_DEFAULT (256ull << 20) /* bytes, the least default */
-#define SF_SERVE_SEND_BUDGET_SEGMENTS 32 /* the default budget holds this many float32 segments */
-#define SF_SERVE_FRAME_BYTES_DEFAULT (1ull << 20) /* bytes */
+#define SF_SERVE_SEND_BUDGET_SEGMENTS 32            /* the default budget holds this many float32 segments */
+#define SF_SERVE_FRAME_BYTES_DEFAULT (1ull << 20)   /* bytes */
 
 typedef struct sf_serve_options {
     const char *bind;              /* the clients' endpoint, "tcp://HOST:PORT" or "ipc://PATH" */

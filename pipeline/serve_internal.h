@@ -104,11 +104,11 @@ struct sf_serve {
     struct {
         int active;
         struct serve_client *client;
-        sf_packet *packet;   /* ZeroMQ's once sent */
+        sf_packet *packet; /* ZeroMQ's once sent */
         const void *rows;
         size_t rows_len;
-        sf_buffer head;      /* the ROWS's head, its frame header last (the CRC goes there) */
-        double t0;           /* when the input that completed it arrived (0: not observed) */
+        sf_buffer head; /* the ROWS's head, its frame header last (the CRC goes there) */
+        double t0;      /* when the input that completed it arrived (0: not observed) */
     } pending;
     uint64_t send_share;  /* each client's share of the budget, this round */
     double send_wait_since; /* when the loop began waiting for the send budget (0: not waiting) */
@@ -221,8 +221,8 @@ void serve_send_take(serve_send *p, sf_buffer *out);
 int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, sf_buffer *out,
                      size_t frame, int flags);
 /* The same for a copy of data (the caller keeps data), its byte 4 (the protocol version) set. */
-int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, const uint8_t *data,
-                    size_t len, int version, size_t frame, int flags);
+int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len,
+                    const uint8_t *data, size_t len, int version, size_t frame, int flags);
 /* The same for a message of head (copied) followed by a packet's rows (rows, rows_len: inside
  * the packet), the rows in frames of at most frame bytes after a frame of the head: the packet
  * goes with the message and is freed when ZeroMQ has written or dropped it (on failure too). */

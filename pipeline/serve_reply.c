@@ -34,8 +34,8 @@ void serve_reply(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
     if (zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s->router, msg, len, ZMQ_DONTWAIT) < 0) {
         if (!c->gone)
-            serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
-                      s->o.idle_timeout);
+            serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle",
+                      zmq_strerror(errno), s->o.idle_timeout);
         c->gone = 1;
         return;
     }
@@ -82,7 +82,7 @@ void serve_reply_flush(sf_serve *s)
                                  s->pending.packet, s->pending.rows, s->pending.rows_len, (size_t)s->o.frame_bytes,
                                  ZMQ_DONTWAIT) < 0) {
         serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
-              s->o.idle_timeout);
+                  s->o.idle_timeout);
         c->gone = 1;
     } else {
         c->last_active = sf_monotonic_seconds();
@@ -142,4 +142,3 @@ void serve_reply_error(sf_serve *s, serve_client *c, uint64_t stream, sf_serve_e
     s->errors_sent++;
     serve_reply(s, c, msg, SF_SERVE_HEADER_SIZE + len);
 }
-

@@ -187,7 +187,7 @@ static int hand_over(void *socket, serve_send *p, const uint8_t *id, size_t id_l
         if (zmq_msg_init_data(&msgs[made], (void *)(data + at), size, written, o) != 0) break;
         made++;
     }
-    if (made < n) { /* out of memory: nothing is sent */
+    if (made < n) {                                         /* out of memory: nothing is sent */
         for (size_t i = made; i < n; i++) written(NULL, o); /* the frames never made */
         for (size_t i = 0; i < made; i++) zmq_msg_close(&msgs[i]);
         if (msgs != &one) free(msgs);
@@ -208,8 +208,10 @@ static int hand_over(void *socket, serve_send *p, const uint8_t *id, size_t id_l
 static owned *owned_new(serve_flow *flow)
 {
     owned *o = calloc(1, sizeof *o);
-    if (!o) errno = ENOMEM;
-    else o->flow = flow;
+    if (!o)
+        errno = ENOMEM;
+    else
+        o->flow = flow;
     return o;
 }
 
@@ -227,8 +229,8 @@ int serve_send_owned(void *socket, serve_send *p, serve_flow *flow, const uint8_
     return rc;
 }
 
-int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len, const uint8_t *data,
-                    size_t len, int version, size_t frame, int flags)
+int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len,
+                    const uint8_t *data, size_t len, int version, size_t frame, int flags)
 {
     owned *o = owned_new(flow);
     if (!o) return -1;
