@@ -367,6 +367,9 @@ int main(int argc, char **argv)
     FILE *e = fopen(serve_err, "r");
     char line[512];
     while (e && fgets(line, sizeof line, e)) {
+        /* the server's push-mode profile, when SEQFLOW_PROFILE=1 asked for one (docs/CUDA.md) */
+        if (strstr(line, "seqflow profile") || strncmp(line, "  stage ", 8) == 0 || strstr(line, "device rows to host"))
+            printf("server profile: %s", line);
         const char *w = strstr(line, "checkpoint(s) written in ");
         if (w) ckpt_s = strtod(w + strlen("checkpoint(s) written in "), NULL);
         const char *q = strstr(line, "the loop paused ");
