@@ -18,8 +18,8 @@
  * client speaks protocol version 2 either way and acknowledges the rows it has with each CREDIT.
  * It starts `PATH serve --bind ipc://... --plaintext` (with the options after --), connects C
  * DEALER sockets (default min(N, 64); the N streams are spread over them) on one ZeroMQ context
- * of --client-io-threads I/O threads (default: the online cores, at most 4, as the server's:
- * the C clients stand for as many client processes), speaks protocol version 3 (a ROWS may come
+ * of --client-io-threads I/O threads (default: the server's, the larger of min(4, cores) and
+ * min(8, cores / 2): the C clients stand for as many client processes), speaks protocol version 3 (a ROWS may come
  * in frames of --frame-bytes; `--protocol 2` stands for an older client, which the server
  * answers with each ROWS encoded whole into one frame) and measures:
  *  - throughput: every stream opens, pushes S segments of random byte tokens (one PUSH per
@@ -243,9 +243,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < 200 && access(sock_path, F_OK) != 0; i++) usleep(20000);
 
     void *ctx = zmq_ctx_new();
-    if (client_io <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        client_io = cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;
+    if (client_io <= 0) { /* the server's default (`seqflow serve --io-threads`) */
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN), few = cores < 4 ? cores : 4, half = cores / 2 < 8 ? cores / 2 : 8;
+        client_io = few < 1 ? 1 : (int)(few > half ? few : half);
     }
     if (zmq_ctx_set(ctx, ZMQ_IO_THREADS, client_io) != 0) return 1;
     void **socks = calloc((size_t)nclients, sizeof *socks);

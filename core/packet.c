@@ -156,20 +156,47 @@ int sf_packet_reserve(sf_packet *p, size_t cap_tokens, size_t cap_x)
     return SF_OK;
 }
 
-static void release_device_rows(sf_packet *p)
+/* Waits for a copy under way (its result), then returns dev to its pool. */
+static int release_device_rows(sf_packet *p)
 {
+    int rc = SF_OK;
+    if (p->dev_ticket) rc = p->dev_ops->download_wait(p->dev_pool, p->dev_ticket);
+    p->dev_ticket = NULL;
     if (p->dev && p->dev_ops) p->dev_ops->release(p->dev_pool, p->dev);
     p->dev = NULL, p->dev_ops = NULL, p->dev_pool = NULL;
+    return rc;
 }
 
 int sf_packet_to_host(sf_packet *p)
 {
     if (!p || !p->dev) return SF_OK;
+    if (p->dev_ticket) return release_device_rows(p); /* the copy began: its end */
     size_t count = p->n * p->width;
     int rc = sf_packet_reserve(p, 0, count);
     if (rc == SF_OK && count) rc = p->dev_ops->download(p->dev_pool, p->x, p->dev, count * sizeof(float));
     release_device_rows(p);
     return rc;
+}
+
+int sf_packet_to_host_start(sf_packet *p)
+{
+    if (!p || !p->dev || p->dev_ticket) return SF_OK;
+    const size_t count = p->n * p->width;
+    if (!count || !p->dev_ops->download_start) return sf_packet_to_host(p);
+    int rc = sf_packet_reserve(p, 0, count);
+    if (rc != SF_OK) {
+        release_device_rows(p);
+        return rc;
+    }
+    void *ticket = NULL;
+    rc = p->dev_ops->download_start(p->dev_pool, p->x, p->dev, count * sizeof(float), &ticket);
+    if (rc == SF_E_UNSUPPORTED) return sf_packet_to_host(p);
+    if (rc != SF_OK) {
+        release_device_rows(p);
+        return rc;
+    }
+    p->dev_ticket = ticket;
+    return SF_OK;
 }
 
 static atomic_int check_finite_mode = SF_CHECK_FINITE_ON;

@@ -351,6 +351,15 @@ int sf_be_check_rows_begin(sf_backend *be, const void *rows, sf_dtype type, size
     return rc;
 }
 
+int sf_be_download_start(sf_backend *be, void *host_dst, const void *src, size_t bytes, void **ticket)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (!e || !e->download_start || !e->download_wait) return SF_E_UNSUPPORTED;
+    return e->download_start(be, host_dst, src, bytes, ticket);
+}
+
+int sf_be_download_wait(sf_backend *be, void *ticket) { return ext_of(be)->download_wait(be, ticket); }
+
 int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host)
 {
     *scan_host = chk->state == 2;

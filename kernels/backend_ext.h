@@ -104,6 +104,15 @@ typedef struct sf_backend_ext {
      * plans, library kernels and buffers are ready before the first segment arrives), 0 when
      * not (setting warmup=0), or a negative SF_E_* code. NULL: 0. */
     int (*warmup)(sf_backend *be);
+
+    /* ---- transfers ----
+     * download_start: begins copying bytes of src (backend memory) into host_dst after
+     * everything issued so far, and returns at once with a ticket; download_wait(ticket) waits
+     * for the copy. SF_E_UNSUPPORTED (sf_last_error untouched) where it cannot now (host_dst
+     * not page-locked, no free transfer slot): the caller downloads the usual way. Waits may
+     * come from another thread. NULL: never. */
+    int (*download_start)(sf_backend *be, void *host_dst, const void *src, size_t bytes, void **ticket);
+    int (*download_wait)(sf_backend *be, void *ticket);
 } sf_backend_ext;
 
 /* ---- what stages call (kernels/backend.c) ------------------------------------------------ */
@@ -157,6 +166,9 @@ typedef struct sf_rows_check {
     int ticket;
 } sf_rows_check;
 int sf_be_check_rows_begin(sf_backend *be, const void *rows, sf_dtype type, size_t count, sf_rows_check *chk);
+/* download_start and download_wait where the backend has them: SF_E_UNSUPPORTED otherwise. */
+int sf_be_download_start(sf_backend *be, void *host_dst, const void *src, size_t bytes, void **ticket);
+int sf_be_download_wait(sf_backend *be, void *ticket);
 int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host);
 /* Whether stages keep rows in backend memory between them: never on the CPU (host memory is
  * backend memory there), else the backend's device_rows, else yes. */

@@ -245,6 +245,11 @@ uint64_t sf_stage_checkpoint_every(const sf_stage *st)
     return st->graph->checkpoint && !st->graph->push_mode ? st->graph->checkpoint->opts.every : 0;
 }
 int sf_stage_resuming(const sf_stage *st) { return st->graph->checkpoint && st->graph->checkpoint->resuming; }
+int sf_stage_outputs_on_device(const sf_stage *st)
+{
+    return st->graph->device_outputs && st->graph->push_mode && st->index == st->graph->n_stages - 1;
+}
+void sf_graph_set_device_outputs(sf_graph *g, int on) { g->device_outputs = on; }
 sf_head_procs *sf_stage_head_procs(const sf_stage *st) { return st->heads; }
 
 void sf_graph_count_output(sf_graph *g, const sf_packet *p)
@@ -276,10 +281,13 @@ static int fifo_push(sf_packet_fifo *f, sf_packet *p)
 }
 
 /* Device rows stay on the device only for stages that take them (stage.h, device_rows);
- * whatever leaves the graph is a host packet. Frees p on failure. */
+ * whatever leaves the graph is a host packet, unless its caller takes device rows
+ * (sf_graph_set_device_outputs). Frees p on failure. */
 static int rows_for(sf_graph *g, int to, sf_packet *p)
 {
     if (!p->dev || (to < g->n_stages && g->stages[to]->cls->device_rows)) return SF_OK;
+    /* outputs the caller brings to the host itself (sf_graph_set_device_outputs): scanned here */
+    const int keep = to >= g->n_stages && g->device_outputs && g->push_mode;
     double t0 = g->profile ? sf_monotonic_seconds() : 0;
     /* with checks ON, rows brought to the host are scanned where they are first (a hit is then
      * named from the host copy) */
@@ -288,8 +296,9 @@ static int rows_for(sf_graph *g, int to, sf_packet *p)
     const int scan = p->kind == SF_PACKET_HIDDEN
                          ? sf_be_check_rows_begin(g->backend, p->dev, SF_DTYPE_F32, p->n * p->width, &chk)
                          : SF_OK;
-    int rc = sf_packet_to_host(p);
+    int rc = keep ? SF_OK : sf_packet_to_host(p);
     const int ended = scan == SF_OK ? sf_be_check_rows_end(g->backend, &chk, &found) : SF_OK;
+    if (rc == SF_OK && found && keep) rc = sf_packet_to_host(p); /* to name the value */
     if (rc == SF_OK) rc = scan != SF_OK ? scan : ended;
     if (rc == SF_OK && found) rc = sf_packet_check_finite(p, "in the rows brought to the host");
     if (g->profile && g->push_mode) g->profile_to_host += sf_monotonic_seconds() - t0; /* one thread */

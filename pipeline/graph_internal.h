@@ -51,6 +51,7 @@ struct sf_graph {
     int started;                  /* stages initialized, links made */
     int start_failed;             /* a stage's init failed: the graph cannot start again */
     int push_mode;                /* driven by sf_graph_push */
+    int device_outputs;           /* outputs may keep device rows (sf_graph_set_device_outputs) */
     volatile sig_atomic_t interrupted;
     atomic_uint_fast64_t tokens_out;
     /* the last committed segment that left the last stage (segment + 1, 0: none) and its
@@ -153,6 +154,10 @@ int sf_stage_options_parse(sf_stage *st, const char *text);
 void sf_stage_options_free(sf_stage *st);
 /* SEQFLOW_PROFILE set to anything but "" or "0" (options.c, which reads the environment for the
  * whole pipeline layer): each stage's host time in push mode. Read by sf_graph_create. */
+/* Push mode: the packets sf_graph_pull returns may keep their rows on the device (p->dev; the
+ * caller brings them to the host with sf_packet_to_host, on any thread, or frees them), and the
+ * last stage may leave them there (sf_stage_outputs_on_device). */
+void sf_graph_set_device_outputs(sf_graph *g, int on);
 int sf_graph_profile_wanted(void);
 
 /* Built-in classes, in registry order. */

@@ -11,6 +11,7 @@
 #include <zmq.h>
 
 #include "core/process_stats.h"
+#include "pipeline/graph_internal.h"
 #include "pipeline/serve_internal.h"
 #include "pipeline/wire.h"
 #include "pipeline/zap.h"
@@ -377,7 +378,7 @@ static void on_router(sf_serve *s, int budget)
 
 /* ---- the graph ---------------------------------------------------------------------------- */
 
-static int fail(sf_serve *s, int rc)
+int serve_fail(sf_serve *s, int rc)
 {
     snprintf(s->failure, sizeof s->failure, "%s", sf_last_error());
     s->failed = rc;
@@ -406,14 +407,18 @@ static int dispatch(sf_serve *s, double t0)
         const int direct = !st->resumable && st->owner && !st->owner->gone && st->owner->version >= 3;
         const void *rows = NULL;
         size_t rows_len = 0;
-        int rc = sf_serve_encode(&s->out, SF_SERVE_ROWS, st->id, p->position, p->n, NULL, 0);
+        /* rows on their way from the device (sf_graph_set_device_outputs): the checksum thread
+         * waits for a direct reply's beside the next step; any other's are waited for now */
+        int rc = p->dev && direct ? sf_packet_reserve(p, 0, p->n * p->width) : SF_OK;
+        if (rc == SF_OK) rc = sf_serve_encode(&s->out, SF_SERVE_ROWS, st->id, p->position, p->n, NULL, 0);
         if (rc == SF_OK && direct && sf_wire_encode_head(p, 0, &s->out, &rows, &rows_len) != SF_OK)
             rows = NULL; /* a packet of another shape (or no memory for the head): encoded whole */
+        if (rc == SF_OK && !rows && p->dev) rc = sf_packet_to_host(p);
         if (rc == SF_OK && !rows) rc = sf_wire_encode(p, &s->wire, NULL, &s->out);
         p->tokens = tokens;
         if (rc != SF_OK) {
             sf_packet_free(p);
-            return fail(s, rc);
+            return serve_fail(s, rc);
         }
         int queued = 0; /* behind kept rows not yet sent again: sent after them, in order */
         if (!(p->flags & SF_PACKET_PROVISIONAL)) {
@@ -421,7 +426,7 @@ static int dispatch(sf_serve *s, double t0)
             /* kept until acknowledged: a RESUME sends it again, a checkpoint saves it */
             if (st->resumable && (rc = serve_keep(st, p->position, p->n, s->out.data, s->out.len)) != SF_OK) {
                 sf_packet_free(p);
-                return fail(s, rc);
+                return serve_fail(s, rc);
             }
             if (st->resumable && st->unsent) queued = ++st->unsent;
         }
@@ -436,7 +441,7 @@ static int dispatch(sf_serve *s, double t0)
         if (rows) { /* its CRC on the checksum thread while the loop goes on */
             rc = serve_reply_defer(s, st->owner, p, rows, rows_len, t0);
             p = NULL; /* the pending reply's now */
-            if (rc != SF_OK) return fail(s, rc);
+            if (rc != SF_OK) return serve_fail(s, rc);
         } else {
             serve_reply_rows(s, st->owner, NULL);
             if (t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - t0);
@@ -516,7 +521,7 @@ static int step(sf_serve *s, serve_stream *st)
         memmove(st->flush_t, st->flush_t + 1, (size_t)(st->n_flush - 1) * sizeof *st->flush_t);
         st->n_flush--;
         const double t_graph = sf_monotonic_seconds();
-        if ((rc = sf_graph_flush(s->graph, st->id)) != SF_OK) return fail(s, rc);
+        if ((rc = sf_graph_flush(s->graph, st->id)) != SF_OK) return serve_fail(s, rc);
         s->graph_sum += sf_monotonic_seconds() - t_graph;
         rc = dispatch(s, t0);
         return rc == SF_OK ? 1 : rc;
@@ -527,7 +532,7 @@ static int step(sf_serve *s, serve_stream *st)
         if (n > to_boundary) n = to_boundary;
         double t0 = arrival_of(st, st->fed + n - 1, st->fed + n);
         const double t_graph = sf_monotonic_seconds();
-        if ((rc = sf_graph_push(s->graph, st->id, st->tok + st->tok_head, (size_t)n)) != SF_OK) return fail(s, rc);
+        if ((rc = sf_graph_push(s->graph, st->id, st->tok + st->tok_head, (size_t)n)) != SF_OK) return serve_fail(s, rc);
         s->graph_sum += sf_monotonic_seconds() - t_graph;
         st->tok_head += (size_t)n;
         st->tok_len -= (size_t)n;
@@ -539,7 +544,7 @@ static int step(sf_serve *s, serve_stream *st)
     }
     if (st->closing) {
         const double t_graph = sf_monotonic_seconds();
-        if ((rc = sf_graph_end(s->graph, st->id)) != SF_OK) return fail(s, rc);
+        if ((rc = sf_graph_end(s->graph, st->id)) != SF_OK) return serve_fail(s, rc);
         s->graph_sum += sf_monotonic_seconds() - t_graph;
         if ((rc = dispatch(s, 0)) != SF_OK) return rc;
         serve_reply_simple(s, st->owner, SF_SERVE_CLOSED, st->id, st->fed, 0);
@@ -571,7 +576,7 @@ static int expire(sf_serve *s, double now)
             if (st->fed) { /* the graph holds its state: end it there */
                 int rc = sf_graph_end(s->graph, st->id);
                 if (rc == SF_OK) rc = dispatch(s, 0);
-                if (rc != SF_OK) return rc == s->failed ? rc : fail(s, rc);
+                if (rc != SF_OK) return rc == s->failed ? rc : serve_fail(s, rc);
             }
             remove_stream(s, st);
             s->streams_expired++;
@@ -591,7 +596,7 @@ static int expire(sf_serve *s, double now)
         st->abandoned = 1;
         int rc = st->fed ? sf_graph_end(s->graph, st->id) : SF_OK;
         if (rc == SF_OK) rc = dispatch(s, 0);
-        if (rc != SF_OK) return rc == s->failed ? rc : fail(s, rc);
+        if (rc != SF_OK) return rc == s->failed ? rc : serve_fail(s, rc);
         serve_log(s, "stream %llu, restored from a checkpoint, was not resumed within %.1f s: ended and freed",
                   (unsigned long long)st->id, s->o.idle_timeout);
         remove_stream(s, st);
@@ -612,7 +617,7 @@ static int checkpoint_start(sf_serve *s)
     /* a save lets waiting batches run: their rows leave (and are kept) before the streams'
      * part of the snapshot */
     if (rc == SF_OK) rc = dispatch(s, 0);
-    else rc = fail(s, rc);
+    else rc = serve_fail(s, rc);
     if (rc != SF_OK) return rc;
     rc = serve_ckpt_submit(s);
     double t1 = sf_monotonic_seconds();
@@ -661,6 +666,9 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
     sf_serve *s = calloc(1, sizeof *s);
     if (!s) return sf_error(SF_E_NOMEM, "out of memory");
     s->graph = graph;
+    /* a GPU graph's final rows come to the host beside the next segment's computation, and the
+     * checksum thread waits for them (serve_crc.c) */
+    sf_graph_set_device_outputs(graph, 1);
     s->o = *opts;
     s->o.http = NULL;
     s->o.bind = NULL;
@@ -756,7 +764,8 @@ void sf_serve_free(sf_serve *s)
 {
     if (!s) return;
     if (s->pending.active) { /* a run that ended without sending it: its CRC job ends first */
-        serve_crc_wait(s->crc);
+        uint32_t crc;
+        serve_crc_wait(s->crc, &crc);
         sf_packet_free(s->pending.packet);
     }
     serve_crc_free(s->crc);

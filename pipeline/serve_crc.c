@@ -5,6 +5,8 @@
  * float32 rows a reference-model segment, about 1 ms on the loop even on several threads. The
  * loop hands the rows here and runs the next step meanwhile (the pipeline: the GPU computes the
  * next segment); the reply goes out when the loop next sends anything, or before it waits.
+ * Rows a GPU graph is still bringing over (its copy begun by the final norm, beside the next
+ * segment's computation, as `seqflow run`'s norm thread overlaps it) are waited for here first.
  * One job at a time: the loop takes a job's CRC before it starts another. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,11 +18,13 @@ struct serve_crc {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t wake, done_cond;
+    sf_packet *packet; /* rows still on the device: brought over first */
     const void *data;
     size_t len;
     int threads;
     int queued, done, quit;
     uint32_t crc;
+    int rc;
 };
 
 static void *crc_main(void *arg)
@@ -30,12 +34,15 @@ static void *crc_main(void *arg)
     for (;;) {
         while (!c->queued && !c->quit) pthread_cond_wait(&c->wake, &c->lock);
         if (c->quit) break;
+        sf_packet *packet = c->packet;
         const void *data = c->data;
         const size_t len = c->len;
         pthread_mutex_unlock(&c->lock);
-        const uint32_t crc = sf_crc32c_parallel(0, data, len, c->threads);
+        const int rc = packet && packet->dev ? sf_packet_to_host(packet) : SF_OK;
+        const uint32_t crc = rc == SF_OK ? sf_crc32c_parallel(0, data, len, c->threads) : 0;
         pthread_mutex_lock(&c->lock);
         c->crc = crc;
+        c->rc = rc;
         c->queued = 0;
         c->done = 1;
         pthread_cond_signal(&c->done_cond);
@@ -76,21 +83,22 @@ void serve_crc_free(serve_crc *c)
     free(c);
 }
 
-void serve_crc_start(serve_crc *c, const void *data, size_t len)
+void serve_crc_start(serve_crc *c, sf_packet *packet, const void *data, size_t len)
 {
     pthread_mutex_lock(&c->lock);
-    c->data = data, c->len = len;
+    c->packet = packet, c->data = data, c->len = len;
     c->queued = 1, c->done = 0;
     pthread_cond_signal(&c->wake);
     pthread_mutex_unlock(&c->lock);
 }
 
-uint32_t serve_crc_wait(serve_crc *c)
+int serve_crc_wait(serve_crc *c, uint32_t *crc)
 {
     pthread_mutex_lock(&c->lock);
     while (!c->done) pthread_cond_wait(&c->done_cond, &c->lock);
     c->done = 0;
-    const uint32_t crc = c->crc;
+    *crc = c->crc;
+    const int rc = c->rc;
     pthread_mutex_unlock(&c->lock);
-    return crc;
+    return rc;
 }

@@ -143,6 +143,9 @@ struct sf_serve {
 
 /* serve.c */
 void serve_stream_free(serve_stream *st);
+/* The pipeline failed with rc: every client with an open stream gets ERROR INTERNAL and the
+ * server stops serving. Returns rc. */
+int serve_fail(sf_serve *s, int rc);
 
 /* serve_reply.c: the replies (the loop's thread). */
 void serve_log(sf_serve *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -229,14 +232,15 @@ int serve_send_copy(void *socket, serve_send *p, serve_flow *flow, const uint8_t
 int serve_send_packet(void *socket, serve_send *p, serve_flow *flow, const uint8_t *id, size_t id_len,
                       const uint8_t *head, size_t head_len, sf_packet *packet, const void *rows, size_t rows_len,
                       size_t frame, int flags);
-/* serve_crc.c: the checksum thread. One job at a time: serve_crc_wait returns the CRC-32C of
- * the data of the last serve_crc_start (computed on `threads` threads), which must stay alive
- * until then. */
+/* serve_crc.c: the checksum thread. One job at a time: serve_crc_wait gives the CRC-32C of the
+ * data of the last serve_crc_start (computed on `threads` threads), which must stay alive until
+ * then; a packet given with its rows still on the device (the data: its reserved host rows) is
+ * brought to the host first. SF_OK, or the download's error (no CRC then). */
 typedef struct serve_crc serve_crc;
 serve_crc *serve_crc_create(int threads); /* NULL: no memory or no thread */
 void serve_crc_free(serve_crc *c);        /* no job running; NULL accepted */
-void serve_crc_start(serve_crc *c, const void *data, size_t len);
-uint32_t serve_crc_wait(serve_crc *c);
+void serve_crc_start(serve_crc *c, sf_packet *packet, const void *data, size_t len);
+int serve_crc_wait(serve_crc *c, uint32_t *crc);
 /* 1 while the bytes in flight, and extra bytes about to be, are at or over the budget (any
  * thread may have lowered them). */
 int serve_send_full(const serve_send *p, uint64_t extra);

@@ -74,8 +74,17 @@ void serve_reply_flush(sf_serve *s)
     const double t = sf_monotonic_seconds();
     s->pending.active = 0;
     sf_buffer *head = &s->pending.head;
-    sf_frame_header_set_payload_crc(head->data + head->len - SF_FRAME_HEADER_SIZE, serve_crc_wait(s->crc));
+    uint32_t crc = 0;
+    const int rc = serve_crc_wait(s->crc, &crc);
+    sf_frame_header_set_payload_crc(head->data + head->len - SF_FRAME_HEADER_SIZE, crc);
     serve_client *c = s->pending.client;
+    if (rc != SF_OK) { /* its rows never reached the host */
+        sf_packet_free(s->pending.packet);
+        s->pending.packet = NULL;
+        head->len = 0;
+        serve_fail(s, rc);
+        return;
+    }
     if (!c || c->gone) {
         sf_packet_free(s->pending.packet);
     } else if (serve_send_packet(s->router, s->send, c->flow, c->id, c->id_len, head->data, head->len,
@@ -114,7 +123,7 @@ int serve_reply_defer(sf_serve *s, serve_client *c, sf_packet *p, const void *ro
         sf_packet_free(p);
         return rc;
     }
-    serve_crc_start(s->crc, rows, rows_len);
+    serve_crc_start(s->crc, p, rows, rows_len);
     s->pending.active = 1;
     s->pending.client = c;
     s->pending.packet = p;

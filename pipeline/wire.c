@@ -141,7 +141,8 @@ int sf_wire_encode_head(const sf_packet *p, int threads, sf_buffer *out, const v
     if (!p || !out || !rows || !rows_len) return sf_error(SF_E_INVAL, "wire: NULL argument");
     const size_t count = p->n * p->width;
     const void *x = sf_packet_rows(p);
-    if (p->dev || (p->n && p->tokens) || (p->state && p->state_len) || !count || !x || count / p->width != p->n ||
+    if ((p->dev && threads > 0) || (p->n && p->tokens) || (p->state && p->state_len) || !count || !x ||
+        count / p->width != p->n || (p->dev && p->cap_x < count) ||
         p->kind < SF_PACKET_TOKENS || p->kind > SF_PACKET_CHECKPOINT)
         return sf_error(SF_E_UNSUPPORTED, "wire: only a packet of host rows alone is encoded without its rows");
     const int bf16 = p->dtype == SF_DTYPE_BF16;

@@ -79,8 +79,10 @@ int sf_wire_encode(const sf_packet *p, const sf_wire_options *o, sf_wire_feedbac
  * are: the caller sends them without a copy (and keeps p alive until they are sent). The rows'
  * CRC is computed on up to `threads` threads; threads 0 leaves it to the caller, who computes
  * it (sf_crc32c) and sets it with sf_frame_header_set_payload_crc on the frame header, the last
- * SF_FRAME_HEADER_SIZE bytes appended. SF_E_UNSUPPORTED for any other packet (encode it whole),
- * SF_E_INVAL or SF_E_NOMEM; out unchanged on failure. */
+ * SF_FRAME_HEADER_SIZE bytes appended. With threads 0 a packet whose rows are still on the
+ * device (p->dev) is taken too, its host rows reserved (sf_packet_reserve): *rows points at
+ * them, to be filled (sf_packet_to_host) before anything reads them. SF_E_UNSUPPORTED for any
+ * other packet (encode it whole), SF_E_INVAL or SF_E_NOMEM; out unchanged on failure. */
 int sf_wire_encode_head(const sf_packet *p, int threads, sf_buffer *out, const void **rows, size_t *rows_len);
 
 /* Decodes exactly len bytes into a new packet (*out, the caller's: sf_packet_free). max_bytes

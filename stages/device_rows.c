@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_ext.h"
 #include "seqflow/error.h"
 
 struct sf_device_rows {
@@ -75,6 +76,18 @@ static int download(void *ctx, void *host, const float *dev, size_t bytes)
     return pool->be->ops->download(pool->be, host, dev, bytes);
 }
 
+static int download_start(void *ctx, void *host, const float *dev, size_t bytes, void **ticket)
+{
+    sf_device_rows *pool = ctx;
+    return sf_be_download_start(pool->be, host, dev, bytes, ticket);
+}
+
+static int download_wait(void *ctx, void *ticket)
+{
+    sf_device_rows *pool = ctx;
+    return sf_be_download_wait(pool->be, ticket);
+}
+
 static void release(void *ctx, float *dev)
 {
     sf_device_rows *pool = ctx;
@@ -84,7 +97,7 @@ static void release(void *ctx, float *dev)
     unref(pool);
 }
 
-static const sf_packet_device pool_ops = {download, release};
+static const sf_packet_device pool_ops = {download, release, download_start, download_wait};
 
 int sf_device_rows_lend(sf_device_rows *pool, sf_packet *p)
 {

@@ -97,11 +97,14 @@ static int to_host_checked(norm *nm, sf_packet *in, const void *rows_bf16)
     return rc;
 }
 
-/* Device rows, normalized on the device, to a host packet of nm's dtype. */
-static int device_rows_out(norm *nm, sf_packet *in, const float *w, float eps)
+/* Device rows, normalized on the device, to a host packet of nm's dtype; with keep, float32
+ * rows are left coming over (sf_packet_to_host_start) for the graph's caller
+ * (sf_stage_outputs_on_device), which waits for them. */
+static int device_rows_out(norm *nm, sf_packet *in, const float *w, float eps, int keep)
 {
     sf_backend *be = nm->be;
-    if (!w || !in->n) return to_host_checked(nm, in, NULL);
+    if (keep && nm->bf16) keep = 0; /* bf16 rows are made in a buffer of the stage's: brought over now */
+    if (!w || !in->n) return keep ? sf_packet_to_host_start(in) : to_host_checked(nm, in, NULL);
     if (!be || !nm->weight) {
         sf_packet_to_host(in); /* returns the rows to their pool */
         return sf_error(SF_E_INVAL, "device rows on a graph without a device final norm");
@@ -125,7 +128,9 @@ static int device_rows_out(norm *nm, sf_packet *in, const float *w, float eps)
         sf_packet_to_host(in);
         return rc;
     }
-    return to_host_checked(nm, in, NULL);
+    /* kept: their copy to the host begins now, beside the next segment's work; the graph scans
+     * them as they leave, the caller waits for them (sf_packet_to_host) */
+    return keep ? sf_packet_to_host_start(in) : to_host_checked(nm, in, NULL);
 }
 
 static int norm_process(sf_stage *st, sf_packet *in)
@@ -139,7 +144,7 @@ static int norm_process(sf_stage *st, sf_packet *in)
         rc = sf_error(SF_E_INVAL, "its input rows are bf16 already (a norm with dtype=bf16 ahead of it); "
                                   "only a sink takes bf16 rows");
     } else if (in->dev) {
-        rc = device_rows_out(nm, in, w, eps);
+        rc = device_rows_out(nm, in, w, eps, sf_stage_outputs_on_device(st));
     } else if (in->kind == SF_PACKET_HIDDEN) {
         /* the stage's backend carries the run's thread count (-t): with none, OpenMP would take
          * every core the process may use, whatever the run asked for */

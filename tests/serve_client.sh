@@ -1,14 +1,14 @@
 #!/bin/sh
 # examples/serve_client against `seqflow serve --plaintext` on an ipc socket: two clients at once
 # get the rows `seqflow run` writes for their files, byte for byte; the server stops on SIGTERM
-# with exit 0.
-# usage: serve_client.sh SEQFLOW_BIN SERVE_CLIENT_BIN
+# with exit 0. EXTRA: options for both (e.g. `-d cuda`, which the GPU machine's runs pass).
+# usage: serve_client.sh SEQFLOW_BIN SERVE_CLIENT_BIN [EXTRA]
 set -eu
-bin=$1 client=$2
+bin=$1 client=$2 extra=${3:-}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/seqflow-serve.XXXXXX")
 pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
-model="--dim 64 --layers 1 --segment 64 --branches 16:1,32:2,64:4 --mlp 64 -t 1"
+model="--dim 64 --layers 1 --segment 64 --branches 16:1,32:2,64:4 --mlp 64 -t 1 $extra"
 head -c 5000 /dev/urandom >"$dir/a.bin"
 head -c 777 /dev/urandom >"$dir/b.bin"
 # shellcheck disable=SC2086

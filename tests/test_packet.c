@@ -1,6 +1,8 @@
 /* Packet buffers (core/packet.c): large activation buffers come from the installed host
  * allocator (a GPU backend's page-locked memory) and go back to the allocator that made them,
- * through the reuse cache; growing a packet keeps its contents across the small/large line. */
+ * through the reuse cache; growing a packet keeps its contents across the small/large line;
+ * device rows come over at once or through a copy begun early (sf_packet_to_host_start) and
+ * waited for by sf_packet_to_host or sf_packet_free. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -79,6 +81,72 @@ static void bf16_rows(void)
     sf_packet_free(p);
 }
 
+/* ---- device rows: a pretend pool whose copies "run" until waited for --------------------- */
+
+static int starts, waits, releases, start_answer = SF_OK;
+
+static int fake_download(void *pool, void *host, const float *dev, size_t bytes)
+{
+    (void)pool;
+    memcpy(host, dev, bytes);
+    return SF_OK;
+}
+
+static void fake_release(void *pool, float *dev)
+{
+    (void)pool, (void)dev;
+    releases++;
+}
+
+static int fake_start(void *pool, void *host, const float *dev, size_t bytes, void **ticket)
+{
+    (void)pool;
+    if (start_answer != SF_OK) return start_answer;
+    memcpy(host, dev, bytes); /* the copy lands before the wait: what a wait guarantees */
+    starts++;
+    *ticket = &starts;
+    return SF_OK;
+}
+
+static int fake_wait(void *pool, void *ticket)
+{
+    (void)pool;
+    waits += ticket == &starts;
+    return SF_OK;
+}
+
+static void device_rows(void)
+{
+    static const sf_packet_device sync_only = {fake_download, fake_release, NULL, NULL};
+    static const sf_packet_device with_start = {fake_download, fake_release, fake_start, fake_wait};
+    float dev[6 * 4];
+    for (int i = 0; i < 24; i++) dev[i] = (float)i * 0.5f;
+    const sf_packet_device *kinds[] = {&with_start, &with_start, &sync_only, &with_start};
+    for (int k = 0; k < 4; k++) {
+        starts = waits = releases = 0;
+        start_answer = k == 3 ? SF_E_UNSUPPORTED : SF_OK; /* a pool that cannot now: brought over at once */
+        sf_packet *p = sf_packet_new(SF_PACKET_HIDDEN, 0, 0);
+        p->n = 6, p->width = 4;
+        p->dev = dev, p->dev_ops = kinds[k], p->dev_pool = NULL;
+        CHECK_OK(sf_packet_to_host_start(p));
+        const int began = k < 2;
+        CHECKF((p->dev_ticket != NULL) == began && (p->dev != NULL) == began && releases == !began,
+               "case %d: a copy under way %d, dev kept %d, released %d", k, p->dev_ticket != NULL, p->dev != NULL,
+               releases);
+        if (k == 1) { /* freed while its copy is under way: waited for, then released */
+            sf_packet_free(p);
+            CHECK(waits == 1 && releases == 1);
+            continue;
+        }
+        CHECK_OK(sf_packet_to_host(p));
+        CHECK(p->dev == NULL && p->dev_ticket == NULL && releases == 1 && waits == began);
+        CHECK(p->x && memcmp(p->x, dev, sizeof dev) == 0);
+        CHECK_OK(sf_packet_to_host(p)); /* nothing left to do */
+        CHECK(releases == 1 && waits == began);
+        sf_packet_free(p);
+    }
+}
+
 int main(void)
 {
     bf16_rows();
@@ -142,5 +210,6 @@ int main(void)
     CHECK(fallback != NULL && allocs == before && !owned_by_allocator(fallback->x));
     if (fallback) fallback->x[16 * big - 1] = 3.0f;
     sf_packet_free(fallback); /* goes to free(), which counting_free would report */
+    device_rows();
     return check_finish("test_packet");
 }

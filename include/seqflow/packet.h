@@ -65,6 +65,7 @@ typedef struct sf_packet {
     float *dev;
     const struct sf_packet_device *dev_ops;
     void *dev_pool;
+    void *dev_ticket; /* a copy of dev into x under way (sf_packet_to_host_start); NULL: none */
 } sf_packet;
 
 /* How device rows go back to host memory and back to their pool (set by whoever lends dev). */
@@ -73,6 +74,10 @@ typedef struct sf_packet_device {
     int (*download)(void *pool, void *host, const float *dev, size_t bytes);
     /* returns dev to the pool */
     void (*release)(void *pool, float *dev);
+    /* optional (NULL: none): begins the copy and returns at once (SF_E_UNSUPPORTED when it
+     * cannot now); download_wait waits for it, from any thread */
+    int (*download_start)(void *pool, void *host, const float *dev, size_t bytes, void **ticket);
+    int (*download_wait)(void *pool, void *ticket);
 } sf_packet_device;
 
 /* A new packet with room for cap_tokens token ids and cap_x floats (either may be 0).
@@ -96,6 +101,11 @@ void sf_packet_set_host_allocator(const sf_host_allocator *allocator);
  * nothing done when the packet has none. On failure dev is released all the same. The rows
  * are not scanned here (see sf_set_check_finite for where they are). */
 int sf_packet_to_host(sf_packet *p);
+/* Begins bringing device rows into x (grown now) where their pool copies without waiting, and
+ * returns; sf_packet_to_host (on any thread) then waits for the copy and returns dev, as
+ * sf_packet_free does. x is not to be read before. Where the pool cannot, the rows are brought
+ * over now (sf_packet_to_host). Experimental. */
+int sf_packet_to_host_start(sf_packet *p);
 /* Rounds the rows to bf16 in place (x becomes x_bf16, dtype SF_DTYPE_BF16); device rows are
  * brought to the host first. SF_OK and nothing done when the packet is bf16 already. */
 int sf_packet_to_bf16(sf_packet *p);

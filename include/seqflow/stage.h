@@ -118,6 +118,11 @@ sf_backend *sf_stage_backend(const sf_stage *st);
 const char *sf_stage_name(const sf_stage *st);
 /* Non-zero once the graph was interrupted: sources stop reading and end their stream. */
 int sf_stage_interrupted(const sf_stage *st);
+/* Non-zero for the last stage of a graph whose caller takes its outputs' rows still on the
+ * device or on their way (a packet's `dev`, with a copy begun by sf_packet_to_host_start or
+ * not; the caller brings them over with sf_packet_to_host, on any thread): such a stage may
+ * leave them so. Experimental: `seqflow serve` asks for it. */
+int sf_stage_outputs_on_device(const sf_stage *st);
 
 /* Checkpoints (sf_graph_set_checkpoint). Tokens between checkpoints, 0 when they are off. */
 uint64_t sf_stage_checkpoint_every(const sf_stage *st);

@@ -303,6 +303,45 @@ static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t
     return rc;
 }
 
+/* A download that returns at once (backend_ext.h, download_start): page-locked destinations
+ * only, on a free transfer slot; the copy runs on the copy queue after everything issued so
+ * far, beside the work issued next. The slot is the ticket, held until download_wait. */
+static int cuda_download_start(sf_backend *be, void *host_dst, const void *src, size_t bytes, void **ticket)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    if (!bytes || !is_pinned(host_dst)) return SF_E_UNSUPPORTED;
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    sf_cuda_staging *slot = NULL;
+    for (int i = 0; i < SF_CUDA_STAGING_SLOTS && !slot; i++)
+        if (!c->down[i].busy) slot = &c->down[i];
+    if (!slot) {
+        sf_cuda_leave(c);
+        return SF_E_UNSUPPORTED;
+    }
+    slot->busy = 1;
+    rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "download (order)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->copy_out, slot->ready, 0), "download (order)");
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->copy_out), "download");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(slot->done, c->copy_out), "download (order)");
+    if (rc != SF_OK) slot->busy = 0;
+    sf_cuda_leave(c);
+    if (rc == SF_OK) *ticket = slot;
+    return rc;
+}
+
+static int cuda_download_wait(sf_backend *be, void *ticket)
+{
+    sf_cuda *c = sf_cuda_of(be);
+    sf_cuda_staging *slot = (sf_cuda_staging *)ticket;
+    int rc = sf_cuda_status(cudaEventSynchronize(slot->done), "download (synchronize)");
+    pthread_mutex_lock(&c->lock);
+    slot->busy = 0;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
 /* Pinned staging (host memory: not in the device byte count). reserve sets how large a
  * transfer may be staged; a slot's buffer is made at the first transfer that needs it, to the
  * next power of two from 1 MiB: page-locking costs about 0.5 ms per MiB, and with device rows and
@@ -652,6 +691,8 @@ static const sf_backend_ext cuda_ext = {
     .non_finite_end = sf_cuda_non_finite_end,
     .device_rows = cuda_device_rows,
     .warmup = cuda_warmup,
+    .download_start = cuda_download_start,
+    .download_wait = cuda_download_wait,
 };
 
 static const sf_backend_ops cuda_ops = {
