@@ -61,7 +61,8 @@ typedef struct sf_packet {
      * returns dev to its pool through dev_ops. Only stages whose class sets device_rows see
      * such packets; the graph brings the rows to host memory before any other stage, and
      * before a packet leaves the graph (sf_graph_pull, the last stage), so callers and sinks
-     * only ever get host packets. */
+     * only ever get host packets (`seqflow serve`'s own graph excepted: it takes them on their
+     * way, sf_packet_to_host_start). */
     float *dev;
     const struct sf_packet_device *dev_ops;
     void *dev_pool;
