@@ -49,6 +49,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "pipeline/serve.h"
 #include "pipeline/serve_proto.h"
 
 extern char **environ;
@@ -243,10 +244,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < 200 && access(sock_path, F_OK) != 0; i++) usleep(20000);
 
     void *ctx = zmq_ctx_new();
-    if (client_io <= 0) { /* the server's default (`seqflow serve --io-threads`) */
-        const long cores = sysconf(_SC_NPROCESSORS_ONLN), few = cores < 4 ? cores : 4, half = cores / 2 < 8 ? cores / 2 : 8;
-        client_io = few < 1 ? 1 : (int)(few > half ? few : half);
-    }
+    if (client_io <= 0) client_io = sf_serve_default_io_threads(); /* the server's default */
     if (zmq_ctx_set(ctx, ZMQ_IO_THREADS, client_io) != 0) return 1;
     void **socks = calloc((size_t)nclients, sizeof *socks);
     zmq_pollitem_t *items = calloc((size_t)nclients, sizeof *items);

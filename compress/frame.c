@@ -325,7 +325,7 @@ void sf_frame_header_set_payload_crc(uint8_t *header, uint32_t crc)
     put_u32(header + OFF_HEADER_CRC, sf_crc32c(0, header, OFF_HEADER_CRC));
 }
 
-int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t data_bytes, int threads, sf_buffer *out)
+int sf_frame_encode_header(const sf_frame_desc *desc, size_t data_bytes, sf_buffer *out)
 {
     if (!desc || !out) return sf_error(SF_E_INVAL, "frame encode: desc and out are required");
     uint64_t n = 0;
@@ -336,12 +336,11 @@ int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t d
     if (desc->codec != SF_CODEC_RAW || (desc->dtype == SF_FRAME_F32 && q.kind != SF_QUANT_F32) ||
         (desc->shuffle && shuffle_applies(desc->dtype, q.kind, desc->codec, n)))
         return sf_error(SF_E_INVAL, "frame encode: a header alone is for raw, unquantized, unshuffled frames");
-    if (n > SIZE_MAX / dsize || data_bytes != (size_t)n * dsize || (!data && data_bytes))
+    if (n > SIZE_MAX / dsize || data_bytes != (size_t)n * dsize)
         return sf_error(SF_E_INVAL, "frame encode: %zu data bytes for a shape of %llu values", data_bytes,
                         (unsigned long long)n);
     if ((rc = buffer_reserve(out, SF_FRAME_HEADER_SIZE))) return rc;
-    put_header(out->data + out->len, desc, q, data_bytes, data_bytes, 0,
-               data_bytes && threads > 0 ? sf_crc32c_parallel(0, data, data_bytes, threads) : 0);
+    put_header(out->data + out->len, desc, q, data_bytes, data_bytes, 0, 0); /* the payload's CRC: the caller's */
     out->len += SF_FRAME_HEADER_SIZE;
     return SF_OK;
 }

@@ -130,13 +130,13 @@ int sf_codec_parse(const char *text, sf_codec *out);
 int sf_frame_encode(const sf_frame_desc *desc, const void *data, size_t data_bytes,
                     sf_quant_feedback *feedback, sf_buffer *out);
 
-/* Appends only the header of the frame sf_frame_encode would make of data, where that frame's
- * payload is data's bytes as they are (codec raw, unquantized): the frame is the header
- * followed by data, which the caller sends without copying it. The payload's CRC is computed
- * on up to `threads` threads (sf_crc32c_parallel); threads 0 leaves it 0, for the caller to set
- * with sf_frame_header_set_payload_crc before the frame goes anywhere. SF_E_INVAL for a desc of
- * any other codec or quantization, or an inconsistent one; out unchanged then. */
-int sf_frame_encode_header(const sf_frame_desc *desc, const void *data, size_t data_bytes, int threads, sf_buffer *out);
+/* Appends only the header of the frame sf_frame_encode would make of data_bytes of data, where
+ * that frame's payload is the data as it is (codec raw, unquantized): the frame is the header
+ * followed by the data, which the caller sends without copying it. The payload's CRC is left 0
+ * for the caller to set (sf_crc32c, sf_frame_header_set_payload_crc) before the frame goes
+ * anywhere. SF_E_INVAL for a desc of any other codec or quantization, or an inconsistent one;
+ * out unchanged then. */
+int sf_frame_encode_header(const sf_frame_desc *desc, size_t data_bytes, sf_buffer *out);
 /* Sets the payload CRC of an encoded frame header (SF_FRAME_HEADER_SIZE bytes) and seals the
  * header again (its own CRC). */
 void sf_frame_header_set_payload_crc(uint8_t *header, uint32_t crc);

@@ -411,7 +411,7 @@ static int dispatch(sf_serve *s, double t0)
          * waits for a direct reply's beside the next step; any other's are waited for now */
         int rc = p->dev && direct ? sf_packet_reserve(p, 0, p->n * p->width) : SF_OK;
         if (rc == SF_OK) rc = sf_serve_encode(&s->out, SF_SERVE_ROWS, st->id, p->position, p->n, NULL, 0);
-        if (rc == SF_OK && direct && sf_wire_encode_head(p, 0, &s->out, &rows, &rows_len) != SF_OK)
+        if (rc == SF_OK && direct && sf_wire_encode_head(p, &s->out, &rows, &rows_len) != SF_OK)
             rows = NULL; /* a packet of another shape (or no memory for the head): encoded whole */
         if (rc == SF_OK && !rows && p->dev) rc = sf_packet_to_host(p);
         if (rc == SF_OK && !rows) rc = sf_wire_encode(p, &s->wire, NULL, &s->out);
@@ -656,6 +656,12 @@ static void checkpoint_collect(sf_serve *s)
 
 /* ---- create, run, free -------------------------------------------------------------------- */
 
+int sf_serve_default_io_threads(void)
+{
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN), few = cores < 4 ? cores : 4, half = cores / 2 < 8 ? cores / 2 : 8;
+    return few < 1 ? 1 : (int)(few > half ? few : half);
+}
+
 int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_options *opts, sf_serve **out)
 {
     if (!graph || !cfg || !opts || !out || !opts->bind) return sf_error(SF_E_INVAL, "sf_serve_create: NULL argument");
@@ -686,11 +692,7 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
         s->o.send_budget = rows > SF_SERVE_SEND_BUDGET_DEFAULT ? rows : SF_SERVE_SEND_BUDGET_DEFAULT;
     }
     if (!s->o.frame_bytes) s->o.frame_bytes = SF_SERVE_FRAME_BYTES_DEFAULT;
-    if (s->o.io_threads <= 0) {
-        const long cores = sysconf(_SC_NPROCESSORS_ONLN), few = cores < 4 ? cores : 4,
-                   half = cores / 2 < 8 ? cores / 2 : 8;
-        s->o.io_threads = few < 1 ? 1 : (int)(few > half ? few : half);
-    }
+    if (s->o.io_threads <= 0) s->o.io_threads = sf_serve_default_io_threads();
     s->vocab = cfg->vocab;
     s->segment = cfg->segment > 0 ? (uint64_t)cfg->segment : 1;
     s->started = sf_monotonic_seconds();

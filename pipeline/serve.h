@@ -54,6 +54,10 @@ typedef struct sf_serve sf_serve;
 #define SF_SERVE_SEND_BUDGET_SEGMENTS 32            /* the default budget holds this many float32 segments */
 #define SF_SERVE_FRAME_BYTES_DEFAULT (1ull << 20)   /* bytes */
 
+/* The default of sf_serve_options.io_threads: the larger of min(4, the online cores) and
+ * min(8, half of them). */
+int sf_serve_default_io_threads(void);
+
 typedef struct sf_serve_options {
     const char *bind;              /* the clients' endpoint, "tcp://HOST:PORT" or "ipc://PATH" */
     const char *http;              /* the HTTP endpoint ("tcp://HOST:PORT"), NULL = none */
@@ -72,8 +76,8 @@ typedef struct sf_serve_options {
      * rows (N x D x 4 bytes each; 1 GiB for D = 1024, N = 8192), at least 256 MiB: the rows of
      * that many replies are written at once, over as many connections. */
     uint64_t send_budget;
-    /* ZeroMQ I/O threads, also the threads that checksum a reply's rows; 0 = the larger of
-     * min(4, the online cores) and min(8, half of them) */
+    /* ZeroMQ I/O threads, also the threads that checksum a reply's rows; 0 =
+     * sf_serve_default_io_threads() */
     int io_threads;
     /* A ROWS to a version-3 client goes in frames of at most this many bytes (one multipart
      * message): a receiver then allocates frames, not one block the size of a segment's rows,

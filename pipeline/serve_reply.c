@@ -24,6 +24,19 @@ void serve_log(sf_serve *s, const char *fmt, ...)
     s->o.log(s->o.user, line);
 }
 
+/* After a send to c (rc < 0: it failed): a client no longer connected is marked gone, else it
+ * was active now. */
+static void sent(sf_serve *s, serve_client *c, int rc)
+{
+    if (rc >= 0) {
+        c->last_active = sf_monotonic_seconds();
+        return;
+    }
+    serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
+              s->o.idle_timeout);
+    c->gone = 1;
+}
+
 /* Sends one message to a client, in the client's protocol version (the header's byte 4 is
  * set to it); a client no longer connected is marked gone. */
 void serve_reply(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
@@ -31,15 +44,9 @@ void serve_reply(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
     serve_reply_flush(s); /* whatever goes out goes after it: a client's messages stay in order */
     if (!c || c->gone) return;
     msg[4] = (uint8_t)c->version;
-    if (zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(s->router, msg, len, ZMQ_DONTWAIT) < 0) {
-        if (!c->gone)
-            serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle",
-                      zmq_strerror(errno), s->o.idle_timeout);
-        c->gone = 1;
-        return;
-    }
-    c->last_active = sf_monotonic_seconds();
+    int rc = zmq_send(s->router, c->id, c->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (rc >= 0) rc = zmq_send(s->router, msg, len, ZMQ_DONTWAIT);
+    sent(s, c, rc);
 }
 
 /* A ROWS to a client, without a copy into ZeroMQ and counted under the send budget
@@ -58,13 +65,7 @@ void serve_reply_rows(sf_serve *s, serve_client *c, const serve_kept *kept)
         s->out.data[4] = (uint8_t)c->version;
         rc = serve_send_owned(s->router, s->send, c->flow, c->id, c->id_len, &s->out, frame, ZMQ_DONTWAIT);
     }
-    if (rc < 0) {
-        serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
-                  s->o.idle_timeout);
-        c->gone = 1;
-        return;
-    }
-    c->last_active = sf_monotonic_seconds();
+    sent(s, c, rc);
 }
 
 /* Sends the pending reply once the checksum thread has its rows' CRC (serve_internal.h). */
@@ -85,17 +86,12 @@ void serve_reply_flush(sf_serve *s)
         serve_fail(s, rc);
         return;
     }
-    if (!c || c->gone) {
+    if (!c || c->gone)
         sf_packet_free(s->pending.packet);
-    } else if (serve_send_packet(s->router, s->send, c->flow, c->id, c->id_len, head->data, head->len,
-                                 s->pending.packet, s->pending.rows, s->pending.rows_len, (size_t)s->o.frame_bytes,
-                                 ZMQ_DONTWAIT) < 0) {
-        serve_log(s, "a client is no longer connected (%s); its streams expire after %.0f s idle", zmq_strerror(errno),
-                  s->o.idle_timeout);
-        c->gone = 1;
-    } else {
-        c->last_active = sf_monotonic_seconds();
-    }
+    else
+        sent(s, c,
+             serve_send_packet(s->router, s->send, c->flow, c->id, c->id_len, head->data, head->len, s->pending.packet,
+                               s->pending.rows, s->pending.rows_len, (size_t)s->o.frame_bytes, ZMQ_DONTWAIT));
     s->pending.packet = NULL;
     head->len = 0;
     if (s->pending.t0 > 0) serve_observe_latency(s, sf_monotonic_seconds() - s->pending.t0);

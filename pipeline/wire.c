@@ -136,12 +136,12 @@ static void envelope(const sf_packet *p, unsigned parts, uint8_t h[SF_WIRE_HEADE
     put_u32(h + 60, sf_crc32c(0, h, 60));
 }
 
-int sf_wire_encode_head(const sf_packet *p, int threads, sf_buffer *out, const void **rows, size_t *rows_len)
+int sf_wire_encode_head(const sf_packet *p, sf_buffer *out, const void **rows, size_t *rows_len)
 {
     if (!p || !out || !rows || !rows_len) return sf_error(SF_E_INVAL, "wire: NULL argument");
     const size_t count = p->n * p->width;
     const void *x = sf_packet_rows(p);
-    if ((p->dev && threads > 0) || (p->n && p->tokens) || (p->state && p->state_len) || !count || !x ||
+    if ((p->n && p->tokens) || (p->state && p->state_len) || !count || !x ||
         count / p->width != p->n || (p->dev && p->cap_x < count) ||
         p->kind < SF_PACKET_TOKENS || p->kind > SF_PACKET_CHECKPOINT)
         return sf_error(SF_E_UNSUPPORTED, "wire: only a packet of host rows alone is encoded without its rows");
@@ -157,7 +157,7 @@ int sf_wire_encode_head(const sf_packet *p, int threads, sf_buffer *out, const v
     d.codec = SF_CODEC_RAW;
     d.quant = (sf_quant_params){SF_QUANT_F32, (int)(p->width < 1u << 30 ? p->width : 1u << 30)};
     int rc = sf_buffer_append(out, h, sizeof h);
-    if (rc == SF_OK) rc = sf_frame_encode_header(&d, x, bytes, threads, out);
+    if (rc == SF_OK) rc = sf_frame_encode_header(&d, bytes, out);
     if (rc != SF_OK) {
         out->len = start;
         return rc;

@@ -77,13 +77,13 @@ int sf_wire_encode(const sf_packet *p, const sf_wire_options *o, sf_wire_feedbac
  * of sf_wire_encode's bytes up to the rows themselves (envelope and the rows frame's header) to
  * out, and points *rows, *rows_len at the packet's rows, whose bytes end the encoding as they
  * are: the caller sends them without a copy (and keeps p alive until they are sent). The rows'
- * CRC is computed on up to `threads` threads; threads 0 leaves it to the caller, who computes
- * it (sf_crc32c) and sets it with sf_frame_header_set_payload_crc on the frame header, the last
- * SF_FRAME_HEADER_SIZE bytes appended. With threads 0 a packet whose rows are still on the
- * device (p->dev) is taken too, its host rows reserved (sf_packet_reserve): *rows points at
- * them, to be filled (sf_packet_to_host) before anything reads them. SF_E_UNSUPPORTED for any
- * other packet (encode it whole), SF_E_INVAL or SF_E_NOMEM; out unchanged on failure. */
-int sf_wire_encode_head(const sf_packet *p, int threads, sf_buffer *out, const void **rows, size_t *rows_len);
+ * CRC is left to the caller, who computes it (sf_crc32c) and sets it with
+ * sf_frame_header_set_payload_crc on the frame header, the last SF_FRAME_HEADER_SIZE bytes
+ * appended. A packet whose rows are still on the device (p->dev) is taken too, its host rows
+ * reserved (sf_packet_reserve): *rows points at them, to be filled (sf_packet_to_host) before
+ * anything reads them. SF_E_UNSUPPORTED for any other packet (encode it whole), SF_E_INVAL or
+ * SF_E_NOMEM; out unchanged on failure. */
+int sf_wire_encode_head(const sf_packet *p, sf_buffer *out, const void **rows, size_t *rows_len);
 
 /* Decodes exactly len bytes into a new packet (*out, the caller's: sf_packet_free). max_bytes
  * bounds each part's decoded and encoded bytes (SF_E_FRAME_TOO_LARGE beyond it). Errors are

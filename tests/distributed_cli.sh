@@ -215,17 +215,9 @@ kill)
         delay=$(awk -v s="$seed" -v i="$i" 'BEGIN { srand(s * 1000 + i); rand(); printf "%.2f", rand() * 0.7 }')
         layout=$layer
         [ $((i % 2)) -eq 1 ] && layout=$combined
-        rm -rf ck out.raw out.raw.partial*
-        "$bin" launch -n 3 --timeout-ms 1500 -- $model $two -o out.raw \
-            --checkpoint ck --checkpoint-every 2 "$layout" 2> err.txt &
-        lp=$!
         # mid-stream: once the first checkpoint is written (the data crosses every rank), then
         # the seeded delay
-        n=0
-        while [ -z "$(ls ck/ckpt-* 2> /dev/null)" ] && [ $n -lt 500 ] && kill -0 $lp 2> /dev/null; do
-            sleep 0.02
-            n=$((n + 1))
-        done
+        start_job 3 -- $model $two -o out.raw --checkpoint ck --checkpoint-every 2 "$layout"
         sleep "$delay"
         pid=$(rank_pid $lp "$victim")
         killed_at=$(now)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/frame.h"
 #include "compress/quantize.h"
 #include "pipeline/wire.h"
 #include "seqflow/seqflow.h"
@@ -106,9 +107,9 @@ int main(void)
             sf_packet_free(p);
         }
 
-    /* the head alone (the rows sent as they are, without a copy): head + rows is the raw,
-     * lossless encoding byte for byte, for f32 and bf16 rows, with the rows' CRC on one or four
-     * threads; packets with tokens or state are refused */
+    /* the head alone (the rows sent as they are, without a copy): with the rows' CRC set in it
+     * (computed on one or four threads), head + rows is the raw, lossless encoding byte for
+     * byte, for f32 and bf16 rows; packets with tokens or state are refused */
     for (int which = 0; which < 5; which++) {
         sf_packet *p = sample(which, &r);
         if (which == 1) free(p->tokens), p->tokens = NULL, p->cap_tokens = 0; /* rows alone */
@@ -116,9 +117,11 @@ int main(void)
             sf_buffer whole = {0}, head = {0};
             const void *rows = NULL;
             size_t rows_len = 0;
-            int rc = sf_wire_encode_head(p, threads, &head, &rows, &rows_len);
+            int rc = sf_wire_encode_head(p, &head, &rows, &rows_len);
             if (which == 1 || which == 2) {
                 CHECK_OK(rc);
+                sf_frame_header_set_payload_crc(head.data + head.len - SF_FRAME_HEADER_SIZE,
+                                                sf_crc32c_parallel(0, rows, rows_len, threads));
                 CHECK_OK(sf_wire_encode(p, NULL, NULL, &whole));
                 CHECK(rows == sf_packet_rows(p) && rows_len == sf_packet_row_bytes(p));
                 CHECKF(head.len + rows_len == whole.len && memcmp(head.data, whole.data, head.len) == 0 &&
@@ -140,7 +143,9 @@ int main(void)
         sf_buffer whole = {0}, head = {0};
         const void *rows = NULL;
         size_t rows_len = 0;
-        CHECK_OK(sf_wire_encode_head(p, 4, &head, &rows, &rows_len));
+        CHECK_OK(sf_wire_encode_head(p, &head, &rows, &rows_len));
+        sf_frame_header_set_payload_crc(head.data + head.len - SF_FRAME_HEADER_SIZE,
+                                        sf_crc32c_parallel(0, rows, rows_len, 4));
         CHECK_OK(sf_wire_encode(p, NULL, NULL, &whole));
         CHECK(head.len + rows_len == whole.len && memcmp(head.data, whole.data, head.len) == 0);
         sf_buffer_release(&whole);

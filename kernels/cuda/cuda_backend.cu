@@ -264,42 +264,15 @@ static int is_pinned(const void *host)
     return attr.type == cudaMemoryTypeHost;
 }
 
-static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t bytes)
+/* Issues the copy of bytes of src into dst on the copy queue, after everything issued so far on
+ * the compute queue, marking its end with slot->done (under the lock). */
+static int copy_out(sf_cuda *c, sf_cuda_staging *slot, void *dst, const void *src, size_t bytes)
 {
-    if (!bytes) return SF_OK;
-    sf_cuda *c = sf_cuda_of(be);
-    int rc = sf_cuda_enter(c);
-    if (rc != SF_OK) return rc;
-    sf_cuda_staging *slot = NULL;
-    for (int i = 0; i < SF_CUDA_STAGING_SLOTS && !slot; i++)
-        if (!c->down[i].busy && bytes <= c->staging_limit) slot = &c->down[i];
-    if (!slot) {
-        rc = sf_cuda_status(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "download");
-        cudaStream_t issued_on = c->stream; /* read under the lock: a side thread swaps it */
-        sf_cuda_leave(c);
-        /* waiting outside the lock lets other stage threads keep issuing work meanwhile */
-        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(issued_on), "download (synchronize)");
-        return rc;
-    }
-    slot->busy = 1;
-    /* page-locked destinations (packets from the allocator installed at init) take the copy
-     * straight from the device; others go through the slot's staging and one host memcpy,
-     * which at ~8 GB/s took longer than the copy from the device itself */
-    const int direct = is_pinned(host_dst);
-    if (!direct) rc = slot_fit(c, slot, bytes);
-    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "download (order)");
+    int rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "download (order)");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->copy_out, slot->ready, 0), "download (order)");
     if (rc == SF_OK)
-        rc = sf_cuda_status(cudaMemcpyAsync(direct ? host_dst : slot->host, src, bytes, cudaMemcpyDeviceToHost,
-                                            c->copy_out),
-                            "download");
+        rc = sf_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->copy_out), "download");
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(slot->done, c->copy_out), "download (order)");
-    sf_cuda_leave(c);
-    if (rc == SF_OK) rc = sf_cuda_status(cudaEventSynchronize(slot->done), "download (synchronize)");
-    if (rc == SF_OK && !direct) memcpy(host_dst, slot->host, bytes);
-    pthread_mutex_lock(&c->lock);
-    slot->busy = 0;
-    pthread_mutex_unlock(&c->lock);
     return rc;
 }
 
@@ -320,11 +293,7 @@ static int cuda_download_start(sf_backend *be, void *host_dst, const void *src, 
         return SF_E_UNSUPPORTED;
     }
     slot->busy = 1;
-    rc = sf_cuda_status(cudaEventRecord(slot->ready, c->stream), "download (order)");
-    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(c->copy_out, slot->ready, 0), "download (order)");
-    if (rc == SF_OK)
-        rc = sf_cuda_status(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->copy_out), "download");
-    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(slot->done, c->copy_out), "download (order)");
+    rc = copy_out(c, slot, host_dst, src, bytes);
     if (rc != SF_OK) slot->busy = 0;
     sf_cuda_leave(c);
     if (rc == SF_OK) *ticket = slot;
@@ -336,6 +305,42 @@ static int cuda_download_wait(sf_backend *be, void *ticket)
     sf_cuda *c = sf_cuda_of(be);
     sf_cuda_staging *slot = (sf_cuda_staging *)ticket;
     int rc = sf_cuda_status(cudaEventSynchronize(slot->done), "download (synchronize)");
+    pthread_mutex_lock(&c->lock);
+    slot->busy = 0;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static int cuda_download(sf_backend *be, void *host_dst, const void *src, size_t bytes)
+{
+    if (!bytes) return SF_OK;
+    /* page-locked destinations (packets from the allocator installed at init) take the copy
+     * straight from the device, on the copy queue */
+    void *ticket = NULL;
+    int rc = cuda_download_start(be, host_dst, src, bytes, &ticket);
+    if (rc == SF_OK) return cuda_download_wait(be, ticket);
+    if (rc != SF_E_UNSUPPORTED) return rc;
+    sf_cuda *c = sf_cuda_of(be);
+    if ((rc = sf_cuda_enter(c)) != SF_OK) return rc;
+    sf_cuda_staging *slot = NULL;
+    for (int i = 0; i < SF_CUDA_STAGING_SLOTS && !slot; i++)
+        if (!c->down[i].busy && bytes <= c->staging_limit) slot = &c->down[i];
+    if (!slot) {
+        rc = sf_cuda_status(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "download");
+        cudaStream_t issued_on = c->stream; /* read under the lock: a side thread swaps it */
+        sf_cuda_leave(c);
+        /* waiting outside the lock lets other stage threads keep issuing work meanwhile */
+        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamSynchronize(issued_on), "download (synchronize)");
+        return rc;
+    }
+    slot->busy = 1;
+    /* pageable destinations (or page-locked ones that found every slot busy a moment ago) go
+     * through the slot's staging and one host memcpy */
+    rc = slot_fit(c, slot, bytes);
+    if (rc == SF_OK) rc = copy_out(c, slot, slot->host, src, bytes);
+    sf_cuda_leave(c);
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventSynchronize(slot->done), "download (synchronize)");
+    if (rc == SF_OK) memcpy(host_dst, slot->host, bytes);
     pthread_mutex_lock(&c->lock);
     slot->busy = 0;
     pthread_mutex_unlock(&c->lock);
