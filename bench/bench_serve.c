@@ -3,7 +3,7 @@
  *
  *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F]
  *               [--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N]
- *               [--frame-bytes BYTES] [--client-io-threads N] [--protocol 2|3]
+ *               [--frame-bytes BYTES] [--client-io-threads N] [--protocol 2|3|4] [--shm BYTES]
  *               [-- server and run options, e.g. --layers 1]
  *
  * --send-budget, --io-threads and --frame-bytes go to the server alone (`seqflow serve
@@ -33,6 +33,10 @@
  *    segment, from its PUSH sent to its ROWS received; p50, p99, worst.
  * --segment N: the tokens of a segment (one PUSH), the model's N (default 256, the built-in
  * model's; 8192 for bench_gpu_pipeline's reference model).
+ * --shm BYTES: each client socket MAPs a shared-memory region of BYTES (0: the server's default,
+ * two segments of float32 rows and 1 MiB; docs/SERVE.md, "Rows through shared memory"), speaks
+ * protocol version 4 and takes its ROWS_AT there: it checks each packet's magic and row count in
+ * place and RELEASEs it (a client that uses the rows where they lie). Without --shm: no region.
  * A phase that receives nothing for 60 s ends the benchmark with an error (exit 1).
  * Output: readable lines and one RESULT line of key=value. The server and this process share
  * the machine's cores. */
@@ -44,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -75,7 +80,16 @@ static uint64_t get64(const uint8_t *p)
 }
 
 static uint8_t *msg; /* HEADER + 4 seg_tokens bytes */
-static int protocol = SF_SERVE_VERSION; /* --protocol: 2 stands for an older client (ROWS in one frame) */
+/* --protocol: 2 stands for an older client (ROWS in one frame); 3 by default, 4 with --shm */
+static int protocol = 3;
+
+/* a client socket's shared-memory region (--shm), mapped read-only; NULL: none */
+typedef struct region {
+    const uint8_t *base;
+    uint64_t size;
+} region;
+static region *regions;
+static uint64_t shm_rows; /* ROWS_AT taken */
 
 static void send_msg(void *sock, sf_serve_type type, uint64_t stream, uint64_t a, uint64_t b, const uint32_t *tokens)
 {
@@ -113,6 +127,22 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* A ROWS_AT on client socket c: its packet's envelope checked in place (magic, position, row
+ * count: a client that uses the rows where they lie), then RELEASEd. */
+static void take_region_rows(void *sock, int c, const uint8_t *buf, long len)
+{
+    const uint64_t s = get64(buf + 8), a = get64(buf + 16), b = get64(buf + 24);
+    const uint64_t pos = get64(buf + HEADER), n = get64(buf + HEADER + 8);
+    const uint8_t *packet = regions[c].base ? regions[c].base + pos % regions[c].size : NULL;
+    if (!packet || len != HEADER + 16 || memcmp(packet, "SFW1", 4) != 0 || get64(packet + 32) != a ||
+        get64(packet + 40) != b) {
+        fprintf(stderr, "bench_serve: stream %llu: a ROWS_AT that is not its rows\n", (unsigned long long)s);
+        exit(1);
+    }
+    send_msg(sock, SF_SERVE_RELEASE, 0, pos + n, 0, NULL);
+    shm_rows++;
+}
+
 /* Receives every message waiting on the sockets (waiting up to wait_ms for the first). Counts
  * rows and closes; stores latencies when lat is given. Returns messages taken. */
 static int drain(void **socks, int nclients, zmq_pollitem_t *items, stream_state *st, long wait_ms, double *lat,
@@ -129,6 +159,7 @@ static int drain(void **socks, int nclients, zmq_pollitem_t *items, stream_state
             if (len < HEADER) exit(1);
             uint64_t s = get64(buf + 8), a = get64(buf + 16), b = get64(buf + 24);
             switch (buf[5]) {
+            case SF_SERVE_ROWS_AT: take_region_rows(socks[c], c, buf, len); /* fall through */
             case SF_SERVE_ROWS:
                 st[s].rows += b;
                 send_msg(socks[c], SF_SERVE_CREDIT, s, 1, st[s].rows, NULL);
@@ -165,6 +196,30 @@ static void check_stall(double last_progress, const char *phase, pid_t server)
     exit(1);
 }
 
+/* MAP, then the region opened read-only and ATTACHed: its ROWS come as ROWS_AT from here. */
+static void map_region(void *sock, uint64_t bytes, region *r)
+{
+    uint8_t reply[HEADER + SF_SERVE_MAX_TEXT + 1];
+    send_msg(sock, SF_SERVE_MAP, 0, bytes, 0, NULL);
+    const long len = sf_serve_recv(sock, reply, sizeof reply - 1, 0);
+    if (len < HEADER || reply[5] != SF_SERVE_MAPPED || len != HEADER + (long)get64(reply + 24)) {
+        fprintf(stderr, "bench_serve: MAP: %.*s\n", len > HEADER ? (int)(len - HEADER) : 0,
+                (const char *)reply + HEADER);
+        exit(1);
+    }
+    reply[len] = '\0';
+    r->size = get64(reply + 16);
+    const int fd = shm_open((const char *)reply + HEADER, O_RDONLY, 0);
+    void *base = fd < 0 ? MAP_FAILED : mmap(NULL, (size_t)r->size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (fd >= 0) close(fd);
+    if (base == MAP_FAILED) {
+        perror("bench_serve: the region");
+        exit(1);
+    }
+    r->base = base;
+    send_msg(sock, SF_SERVE_ATTACH, 0, r->size, 0, NULL);
+}
+
 int main(int argc, char **argv)
 {
     const char *seqflow = NULL;
@@ -172,6 +227,7 @@ int main(int argc, char **argv)
     double load = 0.5, checkpoint = 0;
     const char *send_budget = NULL, *io_threads = NULL, *frame_bytes = NULL;
     int client_io = 0;
+    long long shm = -1; /* --shm: bytes of each client's region, -1: none */
     int extra = argc;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { extra = i + 1; break; }
@@ -189,12 +245,16 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--frame-bytes") == 0) frame_bytes = argv[++i];
         else if (strcmp(argv[i], "--client-io-threads") == 0) client_io = atoi(argv[++i]);
         else if (strcmp(argv[i], "--protocol") == 0) protocol = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--shm") == 0)
+            shm = atoll(argv[++i]);
     }
+    if (shm >= 0) protocol = 4;
     if (!seqflow || nstreams < 1 || segments < 1 || seg_tokens < 1 || seg_tokens > (1 << 20) || protocol < 2 ||
         protocol > SF_SERVE_VERSION) {
-        fprintf(stderr, "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F] "
-                        "[--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N] "
-                        "[--frame-bytes BYTES] [--client-io-threads N] [--protocol 2|3] [-- options]\n");
+        fprintf(stderr,
+                "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F] "
+                "[--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N] "
+                "[--frame-bytes BYTES] [--client-io-threads N] [--protocol 2|3|4] [--shm BYTES] [-- options]\n");
         return 2;
     }
     if (nclients <= 0) nclients = nstreams < 64 ? nstreams : 64;
@@ -262,6 +322,8 @@ int main(int argc, char **argv)
     msg = malloc(HEADER + 4 * (size_t)seg_tokens);
     uint32_t *tokens = malloc(sizeof *tokens * (size_t)seg_tokens);
     if (!msg || !tokens) return 1;
+    regions = calloc((size_t)nclients, sizeof *regions);
+    for (int c = 0; shm >= 0 && c < nclients; c++) map_region(socks[c], (uint64_t)shm, &regions[c]);
     uint64_t closed = 0, total = (uint64_t)nstreams * (uint64_t)segments * seg_tokens;
 
     /* throughput: everything pushed at once (the window holds it), credit 8 a stream */
@@ -330,11 +392,12 @@ int main(int argc, char **argv)
         if (zmq_poll(items, nclients, wait_ms) > 0) {
             for (int c = 0; c < nclients; c++) {
                 if (!(items[c].revents & ZMQ_POLLIN)) continue;
-                while (sf_serve_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT) >= 0) {
+                for (long len; (len = sf_serve_recv(socks[c], buf, buf_size, ZMQ_DONTWAIT)) >= 0;) {
                     n++;
                     last = now_s();
                     uint64_t s = get64(buf + 8) - base, b = get64(buf + 24);
-                    if (buf[5] == SF_SERVE_ROWS) {
+                    if (buf[5] == SF_SERVE_ROWS_AT) take_region_rows(socks[c], c, buf, len);
+                    if (buf[5] == SF_SERVE_ROWS || buf[5] == SF_SERVE_ROWS_AT) {
                         lst[s].rows += b;
                         send_msg(socks[c], SF_SERVE_CREDIT, base + s, 1, lst[s].rows, NULL);
                         if (b && nlat < cap) lat[nlat++] = now_s() - lst[s].sent_at;
@@ -388,6 +451,7 @@ int main(int argc, char **argv)
            send_wait_s);
     printf("server: its loop's time: %.3f s in the pipeline, %.3f s encoding replies, %.3f s handing them over\n",
            graph_s_loop, encode_s, handover_s);
+    if (shm >= 0) printf("client: %llu ROWS taken through shared memory\n", (unsigned long long)shm_rows);
     /* the checkpoints: the newest one's number (one per write) and size, then away with them */
     unsigned long long ckpt_seq = 0, ckpt_bytes = 0;
     if (checkpoint > 0) {
@@ -464,14 +528,18 @@ int main(int argc, char **argv)
     printf("RESULT streams=%d clients=%d segments=%d tokens=%llu serve_s=%.4f serve_tps=%.0f run_s=%.4f run_tps=%.0f "
            "run_wall_s=%.4f ratio=%.3f load=%.2f lat_n=%zu p50_ms=%.3f p99_ms=%.3f worst_ms=%.3f checkpoint_s=%g "
            "checkpoints=%llu ckpt_total_s=%.4f ckpt_pause_s=%.4f ckpt_bytes=%llu send_peak_mib=%.1f send_wait_s=%.3f "
-           "frame_bytes=%s client_io_threads=%d protocol=%d loop_graph_s=%.3f loop_encode_s=%.3f loop_handover_s=%.3f\n",
-           nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate,
-           run_s, serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq, ckpt_s,
-           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s, frame_bytes ? frame_bytes : "default", client_io, protocol,
-           graph_s_loop, encode_s, handover_s);
+           "frame_bytes=%s client_io_threads=%d protocol=%d loop_graph_s=%.3f loop_encode_s=%.3f loop_handover_s=%.3f "
+           "shm=%lld shm_rows=%llu\n",
+           nstreams, nclients, segments, (unsigned long long)total, serve_s, serve_rate, graph_s, run_rate, run_s,
+           serve_rate / run_rate, load, nlat, p50 * 1e3, p99 * 1e3, worst * 1e3, checkpoint, ckpt_seq, ckpt_s,
+           ckpt_pause_s, ckpt_bytes, send_peak_mib, send_wait_s, frame_bytes ? frame_bytes : "default", client_io,
+           protocol, graph_s_loop, encode_s, handover_s, shm, (unsigned long long)shm_rows);
     for (int s = 0; s < nstreams; s++) unlink(paths[s]), free(paths[s]);
     unlink(sock_path);
     rmdir(dir);
+    for (int c = 0; c < nclients; c++)
+        if (regions[c].base) munmap((void *)regions[c].base, (size_t)regions[c].size);
+    free(regions);
     free(paths), free(rargv), free(sargv), free(lat), free(st), free(buf), free(socks), free(items);
     return 0;
 }

@@ -20,9 +20,12 @@
 #      the defaults, and with 1, 2 and 4 ZeroMQ I/O threads on each side (`--io-threads`,
 #      `--client-io-threads`);
 #   3. a hang check: the reference model, 64 x 6, REPS times (default 10) at the defaults; each
-#      run must end (exit 0) within its timeout.
-# Each point's output and the summary go to $OUT (or /tmp/gpu_serve). PARTS="0 1 2 3" (default)
-# picks the parts to run.
+#      run must end (exit 0) within its timeout;
+#   4. rows through shared memory (`bench_serve --shm 0`: each client socket MAPs a region of the
+#      server's default size) against the socket, alternating, REPS times (default 10; 2 is
+#      plenty): the reference model 1 x 64, 64 x 8 and 1024 x 2 in float32 rows, 64 x 8 in bf16.
+# Each point's output and the summary go to $OUT (or /tmp/gpu_serve). PARTS="0 1 2 3 4" (default
+# "0 1 2 3") picks the parts to run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${1:?usage: $0 BUILD_DIR}
@@ -82,6 +85,17 @@ for part in $parts; do
       point "ref_64x6_rep$r" 64 6 2 -- -d cuda -m "$D/ref.st"
     done
     echo "hang check: $(grep -c 'ref_64x6_rep.*exit 0$' "$summary") of $reps runs of 64 x 6 ended (exit 0)" | tee -a "$summary"
+    ;;
+  4)
+    for r in $(seq 1 "$reps"); do
+      point "ref_1x64_socket_rep$r" 1 64 4 -- -d cuda -m "$D/ref.st"
+      point "ref_1x64_shm_rep$r" 1 64 4 --shm 0 -- -d cuda -m "$D/ref.st"
+      point "ref_64x8_socket_rep$r" 64 8 4 -- -d cuda -m "$D/ref.st"
+      point "ref_64x8_shm_rep$r" 64 8 4 --shm 0 -- -d cuda -m "$D/ref.st"
+      point "ref_1024x2_socket_rep$r" 1024 2 1 -- -d cuda -m "$D/ref.st"
+      point "ref_1024x2_shm_rep$r" 1024 2 1 --shm 0 -- -d cuda -m "$D/ref.st"
+      point "ref_64x8_bf16_shm_rep$r" 64 8 4 --shm 0 -- -d cuda -m "$D/ref.st" --out-dtype bf16
+    done
     ;;
   esac
 done

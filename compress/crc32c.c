@@ -174,20 +174,39 @@ uint32_t sf_crc32c_combine(uint32_t crc_a, uint32_t crc_b, size_t len_b)
 
 #define PARALLEL_PIECE ((size_t)1 << 20) /* below this a thread's start costs more than it saves */
 
-uint32_t sf_crc32c_parallel(uint32_t crc, const void *data, size_t len, int threads)
+/* Copies len bytes from src to dst (when dst is not NULL) and gives their CRC: in blocks that
+ * stay in the cache between the copy and the CRC, so that the bytes are read from memory once. */
+static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len)
+{
+    if (!dst) return sf_crc32c(crc, src, len);
+    const size_t block = (size_t)64 << 10;
+    for (size_t at = 0; at < len; at += block) {
+        const size_t n = len - at < block ? len - at : block;
+        memcpy((uint8_t *)dst + at, (const uint8_t *)src + at, n);
+        crc = sf_crc32c(crc, (const uint8_t *)dst + at, n);
+    }
+    return crc;
+}
+
+uint32_t sf_crc32c_parallel_copy(uint32_t crc, void *dst, const void *src, size_t len, int threads)
 {
     size_t pieces = len / PARALLEL_PIECE;
     if (pieces > (size_t)threads) pieces = (size_t)threads;
     if (pieces > 64) pieces = 64;
-    if (pieces < 2) return sf_crc32c(crc, data, len);
-    const uint8_t *p = data;
+    if (pieces < 2) return crc_copy(crc, dst, src, len);
+    const uint8_t *p = src;
     const size_t step = (len / pieces + 63) & ~(size_t)63;
     uint32_t part[64];
 #pragma omp parallel for num_threads((int)pieces) schedule(static, 1)
     for (size_t i = 0; i < pieces; i++) {
         const size_t at = i * step, n = i + 1 < pieces ? step : len - at;
-        part[i] = sf_crc32c(0, p + at, n);
+        part[i] = crc_copy(0, dst ? (uint8_t *)dst + at : NULL, p + at, n);
     }
     for (size_t i = 0; i < pieces; i++) crc = sf_crc32c_combine(crc, part[i], i + 1 < pieces ? step : len - i * step);
     return crc;
+}
+
+uint32_t sf_crc32c_parallel(uint32_t crc, const void *data, size_t len, int threads)
+{
+    return sf_crc32c_parallel_copy(crc, NULL, data, len, threads);
 }

@@ -166,6 +166,9 @@ uint32_t sf_crc32c_combine(uint32_t crc_a, uint32_t crc_b, size_t len_b);
 /* sf_crc32c over up to `threads` pieces at once (OpenMP threads; pieces of at least 1 MiB, so
  * that small data stays on the caller's thread): the same value. */
 uint32_t sf_crc32c_parallel(uint32_t crc, const void *data, size_t len, int threads);
+/* As sf_crc32c_parallel, copying src to dst (which must not overlap it) on the way when dst is
+ * not NULL: each piece is checksummed while it is still in the cache from its copy. */
+uint32_t sf_crc32c_parallel_copy(uint32_t crc, void *dst, const void *src, size_t len, int threads);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@
  * prints their count and a checksum.
  *
  *   serve_client [-k SERVER_PUBLIC_KEY -s CLIENT_SECRET_KEY_FILE] [-o OUT] [-i STREAM]
- *                [-R SECONDS] [-r TOKENS_PER_SECOND] ENDPOINT [FILE]
+ *                [-R SECONDS] [-r TOKENS_PER_SECOND] [-m] ENDPOINT [FILE]
  *
  * Without -k the connection is plaintext (a server started with --plaintext). FILE defaults to
  * standard input. Flow control: it opens with a credit of 4 and grants one more for each ROWS
@@ -20,16 +20,24 @@
  * rows it has; the server answers the position to push from, it pushes its kept tokens from
  * there and drops the rows it had already received: the output holds every row once, as an
  * uninterrupted run writes it. A stream the server had not checkpointed yet (RESUME answered
- * UNKNOWN) is opened afresh and pushed from 0, when this client still holds every token. */
+ * UNKNOWN) is opened afresh and pushed from 0, when this client still holds every token.
+ *
+ * -m (a server on this host): the rows come through a shared-memory region (protocol version
+ * 4, docs/SERVE.md "Rows through shared memory"): MAP, then the region the server names is
+ * mapped read-only and ATTACHed; each ROWS_AT's rows are read where they lie and RELEASEd. A
+ * region that cannot be opened leaves the rows on the socket; after a reconnection it asks again. */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <zmq.h>
 
-enum { OPEN = 1, PUSH = 2, CLOSE = 4, CREDIT = 5, PING = 6, RESUME = 7 };
-enum { OPENED = 16, ROWS = 17, CLOSED = 18, ERROR = 19, PONG = 20, DURABLE = 21 };
+enum { OPEN = 1, PUSH = 2, CLOSE = 4, CREDIT = 5, PING = 6, RESUME = 7, MAP = 8, ATTACH = 9, RELEASE = 10 };
+enum { OPENED = 16, ROWS = 17, CLOSED = 18, ERROR = 19, PONG = 20, DURABLE = 21, MAPPED = 22, ROWS_AT = 23 };
 enum { E_UNKNOWN = 10 };
 #define HEADER 32
 #define WIRE_ENVELOPE 64
@@ -48,13 +56,24 @@ static void put64(uint8_t *p, uint64_t v)
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* protocol version 3: RESUME, DURABLE, CREDIT's acknowledgement, ROWS in frames; 4 (-m): and
+ * the shared-memory region */
+static int version = 3;
+
+/* The shared-memory region (-m), mapped read-only; base NULL: none. */
+static const uint8_t *region;
+static uint64_t region_size;
+
+/* MAPPED's region: mapped (the previous one, of a dropped connection, unmapped) and ATTACHed. */
+static void map_region(void *sock, const uint8_t *name, size_t name_len, uint64_t size);
+
 /* Sends a message: the header, then `len` payload bytes. */
 static int send_msg(void *sock, int type, uint64_t stream, uint64_t a, uint64_t b, const void *payload, size_t len)
 {
     uint8_t *m = malloc(HEADER + len);
     if (!m) return -1;
     memcpy(m, "SFS1", 4);
-    m[4] = 3; /* protocol version 3: RESUME, DURABLE, CREDIT's acknowledgement, ROWS in frames */
+    m[4] = (uint8_t)version;
     m[5] = (uint8_t)type;
     m[6] = m[7] = 0;
     put64(m + 8, stream);
@@ -113,6 +132,23 @@ static long rows_of(const uint8_t *p, size_t len, const float **rows, size_t *wi
     if (payload != n * *width * 4 || len - WIRE_ENVELOPE - FRAME_HEADER != payload) return -1;
     *rows = (const float *)(f + FRAME_HEADER);
     return (long)n;
+}
+
+static void map_region(void *sock, const uint8_t *name, size_t name_len, uint64_t size)
+{
+    char path[80];
+    snprintf(path, sizeof path, "%.*s", (int)(name_len < 64 ? name_len : 64), (const char *)name);
+    if (region) munmap((void *)region, (size_t)region_size);
+    region = NULL;
+    const int fd = shm_open(path, O_RDONLY, 0);
+    void *base = fd < 0 ? MAP_FAILED : mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (base == MAP_FAILED) { /* another host, another user: the rows stay on the socket */
+        fprintf(stderr, "serve_client: the server's region %s cannot be mapped: rows over the socket\n", path);
+        return;
+    }
+    region = base, region_size = size;
+    send_msg(sock, ATTACH, 0, size, 0, NULL, 0);
 }
 
 static double now_s(void)
@@ -184,6 +220,7 @@ int main(int argc, char **argv)
     conn cn = {0};
     uint64_t stream = 1;
     double resume_timeout = 30, rate = 0;
+    int shm = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-k") == 0 && i + 1 < argc) cn.server_key = argv[++i];
         else if (strcmp(argv[i], "-s") == 0 && i + 1 < argc) secret_file = argv[++i];
@@ -191,13 +228,16 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "-i") == 0 && i + 1 < argc) stream = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "-R") == 0 && i + 1 < argc) resume_timeout = strtod(argv[++i], NULL);
         else if (strcmp(argv[i], "-r") == 0 && i + 1 < argc) rate = strtod(argv[++i], NULL);
+        else if (strcmp(argv[i], "-m") == 0)
+            shm = 1, version = 4;
         else if (!cn.endpoint) cn.endpoint = argv[i];
         else if (!in_path) in_path = argv[i];
         else cn.endpoint = NULL, i = argc;
     }
     if (!cn.endpoint || (!cn.server_key != !secret_file) || !(resume_timeout >= 0) || !(rate >= 0)) {
-        fprintf(stderr, "usage: serve_client [-k SERVER_PUBLIC_KEY -s SECRET_KEY_FILE] [-o OUT] [-i STREAM] [-R SECONDS]\n"
-                        "                    [-r TOKENS_PER_SECOND] ENDPOINT [FILE]\n");
+        fprintf(stderr,
+                "usage: serve_client [-k SERVER_PUBLIC_KEY -s SECRET_KEY_FILE] [-o OUT] [-i STREAM] [-R SECONDS]\n"
+                "                    [-r TOKENS_PER_SECOND] [-m] ENDPOINT [FILE]\n");
         return 2;
     }
     FILE *in = in_path ? fopen(in_path, "rb") : stdin, *out = out_path ? fopen(out_path, "wb") : NULL;
@@ -220,6 +260,7 @@ int main(int argc, char **argv)
     }
     cn.ctx = zmq_ctx_new();
     if (conn_open(&cn) != 0) return 1;
+    if (shm) send_msg(cn.sock, MAP, 0, 0, 0, NULL, 0);
     send_msg(cn.sock, OPEN, stream, 4, 0, NULL, 0);
     /* kept: the input's bytes from `base` (the durable position) to `have` (read so far) */
     uint64_t base = 0, have = 0, pushed = 0, received = 0, window = 0;
@@ -290,6 +331,7 @@ int main(int argc, char **argv)
                 break;
             }
             resuming = 1, window = 0, silent_ms = 0;
+            if (shm) send_msg(cn.sock, MAP, 0, 0, 0, NULL, 0); /* the old region was the old server's */
             continue;
         }
         if (ready <= 0 || !(it[0].revents & ZMQ_POLLIN)) {
@@ -310,7 +352,8 @@ int main(int argc, char **argv)
         }
         uint64_t a = get64(buf + 16), b = get64(buf + 24);
         const float *rows = NULL;
-        size_t width = 0;
+        const uint8_t *packet = buf + HEADER; /* a ROWS's wire packet: here, or in the region */
+        size_t packet_len = (size_t)len - HEADER, width = 0;
         uint32_t flags = 0;
         long n;
         switch (buf[5]) {
@@ -333,9 +376,21 @@ int main(int argc, char **argv)
                 base = a;
             }
             break;
+        case MAPPED: map_region(cn.sock, buf + HEADER, (size_t)len - HEADER, a); break;
+        case ROWS_AT: /* the rows lie in the region: read there, then released */
+            packet_len = (size_t)get64(buf + HEADER + 8);
+            packet = region && get64(buf + HEADER) % region_size + packet_len <= region_size
+                         ? region + get64(buf + HEADER) % region_size
+                         : NULL;
+            if (!packet || len != HEADER + 16) {
+                fprintf(stderr, "serve_client: a ROWS_AT outside the region\n");
+                status = 1;
+                break;
+            }
+            /* fall through */
         case ROWS:
             if (!resumable) resumable = -1; /* rows before any DURABLE: no checkpoints */
-            n = rows_of(buf + HEADER, (size_t)len - HEADER, &rows, &width, &flags);
+            n = rows_of(packet, packet_len, &rows, &width, &flags);
             if (n < 0 || (uint64_t)n != b || (!(flags & 2) && a > received)) {
                 fprintf(stderr, "serve_client: rows out of order or malformed\n");
                 status = 1;
@@ -349,6 +404,7 @@ int main(int argc, char **argv)
                 received += (uint64_t)n;
             } /* provisional rows (a FLUSH): this client sends none */
             send_msg(cn.sock, CREDIT, stream, 1, received, NULL, 0);
+            if (buf[5] == ROWS_AT) send_msg(cn.sock, RELEASE, 0, get64(buf + HEADER) + packet_len, 0, NULL, 0);
             break;
         case CLOSED: closed = 1; break;
         case PONG: break;
@@ -371,6 +427,7 @@ int main(int argc, char **argv)
     if (in != stdin) fclose(in);
     free(buf);
     free(kept);
+    if (region) munmap((void *)region, (size_t)region_size);
     conn_close(&cn);
     zmq_ctx_term(cn.ctx);
     return status;

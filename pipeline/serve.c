@@ -83,6 +83,7 @@ static void remove_client(sf_serve *s, serve_client *c)
             break;
         }
     serve_flow_release(c->flow); /* its messages still in flight hold it until written */
+    serve_region_drop(s, c);
     free(c);
 }
 
@@ -320,6 +321,9 @@ static void on_message(sf_serve *s, serve_client *c, const uint8_t *buf, size_t 
         }
         break;
     case SF_SERVE_PING: serve_reply_simple(s, c, SF_SERVE_PONG, m.stream, m.a, 0); break;
+    case SF_SERVE_MAP:
+    case SF_SERVE_ATTACH:
+    case SF_SERVE_RELEASE: serve_region_message(s, c, &m); break;
     default:
         serve_reply_error(s, c, m.stream, SF_SERVE_E_TYPE, "a client does not send %s (type %d)",
                           sf_serve_type_name(m.type), m.type);
@@ -467,11 +471,13 @@ static int can_step(const sf_serve *s, const serve_stream *st)
 }
 
 /* Room under the send budget for another reply to c: in all, and within c's share (a client
- * that does not read holds at most its share while the others go on). */
+ * that does not read holds at most its share while the others go on); and in c's region, where
+ * its rows go there. */
 static int has_room(const sf_serve *s, const serve_client *c)
 {
     return !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL)) &&
-           serve_flow_bytes(c->flow) + serve_reply_pending_bytes(s, c) < s->send_share;
+           serve_flow_bytes(c->flow) + serve_reply_pending_bytes(s, c) < s->send_share &&
+           (c->version < 4 || !serve_region_attached(c->region) || serve_region_has_room(c->region));
 }
 
 /* Whether a stream has a step to take once the budget has room (or rows to send again). */
@@ -656,6 +662,13 @@ static void checkpoint_collect(sf_serve *s)
 
 /* ---- create, run, free -------------------------------------------------------------------- */
 
+uint64_t sf_serve_default_shm_budget(void)
+{
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const uint64_t quarter = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : SF_SERVE_SHM_BUDGET_DEFAULT;
+    return quarter < SF_SERVE_SHM_BUDGET_DEFAULT ? quarter : SF_SERVE_SHM_BUDGET_DEFAULT;
+}
+
 int sf_serve_default_io_threads(void)
 {
     const long cores = sysconf(_SC_NPROCESSORS_ONLN), few = cores < 4 ? cores : 4, half = cores / 2 < 8 ? cores / 2 : 8;
@@ -692,6 +705,8 @@ int sf_serve_create(sf_graph *graph, const sf_model_config *cfg, const sf_serve_
         s->o.send_budget = rows > SF_SERVE_SEND_BUDGET_DEFAULT ? rows : SF_SERVE_SEND_BUDGET_DEFAULT;
     }
     if (!s->o.frame_bytes) s->o.frame_bytes = SF_SERVE_FRAME_BYTES_DEFAULT;
+    s->shm_budget = s->o.no_shm ? 0 : s->o.shm_budget ? s->o.shm_budget : sf_serve_default_shm_budget();
+    s->region_default = 2 * (uint64_t)cfg->segment * (uint64_t)cfg->dim * sizeof(float) + (1u << 20);
     if (s->o.io_threads <= 0) s->o.io_threads = sf_serve_default_io_threads();
     s->vocab = cfg->vocab;
     s->segment = cfg->segment > 0 ? (uint64_t)cfg->segment : 1;
@@ -776,6 +791,7 @@ void sf_serve_free(sf_serve *s)
     serve_ckpt_close(s);
     for (uint32_t i = 0; i < s->n_clients; i++) {
         serve_flow_release(s->clients[i]->flow);
+        serve_region_drop(s, s->clients[i]);
         free(s->clients[i]);
     }
     serve_http_close(s);

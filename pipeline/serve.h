@@ -53,10 +53,14 @@ typedef struct sf_serve sf_serve;
 #define SF_SERVE_SEND_BUDGET_DEFAULT (256ull << 20) /* bytes, the least default */
 #define SF_SERVE_SEND_BUDGET_SEGMENTS 32            /* the default budget holds this many float32 segments */
 #define SF_SERVE_FRAME_BYTES_DEFAULT (1ull << 20)   /* bytes */
+#define SF_SERVE_SHM_BUDGET_DEFAULT (8ull << 30)    /* bytes, the most default */
 
 /* The default of sf_serve_options.io_threads: the larger of min(4, the online cores) and
  * min(8, half of them). */
 int sf_serve_default_io_threads(void);
+/* The default of sf_serve_options.shm_budget: the less of 8 GiB and a quarter of the
+ * machine's memory. */
+uint64_t sf_serve_default_shm_budget(void);
 
 typedef struct sf_serve_options {
     const char *bind;              /* the clients' endpoint, "tcp://HOST:PORT" or "ipc://PATH" */
@@ -83,6 +87,13 @@ typedef struct sf_serve_options {
      * message): a receiver then allocates frames, not one block the size of a segment's rows,
      * which glibc maps afresh (a page fault every 4 KiB) past 32 MiB. 0 = 1 MiB. */
     uint64_t frame_bytes;
+    /* Shared-memory regions (docs/SERVE.md, "Rows through shared memory"): a version-4 client
+     * on the same host may MAP one and take its ROWS there, copied once instead of through
+     * the socket. The bytes of all clients' regions together: 0 =
+     * sf_serve_default_shm_budget(); no_shm = 1: none (every MAP is refused). A MAP of 0
+     * bytes gets two segments of float32 rows and 1 MiB. */
+    uint64_t shm_budget;
+    int no_shm;
     /* Checkpoints (docs/SERVE.md, "Restarts"): NULL = none. Otherwise the directory (created
      * when missing, locked while the server runs) whose newest valid checkpoint sf_serve_create
      * loads, and where the server writes one every checkpoint_every seconds (0 = 1) while
@@ -125,7 +136,8 @@ typedef struct sf_serve_stats {
     double checkpoint_pause_seconds; /* of which the loop paused for the snapshots */
     uint32_t streams, clients;
     uint64_t send_budget, send_in_flight, send_peak; /* bytes: the budget, in flight now, at most */
-    double send_wait_seconds; /* the loop waited this long for the budget, in all */
+    double send_wait_seconds; /* the loop waited this long for the budget (or regions' room), in all */
+    uint64_t shm_budget, shm_bytes, shm_messages; /* regions: bytes allowed, made now; ROWS_AT sent */
     /* the loop's seconds, in all, in the pipeline (push, flush and end of streams: where it
      * computes), in encoding ROWS (and keeping copies for resumes), in handing them to ZeroMQ */
     double graph_seconds, encode_seconds, handover_seconds;

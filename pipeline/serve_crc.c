@@ -7,6 +7,8 @@
  * next segment); the reply goes out when the loop next sends anything, or before it waits.
  * Rows a GPU graph is still bringing over (its copy begun by the final norm, beside the next
  * segment's computation, as `seqflow run`'s norm thread overlaps it) are waited for here first.
+ * For a client with a shared-memory region the rows are copied into it here, each piece while
+ * its CRC is computed (serve_region.c): the one copy those rows take on the server.
  * One job at a time: the loop takes a job's CRC before it starts another. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@ struct serve_crc {
     pthread_cond_t wake, done_cond;
     sf_packet *packet; /* rows still on the device: brought over first */
     const void *data;
+    void *dst; /* where the rows are copied on the way (a client's region), NULL: nowhere */
     size_t len;
     int threads;
     int queued, done, quit;
@@ -36,10 +39,11 @@ static void *crc_main(void *arg)
         if (c->quit) break;
         sf_packet *packet = c->packet;
         const void *data = c->data;
+        void *dst = c->dst;
         const size_t len = c->len;
         pthread_mutex_unlock(&c->lock);
         const int rc = packet && packet->dev ? sf_packet_to_host(packet) : SF_OK;
-        const uint32_t crc = rc == SF_OK ? sf_crc32c_parallel(0, data, len, c->threads) : 0;
+        const uint32_t crc = rc == SF_OK ? sf_crc32c_parallel_copy(0, dst, data, len, c->threads) : 0;
         pthread_mutex_lock(&c->lock);
         c->crc = crc;
         c->rc = rc;
@@ -83,10 +87,10 @@ void serve_crc_free(serve_crc *c)
     free(c);
 }
 
-void serve_crc_start(serve_crc *c, sf_packet *packet, const void *data, size_t len)
+void serve_crc_start(serve_crc *c, sf_packet *packet, const void *data, size_t len, void *dst)
 {
     pthread_mutex_lock(&c->lock);
-    c->packet = packet, c->data = data, c->len = len;
+    c->packet = packet, c->data = data, c->len = len, c->dst = dst;
     c->queued = 1, c->done = 0;
     pthread_cond_signal(&c->wake);
     pthread_mutex_unlock(&c->lock);

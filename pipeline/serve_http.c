@@ -159,6 +159,20 @@ int sf_serve_metrics(sf_serve *s, sf_buffer *out)
           "# TYPE seqflow_serve_streams_resumed_total counter\n");
         M("seqflow_serve_streams_resumed_total %" PRIu64 "\n", s->streams_resumed);
     }
+    uint64_t regions = 0, in_use = 0;
+    for (uint32_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i]->region) regions++, in_use += serve_region_in_use(s->clients[i]->region);
+    M("# HELP seqflow_serve_shm_regions Clients' shared-memory regions (MAP) now.\n"
+      "# TYPE seqflow_serve_shm_regions gauge\nseqflow_serve_shm_regions %" PRIu64 "\n",
+      regions);
+    M("# HELP seqflow_serve_shm_bytes Bytes of shared memory: the regions made, the rows in them not yet released, "
+      "the budget (--shm-budget).\n# TYPE seqflow_serve_shm_bytes gauge\n");
+    M("seqflow_serve_shm_bytes{kind=\"made\"} %" PRIu64 "\n", s->shm_bytes);
+    M("seqflow_serve_shm_bytes{kind=\"in_use\"} %" PRIu64 "\n", in_use);
+    M("seqflow_serve_shm_bytes{kind=\"budget\"} %" PRIu64 "\n", s->shm_budget);
+    M("# HELP seqflow_serve_shm_rows_total ROWS placed in clients' regions (ROWS_AT sent).\n"
+      "# TYPE seqflow_serve_shm_rows_total counter\nseqflow_serve_shm_rows_total %" PRIu64 "\n",
+      s->shm_messages);
     M("# HELP seqflow_serve_uptime_seconds Seconds since the server started.\n# TYPE seqflow_serve_uptime_seconds gauge\n");
     M("seqflow_serve_uptime_seconds %.3f\n", sf_monotonic_seconds() - s->started);
 #undef M
@@ -293,6 +307,9 @@ void sf_serve_get_stats(const sf_serve *s, sf_serve_stats *out)
     out->send_in_flight = ss.in_flight;
     out->send_peak = ss.peak;
     out->send_wait_seconds = s->send_wait_sum;
+    out->shm_budget = s->shm_budget;
+    out->shm_bytes = s->shm_bytes;
+    out->shm_messages = s->shm_messages;
     out->graph_seconds = s->graph_sum;
     out->encode_seconds = s->encode_sum;
     out->handover_seconds = s->handover_sum;

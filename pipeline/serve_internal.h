@@ -19,6 +19,7 @@
 #define SERVE_HTTP_CONNS 32    /* HTTP connections served at once */
 #define SERVE_HTTP_REQUEST 4096 /* bytes of one HTTP request */
 #define SERVE_LATENCY_BUCKETS 14
+#define SERVE_REGION_MIN (64ull << 10) /* bytes of the smallest region a MAP gets */
 
 typedef struct serve_client {
     uint8_t id[SERVE_MAX_ID];
@@ -29,6 +30,7 @@ typedef struct serve_client {
     int version;         /* the protocol version of its last message: replies use it */
     struct serve_flow *flow; /* its replies in flight (serve_send.c) */
     int sharing;         /* it has replies in flight or a step to take (the loop's share count) */
+    struct serve_region *region; /* its shared-memory region (MAP), NULL: none */
 } serve_client;
 
 /* A committed ROWS message sent to a resumable stream's client and not yet acknowledged (CREDIT's
@@ -109,7 +111,13 @@ struct sf_serve {
         size_t rows_len;
         sf_buffer head; /* the ROWS's head, its frame header last (the CRC goes there) */
         double t0;      /* when the input that completed it arrived (0: not observed) */
+        int in_region;  /* its rows are being copied into its client's region, at: */
+        uint64_t region_pos;
     } pending;
+    uint64_t shm_budget;     /* bytes of all regions together; 0: no regions */
+    uint64_t region_default; /* bytes of a region a MAP of 0 gets */
+    uint64_t shm_bytes;      /* of regions made now */
+    uint64_t shm_messages;   /* ROWS_AT sent, in all */
     uint64_t send_share;  /* each client's share of the budget, this round */
     double send_wait_since; /* when the loop began waiting for the send budget (0: not waiting) */
     double send_wait_sum;   /* seconds waited for it, in all */
@@ -234,12 +242,13 @@ int serve_send_packet(void *socket, serve_send *p, serve_flow *flow, const uint8
                       size_t frame, int flags);
 /* serve_crc.c: the checksum thread. One job at a time: serve_crc_wait gives the CRC-32C of the
  * data of the last serve_crc_start (computed on `threads` threads), which must stay alive until
- * then; a packet given with its rows still on the device (the data: its reserved host rows) is
- * brought to the host first. SF_OK, or the download's error (no CRC then). */
+ * then, copied on the way to dst unless dst is NULL; a packet given with its rows still on the
+ * device (the data: its reserved host rows) is brought to the host first. SF_OK, or the
+ * download's error (no CRC then). */
 typedef struct serve_crc serve_crc;
 serve_crc *serve_crc_create(int threads); /* NULL: no memory or no thread */
 void serve_crc_free(serve_crc *c);        /* no job running; NULL accepted */
-void serve_crc_start(serve_crc *c, sf_packet *packet, const void *data, size_t len);
+void serve_crc_start(serve_crc *c, sf_packet *packet, const void *data, size_t len, void *dst);
 int serve_crc_wait(serve_crc *c, uint32_t *crc);
 /* 1 while the bytes in flight, and extra bytes about to be, are at or over the budget (any
  * thread may have lowered them). */
@@ -257,5 +266,30 @@ void serve_http_close(sf_serve *s);
 void serve_http_poll(sf_serve *s);
 void serve_observe_latency(sf_serve *s, double seconds);
 void serve_update_rate(sf_serve *s, double now);
+
+/* serve_region.c: a client's shared-memory region, a ring of ROWS (loop thread). */
+typedef struct serve_region serve_region;
+/* Makes and maps a region of size bytes under a fresh name. SF_OK, SF_E_NOMEM (no room, in
+ * memory or /dev/shm) or SF_E_IO, with the message set. */
+int serve_region_create(uint64_t size, serve_region **out);
+void serve_region_free(serve_region *r); /* unmaps it, unlinks its name if still there; NULL accepted */
+const char *serve_region_name(const serve_region *r);
+uint64_t serve_region_size(const serve_region *r);
+int serve_region_attached(const serve_region *r); /* 0 for NULL */
+void serve_region_attach(serve_region *r);        /* the client mapped it: its name goes */
+/* Takes len bytes at the head for a message (1, *pos its region position), or 0 when the
+ * region is not attached or the client still reads where they would go. */
+int serve_region_reserve(serve_region *r, uint64_t len, uint64_t *pos);
+uint8_t *serve_region_at(const serve_region *r, uint64_t pos);
+void serve_region_sent(serve_region *r, uint64_t end);   /* a message ending at end was announced */
+int serve_region_has_room(const serve_region *r);        /* for a message as large as the largest yet */
+int serve_region_release(serve_region *r, uint64_t pos); /* 0: pos is beyond what was announced */
+uint64_t serve_region_in_use(const serve_region *r);     /* announced, not released; 0 for NULL */
+/* Gives back the message reserved at pos, the last one, never announced. */
+void serve_region_cancel(serve_region *r, uint64_t pos);
+/* MAP, ATTACH and RELEASE from c. */
+void serve_region_message(sf_serve *s, serve_client *c, const sf_serve_msg *m);
+/* Frees c's region (the client is forgotten). */
+void serve_region_drop(sf_serve *s, serve_client *c);
 
 #endif

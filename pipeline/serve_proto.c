@@ -60,6 +60,11 @@ const char *sf_serve_type_name(int type)
     case SF_SERVE_PONG: return "PONG";
     case SF_SERVE_RESUME: return "RESUME";
     case SF_SERVE_DURABLE: return "DURABLE";
+    case SF_SERVE_MAP: return "MAP";
+    case SF_SERVE_ATTACH: return "ATTACH";
+    case SF_SERVE_RELEASE: return "RELEASE";
+    case SF_SERVE_MAPPED: return "MAPPED";
+    case SF_SERVE_ROWS_AT: return "ROWS_AT";
     default: return "?";
     }
 }
@@ -153,6 +158,27 @@ int sf_serve_decode(const uint8_t *buf, size_t len, uint64_t max_tokens, sf_serv
     case SF_SERVE_DURABLE:
         if (m->version < 2) return sf_error(SF_E_FRAME, "DURABLE needs protocol version 2 (the message says %d)", m->version);
         if (m->b) return sf_error(SF_E_FRAME, "DURABLE with b = %llu (must be 0)", (unsigned long long)m->b);
+        break;
+    case SF_SERVE_MAP:
+    case SF_SERVE_ATTACH:
+    case SF_SERVE_RELEASE:
+    case SF_SERVE_MAPPED:
+    case SF_SERVE_ROWS_AT:
+        if (m->version < 4)
+            return sf_error(SF_E_FRAME, "%s needs protocol version 4 (the message says %d)", name, m->version);
+        if (m->type == SF_SERVE_MAPPED) {
+            if (m->b == 0 || m->b > SF_SERVE_MAX_NAME || rest != m->b)
+                return sf_error(SF_E_FRAME, "MAPPED name of %zu bytes (header: %llu, 1 to %d)", rest,
+                                (unsigned long long)m->b, SF_SERVE_MAX_NAME);
+            return SF_OK;
+        }
+        if (m->type == SF_SERVE_ROWS_AT) {
+            if (rest != SF_SERVE_ROWS_AT_SIZE)
+                return sf_error(SF_E_FRAME, "ROWS_AT carries %zu payload bytes, not %d", rest, SF_SERVE_ROWS_AT_SIZE);
+            return SF_OK;
+        }
+        if (m->b) return sf_error(SF_E_FRAME, "%s with b = %llu (must be 0)", name, (unsigned long long)m->b);
+        if (m->type == SF_SERVE_ATTACH && m->a == 0) return sf_error(SF_E_FRAME, "ATTACH of a region of 0 bytes");
         break;
     case SF_SERVE_FLUSH:
     case SF_SERVE_CLOSE:

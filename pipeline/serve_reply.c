@@ -2,7 +2,9 @@
  * client in that client's protocol version and in order; ROWS without a copy under the send
  * budget (serve_send.c); and the pending reply, whose rows' CRC the checksum thread
  * (serve_crc.c) computes while the loop runs its next step: it goes out before anything else
- * is sent, before its client is forgotten and before the loop waits. */
+ * is sent, before its client is forgotten and before the loop waits. A version-4 client with an
+ * attached region (serve_region.c) gets its ROWS placed there and a ROWS_AT saying where,
+ * whenever the region has room; otherwise through the socket. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -49,13 +51,41 @@ void serve_reply(sf_serve *s, serve_client *c, uint8_t *msg, size_t len)
     sent(s, c, rc);
 }
 
+/* Tells c where in its region the wire packet of the ROWS whose 32-byte header is rows_header
+ * lies: a ROWS_AT of the same stream, position and rows. */
+static void announce(sf_serve *s, serve_client *c, const uint8_t *rows_header, uint64_t pos, uint64_t len)
+{
+    uint8_t msg[SF_SERVE_HEADER_SIZE + SF_SERVE_ROWS_AT_SIZE];
+    memcpy(msg, rows_header, SF_SERVE_HEADER_SIZE);
+    msg[5] = SF_SERVE_ROWS_AT;
+    for (int i = 0; i < 8; i++) {
+        msg[SF_SERVE_HEADER_SIZE + i] = (uint8_t)(pos >> 8 * i);
+        msg[SF_SERVE_HEADER_SIZE + 8 + i] = (uint8_t)(len >> 8 * i);
+    }
+    serve_region_sent(c->region, pos + len);
+    s->shm_messages++;
+    serve_reply(s, c, msg, sizeof msg);
+}
+
+/* The region c's ROWS may go to: its attached region, while it speaks version 4. */
+static serve_region *region_of(const serve_client *c) { return c->version >= 4 ? c->region : NULL; }
+
 /* A ROWS to a client, without a copy into ZeroMQ and counted under the send budget
  * (serve_send.c): a kept copy when kept is given, else s->out, which is left empty or with a
- * pooled buffer. */
+ * pooled buffer. Into the client's region instead where it has room. */
 void serve_reply_rows(sf_serve *s, serve_client *c, const serve_kept *kept)
 {
     serve_reply_flush(s);
     if (!c || c->gone) return;
+    const uint8_t *msg = kept ? kept->msg : s->out.data;
+    const size_t len = kept ? kept->len : s->out.len;
+    uint64_t pos;
+    if (serve_region_reserve(region_of(c), len - SF_SERVE_HEADER_SIZE, &pos)) {
+        memcpy(serve_region_at(c->region, pos), msg + SF_SERVE_HEADER_SIZE, len - SF_SERVE_HEADER_SIZE);
+        if (!kept) s->out.len = 0;
+        announce(s, c, msg, pos, len - SF_SERVE_HEADER_SIZE);
+        return;
+    }
     const size_t frame = c->version >= 3 ? (size_t)s->o.frame_bytes : 0; /* older clients: one frame */
     int rc;
     if (kept) {
@@ -80,13 +110,23 @@ void serve_reply_flush(sf_serve *s)
     sf_frame_header_set_payload_crc(head->data + head->len - SF_FRAME_HEADER_SIZE, crc);
     serve_client *c = s->pending.client;
     if (rc != SF_OK) { /* its rows never reached the host */
+        if (s->pending.in_region) serve_region_cancel(c->region, s->pending.region_pos);
         sf_packet_free(s->pending.packet);
         s->pending.packet = NULL;
         head->len = 0;
         serve_fail(s, rc);
         return;
     }
-    if (!c || c->gone)
+    if (s->pending.in_region) { /* the rows are in c's region: the head goes before them */
+        sf_packet_free(s->pending.packet);
+        const size_t head_len = head->len - SF_SERVE_HEADER_SIZE;
+        if (c->gone) {
+            serve_region_cancel(c->region, s->pending.region_pos);
+        } else {
+            memcpy(serve_region_at(c->region, s->pending.region_pos), head->data + SF_SERVE_HEADER_SIZE, head_len);
+            announce(s, c, head->data, s->pending.region_pos, head_len + s->pending.rows_len);
+        }
+    } else if (!c || c->gone)
         sf_packet_free(s->pending.packet);
     else
         sent(s, c,
@@ -102,7 +142,9 @@ void serve_reply_flush(sf_serve *s)
  * the loop decides whether there is room for another step. */
 uint64_t serve_reply_pending_bytes(const sf_serve *s, const serve_client *c)
 {
-    return s->pending.active && (!c || s->pending.client == c) ? s->pending.head.len + s->pending.rows_len : 0;
+    return s->pending.active && !s->pending.in_region && (!c || s->pending.client == c)
+               ? s->pending.head.len + s->pending.rows_len
+               : 0;
 }
 
 /* Makes the ROWS whose head is in s->out, of a version-3 client, the pending reply: its rows'
@@ -119,7 +161,11 @@ int serve_reply_defer(sf_serve *s, serve_client *c, sf_packet *p, const void *ro
         sf_packet_free(p);
         return rc;
     }
-    serve_crc_start(s->crc, p, rows, rows_len);
+    /* into c's region on the checksum thread's way, where there is room */
+    const size_t head_len = s->pending.head.len - SF_SERVE_HEADER_SIZE;
+    s->pending.in_region = serve_region_reserve(region_of(c), head_len + rows_len, &s->pending.region_pos);
+    serve_crc_start(s->crc, p, rows, rows_len,
+                    s->pending.in_region ? serve_region_at(c->region, s->pending.region_pos) + head_len : NULL);
     s->pending.active = 1;
     s->pending.client = c;
     s->pending.packet = p;

@@ -5,9 +5,11 @@
 # byte; the server restarted says it loaded their streams. Then a checkpoint with a flipped byte
 # is refused at start (exit 1, naming the checksum) and one written for another model is refused
 # naming the difference.
-# usage: serve_resume.sh SEQFLOW_BIN SERVE_CLIENT_BIN
+# CLIENT_EXTRA: options for the clients (`-m`: rows through shared memory, a region mapped again
+# from the restarted server).
+# usage: serve_resume.sh SEQFLOW_BIN SERVE_CLIENT_BIN [CLIENT_EXTRA]
 set -eu
-bin=$1 client=$2
+bin=$1 client=$2 client_extra=${3:-}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/seqflow-resume.XXXXXX")
 pid=""
 trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
@@ -24,7 +26,8 @@ start serve1.err
 i=0
 for f in a b c; do
   i=$((i + 1))
-  "$client" -i "$i" -r 8000 -R 20 -o "$dir/$f.f32" "ipc://$dir/s.sock" "$dir/$f.bin" 2>"$dir/$f.err" &
+  # shellcheck disable=SC2086
+  "$client" $client_extra -i "$i" -r 8000 -R 20 -o "$dir/$f.f32" "ipc://$dir/s.sock" "$dir/$f.bin" 2>"$dir/$f.err" &
   eval "c_$f=\$!"
 done
 # kill once a few checkpoints hold the streams, well before the 3 s the clients take
@@ -52,6 +55,10 @@ status=0
 wait "$pid" || status=$?
 pid=""
 [ "$status" -eq 0 ] || fail "seqflow serve exited $status"
+case " $client_extra " in
+*" -m "*) grep -q "ROWS through clients' shared-memory regions" "$dir/serve2.err" ||
+  fail "the restarted server placed no rows in the clients' regions" ;;
+esac
 # a damaged checkpoint: refused at start, naming the checksum; nothing is served from it
 newest=$(ls "$dir"/ckpt/ckpt-*.sqf | tail -n 1)
 for old in "$dir"/ckpt/ckpt-*.sqf; do [ "$old" = "$newest" ] || rm -f "$old"; done

@@ -51,6 +51,10 @@ static void serve_usage(FILE *f)
           "  --frame-bytes BYTES   a ROWS to a protocol-3 client goes in frames of at most this many\n"
           "                        bytes, 4096..1099511627776 (default 1048576, 1 MiB); a size over\n"
           "                        the largest ROWS sends one frame, as to older clients\n"
+          "  --shm-budget BYTES    shared memory for clients on this host, all their regions together,\n"
+          "                        0..17592186044416 (default: the less of 8 GiB and a quarter of the\n"
+          "                        memory; 0: none): a protocol-4 client may MAP a region and take its\n"
+          "                        rows there, copied once instead of through the socket\n"
           "  --checkpoint DIR      streams survive a restart: the graph's state and every stream's\n"
           "                        position are saved atomically into DIR (created when missing,\n"
           "                        locked while the server runs), and on start the newest valid\n"
@@ -72,6 +76,7 @@ typedef struct serve_args {
     const char *bind, *key, *clients, *http, *checkpoint;
     int plaintext;
     long long window, max_credit, max_streams, send_budget, io_threads, frame_bytes;
+    long long shm_budget;            /* -1: the server's default */
     double idle_s, checkpoint_every; /* seconds, 0 = the server's default */
 } serve_args;
 
@@ -105,6 +110,8 @@ static int serve_options(int *argc, char **argv, serve_args *s)
         else if (strcmp(arg, "--send-budget") == 0) number = &s->send_budget, lo = 1 << 16, hi = 1ll << 40;
         else if (strcmp(arg, "--io-threads") == 0) number = &s->io_threads, hi = 64;
         else if (strcmp(arg, "--frame-bytes") == 0) number = &s->frame_bytes, lo = 4096, hi = 1ll << 40;
+        else if (strcmp(arg, "--shm-budget") == 0)
+            number = &s->shm_budget, lo = 0, hi = 1ll << 44;
         if (!text && !number && !seconds) {
             argv[out++] = argv[i];
             continue;
@@ -192,7 +199,7 @@ static void log_line(void *user, const char *line)
 
 int cmd_serve(int argc, char **argv)
 {
-    serve_args sa = {0};
+    serve_args sa = {.shm_budget = -1};
     int status = serve_options(&argc, argv, &sa);
     if (status) return status < 0 ? 0 : status;
     if (!sa.bind) {
@@ -233,14 +240,23 @@ int cmd_serve(int argc, char **argv)
     if (!status) status = run_prepare(&c, 0);
     sf_serve *s = NULL;
     if (!status) {
-        sf_serve_options o = {.bind = sa.bind, .http = sa.http, .plaintext = sa.plaintext,
+        sf_serve_options o = {.bind = sa.bind,
+                              .http = sa.http,
+                              .plaintext = sa.plaintext,
                               .secret_key = sa.plaintext ? NULL : secret,
-                              .client_keys = (const char *const *)keys, .n_client_keys = n_keys,
-                              .idle_timeout = sa.idle_s, .window = (uint32_t)sa.window,
-                              .max_credit = (uint32_t)sa.max_credit, .max_streams = (uint32_t)sa.max_streams,
-                              .send_budget = (uint64_t)sa.send_budget, .io_threads = (int)sa.io_threads,
+                              .client_keys = (const char *const *)keys,
+                              .n_client_keys = n_keys,
+                              .idle_timeout = sa.idle_s,
+                              .window = (uint32_t)sa.window,
+                              .max_credit = (uint32_t)sa.max_credit,
+                              .max_streams = (uint32_t)sa.max_streams,
+                              .send_budget = (uint64_t)sa.send_budget,
+                              .io_threads = (int)sa.io_threads,
                               .frame_bytes = (uint64_t)sa.frame_bytes,
-                              .checkpoint_dir = sa.checkpoint, .checkpoint_every = sa.checkpoint_every,
+                              .shm_budget = sa.shm_budget > 0 ? (uint64_t)sa.shm_budget : 0,
+                              .no_shm = sa.shm_budget == 0,
+                              .checkpoint_dir = sa.checkpoint,
+                              .checkpoint_every = sa.checkpoint_every,
                               .log = log_line};
         rc = sf_serve_create(c.graph, sf_model_get_config(c.model), &o, &s);
         if (rc != SF_OK) {
@@ -272,6 +288,9 @@ int cmd_serve(int argc, char **argv)
         cli_log(CLI_LOG_INFO, "replies: at most %.1f MiB in flight (the send budget: %.1f MiB); the loop waited %.3f s "
                 "for the budget",
                 (double)st.send_peak / (1 << 20), (double)st.send_budget / (1 << 20), st.send_wait_seconds);
+        if (st.shm_messages)
+            cli_log(CLI_LOG_INFO, "%llu ROWS through clients' shared-memory regions",
+                    (unsigned long long)st.shm_messages);
         cli_log(CLI_LOG_INFO, "the loop's time: %.3f s in the pipeline, %.3f s encoding replies, %.3f s handing them to "
                 "ZeroMQ", st.graph_seconds, st.encode_seconds, st.handover_seconds);
         if (sa.checkpoint)

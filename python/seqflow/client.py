@@ -20,11 +20,19 @@ fresh socket; a server that took the OPEN and checkpoints hands the stream over 
 that holds no state of it answers UNKNOWN and the client sends OPEN again. A server without
 checkpoints that took the OPEN holds the stream for the old connection until its idle timeout:
 open() then raises ServeError BUSY saying so.
+
+Shared memory (protocol version 4): with shared_memory=True the client asks the server for a
+region (MAP), maps it read-only and ATTACHes; the server then places most ROWS there and sends
+a ROWS_AT saying where. The rows are copied out at once (the server reuses the space) and the
+space is RELEASEd. A region belongs to one connection: after a drop the client maps a new one.
 """
 import ctypes
 import ctypes.util
+import mmap
+import os
 import struct
 import time
+import warnings
 from collections import deque, namedtuple
 
 import numpy as np
@@ -33,11 +41,12 @@ from .pipeline import SeqflowError, _tokens_array
 
 __all__ = ["Client", "Rows", "ServeError", "curve_keypair", "curve_public"]
 
-OPEN, PUSH, FLUSH, CLOSE, CREDIT, PING, RESUME = 1, 2, 3, 4, 5, 6, 7
-OPENED, ROWS, CLOSED, ERROR, PONG, DURABLE = 16, 17, 18, 19, 20, 21
+OPEN, PUSH, FLUSH, CLOSE, CREDIT, PING, RESUME, MAP, ATTACH, RELEASE = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+OPENED, ROWS, CLOSED, ERROR, PONG, DURABLE, MAPPED, ROWS_AT = 16, 17, 18, 19, 20, 21, 22, 23
 ERROR_NAMES = {0: "REFUSED", 1: "MALFORMED", 2: "TYPE", 3: "NOT_OPEN", 4: "BUSY", 5: "POSITION", 6: "WINDOW", 7: "LIMIT",
-               8: "TOKEN", 9: "INTERNAL", 10: "UNKNOWN", 11: "GAP"}
-_VERSION = 3
+               8: "TOKEN", 9: "INTERNAL", 10: "UNKNOWN", 11: "GAP", 12: "REGION"}
+_VERSION, _VERSION_REGION = 3, 4
+_ROWS_AT = struct.Struct("<QQ")  # region position, length
 _HEADER = struct.Struct("<4sBBHQQQ")  # magic, version, type, reserved, stream, a, b
 _ENVELOPE = struct.Struct("<4sBBBBIIQQQQQII")  # pipeline/wire.h
 _FRAME_HEADER = 96
@@ -129,7 +138,7 @@ class _Dropped(Exception):
 
 
 class ServeError(SeqflowError):
-    """An ERROR from the server: code (1..9 of docs/SERVE.md), name ("TOKEN", ...), message (the
+    """An ERROR from the server: code (1..12 of docs/SERVE.md), name ("TOKEN", ...), message (the
     server's text) and stream (the stream the refused message named; 0 when none). Code 0,
     name "REFUSED": the server refused this client's CURVE handshake."""
 
@@ -174,12 +183,21 @@ class Client:
     server's --clients file. `credit` is the reply messages granted ahead per stream; `timeout`
     the seconds a wait may pass without a word from the server (then TimeoutError);
     `resume_timeout` the seconds a dropped connection is tried again before ConnectionError (0:
-    never resumed). Not thread-safe: one thread uses a Client at a time."""
+    never resumed). `shared_memory=True` (a server on this host) takes the rows through a
+    shared-memory region of `shared_memory_bytes` (0: the server's default); connect() then waits
+    for the server's answer, and where it has no region to give, or this process cannot open it,
+    warns (RuntimeWarning) and takes the rows over the socket. Not thread-safe: one thread uses a
+    Client at a time."""
 
-    def __init__(self, endpoint=None, server_key=None, client_keys=None, credit=8, timeout=60.0, resume_timeout=30.0):
+    def __init__(self, endpoint=None, server_key=None, client_keys=None, credit=8, timeout=60.0, resume_timeout=30.0,
+                 shared_memory=False, shared_memory_bytes=0):
         if not 1 <= int(credit) <= 256:
             raise ValueError("seqflow.Client: credit must be in 1..256")
         self._credit, self._timeout, self._resume_timeout = int(credit), timeout, float(resume_timeout)
+        self._shm, self._shm_bytes = bool(shared_memory), int(shared_memory_bytes)
+        self._version = _VERSION
+        self._region = None  # the mmap of this connection's region, once ATTACHed
+        self._mapping = self._remap = False  # a MAP unanswered; a MAP due (the connection dropped)
         self._generation = 0
         self._in_resume = self._handshaken = False
         self._ctx = self._sock = self._monitor = None
@@ -212,7 +230,32 @@ class Client:
         self._endpoint = endpoint
         self._keys = None if server_key is None else (server_key.strip(), public, secret)
         self._open_socket()
+        if self._shm:
+            self._map()
         return self
+
+    def _map(self, timeout=None):
+        """Sends MAP and waits for its answer (the messages after it then go in the version it
+        settles): MAPPED maps the region, a refusal leaves the rows on the socket. Returns
+        _send's answer (False: a resume inside took over)."""
+        self._unmap()
+        self._remap, self._mapping, self._version = False, True, _VERSION_REGION
+        if not self._send(MAP, 0, self._shm_bytes, timeout=timeout):
+            return False
+        while self._mapping:
+            self._read()
+        return True
+
+    def _unmap(self):
+        self._version = _VERSION
+        if self._region is not None:
+            self._region.close()
+            self._region = None
+
+    def _no_region(self, why):
+        self._mapping = False
+        self._unmap()
+        warnings.warn(f"seqflow.Client: no shared memory, rows come over the socket: {why}", RuntimeWarning)
 
     def _open_socket(self):
         z = _lib()
@@ -252,6 +295,7 @@ class Client:
 
     def disconnect(self):
         """Closes the socket (streams still open are ended by the server's idle timeout). Idempotent."""
+        self._unmap()
         if self._sock or self._monitor:
             self._close_socket()
         if self._ctx:
@@ -275,8 +319,11 @@ class Client:
     def _send(self, type_, stream=0, a=0, b=0, payload=b"", timeout=None):
         if not self._sock:
             raise ValueError("seqflow.Client: not connected")
+        # a region belongs to one connection: after a drop, the next message maps a new one first
+        if self._remap and type_ not in (PING, MAP) and not self._map(timeout):
+            return False
         z = _lib()
-        msg = _HEADER.pack(b"SFS1", _VERSION, type_, 0, stream, a, b) + payload
+        msg = _HEADER.pack(b"SFS1", self._version, type_, 0, stream, a, b) + payload
         start = time.monotonic()
         timeout = self._timeout if timeout is None else timeout
         # without a peer (not yet connected, or its handshake refused) a DEALER cannot send:
@@ -308,6 +355,8 @@ class Client:
             raise ServeError(0, f"the server at {self._endpoint} refused this client's CURVE key "
                                 "(not in its --clients file, or the wrong server key)")
         self._handshaken |= _ZMQ_EVENT_HANDSHAKE_SUCCEEDED in events
+        if _ZMQ_EVENT_DISCONNECTED in events and self._shm:
+            self._mapping, self._remap = False, True  # the server forgot the region with the connection
         # without a stream to resume, libzmq's own reconnection is all there is to do; an OPEN
         # not answered is one only where a handshake succeeded (else it never left this socket)
         if _ZMQ_EVENT_DISCONNECTED in events and any(self._handshaken or not st.opening
@@ -364,16 +413,19 @@ class Client:
         while True:
             self._close_socket()
             self._open_socket()
-            try:  # a DEALER sends once it is connected: the first RESUME tells
-                sid, st = streams[0]
-                self._send(RESUME, sid, self._credit, st.committed, timeout=backoff)
+            try:  # a DEALER sends once it is connected: the first message (MAP or RESUME) tells
+                if self._shm:  # a fresh connection, a fresh region
+                    self._map(timeout=backoff)
+                else:
+                    sid, st = streams[0]
+                    self._send(RESUME, sid, self._credit, st.committed, timeout=backoff)
                 break
             except TimeoutError:
                 if time.monotonic() + backoff > deadline:
                     raise ConnectionError(f"seqflow.Client: the server at {self._endpoint} stayed away for "
                                           f"{self._resume_timeout:g} s") from None
                 backoff = min(2.0, backoff * 2)
-        for sid, st in streams[1:]:
+        for sid, st in streams[0 if self._shm else 1:]:
             self._send(RESUME, sid, self._credit, st.committed)
         for sid, st in streams:
             st.resuming, st.flushes = True, 0  # a FLUSH not answered is dropped: its rows were provisional
@@ -599,8 +651,8 @@ class Client:
         if len(data) < _HEADER.size:
             raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply shorter than a header")
         magic, version, type_, _, stream, a, b = _HEADER.unpack_from(data)
-        if magic != b"SFS1" or version not in (1, 2, 3):
-            raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply that is not of protocol SFS1 version 1 to 3")
+        if magic != b"SFS1" or version not in (1, 2, 3, 4):
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a reply that is not of protocol SFS1 version 1 to 4")
         st = self._streams.get(stream)
         if type_ == OPENED:
             self._window = b
@@ -629,8 +681,11 @@ class Client:
                 if st.base < a <= st.total:  # the server's checkpoint holds them
                     del st.kept[:(a - st.base) * 4]
                     st.base = a
-        elif type_ == ROWS:
-            r = self._rows(stream, a, b, memoryview(data)[_HEADER.size:])
+        elif type_ in (ROWS, ROWS_AT):
+            if type_ == ROWS:
+                r = self._rows(stream, a, b, memoryview(data)[_HEADER.size:])
+            else:
+                r = self._rows(stream, a, b, self._from_region(data))
             keep = True
             if st is not None:
                 if st.resumable is None:  # rows before any DURABLE: the server keeps no checkpoints
@@ -647,12 +702,18 @@ class Client:
             self._send(CREDIT, stream, 1, st.committed if st is not None else 0)
             if keep:
                 self._ready.append(r)
+        elif type_ == MAPPED:
+            if self._mapping:  # else the answer to a MAP of a connection that dropped since
+                self._attach(a, bytes(data[_HEADER.size:_HEADER.size + b]))
         elif type_ == PONG:
             self._pong = max(self._pong, a)
         elif type_ == CLOSED:
             self._streams.pop(stream, None)
         elif type_ == ERROR:
             text = bytes(data[_HEADER.size:_HEADER.size + b]).decode("utf-8", "replace")
+            if self._mapping and stream == 0 and a in (1, 12):  # MAP refused (1: a server before version 4)
+                self._no_region(f"the server answered MAP with {ERROR_NAMES[a]}: {text}")
+                return type_, stream
             if st is not None and st.resuming and a == 10 and st.base == 0:
                 # not checkpointed yet when the server stopped: open it afresh, push from 0
                 self._send(OPEN, stream, self._credit)
@@ -671,6 +732,38 @@ class Client:
                 self._streams.pop(stream, None)
             raise err
         return type_, stream
+
+    def _attach(self, size, name):
+        """Maps the region MAPPED named and ATTACHes; where that fails (another host, another
+        user) sends nothing, and the server goes on sending over the socket."""
+        self._mapping = False
+        try:
+            name = name.decode()
+            if not name.startswith("/") or "/" in name[1:]:
+                raise ValueError(f"not a shared-memory name: {name!r}")
+            fd = os.open("/dev/shm" + name, os.O_RDONLY | os.O_CLOEXEC)
+            try:  # ACCESS_READ: PROT_READ, MAP_SHARED, and Python knows the buffer is read-only
+                self._region = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)
+        except (OSError, ValueError) as e:
+            self._no_region(f"cannot map the server's region: {e}")
+            return
+        self._send(ATTACH, 0, size)
+
+    def _from_region(self, data):
+        """A ROWS_AT's packet, copied out of the region (the server reuses the space), which is
+        RELEASEd at once."""
+        if len(data) != _HEADER.size + _ROWS_AT.size or self._region is None:
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a ROWS_AT without a region or of the wrong size")
+        pos, n = _ROWS_AT.unpack_from(data, _HEADER.size)
+        at = pos % len(self._region)
+        if at + n > len(self._region):
+            raise SeqflowError(-1, "FRAME", "seqflow.Client: a ROWS_AT beyond the region's end")
+        with memoryview(self._region) as view:
+            packet = bytearray(view[at:at + n])
+        self._send(RELEASE, 0, pos + n)
+        return packet
 
     @staticmethod
     def _rows(stream, position, n, packet):

@@ -7,6 +7,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -60,39 +61,118 @@ def texts():
     return [text, text[100:1100], b"short", text[:513]]
 
 
+def interleaved(c, inputs):
+    """Streams 10, 11, ... of `inputs` through client c, all open at once, pushed in odd
+    interleaved chunks with a flush now and then; their committed rows, one array a stream."""
+    for s in range(len(inputs)):
+        assert c.open(s + 10) == 0
+    got = {s + 10: [] for s in range(len(inputs))}
+    provisional = 0
+    for start in range(0, max(len(t) for t in inputs), 97):
+        for s, t in enumerate(inputs):
+            if start < len(t):
+                c.push(s + 10, t[start:start + 97])
+                if start % 5 == 0:
+                    c.flush(s + 10)
+        for r in c.replies():
+            if r.provisional:
+                provisional += 1
+                assert r.position == len(b"".join(x.tobytes() for x in got[r.stream])) // (4 * 128)
+            else:
+                got[r.stream].append(r.rows)
+    for s in range(len(inputs)):
+        c.close(s + 10)
+    finals = 0
+    for r in c:
+        finals += r.final
+        if not r.provisional:
+            got[r.stream].append(r.rows)
+    assert finals == len(inputs) and provisional > 0
+    return [np.concatenate(got[s + 10]) for s in range(len(inputs))]
+
+
 def test_rows_equal_run(binary, serve):
     endpoint = serve(*MODEL)
     inputs = texts()
     with seqflow.Client(endpoint, timeout=30) as c:
-        # all streams open at once, pushed in odd interleaved chunks with a flush now and then
-        for s in range(len(inputs)):
-            assert c.open(s + 10) == 0
-        got = {s + 10: [] for s in range(len(inputs))}
-        provisional = 0
-        for start in range(0, max(len(t) for t in inputs), 97):
-            for s, t in enumerate(inputs):
-                if start < len(t):
-                    c.push(s + 10, t[start:start + 97])
-                    if start % 5 == 0:
-                        c.flush(s + 10)
-            for r in c.replies():
-                if r.provisional:
-                    provisional += 1
-                    assert r.position == len(b"".join(x.tobytes() for x in got[r.stream])) // (4 * 128)
-                else:
-                    got[r.stream].append(r.rows)
-        for s in range(len(inputs)):
-            c.close(s + 10)
-        finals = 0
-        for r in c:
-            finals += r.final
-            if not r.provisional:
-                got[r.stream].append(r.rows)
-        assert finals == len(inputs) and provisional > 0
-    for s, t in enumerate(inputs):
-        rows = np.concatenate(got[s + 10])
+        got = interleaved(c, inputs)
+    for rows, t in zip(got, inputs):
         assert rows.shape == (len(t), 128) and rows.dtype == np.float32
         assert rows.tobytes() == run_rows(binary, t)
+
+
+def metrics(port):
+    """The server's /metrics (--http) as {name with labels: value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as f:
+        lines = f.read().decode().splitlines()
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))}
+
+
+def seen_types(c):
+    """The message types client c handles from here on (a list that fills as it reads)."""
+    types, handle = [], c._handle
+    c._handle = lambda data: types.append(data[5]) or handle(data)
+    return types
+
+
+def test_shared_memory_rows(binary, serve):
+    """Rows through a shared-memory region (the server's default size) equal the socket's and
+    `seqflow run`'s, and the region was used: the server counts its ROWS_AT, all RELEASEd."""
+    port = _free_port()
+    endpoint = serve(*MODEL, "--http", f"tcp://127.0.0.1:{port}")
+    inputs = texts()
+    with seqflow.Client(endpoint, timeout=30) as c:
+        plain = interleaved(c, inputs)
+    with seqflow.Client(endpoint, timeout=30, shared_memory=True) as c:
+        assert c._region is not None and c._version == 4
+        types = seen_types(c)
+        shm = interleaved(c, inputs)
+        c.sync()  # every RELEASE handled
+        m = metrics(port)
+    assert m["seqflow_serve_shm_rows_total"] == types.count(23) > 0
+    assert m["seqflow_serve_shm_regions"] == 1 and m['seqflow_serve_shm_bytes{kind="in_use"}'] == 0
+    for a, b, t in zip(shm, plain, inputs):
+        assert a.tobytes() == b.tobytes() == run_rows(binary, t)
+        assert a.flags.writeable  # copied out of the region
+
+
+def test_shared_memory_and_socket(binary, serve):
+    """A region of 64 KiB holds the 40-row flushes (20 KiB) but not a segment's 256 rows
+    (128 KiB): those come over the socket to the same client, and a stream's rows keep their
+    order either way."""
+    endpoint = serve(*MODEL)
+    text = seqflow.builtin_text()
+    with seqflow.Client(endpoint, timeout=30, shared_memory=True, shared_memory_bytes=1 << 16) as c:
+        assert len(c._region) == 1 << 16
+        types = seen_types(c)
+        c.open(1)
+        pushed = 0
+        for end in (40, 552, 1064, len(text)):
+            c.push(1, text[pushed:end])
+            pushed = end
+            if end < len(text):
+                c.flush(1)
+        c.close(1)
+        got = list(c)
+    committed = [r.rows for r in got if not r.provisional]
+    assert [len(r.rows) for r in got if r.provisional] == [40, 40, 40]
+    assert np.concatenate(committed).tobytes() == run_rows(binary, text)
+    assert types.count(23) == 3 and types.count(17) == len(committed)  # the flushes in the region, no segment
+
+
+def test_shared_memory_refused(binary, serve):
+    """A server without shared memory refuses MAP: the client warns and its rows come over the
+    socket, the same rows."""
+    port = _free_port()
+    endpoint = serve(*MODEL, "--shm-budget", "0", "--http", f"tcp://127.0.0.1:{port}")
+    text = seqflow.builtin_text()[:1500]
+    with pytest.warns(RuntimeWarning, match="REGION"):
+        c = seqflow.Client(endpoint, timeout=30, shared_memory=True)
+    with c:
+        assert c._region is None and c._version == 3
+        assert c.run(1, text).tobytes() == run_rows(binary, text)
+    m = metrics(port)
+    assert m["seqflow_serve_shm_rows_total"] == 0 and m["seqflow_serve_shm_regions"] == 0
 
 
 def test_rows_equal_pipeline(serve):
@@ -201,9 +281,11 @@ def test_bf16_rows_equal_pipeline(serve):
     assert rows.tobytes() == want.tobytes()
 
 
-def test_resume_after_sigkill(binary, tmp_path):
+@pytest.mark.parametrize("shared_memory", [False, True])
+def test_resume_after_sigkill(binary, tmp_path, shared_memory):
     """A server killed with SIGKILL mid-stream and restarted on its checkpoint directory: the
-    client resumes by itself and its committed rows are `seqflow run`'s, each once."""
+    client resumes by itself and its committed rows are `seqflow run`'s, each once. With shared
+    memory the client maps the new server's region."""
     folder = tempfile.mkdtemp(prefix="sfr")  # short: an ipc path is at most 107 bytes
     endpoint = f"ipc://{folder}/s"
     cmd = [binary, "serve", "--bind", endpoint, "-q", "--plaintext", "--checkpoint", str(tmp_path / "ckpt"),
@@ -222,7 +304,9 @@ def test_resume_after_sigkill(binary, tmp_path):
     proc = start()
     try:
         rows = []
-        with seqflow.Client(endpoint, resume_timeout=20) as c:
+        with seqflow.Client(endpoint, resume_timeout=20, shared_memory=shared_memory) as c:
+            region = c._region
+            types = seen_types(c)
             c.open(7)
             c.push(7, text[:3000])
             deadline = time.monotonic() + 30
@@ -237,6 +321,9 @@ def test_resume_after_sigkill(binary, tmp_path):
             c.push(7, text[3000:])
             c.close(7)
             rows += [r for r in c if not r.provisional]
+            if shared_memory:
+                assert c._region is not None and c._region is not region and region.closed
+                assert types.count(22) == 1 and 23 in types[types.index(22):]  # rows in the new region
         got = np.concatenate([r.rows for r in rows if not r.provisional])
         positions = [r.position for r in rows if not r.provisional]
         assert positions == sorted(positions) and got.shape[0] == len(text)
