@@ -267,7 +267,8 @@ int main(int argc, char **argv)
     size_t kept_cap = 1 << 16;
     uint8_t *kept = malloc(kept_cap);
     double sum = 0, started = now_s();
-    int input_done = 0, close_sent = 0, closed = 0, status = 0, silent_ms = 0, resuming = 0;
+    int input_done = 0, close_sent = 0, closed = 0, status = 0, resuming = 0;
+    double heard = now_s(), pinged = 0; /* the server's last message; this client's last PING */
     int resumable = 0; /* 1: DURABLE came (the server checkpoints); -1: ROWS came first (it does not) */
     size_t buf_size = 1 << 20;
     uint8_t *buf = malloc(buf_size), payload[4 * CHUNK];
@@ -330,20 +331,24 @@ int main(int argc, char **argv)
                 status = 1;
                 break;
             }
-            resuming = 1, window = 0, silent_ms = 0;
+            resuming = 1, window = 0, heard = now_s();
             if (shm) send_msg(cn.sock, MAP, 0, 0, 0, NULL, 0); /* the old region was the old server's */
             continue;
         }
         if (ready <= 0 || !(it[0].revents & ZMQ_POLLIN)) {
-            if (paced) continue;
-            if ((silent_ms += 1000) >= 60000) {
+            /* paced or not: a client whose window is full waits for rows like any other */
+            const double t = now_s();
+            if (t - heard >= 60) {
                 fprintf(stderr, "serve_client: no answer from %s for 60 s\n", cn.endpoint);
                 status = 1;
             }
-            send_msg(cn.sock, PING, 0, 0, 0, NULL, 0); /* keeps this client alive while it waits */
+            if (t - heard >= 1 && t - pinged >= 1) { /* keeps this client alive while it waits */
+                send_msg(cn.sock, PING, 0, 0, 0, NULL, 0);
+                pinged = t;
+            }
             continue;
         }
-        silent_ms = 0;
+        heard = now_s();
         long len = recv_msg(cn.sock, &buf, &buf_size);
         if (len < HEADER || memcmp(buf, "SFS1", 4) != 0) {
             fprintf(stderr, "serve_client: a malformed reply\n");

@@ -1,7 +1,8 @@
 /* Fuzzes the `seqflow serve` message decoder (pipeline/serve_proto.h), what the server does
  * first with every client's bytes, and the ROWS payload a client decodes (pipeline/wire.h).
  * Input: byte 0 picks the PUSH bound (max_tokens), the rest is one message (of protocol version
- * 1 or 2: RESUME, DURABLE and CREDIT's acknowledgement only in 2).
+ * 1 to 4: RESUME, DURABLE and CREDIT's acknowledgement from 2, the shared-memory region's
+ * MAP, ATTACH, RELEASE, MAPPED and ROWS_AT from 4).
  * A message that decodes must respect the bound (a PUSH carries exactly 4 n bytes, n within
  * it), point into the input, re-encode to the same bytes, and be refused one byte short
  * (except a ROWS, whose payload is opaque to this layer, while it keeps a byte). */
@@ -40,6 +41,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (m.version < 2) FUZZ_CHECK(m.type != SF_SERVE_RESUME && m.type != SF_SERVE_DURABLE && (m.type != SF_SERVE_CREDIT || m.b == 0));
     if (m.type == SF_SERVE_RESUME || m.type == SF_SERVE_DURABLE) FUZZ_CHECK(m.payload_len == 0);
     if (m.type == SF_SERVE_DURABLE) FUZZ_CHECK(m.b == 0);
+    const int region = m.type == SF_SERVE_MAP || m.type == SF_SERVE_ATTACH || m.type == SF_SERVE_RELEASE ||
+                       m.type == SF_SERVE_MAPPED || m.type == SF_SERVE_ROWS_AT;
+    if (region) FUZZ_CHECK(m.version >= 4);
+    if (m.type == SF_SERVE_MAPPED) FUZZ_CHECK(m.b >= 1 && m.b <= SF_SERVE_MAX_NAME && m.payload_len == m.b);
+    if (m.type == SF_SERVE_ROWS_AT) FUZZ_CHECK(m.payload_len == SF_SERVE_ROWS_AT_SIZE);
+    if (m.type == SF_SERVE_MAP || m.type == SF_SERVE_ATTACH || m.type == SF_SERVE_RELEASE)
+        FUZZ_CHECK(m.payload_len == 0 && m.b == 0 && (m.type != SF_SERVE_ATTACH || m.a > 0));
     FUZZ_CHECK(sf_serve_encode_version(&again, m.version, m.type, m.stream, m.a, m.b, m.payload, m.payload_len) == SF_OK);
     FUZZ_CHECK(again.len == len && memcmp(again.data, msg, len) == 0);
     sf_buffer_release(&again);
