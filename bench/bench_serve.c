@@ -3,11 +3,12 @@
  *
  *   bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F]
  *               [--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N]
- *               [--frame-bytes BYTES] [--client-io-threads N] [--protocol 2|3|4] [--shm BYTES]
+ *               [--frame-bytes BYTES] [--shm-budget BYTES] [--client-io-threads N] [--protocol 2|3|4]
+ *               [--shm BYTES]
  *               [-- server and run options, e.g. --layers 1]
  *
- * --send-budget, --io-threads and --frame-bytes go to the server alone (`seqflow serve
- * --send-budget --io-threads --frame-bytes`, docs/SERVE.md); from its summary, the peak of reply
+ * --send-budget, --io-threads, --frame-bytes and --shm-budget go to the server alone (`seqflow
+ * serve`'s options of those names, docs/SERVE.md); from its summary, the peak of reply
  * bytes in flight, the time its loop waited for that budget and the loop's time in the pipeline,
  * in encoding replies and in handing them over are printed (send_peak_mib, send_wait_s,
  * loop_graph_s, loop_encode_s, loop_handover_s; -1 from a server that does not report them).
@@ -225,7 +226,7 @@ int main(int argc, char **argv)
     const char *seqflow = NULL;
     int nstreams = 64, nclients = 0, segments = 4, lat_segments = 4;
     double load = 0.5, checkpoint = 0;
-    const char *send_budget = NULL, *io_threads = NULL, *frame_bytes = NULL;
+    const char *send_budget = NULL, *io_threads = NULL, *frame_bytes = NULL, *shm_budget = NULL;
     int client_io = 0;
     long long shm = -1; /* --shm: bytes of each client's region, -1: none */
     int extra = argc;
@@ -243,6 +244,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--send-budget") == 0) send_budget = argv[++i];
         else if (strcmp(argv[i], "--io-threads") == 0) io_threads = argv[++i];
         else if (strcmp(argv[i], "--frame-bytes") == 0) frame_bytes = argv[++i];
+        else if (strcmp(argv[i], "--shm-budget") == 0) shm_budget = argv[++i];
         else if (strcmp(argv[i], "--client-io-threads") == 0) client_io = atoi(argv[++i]);
         else if (strcmp(argv[i], "--protocol") == 0) protocol = atoi(argv[++i]);
         else if (strcmp(argv[i], "--shm") == 0)
@@ -254,7 +256,8 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: bench_serve --seqflow PATH [--streams N] [--clients C] [--segments S] [--segment N] [--load F] "
                 "[--latency-segments L] [--checkpoint SECONDS] [--send-budget BYTES] [--io-threads N] "
-                "[--frame-bytes BYTES] [--client-io-threads N] [--protocol 2|3|4] [--shm BYTES] [-- options]\n");
+                "[--frame-bytes BYTES] [--shm-budget BYTES] [--client-io-threads N] [--protocol 2|3|4] [--shm BYTES] "
+                        "[-- options]\n");
         return 2;
     }
     if (nclients <= 0) nclients = nstreams < 64 ? nstreams : 64;
@@ -265,7 +268,7 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir)) return 1;
     snprintf(endpoint, sizeof endpoint, "ipc://%s/s", dir);
     /* the server */
-    char **sargv = calloc((size_t)nextra + 18, sizeof *sargv);
+    char **sargv = calloc((size_t)nextra + 24, sizeof *sargv);
     int k = 0;
     sargv[k++] = (char *)seqflow, sargv[k++] = "serve", sargv[k++] = "--bind", sargv[k++] = endpoint;
     sargv[k++] = "--plaintext";
@@ -292,6 +295,7 @@ int main(int argc, char **argv)
     if (send_budget) sargv[k++] = "--send-budget", sargv[k++] = (char *)send_budget;
     if (io_threads) sargv[k++] = "--io-threads", sargv[k++] = (char *)io_threads;
     if (frame_bytes) sargv[k++] = "--frame-bytes", sargv[k++] = (char *)frame_bytes;
+    if (shm_budget) sargv[k++] = "--shm-budget", sargv[k++] = (char *)shm_budget;
     for (int i = 0; i < nextra; i++) sargv[k++] = argv[extra + i];
     pid_t server;
     posix_spawn_file_actions_t fa;

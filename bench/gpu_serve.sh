@@ -23,7 +23,10 @@
 #      run must end (exit 0) within its timeout;
 #   4. rows through shared memory (`bench_serve --shm 0`: each client socket MAPs a region of the
 #      server's default size) against the socket, alternating, REPS times (default 10; 2 is
-#      plenty): the reference model 1 x 64, 64 x 8 and 1024 x 2 in float32 rows, 64 x 8 in bf16.
+#      plenty): the reference model 1 x 64, 64 x 8 and 1024 x 2 in float32 rows, 64 x 8 in bf16;
+#   5. more through shared memory: 1024 x 2 in bf16 rows, and in float32 rows with regions of
+#      four segments (each of 64 clients MAPs 4 x 32 MiB and 1 MiB: 8.1 GiB, hence the server's
+#      `--shm-budget 9000000000`); then a hang check, REPS runs of 64 x 6 through regions.
 # Each point's output and the summary go to $OUT (or /tmp/gpu_serve). PARTS="0 1 2 3 4" (default
 # "0 1 2 3") picks the parts to run.
 set -uo pipefail
@@ -96,6 +99,14 @@ for part in $parts; do
       point "ref_1024x2_shm_rep$r" 1024 2 1 --shm 0 -- -d cuda -m "$D/ref.st"
       point "ref_64x8_bf16_shm_rep$r" 64 8 4 --shm 0 -- -d cuda -m "$D/ref.st" --out-dtype bf16
     done
+    ;;
+  5)
+    point ref_1024x2_bf16_shm 1024 2 1 --shm 0 -- -d cuda -m "$D/ref.st" --out-dtype bf16
+    point ref_1024x2_shm4 1024 2 1 --shm 135266304 --shm-budget 9000000000 -- -d cuda -m "$D/ref.st"
+    for r in $(seq 1 "$reps"); do
+      point "ref_64x6_shm_rep$r" 64 6 2 --shm 0 -- -d cuda -m "$D/ref.st"
+    done
+    echo "hang check: $(grep -c 'ref_64x6_shm_rep.*exit 0$' "$summary") of $reps runs of 64 x 6 through regions ended" | tee -a "$summary"
     ;;
   esac
 done
