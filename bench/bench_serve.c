@@ -451,8 +451,9 @@ int main(int argc, char **argv)
     if (ckpt_pause_s < 0) ckpt_pause_s = ckpt_s;
     if (e) fclose(e);
     unlink(serve_err);
-    printf("server: at most %.1f MiB of replies in flight; its loop waited %.3f s for the send budget\n", send_peak_mib,
-           send_wait_s);
+    printf("server: at most %.1f MiB of replies in flight; its loop waited %.3f s for the send budget "
+           "(or the clients' regions)\n",
+           send_peak_mib, send_wait_s);
     printf("server: its loop's time: %.3f s in the pipeline, %.3f s encoding replies, %.3f s handing them over\n",
            graph_s_loop, encode_s, handover_s);
     if (shm >= 0) printf("client: %llu ROWS taken through shared memory\n", (unsigned long long)shm_rows);

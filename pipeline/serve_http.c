@@ -121,7 +121,8 @@ int sf_serve_metrics(sf_serve *s, sf_buffer *out)
     M("seqflow_serve_send_bytes_in_flight_peak %" PRIu64 "\n", ss.peak);
     M("# HELP seqflow_serve_send_bytes_total ROWS bytes handed to ZeroMQ.\n# TYPE seqflow_serve_send_bytes_total counter\n");
     M("seqflow_serve_send_bytes_total %" PRIu64 "\n", ss.bytes);
-    M("# HELP seqflow_serve_send_budget_wait_seconds_total Seconds the loop had work but waited for the send budget.\n"
+    M("# HELP seqflow_serve_send_budget_wait_seconds_total Seconds the loop had work but waited for the send budget "
+      "(or a client's region).\n"
       "# TYPE seqflow_serve_send_budget_wait_seconds_total counter\n");
     M("seqflow_serve_send_budget_wait_seconds_total %.6f\n", waited);
     M("# HELP seqflow_serve_loop_seconds_total The loop's time: in the pipeline (graph), encoding ROWS (encode), "

@@ -285,8 +285,9 @@ int cmd_serve(int argc, char **argv)
                 (unsigned long long)st.streams_opened, (unsigned long long)st.streams_closed,
                 (unsigned long long)st.streams_expired, sa.checkpoint ? "; checkpoints kept" : "",
                 stop_signal ? "; stopped by a signal" : "");
-        cli_log(CLI_LOG_INFO, "replies: at most %.1f MiB in flight (the send budget: %.1f MiB); the loop waited %.3f s "
-                "for the budget",
+        cli_log(CLI_LOG_INFO,
+                "replies: at most %.1f MiB in flight (the send budget: %.1f MiB); the loop waited %.3f s "
+                "for the budget (or clients' regions)",
                 (double)st.send_peak / (1 << 20), (double)st.send_budget / (1 << 20), st.send_wait_seconds);
         if (st.shm_messages)
             cli_log(CLI_LOG_INFO, "%llu ROWS through clients' shared-memory regions",
