@@ -861,13 +861,20 @@ int sf_serve_run(sf_serve *s)
         resend_kept(s);
         /* one step of every stream that can move, starting where the last round stopped, so
          * that no stream waits behind another's backlog; a round cut short by the send budget
-         * goes on from the first stream it did not reach */
+         * goes on from the first stream it did not reach. A round is also cut after
+         * SERVE_ROUND_SLICE seconds of steps: what clients sent meanwhile (a RELEASE of their
+         * region, CREDIT, tokens) is taken then, not once 1024 streams had a segment each */
         uint32_t count = s->n_streams, k = 0;
+        const double round_t0 = sf_monotonic_seconds();
         for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL));
              k++) {
             uint32_t i = (cursor + k) % s->n_streams;
             int rc = step(s, s->streams[i]);
             if (rc < 0) break;
+            if (rc > 0 && sf_monotonic_seconds() - round_t0 >= SERVE_ROUND_SLICE) {
+                k++;
+                break;
+            }
         }
         if (s->n_streams) cursor = (cursor + (k < count ? k : 1)) % s->n_streams;
         double now = sf_monotonic_seconds();

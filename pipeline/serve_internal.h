@@ -20,6 +20,7 @@
 #define SERVE_HTTP_REQUEST 4096 /* bytes of one HTTP request */
 #define SERVE_LATENCY_BUCKETS 14
 #define SERVE_REGION_MIN (64ull << 10) /* bytes of the smallest region a MAP gets */
+#define SERVE_ROUND_SLICE 0.005        /* seconds of steps before the loop takes clients' messages again */
 
 typedef struct serve_client {
     uint8_t id[SERVE_MAX_ID];
