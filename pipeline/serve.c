@@ -860,10 +860,9 @@ int sf_serve_run(sf_serve *s)
         if (n > 0 && s->writer && (items[3].revents & ZMQ_POLLIN)) checkpoint_collect(s);
         resend_kept(s);
         /* one step of every stream that can move, starting where the last round stopped, so
-         * that no stream waits behind another's backlog; a round cut short by the send budget
-         * goes on from the first stream it did not reach. A round is also cut after
-         * SERVE_ROUND_SLICE seconds of steps: what clients sent meanwhile (a RELEASE of their
-         * region, CREDIT, tokens) is taken then, not once 1024 streams had a segment each */
+         * that no stream waits behind another's backlog; a round cut short by the send budget, or
+         * after SERVE_ROUND_SLICE seconds of steps (what clients sent meanwhile, a RELEASE or
+         * CREDIT, is then taken at once), goes on from the first stream it did not reach */
         uint32_t count = s->n_streams, k = 0;
         const double round_t0 = sf_monotonic_seconds();
         for (; k < count && !s->failed && s->n_streams && !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL));
