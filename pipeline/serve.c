@@ -477,7 +477,7 @@ static int has_room(const sf_serve *s, const serve_client *c)
 {
     return !serve_send_full(s->send, serve_reply_pending_bytes(s, NULL)) &&
            serve_flow_bytes(c->flow) + serve_reply_pending_bytes(s, c) < s->send_share &&
-           (c->version < 4 || !serve_region_attached(c->region) || serve_region_has_room(c->region));
+           serve_region_has_room(serve_client_region(c));
 }
 
 /* Whether a stream has a step to take once the budget has room (or rows to send again). */

@@ -276,14 +276,15 @@ int serve_region_create(uint64_t size, serve_region **out);
 void serve_region_free(serve_region *r); /* unmaps it, unlinks its name if still there; NULL accepted */
 const char *serve_region_name(const serve_region *r);
 uint64_t serve_region_size(const serve_region *r);
-int serve_region_attached(const serve_region *r); /* 0 for NULL */
+/* The region c's ROWS go to: its region once attached, while c speaks version 4; else NULL. */
+serve_region *serve_client_region(const serve_client *c);
 void serve_region_attach(serve_region *r);        /* the client mapped it: its name goes */
-/* Takes len bytes at the head for a message (1, *pos its region position), or 0 when the
- * region is not attached or the client still reads where they would go. */
+/* Takes len bytes at the head for a message (1, *pos its region position), or 0 for a NULL
+ * region, or when the client still reads where they would go. */
 int serve_region_reserve(serve_region *r, uint64_t len, uint64_t *pos);
 uint8_t *serve_region_at(const serve_region *r, uint64_t pos);
 void serve_region_sent(serve_region *r, uint64_t end);   /* a message ending at end was announced */
-int serve_region_has_room(const serve_region *r);        /* for a message as large as the largest yet */
+int serve_region_has_room(const serve_region *r);        /* for the largest message yet; 1 for NULL */
 int serve_region_release(serve_region *r, uint64_t pos); /* 0: pos is beyond what was announced */
 uint64_t serve_region_in_use(const serve_region *r);     /* announced, not released; 0 for NULL */
 /* Gives back the message reserved at pos, the last one, never announced. */

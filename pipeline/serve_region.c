@@ -86,7 +86,10 @@ void serve_region_free(serve_region *r)
 
 const char *serve_region_name(const serve_region *r) { return r->name; }
 uint64_t serve_region_size(const serve_region *r) { return r->size; }
-int serve_region_attached(const serve_region *r) { return r && r->attached; }
+serve_region *serve_client_region(const serve_client *c)
+{
+    return c->version >= 4 && c->region && c->region->attached ? c->region : NULL;
+}
 
 void serve_region_attach(serve_region *r)
 {
@@ -108,7 +111,7 @@ static uint64_t placement(const serve_region *r, uint64_t len)
 
 int serve_region_reserve(serve_region *r, uint64_t len, uint64_t *pos)
 {
-    if (!r || !r->attached || len > r->size) return 0;
+    if (!r || len > r->size) return 0;
     const uint64_t at = placement(r, len);
     if (at + len - r->tail > r->size) return 0; /* the client still reads what lies there */
     *pos = at;
@@ -126,6 +129,7 @@ void serve_region_sent(serve_region *r, uint64_t end)
 
 int serve_region_has_room(const serve_region *r)
 {
+    if (!r) return 1;
     if (!r->largest) return r->head - r->tail < r->size;
     return placement(r, r->largest) + r->largest - r->tail <= r->size;
 }
@@ -167,7 +171,7 @@ void serve_region_message(sf_serve *s, serve_client *c, const sf_serve_msg *m)
         const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
         uint64_t want = m->a ? m->a : s->region_default;
         if (want < SERVE_REGION_MIN) want = SERVE_REGION_MIN;
-        want = (want + page - 1) / page * page;
+        if (want % page) want = want > UINT64_MAX - page ? UINT64_MAX : want - want % page + page; /* whole pages */
         if (want > s->shm_budget - s->shm_bytes) {
             serve_reply_error(s, c, 0, SF_SERVE_E_REGION,
                               "a region of %llu bytes: %llu of the server's --shm-budget of %llu are left",

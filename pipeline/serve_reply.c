@@ -67,9 +67,6 @@ static void announce(sf_serve *s, serve_client *c, const uint8_t *rows_header, u
     serve_reply(s, c, msg, sizeof msg);
 }
 
-/* The region c's ROWS may go to: its attached region, while it speaks version 4. */
-static serve_region *region_of(const serve_client *c) { return c->version >= 4 ? c->region : NULL; }
-
 /* A ROWS to a client, without a copy into ZeroMQ and counted under the send budget
  * (serve_send.c): a kept copy when kept is given, else s->out, which is left empty or with a
  * pooled buffer. Into the client's region instead where it has room. */
@@ -80,7 +77,7 @@ void serve_reply_rows(sf_serve *s, serve_client *c, const serve_kept *kept)
     const uint8_t *msg = kept ? kept->msg : s->out.data;
     const size_t len = kept ? kept->len : s->out.len;
     uint64_t pos;
-    if (serve_region_reserve(region_of(c), len - SF_SERVE_HEADER_SIZE, &pos)) {
+    if (serve_region_reserve(serve_client_region(c), len - SF_SERVE_HEADER_SIZE, &pos)) {
         memcpy(serve_region_at(c->region, pos), msg + SF_SERVE_HEADER_SIZE, len - SF_SERVE_HEADER_SIZE);
         if (!kept) s->out.len = 0;
         announce(s, c, msg, pos, len - SF_SERVE_HEADER_SIZE);
@@ -163,7 +160,7 @@ int serve_reply_defer(sf_serve *s, serve_client *c, sf_packet *p, const void *ro
     }
     /* into c's region on the checksum thread's way, where there is room */
     const size_t head_len = s->pending.head.len - SF_SERVE_HEADER_SIZE;
-    s->pending.in_region = serve_region_reserve(region_of(c), head_len + rows_len, &s->pending.region_pos);
+    s->pending.in_region = serve_region_reserve(serve_client_region(c), head_len + rows_len, &s->pending.region_pos);
     serve_crc_start(s->crc, p, rows, rows_len,
                     s->pending.in_region ? serve_region_at(c->region, s->pending.region_pos) + head_len : NULL);
     s->pending.active = 1;

@@ -46,16 +46,19 @@ static int next_reply(void *d, long ms, sf_serve_msg *m, char *text, size_t text
     return 1;
 }
 
-/* Sends type (a, b) and expects ERROR code back. */
-static void expect_error(void *d, sf_serve_type type, uint64_t a, int version, sf_serve_error code, const char *what)
+/* Sends type (a, b) and expects ERROR code back; returns its text. */
+static const char *expect_error(void *d, sf_serve_type type, uint64_t a, int version, sf_serve_error code,
+                                const char *what)
 {
     uint8_t h[SF_SERVE_HEADER_SIZE];
     sf_serve_header_version(h, version, type, 0, a, 0);
     zmq_send(d, h, sizeof h, 0);
-    sf_serve_msg m;
-    char text[SF_SERVE_MAX_TEXT + 1] = "";
+    sf_serve_msg m = {0};
+    static char text[SF_SERVE_MAX_TEXT + 1];
+    text[0] = '\0';
     CHECKF(next_reply(d, 5000, &m, text, sizeof text) && m.type == SF_SERVE_ERROR && m.a == (uint64_t)code,
            "%s: ERROR %d expected (got type %d, code %llu: %s)", what, code, m.type, (unsigned long long)m.a, text);
+    return text;
 }
 
 /* A PING answered: the server took every message before it. */
@@ -129,6 +132,9 @@ static void rows_through_region(void)
     void *e = client_dealer(v.endpoint, 0);
     expect_error(e, SF_SERVE_MAP, 0, 3, SF_SERVE_E_MALFORMED, "MAP in version 3");
     expect_error(e, SF_SERVE_MAP, 1ull << 50, 4, SF_SERVE_E_REGION, "MAP beyond --shm-budget");
+    /* refused for the budget, not wrapped round to a region of 0 bytes */
+    const char *text = expect_error(e, SF_SERVE_MAP, UINT64_MAX, 4, SF_SERVE_E_REGION, "MAP of 2^64 - 1 bytes");
+    CHECKF(strstr(text, "--shm-budget") != NULL, "MAP of 2^64 - 1 bytes: %s", text);
     zmq_close(e);
     zmq_close(plain);
     zmq_close(d);
