@@ -274,8 +274,6 @@ typedef struct serve_region serve_region;
  * memory or /dev/shm) or SF_E_IO, with the message set. */
 int serve_region_create(uint64_t size, serve_region **out);
 void serve_region_free(serve_region *r); /* unmaps it, unlinks its name if still there; NULL accepted */
-const char *serve_region_name(const serve_region *r);
-uint64_t serve_region_size(const serve_region *r);
 /* The region c's ROWS go to: its region once attached, while c speaks version 4; else NULL. */
 serve_region *serve_client_region(const serve_client *c);
 void serve_region_attach(serve_region *r);        /* the client mapped it: its name goes */

@@ -84,8 +84,6 @@ void serve_region_free(serve_region *r)
     free(r);
 }
 
-const char *serve_region_name(const serve_region *r) { return r->name; }
-uint64_t serve_region_size(const serve_region *r) { return r->size; }
 serve_region *serve_client_region(const serve_client *c)
 {
     return c->version >= 4 && c->region && c->region->attached ? c->region : NULL;
