@@ -11,11 +11,14 @@
  *   R=1    - block heads_of=1 overlap=1 (the sharded path with a one-rank communicator: its overhead)
  *   R=2..G - block heads_of=R overlap=1 over R GPUs (when that many are visible and R divides H and F)
  * each also with overlap=K (default 4: the rows after attention in K chunks, each chunk's
- * all-reduce beside the next chunk's work; the block's own default is 2 on GPUs with R >= 2)
+ * all-reduce beside the next chunk's work; the block's own default is 2 on GPUs with R >= 2),
+ * and, on GPUs with R >= 2, both again with reduce=f32 (the ranks' parts summed in float32
+ * rather than the bf16 the block's default takes in precision bf16)
  * repeated K times in turns (plain, R=1, R=2, plain, ...) so that drift hits every one alike;
  * the median of each is reported. Then the communicator alone: an all-reduce of one segment's
- * rows ([N, D] float32, what each layer reduces twice) on R ranks, its mean time. Memory: bytes
- * in use on each GPU (cudaMemGetInfo, whole device), the most seen after any segment.
+ * rows ([N, D] float32, what each layer reduces twice with reduce=f32; and in bf16) on R ranks,
+ * its mean time. Memory: bytes in use on each GPU (cudaMemGetInfo, whole device), the most seen
+ * after any segment.
  * Prints one RESULT line per measurement for scripts. */
 #include <pthread.h>
 #include <stdio.h>
@@ -33,6 +36,7 @@
 
 #define MAX_GPUS 8
 #define MAX_REPS 16
+#define MAX_CONF 12
 
 static void die(const char *what)
 {
@@ -137,6 +141,7 @@ static double median(double *v, int n)
 typedef struct ar_job {
     int rank, ranks, reps;
     size_t count;
+    sf_dtype type;
     const unsigned char *id;
     const char *device;
     sf_comm **host; /* cpu: the group's communicators */
@@ -153,13 +158,14 @@ static void *ar_main(void *arg)
     sf_comm *c = NULL;
     if (j->rc == SF_OK && cuda) j->rc = sf_comm_nccl_create(be, j->id, j->rank, j->ranks, 60000, &c);
     if (j->rc == SF_OK && !cuda) c = j->host[j->rank];
-    float *buf = j->rc == SF_OK ? be->ops->alloc(be, j->count * sizeof(float)) : NULL;
+    const size_t bytes = j->count * (j->type == SF_DTYPE_BF16 ? 2 : sizeof(float));
+    float *buf = j->rc == SF_OK ? be->ops->alloc(be, bytes) : NULL;
     if (j->rc == SF_OK && !buf) j->rc = SF_E_NOMEM;
-    if (j->rc == SF_OK) j->rc = be->ops->zero(be, buf, j->count * sizeof(float));
-    for (int i = 0; i < 5 && j->rc == SF_OK; i++) j->rc = sf_comm_all_reduce(c, buf, j->count, SF_DTYPE_F32);
+    if (j->rc == SF_OK) j->rc = be->ops->zero(be, buf, bytes);
+    for (int i = 0; i < 5 && j->rc == SF_OK; i++) j->rc = sf_comm_all_reduce(c, buf, j->count, j->type);
     if (j->rc == SF_OK) j->rc = sf_comm_wait(c);
     const double t0 = sf_monotonic_seconds();
-    for (int i = 0; i < j->reps && j->rc == SF_OK; i++) j->rc = sf_comm_all_reduce(c, buf, j->count, SF_DTYPE_F32);
+    for (int i = 0; i < j->reps && j->rc == SF_OK; i++) j->rc = sf_comm_all_reduce(c, buf, j->count, j->type);
     if (j->rc == SF_OK) j->rc = sf_comm_wait(c);
     j->ms = 1e3 * (sf_monotonic_seconds() - t0) / j->reps;
     if (j->rc != SF_OK) fprintf(stderr, "bench_heads: all-reduce on rank %d: %s\n", j->rank, sf_last_error());
@@ -169,7 +175,7 @@ static void *ar_main(void *arg)
     return NULL;
 }
 
-static double all_reduce_ms(const char *device, int ranks, size_t count)
+static double all_reduce_ms(const char *device, int ranks, size_t count, sf_dtype type)
 {
     unsigned char id[SF_COMM_NCCL_ID_BYTES];
     sf_comm *host[MAX_GPUS] = {0};
@@ -181,7 +187,8 @@ static double all_reduce_ms(const char *device, int ranks, size_t count)
     ar_job jobs[MAX_GPUS];
     pthread_t t[MAX_GPUS];
     for (int r = 0; r < ranks; r++) {
-        jobs[r] = (ar_job){.rank = r, .ranks = ranks, .reps = 20, .count = count, .id = id, .device = device, .host = host};
+        jobs[r] = (ar_job){.rank = r, .ranks = ranks, .reps = 20, .count = count, .id = id, .device = device};
+        jobs[r].type = type, jobs[r].host = host;
         pthread_create(&t[r], NULL, ar_main, &jobs[r]);
     }
     double worst = 0;
@@ -241,29 +248,34 @@ int main(int argc, char **argv)
         tokens[i] = (uint32_t)((s >> 33) % (unsigned)cfg.vocab);
     }
     /* the configurations: plain, then heads_of = 1, 2, 4, ... up to the GPUs (cpu: up to 4) */
-    char blocks[8][64];
-    int ranks_of[8], n_conf = 0;
+    char blocks[MAX_CONF][64];
+    int ranks_of[MAX_CONF], n_conf = 0;
     snprintf(blocks[n_conf], sizeof blocks[0], "block"), ranks_of[n_conf++] = 0;
     const int most = cuda ? (gpus < max_gpus ? gpus : max_gpus) : (max_gpus < 4 ? max_gpus : 4);
-    for (int R = 1; R <= most && n_conf + 2 <= 8; R *= 2) {
+    for (int R = 1; R <= most && n_conf + 4 <= MAX_CONF; R *= 2) {
         if (cfg.heads % R || cfg.mlp_hidden % R) continue;
-        snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=1", R), ranks_of[n_conf++] = R;
-        /* the all-reduces beside the next chunk's work (overlap=) */
-        snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=%d", R, overlap), ranks_of[n_conf++] = R;
+        for (int f32 = 0; f32 < (cuda && R >= 2 ? 2 : 1); f32++) {
+            const char *reduce = f32 ? " reduce=f32" : "";
+            snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=1%s", R, reduce);
+            ranks_of[n_conf++] = R;
+            /* the all-reduces beside the next chunk's work (overlap=) */
+            snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=%d%s", R, overlap, reduce);
+            ranks_of[n_conf++] = R;
+        }
     }
     printf("bench_heads: %s model (D=%d H=%d d=%d N=%d, %d layers, F=%d) on %s, %d GPU(s) visible; %d segments, %d "
            "warm-up, %d reps\n",
            preset_name, cfg.dim, cfg.heads, cfg.head_dim, cfg.segment, cfg.layers, cfg.mlp_hidden, device, gpus,
            segments, warmup, reps);
-    double tps[8][MAX_REPS];
-    run_result last[8];
+    double tps[MAX_CONF][MAX_REPS];
+    run_result last[MAX_CONF];
     for (int k = 0; k < reps; k++)
         for (int i = 0; i < n_conf; i++) {
             last[i] = run_once(m, device, blocks[i], tokens, segments, warmup, ranks_of[i] > 1 ? ranks_of[i] : gpus ? 1 : 0);
             tps[i][k] = last[i].tokens_per_s;
             fprintf(stderr, "  rep %d %-18s %.0f tokens/s\n", k + 1, blocks[i], tps[i][k]);
         }
-    double med[8];
+    double med[MAX_CONF];
     for (int i = 0; i < n_conf; i++) med[i] = median(tps[i], reps);
     const size_t reduce_count = N * (size_t)cfg.dim;
     const int reductions = cfg.mlp_hidden ? 2 : 1;
@@ -275,7 +287,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_conf; i++) {
         const int R = ranks_of[i];
         /* the all-reduce alone: measured once a rank count */
-        if (R >= 1 && ranks_of[i - 1] != R) ar_of_ranks = all_reduce_ms(device, R, reduce_count);
+        if (R >= 1 && ranks_of[i - 1] != R) ar_of_ranks = all_reduce_ms(device, R, reduce_count, SF_DTYPE_F32);
         const double ar = R >= 1 ? ar_of_ranks : 0;
         char mem[160] = "";
         for (int d = 0; d < (R > 1 ? R : 1) && cuda; d++) {
@@ -284,16 +296,22 @@ int main(int argc, char **argv)
         }
         printf("%-20s %14.0f %9.3fx %11.3fx %14.3f  %s\n", blocks[i], med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0,
                ar, mem);
-        printf("RESULT config=%s ranks=%d overlap=%d tokens_per_s=%.1f vs_plain=%.4f vs_r1=%.4f all_reduce_ms=%.4f "
-               "all_reduce_ms_per_layer=%.4f mib_gpu0=%.0f mib_gpu1=%.0f\n",
-               R ? "heads_of" : "plain", R, strstr(blocks[i], "overlap=") ? atoi(strstr(blocks[i], "overlap=") + 8) : 1, med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar, ar * reductions,
-               last[i].mib[0], last[i].mib[1]);
+        printf("RESULT config=%s ranks=%d overlap=%d reduce=%s tokens_per_s=%.1f vs_plain=%.4f vs_r1=%.4f "
+               "all_reduce_ms=%.4f all_reduce_ms_per_layer=%.4f mib_gpu0=%.0f mib_gpu1=%.0f\n",
+               R ? "heads_of" : "plain", R, strstr(blocks[i], "overlap=") ? atoi(strstr(blocks[i], "overlap=") + 8) : 1,
+               strstr(blocks[i], "reduce=f32") ? "f32" : "auto", med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar,
+               ar * reductions, last[i].mib[0], last[i].mib[1]);
     }
     if (r1 > 0)
         printf("overhead of the sharded path with one rank: %.2f%% (target <= 3%%)\n", 100.0 * (1.0 - r1 / med[0]));
     /* a small all-reduce's time is the cost of issuing one (host and launch), not of moving data */
-    for (int R = 2; R <= most; R *= 2)
-        printf("all-reduce of 1024 floats on %d ranks: %.4f ms\n", R, all_reduce_ms(device, R, 1024));
+    for (int R = 2; R <= most; R *= 2) {
+        printf("all-reduce of 1024 floats on %d ranks: %.4f ms\n", R, all_reduce_ms(device, R, 1024, SF_DTYPE_F32));
+        /* what a layer's parts take in bf16 (reduce=auto in precision bf16) */
+        if (cuda)
+            printf("all-reduce of [%zu, %d] bf16 on %d ranks: %.4f ms\n", N, cfg.dim, R,
+                   all_reduce_ms(device, R, reduce_count, SF_DTYPE_BF16));
+    }
     free(tokens);
     sf_model_free(m);
     return 0;

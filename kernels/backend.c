@@ -274,14 +274,15 @@ int sf_be_attention_mix(sf_backend *be, const sf_attention_desc *desc, const voi
     return be->ops->memory_mix(be, n, H, d, ld, desc->qkv_type, q, M, z, gate, a);
 }
 
-int sf_be_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
-                       const float *w, float *y, int ldy, int accumulate)
+int sf_be_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx, const float *w,
+                       sf_dtype ytype, void *y, int ldy, int accumulate)
 {
-    if (xtype == SF_DTYPE_F32) return be->ops->matmul(be, n, in, out, x, ldx, w, y, ldy, accumulate);
+    if (xtype == SF_DTYPE_F32 && ytype == SF_DTYPE_F32)
+        return be->ops->matmul(be, n, in, out, x, ldx, w, y, ldy, accumulate);
     const sf_backend_ext *e = ext_of(be);
-    if (e && e->matmul_typed) return e->matmul_typed(be, n, in, out, xtype, x, ldx, w, y, ldy, accumulate);
-    return sf_error(SF_E_UNSUPPORTED, "%s backend: matmul takes float32 input only, not type %d", be->ops->name,
-                    (int)xtype);
+    if (e && e->matmul_typed) return e->matmul_typed(be, n, in, out, xtype, x, ldx, w, ytype, y, ldy, accumulate);
+    return sf_error(SF_E_UNSUPPORTED, "%s backend: matmul takes and writes float32 only, not types %d, %d",
+                    be->ops->name, (int)xtype, (int)ytype);
 }
 
 size_t sf_be_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
@@ -304,17 +305,35 @@ int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float 
     return rc;
 }
 
-int sf_be_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
-                      const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3)
+int sf_be_ffn_partial(sf_backend *be, int n, int dim, int hidden, const float *x, const float *norm, float eps,
+                      const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3, sf_dtype ytype,
+                      void *y)
 {
     const sf_backend_ext *e = ext_of(be);
-    if (e && e->ffn_partial) return e->ffn_partial(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3);
+    if (e && e->ffn_partial) return e->ffn_partial(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3, ytype, y);
+    if (ytype != SF_DTYPE_F32)
+        return sf_error(SF_E_UNSUPPORTED, "%s backend: ffn writes float32 only, not type %d", be->ops->name,
+                        (int)ytype);
     int rc = be->ops->rmsnorm(be, n, dim, x, norm, eps, u);
     if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w1, h1, hidden, 0);
     if (rc == SF_OK) rc = be->ops->matmul(be, n, dim, hidden, u, dim, w3, h3, hidden, 0);
     if (rc == SF_OK) rc = be->ops->swiglu(be, n, hidden, h1, h3);
-    if (rc == SF_OK) rc = be->ops->matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, 0);
+    if (rc == SF_OK) rc = be->ops->matmul(be, n, hidden, dim, h1, hidden, w2, y, dim, 0);
     return rc;
+}
+
+sf_dtype sf_be_part_type(sf_backend *be)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (!e || !e->part_type || !e->matmul_typed || !e->ffn_partial || !e->add_typed) return SF_DTYPE_F32;
+    return e->part_type(be);
+}
+
+int sf_be_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->add_typed) return e->add_typed(be, count, x, ytype, y);
+    return sf_error(SF_E_UNSUPPORTED, "%s backend: no add of typed rows", be->ops->name);
 }
 
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,

@@ -43,7 +43,8 @@ typedef struct sf_backend_ext {
      * attention_mix: attention, then (M non-NULL) memory_mix_to of its result into out as
      * otype; a ([n, desc->ld] float32) is scratch.
      * memory_mix_to: memory_mix with the result written as otype to out (a is then undefined).
-     * matmul_typed: matmul with x of element type xtype.
+     * matmul_typed: matmul with x of element type xtype and y of ytype (bf16: the float32
+     * accumulator rounded once; written, never accumulated).
      * rmsnorm_typed: rmsnorm with y of element type otype (bf16: the float32 result rounded to
      * nearest even, bit-identical to rmsnorm then rounding); y must not alias x. */
     sf_dtype (*qkv_type)(sf_backend *be, int head_dim);
@@ -53,18 +54,29 @@ typedef struct sf_backend_ext {
     int (*ffn)(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
                const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
     size_t (*ffn_h1_floats)(sf_backend *be, int n, int dim, int hidden);
-    /* ffn_partial: ffn without the residual, x = W2 (silu(W1 u) * (W3 u)) (x is read only by
-     * the norm, then overwritten): a head-parallel rank's part of the MLP (stages/block_shard.c) */
-    int (*ffn_partial)(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
-                       const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
+    /* ffn_partial: ffn without the residual, y = W2 (silu(W1 u) * (W3 u)) written as ytype
+     * (x is read only by the norm; a float32 y may be x): a head-parallel rank's part of the MLP
+     * (stages/block_shard.c) */
+    int (*ffn_partial)(sf_backend *be, int n, int dim, int hidden, const float *x, const float *norm, float eps,
+                       const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3,
+                       sf_dtype ytype, void *y);
     int (*attention_mix)(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
                          float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out);
     int (*memory_mix_to)(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
                          const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out);
-    int (*matmul_typed)(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
-                        const float *w, float *y, int ldy, int accumulate);
+    int (*matmul_typed)(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx, const float *w,
+                        sf_dtype ytype, void *y, int ldy, int accumulate);
     int (*rmsnorm_typed)(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                          sf_dtype otype, void *y);
+
+    /* ---- head-parallel parts ----
+     * part_type: the type in which a head-parallel rank writes its parts of the output product
+     * and the MLP for the ranks' sum: bf16 where the products round their operands to bf16
+     * anyway (half the bytes to move), float32 otherwise. Used only with matmul_typed's and
+     * ffn_partial's ytype and add_typed.
+     * add_typed: x[i] += y[i] for count elements, y of ytype. */
+    sf_dtype (*part_type)(sf_backend *be);
+    int (*add_typed)(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y);
 
     /* ---- ordering ----
      * upload_unordered: upload, ordered before the ops issued after it but not after those
@@ -138,18 +150,24 @@ int sf_be_qkv(sf_backend *be, int n, int dim, int width, const float *x, const f
  * into out as otype (otype as sf_be_mix_type says; float32 out must be a). */
 int sf_be_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
                         float *a, const float *M, const float *z, const float *gate, sf_dtype otype, void *out);
-/* y (+)= x W^T with x of type xtype (float32 composed: matmul). */
-int sf_be_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
-                       const float *w, float *y, int ldy, int accumulate);
+/* y (+)= x W^T with x of type xtype, y of ytype (float32 composed: matmul). */
+int sf_be_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx, const float *w,
+                       sf_dtype ytype, void *y, int ldy, int accumulate);
 /* float32 elements of h1 that sf_be_ffn needs for n rows. */
 size_t sf_be_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden);
 /* x += W2 (silu(W1 u) * (W3 u)), u = rmsnorm(x) (composed: rmsnorm, matmuls, swiglu, matmul). */
 int sf_be_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
               const float *w3, const float *w2, float *u, float *h1, float *h3);
-/* x = W2 (silu(W1 u) * (W3 u)), u = rmsnorm(x): sf_be_ffn without the residual (the same
- * composition with the last product written, not added). */
-int sf_be_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
-                      const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
+/* y = W2 (silu(W1 u) * (W3 u)) as ytype, u = rmsnorm(x): sf_be_ffn without the residual (the
+ * same composition with the last product written, not added; float32 only, y may be x). */
+int sf_be_ffn_partial(sf_backend *be, int n, int dim, int hidden, const float *x, const float *norm, float eps,
+                      const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3, sf_dtype ytype,
+                      void *y);
+/* The type of a head-parallel rank's parts: the backend's part_type where it also has
+ * matmul_typed, ffn_partial and add_typed, else float32. */
+sf_dtype sf_be_part_type(sf_backend *be);
+/* x[i] += y[i], count elements, y of ytype: add_typed, or SF_E_UNSUPPORTED without it. */
+int sf_be_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y);
 /* rmsnorm_typed where the backend has it: SF_E_UNSUPPORTED otherwise (callers round on the host). */
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                         sf_dtype otype, void *y);

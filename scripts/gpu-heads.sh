@@ -9,12 +9,14 @@
 #    GPU a process) against both, and a follower killed mid-stream (the job must fail within
 #    about its comm_timeout=);
 # 4. bench_heads on the reference model: plain block, heads_of=1 (the sharded path's overhead),
-#    heads_of=2 with two GPUs: tokens/s, all-reduce time a layer, memory per GPU;
+#    heads_of=2 with two GPUs (the ranks' parts in bf16, and reduce=f32): tokens/s, all-reduce
+#    time a layer, memory per GPU; test_cuda_parts (the bf16 parts' ops), and the attention on
+#    a rank's 8 heads against its whole-block lab twin (bench_attention_variants, variant 36);
 # 5. the GPU tests the changed kernels touch (test_gpu_pipeline, test_cuda_attention,
-#    test_gpu_checkpoint), as regressions.
+#    test_gpu_checkpoint, test_backend_ops), as regressions.
 # HEADS_REPS: bench_heads repetitions (3). Logs go to $OUT (the device tool's output folder)
 # when set, else build-gpu/heads; a summary to $OUT/heads-summary.txt. Each step has a time
-# limit, so the whole stays under 6 minutes on a machine of 16 cores (the build is about 70 s).
+# limit, so the whole stays under 9 minutes on a machine of 16 cores (the build is about 90 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${OUT:-build-gpu/heads}
@@ -42,7 +44,8 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUD
       -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_BENCH=ON ${nccl_args[@]+"${nccl_args[@]}"} >"$logs/configure.log" 2>&1 \
   || { tail -40 "$logs/configure.log"; exit 1; }
 grep -E "CUDA backend|NCCL" "$logs/configure.log" | tee -a "$summary"
-targets=(seqflow test_heads test_gpu_heads bench_heads test_gpu_pipeline test_cuda_attention test_gpu_checkpoint)
+targets=(seqflow test_heads test_gpu_heads bench_heads test_gpu_pipeline test_cuda_attention test_gpu_checkpoint
+         test_cuda_parts test_backend_ops bench_attention_variants)
 cmake --build build-gpu -j16 --target "${targets[@]}" >"$logs/build.log" 2>&1 \
   || { grep -E "error|Error" "$logs/build.log" | head -40; exit 1; }
 note "build: ok ($(( $(date +%s) - start )) s)"
@@ -51,13 +54,13 @@ tests=build-gpu/tests
 export SEQFLOW_TEST_TMP=$PWD/$tests/tmp OPENBLAS_NUM_THREADS=1
 mkdir -p "$SEQFLOW_TEST_TMP"
 
-# step NAME LIMIT COMMAND...: runs COMMAND under a time limit (at most what is left of 340 s
+# step NAME LIMIT COMMAND...: runs COMMAND under a time limit (at most what is left of 500 s
 # since the start) into $logs/NAME.log; 77 is a skip
 step() {
   local name=$1 limit=$2 t0 rc left
   shift 2
   t0=$(date +%s)
-  left=$(( 340 - (t0 - start) ))
+  left=$(( 500 - (t0 - start) ))
   if [ $left -lt 10 ]; then note "$name: not run (time)"; return 0; fi
   [ $limit -gt $left ] && limit=$left
   timeout -k 10 "$limit" "$@" >"$logs/$name.log" 2>&1
@@ -113,7 +116,7 @@ EOF
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   # the kill: an input far too long to finish, the follower (job rank 1: RANK=1 in its
   # environment) killed 3 s in; the job is expected to end within about comm_timeout= after
-  if [ $(( 340 - ($(date +%s) - start) )) -lt 40 ]; then
+  if [ $(( 500 - ($(date +%s) - start) )) -lt 40 ]; then
     note "procs_kill: not run (time)"
   else
     head -c 100000000 /dev/urandom >"$logs/long.bin"
@@ -150,10 +153,14 @@ EOF
 fi
 rm -f "$logs/plain.f32" "$logs/gpus.f32"
 
-step bench_heads 120 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps "${HEADS_REPS:-3}"
-grep -vE "^  rep|^RESULT" "$logs/bench_heads.log" | tail -12 | tee -a "$summary"
+step test_cuda_parts 60 "$tests/test_cuda_parts"
+grep -E "FAIL|passed|skipped|fp8" "$logs/test_cuda_parts.log" | tail -6 | tee -a "$summary"
+step attention_8_heads 90 build-gpu/bench/bench_attention_variants 20 36
+grep -E "8 heads|ref causal G256 |checks:" "$logs/attention_8_heads.log" | tee -a "$summary"
+step bench_heads 200 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps "${HEADS_REPS:-3}"
+grep -vE "^  rep|^RESULT" "$logs/bench_heads.log" | tail -16 | tee -a "$summary"
 
-for t in test_gpu_pipeline test_cuda_attention test_gpu_checkpoint; do
+for t in test_gpu_pipeline test_cuda_attention test_gpu_checkpoint test_backend_ops; do
   step "$t" 120 "$tests/$t"
   grep -E "FAIL|passed|skipped" "$logs/$t.log" 2>/dev/null | tail -4 | tee -a "$summary"
 done

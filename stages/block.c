@@ -59,6 +59,9 @@ static const sf_option block_options[] = {
      .help = "heads_of: the rows after attention go through the output product, MLP and all-reduces in this many "
              "chunks, each chunk's all-reduce beside the next chunk's work; 0 = 2 on GPUs with heads_of >= 2 (the "
              "fastest measured), else 1"},
+    {.name = "reduce", .type = SF_OPT_STRING, .default_value = "auto", .choices = "auto|f32",
+     .help = "heads_of: the type of the ranks' parts in the all-reduces; auto = bf16 where the products are bf16 "
+             "(precision bf16 or fp8 on a GPU: half the bytes), else f32"},
     {.name = "inject_failure", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 1 << 30, .unit = "segments",
      .help = "testing heads_of: the last rank fails after this many segments (0 = never)"},
     {0}};
@@ -142,6 +145,7 @@ static int alloc_activations(block *b, size_t N, block_activations *act)
     if (act->q) act->k = act->q + N * W * b->qkv_size, act->v = act->k + N * W * b->qkv_size;
     act->a = sf_block_upload(b, NULL, N * W, &rc);
     if (b->mix_type == SF_DTYPE_BF16) act->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
+    if (b->part_type == SF_DTYPE_BF16) act->part = (unsigned char *)sf_block_upload(b, NULL, (N * D + 1) / 2, &rc);
     if (F) {
         /* a GPU's ffn may need less of h1, or none */
         const size_t h1_floats = sf_be_ffn_h1_floats(b->be, (int)N, (int)D, (int)F);
@@ -157,7 +161,7 @@ static int alloc_activations(block *b, size_t N, block_activations *act)
 
 static void free_activations(block *b, const block_activations *act)
 {
-    void *buffers[] = {act->u, act->q /* and k, v */, act->a, act->ao, act->h1, act->h3, act->sk, act->sv};
+    void *buffers[] = {act->u, act->q /* and k, v */, act->a, act->ao, act->part, act->h1, act->h3, act->sk, act->sv};
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; i++) b->be->ops->free(b->be, buffers[i]);
 }
 
@@ -173,6 +177,8 @@ int sf_block_setup(block *b, const sf_model *m)
     b->mix_type = sf_be_mix_type(b->be, b->qkv_type, c->memory != SF_MEMORY_NONE);
     b->qkv_size = b->qkv_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
     b->qkv_set_bytes = 3 * N * b->width * b->qkv_size;
+    /* every rank resolves the same: the same options, backends of one kind */
+    b->part_type = b->ranks > 1 && !b->reduce_f32 ? sf_be_part_type(b->be) : SF_DTYPE_F32;
     if (rc == SF_OK) rc = alloc_activations(b, N, &b->act);
     return rc == SF_OK ? prepare_backend(b) : rc;
 }
@@ -200,6 +206,7 @@ static int block_init(sf_stage *st)
     if (rc != SF_OK) return rc;
     b->inject_failure = (int)sf_stage_option_int(st, "inject_failure");
     b->overlap = (int)sf_stage_option_int(st, "overlap");
+    b->reduce_f32 = strcmp(sf_stage_option(st, "reduce"), "f32") == 0;
     /* two chunks measured 2-3% faster than one on two H100s, four slower (bench/RESULTS.md) */
     if (b->overlap == 0) b->overlap = ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0 ? 2 : 1;
     if (ranks && sf_stage_option_int(st, "state_budget"))
@@ -386,58 +393,100 @@ static int attention_mix(block *b, stream_state *s, int l, int i, int n, const u
  * does, so the wait can sit in front of its products). Head-parallel, rank 0 adds its part to
  * the rows and the other ranks write theirs in their place: the all-reduce that follows
  * (output_and_mlp) sums rows and parts. */
-static int ffn(block *b, int l, float *x, int rows, int join_owed)
+static int ffn(block *b, int l, float *x, int rows, int join_owed, void *part)
 {
     const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
     int rc = join_owed ? sf_be_side_join_before_product(b->be) : SF_OK;
-    if (rc == SF_OK && b->rank == 0)
+    if (rc == SF_OK && b->rank == 0 && !part)
         rc = sf_be_ffn(b->be, rows, c->dim, b->hidden, x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->act.u,
                        b->act.h1, b->act.h3);
     else if (rc == SF_OK)
         rc = sf_be_ffn_partial(b->be, rows, c->dim, b->hidden, x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2,
-                               b->act.u, b->act.h1, b->act.h3);
+                               b->act.u, b->act.h1, b->act.h3, part ? b->part_type : SF_DTYPE_F32, part ? part : x);
+    return rc;
+}
+
+/* With bf16 parts (block.part_type): rows [r0, ...) of act.part, where every rank writes its
+ * part of the output product and of the MLP, and the sum of the parts goes to be added to x;
+ * NULL where the ranks sum float32 x itself (rank 0 adds its part to the rows, the others
+ * write theirs in their place), or unsharded. The warm-up, which runs before the communicator
+ * exists and whose rows are thrown away, writes the parts too: their products get ready. */
+static void *part_at(const block *b, int r0) { return b->act.part ? b->act.part + (size_t)r0 * b->cfg->dim * 2 : NULL; }
+
+/* x += A Wo^T for rows [r0, r0 + nr), or this rank's part of it (see part_at) */
+static int output_product(block *b, const layer_weights *w, int r0, int nr)
+{
+    const int D = b->cfg->dim, W = b->width;
+    const size_t in_size = b->mix_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
+    const unsigned char *in = b->mix_type == SF_DTYPE_BF16 ? b->act.ao : (const unsigned char *)b->act.a;
+    in += (size_t)r0 * W * in_size;
+    void *part = part_at(b, r0);
+    if (part) return sf_be_matmul_typed(b->be, nr, W, D, b->mix_type, in, W, w->wo, b->part_type, part, D, 0);
+    return sf_be_matmul_typed(b->be, nr, W, D, b->mix_type, in, W, w->wo, SF_DTYPE_F32, b->x + (size_t)r0 * D, D,
+                              b->rank == 0);
+}
+
+/* The all-reduce of rows [r0, r0 + nr): of x, or of the parts (see part_at). ticket NULL: done
+ * in order, and the parts' sum added to x; else started beside the next work (reduce_end). */
+static int reduce_start(block *b, int r0, int nr, int *ticket)
+{
+    const size_t count = (size_t)nr * b->cfg->dim;
+    void *part = part_at(b, r0), *buf = part ? part : (void *)(b->x + (size_t)r0 * b->cfg->dim);
+    const sf_dtype type = part ? b->part_type : SF_DTYPE_F32;
+    if (ticket) return sf_comm_all_reduce_start(b->comm, buf, count, type, ticket);
+    int rc = sf_comm_all_reduce(b->comm, buf, count, type);
+    if (rc == SF_OK && part) rc = sf_be_add_typed(b->be, count, b->x + (size_t)r0 * b->cfg->dim, type, part);
+    return rc;
+}
+
+/* The end of reduce_start's all-reduce `ticket`: the ops after it wait for it; parts are added. */
+static int reduce_end(block *b, int r0, int nr, int ticket)
+{
+    int rc = sf_comm_join(b->comm, ticket);
+    void *part = part_at(b, r0);
+    if (rc == SF_OK && part)
+        rc = sf_be_add_typed(b->be, (size_t)nr * b->cfg->dim, b->x + (size_t)r0 * b->cfg->dim, b->part_type, part);
     return rc;
 }
 
 /* After the attention of layer l: x += A Wo^T, then the MLP; head-parallel, each followed by the
- * all-reduce of the rows (x plus every rank's part). With overlap=K (head-parallel) the rows go
- * through this in K chunks, each chunk's all-reduce beside the next chunk's work: the output
- * product and the MLP are row by row, and only the next layer's attention needs every row. */
+ * all-reduce of the rows (x plus every rank's part, or the bf16 parts then added to x). With
+ * overlap=K (head-parallel) the rows go through this in K chunks, each chunk's all-reduce beside
+ * the next chunk's work: the output product and the MLP are row by row, and only the next
+ * layer's attention needs every row. */
 static int output_and_mlp(block *b, int l, int rows, int join_owed)
 {
     const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
-    const int D = c->dim, W = b->width, mlp = c->mlp_hidden > 0;
-    const unsigned char *mixed = b->mix_type == SF_DTYPE_BF16 ? b->act.ao : (const unsigned char *)b->act.a;
-    const size_t mixed_size = b->mix_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
+    const int D = c->dim, mlp = c->mlp_hidden > 0;
     int chunks = b->comm ? b->overlap : 1;
     if (chunks > rows) chunks = rows;
     int rc = SF_OK;
     if (chunks <= 1) {
-        rc = sf_be_matmul_typed(b->be, rows, W, D, b->mix_type, mixed, W, w->wo, b->x, D, b->rank == 0);
-        if (rc == SF_OK && b->comm) rc = sf_comm_all_reduce(b->comm, b->x, (size_t)rows * D, SF_DTYPE_F32);
-        if (rc == SF_OK && mlp) rc = ffn(b, l, b->x, rows, join_owed);
-        if (rc == SF_OK && mlp && b->comm) rc = sf_comm_all_reduce(b->comm, b->x, (size_t)rows * D, SF_DTYPE_F32);
+        rc = output_product(b, w, 0, rows);
+        if (rc == SF_OK && b->comm) rc = reduce_start(b, 0, rows, NULL);
+        if (rc == SF_OK && mlp) rc = ffn(b, l, b->x, rows, join_owed, part_at(b, 0));
+        if (rc == SF_OK && mlp && b->comm) rc = reduce_start(b, 0, rows, NULL);
         return rc;
     }
     const int per = (rows + chunks - 1) / chunks;
     int ticket[2][SF_BLOCK_MAX_OVERLAP], n_chunks = 0;
     for (int r0 = 0; r0 < rows && rc == SF_OK; r0 += per, n_chunks++) {
         const int nr = rows - r0 < per ? rows - r0 : per;
-        float *x = b->x + (size_t)r0 * D;
-        rc = sf_be_matmul_typed(b->be, nr, W, D, b->mix_type, mixed + (size_t)r0 * W * mixed_size, W, w->wo, x, D,
-                                b->rank == 0);
-        if (rc == SF_OK) rc = sf_comm_all_reduce_start(b->comm, x, (size_t)nr * D, SF_DTYPE_F32, &ticket[0][n_chunks]);
+        rc = output_product(b, w, r0, nr);
+        if (rc == SF_OK) rc = reduce_start(b, r0, nr, &ticket[0][n_chunks]);
     }
     for (int j = 0; j < n_chunks && rc == SF_OK; j++) {
         const int r0 = j * per, nr = rows - r0 < per ? rows - r0 : per;
-        float *x = b->x + (size_t)r0 * D;
-        rc = sf_comm_join(b->comm, ticket[0][j]);
-        if (rc == SF_OK && mlp) rc = ffn(b, l, x, nr, join_owed && j == 0);
-        if (rc == SF_OK && mlp) rc = sf_comm_all_reduce_start(b->comm, x, (size_t)nr * D, SF_DTYPE_F32, &ticket[1][j]);
+        rc = reduce_end(b, r0, nr, ticket[0][j]);
+        if (rc == SF_OK && mlp) rc = ffn(b, l, b->x + (size_t)r0 * D, nr, join_owed && j == 0, part_at(b, r0));
+        if (rc == SF_OK && mlp) rc = reduce_start(b, r0, nr, &ticket[1][j]);
     }
-    for (int j = 0; j < n_chunks && rc == SF_OK && mlp; j++) rc = sf_comm_join(b->comm, ticket[1][j]);
+    for (int j = 0; j < n_chunks && rc == SF_OK && mlp; j++) {
+        const int r0 = j * per, nr = rows - r0 < per ? rows - r0 : per;
+        rc = reduce_end(b, r0, nr, ticket[1][j]);
+    }
     return rc;
 }
 

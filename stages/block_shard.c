@@ -193,7 +193,7 @@ static int follower_setup(follower *f, const block *lead, int rank)
     b->cfg = lead->cfg, b->be = f->be;
     b->first = lead->first, b->count = lead->count;
     b->batch = lead->batch, b->defer_commit = lead->defer_commit, b->inject_failure = lead->inject_failure;
-    b->overlap = lead->overlap;
+    b->overlap = lead->overlap, b->reduce_f32 = lead->reduce_f32;
     b->check_finite = SF_CHECK_FINITE_OFF; /* rank 0 checks the rows, which are the same here */
     b->host_rows = lead->host_rows;
     sf_stream_table_init(&b->streams, lead->streams.max, sf_block_stream_create, sf_block_stream_release, b);

@@ -28,10 +28,12 @@ typedef struct stream_state {
  * otherwise), qkv_size bytes an element; three equal parts of one buffer. With deferred commits
  * (block.defer_commit) a second such set follows, and layer l uses set l % 2. ao: with bf16
  * q/k/v and a memory, the mixed attention output as the output product's bf16 input ([N,
- * width], the mix writes it, the output product reads it); NULL otherwise. */
+ * width], the mix writes it, the output product reads it); NULL otherwise. part: with bf16
+ * parts (block.part_type), a head-parallel rank's part of the output product and of the MLP
+ * ([N, D] bf16), which the all-reduce sums; NULL otherwise. */
 typedef struct block_activations {
     float *u, *a, *h1, *h3, *sk, *sv;
-    unsigned char *q, *k, *v, *ao;
+    unsigned char *q, *k, *v, *ao, *part;
 } block_activations;
 
 struct sf_comm;
@@ -55,6 +57,8 @@ typedef struct block {
     uint64_t procs_units;
     int inject_failure, segments_seen; /* inject_failure=: the last rank fails after that many segments */
     int overlap;                 /* overlap=: chunks of the rows after attention (head-parallel) */
+    int reduce_f32;              /* reduce=f32: the ranks sum float32 whatever the backend's part type */
+    sf_dtype part_type;          /* the type of the ranks' parts (sf_be_part_type; float32 unsharded) */
     int width;              /* heads * d */
     layer_weights *weights; /* [count], backend memory */
     float *x;

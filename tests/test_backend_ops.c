@@ -667,7 +667,7 @@ static void test_matmul_typed(const target *t)
         void *xb = bf16_upload(t->be, hx, nx);
         CHECK_OK(sf_be_prepare_weights(t->be, 1, (const float *const *)&w.g, out, in));
         CHECK_OK(cpu->ops->matmul(cpu, n, in, out, x.c, ldx, w.c, y.c, out, 1));
-        CHECK_OK(sf_be_matmul_typed(t->be, n, in, out, SF_DTYPE_BF16, xb, ldx, w.g, y.g, out, 1));
+        CHECK_OK(sf_be_matmul_typed(t->be, n, in, out, SF_DTYPE_BF16, xb, ldx, w.g, SF_DTYPE_F32, y.g, out, 1));
         char what[96];
         snprintf(what, sizeof what, "matmul_typed (bf16 x) n=%d in=%d out=%d ldx=%d, accumulate", n, in, out, ldx);
         compare(what, t, y.g, y.c, ny, t->tol_products);

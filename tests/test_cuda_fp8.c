@@ -185,7 +185,7 @@ static void check_matmul(sf_backend *be, const char *mode, check_rng *r, int n, 
     }
     float *dxb = dev_upload(be, xb, (size_t)n * in * sizeof *xb);
     CHECK_OK(be->ops->upload(be, dy, y0, (size_t)n * out * sizeof *y0));
-    CHECK_OK(sf_be_matmul_typed(be, n, in, out, SF_DTYPE_BF16, dxb, in, dw, dy, out, 1));
+    CHECK_OK(sf_be_matmul_typed(be, n, in, out, SF_DTYPE_BF16, dxb, in, dw, SF_DTYPE_F32, dy, out, 1));
     got = download(be, dy, (size_t)n * out);
     for (size_t i = 0; i < (size_t)n * out; i++) want[i] = y0[i];
     reference(xr, w, n, in, out, want, 1);

@@ -8,8 +8,9 @@
  *    GPU pipeline tests' kinds, f32 and bf16: within 1e-5 (f32) and the bf16 tolerance 2e-2; a
  *    save and restore on heads_of=1 continues as the uninterrupted run;
  * with two GPUs or more, also:
- *  - heads_of=2 (its default overlap=2, and overlap=1) against the unsharded run on one GPU (f32 1e-5, bf16 2e-2), save and restore on
- *    2 ranks against the uninterrupted run (1e-5, and whether byte-identical);
+ *  - heads_of=2 (its default overlap=2, and overlap=1; in bf16 also reduce=f32) against the
+ *    unsharded run on one GPU (f32 1e-5, bf16 2e-2), save and restore on 2 ranks against the
+ *    uninterrupted run (1e-5, and whether byte-identical);
  *  - a rank failing mid-stream (inject_failure=) ends the run with SF_E_COMM naming it, well
  *    within the timeout;
  *  - two ranks over the communicator where rank 1 aborts without telling rank 0 (no shared flag):
@@ -162,11 +163,12 @@ static void compare(const char *name, const sf_model *m, const shard_scenario *s
             continue;
         }
         /* overlap=K: the all-reduces on the communicator's own stream, joined chunk by chunk
-         * (two ranks chunk in 2 by default; overlap=1 is the unchunked path) */
+         * (two ranks chunk in 2 by default; overlap=1 is the unchunked path). In bf16 the ranks'
+         * parts are summed in bf16 by default; reduce=f32 sums float32 rows as f32 does. */
         static const struct {
             int ranks;
             const char *more;
-        } runs[] = {{1, ""}, {1, " overlap=4"}, {2, ""}, {2, " overlap=1"}};
+        } runs[] = {{1, ""}, {1, " overlap=4"}, {2, ""}, {2, " overlap=1"}, {2, " reduce=f32"}};
         for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
             const int R = runs[ri].ranks;
             /* overlap in bf16 only, the mode it is for (time: each run starts its own ranks) */

@@ -304,6 +304,43 @@ __global__ void __launch_bounds__(wg_cfg::THREADS, wg_cfg::MINB)
 
 /* ---- host side -------------------------------------------------------------------------- */
 
+/* Blocks the current device holds at once: its multiprocessors times wg_cfg::MINB (looked up
+ * once a device; 0 where the runtime cannot tell). */
+static int wg_resident_blocks()
+{
+    static int known[64]; /* a benign race fills it */
+    int dev = -1, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (!known[dev]) {
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        known[dev] = sms * wg_cfg::MINB;
+    }
+    return known[dev];
+}
+
+/* Positions a block owns: T (att_block_positions), halved once when the heads times the
+ * position blocks would not fill the device's resident slots even once. A head-parallel rank
+ * holds a part of the heads (8 of the reference model's 16 on each of two GPUs: 256 blocks of
+ * 256 positions for 396 slots on an H100), and a slot left empty costs more than the half-empty
+ * tiles of the most dilated branch that halving makes. The result does not depend on T: a row's
+ * tiles, keys and merges are the same whichever block holds it. */
+static long wg_fill_positions(const sf_attention_desc *desc, const att_branches &br, long T)
+{
+    const long half = T / 2;
+    if (half < wg_cfg::BM) return T;
+    for (int b = 0; b < br.count; b++)
+        if (half % br.dilation[b]) return T;
+    const long blocks = (desc->n + T - 1) / T * desc->heads;
+    const int slots = wg_resident_blocks();
+    return slots > 0 && blocks < slots ? half : T;
+}
+
 template <class QT, bool MIX>
 static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, const QT *q, const QT *k, const QT *v,
                         float *out, unsigned char *ws, cudaStream_t stream, const sf_cuda_attention_mix *mix)
@@ -321,6 +358,7 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     long T;
     rc = att_block_positions(br, C::BM, &T);
     if (rc) return rc;
+    T = wg_fill_positions(desc, br, T);
     const size_t smem = 1024 + C::Q_BYTES + C::KV_BYTES + 2 * (size_t)T * sizeof(float);
     if (smem > 200 * 1024) return sf_error(SF_E_UNSUPPORTED, "cuda attention: block of %ld positions too large", T);
     cudaError_t err =

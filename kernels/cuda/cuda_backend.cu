@@ -659,6 +659,13 @@ static int cuda_supports_op(sf_backend *be, sf_op op, sf_dtype type)
     }
 }
 
+/* ext part_type: products that round their operands to bf16 (precision bf16, fp8) hand their
+ * head-parallel parts to the all-reduce in bf16 as well; float32 keeps float32 */
+static sf_dtype cuda_part_type(sf_backend *be)
+{
+    return sf_cuda_of(be)->precision == SF_PRECISION_BF16 ? SF_DTYPE_BF16 : SF_DTYPE_F32;
+}
+
 static int cuda_device_rows(sf_backend *be) { return sf_cuda_of(be)->settings.device_rows; }
 
 /* ext warmup (setting warmup=1): the kernels the stages' warm-up segment does not launch are
@@ -687,6 +694,8 @@ static const sf_backend_ext cuda_ext = {
     .memory_mix_to = sf_cuda_memory_mix_to,
     .matmul_typed = sf_cuda_matmul_typed,
     .rmsnorm_typed = sf_cuda_rmsnorm_typed,
+    .part_type = cuda_part_type,
+    .add_typed = sf_cuda_add_typed,
     .upload_unordered = cuda_upload_unordered,
     .side_begin = cuda_side_begin,
     .side_end = cuda_side_end,

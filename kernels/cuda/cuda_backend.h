@@ -331,8 +331,11 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
 size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden);
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3);
-int sf_cuda_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
-                        const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3);
+int sf_cuda_ffn_partial(sf_backend *be, int n, int dim, int hidden, const float *x, const float *norm, float eps,
+                        const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3,
+                        sf_dtype ytype, void *y);
+/* ext add_typed (elementwise.cu): x[i] += y[i] for count elements, y float32 or bf16. */
+int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
 /* The non-finite scan (elementwise.cu): begin issues a kernel over x on the thread's stream and
@@ -349,8 +352,8 @@ int sf_cuda_memory_mix(sf_backend *be, int n, int heads, int d, int ld, sf_dtype
                        const float *z, const float *gate, float *a);
 int sf_cuda_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_dtype qtype, const void *q,
                           const float *M, const float *z, const float *gate, float *a, sf_dtype otype, void *out);
-int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
-                         const float *w, float *y, int ldy, int accumulate);
+int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx, const float *w,
+                         sf_dtype ytype, void *y, int ldy, int accumulate);
 /* 1 when the memory's stream kernels (memory_stream*.cuh: d = 64, bf16 operands, rows ld % 8 == 0)
  * serve this backend, the condition for the mix fused into the attention (attention_mix). */
 int sf_cuda_memory_stream_usable(sf_backend *be, int d, int ld);

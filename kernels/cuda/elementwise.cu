@@ -441,6 +441,57 @@ int sf_cuda_bf16_to_f32(const __nv_bfloat16 *src, size_t count, float *dst, cuda
     return sf_cuda_launched("bf16 to f32");
 }
 
+/* x[i] += y[i]: eight elements a step (two float4 of x, one 16-byte load of bf16 y) where the
+ * count and both pointers allow, one at a time otherwise */
+template <class Y> __global__ static void add_typed_kernel(size_t count, float *x, const Y *y, int vec)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x, first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (vec) {
+        for (size_t i = first; i < count / 8; i += step) {
+            float4 *x4 = reinterpret_cast<float4 *>(x) + 2 * i;
+            float4 a = x4[0], b = x4[1];
+            float v[8];
+            if constexpr (sizeof(Y) == 2) {
+                const uint4 raw = reinterpret_cast<const uint4 *>(y)[i];
+                const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float2 f = __bfloat1622float2(p[k]);
+                    v[2 * k] = f.x, v[2 * k + 1] = f.y;
+                }
+            } else {
+                const float4 p = reinterpret_cast<const float4 *>(y)[2 * i],
+                             q = reinterpret_cast<const float4 *>(y)[2 * i + 1];
+                v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w, v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
+            }
+            a.x += v[0], a.y += v[1], a.z += v[2], a.w += v[3];
+            b.x += v[4], b.y += v[5], b.z += v[6], b.w += v[7];
+            x4[0] = a, x4[1] = b;
+        }
+        return;
+    }
+    for (size_t i = first; i < count; i += step) x[i] += (float)y[i];
+}
+
+int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y)
+{
+    if (ytype != SF_DTYPE_F32 && ytype != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda add: unknown type %d", (int)ytype);
+    if (!count) return SF_OK;
+    sf_cuda *c = sf_cuda_of(be);
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    const int vec = count % 8 == 0 && ((uintptr_t)x | (uintptr_t)y) % 16 == 0;
+    const unsigned grid = grid_for(vec ? count / 8 : count);
+    if (ytype == SF_DTYPE_BF16)
+        add_typed_kernel<__nv_bfloat16><<<grid, 256, 0, c->stream>>>(count, x, (const __nv_bfloat16 *)y, vec);
+    else
+        add_typed_kernel<float><<<grid, 256, 0, c->stream>>>(count, x, (const float *)y, vec);
+    rc = sf_cuda_launched("add");
+    sf_cuda_leave(c);
+    return rc;
+}
+
 /* Sets *flag when any of n 32-bit words holds a NaN or an infinity: a float32 each, or two bf16
  * (bf16 = the high half of a float32: exponent bits 0x7f80 all set). A tail bf16 of an odd count
  * is one more word whose high half is ignored (last_mask). */
@@ -529,6 +580,7 @@ int sf_cuda_elementwise_load(void)
         (const void *)swiglu_rows_bf16_kernel,
         (const void *)f32_to_bf16_kernel,
         (const void *)bf16_to_f32_kernel,
+        (const void *)add_typed_kernel<__nv_bfloat16>,
         (const void *)any_non_finite_kernel,
     };
     cudaFuncAttributes fa;

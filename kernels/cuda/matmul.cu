@@ -204,9 +204,10 @@ void sf_cuda_drop_weight(sf_cuda *c, const void *w)
     }
 }
 
-/* sf_cuda_matmul's work, under the lock */
-static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int ldx, const float *w, float *y, int ldy,
-                         int accumulate)
+/* sf_cuda_matmul's work, under the lock; y of type yt (bf16 only where w was prepared, and
+ * without accumulate) */
+static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int ldx, const float *w, void *y, int ldy,
+                         int accumulate, cudaDataType yt)
 {
     int rc = sf_cuda_join_at_product(c); /* before x is read, by the conversion or the product */
     if (rc != SF_OK) return rc;
@@ -216,19 +217,21 @@ static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int
         unsigned char *q;
         float *scale;
         rc = fp8_input(c, SF_CUDA_FP8_IN_F32, n, in, x, ldx, NULL, 0.0f, &q, &scale);
-        if (rc == SF_OK) rc = fp8_product(c, n, in, out, q, scale, w8, y, ldy, CUDA_R_32F, beta, "fp8 GEMM");
+        if (rc == SF_OK) rc = fp8_product(c, n, in, out, q, scale, w8, y, ldy, yt, beta, "fp8 GEMM");
         return rc;
     }
     const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
+    if (!wb && yt != CUDA_R_32F)
+        return sf_error(SF_E_UNSUPPORTED, "cuda matmul: a bf16 result needs a weight prepared in bf16 or fp8");
     if (wb) {
         /* without reserve() the scratch grows here: one allocation, never per segment again */
         rc = sf_cuda_scratch(c, (size_t)n * in * sizeof(__nv_bfloat16));
         __nv_bfloat16 *xb = (__nv_bfloat16 *)c->scratch;
         if (rc == SF_OK) rc = sf_cuda_f32_to_bf16(x, n, in, ldx, xb, c->stream);
-        if (rc == SF_OK) rc = gemm_bf16(c, n, in, out, xb, wb->bf16, y, ldy, CUDA_R_32F, beta, "bf16 GEMM");
+        if (rc == SF_OK) rc = gemm_bf16(c, n, in, out, xb, wb->bf16, y, ldy, yt, beta, "bf16 GEMM");
     } else {
         rc = sf_cublas_status(
-            cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in, x, ldx, &beta, y, ldy),
+            cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in, x, ldx, &beta, (float *)y, ldy),
             "SGEMM");
     }
     return rc;
@@ -241,38 +244,50 @@ int sf_cuda_matmul(sf_backend *be, int n, int in, int out, const float *x, int l
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    rc = matmul_locked(c, n, in, out, x, ldx, w, y, ldy, accumulate);
+    rc = matmul_locked(c, n, in, out, x, ldx, w, y, ldy, accumulate, CUDA_R_32F);
     sf_cuda_leave(c);
     return rc;
 }
 
 /* matmul_typed (kernels/backend_ext.h): a bf16 x (the mixed attention output of an H100 layer) goes
  * to the GEMM as it is, with no conversion pass, when w was prepared and the rows are
- * contiguous; otherwise x is widened to float32 and multiplied as sf_cuda_matmul does. */
-int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
-                         const float *w, float *y, int ldy, int accumulate)
+ * contiguous; otherwise x is widened to float32 and multiplied as sf_cuda_matmul does. A bf16 y
+ * (a head-parallel rank's part, summed across the ranks in bf16) is the float32 accumulator
+ * rounded once, by the product's epilogue. */
+int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx, const float *w,
+                         sf_dtype ytype, void *y, int ldy, int accumulate)
 {
-    if (xtype == SF_DTYPE_F32) return sf_cuda_matmul(be, n, in, out, (const float *)x, ldx, w, y, ldy, accumulate);
-    if (xtype != SF_DTYPE_BF16) return sf_error(SF_E_INVAL, "cuda matmul: unknown input type %d", (int)xtype);
+    if (xtype != SF_DTYPE_F32 && xtype != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda matmul: unknown input type %d", (int)xtype);
+    if (ytype != SF_DTYPE_F32 && ytype != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda matmul: unknown output type %d", (int)ytype);
+    if (ytype == SF_DTYPE_BF16 && accumulate)
+        return sf_error(SF_E_INVAL, "cuda matmul: a bf16 result is written, not accumulated");
+    if (xtype == SF_DTYPE_F32 && ytype == SF_DTYPE_F32)
+        return sf_cuda_matmul(be, n, in, out, (const float *)x, ldx, w, (float *)y, ldy, accumulate);
     if (n <= 0 || out <= 0) return SF_OK;
+    const cudaDataType yt = ytype == SF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
+    if (xtype == SF_DTYPE_F32) {
+        rc = matmul_locked(c, n, in, out, (const float *)x, ldx, w, y, ldy, accumulate, yt);
+        sf_cuda_leave(c);
+        return rc;
+    }
+    const float beta = accumulate ? 1.0f : 0.0f;
     const sf_cuda_weight *w8 = fp8_weight(c, w, out, in);
     if (w8) {
         unsigned char *q;
         float *scale;
         rc = fp8_input(c, SF_CUDA_FP8_IN_BF16, n, in, x, ldx, NULL, 0.0f, &q, &scale);
-        if (rc == SF_OK)
-            rc = fp8_product(c, n, in, out, q, scale, w8, y, ldy, CUDA_R_32F, accumulate ? 1.0f : 0.0f,
-                             "fp8 GEMM (bf16 input)");
+        if (rc == SF_OK) rc = fp8_product(c, n, in, out, q, scale, w8, y, ldy, yt, beta, "fp8 GEMM (bf16 input)");
         sf_cuda_leave(c);
         return rc;
     }
     const sf_cuda_weight *wb = bf16_weight(c, w, out, in);
     if (wb && ldx == in) {
-        rc = gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, CUDA_R_32F, accumulate ? 1.0f : 0.0f,
-                       "bf16 GEMM (bf16 input)");
+        rc = gemm_bf16(c, n, in, out, (const __nv_bfloat16 *)x, wb->bf16, y, ldy, yt, beta, "bf16 GEMM (bf16 input)");
         sf_cuda_leave(c);
         return rc;
     }
@@ -282,7 +297,7 @@ int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype,
     if (rc == SF_OK) rc = sf_cuda_widened(c, count * sizeof(float));
     float *wide = (float *)c->widened;
     if (rc == SF_OK) rc = sf_cuda_bf16_to_f32((const __nv_bfloat16 *)x, count, wide, c->stream);
-    if (rc == SF_OK) rc = matmul_locked(c, n, in, out, wide, ldx, w, y, ldy, accumulate);
+    if (rc == SF_OK) rc = matmul_locked(c, n, in, out, wide, ldx, w, y, ldy, accumulate, yt);
     sf_cuda_leave(c);
     return rc;
 }
@@ -344,9 +359,11 @@ size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
  * SwiGLU and W2's input conversion: about 10 n*hidden bytes of the 24 n*hidden it moved. The
  * only new rounding is of W1 u and W3 u to bf16 before SwiGLU. Otherwise (f32, unprepared
  * weights) it is the composed sequence. */
-/* beta 1: x += the MLP (ffn); beta 0: x = the MLP (ffn_partial: x is read by the norm first) */
-static int ffn_beta(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
-                    const float *w3, const float *w2, float *u, float *h1, float *h3, float beta)
+/* beta 1: x += the MLP (ffn; y is x, yt float32); beta 0: y = the MLP of x's rows as yt
+ * (ffn_partial: y may be x, read by the norm first) */
+static int ffn_beta(sf_backend *be, int n, int dim, int hidden, const float *x, const float *norm, float eps,
+                    const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3, void *y,
+                    cudaDataType yt, float beta)
 {
     if (n <= 0 || dim <= 0 || hidden <= 0) return SF_OK;
     sf_cuda *c = sf_cuda_of(be);
@@ -373,7 +390,7 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, float *x, const 
                                  "fp8 GEMM (ffn W3)");
         }
         if (rc == SF_OK) rc = fp8_input(c, SF_CUDA_FP8_IN_SWIGLU, n, hidden, g1, 2 * hidden, NULL, 0.0f, &q, &scale);
-        if (rc == SF_OK) rc = fp8_product(c, n, hidden, dim, q, scale, e2, x, dim, CUDA_R_32F, 1.0f, "fp8 GEMM (ffn W2)");
+        if (rc == SF_OK) rc = fp8_product(c, n, hidden, dim, q, scale, e2, y, dim, yt, beta, "fp8 GEMM (ffn W2)");
         sf_cuda_leave(c);
         return rc;
     }
@@ -389,12 +406,14 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, float *x, const 
     }
     if (!b1 || !b3 || !b2) {
         sf_cuda_leave(c);
+        if (yt != CUDA_R_32F)
+            return sf_error(SF_E_UNSUPPORTED, "cuda ffn: a bf16 result needs weights prepared in bf16 or fp8");
         const float *w13[2] = {w1, w3};
         float *y13[2] = {h1, h3};
         rc = sf_cuda_rmsnorm(be, n, dim, x, norm, eps, u);
         if (rc == SF_OK) rc = matmul_shared(be, n, dim, hidden, u, dim, 2, w13, y13, hidden);
         if (rc == SF_OK) rc = sf_cuda_swiglu(be, n, hidden, h1, h3);
-        if (rc == SF_OK) rc = sf_cuda_matmul(be, n, hidden, dim, h1, hidden, w2, x, dim, beta != 0.0f);
+        if (rc == SF_OK) rc = sf_cuda_matmul(be, n, hidden, dim, h1, hidden, w2, (float *)y, dim, beta != 0.0f);
         return rc;
     }
     rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
@@ -406,8 +425,7 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, float *x, const 
     if (rc == SF_OK && gate_up) {
         rc = sf_cuda_join_at_product(c);
         if (rc == SF_OK) rc = sf_cuda_swiglu_gate_up(n, dim, hidden, ub, b1->bf16, b3->bf16, g3, c->stream);
-        if (rc == SF_OK)
-            rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, beta, "bf16 GEMM (ffn W2)");
+        if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, y, dim, yt, beta, "bf16 GEMM (ffn W2)");
         sf_cuda_leave(c);
         return rc;
     }
@@ -422,7 +440,7 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, float *x, const 
             rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
     }
     if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
-    if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, x, dim, CUDA_R_32F, beta, "bf16 GEMM (ffn W2)");
+    if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, y, dim, yt, beta, "bf16 GEMM (ffn W2)");
     sf_cuda_leave(c);
     return rc;
 }
@@ -430,13 +448,17 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, float *x, const 
 int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps, const float *w1,
                 const float *w3, const float *w2, float *u, float *h1, float *h3)
 {
-    return ffn_beta(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3, 1.0f);
+    return ffn_beta(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3, x, CUDA_R_32F, 1.0f);
 }
 
-int sf_cuda_ffn_partial(sf_backend *be, int n, int dim, int hidden, float *x, const float *norm, float eps,
-                        const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3)
+int sf_cuda_ffn_partial(sf_backend *be, int n, int dim, int hidden, const float *x, const float *norm, float eps,
+                        const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3,
+                        sf_dtype ytype, void *y)
 {
-    return ffn_beta(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3, 0.0f);
+    if (ytype != SF_DTYPE_F32 && ytype != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda ffn: unknown output type %d", (int)ytype);
+    return ffn_beta(be, n, dim, hidden, x, norm, eps, w1, w3, w2, u, h1, h3, y,
+                    ytype == SF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, 0.0f);
 }
 
 /* qkv (kernels/backend_ext.h): in bf16 with prepared weights the norm writes bf16 straight into the
@@ -485,7 +507,7 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
         rc = sf_cuda_widened(c, (size_t)n * width * sizeof(float));
         if (rc == SF_OK) rc = sf_cuda_rmsnorm_f32(n, dim, x, norm, eps, u, c->stream);
         for (int i = 0; i < 3 && rc == SF_OK; i++) {
-            rc = matmul_locked(c, n, dim, width, u, dim, w[i], (float *)c->widened, width, 0);
+            rc = matmul_locked(c, n, dim, width, u, dim, w[i], (float *)c->widened, width, 0, CUDA_R_32F);
             if (rc == SF_OK)
                 rc = sf_cuda_f32_to_bf16((const float *)c->widened, n, width, width, (__nv_bfloat16 *)y[i], c->stream);
         }

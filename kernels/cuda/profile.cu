@@ -130,9 +130,9 @@ static int p_memory_mix_to(sf_backend *be, int n, int heads, int d, int ld, sf_d
     PROFILED_EXT(OP_MEMORY_MIX, memory_mix_to(be, n, heads, d, ld, qtype, q, M, z, gate, a, otype, out));
 }
 static int p_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype, const void *x, int ldx,
-                          const float *w, float *y, int ldy, int acc)
+                          const float *w, sf_dtype ytype, void *y, int ldy, int acc)
 {
-    PROFILED_EXT(OP_MATMUL, matmul_typed(be, n, in, out, xtype, x, ldx, w, y, ldy, acc));
+    PROFILED_EXT(OP_MATMUL, matmul_typed(be, n, in, out, xtype, x, ldx, w, ytype, y, ldy, acc));
 }
 
 static int p_attention_mix(sf_backend *be, const sf_attention_desc *desc, const void *q, const void *k, const void *v,
