@@ -10,10 +10,11 @@
  *   plain  - block (today's path)
  *   R=1    - block heads_of=1 overlap=1 (the sharded path with a one-rank communicator: its overhead)
  *   R=2..G - block heads_of=R overlap=1 over R GPUs (when that many are visible and R divides H and F)
- * each also with overlap=K (default 4: the rows after attention in K chunks, each chunk's
- * all-reduce beside the next chunk's work; the block's own default is 2 on GPUs with R >= 2),
- * and, on GPUs with R >= 2, both again with reduce=f32 (the ranks' parts summed in float32
- * rather than the bf16 the block's default takes in precision bf16)
+ * each also with overlap=K (default 2: the rows after attention in K chunks, each chunk's
+ * sum beside the next chunk's work), and, on GPUs with R >= 2, the ways of summing the ranks'
+ * parts: the default (bf16 parts, by the copy engines where the GPUs have peer access),
+ * reduce=nccl (bf16 parts by NCCL's all-reduce, overlap=1 only) and reduce=f32 (float32 rows by
+ * NCCL's all-reduce)
  * repeated K times in turns (plain, R=1, R=2, plain, ...) so that drift hits every one alike;
  * the median of each is reported. Then the communicator alone: an all-reduce of one segment's
  * rows ([N, D] float32, what each layer reduces twice with reduce=f32; and in bf16) on R ranks,
@@ -203,7 +204,7 @@ static double all_reduce_ms(const char *device, int ranks, size_t count, sf_dtyp
 int main(int argc, char **argv)
 {
     const char *preset_name = "reference", *device = NULL;
-    int segments = 16, warmup = 3, reps = 3, max_gpus = MAX_GPUS, overlap = 4;
+    int segments = 16, warmup = 3, reps = 3, max_gpus = MAX_GPUS, overlap = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--preset") == 0) preset_name = argv[i + 1];
         else if (strcmp(argv[i], "--segments") == 0) segments = atoi(argv[i + 1]);
@@ -252,14 +253,15 @@ int main(int argc, char **argv)
     int ranks_of[MAX_CONF], n_conf = 0;
     snprintf(blocks[n_conf], sizeof blocks[0], "block"), ranks_of[n_conf++] = 0;
     const int most = cuda ? (gpus < max_gpus ? gpus : max_gpus) : (max_gpus < 4 ? max_gpus : 4);
-    for (int R = 1; R <= most && n_conf + 4 <= MAX_CONF; R *= 2) {
+    for (int R = 1; R <= most && n_conf + 5 <= MAX_CONF; R *= 2) {
         if (cfg.heads % R || cfg.mlp_hidden % R) continue;
-        for (int f32 = 0; f32 < (cuda && R >= 2 ? 2 : 1); f32++) {
-            const char *reduce = f32 ? " reduce=f32" : "";
-            snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=1%s", R, reduce);
+        /* the sums beside the next chunk's work (overlap=); on GPUs the ways of summing */
+        static const char *const reduces[] = {"", " reduce=nccl", " reduce=f32"};
+        for (int w = 0; w < (cuda && R >= 2 ? 3 : 1); w++) {
+            snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=1%s", R, reduces[w]);
             ranks_of[n_conf++] = R;
-            /* the all-reduces beside the next chunk's work (overlap=) */
-            snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=%d%s", R, overlap, reduce);
+            if (w == 1) continue; /* NCCL's bf16 sums chunked: measured slower than unchunked */
+            snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=%d%s", R, overlap, reduces[w]);
             ranks_of[n_conf++] = R;
         }
     }
@@ -299,7 +301,7 @@ int main(int argc, char **argv)
         printf("RESULT config=%s ranks=%d overlap=%d reduce=%s tokens_per_s=%.1f vs_plain=%.4f vs_r1=%.4f "
                "all_reduce_ms=%.4f all_reduce_ms_per_layer=%.4f mib_gpu0=%.0f mib_gpu1=%.0f\n",
                R ? "heads_of" : "plain", R, strstr(blocks[i], "overlap=") ? atoi(strstr(blocks[i], "overlap=") + 8) : 1,
-               strstr(blocks[i], "reduce=f32") ? "f32" : "auto", med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar,
+               strstr(blocks[i], "reduce=f32") ? "f32" : strstr(blocks[i], "reduce=nccl") ? "nccl" : "auto", med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar,
                ar * reductions, last[i].mib[0], last[i].mib[1]);
     }
     if (r1 > 0)

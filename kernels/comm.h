@@ -86,6 +86,18 @@ typedef struct sf_comm_ops {
      * that the receive would fail at once), 0 when it may wait. Never waits. For a caller that
      * has other work to do while a message travels. */
     int (*probe)(sf_comm *c, int peer, int exact);
+    /* Optional (NULL: composed from all_reduce_start and join, with the backend's add): the
+     * head-parallel parts' sum added to the rows. reduce_add_reserve, called by every rank at
+     * set-up with the largest count it will pass (allow_copies 0: the composed form always), may
+     * set up a faster transport (*copies 1: the copy engines; the same on every rank);
+     * reduce_add_start starts, after the ops issued so far, summing every rank's part (count
+     * elements of type); reduce_add_end(ticket) makes the ops issued after it wait for that sum
+     * and adds it to x (count float32 elements), in rank order, so that every rank gets the same
+     * bits. part must not change before the end. Starts are ended in their order, each before
+     * the next wait or fence; at most two in flight with copies, SF_COMM_TICKETS without. */
+    int (*reduce_add_reserve)(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies);
+    int (*reduce_add_start)(sf_comm *c, const void *part, size_t count, sf_dtype type, int *ticket);
+    int (*reduce_add_end)(sf_comm *c, int ticket, float *x, const void *part, size_t count, sf_dtype type);
 } sf_comm_ops;
 
 struct sf_comm {
@@ -116,6 +128,11 @@ int sf_comm_recv_tagged(sf_comm *c, void *buf, size_t count, sf_dtype type, int 
 int sf_comm_probe(sf_comm *c, int peer, int exact);
 int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket);
 int sf_comm_join(sf_comm *c, int ticket);
+/* The parts' sum added to x (sf_comm_ops.reduce_add_*); composed where the transport has none:
+ * all_reduce_start of part (which then holds the sum), join and the backend's add_typed. */
+int sf_comm_reduce_add_reserve(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies);
+int sf_comm_reduce_add_start(sf_comm *c, void *part, size_t count, sf_dtype type, int *ticket);
+int sf_comm_reduce_add_end(sf_comm *c, int ticket, float *x, void *part, size_t count, sf_dtype type);
 int sf_comm_group_begin(sf_comm *c);
 int sf_comm_group_end(sf_comm *c);
 int sf_comm_wait(sf_comm *c);

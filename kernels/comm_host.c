@@ -103,6 +103,29 @@ int sf_comm_join(sf_comm *c, int ticket)
     return c->ops->join(c, ticket);
 }
 
+int sf_comm_reduce_add_reserve(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies)
+{
+    int rc = check_type(c, "reduce_add", type);
+    *copies = 0;
+    if (rc != SF_OK || !c->ops->reduce_add_reserve) return rc;
+    return c->ops->reduce_add_reserve(c, count, type, allow_copies, copies);
+}
+
+int sf_comm_reduce_add_start(sf_comm *c, void *part, size_t count, sf_dtype type, int *ticket)
+{
+    int rc = check_type(c, "reduce_add", type);
+    if (rc != SF_OK) return rc;
+    if (c->ops->reduce_add_start) return c->ops->reduce_add_start(c, part, count, type, ticket);
+    return c->ops->all_reduce_start(c, part, count, type, ticket);
+}
+
+int sf_comm_reduce_add_end(sf_comm *c, int ticket, float *x, void *part, size_t count, sf_dtype type)
+{
+    if (c->ops->reduce_add_end) return c->ops->reduce_add_end(c, ticket, x, part, count, type);
+    int rc = sf_comm_join(c, ticket);
+    return rc == SF_OK ? sf_be_add_typed(c->be, count, x, type, part) : rc;
+}
+
 int sf_comm_group_begin(sf_comm *c) { return c->ops->group_begin(c); }
 int sf_comm_group_end(sf_comm *c) { return c->ops->group_end(c); }
 int sf_comm_wait(sf_comm *c) { return c->ops->wait(c); }

@@ -136,8 +136,11 @@ EOF
       wait "$lp"
       rc=$?
       took=$(awk -v a="$killed" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+      # ended: non-zero, well within the time limit, and the job's error names the killed rank
+      # (launch's verdict: rank 0 may still be in an NCCL wait, which launch then stops)
       verdict=ok
-      if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || ! awk -v t="$took" 'BEGIN { exit !(t < 20) }'; then
+      if [ "$rc" -eq 0 ] || ! awk -v t="$took" 'BEGIN { exit !(t < 20) }' ||
+         ! grep -q "rank 1 (pid $victim) was killed by signal 9" "$logs/procs_kill.log"; then
         verdict=FAIL
         status=1
       fi

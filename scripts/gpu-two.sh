@@ -9,7 +9,8 @@
 #    (`seqflow launch -n 2`, layers 0-1 on rank 0, 2-3 on rank 1);
 # 3. the layer pipeline's output against one GPU's, byte for byte, on 4 segments.
 # TWO_SKIP_HEADS=1 skips step 1; TWO_MODES (default "one heads layers") picks step 2's runs
-# (the layer pipeline's are long: its rate is the link's). Logs go to $OUT (else build-gpu/two); a summary to
+# (heads1: --gpus 2 with the block's overlap=1; the layer pipeline's are long: its rate is the
+# link's). Logs go to $OUT (else build-gpu/two); a summary to
 # $OUT/two-summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -48,6 +49,8 @@ seconds() {
   case $mode in
     one) timeout 120 "$bin" run -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     heads) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
+    heads1) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" \
+              "segment ! embed ! block overlap=1 ! norm" ;;
     layers) timeout 120 "$bin" launch -n 2 -- -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 \
               "${sink[@]}" "$layers" ;;
   esac >>"$logs/runs.txt" 2>&1
@@ -56,8 +59,8 @@ seconds() {
   [ $rc -ne 0 ] && note "run failed: $mode $segs (exit $rc)"
   echo "$t0 $t1" | awk '{printf "%.4f", $2 - $1}'
 }
-for mode in ${TWO_MODES:-one heads layers}; do
-  for rep in 1 2; do
+for rep in 1 2; do
+  for mode in ${TWO_MODES:-one heads layers}; do
     short=$(seconds $mode 64)
     long=$(seconds $mode "$LONG")
     rate=$(awk -v s="$short" -v l="$long" -v n=$(((LONG - 64) * 8192)) 'BEGIN { printf "%.0f", n / (l - s) }')

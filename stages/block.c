@@ -57,11 +57,13 @@ static const sf_option block_options[] = {
     {.name = "overlap", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = SF_BLOCK_MAX_OVERLAP,
      .unit = "chunks",
      .help = "heads_of: the rows after attention go through the output product, MLP and all-reduces in this many "
-             "chunks, each chunk's all-reduce beside the next chunk's work; 0 = 2 on GPUs with heads_of >= 2 (the "
-             "fastest measured), else 1"},
-    {.name = "reduce", .type = SF_OPT_STRING, .default_value = "auto", .choices = "auto|f32",
-     .help = "heads_of: the type of the ranks' parts in the all-reduces; auto = bf16 where the products are bf16 "
-             "(precision bf16 or fp8 on a GPU: half the bytes), else f32"},
+             "chunks, each chunk's all-reduce beside the next chunk's work; 0 = 2 on GPUs with heads_of >= 2 summing "
+             "float32 rows (reduce=f32, or precision f32), else 1: the fastest measured"},
+    {.name = "reduce", .type = SF_OPT_STRING, .default_value = "auto", .choices = "auto|f32|nccl",
+     .help = "heads_of: how the ranks' parts are summed; auto = in bf16 where the products are bf16 (precision bf16 "
+             "or fp8 on a GPU: half the bytes), by the copy engines where the ranks are GPUs of this process with "
+             "peer access and overlap <= 2, else by NCCL; nccl = bf16 parts by NCCL's all-reduce; f32 = float32 rows "
+             "by all-reduce"},
     {.name = "inject_failure", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 1 << 30, .unit = "segments",
      .help = "testing heads_of: the last rank fails after this many segments (0 = never)"},
     {0}};
@@ -207,8 +209,7 @@ static int block_init(sf_stage *st)
     b->inject_failure = (int)sf_stage_option_int(st, "inject_failure");
     b->overlap = (int)sf_stage_option_int(st, "overlap");
     b->reduce_f32 = strcmp(sf_stage_option(st, "reduce"), "f32") == 0;
-    /* two chunks measured 2-3% faster than one on two H100s, four slower (bench/RESULTS.md) */
-    if (b->overlap == 0) b->overlap = ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0 ? 2 : 1;
+    b->reduce_nccl = strcmp(sf_stage_option(st, "reduce"), "nccl") == 0;
     if (ranks && sf_stage_option_int(st, "state_budget"))
         return sf_error(SF_E_OPTION, "heads_of=%d: a state_budget is not supported with head parallelism", ranks);
     if (rank > 0) b->check_finite = SF_CHECK_FINITE_OFF; /* head rank 0 checks the rows, which are the same here */
@@ -218,6 +219,11 @@ static int block_init(sf_stage *st)
     /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
     if (b->store && b->defer_commit == 2) b->defer_commit = 1;
     if (rc == SF_OK) rc = sf_block_setup(b, m);
+    /* on two H100s (bench/RESULTS.md): float32 rows, two chunks 1-3% faster than one, four
+     * slower; bf16 parts, one chunk 7% faster than two (the chunks' products and sums share
+     * the multiprocessors, and a bf16 sum is short) */
+    if (b->overlap == 0)
+        b->overlap = ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0 && b->part_type == SF_DTYPE_F32 ? 2 : 1;
     if (rc == SF_OK) rc = block_warmup(b);
     /* the other ranks, and the communicator, last: what init ran before issued no collective */
     if (rc == SF_OK && rank > 0) return sf_block_procs_join(st, b); /* a follower: rank 0 hands it its work */
@@ -427,27 +433,29 @@ static int output_product(block *b, const layer_weights *w, int r0, int nr)
                               b->rank == 0);
 }
 
-/* The all-reduce of rows [r0, r0 + nr): of x, or of the parts (see part_at). ticket NULL: done
- * in order, and the parts' sum added to x; else started beside the next work (reduce_end). */
+/* The sum of rows [r0, r0 + nr): the all-reduce of x, or the parts' sum added to x (see
+ * part_at; sf_comm_reduce_add_*: by the copy engines where the ranks are GPUs of this process).
+ * ticket NULL: done in order; else started beside the next work (reduce_end). */
 static int reduce_start(block *b, int r0, int nr, int *ticket)
 {
     const size_t count = (size_t)nr * b->cfg->dim;
-    void *part = part_at(b, r0), *buf = part ? part : (void *)(b->x + (size_t)r0 * b->cfg->dim);
-    const sf_dtype type = part ? b->part_type : SF_DTYPE_F32;
-    if (ticket) return sf_comm_all_reduce_start(b->comm, buf, count, type, ticket);
-    int rc = sf_comm_all_reduce(b->comm, buf, count, type);
-    if (rc == SF_OK && part) rc = sf_be_add_typed(b->be, count, b->x + (size_t)r0 * b->cfg->dim, type, part);
+    float *x = b->x + (size_t)r0 * b->cfg->dim;
+    void *part = part_at(b, r0);
+    if (!part) return ticket ? sf_comm_all_reduce_start(b->comm, x, count, SF_DTYPE_F32, ticket)
+                             : sf_comm_all_reduce(b->comm, x, count, SF_DTYPE_F32);
+    int own = 0;
+    int rc = sf_comm_reduce_add_start(b->comm, part, count, b->part_type, ticket ? ticket : &own);
+    if (rc == SF_OK && !ticket) rc = sf_comm_reduce_add_end(b->comm, own, x, part, count, b->part_type);
     return rc;
 }
 
-/* The end of reduce_start's all-reduce `ticket`: the ops after it wait for it; parts are added. */
+/* The end of reduce_start's sum `ticket`: the ops after it wait for it. */
 static int reduce_end(block *b, int r0, int nr, int ticket)
 {
-    int rc = sf_comm_join(b->comm, ticket);
     void *part = part_at(b, r0);
-    if (rc == SF_OK && part)
-        rc = sf_be_add_typed(b->be, (size_t)nr * b->cfg->dim, b->x + (size_t)r0 * b->cfg->dim, b->part_type, part);
-    return rc;
+    if (!part) return sf_comm_join(b->comm, ticket);
+    return sf_comm_reduce_add_end(b->comm, ticket, b->x + (size_t)r0 * b->cfg->dim, part, (size_t)nr * b->cfg->dim,
+                                  b->part_type);
 }
 
 /* After the attention of layer l: x += A Wo^T, then the MLP; head-parallel, each followed by the

@@ -167,10 +167,19 @@ int sf_block_shard_check(block *b, int rc)
  * and a rank that cannot reach the others fails now. */
 int sf_block_comm_warmup(block *b)
 {
-    const size_t D = (size_t)b->cfg->dim;
+    const size_t D = (size_t)b->cfg->dim, rows = (size_t)b->cfg->segment * b->batch;
     int rc = b->be->ops->zero(b->be, b->x, D * sizeof(float));
     if (rc == SF_OK) rc = sf_comm_all_reduce(b->comm, b->x, D, SF_DTYPE_F32);
     if (rc == SF_OK) rc = sf_comm_broadcast(b->comm, b->x, D, SF_DTYPE_F32, 0);
+    /* bf16 parts: the sums' transport set up for a whole segment's rows (copies only with at
+     * most two sums in flight: overlap <= 2), and one sum through it */
+    if (rc == SF_OK && b->act.part) {
+        int ticket = 0, copies = 0;
+        rc = sf_comm_reduce_add_reserve(b->comm, rows * D, b->part_type, !b->reduce_nccl && b->overlap <= 2, &copies);
+        if (rc == SF_OK) rc = b->be->ops->zero(b->be, b->act.part, D * 2);
+        if (rc == SF_OK) rc = sf_comm_reduce_add_start(b->comm, b->act.part, D, b->part_type, &ticket);
+        if (rc == SF_OK) rc = sf_comm_reduce_add_end(b->comm, ticket, b->x, b->act.part, D, b->part_type);
+    }
     return rc == SF_OK ? sf_comm_wait(b->comm) : rc;
 }
 
@@ -193,7 +202,7 @@ static int follower_setup(follower *f, const block *lead, int rank)
     b->cfg = lead->cfg, b->be = f->be;
     b->first = lead->first, b->count = lead->count;
     b->batch = lead->batch, b->defer_commit = lead->defer_commit, b->inject_failure = lead->inject_failure;
-    b->overlap = lead->overlap, b->reduce_f32 = lead->reduce_f32;
+    b->overlap = lead->overlap, b->reduce_f32 = lead->reduce_f32, b->reduce_nccl = lead->reduce_nccl;
     b->check_finite = SF_CHECK_FINITE_OFF; /* rank 0 checks the rows, which are the same here */
     b->host_rows = lead->host_rows;
     sf_stream_table_init(&b->streams, lead->streams.max, sf_block_stream_create, sf_block_stream_release, b);

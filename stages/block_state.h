@@ -58,6 +58,7 @@ typedef struct block {
     int inject_failure, segments_seen; /* inject_failure=: the last rank fails after that many segments */
     int overlap;                 /* overlap=: chunks of the rows after attention (head-parallel) */
     int reduce_f32;              /* reduce=f32: the ranks sum float32 whatever the backend's part type */
+    int reduce_nccl;             /* reduce=nccl: parts summed by the transport's all-reduce, never copies */
     sf_dtype part_type;          /* the type of the ranks' parts (sf_be_part_type; float32 unsharded) */
     int width;              /* heads * d */
     layer_weights *weights; /* [count], backend memory */

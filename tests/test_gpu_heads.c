@@ -8,9 +8,12 @@
  *    GPU pipeline tests' kinds, f32 and bf16: within 1e-5 (f32) and the bf16 tolerance 2e-2; a
  *    save and restore on heads_of=1 continues as the uninterrupted run;
  * with two GPUs or more, also:
- *  - heads_of=2 (its default overlap=2, and overlap=1; in bf16 also reduce=f32) against the
- *    unsharded run on one GPU (f32 1e-5, bf16 2e-2), save and restore on 2 ranks against the
- *    uninterrupted run (1e-5, and whether byte-identical);
+ *  - heads_of=2 (its default overlap, and in bf16 also overlap=2, reduce=nccl and reduce=f32)
+ *    against the unsharded run on one GPU (f32 1e-5, bf16 2e-2), save and restore on 2 ranks
+ *    against the uninterrupted run (1e-5, and whether byte-identical);
+ *  - the parts' sum (reduce_add) on two GPUs with two sums in flight: by the copy engines bit
+ *    for bit the host's float32 sums in rank order, through NCCL within bf16 rounding; every
+ *    rank's rows identical;
  *  - a rank failing mid-stream (inject_failure=) ends the run with SF_E_COMM naming it, well
  *    within the timeout;
  *  - two ranks over the communicator where rank 1 aborts without telling rank 0 (no shared flag):
@@ -19,6 +22,7 @@
  * with that reason. */
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +35,7 @@
 #include "support/shard_runs.h"
 #include "support/small_model.h"
 #ifdef SEQFLOW_HAVE_CUDA
+#include <cuda_runtime_api.h>
 #include "kernels/cuda/cuda_device.h"
 #endif
 
@@ -142,6 +147,121 @@ static void check_abort_two_gpus(void)
     printf("  NCCL, rank 1 aborts unannounced: rank 0 ended with %d after %.0f ms\n", jobs[0].rc, jobs[0].ms);
 }
 
+/* reduce_add on two GPUs (threads of this process), as the block issues it with overlap=2: two
+ * chunks' sums in flight, the first chunk's rows summed twice. With the copy engines (allow 1,
+ * where the GPUs have peer access) every rank's rows must be, bit for bit, the float32 sums the
+ * host makes in rank order; through NCCL's bf16 all-reduce (allow 0), within its rounding. */
+#define RA_ROWS 3000 /* elements a chunk: not a multiple of 8 in the tail chunk below */
+
+typedef struct reduce_job {
+    int rank, allow, copies, rc;
+    const unsigned char *id;
+    float rows[2 * RA_ROWS + 5]; /* the rows after the sums */
+} reduce_job;
+
+static uint16_t bf16_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static float float_of(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* the parts of op k (0, 1, 2) of rank r, and the rows before */
+static float ra_part(int r, int k, size_t i) { return (float)((int)((i * 7 + r * 13 + k * 5) % 97) - 48) / 64.0f; }
+static float ra_row(size_t i) { return (float)((int)(i % 41) - 20) * 0.25f; }
+
+static void *reduce_main(void *arg)
+{
+    reduce_job *j = arg;
+    const size_t n0 = RA_ROWS, n1 = RA_ROWS + 5, total = n0 + n1;
+    sf_backend *be = NULL;
+    sf_comm *c = NULL;
+    j->rc = sf_backend_create("cuda", j->rank, &be);
+    if (j->rc == SF_OK) j->rc = sf_comm_nccl_create(be, j->id, j->rank, 2, 10000, &c);
+    if (j->rc == SF_OK) j->rc = sf_comm_reduce_add_reserve(c, total, SF_DTYPE_BF16, j->allow, &j->copies);
+    float *x = j->rc == SF_OK ? be->ops->alloc(be, total * sizeof(float)) : NULL;
+    uint16_t *part = j->rc == SF_OK ? be->ops->alloc(be, total * 2) : NULL;
+    uint16_t *host = malloc(total * 2);
+    for (size_t i = 0; i < total; i++) j->rows[i] = ra_row(i);
+    if (j->rc == SF_OK) j->rc = be->ops->upload(be, x, j->rows, total * sizeof(float));
+    /* ops: 0 = rows [0, n0), 1 = rows [n0, total), 2 = rows [0, n0) again */
+    const size_t off[3] = {0, n0, 0}, cnt[3] = {n0, n1, n0};
+    int ticket[3] = {0};
+    for (int k = 0; k < 3 && j->rc == SF_OK; k++) {
+        for (size_t i = 0; i < cnt[k]; i++) host[i] = bf16_of(ra_part(j->rank, k, off[k] + i));
+        if (k == 2) j->rc = sf_comm_reduce_add_end(c, ticket[0], x + off[0], part + off[0], cnt[0], SF_DTYPE_BF16);
+        if (j->rc == SF_OK) j->rc = be->ops->upload(be, part + off[k], host, cnt[k] * 2);
+        if (j->rc == SF_OK) j->rc = sf_comm_reduce_add_start(c, part + off[k], cnt[k], SF_DTYPE_BF16, &ticket[k]);
+    }
+    for (int k = 1; k < 3 && j->rc == SF_OK; k++)
+        j->rc = sf_comm_reduce_add_end(c, ticket[k], x + off[k], part + off[k], cnt[k], SF_DTYPE_BF16);
+    if (j->rc == SF_OK) j->rc = sf_comm_wait(c);
+    if (j->rc == SF_OK) j->rc = be->ops->download(be, j->rows, x, total * sizeof(float));
+    free(host);
+    if (be) be->ops->free(be, x), be->ops->free(be, part);
+    sf_comm_free(c);
+    sf_backend_free(be);
+    return NULL;
+}
+
+static void check_reduce_add_two_gpus(void)
+{
+    const size_t n0 = RA_ROWS, total = 2 * RA_ROWS + 5;
+    float *want = malloc(total * sizeof(float));
+    for (size_t i = 0; i < total; i++) {
+        want[i] = ra_row(i);
+        for (int k = 0; k < 3; k++) {
+            if ((k == 1) != (i >= n0)) continue; /* ops 0 and 2 cover [0, n0), op 1 the rest */
+            float s = 0;
+            for (int r = 0; r < 2; r++) s += float_of(bf16_of(ra_part(r, k, i)));
+            want[i] += s;
+        }
+    }
+    int peer = 0;
+#ifdef SEQFLOW_HAVE_CUDA
+    cudaDeviceCanAccessPeer(&peer, 0, 1);
+#endif
+    for (int allow = 1; allow >= 0; allow--) {
+        unsigned char id[SF_COMM_NCCL_ID_BYTES];
+        CHECK_OK(sf_comm_nccl_unique_id(id));
+        reduce_job *jobs = calloc(2, sizeof *jobs);
+        pthread_t t[2];
+        for (int r = 0; r < 2; r++) {
+            jobs[r].rank = r, jobs[r].allow = allow, jobs[r].id = id;
+            pthread_create(&t[r], NULL, reduce_main, &jobs[r]);
+        }
+        for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+        for (int r = 0; r < 2; r++)
+            CHECKF(jobs[r].rc == SF_OK, "reduce_add (allow %d), rank %d: %d (%s)", allow, r, jobs[r].rc,
+                   sf_last_error());
+        CHECKF(jobs[0].copies == (allow && peer) && jobs[1].copies == jobs[0].copies,
+               "reduce_add (allow %d): copies %d and %d, peer access %d", allow, jobs[0].copies, jobs[1].copies, peer);
+        CHECKF(memcmp(jobs[0].rows, jobs[1].rows, total * sizeof(float)) == 0, "reduce_add (allow %d): ranks differ",
+               allow);
+        double worst = 0;
+        for (size_t i = 0; i < total; i++) {
+            const double d = fabs((double)jobs[0].rows[i] - want[i]) / (fabs(want[i]) + 1.0);
+            if (d > worst) worst = d;
+        }
+        if (jobs[0].copies)
+            CHECKF(worst == 0, "reduce_add by copies: %.3g from the host's float32 sums", worst);
+        else
+            CHECKF(worst <= 1e-2, "reduce_add by NCCL: %.3g from the host's float32 sums (bf16 sums)", worst);
+        printf("  reduce_add on 2 GPUs, %s: %.2e from the host's sums, ranks identical\n",
+               jobs[0].copies ? "copy engines" : "NCCL all-reduce", worst);
+        free(jobs);
+    }
+    free(want);
+}
+
 /* ---- the pipeline --------------------------------------------------------------------------- */
 
 static void compare(const char *name, const sf_model *m, const shard_scenario *sc, uint64_t seed, int gpus)
@@ -163,12 +283,14 @@ static void compare(const char *name, const sf_model *m, const shard_scenario *s
             continue;
         }
         /* overlap=K: the all-reduces on the communicator's own stream, joined chunk by chunk
-         * (two ranks chunk in 2 by default; overlap=1 is the unchunked path). In bf16 the ranks'
-         * parts are summed in bf16 by default; reduce=f32 sums float32 rows as f32 does. */
+         * (two ranks on GPUs with float32 rows chunk in 2 by default, with bf16 parts in 1). In
+         * bf16 the ranks' parts are summed in bf16 by default, by the copy engines where the GPUs
+         * have peer access; reduce=nccl sums them by NCCL's all-reduce; reduce=f32 sums float32
+         * rows as f32 does. */
         static const struct {
             int ranks;
             const char *more;
-        } runs[] = {{1, ""}, {1, " overlap=4"}, {2, ""}, {2, " overlap=1"}, {2, " reduce=f32"}};
+        } runs[] = {{1, ""}, {1, " overlap=4"}, {2, ""}, {2, " overlap=2"}, {2, " reduce=nccl"}, {2, " reduce=f32"}};
         for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
             const int R = runs[ri].ranks;
             /* overlap in bf16 only, the mode it is for (time: each run starts its own ranks) */
@@ -286,7 +408,8 @@ int main(void)
         }
     }
     sf_model_free(keep);
-    if (gpus >= 2) check_abort_two_gpus();
+    if (gpus >= 2)
+        check_abort_two_gpus(), check_reduce_add_two_gpus();
     else printf("  one GPU: the two-rank checks are skipped (they need two GPUs)\n");
     return check_finish("test_gpu_heads");
 }

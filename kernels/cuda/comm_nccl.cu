@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "kernels/comm.h"
+#include "kernels/cuda/comm_exchange.h"
 #include "kernels/cuda/cuda_backend.h"
 
 extern "C" int sf_cuda_comm_backend_device(sf_backend *be)
@@ -48,6 +49,8 @@ typedef struct nccl_comm {
     char why[200];         /* what broke it */
     cudaEvent_t mark[2];   /* fence: the mark set last (cur) and the one before */
     int cur, marks;        /* index of the last mark, marks set so far (0, 1, 2+) */
+    sf_exchange *exchange; /* the ranks as threads of this process (comm_exchange.h), or NULL */
+    int copies;            /* reduce_add through the exchange's copy engines (reserved) */
 } nccl_comm;
 
 static double now_ms(void)
@@ -72,6 +75,7 @@ static void break_comm(sf_comm *c, const char *why)
     if (n->failed) return;
     n->failed = 1;
     snprintf(n->why, sizeof n->why, "%s", why);
+    sf_exchange_abort(n->exchange);
     cudaSetDevice(sf_cuda_of(c->be)->device);
     if (n->comm) ncclCommAbort(n->comm);
     if (n->parent && n->parent != n->comm) ncclCommAbort(n->parent);
@@ -212,6 +216,50 @@ static int nccl_join(sf_comm *c, int ticket)
     return rc;
 }
 
+/* reduce_add (kernels/comm.h): through the copy engines where every rank is a thread of this
+ * process with peer access to the others (comm_exchange.h), else an all-reduce of the parts
+ * and the backend's add. */
+static int nccl_reduce_add_reserve(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (n->failed) return failed_error(c, "reduce_add_reserve");
+    cudaSetDevice(sf_cuda_of(c->be)->device);
+    int rc =
+        sf_exchange_reserve(n->exchange, count * (type == SF_DTYPE_BF16 ? 2 : sizeof(float)), allow_copies, &n->copies);
+    *copies = n->copies;
+    return rc;
+}
+
+static int nccl_reduce_add_start(sf_comm *c, const void *part, size_t count, sf_dtype type, int *ticket)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (!n->copies) return nccl_all_reduce_start(c, (void *)part, count, type, ticket);
+    sf_cuda *cu;
+    int rc = enter(c, "reduce_add_start", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_exchange_start(n->exchange, cu->stream, n->side, part, count * (type == SF_DTYPE_BF16 ? 2 : sizeof(float)),
+                           ticket);
+    sf_cuda_leave(cu);
+    if (rc == SF_E_COMM) break_comm(c, sf_last_error());
+    return rc;
+}
+
+static int nccl_reduce_add_end(sf_comm *c, int ticket, float *x, const void *part, size_t count, sf_dtype type)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (!n->copies) {
+        int rc = nccl_join(c, ticket);
+        return rc == SF_OK ? sf_cuda_add_typed(c->be, count, x, type, part) : rc;
+    }
+    sf_cuda *cu;
+    int rc = enter(c, "reduce_add_end", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_exchange_end(n->exchange, cu->stream, ticket, x, part, count, type == SF_DTYPE_BF16);
+    sf_cuda_leave(cu);
+    if (rc == SF_E_COMM) break_comm(c, sf_last_error());
+    return rc;
+}
+
 static int nccl_group_begin(sf_comm *c)
 {
     nccl_comm *n = (nccl_comm *)c->impl;
@@ -332,14 +380,32 @@ static void nccl_destroy(sf_comm *c)
         if (n->done[i]) cudaEventDestroy(n->done[i]);
     }
     if (n->side) cudaStreamDestroy(n->side);
+    sf_exchange_leave(n->exchange);
     delete n;
     delete c;
 }
 
 static const sf_comm_ops nccl_ops = {
-    "nccl",           nccl_all_reduce, nccl_all_gather, nccl_broadcast, nccl_send,  nccl_recv,
-    nccl_group_begin, nccl_group_end,  nccl_all_reduce_start, nccl_join, nccl_wait, nccl_fence,
-    nccl_abort,       nccl_destroy,
+    "nccl",
+    nccl_all_reduce,
+    nccl_all_gather,
+    nccl_broadcast,
+    nccl_send,
+    nccl_recv,
+    nccl_group_begin,
+    nccl_group_end,
+    nccl_all_reduce_start,
+    nccl_join,
+    nccl_wait,
+    nccl_fence,
+    nccl_abort,
+    nccl_destroy,
+    NULL,
+    NULL,
+    NULL,
+    nccl_reduce_add_reserve,
+    nccl_reduce_add_start,
+    nccl_reduce_add_end,
 };
 
 extern "C" int sf_cuda_comm_nccl_available(void) { return 1; }
@@ -489,6 +555,14 @@ extern "C" int sf_cuda_comm_nccl_create_watched(sf_backend *be, const void *id, 
         if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(&n->done[i], cudaEventDisableTiming), "event create");
     }
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamCreateWithFlags(&n->side, cudaStreamNonBlocking), "stream create");
+    if (rc != SF_OK) {
+        n->failed = 1;
+        nccl_destroy(c);
+        return rc;
+    }
+    /* before NCCL's init: a thread of this process that gets through creation finds every other
+     * rank of this process already in the exchange's group */
+    rc = sf_exchange_join(id, c, &n->exchange);
     if (rc != SF_OK) {
         n->failed = 1;
         nccl_destroy(c);

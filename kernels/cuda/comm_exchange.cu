@@ -1,0 +1,332 @@
+/* Head-parallel parts exchanged by the copy engines (comm_exchange.h).
+ *
+ * Op k of a rank (its k-th start, ended in the same order) uses inbox slot k % SLOTS. Rank r's
+ * start(k) copies its part, on the communicator's side stream once the compute stream has made
+ * it, into slot k % SLOTS, row r, of every peer's inbox, then records delivered[slot] and
+ * publishes k + 1 as its count of deliveries. Rank r's end(k) makes its compute stream wait for
+ * every peer's delivered[slot] of op k (and its own: the part may be rewritten after the end),
+ * adds all the parts to its rows, records consumed[slot] and publishes k + 1 as its count of
+ * consumptions. Before rank r copies op k into a peer's slot, its side stream waits for that
+ * peer's consumed[slot] of op k - SLOTS: the slot is free again.
+ *
+ * An event is waited for only once the host has seen it recorded (the published counts), and is
+ * not recorded again before every wait on it has been issued: a peer records delivered[slot]
+ * for op k + SLOTS only after waiting for this rank's consumed[slot] of op k, which this rank
+ * records after issuing its wait on the peer's delivered[slot] of op k; the same holds the other
+ * way. A rank's host waits for its peers' counts spin, then sleep, and end with SF_E_COMM on
+ * the communicator's watch flag, an abort of the group, or its timeout.
+ *
+ * With SLOTS = 2, a rank must end op k before it starts op k + 2 (the block's chunks: at most
+ * two exchanges in flight); the start of k + 2 would otherwise wait for a peer's end of k that
+ * the peer issues only after its own start of k + 2. sf_exchange_start refuses it. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cuda/comm_exchange.h"
+#include "kernels/cuda/cuda_backend.h"
+
+#define SLOTS 2
+#define MAX_RANKS 8
+
+typedef struct group group;
+
+struct sf_exchange {
+    group *g;
+    sf_comm *c; /* rank, size, timeout and watch flag */
+    int device;
+    size_t capacity;      /* bytes a part may have (0 until reserved) */
+    unsigned char *inbox; /* [SLOTS][size][capacity] on this rank's GPU */
+    cudaEvent_t delivered[SLOTS], consumed[SLOTS], ready;
+    long long started, ended; /* ops started and ended by this rank */
+};
+
+struct group {
+    unsigned char id[SF_COMM_NCCL_ID_BYTES];
+    int size, joined, refs;
+    sf_exchange *member[MAX_RANKS];
+    /* reserve's rendezvous: votes (1 usable, -1 not) and arrivals */
+    int vote[MAX_RANKS], arrived;
+    long long delivered[MAX_RANKS], consumed[MAX_RANKS]; /* counts published by each rank */
+    int aborted;
+    group *next;
+};
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static group *registry;
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void pause_us(long us)
+{
+    struct timespec t = {0, us * 1000};
+    nanosleep(&t, NULL);
+}
+
+/* Waits until *count >= want (another rank's published count): SF_OK, or SF_E_COMM on an
+ * abort of the group, the watch flag or the timeout. */
+static int wait_count(sf_exchange *x, const long long *count, long long want, int peer, const char *what)
+{
+    const double start = now_ms();
+    for (long spins = 0; __atomic_load_n(count, __ATOMIC_ACQUIRE) < want; spins++) {
+        const char *why = NULL;
+        if (__atomic_load_n(&x->g->aborted, __ATOMIC_ACQUIRE))
+            why = "the exchange was aborted";
+        else if (x->c->stop && __atomic_load_n(x->c->stop, __ATOMIC_ACQUIRE))
+            why = "stopped: another rank of this process failed";
+        else if (now_ms() - start > x->c->timeout_ms)
+            why = "timed out";
+        if (why)
+            return sf_error(SF_E_COMM, "exchange on rank %d of %d: waiting for rank %d's %s of op %lld: %s", x->c->rank,
+                            x->c->size, peer, what, want - 1, why);
+        if (spins > 1000) pause_us(spins > 20000 ? 100 : 5);
+    }
+    return SF_OK;
+}
+
+int sf_exchange_join(const void *id, sf_comm *c, sf_exchange **out)
+{
+    *out = NULL;
+    if (c->size < 2 || c->size > MAX_RANKS) return SF_OK; /* nothing to exchange, or too many for one op */
+    sf_exchange *x = new sf_exchange();
+    x->c = c, x->device = sf_cuda_of(c->be)->device;
+    pthread_mutex_lock(&registry_lock);
+    group *g = registry;
+    while (g && (g->size != c->size || memcmp(g->id, id, SF_COMM_NCCL_ID_BYTES) != 0)) g = g->next;
+    if (!g) {
+        g = new group();
+        memcpy(g->id, id, SF_COMM_NCCL_ID_BYTES);
+        g->size = c->size, g->next = registry, registry = g;
+    }
+    if (g->member[c->rank]) { /* the same rank twice in this process: not ours to exchange */
+        pthread_mutex_unlock(&registry_lock);
+        delete x;
+        return SF_OK;
+    }
+    g->member[c->rank] = x, g->joined++, g->refs++;
+    x->g = g;
+    pthread_mutex_unlock(&registry_lock);
+    *out = x;
+    return SF_OK;
+}
+
+static void free_member(sf_exchange *x)
+{
+    cudaSetDevice(x->device);
+    for (int s = 0; s < SLOTS; s++) {
+        if (x->delivered[s]) cudaEventDestroy(x->delivered[s]);
+        if (x->consumed[s]) cudaEventDestroy(x->consumed[s]);
+    }
+    if (x->ready) cudaEventDestroy(x->ready);
+    if (x->inbox) cudaFree(x->inbox);
+    cudaGetLastError();
+    delete x;
+}
+
+void sf_exchange_leave(sf_exchange *x)
+{
+    if (!x) return;
+    /* the last rank out frees every rank's inbox and events: a peer that failed may still
+     * have waits on them in its queues until then */
+    int was = -1;
+    cudaGetDevice(&was);
+    pthread_mutex_lock(&registry_lock);
+    group *g = x->g;
+    if (--g->refs == 0) {
+        for (group **p = &registry; *p; p = &(*p)->next)
+            if (*p == g) {
+                *p = g->next;
+                break;
+            }
+        for (int r = 0; r < g->size; r++)
+            if (g->member[r]) free_member(g->member[r]);
+        delete g;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    if (was >= 0) cudaSetDevice(was);
+}
+
+void sf_exchange_abort(sf_exchange *x)
+{
+    if (x) __atomic_store_n(&x->g->aborted, 1, __ATOMIC_RELEASE);
+}
+
+/* This rank's part of the set-up: peer access to every other rank's GPU, the inbox, the
+ * events. 1 when all of it is there. */
+static int prepare(sf_exchange *x, size_t bytes)
+{
+    group *g = x->g;
+    if (cudaSetDevice(x->device) != cudaSuccess) return 0;
+    for (int p = 0; p < g->size; p++) {
+        if (p == x->c->rank) continue;
+        const int peer = g->member[p]->device;
+        int can = 0;
+        if (peer == x->device || cudaDeviceCanAccessPeer(&can, x->device, peer) != cudaSuccess || !can) return 0;
+        const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) return 0;
+        cudaGetLastError(); /* "already enabled" must not linger */
+    }
+    if (cudaMalloc(&x->inbox, (size_t)SLOTS * g->size * bytes) != cudaSuccess) return 0;
+    for (int s = 0; s < SLOTS; s++)
+        if (cudaEventCreateWithFlags(&x->delivered[s], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&x->consumed[s], cudaEventDisableTiming) != cudaSuccess)
+            return 0;
+    if (cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming) != cudaSuccess) return 0;
+    x->capacity = bytes;
+    return 1;
+}
+
+int sf_exchange_reserve(sf_exchange *x, size_t bytes, int allow, int *usable)
+{
+    *usable = 0;
+    if (!x) return SF_OK;
+    group *g = x->g;
+    if (x->capacity) { /* reserved before: the same answer, if the parts still fit */
+        *usable = bytes <= x->capacity;
+        return SF_OK;
+    }
+    /* ranks in other processes (head ranks that are processes) never complete the group here,
+     * and in every process alike; the threads of one process all joined it before NCCL let
+     * any of them through creation */
+    pthread_mutex_lock(&registry_lock);
+    const int complete = g->joined == g->size;
+    pthread_mutex_unlock(&registry_lock);
+    if (!complete) return SF_OK;
+    const int ok = allow && bytes > 0 && prepare(x, bytes);
+    cudaGetLastError();
+    __atomic_store_n(&g->vote[x->c->rank], ok ? 1 : -1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&g->arrived, 1, __ATOMIC_ACQ_REL);
+    const double start = now_ms();
+    while (__atomic_load_n(&g->arrived, __ATOMIC_ACQUIRE) < g->size) {
+        const char *why = NULL;
+        if (__atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE))
+            why = "the exchange was aborted";
+        else if (x->c->stop && __atomic_load_n(x->c->stop, __ATOMIC_ACQUIRE))
+            why = "stopped: another rank of this process failed";
+        else if (now_ms() - start > x->c->timeout_ms)
+            why = "timed out";
+        if (why) return sf_error(SF_E_COMM, "exchange on rank %d of %d: setting up: %s", x->c->rank, x->c->size, why);
+        pause_us(50);
+    }
+    int all = 1;
+    for (int r = 0; r < g->size; r++) all &= __atomic_load_n(&g->vote[r], __ATOMIC_ACQUIRE) > 0;
+    *usable = all;
+    if (!all) x->capacity = 0; /* the inbox stays allocated until the group ends; never used */
+    return SF_OK;
+}
+
+/* rows[i] += the parts' sum, in rank order (every rank gets the same bits); eight elements a
+ * step where the count and the pointers allow */
+struct parts {
+    const void *p[MAX_RANKS];
+    int n;
+};
+
+template <class T> __device__ static inline float widen(T v) { return (float)v; }
+template <> __device__ inline float widen<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T> __global__ static void add_parts_kernel(float *rows, parts ps, size_t count, int vec)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x, first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (vec && sizeof(T) == 2) {
+        for (size_t i = first; i < count / 8; i += step) {
+            float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int q = 0; q < ps.n; q++) {
+                const uint4 raw = reinterpret_cast<const uint4 *>(ps.p[q])[i];
+                const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float2 f = __bfloat1622float2(h[k]);
+                    s[2 * k] += f.x, s[2 * k + 1] += f.y;
+                }
+            }
+            float4 *x4 = reinterpret_cast<float4 *>(rows) + 2 * i;
+            float4 a = x4[0], b = x4[1];
+            a.x += s[0], a.y += s[1], a.z += s[2], a.w += s[3];
+            b.x += s[4], b.y += s[5], b.z += s[6], b.w += s[7];
+            x4[0] = a, x4[1] = b;
+        }
+        return;
+    }
+    for (size_t i = first; i < count; i += step) {
+        float s = 0;
+        for (int q = 0; q < ps.n; q++) s += widen(static_cast<const T *>(ps.p[q])[i]);
+        rows[i] += s;
+    }
+}
+
+int sf_exchange_start(sf_exchange *x, cudaStream_t stream, cudaStream_t side, const void *part, size_t bytes,
+                      int *ticket)
+{
+    group *g = x->g;
+    const int rank = x->c->rank;
+    const long long k = x->started;
+    if (bytes > x->capacity)
+        return sf_error(SF_E_INVAL, "exchange: a part of %zu bytes, reserved for %zu", bytes, x->capacity);
+    if (k - x->ended >= SLOTS)
+        return sf_error(SF_E_INVAL, "exchange: %d exchanges already in flight (end one first)", SLOTS);
+    const int slot = (int)(k % SLOTS);
+    int rc = sf_cuda_status(cudaEventRecord(x->ready, stream), "exchange (part ready)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(side, x->ready, 0), "exchange (part ready)");
+    for (int p = 0; p < g->size && rc == SF_OK; p++) {
+        if (p == rank) continue;
+        sf_exchange *peer = g->member[p];
+        if (k >= SLOTS) { /* the peer's slot is free once it ended op k - SLOTS */
+            rc = wait_count(x, &g->consumed[p], k - SLOTS + 1, p, "end");
+            if (rc == SF_OK)
+                rc = sf_cuda_status(cudaStreamWaitEvent(side, peer->consumed[slot], 0), "exchange (slot free)");
+        }
+        unsigned char *dst = peer->inbox + ((size_t)slot * g->size + rank) * peer->capacity;
+        if (rc == SF_OK)
+            rc = sf_cuda_status(cudaMemcpyPeerAsync(dst, peer->device, part, x->device, bytes, side), "exchange copy");
+    }
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->delivered[slot], side), "exchange (delivered)");
+    if (rc != SF_OK) return rc;
+    x->started = k + 1;
+    __atomic_store_n(&g->delivered[rank], k + 1, __ATOMIC_RELEASE);
+    *ticket = (int)(k % SF_COMM_TICKETS);
+    return SF_OK;
+}
+
+int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows, const void *part, size_t count,
+                    int bf16)
+{
+    group *g = x->g;
+    const int rank = x->c->rank;
+    const long long k = x->ended;
+    if (k >= x->started || ticket != (int)(k % SF_COMM_TICKETS))
+        return sf_error(SF_E_INVAL, "exchange: end of ticket %d out of order", ticket);
+    const int slot = (int)(k % SLOTS);
+    parts ps = {};
+    ps.n = g->size;
+    int rc = SF_OK;
+    for (int p = 0; p < g->size && rc == SF_OK; p++) {
+        sf_exchange *from = g->member[p];
+        if (p != rank) rc = wait_count(x, &g->delivered[p], k + 1, p, "part");
+        /* the peers' copies into this inbox, and this rank's own out of part */
+        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(stream, from->delivered[slot], 0), "exchange (wait)");
+        ps.p[p] = p == rank ? part : (const void *)(x->inbox + ((size_t)slot * g->size + p) * x->capacity);
+    }
+    if (rc != SF_OK) return rc;
+    int vec = bf16 && count % 8 == 0 && ((uintptr_t)rows % 16) == 0;
+    for (int p = 0; p < ps.n; p++) vec &= ((uintptr_t)ps.p[p] % 16) == 0;
+    const size_t threads = vec ? count / 8 : count;
+    const unsigned grid = (unsigned)(threads / 256 + 1 < 65535 ? threads / 256 + 1 : 65535);
+    if (bf16)
+        add_parts_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(rows, ps, count, vec);
+    else
+        add_parts_kernel<float><<<grid, 256, 0, stream>>>(rows, ps, count, 0);
+    rc = sf_cuda_launched("exchange (add)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->consumed[slot], stream), "exchange (consumed)");
+    if (rc != SF_OK) return rc;
+    x->ended = k + 1;
+    __atomic_store_n(&g->consumed[rank], k + 1, __ATOMIC_RELEASE);
+    return SF_OK;
+}
