@@ -2,7 +2,7 @@
  * name to a CSV file, for bench/timeline_summary.py: where a run's wall time goes between
  * kernels, and what ran beside what, with the real clocks and the real concurrency (ncu
  * serializes kernels; Nsight Systems is not on the GPU machine). Memory copies go to the same
- * file, named "[memcpy KIND BYTES]" (KIND HtoD, DtoH, DtoD or other), so that the summary can
+ * file, named "[memcpy KIND BYTES]" (KIND HtoD, DtoH, DtoD, PtoP between GPUs, or other), so that the summary can
  * tell how busy the copies between host and device kept the bus. With SEQFLOW_TRACE_API=1 the
  * runtime API calls that took SEQFLOW_TRACE_API_US (20) microseconds or more go there too, as
  * "[api NAME]" with the calling thread in the stream column: which host waits stood beside the
@@ -46,6 +46,12 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
                     (unsigned long long)m->end, m->streamId, kind, (unsigned long long)m->bytes, m->deviceId);
             continue;
         }
+        if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY2) { /* between GPUs (head-parallel parts) */
+            const CUpti_ActivityMemcpyPtoP4 *m = (const CUpti_ActivityMemcpyPtoP4 *)record;
+            fprintf(trace_file, "%llu,%llu,%u,[memcpy PtoP %llu],%u\n", (unsigned long long)m->start,
+                    (unsigned long long)m->end, m->streamId, (unsigned long long)m->bytes, m->deviceId);
+            continue;
+        }
         if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
             const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)record;
             if (a->end - a->start < api_min_ns) continue;
@@ -81,7 +87,8 @@ int InitializeInjection(void)
     fprintf(trace_file, "start,end,stream,name,device\n");
     if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS ||
-        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS) {
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2) != CUPTI_SUCCESS) {
         fprintf(stderr, "kernel_trace: CUPTI would not start\n");
         return 0;
     }
