@@ -56,9 +56,9 @@ static const sf_option block_options[] = {
      .help = "heads_of: how long a rank waits for the others in a collective before the run fails"},
     {.name = "overlap", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = SF_BLOCK_MAX_OVERLAP,
      .unit = "chunks",
-     .help = "heads_of: the rows after attention go through the output product, MLP and all-reduces in this many "
-             "chunks, each chunk's all-reduce beside the next chunk's work; 0 = 2 on GPUs with heads_of >= 2 summing "
-             "float32 rows (reduce=f32, or precision f32), else 1: the fastest measured"},
+     .help = "heads_of: the rows after attention go through the output product, MLP and their sums in this many "
+             "chunks, each chunk's sum beside the next chunk's work; 0 = the fastest measured: 2 on GPUs with "
+             "heads_of >= 2, except 1 where NCCL sums bf16 parts; 1 on the CPU"},
     {.name = "reduce", .type = SF_OPT_STRING, .default_value = "auto", .choices = "auto|f32|nccl",
      .help = "heads_of: how the ranks' parts are summed; auto = in bf16 where the products are bf16 (precision bf16 "
              "or fp8 on a GPU: half the bytes), by the copy engines where the ranks are GPUs of this process with "
@@ -219,11 +219,6 @@ static int block_init(sf_stage *st)
     /* a state store takes each stream's state right after its segment (sf_block_state_put_back) */
     if (b->store && b->defer_commit == 2) b->defer_commit = 1;
     if (rc == SF_OK) rc = sf_block_setup(b, m);
-    /* on two H100s (bench/RESULTS.md): float32 rows, two chunks 1-3% faster than one, four
-     * slower; bf16 parts, one chunk 7% faster than two (the chunks' products and sums share
-     * the multiprocessors, and a bf16 sum is short) */
-    if (b->overlap == 0)
-        b->overlap = ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0 && b->part_type == SF_DTYPE_F32 ? 2 : 1;
     if (rc == SF_OK) rc = block_warmup(b);
     /* the other ranks, and the communicator, last: what init ran before issued no collective */
     if (rc == SF_OK && rank > 0) return sf_block_procs_join(st, b); /* a follower: rank 0 hands it its work */
@@ -468,7 +463,7 @@ static int output_and_mlp(block *b, int l, int rows, int join_owed)
     const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
     const int D = c->dim, mlp = c->mlp_hidden > 0;
-    int chunks = b->comm ? b->overlap : 1;
+    int chunks = b->comm && b->overlap > 1 ? b->overlap : 1;
     if (chunks > rows) chunks = rows;
     int rc = SF_OK;
     if (chunks <= 1) {

@@ -173,12 +173,21 @@ int sf_block_comm_warmup(block *b)
     if (rc == SF_OK) rc = sf_comm_broadcast(b->comm, b->x, D, SF_DTYPE_F32, 0);
     /* bf16 parts: the sums' transport set up for a whole segment's rows (copies only with at
      * most two sums in flight: overlap <= 2), and one sum through it */
+    int copies = 0;
     if (rc == SF_OK && b->act.part) {
-        int ticket = 0, copies = 0;
+        int ticket = 0;
         rc = sf_comm_reduce_add_reserve(b->comm, rows * D, b->part_type, !b->reduce_nccl && b->overlap <= 2, &copies);
         if (rc == SF_OK) rc = b->be->ops->zero(b->be, b->act.part, D * 2);
         if (rc == SF_OK) rc = sf_comm_reduce_add_start(b->comm, b->act.part, D, b->part_type, &ticket);
         if (rc == SF_OK) rc = sf_comm_reduce_add_end(b->comm, ticket, b->x, b->act.part, D, b->part_type);
+    }
+    /* overlap=0, on two H100s (bench/RESULTS.md): float32 rows by NCCL, two chunks 1-3% faster
+     * than one, four slower; bf16 parts by NCCL, one chunk 7% faster than two (its kernels take
+     * multiprocessors from the chunk beside them); by the copy engines, two chunks 4% faster than
+     * one. Every rank resolves it alike: the same options, the same answer from the reserve. */
+    if (b->overlap == 0) {
+        const int gpus = b->ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0;
+        b->overlap = !gpus ? 1 : copies || !b->act.part ? 2 : 1;
     }
     return rc == SF_OK ? sf_comm_wait(b->comm) : rc;
 }
