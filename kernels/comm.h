@@ -37,6 +37,7 @@ extern "C" {
 typedef struct sf_comm sf_comm;
 
 #define SF_COMM_TICKETS 32 /* all_reduce_start tickets that may be unjoined at once */
+#define SF_COMM_COPIES_IN_FLIGHT 3 /* reduce_add sums in flight at once where the copy engines sum */
 
 /* Every operation returns SF_OK or SF_E_COMM (SF_E_INVAL for a bad argument). Counts are
  * elements of `type` (float32 or bf16; bf16 sums are taken in float32 and rounded once). */
@@ -94,7 +95,8 @@ typedef struct sf_comm_ops {
      * elements of type); reduce_add_end(ticket) makes the ops issued after it wait for that sum
      * and adds it to x (count float32 elements), in rank order, so that every rank gets the same
      * bits. part must not change before the end. Starts are ended in their order, each before
-     * the next wait or fence; at most two in flight with copies, SF_COMM_TICKETS without. */
+     * the next wait or fence; at most SF_COMM_COPIES_IN_FLIGHT in flight with copies,
+     * SF_COMM_TICKETS without. */
     int (*reduce_add_reserve)(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies);
     int (*reduce_add_start)(sf_comm *c, const void *part, size_t count, sf_dtype type, int *ticket);
     int (*reduce_add_end)(sf_comm *c, int ticket, float *x, const void *part, size_t count, sf_dtype type);

@@ -14,7 +14,7 @@
 #    a rank's 8 heads against its whole-block lab twin (bench_attention_variants, variant 36);
 # 5. the GPU tests the changed kernels touch (test_gpu_pipeline, test_cuda_attention,
 #    test_gpu_checkpoint, test_backend_ops), as regressions.
-# HEADS_REPS: bench_heads repetitions (3). Logs go to $OUT (the device tool's output folder)
+# HEADS_REPS: bench_heads repetitions (3); HEADS_OVERLAP: its --overlap (2). Logs go to $OUT (the device tool's output folder)
 # when set, else build-gpu/heads; a summary to $OUT/heads-summary.txt. Each step has a time
 # limit, so the whole stays under 9 minutes on a machine of 16 cores (the build is about 90 s).
 set -uo pipefail
@@ -160,7 +160,8 @@ step test_cuda_parts 60 "$tests/test_cuda_parts"
 grep -E "FAIL|passed|skipped|fp8" "$logs/test_cuda_parts.log" | tail -6 | tee -a "$summary"
 step attention_8_heads 90 build-gpu/bench/bench_attention_variants 20 36
 grep -E "8 heads|ref causal G256 |checks:" "$logs/attention_8_heads.log" | tee -a "$summary"
-step bench_heads 200 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps "${HEADS_REPS:-3}"
+step bench_heads 200 build-gpu/bench/bench_heads --preset reference --segments 14 --warmup 3 --reps "${HEADS_REPS:-3}" \
+  --overlap "${HEADS_OVERLAP:-2}"
 grep -vE "^  rep|^RESULT" "$logs/bench_heads.log" | tail -16 | tee -a "$summary"
 
 for t in test_gpu_pipeline test_cuda_attention test_gpu_checkpoint test_backend_ops; do

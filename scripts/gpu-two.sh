@@ -9,8 +9,8 @@
 #    (`seqflow launch -n 2`, layers 0-1 on rank 0, 2-3 on rank 1);
 # 3. the layer pipeline's output against one GPU's, byte for byte, on 4 segments.
 # TWO_SKIP_HEADS=1 skips step 1; TWO_MODES (default "one heads layers") picks step 2's runs
-# (heads1: --gpus 2 with the block's overlap=1; the layer pipeline's are long: its rate is the
-# link's). Logs go to $OUT (else build-gpu/two); a summary to
+# (headsb: --gpus 2 with the block stage TWO_BLOCK, default "block overlap=1"; the layer
+# pipeline's are long: its rate is the link's). Logs go to $OUT (else build-gpu/two); a summary to
 # $OUT/two-summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -49,8 +49,8 @@ seconds() {
   case $mode in
     one) timeout 120 "$bin" run -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     heads) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
-    heads1) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" \
-              "segment ! embed ! block overlap=1 ! norm" ;;
+    headsb) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" \
+              "segment ! embed ! ${TWO_BLOCK:-block overlap=1} ! norm" ;;
     layers) timeout 120 "$bin" launch -n 2 -- -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 \
               "${sink[@]}" "$layers" ;;
   esac >>"$logs/runs.txt" 2>&1

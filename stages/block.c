@@ -62,7 +62,7 @@ static const sf_option block_options[] = {
     {.name = "reduce", .type = SF_OPT_STRING, .default_value = "auto", .choices = "auto|f32|nccl",
      .help = "heads_of: how the ranks' parts are summed; auto = in bf16 where the products are bf16 (precision bf16 "
              "or fp8 on a GPU: half the bytes), by the copy engines where the ranks are GPUs of this process with "
-             "peer access and overlap <= 2, else by NCCL; nccl = bf16 parts by NCCL's all-reduce; f32 = float32 rows "
+             "peer access and overlap <= 3, else by NCCL; nccl = bf16 parts by NCCL's all-reduce; f32 = float32 rows "
              "by all-reduce"},
     {.name = "inject_failure", .type = SF_OPT_INT, .default_value = "0", .min = 0, .max = 1 << 30, .unit = "segments",
      .help = "testing heads_of: the last rank fails after this many segments (0 = never)"},

@@ -171,12 +171,13 @@ int sf_block_comm_warmup(block *b)
     int rc = b->be->ops->zero(b->be, b->x, D * sizeof(float));
     if (rc == SF_OK) rc = sf_comm_all_reduce(b->comm, b->x, D, SF_DTYPE_F32);
     if (rc == SF_OK) rc = sf_comm_broadcast(b->comm, b->x, D, SF_DTYPE_F32, 0);
-    /* bf16 parts: the sums' transport set up for a whole segment's rows (copies only with at
-     * most two sums in flight: overlap <= 2), and one sum through it */
+    /* bf16 parts: the sums' transport set up for a whole segment's rows, and one sum through
+     * it. overlap=K keeps K sums in flight (one a chunk), which copies allow up to a bound. */
     int copies = 0;
     if (rc == SF_OK && b->act.part) {
         int ticket = 0;
-        rc = sf_comm_reduce_add_reserve(b->comm, rows * D, b->part_type, !b->reduce_nccl && b->overlap <= 2, &copies);
+        const int allow = !b->reduce_nccl && b->overlap <= SF_COMM_COPIES_IN_FLIGHT;
+        rc = sf_comm_reduce_add_reserve(b->comm, rows * D, b->part_type, allow, &copies);
         if (rc == SF_OK) rc = b->be->ops->zero(b->be, b->act.part, D * 2);
         if (rc == SF_OK) rc = sf_comm_reduce_add_start(b->comm, b->act.part, D, b->part_type, &ticket);
         if (rc == SF_OK) rc = sf_comm_reduce_add_end(b->comm, ticket, b->x, b->act.part, D, b->part_type);

@@ -8,7 +8,7 @@
  *    GPU pipeline tests' kinds, f32 and bf16: within 1e-5 (f32) and the bf16 tolerance 2e-2; a
  *    save and restore on heads_of=1 continues as the uninterrupted run;
  * with two GPUs or more, also:
- *  - heads_of=2 (its default overlap, and in bf16 also overlap=1, reduce=nccl and reduce=f32)
+ *  - heads_of=2 (its default overlap, and in bf16 also overlap=1 and 3, reduce=nccl, reduce=f32)
  *    against the unsharded run on one GPU (f32 1e-5, bf16 2e-2), save and restore on 2 ranks
  *    against the uninterrupted run (1e-5, and whether byte-identical);
  *  - the parts' sum (reduce_add) on two GPUs with two sums in flight: by the copy engines bit
@@ -290,7 +290,8 @@ static void compare(const char *name, const sf_model *m, const shard_scenario *s
         static const struct {
             int ranks;
             const char *more;
-        } runs[] = {{1, ""}, {1, " overlap=4"}, {2, ""}, {2, " overlap=1"}, {2, " reduce=nccl"}, {2, " reduce=f32"}};
+        } runs[] = {{1, ""},           {1, " overlap=4"},   {2, ""},           {2, " overlap=1"},
+                    {2, " overlap=3"}, {2, " reduce=nccl"}, {2, " reduce=f32"}};
         for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
             const int R = runs[ri].ranks;
             /* overlap in bf16 only, the mode it is for (time: each run starts its own ranks) */

@@ -16,9 +16,9 @@
  * way. A rank's host waits for its peers' counts spin, then sleep, and end with SF_E_COMM on
  * the communicator's watch flag, an abort of the group, or its timeout.
  *
- * With SLOTS = 2, a rank must end op k before it starts op k + 2 (the block's chunks: at most
- * two exchanges in flight); the start of k + 2 would otherwise wait for a peer's end of k that
- * the peer issues only after its own start of k + 2. sf_exchange_start refuses it. */
+ * So a rank must end op k before it starts op k + SLOTS (the block's chunks: at most SLOTS sums
+ * in flight); the start of k + SLOTS would otherwise wait for a peer's end of k that the peer
+ * issues only after its own start of k + SLOTS. sf_exchange_start refuses it. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,7 +28,7 @@
 #include "kernels/cuda/comm_exchange.h"
 #include "kernels/cuda/cuda_backend.h"
 
-#define SLOTS 2
+#define SLOTS SF_COMM_COPIES_IN_FLIGHT
 #define MAX_RANKS 8
 
 typedef struct group group;
