@@ -94,7 +94,8 @@ typedef struct sf_comm_ops {
      * reduce_add_start starts, after the ops issued so far, summing every rank's part (count
      * elements of type); reduce_add_end(ticket) makes the ops issued after it wait for that sum
      * and adds it to x (count float32 elements), in rank order, so that every rank gets the same
-     * bits. part must not change before the end. Starts are ended in their order, each before
+     * bits. part must not change before the end, and its contents after it are undefined (the
+     * composed form leaves the sum there). Starts are ended in their order, each before
      * the next wait or fence; at most SF_COMM_COPIES_IN_FLIGHT in flight with copies,
      * SF_COMM_TICKETS without. */
     int (*reduce_add_reserve)(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies);
@@ -131,7 +132,8 @@ int sf_comm_probe(sf_comm *c, int peer, int exact);
 int sf_comm_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype type, int *ticket);
 int sf_comm_join(sf_comm *c, int ticket);
 /* The parts' sum added to x (sf_comm_ops.reduce_add_*); composed where the transport has none:
- * all_reduce_start of part (which then holds the sum), join and the backend's add_typed. */
+ * all_reduce_start of part (which then holds the sum), join and the backend's add_typed
+ * (SF_E_UNSUPPORTED on a backend without it: the CPU's, whose ranks sum float32 rows). */
 int sf_comm_reduce_add_reserve(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies);
 int sf_comm_reduce_add_start(sf_comm *c, void *part, size_t count, sf_dtype type, int *ticket);
 int sf_comm_reduce_add_end(sf_comm *c, int ticket, float *x, void *part, size_t count, sf_dtype type);

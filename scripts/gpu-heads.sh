@@ -14,8 +14,9 @@
 #    a rank's 8 heads against its whole-block lab twin (bench_attention_variants, variant 36);
 # 5. the GPU tests the changed kernels touch (test_gpu_pipeline, test_cuda_attention,
 #    test_gpu_checkpoint, test_backend_ops), as regressions.
-# HEADS_REPS: bench_heads repetitions (3); HEADS_OVERLAP: its --overlap (2). Logs go to $OUT (the device tool's output folder)
-# when set, else build-gpu/heads; a summary to $OUT/heads-summary.txt. Each step has a time
+# HEADS_REPS: bench_heads repetitions (3); HEADS_OVERLAP: its --overlap (2). Logs go to $OUT
+# (the device tool's output folder) when set, else build-gpu/heads; a summary to
+# $OUT/heads-summary.txt. Each step has a time
 # limit, so the whole stays under 9 minutes on a machine of 16 cores (the build is about 90 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -109,17 +109,6 @@ static void *bf16_upload(sf_backend *be, const float *h, size_t count)
     return d;
 }
 
-/* count bf16 elements of a backend buffer, widened to float on the host */
-static float *bf16_download(sf_backend *be, const void *d, size_t count)
-{
-    uint16_t *bits = malloc(count * 2 + 2);
-    float *h = malloc(count * sizeof *h + 4);
-    CHECK_OK(be->ops->download(be, bits, d, count * 2));
-    for (size_t i = 0; i < count; i++) h[i] = check_bf16_float(bits[i]);
-    free(bits);
-    return h;
-}
-
 /* A pair of the same host data on the CPU backend and on the target. */
 typedef struct pair {
     void *c, *g;
@@ -263,7 +252,7 @@ static void test_fused_products(const target *t)
                                      yb[0], yb[1], yb[2], u.g));
             const double tol = t->tol_products > TOL_BF16_OUTPUT ? t->tol_products : TOL_BF16_OUTPUT;
             for (int i = 0; i < 3; i++) {
-                float *got = bf16_download(t->be, yb[i], nh), *want = to_host(cpu, y[i].c, nh);
+                float *got = check_bf16_download(t->be, yb[i], nh), *want = to_host(cpu, y[i].c, nh);
                 const double err = check_rel_err_f32(got, want, nh);
                 CHECKF(err <= tol, "%s qkv (bf16 out) n=%d dim=%d width=%d product %d: relative error %.3g", t->label, n,
                        dim, hidden, i, err);
@@ -375,7 +364,7 @@ static void test_qkv_grouped(const target *t)
             free(nan);
             CHECK_OK(sf_be_qkv(t->be, n, dim, width, x.g, norm.g, 1e-6f, w[0].g, w[1].g, w[2].g, SF_DTYPE_BF16,
                                      qkvb, qkvb + 2 * slice, qkvb + 4 * slice, u.g));
-            float *all = bf16_download(t->be, qkvb, 3 * slice);
+            float *all = check_bf16_download(t->be, qkvb, 3 * slice);
             const double tol = t->tol_products > TOL_BF16_OUTPUT ? t->tol_products : TOL_BF16_OUTPUT;
             for (int i = 0; i < 3; i++) {
                 float *ref = to_host(cpu, want[i].c, nh);
@@ -603,7 +592,8 @@ static void test_memory(const target *t)
                 CHECK_OK(t->be->ops->upload(t->be, ab.g, ba, (size_t)n * bld * 4));
                 CHECK_OK(ext(t->be)->memory_mix_to(t->be, n, H, d, bld, SF_DTYPE_BF16, gq + off, M.g, z.g, g.g, ab.g,
                                                    SF_DTYPE_BF16, out));
-                float *got = bf16_download(t->be, out, (size_t)n * bld), *want = to_host(cpu, ab.c, (size_t)n * bld);
+                float *got = check_bf16_download(t->be, out, (size_t)n * bld),
+                      *want = to_host(cpu, ab.c, (size_t)n * bld);
                 /* the rows' H*d columns, side by side; the padding is not the op's to write */
                 const size_t w = (size_t)H * d;
                 float *gw = malloc((size_t)n * w * 4 + 4), *ww = malloc((size_t)n * w * 4 + 4);
@@ -761,7 +751,7 @@ static void test_attention(const target *t)
             CHECK_OK(cpu->ops->memory_mix(cpu, ac->n, H, d, ld, SF_DTYPE_F32, q.c, M.c, z.c, g.c, out.c));
             poison(t->be, out.g, rows); /* scratch for the op; the CPU's mixed rows are the reference */
             CHECK_OK(sf_be_attention_mix(t->be, &desc, qb, kb, vb, out.g, M.g, z.g, g.g, SF_DTYPE_BF16, mixed));
-            float *gm = bf16_download(t->be, mixed, rows), *wm = to_host(cpu, out.c, rows);
+            float *gm = check_bf16_download(t->be, mixed, rows), *wm = to_host(cpu, out.c, rows);
             for (int i = 0; i < ac->n; i++) {
                 memcpy(gw + (size_t)i * W, gm + (size_t)i * ld, (size_t)W * 4);
                 memcpy(ww + (size_t)i * W, wm + (size_t)i * ld, (size_t)W * 4);

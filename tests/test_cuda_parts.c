@@ -49,16 +49,6 @@ static void *bf16_nan(sf_backend *be, size_t count)
     return d;
 }
 
-static float *bf16_host(sf_backend *be, const void *d, size_t count)
-{
-    uint16_t *bits = malloc(count * 2 + 2);
-    float *h = malloc(count * sizeof *h + 4);
-    CHECK_OK(be->ops->download(be, bits, d, count * 2));
-    for (size_t i = 0; i < count; i++) h[i] = check_bf16_float(bits[i]);
-    free(bits);
-    return h;
-}
-
 /* want[n, out] = x[n, in] w[out, in]^T in float64 */
 static float *product(const float *x, const float *w, int n, int in, int out)
 {
@@ -80,7 +70,7 @@ static void check_matmul(sf_backend *be, const char *label, int n, int in, int o
     CHECK_OK(sf_be_prepare_weights(be, 1, (const float *const *)&w, out, in));
     void *y = bf16_nan(be, (size_t)n * out);
     CHECK_OK(sf_be_matmul_typed(be, n, in, out, SF_DTYPE_F32, x, in, w, SF_DTYPE_BF16, y, out, 0));
-    float *got = bf16_host(be, y, (size_t)n * out);
+    float *got = check_bf16_download(be, y, (size_t)n * out);
     const double tol = strcmp(label, "fp8") == 0 ? TOL_FP8_PART : TOL_BF16_PART;
     double err = check_rel_err_f32(got, want, (size_t)n * out);
     CHECKF(err <= tol, "%s matmul_typed (float32 x, bf16 y) n=%d in=%d out=%d: relative error %.3g", label, n, in, out,
@@ -92,7 +82,7 @@ static void check_matmul(sf_backend *be, const char *label, int n, int in, int o
     void *xb = dev(be, bits, (size_t)n * in * 2);
     void *y2 = bf16_nan(be, (size_t)n * out);
     CHECK_OK(sf_be_matmul_typed(be, n, in, out, SF_DTYPE_BF16, xb, in, w, SF_DTYPE_BF16, y2, out, 0));
-    got = bf16_host(be, y2, (size_t)n * out);
+    got = check_bf16_download(be, y2, (size_t)n * out);
     err = check_rel_err_f32(got, want, (size_t)n * out);
     CHECKF(err <= tol, "%s matmul_typed (bf16 x, bf16 y) n=%d in=%d out=%d: relative error %.3g", label, n, in, out,
            err);
@@ -130,7 +120,7 @@ static void check_ffn(sf_backend *be, const char *label, int n, int dim, int hid
     float *d3 = dev(be, NULL, (size_t)n * hidden * 4);
     void *y = bf16_nan(be, nx);
     CHECK_OK(sf_be_ffn_partial(be, n, dim, hidden, x, norm, 1e-6f, w1, w3, w2, du, d1, d3, SF_DTYPE_BF16, y));
-    float *got = bf16_host(be, y, nx), *x_after = malloc(nx * 4 + 4);
+    float *got = check_bf16_download(be, y, nx), *x_after = malloc(nx * 4 + 4);
     CHECK_OK(be->ops->download(be, x_after, x, nx * 4));
     const double tol = strcmp(label, "fp8") == 0 ? TOL_FP8_PART : TOL_BF16_PART;
     const double err = check_rel_err_f32(got, want, nx);

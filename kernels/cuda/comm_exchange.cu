@@ -27,6 +27,7 @@
 
 #include "kernels/cuda/comm_exchange.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/host_wait.h"
 
 #define SLOTS SF_COMM_COPIES_IN_FLIGHT
 #define MAX_RANKS 8
@@ -57,36 +58,23 @@ struct group {
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static group *registry;
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static void pause_us(long us)
-{
-    struct timespec t = {0, us * 1000};
-    nanosleep(&t, NULL);
-}
-
 /* Waits until *count >= want (another rank's published count): SF_OK, or SF_E_COMM on an
  * abort of the group, the watch flag or the timeout. */
 static int wait_count(sf_exchange *x, const long long *count, long long want, int peer, const char *what)
 {
-    const double start = now_ms();
+    const double start = sf_host_now_ms();
     for (long spins = 0; __atomic_load_n(count, __ATOMIC_ACQUIRE) < want; spins++) {
         const char *why = NULL;
         if (__atomic_load_n(&x->g->aborted, __ATOMIC_ACQUIRE))
             why = "the exchange was aborted";
         else if (x->c->stop && __atomic_load_n(x->c->stop, __ATOMIC_ACQUIRE))
             why = "stopped: another rank of this process failed";
-        else if (now_ms() - start > x->c->timeout_ms)
+        else if (sf_host_now_ms() - start > x->c->timeout_ms)
             why = "timed out";
         if (why)
             return sf_error(SF_E_COMM, "exchange on rank %d of %d: waiting for rank %d's %s of op %lld: %s", x->c->rank,
                             x->c->size, peer, what, want - 1, why);
-        if (spins > 1000) pause_us(spins > 20000 ? 100 : 5);
+        if (spins > 1000) sf_host_pause_us(spins > 20000 ? 100 : 5);
     }
     return SF_OK;
 }
@@ -203,17 +191,17 @@ int sf_exchange_reserve(sf_exchange *x, size_t bytes, int allow, int *usable)
     cudaGetLastError();
     __atomic_store_n(&g->vote[x->c->rank], ok ? 1 : -1, __ATOMIC_RELEASE);
     __atomic_add_fetch(&g->arrived, 1, __ATOMIC_ACQ_REL);
-    const double start = now_ms();
+    const double start = sf_host_now_ms();
     while (__atomic_load_n(&g->arrived, __ATOMIC_ACQUIRE) < g->size) {
         const char *why = NULL;
         if (__atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE))
             why = "the exchange was aborted";
         else if (x->c->stop && __atomic_load_n(x->c->stop, __ATOMIC_ACQUIRE))
             why = "stopped: another rank of this process failed";
-        else if (now_ms() - start > x->c->timeout_ms)
+        else if (sf_host_now_ms() - start > x->c->timeout_ms)
             why = "timed out";
         if (why) return sf_error(SF_E_COMM, "exchange on rank %d of %d: setting up: %s", x->c->rank, x->c->size, why);
-        pause_us(50);
+        sf_host_pause_us(50);
     }
     int all = 1;
     for (int r = 0; r < g->size; r++) all &= __atomic_load_n(&g->vote[r], __ATOMIC_ACQUIRE) > 0;

@@ -15,6 +15,7 @@
 #include "kernels/comm.h"
 #include "kernels/cuda/comm_exchange.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/host_wait.h"
 
 extern "C" int sf_cuda_comm_backend_device(sf_backend *be)
 {
@@ -53,19 +54,6 @@ typedef struct nccl_comm {
     int copies;            /* reduce_add through the exchange's copy engines (reserved) */
 } nccl_comm;
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static void pause_us(long us)
-{
-    struct timespec t = {0, us * 1000};
-    nanosleep(&t, NULL);
-}
-
 static int stopped(const sf_comm *c) { return c->stop && __atomic_load_n(c->stop, __ATOMIC_ACQUIRE); }
 
 /* Aborts the NCCL communicator once (ncclCommAbort frees it) and records why. */
@@ -94,7 +82,7 @@ static int failed_error(sf_comm *c, const char *op)
 static int settle_on(sf_comm *c, ncclComm_t comm, ncclResult_t first, const char *op)
 {
     ncclResult_t st = first;
-    const double start = now_ms();
+    const double start = sf_host_now_ms();
     char why[200];
     /* A non-blocking communicator may answer "in progress" for a call that is only moments
      * from issued: a spin first, then short sleeps, then long ones (a connection being set
@@ -105,12 +93,12 @@ static int settle_on(sf_comm *c, ncclComm_t comm, ncclResult_t first, const char
             snprintf(why, sizeof why, "%s stopped: another rank of this process failed", op);
             break;
         }
-        if (now_ms() - start > c->timeout_ms) {
+        if (sf_host_now_ms() - start > c->timeout_ms) {
             snprintf(why, sizeof why, "%s timed out after %d ms (a rank never joined or stopped answering)", op,
                      c->timeout_ms);
             break;
         }
-        if (spins > 200) pause_us(spins > 2000 ? 100 : 10);
+        if (spins > 200) sf_host_pause_us(spins > 2000 ? 100 : 10);
         if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) st = ncclInternalError;
     }
     if (st == ncclSuccess) return SF_OK;
@@ -282,7 +270,7 @@ static int nccl_group_end(sf_comm *c)
 static int wait_event(sf_comm *c, cudaEvent_t ev, const char *op)
 {
     nccl_comm *n = (nccl_comm *)c->impl;
-    const double start = now_ms();
+    const double start = sf_host_now_ms();
     char why[200];
     for (long spins = 0;; spins++) {
         cudaError_t e = cudaEventQuery(ev);
@@ -300,13 +288,13 @@ static int wait_event(sf_comm *c, cudaEvent_t ev, const char *op)
             snprintf(why, sizeof why, "%s stopped: another rank of this process failed", op);
             break;
         }
-        if (now_ms() - start > c->timeout_ms) {
+        if (sf_host_now_ms() - start > c->timeout_ms) {
             snprintf(why, sizeof why, "%s timed out after %d ms: a collective waited for a rank that never came", op,
                      c->timeout_ms);
             break;
         }
         /* a spin first (the usual wait is short), then sleeps */
-        if (spins > 200) pause_us(spins > 2000 ? 200 : 20);
+        if (spins > 200) sf_host_pause_us(spins > 2000 ? 200 : 20);
     }
     break_comm(c, why);
     return sf_error(SF_E_COMM, "NCCL rank %d of %d: %s", c->rank, c->size, why);
@@ -471,7 +459,7 @@ static void *split_main(void *arg)
             st = ncclInProgress;
             break;
         }
-        pause_us(50);
+        sf_host_pause_us(50);
     }
     j->st = st;
     __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
@@ -497,13 +485,14 @@ static int split_blocking(sf_comm *c)
         delete j;
         return sf_error(SF_E_COMM, "NCCL rank %d of %d: could not start the split's thread", c->rank, c->size);
     }
-    const double start = now_ms();
+    const double start = sf_host_now_ms();
     const char *why = NULL;
     while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
         if (stopped(c)) why = "stopped while splitting: another rank of this process failed";
-        else if (now_ms() - start > c->timeout_ms) why = "the split was not complete within the timeout: a rank stopped";
+        else if (sf_host_now_ms() - start > c->timeout_ms)
+            why = "the split was not complete within the timeout: a rank stopped";
         if (why) break;
-        pause_us(100);
+        sf_host_pause_us(100);
     }
     if (why) {
         /* the thread stops polling at once; one still inside NCCL's split is ended by the
@@ -581,9 +570,9 @@ extern "C" int sf_cuda_comm_nccl_create_watched(sf_backend *be, const void *id, 
         return rc;
     }
     /* every rank must join within the timeout: a missing one leaves the others in progress */
-    const double start = now_ms();
-    while (st == ncclInProgress && now_ms() - start <= timeout_ms && !stopped(c)) {
-        pause_us(500);
+    const double start = sf_host_now_ms();
+    while (st == ncclInProgress && sf_host_now_ms() - start <= timeout_ms && !stopped(c)) {
+        sf_host_pause_us(500);
         if (ncclCommGetAsyncError(n->comm, &st) != ncclSuccess) st = ncclInternalError;
     }
     if (st != ncclSuccess) {

@@ -1,5 +1,11 @@
 #include "support/gpu.h"
 
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "seqflow/error.h"
+#include "support/check.h"
+
 #ifdef SEQFLOW_HAVE_CUDA
 #include "kernels/cuda/cuda_device.h"
 #endif
@@ -11,4 +17,14 @@ int check_have_gpu(void)
 #else
     return 0;
 #endif
+}
+
+float *check_bf16_download(sf_backend *be, const void *d, size_t count)
+{
+    uint16_t *bits = malloc(count * 2 + 2);
+    float *h = malloc(count * sizeof *h + 4);
+    CHECK_OK(be->ops->download(be, bits, d, count * 2));
+    for (size_t i = 0; i < count; i++) h[i] = check_bf16_float(bits[i]);
+    free(bits);
+    return h;
 }
