@@ -454,16 +454,16 @@ static int reduce_end(block *b, int r0, int nr, int ticket)
 }
 
 /* After the attention of layer l: x += A Wo^T, then the MLP; head-parallel, each followed by the
- * all-reduce of the rows (x plus every rank's part, or the bf16 parts then added to x). With
- * overlap=K (head-parallel) the rows go through this in K chunks, each chunk's all-reduce beside
- * the next chunk's work: the output product and the MLP are row by row, and only the next
- * layer's attention needs every row. */
+ * ranks' sum (the all-reduce of x plus every rank's part, or the bf16 parts' sum added to x).
+ * In K chunks (block.chunks, head-parallel) each chunk's sum runs beside the next chunk's work:
+ * the output product and the MLP are row by row, and only the next layer's attention needs
+ * every row. */
 static int output_and_mlp(block *b, int l, int rows, int join_owed)
 {
     const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
     const int D = c->dim, mlp = c->mlp_hidden > 0;
-    int chunks = b->comm && b->overlap > 1 ? b->overlap : 1;
+    int chunks = b->comm && b->chunks > 1 ? b->chunks : 1;
     if (chunks > rows) chunks = rows;
     int rc = SF_OK;
     if (chunks <= 1) {

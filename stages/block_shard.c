@@ -184,12 +184,11 @@ int sf_block_comm_warmup(block *b)
     }
     /* overlap=0, on two H100s (bench/RESULTS.md): float32 rows by NCCL, two chunks 1-3% faster
      * than one, four slower; bf16 parts by NCCL, one chunk 7% faster than two (its kernels take
-     * multiprocessors from the chunk beside them); by the copy engines, two chunks 4% faster than
-     * one. Every rank resolves it alike: the same options, the same answer from the reserve. */
-    if (b->overlap == 0) {
-        const int gpus = b->ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0;
-        b->overlap = !gpus ? 1 : copies || !b->act.part ? 2 : 1;
-    }
+     * multiprocessors from the chunk beside them); by the copy engines, two chunks 6-7% faster than
+     * one. Every rank chooses alike: the same options, the same answer from the reserve (the
+     * followers copy rank 0's overlap=, which stays as given). */
+    const int gpus = b->ranks >= 2 && strcmp(b->be->ops->name, "cuda") == 0;
+    b->chunks = b->overlap ? b->overlap : !gpus ? 1 : copies || !b->act.part ? 2 : 1;
     return rc == SF_OK ? sf_comm_wait(b->comm) : rc;
 }
 

@@ -56,7 +56,9 @@ typedef struct block {
     struct sf_head_procs *procs;
     uint64_t procs_units;
     int inject_failure, segments_seen; /* inject_failure=: the last rank fails after that many segments */
-    int overlap;                 /* overlap=: chunks of the rows after attention (head-parallel) */
+    int overlap;                 /* overlap=: as given (0: chosen when the ranks are joined) */
+    int chunks;                  /* chunks of the rows after attention (head-parallel): overlap=, or
+                                    what sf_block_comm_warmup chose for 0; 1 before */
     int reduce_f32;              /* reduce=f32: the ranks sum float32 whatever the backend's part type */
     int reduce_nccl;             /* reduce=nccl: parts summed by the transport's all-reduce, never copies */
     sf_dtype part_type;          /* the type of the ranks' parts (sf_be_part_type; float32 unsharded) */
