@@ -159,21 +159,6 @@ typedef struct reduce_job {
     float rows[2 * RA_ROWS + 5]; /* the rows after the sums */
 } reduce_job;
 
-static uint16_t bf16_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static float float_of(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* the parts of op k (0, 1, 2) of rank r, and the rows before */
 static float ra_part(int r, int k, size_t i) { return (float)((int)((i * 7 + r * 13 + k * 5) % 97) - 48) / 64.0f; }
 static float ra_row(size_t i) { return (float)((int)(i % 41) - 20) * 0.25f; }
@@ -196,7 +181,7 @@ static void *reduce_main(void *arg)
     const size_t off[3] = {0, n0, 0}, cnt[3] = {n0, n1, n0};
     int ticket[3] = {0};
     for (int k = 0; k < 3 && j->rc == SF_OK; k++) {
-        for (size_t i = 0; i < cnt[k]; i++) host[i] = bf16_of(ra_part(j->rank, k, off[k] + i));
+        for (size_t i = 0; i < cnt[k]; i++) host[i] = check_bf16_bits(ra_part(j->rank, k, off[k] + i));
         if (k == 2) j->rc = sf_comm_reduce_add_end(c, ticket[0], x + off[0], part + off[0], cnt[0], SF_DTYPE_BF16);
         if (j->rc == SF_OK) j->rc = be->ops->upload(be, part + off[k], host, cnt[k] * 2);
         if (j->rc == SF_OK) j->rc = sf_comm_reduce_add_start(c, part + off[k], cnt[k], SF_DTYPE_BF16, &ticket[k]);
@@ -220,8 +205,8 @@ static void check_reduce_add_two_gpus(void)
         want[i] = ra_row(i);
         for (int k = 0; k < 3; k++) {
             if ((k == 1) != (i >= n0)) continue; /* ops 0 and 2 cover [0, n0), op 1 the rest */
-            float s = 0;
-            for (int r = 0; r < 2; r++) s += float_of(bf16_of(ra_part(r, k, i)));
+            float s = check_bf16_float(check_bf16_bits(ra_part(0, k, i))); /* summed from rank 0's part */
+            s += check_bf16_float(check_bf16_bits(ra_part(1, k, i)));
             want[i] += s;
         }
     }

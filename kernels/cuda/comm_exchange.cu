@@ -30,7 +30,7 @@
 #include "kernels/cuda/host_wait.h"
 
 #define SLOTS SF_COMM_COPIES_IN_FLIGHT
-#define MAX_RANKS 8
+#define MAX_RANKS SF_CUDA_ADD_PARTS_MAX /* one sum adds every rank's part */
 
 typedef struct group group;
 
@@ -210,83 +210,6 @@ int sf_exchange_reserve(sf_exchange *x, size_t bytes, int allow, int *usable)
     return SF_OK;
 }
 
-/* rows[i] += the parts' sum, in rank order (every rank gets the same bits). N parts known when
- * compiled, so that the loop over them unrolls and their pointers stay in the parameters (a
- * loop over a run-time count measured half the memory rate); eight elements a step where the
- * count and the pointers allow. */
-struct parts {
-    const void *p[MAX_RANKS];
-};
-
-template <int N> __global__ static void add_parts_bf16(float *rows, parts ps, size_t count)
-{
-    const size_t step = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count / 8; i += step) {
-        uint4 raw[N];
-#pragma unroll
-        for (int q = 0; q < N; q++) raw[q] = reinterpret_cast<const uint4 *>(ps.p[q])[i];
-        float4 *x4 = reinterpret_cast<float4 *>(rows) + 2 * i;
-        float4 a = x4[0], b = x4[1];
-        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-        for (int q = 0; q < N; q++) {
-            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw[q]);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 f = __bfloat1622float2(h[k]);
-                s[2 * k] += f.x, s[2 * k + 1] += f.y;
-            }
-        }
-        a.x += s[0], a.y += s[1], a.z += s[2], a.w += s[3];
-        b.x += s[4], b.y += s[5], b.z += s[6], b.w += s[7];
-        x4[0] = a, x4[1] = b;
-    }
-}
-
-/* the general form: any count and alignment, bf16 or float32 parts */
-template <class T> __global__ static void add_parts_any(float *rows, parts ps, int n, size_t count)
-{
-    const size_t step = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += step) {
-        float s = 0;
-        for (int q = 0; q < n; q++) {
-            const T v = static_cast<const T *>(ps.p[q])[i];
-            if constexpr (sizeof(T) == 2)
-                s += __bfloat162float(v);
-            else
-                s += v;
-        }
-        rows[i] += s;
-    }
-}
-
-static unsigned grid_of(size_t threads)
-{
-    const size_t blocks = threads / 256 + 1;
-    return (unsigned)(blocks < 65535 ? blocks : 65535);
-}
-
-/* launches the sum on `stream` */
-static void add_parts(cudaStream_t stream, float *rows, const parts &ps, int n, size_t count, int bf16)
-{
-    int vec = bf16 && count % 8 == 0 && ((uintptr_t)rows % 16) == 0;
-    for (int q = 0; q < n; q++) vec &= ((uintptr_t)ps.p[q] % 16) == 0;
-    if (vec) {
-        const unsigned grid = grid_of(count / 8);
-        switch (n) {
-        case 2: add_parts_bf16<2><<<grid, 256, 0, stream>>>(rows, ps, count); return;
-        case 3: add_parts_bf16<3><<<grid, 256, 0, stream>>>(rows, ps, count); return;
-        case 4: add_parts_bf16<4><<<grid, 256, 0, stream>>>(rows, ps, count); return;
-        case 8: add_parts_bf16<8><<<grid, 256, 0, stream>>>(rows, ps, count); return;
-        default: break;
-        }
-    }
-    if (bf16)
-        add_parts_any<__nv_bfloat16><<<grid_of(count), 256, 0, stream>>>(rows, ps, n, count);
-    else
-        add_parts_any<float><<<grid_of(count), 256, 0, stream>>>(rows, ps, n, count);
-}
-
 int sf_exchange_start(sf_exchange *x, cudaStream_t stream, cudaStream_t side, const void *part, size_t bytes,
                       int *ticket)
 {
@@ -329,18 +252,18 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
     if (k >= x->started || ticket != (int)(k % SF_COMM_TICKETS))
         return sf_error(SF_E_INVAL, "exchange: end of ticket %d out of order", ticket);
     const int slot = (int)(k % SLOTS);
-    parts ps = {};
+    const void *ps[MAX_RANKS];
     int rc = SF_OK;
     for (int p = 0; p < g->size && rc == SF_OK; p++) {
         sf_exchange *from = g->member[p];
         if (p != rank) rc = wait_count(x, &g->delivered[p], k + 1, p, "part");
         /* the peers' copies into this inbox, and this rank's own out of part */
         if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(stream, from->delivered[slot], 0), "exchange (wait)");
-        ps.p[p] = p == rank ? part : (const void *)(x->inbox + ((size_t)slot * g->size + p) * x->capacity);
+        ps[p] = p == rank ? part : (const void *)(x->inbox + ((size_t)slot * g->size + p) * x->capacity);
     }
     if (rc != SF_OK) return rc;
-    add_parts(stream, rows, ps, g->size, count, bf16);
-    rc = sf_cuda_launched("exchange (add)");
+    /* in rank order: every rank gets the same bits */
+    rc = sf_cuda_add_parts(ps, g->size, count, rows, bf16, stream);
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->consumed[slot], stream), "exchange (consumed)");
     if (rc != SF_OK) return rc;
     x->ended = k + 1;

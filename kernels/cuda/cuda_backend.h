@@ -336,6 +336,11 @@ int sf_cuda_ffn_partial(sf_backend *be, int n, int dim, int hidden, const float 
                         sf_dtype ytype, void *y);
 /* ext add_typed (elementwise.cu): x[i] += y[i] for count elements, y float32 or bf16. */
 int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y);
+/* rows[i] += the sum of the n parts' element i (count elements each, bf16 or float32), summed
+ * in the parts' order, launched on `stream` (the add under add_typed, and the head-parallel
+ * parts' sum of comm_exchange.cu). n from 1 to SF_CUDA_ADD_PARTS_MAX. */
+#define SF_CUDA_ADD_PARTS_MAX 8
+int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows, int bf16, cudaStream_t stream);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
 /* The non-finite scan (elementwise.cu): begin issues a kernel over x on the thread's stream and

@@ -441,36 +441,80 @@ int sf_cuda_bf16_to_f32(const __nv_bfloat16 *src, size_t count, float *dst, cuda
     return sf_cuda_launched("bf16 to f32");
 }
 
-/* x[i] += y[i]: eight elements a step (two float4 of x, one 16-byte load of bf16 y) where the
- * count and both pointers allow, one at a time otherwise */
-template <class Y> __global__ static void add_typed_kernel(size_t count, float *x, const Y *y, int vec)
+/* rows[i] += the sum of n parts' element i, in the parts' order (the first part starting the
+ * sum), so that ranks adding the same parts in the same order get the same bits. N parts known
+ * when compiled, so that the loop over them unrolls and their pointers stay in the parameters
+ * (a loop over a run-time count measured half the memory rate); eight elements a step where the
+ * count and the pointers allow (bf16 parts). */
+struct add_parts_args {
+    const void *p[SF_CUDA_ADD_PARTS_MAX];
+};
+
+template <int N> __global__ static void add_parts_bf16(float *rows, add_parts_args ps, size_t count)
 {
-    const size_t step = (size_t)gridDim.x * blockDim.x, first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (vec) {
-        for (size_t i = first; i < count / 8; i += step) {
-            float4 *x4 = reinterpret_cast<float4 *>(x) + 2 * i;
-            float4 a = x4[0], b = x4[1];
-            float v[8];
-            if constexpr (sizeof(Y) == 2) {
-                const uint4 raw = reinterpret_cast<const uint4 *>(y)[i];
-                const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count / 8; i += step) {
+        uint4 raw[N];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float2 f = __bfloat1622float2(p[k]);
-                    v[2 * k] = f.x, v[2 * k + 1] = f.y;
-                }
-            } else {
-                const float4 p = reinterpret_cast<const float4 *>(y)[2 * i],
-                             q = reinterpret_cast<const float4 *>(y)[2 * i + 1];
-                v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w, v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
+        for (int q = 0; q < N; q++) raw[q] = reinterpret_cast<const uint4 *>(ps.p[q])[i];
+        float4 *x4 = reinterpret_cast<float4 *>(rows) + 2 * i;
+        float4 a = x4[0], b = x4[1];
+        float s[8];
+#pragma unroll
+        for (int q = 0; q < N; q++) {
+            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw[q]);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 f = __bfloat1622float2(h[k]);
+                s[2 * k] = q ? s[2 * k] + f.x : f.x, s[2 * k + 1] = q ? s[2 * k + 1] + f.y : f.y;
             }
-            a.x += v[0], a.y += v[1], a.z += v[2], a.w += v[3];
-            b.x += v[4], b.y += v[5], b.z += v[6], b.w += v[7];
-            x4[0] = a, x4[1] = b;
         }
-        return;
+        a.x += s[0], a.y += s[1], a.z += s[2], a.w += s[3];
+        b.x += s[4], b.y += s[5], b.z += s[6], b.w += s[7];
+        x4[0] = a, x4[1] = b;
     }
-    for (size_t i = first; i < count; i += step) x[i] += (float)y[i];
+}
+
+/* the general form: any count and alignment, bf16 or float32 parts */
+template <class T> __global__ static void add_parts_any(float *rows, add_parts_args ps, int n, size_t count)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += step) {
+        float s = 0;
+        for (int q = 0; q < n; q++) {
+            const T v = static_cast<const T *>(ps.p[q])[i];
+            float f;
+            if constexpr (sizeof(T) == 2)
+                f = __bfloat162float(v);
+            else
+                f = v;
+            s = q ? s + f : f;
+        }
+        rows[i] += s;
+    }
+}
+
+int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows, int bf16, cudaStream_t stream)
+{
+    if (n < 1 || n > SF_CUDA_ADD_PARTS_MAX) return sf_error(SF_E_INVAL, "cuda add: %d parts", n);
+    if (!count) return SF_OK;
+    add_parts_args ps = {};
+    int vec = bf16 && count % 8 == 0 && ((uintptr_t)rows % 16) == 0;
+    for (int q = 0; q < n; q++) ps.p[q] = parts[q], vec &= ((uintptr_t)parts[q] % 16) == 0;
+    const unsigned grid = grid_for(vec ? count / 8 : count);
+    switch (vec ? n : 0) {
+    case 1: add_parts_bf16<1><<<grid, 256, 0, stream>>>(rows, ps, count); break;
+    case 2: add_parts_bf16<2><<<grid, 256, 0, stream>>>(rows, ps, count); break;
+    case 3: add_parts_bf16<3><<<grid, 256, 0, stream>>>(rows, ps, count); break;
+    case 4: add_parts_bf16<4><<<grid, 256, 0, stream>>>(rows, ps, count); break;
+    case 8: add_parts_bf16<8><<<grid, 256, 0, stream>>>(rows, ps, count); break;
+    default:
+        if (bf16)
+            add_parts_any<__nv_bfloat16><<<grid_for(count), 256, 0, stream>>>(rows, ps, n, count);
+        else
+            add_parts_any<float><<<grid_for(count), 256, 0, stream>>>(rows, ps, n, count);
+    }
+    return sf_cuda_launched("add");
 }
 
 int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y)
@@ -481,13 +525,7 @@ int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, co
     sf_cuda *c = sf_cuda_of(be);
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
-    const int vec = count % 8 == 0 && ((uintptr_t)x | (uintptr_t)y) % 16 == 0;
-    const unsigned grid = grid_for(vec ? count / 8 : count);
-    if (ytype == SF_DTYPE_BF16)
-        add_typed_kernel<__nv_bfloat16><<<grid, 256, 0, c->stream>>>(count, x, (const __nv_bfloat16 *)y, vec);
-    else
-        add_typed_kernel<float><<<grid, 256, 0, c->stream>>>(count, x, (const float *)y, vec);
-    rc = sf_cuda_launched("add");
+    rc = sf_cuda_add_parts(&y, 1, count, x, ytype == SF_DTYPE_BF16, c->stream);
     sf_cuda_leave(c);
     return rc;
 }
@@ -580,7 +618,7 @@ int sf_cuda_elementwise_load(void)
         (const void *)swiglu_rows_bf16_kernel,
         (const void *)f32_to_bf16_kernel,
         (const void *)bf16_to_f32_kernel,
-        (const void *)add_typed_kernel<__nv_bfloat16>,
+        (const void *)add_parts_bf16<1>,
         (const void *)any_non_finite_kernel,
     };
     cudaFuncAttributes fa;
