@@ -14,7 +14,8 @@
  * sum beside the next chunk's work), and, on GPUs with R >= 2, the ways of summing the ranks'
  * parts: the default (bf16 parts, by the copy engines where the GPUs have peer access),
  * reduce=nccl (bf16 parts by NCCL's all-reduce, overlap=1 only) and reduce=f32 (float32 rows by
- * NCCL's all-reduce)
+ * NCCL's all-reduce), and the default with the CUDA setting normed_sums=0 (every rank adds
+ * whole sums and the products norm, against the sums that norm the rows split over the ranks)
  * repeated K times in turns (plain, R=1, R=2, plain, ...) so that drift hits every one alike;
  * the median of each is reported. Then the communicator alone: an all-reduce of one segment's
  * rows ([N, D] float32, what each layer reduces twice with reduce=f32; and in bf16) on R ranks,
@@ -98,11 +99,16 @@ static run_result run_once(const sf_model *m, const char *device, const char *bl
 {
     const sf_model_config *c = sf_model_get_config(m);
     const size_t N = (size_t)c->segment;
-    sf_graph_options opts = {.device = device};
+    /* "STAGE|SETTINGS": the block stage STAGE with the backend settings SETTINGS */
+    char stage[128], settings[64] = "";
+    snprintf(stage, sizeof stage, "%s", block);
+    char *bar = strchr(stage, '|');
+    if (bar) *bar = 0, snprintf(settings, sizeof settings, "%s", bar + 1);
+    sf_graph_options opts = {.device = device, .backend_settings = settings[0] ? settings : NULL};
     sf_graph *g = NULL;
     if (sf_graph_create(m, &opts, &g) != SF_OK) die("graph");
     char pipeline[256];
-    snprintf(pipeline, sizeof pipeline, "segment ! embed ! %s ! norm", block);
+    snprintf(pipeline, sizeof pipeline, "segment ! embed ! %s ! norm", stage);
     if (sf_graph_parse(g, pipeline) != SF_OK) die(pipeline);
     run_result r = {0};
     for (int d = 0; d < MAX_GPUS; d++) r.mib[d] = -1;
@@ -253,7 +259,7 @@ int main(int argc, char **argv)
     int ranks_of[MAX_CONF], n_conf = 0;
     snprintf(blocks[n_conf], sizeof blocks[0], "block"), ranks_of[n_conf++] = 0;
     const int most = cuda ? (gpus < max_gpus ? gpus : max_gpus) : (max_gpus < 4 ? max_gpus : 4);
-    for (int R = 1; R <= most && n_conf + 5 <= MAX_CONF; R *= 2) {
+    for (int R = 1; R <= most && n_conf + 6 <= MAX_CONF; R *= 2) {
         if (cfg.heads % R || cfg.mlp_hidden % R) continue;
         /* the sums beside the next chunk's work (overlap=); on GPUs the ways of summing */
         static const char *const reduces[] = {"", " reduce=nccl", " reduce=f32"};
@@ -262,6 +268,10 @@ int main(int argc, char **argv)
             ranks_of[n_conf++] = R;
             if (w == 1) continue; /* NCCL's bf16 sums chunked: measured slower than unchunked */
             snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=%d%s", R, overlap, reduces[w]);
+            ranks_of[n_conf++] = R;
+            if (w || !cuda || R < 2) continue;
+            /* the sums without the norm: every rank adds whole sums, the products norm */
+            snprintf(blocks[n_conf], sizeof blocks[0], "block heads_of=%d overlap=%d|normed_sums=0", R, overlap);
             ranks_of[n_conf++] = R;
         }
     }
@@ -301,8 +311,11 @@ int main(int argc, char **argv)
         printf("RESULT config=%s ranks=%d overlap=%d reduce=%s tokens_per_s=%.1f vs_plain=%.4f vs_r1=%.4f "
                "all_reduce_ms=%.4f all_reduce_ms_per_layer=%.4f mib_gpu0=%.0f mib_gpu1=%.0f\n",
                R ? "heads_of" : "plain", R, strstr(blocks[i], "overlap=") ? atoi(strstr(blocks[i], "overlap=") + 8) : 1,
-               strstr(blocks[i], "reduce=f32") ? "f32" : strstr(blocks[i], "reduce=nccl") ? "nccl" : "auto", med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar,
-               ar * reductions, last[i].mib[0], last[i].mib[1]);
+               strstr(blocks[i], "reduce=f32")      ? "f32"
+               : strstr(blocks[i], "reduce=nccl")   ? "nccl"
+               : strstr(blocks[i], "normed_sums=0") ? "auto-rows"
+                                                    : "auto",
+               med[i], med[i] / med[0], r1 > 0 ? med[i] / r1 : 0, ar, ar * reductions, last[i].mib[0], last[i].mib[1]);
     }
     if (r1 > 0)
         printf("overhead of the sharded path with one rank: %.2f%% (target <= 3%%)\n", 100.0 * (1.0 - r1 / med[0]));

@@ -336,6 +336,29 @@ int sf_be_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, cons
     return sf_error(SF_E_UNSUPPORTED, "%s backend: no add of typed rows", be->ops->name);
 }
 
+sf_dtype sf_be_normed_type(sf_backend *be)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (!e || !e->normed_type || !e->qkv_from || !e->ffn_partial_from) return SF_DTYPE_F32;
+    return e->normed_type(be) == SF_DTYPE_BF16 ? SF_DTYPE_BF16 : SF_DTYPE_F32;
+}
+
+int sf_be_qkv_from(sf_backend *be, int n, int dim, int width, const void *u, const float *wq, const float *wk,
+                   const float *wv, sf_dtype type, void *q, void *k, void *v)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->qkv_from) return e->qkv_from(be, n, dim, width, u, wq, wk, wv, type, q, k, v);
+    return sf_error(SF_E_UNSUPPORTED, "%s backend: no products from normed rows", be->ops->name);
+}
+
+int sf_be_ffn_partial_from(sf_backend *be, int n, int dim, int hidden, const void *u, const float *w1, const float *w3,
+                           const float *w2, float *h1, float *h3, sf_dtype ytype, void *y)
+{
+    const sf_backend_ext *e = ext_of(be);
+    if (e && e->ffn_partial_from) return e->ffn_partial_from(be, n, dim, hidden, u, w1, w3, w2, h1, h3, ytype, y);
+    return sf_error(SF_E_UNSUPPORTED, "%s backend: no products from normed rows", be->ops->name);
+}
+
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                         sf_dtype otype, void *y)
 {

@@ -74,9 +74,19 @@ typedef struct sf_backend_ext {
      * and the MLP for the ranks' sum: bf16 where the products round their operands to bf16
      * anyway (half the bytes to move), float32 otherwise. Used only with matmul_typed's and
      * ffn_partial's ytype and add_typed.
-     * add_typed: x[i] += y[i] for count elements, y of ytype. */
+     * add_typed: x[i] += y[i] for count elements, y of ytype.
+     * normed_type: the type of the normed rows u = rmsnorm(x) that qkv_from and ffn_partial_from
+     * take (bf16 where the products round their input to bf16 anyway); float32: they take none.
+     * qkv_from, ffn_partial_from: qkv and ffn_partial given u ([n, dim], rows dim apart, of
+     * normed_type) instead of x and the norm: the head-parallel ranks' sums hand every rank u
+     * (kernels/comm.h, reduce_norm), so the products do not norm the rows again. */
     sf_dtype (*part_type)(sf_backend *be);
     int (*add_typed)(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y);
+    sf_dtype (*normed_type)(sf_backend *be);
+    int (*qkv_from)(sf_backend *be, int n, int dim, int width, const void *u, const float *wq, const float *wk,
+                    const float *wv, sf_dtype type, void *q, void *k, void *v);
+    int (*ffn_partial_from)(sf_backend *be, int n, int dim, int hidden, const void *u, const float *w1, const float *w3,
+                            const float *w2, float *h1, float *h3, sf_dtype ytype, void *y);
 
     /* ---- ordering ----
      * upload_unordered: upload, ordered before the ops issued after it but not after those
@@ -168,6 +178,14 @@ int sf_be_ffn_partial(sf_backend *be, int n, int dim, int hidden, const float *x
 sf_dtype sf_be_part_type(sf_backend *be);
 /* x[i] += y[i], count elements, y of ytype: add_typed, or SF_E_UNSUPPORTED without it. */
 int sf_be_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y);
+/* The type of normed rows the products take (normed_type): bf16 where the backend has
+ * normed_type, qkv_from and ffn_partial_from and answers bf16, else float32 (they take none). */
+sf_dtype sf_be_normed_type(sf_backend *be);
+/* qkv_from and ffn_partial_from: SF_E_UNSUPPORTED without them. */
+int sf_be_qkv_from(sf_backend *be, int n, int dim, int width, const void *u, const float *wq, const float *wk,
+                   const float *wv, sf_dtype type, void *q, void *k, void *v);
+int sf_be_ffn_partial_from(sf_backend *be, int n, int dim, int hidden, const void *u, const float *w1, const float *w3,
+                           const float *w2, float *h1, float *h3, sf_dtype ytype, void *y);
 /* rmsnorm_typed where the backend has it: SF_E_UNSUPPORTED otherwise (callers round on the host). */
 int sf_be_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                         sf_dtype otype, void *y);

@@ -101,6 +101,24 @@ typedef struct sf_comm_ops {
     int (*reduce_add_reserve)(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies);
     int (*reduce_add_start)(sf_comm *c, const void *part, size_t count, sf_dtype type, int *ticket);
     int (*reduce_add_end)(sf_comm *c, int ticket, float *x, const void *part, size_t count, sf_dtype type);
+    /* Optional (NULL: composed from reduce_add and the backend's rmsnorm_typed, never split):
+     * reduce_add for ranks whose products take normed rows (sf_be_normed_type), each sum over
+     * `rows` rows of dim columns followed by the rows' norm.
+     * reduce_norm_reserve, every rank at set-up: rows, the most rows one sum covers; x and u,
+     * this rank's whole buffers of rows (float32) and of normed rows (bf16), laid out alike on
+     * every rank, which the other ranks may write; *split 1 (the same on every rank) when each
+     * rank adds and norms only its slice of each sum's rows (sf_comm_slice).
+     * reduce_norm_start: reduce_add_start of part [rows, dim].
+     * reduce_norm_end: x (rows of this rank's x) += the parts' sum, then with norm non-NULL u
+     * (the same rows of this rank's u) = rmsnorm(x; norm, eps) rounded to bf16 on every rank.
+     * Split, a rank adds and norms its slice and copies its normed rows to the others, so its
+     * x holds the sum in its slices only; without a norm (a segment's last sum) the slices of
+     * the sum are copied into rank 0's x instead, which then holds all of it. */
+    int (*reduce_norm_reserve)(sf_comm *c, int rows, int dim, sf_dtype type, float *x, void *u, int allow_copies,
+                               int *split);
+    int (*reduce_norm_start)(sf_comm *c, const void *part, int rows, int dim, sf_dtype type, int *ticket);
+    int (*reduce_norm_end)(sf_comm *c, int ticket, float *x, const void *part, int rows, int dim, sf_dtype type,
+                           const float *norm, float eps, void *u);
 } sf_comm_ops;
 
 struct sf_comm {
@@ -137,6 +155,19 @@ int sf_comm_join(sf_comm *c, int ticket);
 int sf_comm_reduce_add_reserve(sf_comm *c, size_t count, sf_dtype type, int allow_copies, int *copies);
 int sf_comm_reduce_add_start(sf_comm *c, void *part, size_t count, sf_dtype type, int *ticket);
 int sf_comm_reduce_add_end(sf_comm *c, int ticket, float *x, void *part, size_t count, sf_dtype type);
+/* The parts' sum added to the rows, then their norm (sf_comm_ops.reduce_norm_*). */
+int sf_comm_reduce_norm_reserve(sf_comm *c, int rows, int dim, sf_dtype type, float *x, void *u, int allow_copies,
+                                int *split);
+int sf_comm_reduce_norm_start(sf_comm *c, void *part, int rows, int dim, sf_dtype type, int *ticket);
+int sf_comm_reduce_norm_end(sf_comm *c, int ticket, float *x, void *part, int rows, int dim, sf_dtype type,
+                            const float *norm, float eps, void *u);
+/* Rank r's slice of `rows` rows split over `size` ranks: rows [*first, *first + *count), the
+ * slices in rank order, sizes differing by at most one. */
+static inline void sf_comm_slice(int rows, int size, int rank, int *first, int *count)
+{
+    *first = (int)((long long)rows * rank / size);
+    *count = (int)((long long)rows * (rank + 1) / size) - *first;
+}
 int sf_comm_group_begin(sf_comm *c);
 int sf_comm_group_end(sf_comm *c);
 int sf_comm_wait(sf_comm *c);

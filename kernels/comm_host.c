@@ -126,6 +126,38 @@ int sf_comm_reduce_add_end(sf_comm *c, int ticket, float *x, void *part, size_t 
     return rc == SF_OK ? sf_be_add_typed(c->be, count, x, type, part) : rc;
 }
 
+int sf_comm_reduce_norm_reserve(sf_comm *c, int rows, int dim, sf_dtype type, float *x, void *u, int allow_copies,
+                                int *split)
+{
+    int copies = 0;
+    *split = 0;
+    if (rows < 0 || dim <= 0) return sf_error(SF_E_INVAL, "reduce_norm_reserve: %d rows of %d", rows, dim);
+    if (c->ops->reduce_norm_reserve) {
+        int rc = check_type(c, "reduce_norm", type);
+        return rc == SF_OK ? c->ops->reduce_norm_reserve(c, rows, dim, type, x, u, allow_copies, split) : rc;
+    }
+    return sf_comm_reduce_add_reserve(c, (size_t)rows * dim, type, allow_copies, &copies);
+}
+
+int sf_comm_reduce_norm_start(sf_comm *c, void *part, int rows, int dim, sf_dtype type, int *ticket)
+{
+    if (c->ops->reduce_norm_start) {
+        int rc = check_type(c, "reduce_norm", type);
+        return rc == SF_OK ? c->ops->reduce_norm_start(c, part, rows, dim, type, ticket) : rc;
+    }
+    return sf_comm_reduce_add_start(c, part, (size_t)rows * dim, type, ticket);
+}
+
+int sf_comm_reduce_norm_end(sf_comm *c, int ticket, float *x, void *part, int rows, int dim, sf_dtype type,
+                            const float *norm, float eps, void *u)
+{
+    if (c->ops->reduce_norm_end) return c->ops->reduce_norm_end(c, ticket, x, part, rows, dim, type, norm, eps, u);
+    int rc = sf_comm_reduce_add_end(c, ticket, x, part, (size_t)rows * dim, type);
+    if (rc == SF_OK && norm) rc = sf_be_rmsnorm_typed(c->be, rows, dim, x, norm, eps, SF_DTYPE_BF16, u);
+    if (rc == SF_E_UNSUPPORTED) rc = sf_error(SF_E_UNSUPPORTED, "reduce_norm: the backend has no bf16 norm");
+    return rc;
+}
+
 int sf_comm_group_begin(sf_comm *c) { return c->ops->group_begin(c); }
 int sf_comm_group_end(sf_comm *c) { return c->ops->group_end(c); }
 int sf_comm_wait(sf_comm *c) { return c->ops->wait(c); }

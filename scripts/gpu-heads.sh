@@ -3,14 +3,15 @@
 #   bash scripts/gpu-heads.sh
 # 1. builds build-gpu (Release, CUDA sm_90, NCCL: the toolkit's or the nvidia-nccl wheel's);
 # 2. runs test_heads (CPU ranks) and test_gpu_heads (NCCL: one rank on one GPU against the
-#    unsharded run, a rank that never joins or fails, resume; two ranks when two GPUs exist);
+#    unsharded run, a rank that never joins or fails, resume; two ranks when two GPUs exist) and
+#    test_gpu_reduce_norm (the sums that norm the rows: one rank, and split over two GPUs);
 # 3. the binary: `seqflow run -d cuda --gpus N` against `-d cuda` on the built-in model; with
 #    two GPUs also head ranks as processes (`seqflow launch -n 2`, `block head_ranks=0,1`, one
 #    GPU a process) against both, and a follower killed mid-stream (the job must fail within
 #    about its comm_timeout=);
 # 4. bench_heads on the reference model: plain block, heads_of=1 (the sharded path's overhead),
-#    heads_of=2 with two GPUs (the ranks' parts in bf16, and reduce=f32): tokens/s, all-reduce
-#    time a layer, memory per GPU; test_cuda_parts (the bf16 parts' ops), and the attention on
+#    heads_of=2 with two GPUs (the ranks' parts in bf16, also with normed_sums=0, and
+#    reduce=f32): tokens/s, all-reduce time a layer, memory per GPU; test_cuda_parts (the bf16 parts' ops), and the attention on
 #    a rank's 8 heads against its whole-block lab twin (bench_attention_variants, variant 36);
 # 5. the GPU tests the changed kernels touch (test_gpu_pipeline, test_cuda_attention,
 #    test_gpu_checkpoint, test_backend_ops), as regressions.
@@ -45,7 +46,7 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEQFLOW_CUDA=ON -DCMAKE_CUD
       -DSEQFLOW_BUILD_TESTS=ON -DSEQFLOW_BUILD_BENCH=ON ${nccl_args[@]+"${nccl_args[@]}"} >"$logs/configure.log" 2>&1 \
   || { tail -40 "$logs/configure.log"; exit 1; }
 grep -E "CUDA backend|NCCL" "$logs/configure.log" | tee -a "$summary"
-targets=(seqflow test_heads test_gpu_heads bench_heads test_gpu_pipeline test_cuda_attention test_gpu_checkpoint
+targets=(seqflow test_heads test_gpu_heads test_gpu_reduce_norm bench_heads test_gpu_pipeline test_cuda_attention test_gpu_checkpoint
          test_cuda_parts test_backend_ops bench_attention_variants)
 cmake --build build-gpu -j16 --target "${targets[@]}" >"$logs/build.log" 2>&1 \
   || { grep -E "error|Error" "$logs/build.log" | head -40; exit 1; }
@@ -75,6 +76,8 @@ step test_heads 60 "$tests/test_heads"
 grep -E "FAIL|passed" "$logs/test_heads.log" | tail -5 | tee -a "$summary"
 step test_gpu_heads 120 "$tests/test_gpu_heads"
 grep -E "FAIL|vs unsharded|NCCL|rank|restore|skipped|passed" "$logs/test_gpu_heads.log" | tail -60 | tee -a "$summary"
+step test_gpu_reduce_norm 60 "$tests/test_gpu_reduce_norm"
+grep -E "FAIL|rank|GPUs|skipped|passed" "$logs/test_gpu_reduce_norm.log" | tail -8 | tee -a "$summary"
 
 # the binary: --gpus N against the plain GPU run (bf16), the built-in model and text
 n=$(( gpus >= 2 ? 2 : 1 ))

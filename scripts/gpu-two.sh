@@ -9,7 +9,8 @@
 #    (`seqflow launch -n 2`, layers 0-1 on rank 0, 2-3 on rank 1);
 # 3. the layer pipeline's output against one GPU's, byte for byte, on 4 segments.
 # TWO_SKIP_HEADS=1 skips step 1; TWO_MODES (default "one heads layers") picks step 2's runs
-# (headsb: --gpus 2 with the block stage TWO_BLOCK, default "block overlap=1"; the layer
+# (headsb: --gpus 2 with the block stage TWO_BLOCK, default "block overlap=1"; headsr: --gpus 2
+# with the CUDA setting normed_sums=0, whole sums on every rank; the layer
 # pipeline's are long: its rate is the link's). Logs go to $OUT (else build-gpu/two); a summary to
 # $OUT/two-summary.txt.
 set -uo pipefail
@@ -49,6 +50,8 @@ seconds() {
   case $mode in
     one) timeout 120 "$bin" run -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     heads) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
+    headsr) SEQFLOW_CUDA_NORMED_SUMS=0 timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" \
+              -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     headsb) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" \
               "segment ! embed ! ${TWO_BLOCK:-block overlap=1} ! norm" ;;
     layers) timeout 120 "$bin" launch -n 2 -- -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 \

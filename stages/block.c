@@ -15,6 +15,7 @@
 #include "kernels/memory_map.h"
 #include "stages/block_shard.h"
 #include "stages/block_state.h"
+#include "stages/block_sums.h"
 #include "stages/head_procs.h"
 #include "stages/stages.h"
 
@@ -148,6 +149,8 @@ static int alloc_activations(block *b, size_t N, block_activations *act)
     act->a = sf_block_upload(b, NULL, N * W, &rc);
     if (b->mix_type == SF_DTYPE_BF16) act->ao = (unsigned char *)sf_block_upload(b, NULL, (N * W + 1) / 2, &rc);
     if (b->part_type == SF_DTYPE_BF16) act->part = (unsigned char *)sf_block_upload(b, NULL, (N * D + 1) / 2, &rc);
+    if (act->part && sf_be_normed_type(b->be) == SF_DTYPE_BF16)
+        act->un = (unsigned char *)sf_block_upload(b, NULL, (N * D + 1) / 2, &rc);
     if (F) {
         /* a GPU's ffn may need less of h1, or none */
         const size_t h1_floats = sf_be_ffn_h1_floats(b->be, (int)N, (int)D, (int)F);
@@ -163,7 +166,8 @@ static int alloc_activations(block *b, size_t N, block_activations *act)
 
 static void free_activations(block *b, const block_activations *act)
 {
-    void *buffers[] = {act->u, act->q /* and k, v */, act->a, act->ao, act->part, act->h1, act->h3, act->sk, act->sv};
+    void *buffers[] = {act->u, act->q /* and k, v */, act->a, act->ao, act->part, act->un, act->h1, act->h3, act->sk,
+                       act->sv};
     for (size_t i = 0; i < sizeof buffers / sizeof *buffers; i++) b->be->ops->free(b->be, buffers[i]);
 }
 
@@ -389,110 +393,6 @@ static int attention_mix(block *b, stream_state *s, int l, int i, int n, const u
                                memory ? s->z + (size_t)l * H * d : NULL, b->weights[l].gate, b->mix_type, out);
 }
 
-/* x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x): the MLP of layer l over `rows` rows at x, after
- * the wait for the side queue that commit_end left owed (the MLP's norm touches nothing the side
- * does, so the wait can sit in front of its products). Head-parallel, rank 0 adds its part to
- * the rows and the other ranks write theirs in their place: the all-reduce that follows
- * (output_and_mlp) sums rows and parts. */
-static int ffn(block *b, int l, float *x, int rows, int join_owed, void *part)
-{
-    const sf_model_config *c = b->cfg;
-    const layer_weights *w = &b->weights[l];
-    int rc = join_owed ? sf_be_side_join_before_product(b->be) : SF_OK;
-    if (rc == SF_OK && b->rank == 0 && !part)
-        rc = sf_be_ffn(b->be, rows, c->dim, b->hidden, x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2, b->act.u,
-                       b->act.h1, b->act.h3);
-    else if (rc == SF_OK)
-        rc = sf_be_ffn_partial(b->be, rows, c->dim, b->hidden, x, w->mlp_norm, c->norm_eps, w->w1, w->w3, w->w2,
-                               b->act.u, b->act.h1, b->act.h3, part ? b->part_type : SF_DTYPE_F32, part ? part : x);
-    return rc;
-}
-
-/* With bf16 parts (block.part_type): rows [r0, ...) of act.part, where every rank writes its
- * part of the output product and of the MLP, and the sum of the parts goes to be added to x;
- * NULL where the ranks sum float32 x itself (rank 0 adds its part to the rows, the others
- * write theirs in their place), or unsharded. The warm-up, which runs before the communicator
- * exists and whose rows are thrown away, writes the parts too: their products get ready. */
-static void *part_at(const block *b, int r0) { return b->act.part ? b->act.part + (size_t)r0 * b->cfg->dim * 2 : NULL; }
-
-/* x += A Wo^T for rows [r0, r0 + nr), or this rank's part of it (see part_at) */
-static int output_product(block *b, const layer_weights *w, int r0, int nr)
-{
-    const int D = b->cfg->dim, W = b->width;
-    const size_t in_size = b->mix_type == SF_DTYPE_BF16 ? 2 : sizeof(float);
-    const unsigned char *in = b->mix_type == SF_DTYPE_BF16 ? b->act.ao : (const unsigned char *)b->act.a;
-    in += (size_t)r0 * W * in_size;
-    void *part = part_at(b, r0);
-    if (part) return sf_be_matmul_typed(b->be, nr, W, D, b->mix_type, in, W, w->wo, b->part_type, part, D, 0);
-    return sf_be_matmul_typed(b->be, nr, W, D, b->mix_type, in, W, w->wo, SF_DTYPE_F32, b->x + (size_t)r0 * D, D,
-                              b->rank == 0);
-}
-
-/* The sum of rows [r0, r0 + nr): the all-reduce of x, or the parts' sum added to x (see
- * part_at; sf_comm_reduce_add_*: by the copy engines where the ranks are GPUs of this process).
- * ticket NULL: done in order; else started beside the next work (reduce_end). */
-static int reduce_start(block *b, int r0, int nr, int *ticket)
-{
-    const size_t count = (size_t)nr * b->cfg->dim;
-    float *x = b->x + (size_t)r0 * b->cfg->dim;
-    void *part = part_at(b, r0);
-    if (!part) return ticket ? sf_comm_all_reduce_start(b->comm, x, count, SF_DTYPE_F32, ticket)
-                             : sf_comm_all_reduce(b->comm, x, count, SF_DTYPE_F32);
-    int own = 0;
-    int rc = sf_comm_reduce_add_start(b->comm, part, count, b->part_type, ticket ? ticket : &own);
-    if (rc == SF_OK && !ticket) rc = sf_comm_reduce_add_end(b->comm, own, x, part, count, b->part_type);
-    return rc;
-}
-
-/* The end of reduce_start's sum `ticket`: the ops after it wait for it. */
-static int reduce_end(block *b, int r0, int nr, int ticket)
-{
-    void *part = part_at(b, r0);
-    if (!part) return sf_comm_join(b->comm, ticket);
-    return sf_comm_reduce_add_end(b->comm, ticket, b->x + (size_t)r0 * b->cfg->dim, part, (size_t)nr * b->cfg->dim,
-                                  b->part_type);
-}
-
-/* After the attention of layer l: x += A Wo^T, then the MLP; head-parallel, each followed by the
- * ranks' sum (the all-reduce of x plus every rank's part, or the bf16 parts' sum added to x).
- * In K chunks (block.chunks, head-parallel) each chunk's sum runs beside the next chunk's work:
- * the output product and the MLP are row by row, and only the next layer's attention needs
- * every row. */
-static int output_and_mlp(block *b, int l, int rows, int join_owed)
-{
-    const sf_model_config *c = b->cfg;
-    const layer_weights *w = &b->weights[l];
-    const int D = c->dim, mlp = c->mlp_hidden > 0;
-    int chunks = b->comm && b->chunks > 1 ? b->chunks : 1;
-    if (chunks > rows) chunks = rows;
-    int rc = SF_OK;
-    if (chunks <= 1) {
-        rc = output_product(b, w, 0, rows);
-        if (rc == SF_OK && b->comm) rc = reduce_start(b, 0, rows, NULL);
-        if (rc == SF_OK && mlp) rc = ffn(b, l, b->x, rows, join_owed, part_at(b, 0));
-        if (rc == SF_OK && mlp && b->comm) rc = reduce_start(b, 0, rows, NULL);
-        return rc;
-    }
-    const int per = (rows + chunks - 1) / chunks;
-    int ticket[2][SF_BLOCK_MAX_OVERLAP], n_chunks = 0;
-    for (int r0 = 0; r0 < rows && rc == SF_OK; r0 += per, n_chunks++) {
-        const int nr = rows - r0 < per ? rows - r0 : per;
-        rc = output_product(b, w, r0, nr);
-        if (rc == SF_OK) rc = reduce_start(b, r0, nr, &ticket[0][n_chunks]);
-    }
-    for (int j = 0; j < n_chunks && rc == SF_OK; j++) {
-        const int r0 = j * per, nr = rows - r0 < per ? rows - r0 : per;
-        rc = reduce_end(b, r0, nr, ticket[0][j]);
-        if (rc == SF_OK && mlp) rc = ffn(b, l, b->x + (size_t)r0 * D, nr, join_owed && j == 0, part_at(b, r0));
-        if (rc == SF_OK && mlp) rc = reduce_start(b, r0, nr, &ticket[1][j]);
-    }
-    for (int j = 0; j < n_chunks && rc == SF_OK && mlp; j++) {
-        const int r0 = j * per, nr = rows - r0 < per ? rows - r0 : per;
-        rc = reduce_end(b, r0, nr, ticket[1][j]);
-    }
-    return rc;
-}
-
 /* One layer (SPEC 2) over `count` streams' segments of n rows each, stacked in b->x (count > 1
  * only for full segments): the products, norms and MLP see all count * n rows at once. */
 static int layer_forward_qkv(block *b, stream_state *const *states, int count, int l, int n, int commit,
@@ -506,7 +406,8 @@ static int layer_forward(block *b, stream_state *const *states, int count, int l
 int sf_block_layer(block *b, stream_state *s, int l, int n, int commit, unsigned char *qkv)
 {
     if (!qkv) return layer_forward_qkv(b, &s, 1, l, n, commit, 0);
-    if (b->defer_commit) return sf_error(SF_E_INVAL, "sf_block_layer: given projections with deferred commits");
+    if (b->defer_commit || b->normed)
+        return sf_error(SF_E_INVAL, "sf_block_layer: given projections with deferred commits or normed sums");
     /* the layer reads its set at act.q (qkv_set without deferred commits): lend it the caller's */
     unsigned char *q = b->act.q, *k = b->act.k, *v = b->act.v;
     b->act.q = qkv, b->act.k = qkv + (k - q), b->act.v = qkv + (v - q);
@@ -527,8 +428,10 @@ static int layer_forward_qkv(block *b, stream_state *const *states, int count, i
     /* not deferring, the previous layer's commit may still read the k and v this qkv overwrites
      * (deferring, the one that used this set was joined in the previous layer) */
     int rc = b->defer_commit ? SF_OK : sf_be_side_join(be);
-    /* q, k, v = u Wq^T, u Wk^T, u Wv^T with u = rmsnorm(x) */
-    if (rc == SF_OK && !have_qkv)
+    /* q, k, v = u Wq^T, u Wk^T, u Wv^T with u = rmsnorm(x) (normed sums: u handed by them) */
+    if (rc == SF_OK && !have_qkv && b->normed)
+        rc = sf_block_qkv_normed(b, l, rows, q, k, v);
+    else if (rc == SF_OK && !have_qkv)
         rc = sf_be_qkv(be, rows, D, W, b->x, w->attn_norm, c->norm_eps, w->wq, w->wk, w->wv, b->qkv_type, q, k, v,
                        b->act.u);
     if (rc == SF_OK) rc = commit_begin(b, states, count, l, n, commit);
@@ -537,7 +440,7 @@ static int layer_forward_qkv(block *b, stream_state *const *states, int count, i
     int join_owed = 0;
     if (rc == SF_OK) rc = commit_end(b, states, count, l, n, commit, &join_owed);
     /* x += A Wo^T; x += W2 (silu(W1 u) * W3 u), u = rmsnorm(x) */
-    if (rc == SF_OK) rc = output_and_mlp(b, l, rows, join_owed);
+    if (rc == SF_OK) rc = sf_block_output_and_mlp(b, l, rows, join_owed);
     return rc;
 }
 
@@ -570,6 +473,7 @@ static int layers_forward(block *b, stream_state *const *states, sf_packet *cons
     int rc = SF_OK;
     /* head-parallel: every rank starts from rank 0's rows */
     if (b->comm) rc = sf_comm_broadcast(b->comm, b->x, (size_t)count * n * b->cfg->dim, SF_DTYPE_F32, 0);
+    if (rc == SF_OK) rc = sf_block_norm_first(b, count * n);
     for (int l = 0; l < b->count && rc == SF_OK; l++) {
         rc = layer_forward(b, states, count, l, n, commit);
         if (rc == SF_OK && b->check_finite && b->host_rows) rc = check_layer_rows(b, packets, count, n, l);

@@ -168,19 +168,36 @@ int sf_block_shard_check(block *b, int rc)
 int sf_block_comm_warmup(block *b)
 {
     const size_t D = (size_t)b->cfg->dim, rows = (size_t)b->cfg->segment * b->batch;
+    /* the all-reduce also counts the ranks that can take normed sums (act.un): all of them or
+     * none take them (a backend setting may differ between the ranks) */
+    const float can_norm = b->act.un ? 1.0f : 0.0f;
+    float ranks_normed = 0;
     int rc = b->be->ops->zero(b->be, b->x, D * sizeof(float));
+    if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, &can_norm, sizeof can_norm);
     if (rc == SF_OK) rc = sf_comm_all_reduce(b->comm, b->x, D, SF_DTYPE_F32);
+    if (rc == SF_OK) rc = b->be->ops->download(b->be, &ranks_normed, b->x, sizeof ranks_normed);
+    const int normed = rc == SF_OK && b->act.un && ranks_normed == (float)b->ranks;
     if (rc == SF_OK) rc = sf_comm_broadcast(b->comm, b->x, D, SF_DTYPE_F32, 0);
     /* bf16 parts: the sums' transport set up for a whole segment's rows, and one sum through
      * it. overlap=K keeps K sums in flight (one a chunk), which copies allow up to a bound. */
     int copies = 0;
-    if (rc == SF_OK && b->act.part) {
+    const int allow = !b->reduce_nccl && b->overlap <= SF_COMM_COPIES_IN_FLIGHT;
+    if (rc == SF_OK && b->act.part && !normed) {
         int ticket = 0;
-        const int allow = !b->reduce_nccl && b->overlap <= SF_COMM_COPIES_IN_FLIGHT;
         rc = sf_comm_reduce_add_reserve(b->comm, rows * D, b->part_type, allow, &copies);
         if (rc == SF_OK) rc = b->be->ops->zero(b->be, b->act.part, D * 2);
         if (rc == SF_OK) rc = sf_comm_reduce_add_start(b->comm, b->act.part, D, b->part_type, &ticket);
         if (rc == SF_OK) rc = sf_comm_reduce_add_end(b->comm, ticket, b->x, b->act.part, D, b->part_type);
+    } else if (rc == SF_OK && b->act.part) { /* normed sums (stages/block_sums.c) */
+        int ticket = 0;
+        rc = sf_comm_reduce_norm_reserve(b->comm, (int)rows, (int)D, b->part_type, b->x, b->act.un, allow, &b->split);
+        copies = b->split;
+        if (rc == SF_OK) rc = b->be->ops->zero(b->be, b->act.part, D * 2);
+        if (rc == SF_OK) rc = sf_comm_reduce_norm_start(b->comm, b->act.part, 1, (int)D, b->part_type, &ticket);
+        if (rc == SF_OK)
+            rc = sf_comm_reduce_norm_end(b->comm, ticket, b->x, b->act.part, 1, (int)D, b->part_type,
+                                         b->weights[0].attn_norm, b->cfg->norm_eps, b->act.un);
+        b->normed = rc == SF_OK;
     }
     /* overlap=0, on two H100s (bench/RESULTS.md): float32 rows by NCCL, two chunks 1-3% faster
      * than one, four slower; bf16 parts by NCCL, one chunk 7% faster than two (its kernels take

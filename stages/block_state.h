@@ -30,10 +30,12 @@ typedef struct stream_state {
  * q/k/v and a memory, the mixed attention output as the output product's bf16 input ([N,
  * width], the mix writes it, the output product reads it); NULL otherwise. part: with bf16
  * parts (block.part_type), a head-parallel rank's part of the output product and of the MLP
- * ([N, D] bf16), which the all-reduce sums; NULL otherwise. */
+ * ([N, D] bf16), which the all-reduce sums; NULL otherwise. un: with bf16 parts and products
+ * that take normed rows (sf_be_normed_type), the normed rows the ranks' sums hand the products
+ * ([N, D] bf16; used where block.normed). */
 typedef struct block_activations {
     float *u, *a, *h1, *h3, *sk, *sv;
-    unsigned char *q, *k, *v, *ao, *part;
+    unsigned char *q, *k, *v, *ao, *part, *un;
 } block_activations;
 
 struct sf_comm;
@@ -62,6 +64,15 @@ typedef struct block {
     int reduce_f32;              /* reduce=f32: the ranks sum float32 whatever the backend's part type */
     int reduce_nccl;             /* reduce=nccl: parts summed by the transport's all-reduce, never copies */
     sf_dtype part_type;          /* the type of the ranks' parts (sf_be_part_type; float32 unsharded) */
+    /* normed sums (stages/block_sums.c), chosen by sf_block_comm_warmup where act.un exists: each
+     * sum also norms the rows for the next product (split: each rank its slices, x then holding
+     * the sums in those only until the segment's last sum brings them to rank 0); owed: the
+     * sums of a layer's MLP that the next layer's Q/K/V ends, chunk by chunk */
+    int normed, split;
+    struct {
+        int ticket, r0, nr;
+    } owed[SF_BLOCK_MAX_OVERLAP];
+    int n_owed;
     int width;              /* heads * d */
     layer_weights *weights; /* [count], backend memory */
     float *x;

@@ -5,6 +5,8 @@
  *     rounding of the bf16 product; accumulate with a bf16 y is refused;
  *   - ffn_partial writing bf16 y: the MLP of rmsnorm(x) without the residual, x left unchanged;
  *     in fp8 too (it used to add x's own rows to its part);
+ *   - qkv_from and ffn_partial_from (bf16 only): from u = rmsnorm_typed(x) bit for bit qkv's and
+ *     ffn_partial's outputs from x;
  *   - add_typed: x += y, bit for bit the float32 sum of x and the widened bf16 (or float32) y,
  *     on counts and offsets that take the vector kernel and ones that do not.
  * Outputs are poisoned with NaN first. Without a GPU this prints "skipped: no GPU" and exits 77. */
@@ -133,6 +135,45 @@ static void check_ffn(sf_backend *be, const char *label, int n, int dim, int hid
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
 }
 
+/* qkv_from and ffn_partial_from given u = rmsnorm_typed(x) in bf16: bit for bit qkv's and
+ * ffn_partial's outputs from x and the norm (the products see the same bf16 u) */
+static void check_from(sf_backend *be, int n, int dim, int width, int hidden)
+{
+    const size_t nx = (size_t)n * dim, nq = (size_t)n * width;
+    float *hx = normal(nx, 1), *hn = normal((size_t)dim, 1), *hq = normal((size_t)3 * width * dim, 1.0 / sqrt(dim));
+    float *h13 = normal((size_t)2 * hidden * dim, 1.0 / sqrt(dim)),
+          *h2 = normal((size_t)dim * hidden, 1.0 / sqrt(hidden));
+    float *x = dev(be, hx, nx * 4), *norm = dev(be, hn, (size_t)dim * 4),
+          *wqkv = dev(be, hq, (size_t)3 * width * dim * 4);
+    float *w13 = dev(be, h13, (size_t)2 * hidden * dim * 4), *w2 = dev(be, h2, (size_t)dim * hidden * 4);
+    const float *qkv_group[3] = {wqkv, wqkv + (size_t)width * dim, wqkv + (size_t)2 * width * dim};
+    const float *group13[2] = {w13, w13 + (size_t)hidden * dim};
+    CHECK_OK(sf_be_prepare_weights(be, 3, qkv_group, width, dim));
+    CHECK_OK(sf_be_prepare_weights(be, 2, group13, hidden, dim));
+    CHECK_OK(sf_be_prepare_weights(be, 1, (const float *const *)&w2, dim, hidden));
+    unsigned char *q = bf16_nan(be, 3 * nq), *q2 = bf16_nan(be, 3 * nq);
+    void *u = bf16_nan(be, nx), *y = bf16_nan(be, nx), *y2 = bf16_nan(be, nx);
+    float *du = dev(be, NULL, nx * 4), *d1 = dev(be, NULL, (size_t)n * hidden * 4 * 2);
+    float *d3 = dev(be, NULL, (size_t)n * hidden * 4);
+    CHECKF(sf_be_normed_type(be) == SF_DTYPE_BF16, "normed_type in bf16: %d", (int)sf_be_normed_type(be));
+    CHECK_OK(sf_be_qkv(be, n, dim, width, x, norm, 1e-6f, qkv_group[0], qkv_group[1], qkv_group[2], SF_DTYPE_BF16, q,
+                       q + nq * 2, q + nq * 4, du));
+    CHECK_OK(sf_be_rmsnorm_typed(be, n, dim, x, norm, 1e-6f, SF_DTYPE_BF16, u));
+    CHECK_OK(sf_be_qkv_from(be, n, dim, width, u, qkv_group[0], qkv_group[1], qkv_group[2], SF_DTYPE_BF16, q2,
+                            q2 + nq * 2, q2 + nq * 4));
+    CHECK_OK(sf_be_ffn_partial(be, n, dim, hidden, x, norm, 1e-6f, group13[0], group13[1], w2, du, d1, d3,
+                               SF_DTYPE_BF16, y));
+    CHECK_OK(sf_be_ffn_partial_from(be, n, dim, hidden, u, group13[0], group13[1], w2, d1, d3, SF_DTYPE_BF16, y2));
+    float *a = check_bf16_download(be, q, 3 * nq), *b = check_bf16_download(be, q2, 3 * nq);
+    float *c = check_bf16_download(be, y, nx), *d = check_bf16_download(be, y2, nx);
+    CHECKF(memcmp(a, b, 3 * nq * 4) == 0, "qkv_from n=%d dim=%d width=%d: not qkv's bits", n, dim, width);
+    CHECKF(memcmp(c, d, nx * 4) == 0, "ffn_partial_from n=%d dim=%d hidden=%d: not ffn_partial's bits", n, dim, hidden);
+    printf("  bf16 qkv_from and ffn_partial_from n=%3d dim=%3d: bit for bit qkv's and ffn_partial's\n", n, dim);
+    free(hx), free(hn), free(hq), free(h13), free(h2), free(a), free(b), free(c), free(d);
+    void *bufs[] = {x, norm, wqkv, w13, w2, q, q2, u, y, y2, du, d1, d3};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+}
+
 /* x += y for `count` elements at element offset `off` of both buffers */
 static void check_add(sf_backend *be, sf_dtype ytype, size_t count, size_t off)
 {
@@ -188,6 +229,13 @@ int main(void)
             check_matmul(be, modes[m].label, 300, 512, 256);
             check_ffn(be, modes[m].label, 16, 64, 128);
             check_ffn(be, modes[m].label, 129, 256, 512);
+        }
+        if (modes[m].precision == SF_PRECISION_BF16) {
+            check_from(be, 64, 256, 128, 512);
+            check_from(be, 300, 512, 256, 1024);
+        } else {
+            CHECKF(sf_be_normed_type(be) == SF_DTYPE_F32, "%s: normed_type %d, want none", modes[m].label,
+                   (int)sf_be_normed_type(be));
         }
         for (int bf16 = 0; bf16 < 2; bf16++) {
             const sf_dtype t = bf16 ? SF_DTYPE_BF16 : SF_DTYPE_F32;

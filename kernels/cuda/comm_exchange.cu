@@ -42,6 +42,12 @@ struct sf_exchange {
     unsigned char *inbox; /* [SLOTS][size][capacity] on this rank's GPU */
     cudaEvent_t delivered[SLOTS], consumed[SLOTS], ready;
     long long started, ended; /* ops started and ended by this rank */
+    /* split sums (sf_exchange_register): this rank's whole rows and normed rows, which the
+     * others write their slices into, and the stream and events of those copies */
+    float *rows_base;
+    unsigned char *normed_base;
+    cudaStream_t gather;
+    cudaEvent_t gathered[SLOTS];
 };
 
 struct group {
@@ -51,6 +57,7 @@ struct group {
     /* reserve's rendezvous: votes (1 usable, -1 not) and arrivals */
     int vote[MAX_RANKS], arrived;
     long long delivered[MAX_RANKS], consumed[MAX_RANKS]; /* counts published by each rank */
+    long long gathered[MAX_RANKS];                       /* split sums: slices copied out */
     int aborted;
     group *next;
 };
@@ -113,6 +120,9 @@ static void free_member(sf_exchange *x)
         if (x->consumed[s]) cudaEventDestroy(x->consumed[s]);
     }
     if (x->ready) cudaEventDestroy(x->ready);
+    for (int s = 0; s < SLOTS; s++)
+        if (x->gathered[s]) cudaEventDestroy(x->gathered[s]);
+    if (x->gather) cudaStreamDestroy(x->gather);
     if (x->inbox) cudaFree(x->inbox);
     cudaGetLastError();
     delete x;
@@ -210,8 +220,10 @@ int sf_exchange_reserve(sf_exchange *x, size_t bytes, int allow, int *usable)
     return SF_OK;
 }
 
-int sf_exchange_start(sf_exchange *x, cudaStream_t stream, cudaStream_t side, const void *part, size_t bytes,
-                      int *ticket)
+/* Op k's copies of the part to every peer: to peer p `bytes` from part + offset(p) (split: the
+ * peer's slice of the rows; else all of it, offset 0). */
+static int start_copies(sf_exchange *x, cudaStream_t stream, cudaStream_t side, const unsigned char *part, size_t bytes,
+                        int rows, size_t row_bytes, int *ticket)
 {
     group *g = x->g;
     const int rank = x->c->rank;
@@ -232,8 +244,15 @@ int sf_exchange_start(sf_exchange *x, cudaStream_t stream, cudaStream_t side, co
                 rc = sf_cuda_status(cudaStreamWaitEvent(side, peer->consumed[slot], 0), "exchange (slot free)");
         }
         unsigned char *dst = peer->inbox + ((size_t)slot * g->size + rank) * peer->capacity;
-        if (rc == SF_OK)
-            rc = sf_cuda_status(cudaMemcpyPeerAsync(dst, peer->device, part, x->device, bytes, side), "exchange copy");
+        const unsigned char *src = part;
+        size_t n = bytes;
+        if (rows >= 0) { /* split: the peer's slice */
+            int first, count;
+            sf_comm_slice(rows, g->size, p, &first, &count);
+            src += (size_t)first * row_bytes, n = (size_t)count * row_bytes;
+        }
+        if (rc == SF_OK && n)
+            rc = sf_cuda_status(cudaMemcpyPeerAsync(dst, peer->device, src, x->device, n, side), "exchange copy");
     }
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->delivered[slot], side), "exchange (delivered)");
     if (rc != SF_OK) return rc;
@@ -241,6 +260,23 @@ int sf_exchange_start(sf_exchange *x, cudaStream_t stream, cudaStream_t side, co
     __atomic_store_n(&g->delivered[rank], k + 1, __ATOMIC_RELEASE);
     *ticket = (int)(k % SF_COMM_TICKETS);
     return SF_OK;
+}
+
+int sf_exchange_start(sf_exchange *x, cudaStream_t stream, cudaStream_t side, const void *part, size_t bytes,
+                      int *ticket)
+{
+    return start_copies(x, stream, side, (const unsigned char *)part, bytes, -1, 0, ticket);
+}
+
+int sf_exchange_start_split(sf_exchange *x, cudaStream_t stream, cudaStream_t side, const void *part, int rows, int dim,
+                            int *ticket)
+{
+    if (!x->rows_base) return sf_error(SF_E_INVAL, "exchange: a split sum before the rows were registered");
+    const size_t row_bytes = (size_t)dim * 2;
+    int first, count;
+    sf_comm_slice(rows, x->g->size, x->g->size - 1, &first, &count); /* the last slice is the largest */
+    return start_copies(x, stream, side, (const unsigned char *)part, (size_t)count * row_bytes, rows, row_bytes,
+                        ticket);
 }
 
 int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows, const void *part, size_t count,
@@ -266,6 +302,103 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
     rc = sf_cuda_add_parts(ps, g->size, count, rows, bf16, stream);
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->consumed[slot], stream), "exchange (consumed)");
     if (rc != SF_OK) return rc;
+    x->ended = k + 1;
+    __atomic_store_n(&g->consumed[rank], k + 1, __ATOMIC_RELEASE);
+    return SF_OK;
+}
+
+int sf_exchange_register(sf_exchange *x, float *rows, void *normed)
+{
+    if (!x || !x->capacity) return sf_error(SF_E_INVAL, "exchange: rows registered without a reserved exchange");
+    if (x->rows_base) { /* registered before: the same buffers */
+        return x->rows_base == rows && x->normed_base == normed
+                   ? SF_OK
+                   : sf_error(SF_E_INVAL, "exchange: a second set of rows registered");
+    }
+    int rc = sf_cuda_status(cudaSetDevice(x->device), "exchange (device)");
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaStreamCreateWithFlags(&x->gather, cudaStreamNonBlocking), "exchange stream");
+    for (int s = 0; s < SLOTS && rc == SF_OK; s++)
+        rc = sf_cuda_status(cudaEventCreateWithFlags(&x->gathered[s], cudaEventDisableTiming), "exchange events");
+    if (rc != SF_OK) return rc;
+    /* published before the peers' first split op reads them: their ops start after every
+     * rank's set-up returned (the block's warm-up is a collective) */
+    __atomic_store_n(&x->normed_base, (unsigned char *)normed, __ATOMIC_RELEASE);
+    __atomic_store_n(&x->rows_base, rows, __ATOMIC_RELEASE);
+    return SF_OK;
+}
+
+/* Copies this rank's slice of op k (after the add on `stream`) to the peers on the gather
+ * stream: the normed rows to every peer (normed non-NULL), else the rows to rank 0; publishes
+ * the copy, then makes `stream` wait for the copies it needs: every peer's normed slice, or on
+ * every rank without a norm, all slices' rows (rank 0 reads them; the others' next writes of
+ * their rows must follow their copy out). */
+static int gather_slices(sf_exchange *x, cudaStream_t stream, long long k, int first, int count, int dim,
+                         const float *rows, const unsigned char *normed)
+{
+    group *g = x->g;
+    const int rank = x->c->rank, slot = (int)(k % SLOTS);
+    int rc = sf_cuda_status(cudaStreamWaitEvent(x->gather, x->consumed[slot], 0), "exchange (slice ready)");
+    for (int p = 0; p < g->size && rc == SF_OK && count; p++) {
+        if (p == rank || (!normed && p != 0)) continue;
+        sf_exchange *peer = g->member[p];
+        const unsigned char *peer_normed = __atomic_load_n(&peer->normed_base, __ATOMIC_ACQUIRE);
+        const float *peer_rows = __atomic_load_n(&peer->rows_base, __ATOMIC_ACQUIRE);
+        if (!peer_normed || !peer_rows) return sf_error(SF_E_INVAL, "exchange: rank %d registered no rows", p);
+        if (normed) {
+            const size_t at = (size_t)(normed - x->normed_base) + (size_t)first * dim * 2;
+            rc = sf_cuda_status(cudaMemcpyPeerAsync((void *)(peer_normed + at), peer->device,
+                                                    normed + (size_t)first * dim * 2, x->device,
+                                                    (size_t)count * dim * 2, x->gather),
+                                "exchange copy (normed rows)");
+        } else {
+            const size_t at = (size_t)(rows - x->rows_base) + (size_t)first * dim;
+            rc = sf_cuda_status(cudaMemcpyPeerAsync((void *)(peer_rows + at), peer->device, rows + (size_t)first * dim,
+                                                    x->device, (size_t)count * dim * sizeof(float), x->gather),
+                                "exchange copy (rows)");
+        }
+    }
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->gathered[slot], x->gather), "exchange (gathered)");
+    if (rc != SF_OK) return rc;
+    __atomic_store_n(&g->gathered[rank], k + 1, __ATOMIC_RELEASE);
+    for (int p = 0; p < g->size && rc == SF_OK; p++) {
+        if (normed && p == rank) continue; /* a peer's read of this rank's copy orders its next write */
+        rc = wait_count(x, &g->gathered[p], k + 1, p, "slice");
+        if (rc == SF_OK)
+            rc = sf_cuda_status(cudaStreamWaitEvent(stream, g->member[p]->gathered[slot], 0), "exchange (wait slice)");
+    }
+    return rc;
+}
+
+int sf_exchange_end_split(sf_exchange *x, cudaStream_t stream, int ticket, float *rows, const void *part, int nrows,
+                          int dim, const float *norm, float eps, void *normed)
+{
+    group *g = x->g;
+    const int rank = x->c->rank;
+    const long long k = x->ended;
+    if (k >= x->started || ticket != (int)(k % SF_COMM_TICKETS))
+        return sf_error(SF_E_INVAL, "exchange: end of ticket %d out of order", ticket);
+    const int slot = (int)(k % SLOTS);
+    int first, count;
+    sf_comm_slice(nrows, g->size, rank, &first, &count);
+    const void *ps[MAX_RANKS];
+    int rc = SF_OK;
+    for (int p = 0; p < g->size && rc == SF_OK; p++) {
+        sf_exchange *from = g->member[p];
+        if (p != rank) rc = wait_count(x, &g->delivered[p], k + 1, p, "part");
+        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(stream, from->delivered[slot], 0), "exchange (wait)");
+        ps[p] = p == rank ? (const void *)((const unsigned char *)part + (size_t)first * dim * 2)
+                          : (const void *)(x->inbox + ((size_t)slot * g->size + p) * x->capacity);
+    }
+    unsigned char *u = norm ? (unsigned char *)normed : NULL;
+    /* in rank order: the same bits as every rank adding all rows */
+    if (rc == SF_OK && count)
+        rc = sf_cuda_add_parts_norm(ps, g->size, count, dim, rows + (size_t)first * dim, norm, eps,
+                                    u ? (__nv_bfloat16 *)(u + (size_t)first * dim * 2) : NULL, stream);
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->consumed[slot], stream), "exchange (consumed)");
+    if (rc == SF_OK) rc = gather_slices(x, stream, k, first, count, dim, rows, u);
+    if (rc != SF_OK) return rc;
+    /* published last: a peer re-records its events of this slot only after it (see above) */
     x->ended = k + 1;
     __atomic_store_n(&g->consumed[rank], k + 1, __ATOMIC_RELEASE);
     return SF_OK;

@@ -52,6 +52,7 @@ typedef struct nccl_comm {
     int cur, marks;        /* index of the last mark, marks set so far (0, 1, 2+) */
     sf_exchange *exchange; /* the ranks as threads of this process (comm_exchange.h), or NULL */
     int copies;            /* reduce_add through the exchange's copy engines (reserved) */
+    int split;             /* reduce_norm split over the ranks by the exchange (registered) */
 } nccl_comm;
 
 static int stopped(const sf_comm *c) { return c->stop && __atomic_load_n(c->stop, __ATOMIC_ACQUIRE); }
@@ -248,6 +249,58 @@ static int nccl_reduce_add_end(sf_comm *c, int ticket, float *x, const void *par
     return rc;
 }
 
+/* reduce_norm (kernels/comm.h): split over the ranks by the exchange where reduce_add runs on
+ * the copy engines and the parts are bf16; else reduce_add, then the norm (in one pass where
+ * NCCL summed bf16 parts). */
+static int nccl_reduce_norm_reserve(sf_comm *c, int rows, int dim, sf_dtype type, float *x, void *u, int allow_copies,
+                                    int *split)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    int copies = 0;
+    *split = 0;
+    int rc = nccl_reduce_add_reserve(c, (size_t)rows * dim, type, allow_copies, &copies);
+    if (rc == SF_OK && copies && type == SF_DTYPE_BF16) {
+        rc = sf_exchange_register(n->exchange, x, u);
+        n->split = *split = rc == SF_OK;
+    }
+    return rc;
+}
+
+static int nccl_reduce_norm_start(sf_comm *c, const void *part, int rows, int dim, sf_dtype type, int *ticket)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (!n->split) return nccl_reduce_add_start(c, part, (size_t)rows * dim, type, ticket);
+    sf_cuda *cu;
+    int rc = enter(c, "reduce_norm_start", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_exchange_start_split(n->exchange, cu->stream, n->side, part, rows, dim, ticket);
+    sf_cuda_leave(cu);
+    if (rc == SF_E_COMM) break_comm(c, sf_last_error());
+    return rc;
+}
+
+static int nccl_reduce_norm_end(sf_comm *c, int ticket, float *x, const void *part, int rows, int dim, sf_dtype type,
+                                const float *norm, float eps, void *u)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (!n->split && (n->copies || type != SF_DTYPE_BF16 || !norm)) {
+        int rc = nccl_reduce_add_end(c, ticket, x, part, (size_t)rows * dim, type);
+        if (rc == SF_OK && norm) rc = sf_cuda_rmsnorm_typed(c->be, rows, dim, x, norm, eps, SF_DTYPE_BF16, u);
+        return rc;
+    }
+    int rc = n->split ? SF_OK : nccl_join(c, ticket);
+    sf_cuda *cu;
+    if (rc == SF_OK) rc = enter(c, "reduce_norm_end", &cu);
+    if (rc != SF_OK) return rc;
+    if (n->split)
+        rc = sf_exchange_end_split(n->exchange, cu->stream, ticket, x, part, rows, dim, norm, eps, u);
+    else /* NCCL left the sum in part */
+        rc = sf_cuda_add_parts_norm(&part, 1, rows, dim, x, norm, eps, (__nv_bfloat16 *)u, cu->stream);
+    sf_cuda_leave(cu);
+    if (rc == SF_E_COMM) break_comm(c, sf_last_error());
+    return rc;
+}
+
 static int nccl_group_begin(sf_comm *c)
 {
     nccl_comm *n = (nccl_comm *)c->impl;
@@ -394,6 +447,9 @@ static const sf_comm_ops nccl_ops = {
     nccl_reduce_add_reserve,
     nccl_reduce_add_start,
     nccl_reduce_add_end,
+    nccl_reduce_norm_reserve,
+    nccl_reduce_norm_start,
+    nccl_reduce_norm_end,
 };
 
 extern "C" int sf_cuda_comm_nccl_available(void) { return 1; }

@@ -334,6 +334,12 @@ int sf_cuda_ffn(sf_backend *be, int n, int dim, int hidden, float *x, const floa
 int sf_cuda_ffn_partial(sf_backend *be, int n, int dim, int hidden, const float *x, const float *norm, float eps,
                         const float *w1, const float *w3, const float *w2, float *u, float *h1, float *h3,
                         sf_dtype ytype, void *y);
+/* ext normed_type, qkv_from, ffn_partial_from (matmul.cu): bf16 normed rows in precision bf16 */
+sf_dtype sf_cuda_normed_type(sf_backend *be);
+int sf_cuda_qkv_from(sf_backend *be, int n, int dim, int width, const void *u, const float *wq, const float *wk,
+                     const float *wv, sf_dtype type, void *q, void *k, void *v);
+int sf_cuda_ffn_partial_from(sf_backend *be, int n, int dim, int hidden, const void *u, const float *w1,
+                             const float *w3, const float *w2, float *h1, float *h3, sf_dtype ytype, void *y);
 /* ext add_typed (elementwise.cu): x[i] += y[i] for count elements, y float32 or bf16. */
 int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y);
 /* rows[i] += the sum of the n parts' element i (count elements each, bf16 or float32), summed
@@ -341,6 +347,11 @@ int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, co
  * parts' sum of comm_exchange.cu). n from 1 to SF_CUDA_ADD_PARTS_MAX. */
 #define SF_CUDA_ADD_PARTS_MAX 8
 int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows, int bf16, cudaStream_t stream);
+/* rows [n, dim] += the sum of nparts bf16 parts ([n, dim] each, in order), then u = rmsnorm(rows;
+ * weight, eps) rounded to bf16: bit-identical to sf_cuda_add_parts then sf_cuda_rmsnorm_to_bf16,
+ * in one pass where the shapes allow. weight NULL: the add alone (u untouched). */
+int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim, float *rows, const float *weight,
+                           float eps, __nv_bfloat16 *u, cudaStream_t stream);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
 /* The non-finite scan (elementwise.cu): begin issues a kernel over x on the thread's stream and

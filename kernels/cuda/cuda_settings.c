@@ -33,6 +33,7 @@ static const setting settings[] = {
     {"memory_bf16", "SEQFLOW_CUDA_MEMORY_BF16", FIELD(memory_bf16), off_on},
     {"attention_mix", "SEQFLOW_CUDA_ATTENTION_MIX", FIELD(attention_mix), off_on},
     {"gate_up", "SEQFLOW_CUDA_GATE_UP", FIELD(gate_up), off_on},
+    {"normed_sums", "SEQFLOW_CUDA_NORMED_SUMS", FIELD(normed_sums), off_on},
     {"side_queue", "SEQFLOW_CUDA_SIDE_QUEUE", FIELD(side_queue), off_on},
     {"early_launch", "SEQFLOW_CUDA_PDL", FIELD(early_launch), off_on},
     {"upload_unordered", "SEQFLOW_CUDA_UPLOAD_UNORDERED", FIELD(upload_unordered), off_on},
@@ -56,6 +57,7 @@ void sf_cuda_settings_defaults(sf_cuda_settings *out)
     out->memory_bf16 = 1;
     out->attention_mix = 1;
     out->gate_up = 1;
+    out->normed_sums = 1;
     out->side_queue = 1;
     out->early_launch = 1;
     out->upload_unordered = 1;

@@ -38,6 +38,7 @@ typedef struct sf_cuda_settings {
     int memory_bf16;      /* memory_bf16: bf16 operands for the memory's tensor-core products in bf16 */
     int attention_mix;    /* attention_mix: the memory mix inside the attention kernel where it runs */
     int gate_up;          /* gate_up: W1, W3 and SwiGLU as one kernel on an H100 */
+    int normed_sums;      /* normed_sums: head-parallel sums hand the products normed rows (normed_type) */
     int side_queue;       /* side_queue: commits on a second stream */
     int early_launch;     /* early_launch: programmatic dependent launch of the backend's kernels */
     int upload_unordered; /* upload_unordered: upload_unordered does not wait for earlier work */

@@ -517,6 +517,91 @@ int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows
     return sf_cuda_launched("add");
 }
 
+/* add_parts_bf16 then rmsnorm_warp_kernel in one pass, one warp a row: rows[r] += the sum of N
+ * bf16 parts' row r (the same order and roundings as add_parts_bf16), then u[r] = the row's
+ * norm rounded to bf16 (the same sums as rmsnorm_warp_kernel: the lanes hold the same columns
+ * and the columns past dim add zeros), so the result is bit-identical to the two kernels while
+ * the rows are read once. Rows of a multiple of 4 floats up to 4 * 32 * VECS wide, every
+ * pointer 16-byte aligned and the parts' rows dim bf16 apart. */
+template <int N, int VECS>
+__global__ static void add_parts_norm_kernel(int n, int dim, float *rows, add_parts_args ps, const float *weight,
+                                             float eps, __nv_bfloat16 *u)
+{
+    const int lane = threadIdx.x % 32;
+    const size_t row_index = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row_index >= (size_t)n) return;
+    float *row = rows + row_index * dim;
+    float4 v[VECS];
+    double ss = 0;
+#pragma unroll
+    for (int p = 0; p < VECS; p++) {
+        const int j = 4 * (lane + 32 * p);
+        if (j < dim) {
+            float s[4];
+#pragma unroll
+            for (int q = 0; q < N; q++) {
+                const uint2 raw =
+                    *reinterpret_cast<const uint2 *>(static_cast<const __nv_bfloat16 *>(ps.p[q]) + row_index * dim + j);
+                const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.x));
+                const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.y));
+                s[0] = q ? s[0] + lo.x : lo.x, s[1] = q ? s[1] + lo.y : lo.y;
+                s[2] = q ? s[2] + hi.x : hi.x, s[3] = q ? s[3] + hi.y : hi.y;
+            }
+            v[p] = *reinterpret_cast<const float4 *>(row + j);
+            v[p].x += s[0], v[p].y += s[1], v[p].z += s[2], v[p].w += s[3];
+            *reinterpret_cast<float4 *>(row + j) = v[p];
+        } else {
+            v[p] = make_float4(0, 0, 0, 0);
+        }
+        ss += (double)v[p].x * v[p].x + (double)v[p].y * v[p].y + (double)v[p].z * v[p].z + (double)v[p].w * v[p].w;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    __nv_bfloat16 *dst = u + row_index * dim;
+#pragma unroll
+    for (int p = 0; p < VECS; p++) {
+        int j = 4 * (lane + 32 * p);
+        if (j >= dim) continue;
+        float4 w = *reinterpret_cast<const float4 *>(weight + j);
+        store4(dst, j, make_float4(v[p].x * r * w.x, v[p].y * r * w.y, v[p].z * r * w.z, v[p].w * r * w.w));
+    }
+}
+
+template <int VECS>
+static void launch_add_parts_norm(int nparts, unsigned grid, cudaStream_t stream, int n, int dim, float *rows,
+                                  const add_parts_args &ps, const float *weight, float eps, __nv_bfloat16 *u)
+{
+    switch (nparts) {
+    case 1: add_parts_norm_kernel<1, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u); break;
+    case 2: add_parts_norm_kernel<2, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u); break;
+    default: add_parts_norm_kernel<4, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u);
+    }
+}
+
+int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim, float *rows, const float *weight,
+                           float eps, __nv_bfloat16 *u, cudaStream_t stream)
+{
+    if (nparts < 1 || nparts > SF_CUDA_ADD_PARTS_MAX)
+        return sf_error(SF_E_INVAL, "cuda add and norm: %d parts", nparts);
+    if (n <= 0 || dim <= 0) return SF_OK;
+    if (!weight) return sf_cuda_add_parts(parts, nparts, (size_t)n * dim, rows, 1, stream);
+    add_parts_args ps = {};
+    uintptr_t align = (uintptr_t)rows | (uintptr_t)weight | (uintptr_t)u;
+    for (int q = 0; q < nparts; q++) ps.p[q] = parts[q], align |= (uintptr_t)parts[q];
+    const int fused =
+        (align & 15) == 0 && (dim & 3) == 0 && dim <= 4 * 32 * 16 && (nparts == 1 || nparts == 2 || nparts == 4);
+    if (!fused) { /* the composition, which the fused kernel equals bit for bit */
+        int rc = sf_cuda_add_parts(parts, nparts, (size_t)n * dim, rows, 1, stream);
+        return rc == SF_OK ? sf_cuda_rmsnorm_to_bf16(n, dim, rows, weight, eps, u, stream) : rc;
+    }
+    const unsigned grid = (unsigned)((n + ROW_THREADS / 32 - 1) / (ROW_THREADS / 32));
+    if (dim <= 4 * 32 * 8)
+        launch_add_parts_norm<8>(nparts, grid, stream, n, dim, rows, ps, weight, eps, u);
+    else
+        launch_add_parts_norm<16>(nparts, grid, stream, n, dim, rows, ps, weight, eps, u);
+    return sf_cuda_launched("add and norm");
+}
+
 int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y)
 {
     if (ytype != SF_DTYPE_F32 && ytype != SF_DTYPE_BF16)
@@ -619,6 +704,7 @@ int sf_cuda_elementwise_load(void)
         (const void *)f32_to_bf16_kernel,
         (const void *)bf16_to_f32_kernel,
         (const void *)add_parts_bf16<1>,
+        (const void *)add_parts_norm_kernel<2, 8>,
         (const void *)any_non_finite_kernel,
     };
     cudaFuncAttributes fa;

@@ -359,6 +359,10 @@ size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
  * SwiGLU and W2's input conversion: about 10 n*hidden bytes of the 24 n*hidden it moved. The
  * only new rounding is of W1 u and W3 u to bf16 before SwiGLU. Otherwise (f32, unprepared
  * weights) it is the composed sequence. */
+static int ffn_bf16(sf_cuda *c, int n, int dim, int hidden, const __nv_bfloat16 *ub, const sf_cuda_weight *b1,
+                    const sf_cuda_weight *b3, const sf_cuda_weight *b2, int gate_up, __nv_bfloat16 *g1,
+                    __nv_bfloat16 *g3, void *y, cudaDataType yt, float beta);
+
 /* beta 1: x += the MLP (ffn; y is x, yt float32); beta 0: y = the MLP of x's rows as yt
  * (ffn_partial: y may be x, read by the norm first) */
 static int ffn_beta(sf_backend *be, int n, int dim, int hidden, const float *x, const float *norm, float eps,
@@ -419,29 +423,38 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, const float *x, 
     rc = sf_cuda_scratch(c, (size_t)n * dim * sizeof(__nv_bfloat16));
     __nv_bfloat16 *ub = (__nv_bfloat16 *)c->scratch; /* cudaMalloc'd: aligned for the kernel's maps */
     if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, x, norm, eps, ub, c->stream);
+    if (rc == SF_OK) rc = ffn_bf16(c, n, dim, hidden, ub, b1, b3, b2, gate_up, g1, g3, y, yt, beta);
+    sf_cuda_leave(c);
+    return rc;
+}
+
+/* ffn_beta's bf16 products from u (bf16, normed): the caller holds the lock. */
+static int ffn_bf16(sf_cuda *c, int n, int dim, int hidden, const __nv_bfloat16 *ub, const sf_cuda_weight *b1,
+                    const sf_cuda_weight *b3, const sf_cuda_weight *b2, int gate_up, __nv_bfloat16 *g1,
+                    __nv_bfloat16 *g3, void *y, cudaDataType yt, float beta)
+{
+    int rc = SF_OK;
     /* The default on an H100: W1 u and W3 u stay in registers and SwiGLU runs in the products'
      * epilogue (swiglu_gate_up.cu), g straight into h3, no [n, 2 hidden] written and read back.
      * Setting gate_up=0 takes the composed path below. */
-    if (rc == SF_OK && gate_up) {
+    if (gate_up) {
         rc = sf_cuda_join_at_product(c);
         if (rc == SF_OK) rc = sf_cuda_swiglu_gate_up(n, dim, hidden, ub, b1->bf16, b3->bf16, g3, c->stream);
         if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, y, dim, yt, beta, "bf16 GEMM (ffn W2)");
-        sf_cuda_leave(c);
         return rc;
     }
     /* W1 u | W3 u side by side in h1 ([n, 2 hidden] bf16 fills it exactly): one GEMM of twice
      * the width when W1|W3 were prepared as one group, else two into the halves of each row;
      * SwiGLU pairs each row's halves into h3, which W2 reads */
-    if (rc == SF_OK && b3->bf16 == b1->bf16 + (size_t)hidden * dim)
+    if (b3->bf16 == b1->bf16 + (size_t)hidden * dim)
         rc = gemm_bf16(c, n, dim, 2 * hidden, ub, b1->bf16, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1|W3)");
-    else if (rc == SF_OK) {
+    else {
         rc = gemm_bf16(c, n, dim, hidden, ub, b1->bf16, g1, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W1)");
         if (rc == SF_OK)
             rc = gemm_bf16(c, n, dim, hidden, ub, b3->bf16, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f, "bf16 GEMM (ffn W3)");
     }
     if (rc == SF_OK) rc = sf_cuda_swiglu_rows_bf16(n, hidden, g1, g3, c->stream);
     if (rc == SF_OK) rc = gemm_bf16(c, n, hidden, dim, g3, b2->bf16, y, dim, yt, beta, "bf16 GEMM (ffn W2)");
-    sf_cuda_leave(c);
     return rc;
 }
 
@@ -520,6 +533,59 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
     if (rc == SF_OK)
         rc = shared_input_gemms_bf16(c, n, dim, width, ub, 3, wb, y, width,
                                      type == SF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, "bf16 GEMM (qkv)");
+    sf_cuda_leave(c);
+    return rc;
+}
+
+/* The products from a normed input (kernels/backend_ext.h, normed_type): u bf16 [n, dim], rows
+ * dim apart, as the head-parallel ranks' sums hand it (stages/block_sums.c); the same products
+ * as qkv and ffn_partial after their norm. Weights prepared in bf16 only; the setting
+ * normed_sums=0 answers none (the ranks then add whole sums and the products norm). */
+sf_dtype sf_cuda_normed_type(sf_backend *be)
+{
+    const sf_cuda *c = sf_cuda_of(be);
+    return c->settings.normed_sums && c->precision == SF_PRECISION_BF16 && !c->fp8 ? SF_DTYPE_BF16 : SF_DTYPE_F32;
+}
+
+int sf_cuda_qkv_from(sf_backend *be, int n, int dim, int width, const void *u, const float *wq, const float *wk,
+                     const float *wv, sf_dtype type, void *q, void *k, void *v)
+{
+    if (n <= 0 || dim <= 0 || width <= 0) return SF_OK;
+    if (type != SF_DTYPE_F32 && type != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda qkv: unknown output type %d", (int)type);
+    sf_cuda *c = sf_cuda_of(be);
+    const float *w[3] = {wq, wk, wv};
+    void *y[3] = {q, k, v};
+    const sf_cuda_weight *wb[3];
+    for (int i = 0; i < 3; i++)
+        if (!(wb[i] = bf16_weight(c, w[i], width, dim)))
+            return sf_error(SF_E_UNSUPPORTED, "cuda qkv from a normed input: weights not prepared in bf16");
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = shared_input_gemms_bf16(c, n, dim, width, (const __nv_bfloat16 *)u, 3, wb, y, width,
+                                 type == SF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, "bf16 GEMM (qkv)");
+    sf_cuda_leave(c);
+    return rc;
+}
+
+int sf_cuda_ffn_partial_from(sf_backend *be, int n, int dim, int hidden, const void *u, const float *w1,
+                             const float *w3, const float *w2, float *h1, float *h3, sf_dtype ytype, void *y)
+{
+    if (n <= 0 || dim <= 0 || hidden <= 0) return SF_OK;
+    if (ytype != SF_DTYPE_F32 && ytype != SF_DTYPE_BF16)
+        return sf_error(SF_E_INVAL, "cuda ffn: unknown output type %d", (int)ytype);
+    sf_cuda *c = sf_cuda_of(be);
+    const sf_cuda_weight *b1 = bf16_weight(c, w1, hidden, dim), *b3 = bf16_weight(c, w3, hidden, dim);
+    const sf_cuda_weight *b2 = bf16_weight(c, w2, dim, hidden);
+    if (!b1 || !b3 || !b2)
+        return sf_error(SF_E_UNSUPPORTED, "cuda ffn from a normed input: weights not prepared in bf16");
+    const int gate_up = gate_up_wanted(c, dim, hidden) &&
+                        (((uintptr_t)b1->bf16 | (uintptr_t)b3->bf16 | (uintptr_t)h3 | (uintptr_t)u) & 15) == 0;
+    if (!gate_up && !h1) return sf_error(SF_E_INVAL, "cuda ffn: this path needs the h1 scratch, which was not passed");
+    int rc = sf_cuda_enter(c);
+    if (rc != SF_OK) return rc;
+    rc = ffn_bf16(c, n, dim, hidden, (const __nv_bfloat16 *)u, b1, b3, b2, gate_up, (__nv_bfloat16 *)h1,
+                  (__nv_bfloat16 *)h3, y, ytype == SF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, 0.0f);
     sf_cuda_leave(c);
     return rc;
 }

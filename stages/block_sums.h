@@ -1,0 +1,19 @@
+/* The head-parallel ranks' sums after attention and MLP (stages/block_sums.c). Not a public
+ * header. */
+#ifndef SEQFLOW_STAGES_BLOCK_SUMS_H
+#define SEQFLOW_STAGES_BLOCK_SUMS_H
+
+#include "stages/block_state.h"
+
+/* After the attention of layer l: x += A Wo^T, then the MLP (when the model has one), over
+ * `rows` rows; head-parallel, each followed by the ranks' sum. join_owed: the side queue is
+ * joined before the MLP's products (the deferred commits that read nothing they write). */
+int sf_block_output_and_mlp(block *b, int l, int rows, int join_owed);
+/* Normed sums (block.normed), at the start of a segment once every rank has the rows:
+ * act.un = the first layer's attention norm of them; nothing otherwise. */
+int sf_block_norm_first(block *b, int rows);
+/* Normed sums: layer l's q, k, v ([rows, width] of block.qkv_type) from act.un, ending the
+ * previous layer's owed sums chunk by chunk, each chunk's products after its own sum. */
+int sf_block_qkv_normed(block *b, int l, int rows, unsigned char *q, unsigned char *k, unsigned char *v);
+
+#endif
