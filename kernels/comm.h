@@ -109,16 +109,23 @@ typedef struct sf_comm_ops {
      * every rank, which the other ranks may write; *split 1 (the same on every rank) when each
      * rank adds and norms only its slice of each sum's rows (sf_comm_slice).
      * reduce_norm_start: reduce_add_start of part [rows, dim].
+     * Called again with another x (this rank's rows moved; the same layout), it takes that x
+     * for the sums started after it.
      * reduce_norm_end: x (rows of this rank's x) += the parts' sum, then with norm non-NULL u
      * (the same rows of this rank's u) = rmsnorm(x; norm, eps) rounded to bf16 on every rank.
      * Split, a rank adds and norms its slice and copies its normed rows to the others, so its
      * x holds the sum in its slices only; without a norm (a segment's last sum) the slices of
-     * the sum are copied into rank 0's x instead, which then holds all of it. */
+     * the sum are copied into rank 0's x instead, which then holds all of it.
+     * reduce_norm_join: the ops issued after it wait for sum `ticket`'s rows from the other
+     * ranks (split; nothing otherwise): ends may run ahead of their joins, so that a rank adds
+     * the next sum while the last one's normed rows travel. Every end is joined, in order,
+     * before the next wait or fence, and before SF_COMM_COPIES_IN_FLIGHT more starts. */
     int (*reduce_norm_reserve)(sf_comm *c, int rows, int dim, sf_dtype type, float *x, void *u, int allow_copies,
                                int *split);
     int (*reduce_norm_start)(sf_comm *c, const void *part, int rows, int dim, sf_dtype type, int *ticket);
     int (*reduce_norm_end)(sf_comm *c, int ticket, float *x, const void *part, int rows, int dim, sf_dtype type,
                            const float *norm, float eps, void *u);
+    int (*reduce_norm_join)(sf_comm *c, int ticket);
 } sf_comm_ops;
 
 struct sf_comm {
@@ -161,6 +168,7 @@ int sf_comm_reduce_norm_reserve(sf_comm *c, int rows, int dim, sf_dtype type, fl
 int sf_comm_reduce_norm_start(sf_comm *c, void *part, int rows, int dim, sf_dtype type, int *ticket);
 int sf_comm_reduce_norm_end(sf_comm *c, int ticket, float *x, void *part, int rows, int dim, sf_dtype type,
                             const float *norm, float eps, void *u);
+int sf_comm_reduce_norm_join(sf_comm *c, int ticket);
 /* Rank r's slice of `rows` rows split over `size` ranks: rows [*first, *first + *count), the
  * slices in rank order, sizes differing by at most one. */
 static inline void sf_comm_slice(int rows, int size, int rank, int *first, int *count)

@@ -158,6 +158,11 @@ int sf_comm_reduce_norm_end(sf_comm *c, int ticket, float *x, void *part, int ro
     return rc;
 }
 
+int sf_comm_reduce_norm_join(sf_comm *c, int ticket)
+{
+    return c->ops->reduce_norm_join ? c->ops->reduce_norm_join(c, ticket) : SF_OK;
+}
+
 int sf_comm_group_begin(sf_comm *c) { return c->ops->group_begin(c); }
 int sf_comm_group_end(sf_comm *c) { return c->ops->group_end(c); }
 int sf_comm_wait(sf_comm *c) { return c->ops->wait(c); }

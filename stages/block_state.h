@@ -69,7 +69,7 @@ typedef struct block {
      * the sums in those only until the segment's last sum brings them to rank 0); owed: the
      * sums of a layer's MLP that the next layer's Q/K/V ends, chunk by chunk */
     int normed, split;
-    struct {
+    struct sum_chunk {
         int ticket, r0, nr;
     } owed[SF_BLOCK_MAX_OVERLAP];
     int n_owed;

@@ -125,42 +125,55 @@ static int output_and_mlp_rows(block *b, int l, int rows, int join_owed)
 
 static unsigned char *normed_at(const block *b, int r0) { return b->act.un + (size_t)r0 * b->cfg->dim * 2; }
 
-static int sum_start(block *b, int r0, int nr, int *ticket)
+typedef struct sum_chunk sum_chunk; /* block_state.h: a chunk's sum */
+
+static int sum_start(block *b, sum_chunk *s)
 {
-    return sf_comm_reduce_norm_start(b->comm, part_at(b, r0), nr, b->cfg->dim, b->part_type, ticket);
+    return sf_comm_reduce_norm_start(b->comm, part_at(b, s->r0), s->nr, b->cfg->dim, b->part_type, &s->ticket);
 }
 
-/* The end of sum `ticket` over rows [r0, r0 + nr), normed by `norm` into act.un (NULL: the
- * segment's last sum, rows to rank 0 where split) */
-static int sum_end(block *b, int r0, int nr, int ticket, const float *norm)
+/* The ends of n sums, normed by `norm` into act.un (NULL: the segment's last sums, the rows to
+ * rank 0 where split), all issued before their joins: split, a rank adds and norms the next
+ * chunk while the last one's normed rows travel. join_each: the caller joins each chunk itself
+ * (sum_join) just before the work that reads it; else they are joined here. */
+static int sums_end(block *b, const sum_chunk *s, int n, const float *norm, int join_each)
 {
     const int D = b->cfg->dim;
-    return sf_comm_reduce_norm_end(b->comm, ticket, b->x + (size_t)r0 * D, part_at(b, r0), nr, D, b->part_type, norm,
-                                   b->cfg->norm_eps, norm ? normed_at(b, r0) : NULL);
+    int rc = SF_OK;
+    for (int j = 0; j < n && rc == SF_OK; j++)
+        rc = sf_comm_reduce_norm_end(b->comm, s[j].ticket, b->x + (size_t)s[j].r0 * D, part_at(b, s[j].r0), s[j].nr, D,
+                                     b->part_type, norm, b->cfg->norm_eps, norm ? normed_at(b, s[j].r0) : NULL);
+    for (int j = 0; j < n && rc == SF_OK && !join_each; j++) rc = sf_comm_reduce_norm_join(b->comm, s[j].ticket);
+    return rc;
 }
 
 int sf_block_norm_first(block *b, int rows)
 {
     if (!b->normed) return SF_OK;
+    const sf_model_config *c = b->cfg;
     b->n_owed = 0;
-    return sf_be_rmsnorm_typed(b->be, rows, b->cfg->dim, b->x, b->weights[0].attn_norm, b->cfg->norm_eps, SF_DTYPE_BF16,
-                               b->act.un);
+    int rc = SF_OK, split = 0;
+    /* rank 0 computes in the rows of each packet (run_one): the split sums' last copies go there */
+    if (b->split) rc = sf_comm_reduce_norm_reserve(b->comm, rows, c->dim, b->part_type, b->x, b->act.un, 1, &split);
+    if (rc == SF_OK)
+        rc = sf_be_rmsnorm_typed(b->be, rows, c->dim, b->x, b->weights[0].attn_norm, c->norm_eps, SF_DTYPE_BF16,
+                                 b->act.un);
+    return rc;
 }
 
 int sf_block_qkv_normed(block *b, int l, int rows, unsigned char *q, unsigned char *k, unsigned char *v)
 {
-    const sf_model_config *c = b->cfg;
     const layer_weights *w = &b->weights[l];
-    const int D = c->dim, W = b->width;
+    const int D = b->cfg->dim, W = b->width;
     const size_t row = (size_t)W * b->qkv_size;
     const int owed = b->n_owed;
     b->n_owed = 0;
-    int rc = SF_OK;
     /* chunk by chunk as the previous layer's MLP summed them: each chunk's products start
-     * while the next chunk's sum travels */
+     * while the next chunk's rows travel */
+    int rc = owed ? sums_end(b, b->owed, owed, w->attn_norm, 1) : SF_OK;
     for (int j = 0; j < (owed ? owed : 1) && rc == SF_OK; j++) {
         const int r0 = owed ? b->owed[j].r0 : 0, nr = owed ? b->owed[j].nr : rows;
-        if (owed) rc = sum_end(b, r0, nr, b->owed[j].ticket, w->attn_norm);
+        if (owed) rc = sf_comm_reduce_norm_join(b->comm, b->owed[j].ticket);
         if (rc == SF_OK)
             rc = sf_be_qkv_from(b->be, nr, D, W, normed_at(b, r0), w->wq, w->wk, w->wv, b->qkv_type, q + r0 * row,
                                 k + r0 * row, v + r0 * row);
@@ -178,31 +191,27 @@ static int output_and_mlp_normed(block *b, int l, int rows, int join_owed)
     int chunks = b->chunks > 1 ? b->chunks : 1;
     if (chunks > rows) chunks = rows;
     const int per = (rows + chunks - 1) / chunks;
-    int ticket[SF_BLOCK_MAX_OVERLAP], n = 0, rc = SF_OK;
+    sum_chunk s[SF_BLOCK_MAX_OVERLAP];
+    int n = 0, rc = SF_OK;
     for (int r0 = 0; r0 < rows && rc == SF_OK; r0 += per, n++) {
-        const int nr = rows - r0 < per ? rows - r0 : per;
-        rc = output_product(b, w, r0, nr);
-        if (rc == SF_OK) rc = sum_start(b, r0, nr, &ticket[n]);
+        s[n].r0 = r0, s[n].nr = rows - r0 < per ? rows - r0 : per;
+        rc = output_product(b, w, r0, s[n].nr);
+        if (rc == SF_OK) rc = sum_start(b, &s[n]);
     }
+    if (rc == SF_OK && mlp) rc = sums_end(b, s, n, w->mlp_norm, 1);
     for (int j = 0; j < n && rc == SF_OK && mlp; j++) {
-        const int r0 = j * per, nr = rows - r0 < per ? rows - r0 : per;
-        rc = sum_end(b, r0, nr, ticket[j], w->mlp_norm);
+        rc = sf_comm_reduce_norm_join(b->comm, s[j].ticket);
         if (rc == SF_OK && join_owed && j == 0) rc = sf_be_side_join_before_product(b->be);
         if (rc == SF_OK)
-            rc = sf_be_ffn_partial_from(b->be, nr, D, b->hidden, normed_at(b, r0), w->w1, w->w3, w->w2, b->act.h1,
-                                        b->act.h3, b->part_type, part_at(b, r0));
-        if (rc == SF_OK) rc = sum_start(b, r0, nr, &ticket[j]);
+            rc = sf_be_ffn_partial_from(b->be, s[j].nr, D, b->hidden, normed_at(b, s[j].r0), w->w1, w->w3, w->w2,
+                                        b->act.h1, b->act.h3, b->part_type, part_at(b, s[j].r0));
+        if (rc == SF_OK) rc = sum_start(b, &s[j]);
     }
-    for (int j = 0; j < n && rc == SF_OK; j++) {
-        const int r0 = j * per, nr = rows - r0 < per ? rows - r0 : per;
-        if (last) {
-            rc = sum_end(b, r0, nr, ticket[j], NULL);
-        } else {
-            b->owed[j].ticket = ticket[j], b->owed[j].r0 = r0, b->owed[j].nr = nr;
-            b->n_owed = j + 1;
-        }
-    }
-    return rc;
+    if (rc != SF_OK) return rc;
+    if (last) return sums_end(b, s, n, NULL, 0);
+    for (int j = 0; j < n; j++) b->owed[j] = s[j];
+    b->n_owed = n;
+    return SF_OK;
 }
 
 int sf_block_output_and_mlp(block *b, int l, int rows, int join_owed)

@@ -125,27 +125,27 @@ static void *norm_main(void *arg)
         free(hw);
         j->rc = sf_comm_reduce_norm_reserve(c, ROWS, DIM, SF_DTYPE_BF16, x, u, j->allow, &j->split);
     }
-    /* ops 0, 1: the chunks' sums, normed; 2, 3: the same chunks' last sums */
+    /* ops 0, 1: the chunks' sums, normed; 2, 3: the same chunks' last sums; each pair's ends
+     * both issued before their joins, as the block does */
     int ticket[4] = {0};
     for (int k = 0; k < 4 && j->rc == SF_OK; k++) {
         const int q = k % 2;
         const size_t at = (size_t)r0[q] * DIM, cnt = (size_t)nr[q] * DIM;
-        if (k == 2) j->rc = sf_comm_reduce_norm_end(c, ticket[0], x, part, nr[0], DIM, SF_DTYPE_BF16, w, EPS, u);
-        if (k == 3)
-            j->rc = sf_comm_reduce_norm_end(c, ticket[1], x + (size_t)r0[1] * DIM, part + (size_t)r0[1] * DIM * 2,
-                                            nr[1], DIM, SF_DTYPE_BF16, w, EPS, u + (size_t)r0[1] * DIM * 2);
-        if (k == 3 && j->rc == SF_OK) j->rc = sf_comm_wait(c);
-        if (k == 3 && j->rc == SF_OK) j->rc = be->ops->download(be, j->normed, u, n * 2);
         uint16_t *h = malloc(cnt * 2 + 2);
         for (size_t i = 0; i < cnt; i++) h[i] = check_bf16_bits(part_value(j->rank, k, at + i));
         if (j->rc == SF_OK) j->rc = be->ops->upload(be, part + at * 2, h, cnt * 2);
         free(h);
         if (j->rc == SF_OK) j->rc = sf_comm_reduce_norm_start(c, part + at * 2, nr[q], DIM, SF_DTYPE_BF16, &ticket[k]);
-    }
-    for (int k = 2; k < 4 && j->rc == SF_OK; k++) {
-        const size_t at = (size_t)r0[k % 2] * DIM;
-        j->rc =
-            sf_comm_reduce_norm_end(c, ticket[k], x + at, part + at * 2, nr[k % 2], DIM, SF_DTYPE_BF16, NULL, 0, NULL);
+        if (q == 0) continue;
+        const float *norm = k == 1 ? w : NULL;
+        for (int e = k - 1; e <= k && j->rc == SF_OK; e++) {
+            const size_t off = (size_t)r0[e % 2] * DIM;
+            j->rc = sf_comm_reduce_norm_end(c, ticket[e], x + off, part + off * 2, nr[e % 2], DIM, SF_DTYPE_BF16, norm,
+                                            EPS, norm ? u + off * 2 : NULL);
+        }
+        for (int e = k - 1; e <= k && j->rc == SF_OK; e++) j->rc = sf_comm_reduce_norm_join(c, ticket[e]);
+        if (k == 1 && j->rc == SF_OK) j->rc = sf_comm_wait(c);
+        if (k == 1 && j->rc == SF_OK) j->rc = be->ops->download(be, j->normed, u, n * 2);
     }
     if (j->rc == SF_OK) j->rc = sf_comm_wait(c);
     if (j->rc == SF_OK) j->rc = be->ops->download(be, j->rows, x, n * 4);

@@ -41,13 +41,15 @@ struct sf_exchange {
     size_t capacity;      /* bytes a part may have (0 until reserved) */
     unsigned char *inbox; /* [SLOTS][size][capacity] on this rank's GPU */
     cudaEvent_t delivered[SLOTS], consumed[SLOTS], ready;
-    long long started, ended; /* ops started and ended by this rank */
+    long long started, ended, joined; /* ops started, ended and joined by this rank (a whole
+                                         sum's end joins it; a split sum's join comes after) */
     /* split sums (sf_exchange_register): this rank's whole rows and normed rows, which the
      * others write their slices into, and the stream and events of those copies */
     float *rows_base;
     unsigned char *normed_base;
     cudaStream_t gather;
     cudaEvent_t gathered[SLOTS];
+    int normed_op[SLOTS]; /* whether the split op of a slot, ended and not yet joined, normed */
 };
 
 struct group {
@@ -230,8 +232,8 @@ static int start_copies(sf_exchange *x, cudaStream_t stream, cudaStream_t side, 
     const long long k = x->started;
     if (bytes > x->capacity)
         return sf_error(SF_E_INVAL, "exchange: a part of %zu bytes, reserved for %zu", bytes, x->capacity);
-    if (k - x->ended >= SLOTS)
-        return sf_error(SF_E_INVAL, "exchange: %d exchanges already in flight (end one first)", SLOTS);
+    if (k - x->joined >= SLOTS)
+        return sf_error(SF_E_INVAL, "exchange: %d exchanges already in flight (end and join one first)", SLOTS);
     const int slot = (int)(k % SLOTS);
     int rc = sf_cuda_status(cudaEventRecord(x->ready, stream), "exchange (part ready)");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(side, x->ready, 0), "exchange (part ready)");
@@ -285,7 +287,7 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
     group *g = x->g;
     const int rank = x->c->rank;
     const long long k = x->ended;
-    if (k >= x->started || ticket != (int)(k % SF_COMM_TICKETS))
+    if (k >= x->started || k != x->joined || ticket != (int)(k % SF_COMM_TICKETS))
         return sf_error(SF_E_INVAL, "exchange: end of ticket %d out of order", ticket);
     const int slot = (int)(k % SLOTS);
     const void *ps[MAX_RANKS];
@@ -302,7 +304,7 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
     rc = sf_cuda_add_parts(ps, g->size, count, rows, bf16, stream);
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->consumed[slot], stream), "exchange (consumed)");
     if (rc != SF_OK) return rc;
-    x->ended = k + 1;
+    x->ended = x->joined = k + 1;
     __atomic_store_n(&g->consumed[rank], k + 1, __ATOMIC_RELEASE);
     return SF_OK;
 }
@@ -310,10 +312,10 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
 int sf_exchange_register(sf_exchange *x, float *rows, void *normed)
 {
     if (!x || !x->capacity) return sf_error(SF_E_INVAL, "exchange: rows registered without a reserved exchange");
-    if (x->rows_base) { /* registered before: the same buffers */
-        return x->rows_base == rows && x->normed_base == normed
-                   ? SF_OK
-                   : sf_error(SF_E_INVAL, "exchange: a second set of rows registered");
+    if (x->rows_base) { /* registered before: the normed rows stay, the rows may move */
+        if (x->normed_base != normed) return sf_error(SF_E_INVAL, "exchange: other normed rows registered");
+        __atomic_store_n(&x->rows_base, rows, __ATOMIC_RELEASE);
+        return SF_OK;
     }
     int rc = sf_cuda_status(cudaSetDevice(x->device), "exchange (device)");
     if (rc == SF_OK)
@@ -329,12 +331,10 @@ int sf_exchange_register(sf_exchange *x, float *rows, void *normed)
 }
 
 /* Copies this rank's slice of op k (after the add on `stream`) to the peers on the gather
- * stream: the normed rows to every peer (normed non-NULL), else the rows to rank 0; publishes
- * the copy, then makes `stream` wait for the copies it needs: every peer's normed slice, or on
- * every rank without a norm, all slices' rows (rank 0 reads them; the others' next writes of
- * their rows must follow their copy out). */
-static int gather_slices(sf_exchange *x, cudaStream_t stream, long long k, int first, int count, int dim,
-                         const float *rows, const unsigned char *normed)
+ * stream: the normed rows to every peer (normed non-NULL), else the rows to rank 0; then
+ * publishes the copy. */
+static int send_slices(sf_exchange *x, long long k, int first, int count, int dim, const float *rows,
+                       const unsigned char *normed)
 {
     group *g = x->g;
     const int rank = x->c->rank, slot = (int)(k % SLOTS);
@@ -359,14 +359,7 @@ static int gather_slices(sf_exchange *x, cudaStream_t stream, long long k, int f
         }
     }
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->gathered[slot], x->gather), "exchange (gathered)");
-    if (rc != SF_OK) return rc;
-    __atomic_store_n(&g->gathered[rank], k + 1, __ATOMIC_RELEASE);
-    for (int p = 0; p < g->size && rc == SF_OK; p++) {
-        if (normed && p == rank) continue; /* a peer's read of this rank's copy orders its next write */
-        rc = wait_count(x, &g->gathered[p], k + 1, p, "slice");
-        if (rc == SF_OK)
-            rc = sf_cuda_status(cudaStreamWaitEvent(stream, g->member[p]->gathered[slot], 0), "exchange (wait slice)");
-    }
+    if (rc == SF_OK) __atomic_store_n(&g->gathered[rank], k + 1, __ATOMIC_RELEASE);
     return rc;
 }
 
@@ -396,10 +389,34 @@ int sf_exchange_end_split(sf_exchange *x, cudaStream_t stream, int ticket, float
         rc = sf_cuda_add_parts_norm(ps, g->size, count, dim, rows + (size_t)first * dim, norm, eps,
                                     u ? (__nv_bfloat16 *)(u + (size_t)first * dim * 2) : NULL, stream);
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->consumed[slot], stream), "exchange (consumed)");
-    if (rc == SF_OK) rc = gather_slices(x, stream, k, first, count, dim, rows, u);
+    if (rc == SF_OK) rc = send_slices(x, k, first, count, dim, rows, u);
+    if (rc != SF_OK) return rc;
+    x->ended = k + 1;
+    x->normed_op[slot] = norm != NULL;
+    return SF_OK;
+}
+
+int sf_exchange_join_split(sf_exchange *x, cudaStream_t stream, int ticket)
+{
+    group *g = x->g;
+    const int rank = x->c->rank;
+    const long long k = x->joined;
+    if (k >= x->ended || ticket != (int)(k % SF_COMM_TICKETS))
+        return sf_error(SF_E_INVAL, "exchange: join of ticket %d out of order", ticket);
+    const int slot = (int)(k % SLOTS), normed = x->normed_op[slot];
+    int rc = SF_OK;
+    /* every peer's normed slice; or, without a norm, every slice's rows (rank 0 reads them, and
+     * each rank's next write of its rows must follow its own copy out). A peer's read of this
+     * rank's normed copy orders this rank's next write of those rows. */
+    for (int p = 0; p < g->size && rc == SF_OK; p++) {
+        if (normed && p == rank) continue;
+        rc = wait_count(x, &g->gathered[p], k + 1, p, "slice");
+        if (rc == SF_OK)
+            rc = sf_cuda_status(cudaStreamWaitEvent(stream, g->member[p]->gathered[slot], 0), "exchange (wait slice)");
+    }
     if (rc != SF_OK) return rc;
     /* published last: a peer re-records its events of this slot only after it (see above) */
-    x->ended = k + 1;
+    x->joined = k + 1;
     __atomic_store_n(&g->consumed[rank], k + 1, __ATOMIC_RELEASE);
     return SF_OK;
 }

@@ -258,6 +258,10 @@ static int nccl_reduce_norm_reserve(sf_comm *c, int rows, int dim, sf_dtype type
     nccl_comm *n = (nccl_comm *)c->impl;
     int copies = 0;
     *split = 0;
+    if (n->split) { /* again: this rank's rows moved */
+        *split = 1;
+        return sf_exchange_register(n->exchange, x, u);
+    }
     int rc = nccl_reduce_add_reserve(c, (size_t)rows * dim, type, allow_copies, &copies);
     if (rc == SF_OK && copies && type == SF_DTYPE_BF16) {
         rc = sf_exchange_register(n->exchange, x, u);
@@ -296,6 +300,19 @@ static int nccl_reduce_norm_end(sf_comm *c, int ticket, float *x, const void *pa
         rc = sf_exchange_end_split(n->exchange, cu->stream, ticket, x, part, rows, dim, norm, eps, u);
     else /* NCCL left the sum in part */
         rc = sf_cuda_add_parts_norm(&part, 1, rows, dim, x, norm, eps, (__nv_bfloat16 *)u, cu->stream);
+    sf_cuda_leave(cu);
+    if (rc == SF_E_COMM) break_comm(c, sf_last_error());
+    return rc;
+}
+
+static int nccl_reduce_norm_join(sf_comm *c, int ticket)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    if (!n->split) return SF_OK;
+    sf_cuda *cu;
+    int rc = enter(c, "reduce_norm_join", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_exchange_join_split(n->exchange, cu->stream, ticket);
     sf_cuda_leave(cu);
     if (rc == SF_E_COMM) break_comm(c, sf_last_error());
     return rc;
@@ -450,6 +467,7 @@ static const sf_comm_ops nccl_ops = {
     nccl_reduce_norm_reserve,
     nccl_reduce_norm_start,
     nccl_reduce_norm_end,
+    nccl_reduce_norm_join,
 };
 
 extern "C" int sf_cuda_comm_nccl_available(void) { return 1; }
