@@ -197,6 +197,7 @@ int sf_block_comm_warmup(block *b)
         if (rc == SF_OK)
             rc = sf_comm_reduce_norm_end(b->comm, ticket, b->x, b->act.part, 1, (int)D, b->part_type,
                                          b->weights[0].attn_norm, b->cfg->norm_eps, b->act.un);
+        if (rc == SF_OK) rc = sf_comm_reduce_norm_join(b->comm, ticket);
         b->normed = rc == SF_OK;
     }
     /* overlap=0, on two H100s (bench/RESULTS.md): float32 rows by NCCL, two chunks 1-3% faster
