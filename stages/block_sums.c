@@ -8,8 +8,8 @@
  * for the product that follows (the MLP's norm after the attention's sum, the next layer's
  * attention norm after the MLP's), so the norm reads the rows where the add left them, and
  * the next layer's Q/K/V of a chunk starts as soon as that chunk's sum is in. Split (block.split:
- * the copy engines), each rank adds and norms only its slice of each chunk and the normed rows
- * travel instead; the segment's last sum brings the rows to rank 0. */
+ * the copy engines and peer access), each rank adds and norms only its slice of each chunk and
+ * the normed rows travel instead; the segment's last sum brings the rows to rank 0. */
 #include <stddef.h>
 
 #include "kernels/backend_ext.h"
@@ -20,7 +20,7 @@
  * the wait for the side queue that commit_end left owed (the MLP's norm touches nothing the side
  * does, so the wait can sit in front of its products). Head-parallel, rank 0 adds its part to
  * the rows and the other ranks write theirs in their place: the all-reduce that follows
- * (output_and_mlp) sums rows and parts. */
+ * (output_and_mlp_rows) sums rows and parts. */
 static int ffn(block *b, int l, float *x, int rows, int join_owed, void *part)
 {
     const sf_model_config *c = b->cfg;
@@ -135,7 +135,7 @@ static int sum_start(block *b, sum_chunk *s)
 /* The ends of n sums, normed by `norm` into act.un (NULL: the segment's last sums, the rows to
  * rank 0 where split), all issued before their joins: split, a rank adds and norms the next
  * chunk while the last one's normed rows travel. join_each: the caller joins each chunk itself
- * (sum_join) just before the work that reads it; else they are joined here. */
+ * (sf_comm_reduce_norm_join) just before the work that reads it; else they are joined here. */
 static int sums_end(block *b, const sum_chunk *s, int n, const float *norm, int join_each)
 {
     const int D = b->cfg->dim;

@@ -330,33 +330,21 @@ int sf_exchange_register(sf_exchange *x, float *rows, void *normed)
     return SF_OK;
 }
 
-/* Copies this rank's slice of op k (after the add on `stream`) to the peers on the gather
- * stream: the normed rows to every peer (normed non-NULL), else the rows to rank 0; then
- * publishes the copy. */
-static int send_slices(sf_exchange *x, long long k, int first, int count, int dim, const float *rows,
-                       const unsigned char *normed)
+/* Copies this rank's slice of op k's rows (after the add on `stream`) into rank 0's rows on the
+ * gather stream, then publishes the copy (the segment's last sums). */
+static int send_slices(sf_exchange *x, long long k, int first, int count, int dim, const float *rows)
 {
     group *g = x->g;
     const int rank = x->c->rank, slot = (int)(k % SLOTS);
     int rc = sf_cuda_status(cudaStreamWaitEvent(x->gather, x->consumed[slot], 0), "exchange (slice ready)");
-    for (int p = 0; p < g->size && rc == SF_OK && count; p++) {
-        if (p == rank || (!normed && p != 0)) continue;
-        sf_exchange *peer = g->member[p];
-        const unsigned char *peer_normed = __atomic_load_n(&peer->normed_base, __ATOMIC_ACQUIRE);
-        const float *peer_rows = __atomic_load_n(&peer->rows_base, __ATOMIC_ACQUIRE);
-        if (!peer_normed || !peer_rows) return sf_error(SF_E_INVAL, "exchange: rank %d registered no rows", p);
-        if (normed) {
-            const size_t at = (size_t)(normed - x->normed_base) + (size_t)first * dim * 2;
-            rc = sf_cuda_status(cudaMemcpyPeerAsync((void *)(peer_normed + at), peer->device,
-                                                    normed + (size_t)first * dim * 2, x->device,
-                                                    (size_t)count * dim * 2, x->gather),
-                                "exchange copy (normed rows)");
-        } else {
-            const size_t at = (size_t)(rows - x->rows_base) + (size_t)first * dim;
-            rc = sf_cuda_status(cudaMemcpyPeerAsync((void *)(peer_rows + at), peer->device, rows + (size_t)first * dim,
-                                                    x->device, (size_t)count * dim * sizeof(float), x->gather),
-                                "exchange copy (rows)");
-        }
+    if (rc == SF_OK && rank != 0 && count) {
+        sf_exchange *root = g->member[0];
+        const float *root_rows = __atomic_load_n(&root->rows_base, __ATOMIC_ACQUIRE);
+        if (!root_rows) return sf_error(SF_E_INVAL, "exchange: rank 0 registered no rows");
+        const size_t at = (size_t)(rows - x->rows_base) + (size_t)first * dim;
+        rc = sf_cuda_status(cudaMemcpyPeerAsync((void *)(root_rows + at), root->device, rows + (size_t)first * dim,
+                                                x->device, (size_t)count * dim * sizeof(float), x->gather),
+                            "exchange copy (rows)");
     }
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->gathered[slot], x->gather), "exchange (gathered)");
     if (rc == SF_OK) __atomic_store_n(&g->gathered[rank], k + 1, __ATOMIC_RELEASE);
@@ -384,12 +372,27 @@ int sf_exchange_end_split(sf_exchange *x, cudaStream_t stream, int ticket, float
                           : (const void *)(x->inbox + ((size_t)slot * g->size + p) * x->capacity);
     }
     unsigned char *u = norm ? (unsigned char *)normed : NULL;
+    /* with a norm, the kernel writes this rank's normed slice into every peer's normed rows as
+     * well (peer access): they have it when the kernel ends, with no copy to start and wait for */
+    __nv_bfloat16 *also[MAX_RANKS];
+    int n_also = 0;
+    for (int p = 0; p < g->size && rc == SF_OK && u; p++) {
+        if (p == rank) continue;
+        unsigned char *peer_normed = __atomic_load_n(&g->member[p]->normed_base, __ATOMIC_ACQUIRE);
+        if (!peer_normed) return sf_error(SF_E_INVAL, "exchange: rank %d registered no rows", p);
+        also[n_also++] = (__nv_bfloat16 *)(peer_normed + (size_t)(u - x->normed_base) + (size_t)first * dim * 2);
+    }
     /* in rank order: the same bits as every rank adding all rows */
     if (rc == SF_OK && count)
         rc = sf_cuda_add_parts_norm(ps, g->size, count, dim, rows + (size_t)first * dim, norm, eps,
-                                    u ? (__nv_bfloat16 *)(u + (size_t)first * dim * 2) : NULL, stream);
+                                    u ? (__nv_bfloat16 *)(u + (size_t)first * dim * 2) : NULL, also, n_also, stream);
     if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->consumed[slot], stream), "exchange (consumed)");
-    if (rc == SF_OK) rc = send_slices(x, k, first, count, dim, rows, u);
+    if (rc == SF_OK && u) { /* the normed slice is with the peers once the kernel ended */
+        rc = sf_cuda_status(cudaEventRecord(x->gathered[slot], stream), "exchange (gathered)");
+        if (rc == SF_OK) __atomic_store_n(&g->gathered[rank], k + 1, __ATOMIC_RELEASE);
+    } else if (rc == SF_OK) {
+        rc = send_slices(x, k, first, count, dim, rows);
+    }
     if (rc != SF_OK) return rc;
     x->ended = k + 1;
     x->normed_op[slot] = norm != NULL;
@@ -405,9 +408,9 @@ int sf_exchange_join_split(sf_exchange *x, cudaStream_t stream, int ticket)
         return sf_error(SF_E_INVAL, "exchange: join of ticket %d out of order", ticket);
     const int slot = (int)(k % SLOTS), normed = x->normed_op[slot];
     int rc = SF_OK;
-    /* every peer's normed slice; or, without a norm, every slice's rows (rank 0 reads them, and
-     * each rank's next write of its rows must follow its own copy out). A peer's read of this
-     * rank's normed copy orders this rank's next write of those rows. */
+    /* every peer's normed slice (its add and norm kernel, which wrote it here); or, without a
+     * norm, every slice's rows (rank 0 reads them, and each rank's next write of its rows must
+     * follow its own copy out) */
     for (int p = 0; p < g->size && rc == SF_OK; p++) {
         if (normed && p == rank) continue;
         rc = wait_count(x, &g->gathered[p], k + 1, p, "slice");

@@ -37,9 +37,9 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
  * this rank's whole buffer of rows (float32) and of normed rows (bf16), laid out alike on every
  * rank; again when its rows move (the same normed rows), before its next start. start_split
  * copies to each peer its slice (sf_comm_slice) of the part ([rows, dim] bf16); end_split adds
- * the parts' slices to this rank's slice of rows, norms them into normed (norm non-NULL) and
- * copies them to every peer's normed rows, or without a norm copies the slice of rows into
- * rank 0's; rows and normed point at the sum's first row. join_split makes `stream` wait for
+ * the parts' slices to this rank's slice of rows, norms them into normed (norm non-NULL) and,
+ * in the same kernel, into every peer's normed rows (peer access), or without a norm copies
+ * the slice of rows into rank 0's; rows and normed point at the sum's first row. join_split makes `stream` wait for
  * the others' copies of that op. Split and whole sums share the op order and slots; split ends
  * are joined in order, each before SF_COMM_COPIES_IN_FLIGHT more starts. */
 int sf_exchange_register(sf_exchange *x, float *rows, void *normed);

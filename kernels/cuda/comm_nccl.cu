@@ -299,7 +299,7 @@ static int nccl_reduce_norm_end(sf_comm *c, int ticket, float *x, const void *pa
     if (n->split)
         rc = sf_exchange_end_split(n->exchange, cu->stream, ticket, x, part, rows, dim, norm, eps, u);
     else /* NCCL left the sum in part */
-        rc = sf_cuda_add_parts_norm(&part, 1, rows, dim, x, norm, eps, (__nv_bfloat16 *)u, cu->stream);
+        rc = sf_cuda_add_parts_norm(&part, 1, rows, dim, x, norm, eps, (__nv_bfloat16 *)u, NULL, 0, cu->stream);
     sf_cuda_leave(cu);
     if (rc == SF_E_COMM) break_comm(c, sf_last_error());
     return rc;

@@ -349,9 +349,10 @@ int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, co
 int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows, int bf16, cudaStream_t stream);
 /* rows [n, dim] += the sum of nparts bf16 parts ([n, dim] each, in order), then u = rmsnorm(rows;
  * weight, eps) rounded to bf16: bit-identical to sf_cuda_add_parts then sf_cuda_rmsnorm_to_bf16,
- * in one pass where the shapes allow. weight NULL: the add alone (u untouched). */
+ * in one pass where the shapes allow; the same normed rows also written to also[0 .. n_also)
+ * (e.g. other GPUs' memory with peer access). weight NULL: the add alone (u untouched). */
 int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim, float *rows, const float *weight,
-                           float eps, __nv_bfloat16 *u, cudaStream_t stream);
+                           float eps, __nv_bfloat16 *u, __nv_bfloat16 *const *also, int n_also, cudaStream_t stream);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
 /* The non-finite scan (elementwise.cu): begin issues a kernel over x on the thread's stream and

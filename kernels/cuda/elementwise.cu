@@ -521,11 +521,17 @@ int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows
  * bf16 parts' row r (the same order and roundings as add_parts_bf16), then u[r] = the row's
  * norm rounded to bf16 (the same sums as rmsnorm_warp_kernel: the lanes hold the same columns
  * and the columns past dim add zeros), so the result is bit-identical to the two kernels while
- * the rows are read once. Rows of a multiple of 4 floats up to 4 * 32 * VECS wide, every
- * pointer 16-byte aligned and the parts' rows dim bf16 apart. */
+ * the rows are read once; the normed rows also go to `also` (other GPUs' buffers, through peer
+ * access: no copy to wait for after the kernel). Rows of a multiple of 4 floats up to 4 * 32 *
+ * VECS wide, every pointer 16-byte aligned and the parts' rows dim bf16 apart. */
+struct normed_copies {
+    __nv_bfloat16 *p[SF_CUDA_ADD_PARTS_MAX];
+    int n;
+};
+
 template <int N, int VECS>
 __global__ static void add_parts_norm_kernel(int n, int dim, float *rows, add_parts_args ps, const float *weight,
-                                             float eps, __nv_bfloat16 *u)
+                                             float eps, __nv_bfloat16 *u, normed_copies also)
 {
     const int lane = threadIdx.x % 32;
     const size_t row_index = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -563,42 +569,58 @@ __global__ static void add_parts_norm_kernel(int n, int dim, float *rows, add_pa
         int j = 4 * (lane + 32 * p);
         if (j >= dim) continue;
         float4 w = *reinterpret_cast<const float4 *>(weight + j);
-        store4(dst, j, make_float4(v[p].x * r * w.x, v[p].y * r * w.y, v[p].z * r * w.z, v[p].w * r * w.w));
+        const float4 o = make_float4(v[p].x * r * w.x, v[p].y * r * w.y, v[p].z * r * w.z, v[p].w * r * w.w);
+        store4(dst, j, o);
+        for (int c = 0; c < also.n; c++) store4(also.p[c] + row_index * dim, j, o);
     }
 }
 
 template <int VECS>
 static void launch_add_parts_norm(int nparts, unsigned grid, cudaStream_t stream, int n, int dim, float *rows,
-                                  const add_parts_args &ps, const float *weight, float eps, __nv_bfloat16 *u)
+                                  const add_parts_args &ps, const float *weight, float eps, __nv_bfloat16 *u,
+                                  const normed_copies &also)
 {
     switch (nparts) {
-    case 1: add_parts_norm_kernel<1, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u); break;
-    case 2: add_parts_norm_kernel<2, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u); break;
-    default: add_parts_norm_kernel<4, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u);
+    case 1:
+        add_parts_norm_kernel<1, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
+        break;
+    case 2:
+        add_parts_norm_kernel<2, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
+        break;
+    default: add_parts_norm_kernel<4, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
     }
 }
 
 int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim, float *rows, const float *weight,
-                           float eps, __nv_bfloat16 *u, cudaStream_t stream)
+                           float eps, __nv_bfloat16 *u, __nv_bfloat16 *const *also, int n_also, cudaStream_t stream)
 {
     if (nparts < 1 || nparts > SF_CUDA_ADD_PARTS_MAX)
         return sf_error(SF_E_INVAL, "cuda add and norm: %d parts", nparts);
+    if (n_also < 0 || n_also > SF_CUDA_ADD_PARTS_MAX)
+        return sf_error(SF_E_INVAL, "cuda add and norm: %d copies", n_also);
     if (n <= 0 || dim <= 0) return SF_OK;
     if (!weight) return sf_cuda_add_parts(parts, nparts, (size_t)n * dim, rows, 1, stream);
     add_parts_args ps = {};
+    normed_copies cs = {};
     uintptr_t align = (uintptr_t)rows | (uintptr_t)weight | (uintptr_t)u;
     for (int q = 0; q < nparts; q++) ps.p[q] = parts[q], align |= (uintptr_t)parts[q];
+    for (int c = 0; c < n_also; c++) cs.p[c] = also[c], align |= (uintptr_t)also[c];
+    cs.n = n_also;
     const int fused =
         (align & 15) == 0 && (dim & 3) == 0 && dim <= 4 * 32 * 16 && (nparts == 1 || nparts == 2 || nparts == 4);
-    if (!fused) { /* the composition, which the fused kernel equals bit for bit */
+    if (!fused) { /* the composition, which the fused kernel equals bit for bit, then the copies */
         int rc = sf_cuda_add_parts(parts, nparts, (size_t)n * dim, rows, 1, stream);
-        return rc == SF_OK ? sf_cuda_rmsnorm_to_bf16(n, dim, rows, weight, eps, u, stream) : rc;
+        if (rc == SF_OK) rc = sf_cuda_rmsnorm_to_bf16(n, dim, rows, weight, eps, u, stream);
+        for (int c = 0; c < n_also && rc == SF_OK; c++)
+            rc = sf_cuda_status(cudaMemcpyAsync(also[c], u, (size_t)n * dim * 2, cudaMemcpyDefault, stream),
+                                "add and norm (copy)");
+        return rc;
     }
     const unsigned grid = (unsigned)((n + ROW_THREADS / 32 - 1) / (ROW_THREADS / 32));
     if (dim <= 4 * 32 * 8)
-        launch_add_parts_norm<8>(nparts, grid, stream, n, dim, rows, ps, weight, eps, u);
+        launch_add_parts_norm<8>(nparts, grid, stream, n, dim, rows, ps, weight, eps, u, cs);
     else
-        launch_add_parts_norm<16>(nparts, grid, stream, n, dim, rows, ps, weight, eps, u);
+        launch_add_parts_norm<16>(nparts, grid, stream, n, dim, rows, ps, weight, eps, u, cs);
     return sf_cuda_launched("add and norm");
 }
 
