@@ -34,10 +34,6 @@
 #include "support/gpu.h"
 #include "support/shard_runs.h"
 #include "support/small_model.h"
-#ifdef SEQFLOW_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#include "kernels/cuda/cuda_device.h"
-#endif
 
 #define SAME_F32 1e-5
 #define TOL_BF16 2e-2
@@ -47,15 +43,6 @@ static double now_ms(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int gpu_count(void)
-{
-#ifdef SEQFLOW_HAVE_CUDA
-    return sf_cuda_device_count();
-#else
-    return 0;
-#endif
 }
 
 /* ---- the communicator ---------------------------------------------------------------------- */
@@ -210,10 +197,7 @@ static void check_reduce_add_two_gpus(void)
             want[i] += s;
         }
     }
-    int peer = 0;
-#ifdef SEQFLOW_HAVE_CUDA
-    cudaDeviceCanAccessPeer(&peer, 0, 1);
-#endif
+    const int peer = check_gpu_peer(0, 1);
     for (int allow = 1; allow >= 0; allow--) {
         unsigned char id[SF_COMM_NCCL_ID_BYTES];
         CHECK_OK(sf_comm_nccl_unique_id(id));
@@ -351,7 +335,7 @@ int main(void)
 {
     if (!check_have_gpu()) return check_skip("no GPU");
     if (!sf_comm_nccl_available()) return check_skip("this build has no NCCL");
-    const int gpus = gpu_count();
+    const int gpus = check_gpu_count();
     printf("  %d GPU(s) visible\n", gpus);
     check_one_rank();
     static const check_model_variant variants[] = {

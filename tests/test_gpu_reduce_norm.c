@@ -22,9 +22,6 @@
 #include "seqflow/seqflow.h"
 #include "support/check.h"
 #include "support/gpu.h"
-#ifdef SEQFLOW_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 #define EPS 1e-6f
 
@@ -174,10 +171,7 @@ static void check_two_gpus(void)
         after_first[i] = row_value(i) + host_sum(q, i);
         want[i] = after_first[i] + host_sum(2 + q, i);
     }
-    int peer = 0;
-#ifdef SEQFLOW_HAVE_CUDA
-    cudaDeviceCanAccessPeer(&peer, 0, 1);
-#endif
+    const int peer = check_gpu_peer(0, 1);
     for (int allow = 1; allow >= 0; allow--) {
         unsigned char id[SF_COMM_NCCL_ID_BYTES];
         CHECK_OK(sf_comm_nccl_unique_id(id));
@@ -234,11 +228,7 @@ int main(void)
     check_one_rank(37, 1024);
     check_one_rank(5, 2048);
     check_one_rank(9, 1000);
-    int gpus = 0;
-#ifdef SEQFLOW_HAVE_CUDA
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
-#endif
-    if (gpus >= 2)
+    if (check_gpu_count() >= 2)
         check_two_gpus();
     else
         printf("  one GPU: the two-GPU sums are skipped (they need two GPUs)\n");

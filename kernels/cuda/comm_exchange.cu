@@ -281,6 +281,22 @@ int sf_exchange_start_split(sf_exchange *x, cudaStream_t stream, cudaStream_t si
                         ticket);
 }
 
+/* Op k's parts in rank order into ps (this rank's `own`, the others' in this inbox), `stream`
+ * made to wait for the peers' copies into the inbox and this rank's own out of its part. */
+static int wait_parts(sf_exchange *x, cudaStream_t stream, long long k, const void *own, const void **ps)
+{
+    group *g = x->g;
+    const int rank = x->c->rank, slot = (int)(k % SLOTS);
+    int rc = SF_OK;
+    for (int p = 0; p < g->size && rc == SF_OK; p++) {
+        if (p != rank) rc = wait_count(x, &g->delivered[p], k + 1, p, "part");
+        if (rc == SF_OK)
+            rc = sf_cuda_status(cudaStreamWaitEvent(stream, g->member[p]->delivered[slot], 0), "exchange (wait)");
+        ps[p] = p == rank ? own : (const void *)(x->inbox + ((size_t)slot * g->size + p) * x->capacity);
+    }
+    return rc;
+}
+
 int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows, const void *part, size_t count,
                     int bf16)
 {
@@ -291,14 +307,7 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
         return sf_error(SF_E_INVAL, "exchange: end of ticket %d out of order", ticket);
     const int slot = (int)(k % SLOTS);
     const void *ps[MAX_RANKS];
-    int rc = SF_OK;
-    for (int p = 0; p < g->size && rc == SF_OK; p++) {
-        sf_exchange *from = g->member[p];
-        if (p != rank) rc = wait_count(x, &g->delivered[p], k + 1, p, "part");
-        /* the peers' copies into this inbox, and this rank's own out of part */
-        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(stream, from->delivered[slot], 0), "exchange (wait)");
-        ps[p] = p == rank ? part : (const void *)(x->inbox + ((size_t)slot * g->size + p) * x->capacity);
-    }
+    int rc = wait_parts(x, stream, k, part, ps);
     if (rc != SF_OK) return rc;
     /* in rank order: every rank gets the same bits */
     rc = sf_cuda_add_parts(ps, g->size, count, rows, bf16, stream);
@@ -363,14 +372,7 @@ int sf_exchange_end_split(sf_exchange *x, cudaStream_t stream, int ticket, float
     int first, count;
     sf_comm_slice(nrows, g->size, rank, &first, &count);
     const void *ps[MAX_RANKS];
-    int rc = SF_OK;
-    for (int p = 0; p < g->size && rc == SF_OK; p++) {
-        sf_exchange *from = g->member[p];
-        if (p != rank) rc = wait_count(x, &g->delivered[p], k + 1, p, "part");
-        if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(stream, from->delivered[slot], 0), "exchange (wait)");
-        ps[p] = p == rank ? (const void *)((const unsigned char *)part + (size_t)first * dim * 2)
-                          : (const void *)(x->inbox + ((size_t)slot * g->size + p) * x->capacity);
-    }
+    int rc = wait_parts(x, stream, k, (const unsigned char *)part + (size_t)first * dim * 2, ps);
     unsigned char *u = norm ? (unsigned char *)normed : NULL;
     /* with a norm, the kernel writes this rank's normed slice into every peer's normed rows as
      * well (peer access): they have it when the kernel ends, with no copy to start and wait for */

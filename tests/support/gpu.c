@@ -7,16 +7,31 @@
 #include "support/check.h"
 
 #ifdef SEQFLOW_HAVE_CUDA
+#include <cuda_runtime_api.h>
 #include "kernels/cuda/cuda_device.h"
 #endif
 
-int check_have_gpu(void)
+int check_gpu_count(void)
 {
 #ifdef SEQFLOW_HAVE_CUDA
-    return sf_cuda_device_count() > 0;
+    return sf_cuda_device_count();
 #else
     return 0;
 #endif
+}
+
+int check_have_gpu(void) { return check_gpu_count() > 0; }
+
+int check_gpu_peer(int a, int b)
+{
+    int can = 0;
+#ifdef SEQFLOW_HAVE_CUDA
+    if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess) can = 0;
+    cudaGetLastError();
+#else
+    (void)a, (void)b;
+#endif
+    return can;
 }
 
 float *check_bf16_download(sf_backend *be, const void *d, size_t count)
