@@ -107,13 +107,13 @@ typedef struct sf_comm_ops {
      * reduce_norm_reserve, every rank at set-up: rows, the most rows one sum covers; x and u,
      * this rank's whole buffers of rows (float32) and of normed rows (bf16), laid out alike on
      * every rank, which the other ranks may write; *split 1 (the same on every rank) when each
-     * rank adds and norms only its slice of each sum's rows (sf_comm_slice).
+     * rank adds and norms only its slice of each sum's rows (sf_comm_slice). Called again with
+     * another x (this rank's rows moved; the same layout), it takes that x for the sums started
+     * after it.
      * reduce_norm_start: reduce_add_start of part [rows, dim].
-     * Called again with another x (this rank's rows moved; the same layout), it takes that x
-     * for the sums started after it.
      * reduce_norm_end: x (rows of this rank's x) += the parts' sum, then with norm non-NULL u
      * (the same rows of this rank's u) = rmsnorm(x; norm, eps) rounded to bf16 on every rank.
-     * Split, a rank adds and norms its slice and copies its normed rows to the others, so its
+     * Split, a rank adds and norms its slice and hands its normed rows to the others, so its
      * x holds the sum in its slices only; without a norm (a segment's last sum) the slices of
      * the sum are copied into rank 0's x instead, which then holds all of it.
      * reduce_norm_join: the ops issued after it wait for sum `ticket`'s rows from the other

@@ -1,4 +1,4 @@
-/* Head-parallel parts exchanged by the copy engines (comm_exchange.h).
+/* Head-parallel parts exchanged by the copy engines and peer access (comm_exchange.h).
  *
  * Op k of a rank (its k-th start, ended in the same order) uses inbox slot k % SLOTS. Rank r's
  * start(k) copies its part, on the communicator's side stream once the compute stream has made
@@ -18,7 +18,16 @@
  *
  * So a rank must end op k before it starts op k + SLOTS (the block's chunks: at most SLOTS sums
  * in flight); the start of k + SLOTS would otherwise wait for a peer's end of k that the peer
- * issues only after its own start of k + SLOTS. sf_exchange_start refuses it. */
+ * issues only after its own start of k + SLOTS. sf_exchange_start refuses it.
+ *
+ * Split ops (reduce_norm): start copies each peer only its slice of the part; end adds and norms
+ * this rank's slice, its kernel also storing the normed rows into every peer's registered
+ * buffer (or, without a norm, a copy on the gather stream takes the rows to rank 0), records
+ * gathered[slot] after that and publishes k + 1 as its count of slices sent; join makes the
+ * compute stream wait for every peer's gathered[slot] of op k, and only then publishes the
+ * consumption. Ends may run ahead of joins; a start of k + SLOTS waits for the peers' joins of
+ * op k, which come after their waits on this rank's gathered[slot] of op k, so gathered too is
+ * recorded again only after every wait on it was issued. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -39,9 +39,10 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
  * copies to each peer its slice (sf_comm_slice) of the part ([rows, dim] bf16); end_split adds
  * the parts' slices to this rank's slice of rows, norms them into normed (norm non-NULL) and,
  * in the same kernel, into every peer's normed rows (peer access), or without a norm copies
- * the slice of rows into rank 0's; rows and normed point at the sum's first row. join_split makes `stream` wait for
- * the others' copies of that op. Split and whole sums share the op order and slots; split ends
- * are joined in order, each before SF_COMM_COPIES_IN_FLIGHT more starts. */
+ * the slice of rows into rank 0's; rows and normed point at the sum's first row. join_split
+ * makes `stream` wait for what the others wrote of that op. Split and whole sums share the op
+ * order and slots; split ends are joined in order, each before SF_COMM_COPIES_IN_FLIGHT more
+ * starts. */
 int sf_exchange_register(sf_exchange *x, float *rows, void *normed);
 int sf_exchange_start_split(sf_exchange *x, cudaStream_t stream, cudaStream_t side, const void *part, int rows, int dim,
                             int *ticket);
