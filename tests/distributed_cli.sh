@@ -257,7 +257,8 @@ stop)
     status=$?
     ended_at=$(now)
     [ $status -eq 1 ] || { cat err.txt >&2; fail "a stopped worker: exit status $status, not 1"; }
-    grep -q "^seqflow: rank 2 (host .*) stopped answering" err.txt || { cat err.txt >&2; fail "rank 2 not named"; }
+    # named by rank 0's own watch, or inside the abort of the rank that noticed first
+    grep -q "rank 2 (host .*) stopped answering" err.txt || { cat err.txt >&2; fail "rank 2 not named"; }
     awk -v a="$stopped_at" -v b="$ended_at" -v s="$slack" 'BEGIN { exit !(b - a < 3 + s) }' || fail "detected after more than 3 + $slack s"
     [ -z "$(ls out.raw* 2> /dev/null)" ] || fail "output left behind: $(ls out.raw*)"
     echo "ok: SIGSTOP of rank 2 detected in $(awk -v a="$stopped_at" -v b="$ended_at" 'BEGIN { printf "%.2f", b - a }') s"
