@@ -350,7 +350,7 @@ int sf_exchange_register(sf_exchange *x, float *rows, void *normed)
 
 /* Copies this rank's slice of op k's rows (after the add on `stream`) into rank 0's rows on the
  * gather stream, then publishes the copy (the segment's last sums). */
-static int send_slices(sf_exchange *x, long long k, int first, int count, int dim, const float *rows)
+static int rows_to_root(sf_exchange *x, long long k, int first, int count, int dim, const float *rows)
 {
     group *g = x->g;
     const int rank = x->c->rank, slot = (int)(k % SLOTS);
@@ -402,7 +402,7 @@ int sf_exchange_end_split(sf_exchange *x, cudaStream_t stream, int ticket, float
         rc = sf_cuda_status(cudaEventRecord(x->gathered[slot], stream), "exchange (gathered)");
         if (rc == SF_OK) __atomic_store_n(&g->gathered[rank], k + 1, __ATOMIC_RELEASE);
     } else if (rc == SF_OK) {
-        rc = send_slices(x, k, first, count, dim, rows);
+        rc = rows_to_root(x, k, first, count, dim, rows);
     }
     if (rc != SF_OK) return rc;
     x->ended = k + 1;

@@ -345,6 +345,15 @@ static int gate_up_wanted(const sf_cuda *c, int dim, int hidden)
            sf_cuda_swiglu_gate_up_usable(dim, hidden);
 }
 
+/* Whether ffn's bf16 products from ub take the W1|W3 SwiGLU kernel: wanted (above), and the
+ * weights, g3 and ub (NULL: the backend's scratch, always aligned) 16-byte aligned for its maps. */
+static int gate_up_takes(const sf_cuda *c, int dim, int hidden, const sf_cuda_weight *b1, const sf_cuda_weight *b3,
+                         const void *g3, const void *ub)
+{
+    return b1 && b3 && gate_up_wanted(c, dim, hidden) &&
+           (((uintptr_t)b1->bf16 | (uintptr_t)b3->bf16 | (uintptr_t)g3 | (uintptr_t)ub) & 15) == 0;
+}
+
 size_t sf_cuda_ffn_h1_floats(sf_backend *be, int n, int dim, int hidden)
 {
     if (n <= 0 || hidden <= 0) return 0;
@@ -401,8 +410,7 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, const float *x, 
     const sf_cuda_weight *b1 = bf16_weight(c, w1, hidden, dim), *b3 = bf16_weight(c, w3, hidden, dim);
     const sf_cuda_weight *b2 = bf16_weight(c, w2, dim, hidden);
     /* the W1|W3 SwiGLU kernel writes only h3, so callers that asked (ffn_h1_floats) pass no h1 */
-    const int gate_up = b1 && b3 && b2 && gate_up_wanted(c, dim, hidden) &&
-                        (((uintptr_t)b1->bf16 | (uintptr_t)b3->bf16 | (uintptr_t)g3) & 15) == 0;
+    const int gate_up = b2 && gate_up_takes(c, dim, hidden, b1, b3, g3, NULL);
     if (!gate_up && !h1) {
         sf_cuda_leave(c);
         return sf_error(SF_E_INVAL, "cuda ffn: this path needs the h1 scratch, which was not passed (were the "
@@ -579,8 +587,7 @@ int sf_cuda_ffn_partial_from(sf_backend *be, int n, int dim, int hidden, const v
     const sf_cuda_weight *b2 = bf16_weight(c, w2, dim, hidden);
     if (!b1 || !b3 || !b2)
         return sf_error(SF_E_UNSUPPORTED, "cuda ffn from a normed input: weights not prepared in bf16");
-    const int gate_up = gate_up_wanted(c, dim, hidden) &&
-                        (((uintptr_t)b1->bf16 | (uintptr_t)b3->bf16 | (uintptr_t)h3 | (uintptr_t)u) & 15) == 0;
+    const int gate_up = gate_up_takes(c, dim, hidden, b1, b3, h3, u);
     if (!gate_up && !h1) return sf_error(SF_E_INVAL, "cuda ffn: this path needs the h1 scratch, which was not passed");
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
