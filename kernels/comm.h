@@ -126,6 +126,13 @@ typedef struct sf_comm_ops {
     int (*reduce_norm_end)(sf_comm *c, int ticket, float *x, const void *part, int rows, int dim, sf_dtype type,
                            const float *norm, float eps, void *u);
     int (*reduce_norm_join)(sf_comm *c, int ticket);
+    /* Optional (NULL: a broadcast of x, then every rank's norm): the rows a segment of
+     * reduce_norm sums starts from, rank 0's. On every rank u = rmsnorm(rank 0's x; norm, eps) in
+     * bf16 for all `rows` rows of dim columns, and x = rank 0's x: where the sums are split,
+     * rank 0 norms alone and the others receive its normed rows (the ops issued after the call
+     * wait for them) and its x, which only the next reduce_norm_end waits for, before its add.
+     * x and u are the buffers given to reduce_norm_reserve (or the rows it took last). */
+    int (*first_rows)(sf_comm *c, int rows, int dim, float *x, const float *norm, float eps, void *u);
 } sf_comm_ops;
 
 struct sf_comm {
@@ -169,6 +176,8 @@ int sf_comm_reduce_norm_start(sf_comm *c, void *part, int rows, int dim, sf_dtyp
 int sf_comm_reduce_norm_end(sf_comm *c, int ticket, float *x, void *part, int rows, int dim, sf_dtype type,
                             const float *norm, float eps, void *u);
 int sf_comm_reduce_norm_join(sf_comm *c, int ticket);
+/* A segment's first rows from rank 0, normed (sf_comm_ops.first_rows). */
+int sf_comm_first_rows(sf_comm *c, int rows, int dim, float *x, const float *norm, float eps, void *u);
 /* Rank r's slice of `rows` rows split over `size` ranks: rows [*first, *first + *count), the
  * slices in rank order, sizes differing by at most one. */
 static inline void sf_comm_slice(int rows, int size, int rank, int *first, int *count)

@@ -163,6 +163,16 @@ int sf_comm_reduce_norm_join(sf_comm *c, int ticket)
     return c->ops->reduce_norm_join ? c->ops->reduce_norm_join(c, ticket) : SF_OK;
 }
 
+int sf_comm_first_rows(sf_comm *c, int rows, int dim, float *x, const float *norm, float eps, void *u)
+{
+    if (rows < 0 || dim <= 0) return sf_error(SF_E_INVAL, "first_rows: %d rows of %d", rows, dim);
+    if (c->ops->first_rows) return c->ops->first_rows(c, rows, dim, x, norm, eps, u);
+    int rc = sf_comm_broadcast(c, x, (size_t)rows * dim, SF_DTYPE_F32, 0);
+    if (rc == SF_OK) rc = sf_be_rmsnorm_typed(c->be, rows, dim, x, norm, eps, SF_DTYPE_BF16, u);
+    if (rc == SF_E_UNSUPPORTED) rc = sf_error(SF_E_UNSUPPORTED, "first_rows: the backend has no bf16 norm");
+    return rc;
+}
+
 int sf_comm_group_begin(sf_comm *c) { return c->ops->group_begin(c); }
 int sf_comm_group_end(sf_comm *c) { return c->ops->group_end(c); }
 int sf_comm_wait(sf_comm *c) { return c->ops->wait(c); }

@@ -10,8 +10,10 @@
 # 3. the layer pipeline's output against one GPU's, byte for byte, on 4 segments.
 # TWO_SKIP_HEADS=1 skips step 1; TWO_MODES (default "one heads layers") picks step 2's runs
 # (headsb: --gpus 2 with the block stage TWO_BLOCK, default "block overlap=1"; headsr: --gpus 2
-# with the CUDA setting normed_sums=0, whole sums on every rank; the layer
-# pipeline's are long: its rate is the link's). Logs go to $OUT (else build-gpu/two); a summary to
+# with the CUDA setting normed_sums=0, whole sums on every rank; base: --gpus 2 with the binary
+# TWO_BASE_BIN, another tree's build, for a comparison in the same call; the layer
+# pipeline's are long: its rate is the link's); TWO_REPS (default 2) repetitions of step 2.
+# Logs go to $OUT (else build-gpu/two); a summary to
 # $OUT/two-summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -52,6 +54,8 @@ seconds() {
     heads) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     headsr) SEQFLOW_CUDA_NORMED_SUMS=0 timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" \
               -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
+    base) timeout 120 "${TWO_BASE_BIN:?base: set TWO_BASE_BIN}" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" \
+            -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     headsb) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" \
               "segment ! embed ! ${TWO_BLOCK:-block overlap=1} ! norm" ;;
     layers) timeout 120 "$bin" launch -n 2 -- -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 \
@@ -62,7 +66,7 @@ seconds() {
   [ $rc -ne 0 ] && note "run failed: $mode $segs (exit $rc)"
   echo "$t0 $t1" | awk '{printf "%.4f", $2 - $1}'
 }
-for rep in 1 2; do
+for rep in $(seq "${TWO_REPS:-2}"); do
   for mode in ${TWO_MODES:-one heads layers}; do
     short=$(seconds $mode 64)
     long=$(seconds $mode "$LONG")

@@ -155,9 +155,10 @@ int sf_block_norm_first(block *b, int rows)
     int rc = SF_OK, split = 0;
     /* rank 0 computes in the rows of each packet (run_one): the split sums' last copies go there */
     if (b->split) rc = sf_comm_reduce_norm_reserve(b->comm, rows, c->dim, b->part_type, b->x, b->act.un, 1, &split);
+    /* every rank starts from rank 0's rows: split, rank 0 norms them and the others receive the
+     * normed rows and the rows (the copy engines), else a broadcast and a norm */
     if (rc == SF_OK)
-        rc = sf_be_rmsnorm_typed(b->be, rows, c->dim, b->x, b->weights[0].attn_norm, c->norm_eps, SF_DTYPE_BF16,
-                                 b->act.un);
+        rc = sf_comm_first_rows(b->comm, rows, c->dim, b->x, b->weights[0].attn_norm, c->norm_eps, b->act.un);
     return rc;
 }
 

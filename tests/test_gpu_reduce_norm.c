@@ -3,12 +3,14 @@
  *  - one rank (one GPU): the sum, then the add and the norm in one pass, bit for bit the
  *    backend's add_typed then rmsnorm_typed (bf16) on the same rows, for row widths the one-pass
  *    kernel takes (1024, 2048) and one it does not (1000: the composition);
- *  - two GPUs (threads of this process), two chunks of rows: each chunk's sum with a norm, then
- *    each chunk's last sum without one (the end of a segment). With the copy engines the sums
- *    are split over the ranks (split 1 where the GPUs have peer access): rank 0's rows after the
- *    last sums are bit for bit the host's float32 sums in rank order; through NCCL (allow 0)
- *    every rank's rows are, within bf16 rounding of the sums. Both ranks' normed rows are
- *    identical and within one bf16 rounding of the host's norm of the rows after the first sums.
+ *  - two GPUs (threads of this process), two segments: each starts from rank 0's rows
+ *    (first_rows; rank 1 holds other rows before it), then, in two chunks of rows, each chunk's
+ *    sum with a norm, then each chunk's last sum without one (the end of a segment). With the
+ *    copy engines the sums are split over the ranks (split 1 where the GPUs have peer access):
+ *    rank 0's rows after the last sums are bit for bit the host's float32 sums in rank order;
+ *    through NCCL (allow 0) every rank's rows are, within bf16 rounding of the sums. Both ranks'
+ *    normed rows, after first_rows and after the first sums, are identical and within one bf16
+ *    rounding of the host's norm of the rows.
  * Without a GPU this prints "skipped: no GPU" and exits 77; without NCCL, likewise. */
 #include <math.h>
 #include <pthread.h>
@@ -94,19 +96,55 @@ static void check_one_rank(int rows, int dim)
 
 #define ROWS 301 /* chunks of 151 and 150 rows: slices of 75 and 76 */
 #define DIM 1024
+#define SEGMENTS 2
 
 typedef struct norm_job {
     int rank, allow, split, rc;
     const unsigned char *id;
-    float *rows;      /* [ROWS, DIM] after the sums */
-    uint16_t *normed; /* [ROWS, DIM] after the first sums */
+    float *rows[SEGMENTS];      /* [ROWS, DIM] after the sums */
+    uint16_t *normed[SEGMENTS]; /* [ROWS, DIM] after the first sums */
+    uint16_t *first[SEGMENTS];  /* [ROWS, DIM] after first_rows */
 } norm_job;
+
+/* segment s's rows on rank 0 (rank 1 starts from others: first_rows replaces them) */
+static float start_value(int rank, int s, size_t i) { return rank == 0 ? row_value(i) + (float)s : 1000.0f; }
+
+/* ops 0, 1: the chunks' sums, normed; 2, 3: the same chunks' last sums; each pair's ends both
+ * issued before their joins, as the block does */
+static int run_sums(norm_job *j, sf_backend *be, sf_comm *c, float *x, const float *w, unsigned char *part,
+                    unsigned char *u, int seg)
+{
+    const size_t n = (size_t)ROWS * DIM;
+    const int r0[2] = {0, 151}, nr[2] = {151, ROWS - 151};
+    int ticket[4] = {0}, rc = SF_OK;
+    for (int k = 0; k < 4 && rc == SF_OK; k++) {
+        const int q = k % 2;
+        const size_t at = (size_t)r0[q] * DIM, cnt = (size_t)nr[q] * DIM;
+        uint16_t *h = malloc(cnt * 2 + 2);
+        for (size_t i = 0; i < cnt; i++) h[i] = check_bf16_bits(part_value(j->rank, k, at + i));
+        rc = be->ops->upload(be, part + at * 2, h, cnt * 2);
+        free(h);
+        if (rc == SF_OK) rc = sf_comm_reduce_norm_start(c, part + at * 2, nr[q], DIM, SF_DTYPE_BF16, &ticket[k]);
+        if (q == 0) continue;
+        const float *norm = k == 1 ? w : NULL;
+        for (int e = k - 1; e <= k && rc == SF_OK; e++) {
+            const size_t off = (size_t)r0[e % 2] * DIM;
+            rc = sf_comm_reduce_norm_end(c, ticket[e], x + off, part + off * 2, nr[e % 2], DIM, SF_DTYPE_BF16, norm,
+                                         EPS, norm ? u + off * 2 : NULL);
+        }
+        for (int e = k - 1; e <= k && rc == SF_OK; e++) rc = sf_comm_reduce_norm_join(c, ticket[e]);
+        if (k == 1 && rc == SF_OK) rc = sf_comm_wait(c);
+        if (k == 1 && rc == SF_OK) rc = be->ops->download(be, j->normed[seg], u, n * 2);
+    }
+    if (rc == SF_OK) rc = sf_comm_wait(c);
+    if (rc == SF_OK) rc = be->ops->download(be, j->rows[seg], x, n * 4);
+    return rc;
+}
 
 static void *norm_main(void *arg)
 {
     norm_job *j = arg;
     const size_t n = (size_t)ROWS * DIM;
-    const int r0[2] = {0, 151}, nr[2] = {151, ROWS - 151};
     sf_backend *be = NULL;
     sf_comm *c = NULL;
     j->rc = sf_backend_create_ex("cuda", j->rank, SF_PRECISION_BF16, &be);
@@ -116,36 +154,24 @@ static void *norm_main(void *arg)
     if (j->rc == SF_OK) {
         float *hw = malloc(DIM * 4);
         for (int i = 0; i < DIM; i++) hw[i] = weight_value((size_t)i);
-        for (size_t i = 0; i < n; i++) j->rows[i] = row_value(i);
-        x = dev_upload(be, j->rows, n * 4), w = dev_upload(be, hw, DIM * 4);
+        x = dev_upload(be, NULL, n * 4), w = dev_upload(be, hw, DIM * 4);
         part = dev_upload(be, NULL, n * 2), u = dev_upload(be, NULL, n * 2);
         free(hw);
         j->rc = sf_comm_reduce_norm_reserve(c, ROWS, DIM, SF_DTYPE_BF16, x, u, j->allow, &j->split);
     }
-    /* ops 0, 1: the chunks' sums, normed; 2, 3: the same chunks' last sums; each pair's ends
-     * both issued before their joins, as the block does */
-    int ticket[4] = {0};
-    for (int k = 0; k < 4 && j->rc == SF_OK; k++) {
-        const int q = k % 2;
-        const size_t at = (size_t)r0[q] * DIM, cnt = (size_t)nr[q] * DIM;
-        uint16_t *h = malloc(cnt * 2 + 2);
-        for (size_t i = 0; i < cnt; i++) h[i] = check_bf16_bits(part_value(j->rank, k, at + i));
-        if (j->rc == SF_OK) j->rc = be->ops->upload(be, part + at * 2, h, cnt * 2);
-        free(h);
-        if (j->rc == SF_OK) j->rc = sf_comm_reduce_norm_start(c, part + at * 2, nr[q], DIM, SF_DTYPE_BF16, &ticket[k]);
-        if (q == 0) continue;
-        const float *norm = k == 1 ? w : NULL;
-        for (int e = k - 1; e <= k && j->rc == SF_OK; e++) {
-            const size_t off = (size_t)r0[e % 2] * DIM;
-            j->rc = sf_comm_reduce_norm_end(c, ticket[e], x + off, part + off * 2, nr[e % 2], DIM, SF_DTYPE_BF16, norm,
-                                            EPS, norm ? u + off * 2 : NULL);
-        }
-        for (int e = k - 1; e <= k && j->rc == SF_OK; e++) j->rc = sf_comm_reduce_norm_join(c, ticket[e]);
-        if (k == 1 && j->rc == SF_OK) j->rc = sf_comm_wait(c);
-        if (k == 1 && j->rc == SF_OK) j->rc = be->ops->download(be, j->normed, u, n * 2);
+    for (int seg = 0; seg < SEGMENTS && j->rc == SF_OK; seg++) {
+        float *start = j->rows[seg];
+        for (size_t i = 0; i < n; i++) start[i] = start_value(j->rank, seg, i);
+        j->rc = be->ops->upload(be, x, start, n * 4);
+        /* as the block does: the rows registered again (rank 0's move with each packet) */
+        int split = 0;
+        if (j->rc == SF_OK && j->split)
+            j->rc = sf_comm_reduce_norm_reserve(c, ROWS, DIM, SF_DTYPE_BF16, x, u, 1, &split);
+        if (j->rc == SF_OK) j->rc = sf_comm_first_rows(c, ROWS, DIM, x, w, EPS, u);
+        if (j->rc == SF_OK) j->rc = sf_comm_wait(c);
+        if (j->rc == SF_OK) j->rc = be->ops->download(be, j->first[seg], u, n * 2);
+        if (j->rc == SF_OK) j->rc = run_sums(j, be, c, x, w, part, u, seg);
     }
-    if (j->rc == SF_OK) j->rc = sf_comm_wait(c);
-    if (j->rc == SF_OK) j->rc = be->ops->download(be, j->rows, x, n * 4);
     if (be) {
         void *bufs[] = {x, w, part, u};
         for (size_t i = 0; i < 4; i++) be->ops->free(be, bufs[i]);
@@ -162,15 +188,28 @@ static float host_sum(int k, size_t i)
     return s + check_bf16_float(check_bf16_bits(part_value(1, k, i)));
 }
 
+/* The largest relative error of normed rows against the host's norm of rows x. */
+static double norm_error(const float *x, const uint16_t *normed)
+{
+    double worst = 0;
+    for (int row = 0; row < ROWS; row++) {
+        const float *xr = x + (size_t)row * DIM;
+        double ss = 0;
+        for (int c = 0; c < DIM; c++) ss += (double)xr[c] * xr[c];
+        const double rs = 1.0 / sqrt(ss / DIM + (double)EPS);
+        for (int c = 0; c < DIM; c++) {
+            const double ref = xr[c] * rs * weight_value((size_t)c);
+            const double d = fabs(check_bf16_float(normed[(size_t)row * DIM + c]) - ref) / (fabs(ref) + 1e-3);
+            if (d > worst) worst = d;
+        }
+    }
+    return worst;
+}
+
 static void check_two_gpus(void)
 {
     const size_t n = (size_t)ROWS * DIM;
-    float *after_first = malloc(n * 4), *want = malloc(n * 4);
-    for (size_t i = 0; i < n; i++) {
-        const int q = i >= (size_t)151 * DIM;
-        after_first[i] = row_value(i) + host_sum(q, i);
-        want[i] = after_first[i] + host_sum(2 + q, i);
-    }
+    float *start = malloc(n * 4), *after_first = malloc(n * 4), *want = malloc(n * 4);
     const int peer = check_gpu_peer(0, 1);
     for (int allow = 1; allow >= 0; allow--) {
         unsigned char id[SF_COMM_NCCL_ID_BYTES];
@@ -179,7 +218,9 @@ static void check_two_gpus(void)
         pthread_t t[2];
         for (int r = 0; r < 2; r++) {
             jobs[r] = (norm_job){.rank = r, .allow = allow, .id = id, .split = -1};
-            jobs[r].rows = malloc(n * 4), jobs[r].normed = malloc(n * 2);
+            for (int seg = 0; seg < SEGMENTS; seg++)
+                jobs[r].rows[seg] = malloc(n * 4), jobs[r].normed[seg] = malloc(n * 2),
+                jobs[r].first[seg] = malloc(n * 2);
             pthread_create(&t[r], NULL, norm_main, &jobs[r]);
         }
         for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
@@ -189,36 +230,46 @@ static void check_two_gpus(void)
         const int split = jobs[0].split;
         CHECKF(split == (allow && peer) && jobs[1].split == split, "reduce_norm (allow %d): split %d and %d, peer %d",
                allow, jobs[0].split, jobs[1].split, peer);
-        CHECKF(memcmp(jobs[0].normed, jobs[1].normed, n * 2) == 0, "reduce_norm (allow %d): normed rows differ", allow);
-        if (!split)
-            CHECKF(memcmp(jobs[0].rows, jobs[1].rows, n * 4) == 0, "reduce_norm (allow %d): ranks' rows differ", allow);
-        double worst = 0, worst_u = 0;
-        for (size_t i = 0; i < n; i++) {
-            const double d = fabs((double)jobs[0].rows[i] - want[i]) / (fabs(want[i]) + 1.0);
-            if (d > worst) worst = d;
-        }
-        for (int row = 0; row < ROWS; row++) {
-            const float *xr = after_first + (size_t)row * DIM;
-            double ss = 0;
-            for (int c = 0; c < DIM; c++) ss += (double)xr[c] * xr[c];
-            const double rs = 1.0 / sqrt(ss / DIM + (double)EPS);
-            for (int c = 0; c < DIM; c++) {
-                const double ref = xr[c] * rs * weight_value((size_t)c);
-                const double got = check_bf16_float(jobs[0].normed[(size_t)row * DIM + c]);
-                const double d = fabs(got - ref) / (fabs(ref) + 1e-3);
-                if (d > worst_u) worst_u = d;
+        for (int seg = 0; seg < SEGMENTS && jobs[0].rc == SF_OK && jobs[1].rc == SF_OK; seg++) {
+            for (size_t i = 0; i < n; i++) {
+                const int q = i >= (size_t)151 * DIM;
+                start[i] = start_value(0, seg, i);
+                after_first[i] = start[i] + host_sum(q, i);
+                want[i] = after_first[i] + host_sum(2 + q, i);
             }
+            CHECKF(memcmp(jobs[0].first[seg], jobs[1].first[seg], n * 2) == 0,
+                   "first_rows (allow %d), segment %d: normed rows differ", allow, seg);
+            CHECKF(memcmp(jobs[0].normed[seg], jobs[1].normed[seg], n * 2) == 0,
+                   "reduce_norm (allow %d), segment %d: normed rows differ", allow, seg);
+            if (!split)
+                CHECKF(memcmp(jobs[0].rows[seg], jobs[1].rows[seg], n * 4) == 0,
+                       "reduce_norm (allow %d), segment %d: ranks' rows differ", allow, seg);
+            double worst = 0;
+            for (size_t i = 0; i < n; i++) {
+                const double d = fabs((double)jobs[0].rows[seg][i] - want[i]) / (fabs(want[i]) + 1.0);
+                if (d > worst) worst = d;
+            }
+            const double worst_first = norm_error(start, jobs[0].first[seg]);
+            const double worst_u = norm_error(after_first, jobs[0].normed[seg]);
+            if (split)
+                CHECKF(worst == 0, "reduce_norm split, segment %d: rank 0's rows %.3g from the host's float32 sums",
+                       seg, worst);
+            else
+                CHECKF(worst <= 1e-2, "reduce_norm by NCCL, segment %d: %.3g from the host's float32 sums (bf16 sums)",
+                       seg, worst);
+            CHECKF(worst_first <= 8e-3, "first_rows (allow %d), segment %d: normed rows %.3g from the host's norm",
+                   allow, seg, worst_first);
+            CHECKF(worst_u <= 8e-3, "reduce_norm (allow %d), segment %d: normed rows %.3g from the host's norm", allow,
+                   seg, worst_u);
+            printf("  segment %d on 2 GPUs, %s: rows %.2e from the host's sums; normed rows %.2e (first rows), %.2e "
+                   "(after the first sums), identical on both\n",
+                   seg, split ? "split by the copy engines" : "NCCL", worst, worst_first, worst_u);
         }
-        if (split)
-            CHECKF(worst == 0, "reduce_norm split: rank 0's rows %.3g from the host's float32 sums", worst);
-        else
-            CHECKF(worst <= 1e-2, "reduce_norm by NCCL: %.3g from the host's float32 sums (bf16 sums)", worst);
-        CHECKF(worst_u <= 8e-3, "reduce_norm (allow %d): normed rows %.3g from the host's norm", allow, worst_u);
-        printf("  reduce_norm on 2 GPUs, %s: rows %.2e from the host's sums, normed rows %.2e, identical on both\n",
-               split ? "split by the copy engines" : "NCCL all-reduce", worst, worst_u);
-        for (int r = 0; r < 2; r++) free(jobs[r].rows), free(jobs[r].normed);
+        for (int r = 0; r < 2; r++)
+            for (int seg = 0; seg < SEGMENTS; seg++)
+                free(jobs[r].rows[seg]), free(jobs[r].normed[seg]), free(jobs[r].first[seg]);
     }
-    free(after_first), free(want);
+    free(start), free(after_first), free(want);
 }
 
 int main(void)

@@ -327,6 +327,43 @@ static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const
     for (int i = 0; i < 3; i++) cudaFree(b[i]);
 }
 
+/* The product alone (sf_cuda_attention, as the backend calls it) for shapes the lab's variants
+ * do not take (d = 128; checked against the CPU by check_all's d = 128 shape): on bf16 q/k/v
+ * where it reads them, else on float32 q/k/v (the pipeline's form there). */
+static void time_product(problem &p, sf_attention_desc dd, int reps, const char *name, double flops)
+{
+    const sf_cuda_device_info dev = this_device();
+    const size_t cnt = p.q.size();
+    std::vector<uint16_t> bits(cnt);
+    void *b[3];
+    const std::vector<float> *src[3] = {&p.q, &p.k, &p.v};
+    for (int i = 0; i < 3; i++) {
+        for (size_t j = 0; j < cnt; j++) bits[j] = bf16_bits((*src[i])[j]);
+        CUDA_OK(cudaMalloc(&b[i], cnt * 2));
+        CUDA_OK(cudaMemcpy(b[i], bits.data(), cnt * 2, cudaMemcpyHostToDevice));
+    }
+    dd.qkv_type = SF_DTYPE_BF16;
+    const char *form = "bf16 in place through sf_cuda_attention";
+    if (sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev)) {
+        printf("%-24s bf16 q/k/v not taken (%s): float32 q/k/v\n", name, sf_last_error());
+        for (int i = 0; i < 3; i++) cudaFree(b[i]);
+        b[0] = p.dq, b[1] = p.dk, b[2] = p.dv;
+        dd.qkv_type = SF_DTYPE_F32;
+        form = "float32 q/k/v through sf_cuda_attention";
+    }
+    if (sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev)) {
+        printf("%-24s product failed: %s\n", name, sf_last_error());
+    } else {
+        const std::vector<float> pms =
+            event_times_ms(reps, [&] { sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev); });
+        const float pmed = pms[pms.size() / 2];
+        printf("%-24s %-8s %-40s %10.3f %10.3f %10.1f\n", name, "product", form, pmed, pms[0],
+               flops / (pmed * 1e-3) / 1e12);
+    }
+    if (dd.qkv_type == SF_DTYPE_BF16)
+        for (int i = 0; i < 3; i++) cudaFree(b[i]);
+}
+
 static void time_all(int reps, int only_variant, const bool *failed)
 {
     printf("\n%-24s %-8s %-40s %10s %10s %10s\n", "shape", "variant", "", "median ms", "min ms", "TFLOP/s");
@@ -369,6 +406,20 @@ static void time_all(int reps, int only_variant, const bool *failed)
         }
         if (only_variant < 0 || only_variant == SF_LAB_ATTENTION_WGMMA) time_bf16_in_place(p, dd, reps, s.name, flops);
         printf("%-24s useful GFLOP per call: %.2f\n", s.name, flops / 1e9);
+        problem_free(p);
+    }
+    /* d = 128 (the model's 1024 columns as 8 heads): the reference branches with 256 global
+     * tokens, and dense 2048-token causal windows, the same useful work as their d = 64 twins
+     * above; the product only */
+    const shape wide[2] = {{"ref causal G256 d=128", 8, 128, 8192, 8192, 1, 256, 3, {{2048, 1}, {4096, 2}, {8192, 4}}},
+                           {"dense 2048 causal d=128", 8, 128, 8192, 8192, 1, 0, 1, {{2048, 1}}}};
+    for (int g = 0; g < 2 && (only_variant < 0 || only_variant == SF_LAB_ATTENTION_WGMMA); g++) {
+        problem p;
+        problem_make(p, wide[g]);
+        sf_attention_desc dd = dev_desc(p);
+        const double flops = sf_attention_useful_flops(&dd);
+        time_product(p, dd, reps, wide[g].name, flops);
+        printf("%-24s useful GFLOP per call: %.2f\n", wide[g].name, flops / 1e9);
         problem_free(p);
     }
 }

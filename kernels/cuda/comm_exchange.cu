@@ -27,7 +27,15 @@
  * compute stream wait for every peer's gathered[slot] of op k, and only then publishes the
  * consumption. Ends may run ahead of joins; a start of k + SLOTS waits for the peers' joins of
  * op k, which come after their waits on this rank's gathered[slot] of op k, so gathered too is
- * recorded again only after every wait on it was issued. */
+ * recorded again only after every wait on it was issued.
+ *
+ * A segment's first rows (first_rows, split sums only): rank 0 norms them and marks them made;
+ * every other rank copies the normed rows into its registered buffer on its compute stream,
+ * then the rows on its gather stream, and its first split end waits for the rows, its first
+ * start too (rank 0's add must not change the rows before they are copied). The copy engines
+ * carry it, so rank 0's multiprocessors go straight on to the segment's products, and the
+ * others wait only for the normed rows, half the bytes of the float32 rows a broadcast would
+ * send first. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,6 +67,14 @@ struct sf_exchange {
     cudaStream_t gather;
     cudaEvent_t gathered[SLOTS];
     int normed_op[SLOTS]; /* whether the split op of a slot, ended and not yet joined, normed */
+    /* a segment's first rows (sf_exchange_first_rows): rank 0's mark that its rows and normed
+     * rows are made (rows_ready, and the rows' address then, first_rows_at), and each other
+     * rank's marks that it has copied them in (normed_in, rows_in) */
+    cudaEvent_t rows_ready, normed_in, rows_in;
+    const float *first_rows_at;
+    long long firsts;          /* first_rows calls by this rank */
+    int rows_owed, parts_owed; /* another rank's: its next split end, and its next start, wait for
+                                  rows_in first */
 };
 
 struct group {
@@ -69,6 +85,7 @@ struct group {
     int vote[MAX_RANKS], arrived;
     long long delivered[MAX_RANKS], consumed[MAX_RANKS]; /* counts published by each rank */
     long long gathered[MAX_RANKS];                       /* split sums: slices copied out */
+    long long firsts_made, firsts_taken[MAX_RANKS];      /* first rows: rank 0's, the others' */
     int aborted;
     group *next;
 };
@@ -96,6 +113,8 @@ static int wait_count(sf_exchange *x, const long long *count, long long want, in
     }
     return SF_OK;
 }
+
+static int wait_rows_owed(sf_exchange *x, cudaStream_t stream);
 
 int sf_exchange_join(const void *id, sf_comm *c, sf_exchange **out)
 {
@@ -133,6 +152,9 @@ static void free_member(sf_exchange *x)
     if (x->ready) cudaEventDestroy(x->ready);
     for (int s = 0; s < SLOTS; s++)
         if (x->gathered[s]) cudaEventDestroy(x->gathered[s]);
+    cudaEvent_t first_events[] = {x->rows_ready, x->normed_in, x->rows_in};
+    for (cudaEvent_t e : first_events)
+        if (e) cudaEventDestroy(e);
     if (x->gather) cudaStreamDestroy(x->gather);
     if (x->inbox) cudaFree(x->inbox);
     cudaGetLastError();
@@ -246,6 +268,10 @@ static int start_copies(sf_exchange *x, cudaStream_t stream, cudaStream_t side, 
     const int slot = (int)(k % SLOTS);
     int rc = sf_cuda_status(cudaEventRecord(x->ready, stream), "exchange (part ready)");
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(side, x->ready, 0), "exchange (part ready)");
+    if (rc == SF_OK && x->parts_owed) { /* the peers add to rows this rank copies in: not before */
+        x->parts_owed = 0;
+        rc = sf_cuda_status(cudaStreamWaitEvent(side, x->rows_in, 0), "exchange (rows in)");
+    }
     for (int p = 0; p < g->size && rc == SF_OK; p++) {
         if (p == rank) continue;
         sf_exchange *peer = g->member[p];
@@ -340,6 +366,9 @@ int sf_exchange_register(sf_exchange *x, float *rows, void *normed)
         rc = sf_cuda_status(cudaStreamCreateWithFlags(&x->gather, cudaStreamNonBlocking), "exchange stream");
     for (int s = 0; s < SLOTS && rc == SF_OK; s++)
         rc = sf_cuda_status(cudaEventCreateWithFlags(&x->gathered[s], cudaEventDisableTiming), "exchange events");
+    cudaEvent_t *first_events[] = {&x->rows_ready, &x->normed_in, &x->rows_in};
+    for (cudaEvent_t *e : first_events)
+        if (rc == SF_OK) rc = sf_cuda_status(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "exchange events");
     if (rc != SF_OK) return rc;
     /* published before the peers' first split op reads them: their ops start after every
      * rank's set-up returned (the block's warm-up is a collective) */
@@ -382,6 +411,7 @@ int sf_exchange_end_split(sf_exchange *x, cudaStream_t stream, int ticket, float
     sf_comm_slice(nrows, g->size, rank, &first, &count);
     const void *ps[MAX_RANKS];
     int rc = wait_parts(x, stream, k, (const unsigned char *)part + (size_t)first * dim * 2, ps);
+    if (rc == SF_OK) rc = wait_rows_owed(x, stream);
     unsigned char *u = norm ? (unsigned char *)normed : NULL;
     /* with a norm, the kernel writes this rank's normed slice into every peer's normed rows as
      * well (peer access): they have it when the kernel ends, with no copy to start and wait for */
@@ -433,4 +463,74 @@ int sf_exchange_join_split(sf_exchange *x, cudaStream_t stream, int ticket)
     x->joined = k + 1;
     __atomic_store_n(&g->consumed[rank], k + 1, __ATOMIC_RELEASE);
     return SF_OK;
+}
+
+/* A non-root rank's wait for its copy of the segment's first rows, owed since first_rows to
+ * the first split end (whose add reads them). */
+static int wait_rows_owed(sf_exchange *x, cudaStream_t stream)
+{
+    if (!x->rows_owed) return SF_OK;
+    x->rows_owed = 0;
+    return sf_cuda_status(cudaStreamWaitEvent(stream, x->rows_in, 0), "exchange (wait rows)");
+}
+
+/* Rank 0, segment k: marks its rows and normed rows made (rows_ready) and publishes k + 1. Its
+ * host waits for nothing but the others' waits on segment k - 1's mark (issued long before: the
+ * rank waits for the end of each segment), so it goes straight on to the segment's products. */
+static int mark_first_rows(sf_exchange *x, cudaStream_t stream, long long k)
+{
+    group *g = x->g;
+    int rc = SF_OK;
+    for (int p = 1; p < g->size && rc == SF_OK; p++) rc = wait_count(x, &g->firsts_taken[p], k, p, "first rows");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->rows_ready, stream), "exchange (rows ready)");
+    if (rc != SF_OK) return rc;
+    __atomic_store_n(&x->first_rows_at, x->rows_base, __ATOMIC_RELEASE);
+    __atomic_store_n(&g->firsts_made, k + 1, __ATOMIC_RELEASE);
+    return SF_OK;
+}
+
+/* Another rank, segment k: once rank 0 marked them, copies rank 0's normed rows in on `stream`
+ * (the products after it wait for them), then its rows on the gather stream (after every op
+ * so far on `stream`: this rank's previous segment is done with its rows), owed to the next
+ * split end and start. Rank 0 changes neither before this rank's parts of the segment reach it
+ * (they follow the copies), and marks again only after this rank published its waits on the
+ * mark (firsts_taken). */
+static int take_first_rows(sf_exchange *x, cudaStream_t stream, long long k, int rows, int dim)
+{
+    group *g = x->g;
+    sf_exchange *root = g->member[0];
+    int rc = wait_rows_owed(x, stream); /* a segment without a split end or start (none in the block) */
+    x->parts_owed = 0;
+    if (rc == SF_OK) rc = wait_count(x, &g->firsts_made, k + 1, 0, "first rows");
+    if (rc != SF_OK) return rc;
+    const float *root_rows = __atomic_load_n(&root->first_rows_at, __ATOMIC_ACQUIRE);
+    rc = sf_cuda_status(cudaStreamWaitEvent(stream, root->rows_ready, 0), "exchange (wait first rows)");
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaMemcpyPeerAsync(x->normed_base, x->device, root->normed_base, root->device,
+                                                (size_t)rows * dim * 2, stream),
+                            "exchange copy (first normed rows)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->normed_in, stream), "exchange (normed rows in)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(x->gather, x->normed_in, 0), "exchange (normed rows in)");
+    if (rc == SF_OK)
+        rc = sf_cuda_status(cudaMemcpyPeerAsync(x->rows_base, x->device, root_rows, root->device,
+                                                (size_t)rows * dim * sizeof(float), x->gather),
+                            "exchange copy (first rows)");
+    if (rc == SF_OK) rc = sf_cuda_status(cudaEventRecord(x->rows_in, x->gather), "exchange (rows in)");
+    if (rc != SF_OK) return rc;
+    x->rows_owed = x->parts_owed = 1;
+    __atomic_store_n(&g->firsts_taken[x->c->rank], k + 1, __ATOMIC_RELEASE);
+    return SF_OK;
+}
+
+int sf_exchange_first_rows(sf_exchange *x, cudaStream_t stream, int rows, int dim, const float *own_rows,
+                           const void *own_normed)
+{
+    if (!x->rows_base || !x->normed_base)
+        return sf_error(SF_E_INVAL, "exchange: first rows before the rows were registered");
+    if (own_rows != x->rows_base || own_normed != x->normed_base)
+        return sf_error(SF_E_INVAL, "exchange: first rows in other buffers than the registered ones");
+    const long long k = x->firsts;
+    const int rc = x->c->rank == 0 ? mark_first_rows(x, stream, k) : take_first_rows(x, stream, k, rows, dim);
+    if (rc == SF_OK) x->firsts = k + 1;
+    return rc;
 }

@@ -49,6 +49,13 @@ int sf_exchange_start_split(sf_exchange *x, cudaStream_t stream, cudaStream_t si
 int sf_exchange_end_split(sf_exchange *x, cudaStream_t stream, int ticket, float *rows, const void *part, int nrows,
                           int dim, const float *norm, float eps, void *normed);
 int sf_exchange_join_split(sf_exchange *x, cudaStream_t stream, int ticket);
+/* A segment's first rows (kernels/comm.h, first_rows) where the sums are split, each rank after
+ * it registered its buffers: rank 0 marks its rows and normed rows made by the ops on `stream`;
+ * every other rank copies them into its own buffers (the copy engines), `stream` waiting for
+ * the normed rows, its next end_split and start for the rows. own_rows and own_normed: this
+ * rank's registered buffers (checked). */
+int sf_exchange_first_rows(sf_exchange *x, cudaStream_t stream, int rows, int dim, const float *own_rows,
+                           const void *own_normed);
 /* Ends every rank's host waits of the group at once (a rank failed). */
 void sf_exchange_abort(sf_exchange *x);
 

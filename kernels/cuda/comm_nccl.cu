@@ -318,6 +318,26 @@ static int nccl_reduce_norm_join(sf_comm *c, int ticket)
     return rc;
 }
 
+/* first_rows (kernels/comm.h): rank 0 norms, the exchange copies, where the sums are split;
+ * else a broadcast of the rows and every rank's norm. */
+static int nccl_first_rows(sf_comm *c, int rows, int dim, float *x, const float *norm, float eps, void *u)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    int rc = SF_OK;
+    if (!n->split || c->rank == 0) {
+        if (!n->split) rc = nccl_broadcast(c, x, (size_t)rows * dim, SF_DTYPE_F32, 0);
+        if (rc == SF_OK) rc = sf_cuda_rmsnorm_typed(c->be, rows, dim, x, norm, eps, SF_DTYPE_BF16, u);
+        if (rc != SF_OK || !n->split) return rc;
+    }
+    sf_cuda *cu;
+    rc = enter(c, "first_rows", &cu);
+    if (rc != SF_OK) return rc;
+    rc = sf_exchange_first_rows(n->exchange, cu->stream, rows, dim, x, u);
+    sf_cuda_leave(cu);
+    if (rc == SF_E_COMM) break_comm(c, sf_last_error());
+    return rc;
+}
+
 static int nccl_group_begin(sf_comm *c)
 {
     nccl_comm *n = (nccl_comm *)c->impl;
@@ -468,6 +488,7 @@ static const sf_comm_ops nccl_ops = {
     nccl_reduce_norm_start,
     nccl_reduce_norm_end,
     nccl_reduce_norm_join,
+    nccl_first_rows,
 };
 
 extern "C" int sf_cuda_comm_nccl_available(void) { return 1; }
