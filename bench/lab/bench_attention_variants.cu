@@ -274,18 +274,25 @@ static void dump_problem(const char *dir, const problem &p, std::vector<uint16_t
  * (desc.qkv_type bf16): K/V read in place, only the global tokens staged. The inputs are the
  * float ones rounded to bf16, which the float path rounds identically, so its output must equal
  * the float path's; the product's must equal variant 36's bit for bit. */
+/* p's q, k, v rounded to bf16 into new device buffers b[0..2] (bits: the host's rounding, the
+ * last one's left there) */
+static void upload_bf16_qkv(const problem &p, void *b[3], std::vector<uint16_t> &bits)
+{
+    const std::vector<float> *src[3] = {&p.q, &p.k, &p.v};
+    for (int i = 0; i < 3; i++) {
+        for (size_t j = 0; j < bits.size(); j++) bits[j] = bf16_bits((*src[i])[j]);
+        CUDA_OK(cudaMalloc(&b[i], bits.size() * 2));
+        CUDA_OK(cudaMemcpy(b[i], bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    }
+}
+
 static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const char *name, double flops)
 {
     const int var = SF_LAB_ATTENTION_WGMMA;
     const size_t cnt = p.q.size();
     std::vector<uint16_t> bits(cnt);
     void *b[3];
-    const std::vector<float> *src[3] = {&p.q, &p.k, &p.v};
-    for (int i = 0; i < 3; i++) {
-        for (size_t j = 0; j < cnt; j++) bits[j] = bf16_bits((*src[i])[j]);
-        CUDA_OK(cudaMalloc(&b[i], cnt * 2));
-        CUDA_OK(cudaMemcpy(b[i], bits.data(), cnt * 2, cudaMemcpyHostToDevice));
-    }
+    upload_bf16_qkv(p, b, bits);
     std::vector<float> want(cnt), got(cnt);
     if (sf_lab_attention_variant(var, &dd, p.dq, p.dk, p.dv, p.dout, p.ws, p.ws_bytes, 0))
         printf("variant %d failed: %s\n", var, sf_last_error());
@@ -336,12 +343,7 @@ static void time_product(problem &p, sf_attention_desc dd, int reps, const char 
     const size_t cnt = p.q.size();
     std::vector<uint16_t> bits(cnt);
     void *b[3];
-    const std::vector<float> *src[3] = {&p.q, &p.k, &p.v};
-    for (int i = 0; i < 3; i++) {
-        for (size_t j = 0; j < cnt; j++) bits[j] = bf16_bits((*src[i])[j]);
-        CUDA_OK(cudaMalloc(&b[i], cnt * 2));
-        CUDA_OK(cudaMemcpy(b[i], bits.data(), cnt * 2, cudaMemcpyHostToDevice));
-    }
+    upload_bf16_qkv(p, b, bits);
     dd.qkv_type = SF_DTYPE_BF16;
     const char *form = "bf16 in place through sf_cuda_attention";
     if (sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev)) {
