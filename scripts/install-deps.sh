@@ -13,7 +13,7 @@ packages=(build-essential cmake pkg-config libopenblas-dev libcjson-dev liblz4-d
 packages+=(openmpi-bin iproute2)
 [ "${1:-}" = --fuzz ] && packages+=(clang libclang-rt-dev libomp-dev)
 # and what scripts/test.sh's checks use: the JSON schemas, the arm64 cross compile, a pre-AVX CPU
-[ "${1:-}" = --fuzz ] && packages+=(python3-jsonschema python3-venv gcc-aarch64-linux-gnu qemu-user)
+[ "${1:-}" = --fuzz ] && packages+=(python3-jsonschema python3-venv gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

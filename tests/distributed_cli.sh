@@ -244,7 +244,9 @@ kill)
     done
     ;;
 stop)
-    head -c 30000 /dev/urandom > in.bin
+    # long enough to be running still when rank 2 is stopped, on any machine (stopped, the job
+    # ends by the timeout, not by its size)
+    head -c 240000 /dev/urandom > in.bin
     rm -f out.raw
     "$bin" launch -n 3 -- $model -i in.bin -o out.raw "$layer" 2> err.txt &
     lp=$!

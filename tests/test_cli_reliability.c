@@ -414,17 +414,18 @@ static void test_signals(void)
         CHECKF(file_size(out) == 100 * (long)row_bytes, "%s: output holds %ld bytes", names[i], file_size(out));
     }
 
-    /* a run whose compute is slow (a model of 1024 wide layers on one thread, seconds a
-     * segment; a slow GPU call is the same): SIGTERM leaves after its grace, a second SIGINT at
+    /* a run whose compute is slow (a model of 8 layers 1024 wide on one thread, a second a
+     * segment and more: what was read takes longer to flush than the 3 s grace, on any machine
+     * of today; a slow GPU call is the same): SIGTERM leaves after its grace, a second SIGINT at
      * once; either way without output and with FILE.partial-PID removed */
     const char *slow_in = in_dir("slow.in");
-    char tokens[1024];
+    char tokens[2048];
     for (size_t t = 0; t < sizeof tokens; t++) tokens[t] = (char)(t * 7 + 3);
     write_file(slow_in, tokens, sizeof tokens);
     const int stop_sigs[] = {SIGTERM, SIGINT};
     for (int i = 0; i < 2; i++) {
         const char *out = in_dir(i ? "slow-int.f32" : "slow-term.f32");
-        pid = start((const char *[]){"seqflow", "run", "--dim", "1024", "--heads", "8", "--head-dim", "128", "--layers", "4",
+        pid = start((const char *[]){"seqflow", "run", "--dim", "1024", "--heads", "8", "--head-dim", "128", "--layers", "8",
                                      "--mlp", "4096", "-t", "1", "-i", slow_in, "-o", out, "--no-progress", NULL},
                     -1, -1);
         char partial[PATH_MAX + 32];
