@@ -7,7 +7,8 @@
  * run (a thread a stage). Also: a save on R ranks restored on R ranks continues as an uninterrupted
  * run, a restore on another number of ranks (or unsharded) is refused naming both; H or F
  * not divisible by R is refused naming them; the host communicator's collectives give
- * rank-ordered sums, and a rank that never joins or aborts ends the others with SF_E_COMM
+ * rank-ordered sums, a segment's first rows composed reach every rank (and the missing bf16
+ * norm is refused), and a rank that never joins or aborts ends the others with SF_E_COMM
  * within the timeout. */
 #include <math.h>
 #include <pthread.h>
@@ -198,6 +199,8 @@ typedef struct comm_job {
     float gathered[4 * 2];
     uint16_t bf[3];
     float got;
+    int first_rc, bad_rc; /* first_rows composed (no bf16 norm here), and with -1 rows */
+    float first_x[4];     /* the rows after it: rank 0's */
 } comm_job;
 
 static void *comm_main(void *arg)
@@ -231,6 +234,16 @@ static void *comm_main(void *arg)
             if (j->rc == SF_OK) j->rc = sf_comm_recv(c, &in, 1, SF_DTYPE_F32, (c->rank + c->size - 1) % c->size);
             if (j->rc == SF_OK && in != (float)((c->rank + c->size - 1) % c->size)) j->rc = SF_E_INVAL;
         }
+    }
+    if (j->rc == SF_OK && j->mode == 0) {
+        /* a segment's first rows, composed: rank 0's rows broadcast, then the backend's bf16 norm,
+         * which plain host memory has not: every rank gets the rows and the refusal */
+        float x[4];
+        for (int i = 0; i < 4; i++) x[i] = c->rank == 0 ? (float)(i + 1) : -1.0f;
+        uint16_t u[4] = {0};
+        j->bad_rc = sf_comm_first_rows(c, -1, 4, x, NULL, 1e-6f, u);
+        j->first_rc = sf_comm_first_rows(c, 1, 4, x, NULL, 1e-6f, u);
+        memcpy(j->first_x, x, sizeof x);
     }
     j->ms = now_ms() - start;
     return NULL;
@@ -270,6 +283,12 @@ static void check_host_comm(void)
             const uint16_t want_bf = (uint16_t)(size == 1 ? 0x3f80 : size == 2 ? 0x4000 : 0x4080);
             CHECKF(jobs[r].bf[0] == want_bf, "host comm of %d: bf16 sum of ones 0x%04x, want 0x%04x", size, jobs[r].bf[0],
                    want_bf);
+            CHECKF(jobs[r].bad_rc == SF_E_INVAL, "first_rows of -1 rows: %d", jobs[r].bad_rc);
+            CHECKF(jobs[r].first_rc == SF_E_UNSUPPORTED, "first_rows on host memory (no bf16 norm): %d",
+                   jobs[r].first_rc);
+            for (int i = 0; i < 4; i++)
+                CHECKF(jobs[r].first_x[i] == (float)(i + 1), "first_rows: rank %d of %d row[%d] %g, want rank 0's %d",
+                       r, size, i, jobs[r].first_x[i], i + 1);
         }
     }
     /* rank 2 aborts after two rounds: the others fail at once with its reason */
