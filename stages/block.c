@@ -470,10 +470,8 @@ static int check_layer_rows(const block *b, sf_packet *const *packets, int count
 static int layers_forward(block *b, stream_state *const *states, sf_packet *const *packets, int count, int n,
                           int commit)
 {
-    int rc = SF_OK;
-    /* head-parallel: every rank starts from rank 0's rows (with normed sums, normed: sf_block_norm_first) */
-    if (b->comm && !b->normed) rc = sf_comm_broadcast(b->comm, b->x, (size_t)count * n * b->cfg->dim, SF_DTYPE_F32, 0);
-    if (rc == SF_OK) rc = sf_block_norm_first(b, count * n);
+    /* head-parallel: every rank starts from rank 0's rows */
+    int rc = sf_block_first_rows(b, count * n);
     for (int l = 0; l < b->count && rc == SF_OK; l++) {
         rc = layer_forward(b, states, count, l, n, commit);
         if (rc == SF_OK && b->check_finite && b->host_rows) rc = check_layer_rows(b, packets, count, n, l);

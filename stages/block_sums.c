@@ -147,10 +147,11 @@ static int sums_end(block *b, const sum_chunk *s, int n, const float *norm, int 
     return rc;
 }
 
-int sf_block_norm_first(block *b, int rows)
+int sf_block_first_rows(block *b, int rows)
 {
-    if (!b->normed) return SF_OK;
     const sf_model_config *c = b->cfg;
+    if (!b->comm) return SF_OK;
+    if (!b->normed) return sf_comm_broadcast(b->comm, b->x, (size_t)rows * c->dim, SF_DTYPE_F32, 0);
     b->n_owed = 0;
     int rc = SF_OK, split = 0;
     /* rank 0 computes in the rows of each packet (run_one): the split sums' last copies go there */

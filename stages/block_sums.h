@@ -9,10 +9,10 @@
  * `rows` rows; head-parallel, each followed by the ranks' sum. join_owed: the side queue is
  * joined before the MLP's products (the deferred commits that read nothing they write). */
 int sf_block_output_and_mlp(block *b, int l, int rows, int join_owed);
-/* Normed sums (block.normed), at the start of a segment, rank 0's rows in its x: every rank's
- * act.un = the first layer's attention norm of them, and its x = them (sf_comm_first_rows);
- * nothing otherwise. */
-int sf_block_norm_first(block *b, int rows);
+/* Head-parallel, at the start of a segment of `rows` rows, rank 0's rows in its x: every rank's
+ * x = them (a broadcast), and with normed sums (block.normed) act.un = the first layer's
+ * attention norm of them (sf_comm_first_rows); nothing unsharded. */
+int sf_block_first_rows(block *b, int rows);
 /* Normed sums: layer l's q, k, v ([rows, width] of block.qkv_type) from act.un, ending the
  * previous layer's owed sums chunk by chunk, each chunk's products after its own sum. */
 int sf_block_qkv_normed(block *b, int l, int rows, unsigned char *q, unsigned char *k, unsigned char *v);

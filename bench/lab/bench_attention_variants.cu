@@ -286,6 +286,20 @@ static void upload_bf16_qkv(const problem &p, void *b[3], std::vector<uint16_t> 
     }
 }
 
+/* The product as the backend calls it (sf_cuda_attention) on q/k/v b[0..2] as dd says, timed and
+ * printed as `form`: the median ms. */
+static float time_product_on(problem &p, const sf_attention_desc &dd, void *const b[3], int reps, const char *name,
+                             double flops, const char *form)
+{
+    const sf_cuda_device_info dev = this_device();
+    const std::vector<float> pms =
+        event_times_ms(reps, [&] { sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev); });
+    const float pmed = pms[pms.size() / 2];
+    printf("%-24s %-8s %-40s %10.3f %10.3f %10.1f\n", name, "product", form, pmed, pms[0],
+           flops / (pmed * 1e-3) / 1e12);
+    return pmed;
+}
+
 static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const char *name, double flops)
 {
     const int var = SF_LAB_ATTENTION_WGMMA;
@@ -321,13 +335,7 @@ static void time_bf16_in_place(problem &p, sf_attention_desc dd, int reps, const
         const float med = ms[ms.size() / 2];
         printf("%-24s %-8d %-40s %10.3f %10.3f %10.1f   (max |diff| to float inputs %.3g)\n", name, var,
                "bf16 q/k/v read in place (qkv's output)", med, ms[0], flops / (med * 1e-3) / 1e12, maxdiff);
-        /* the product as the backend calls it */
-        const sf_cuda_device_info dev = this_device();
-        const std::vector<float> pms = event_times_ms(
-            reps, [&] { sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev); });
-        const float pmed = pms[pms.size() / 2];
-        printf("%-24s %-8s %-40s %10.3f %10.3f %10.1f\n", name, "product", "bf16 in place through sf_cuda_attention",
-               pmed, pms[0], flops / (pmed * 1e-3) / 1e12);
+        const float pmed = time_product_on(p, dd, b, reps, name, flops, "bf16 in place through sf_cuda_attention");
         const char *dir = getenv("ATT_DUMP");
         if (dir && strcmp(name, "ref causal G256") == 0) dump_problem(dir, p, bits, got, pmed, flops);
     }
@@ -353,15 +361,10 @@ static void time_product(problem &p, sf_attention_desc dd, int reps, const char 
         dd.qkv_type = SF_DTYPE_F32;
         form = "float32 q/k/v through sf_cuda_attention";
     }
-    if (sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev)) {
+    if (sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev))
         printf("%-24s product failed: %s\n", name, sf_last_error());
-    } else {
-        const std::vector<float> pms =
-            event_times_ms(reps, [&] { sf_cuda_attention(&dd, b[0], b[1], b[2], p.dout, p.ws, p.ws_bytes, 0, &dev); });
-        const float pmed = pms[pms.size() / 2];
-        printf("%-24s %-8s %-40s %10.3f %10.3f %10.1f\n", name, "product", form, pmed, pms[0],
-               flops / (pmed * 1e-3) / 1e12);
-    }
+    else
+        time_product_on(p, dd, b, reps, name, flops, form);
     if (dd.qkv_type == SF_DTYPE_BF16)
         for (int i = 0; i < 3; i++) cudaFree(b[i]);
 }

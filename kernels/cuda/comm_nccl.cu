@@ -323,14 +323,14 @@ static int nccl_reduce_norm_join(sf_comm *c, int ticket)
 static int nccl_first_rows(sf_comm *c, int rows, int dim, float *x, const float *norm, float eps, void *u)
 {
     nccl_comm *n = (nccl_comm *)c->impl;
-    int rc = SF_OK;
-    if (!n->split || c->rank == 0) {
-        if (!n->split) rc = nccl_broadcast(c, x, (size_t)rows * dim, SF_DTYPE_F32, 0);
-        if (rc == SF_OK) rc = sf_cuda_rmsnorm_typed(c->be, rows, dim, x, norm, eps, SF_DTYPE_BF16, u);
-        if (rc != SF_OK || !n->split) return rc;
+    if (!n->split) { /* every rank norms the rows rank 0 broadcast */
+        int rc = nccl_broadcast(c, x, (size_t)rows * dim, SF_DTYPE_F32, 0);
+        return rc == SF_OK ? sf_cuda_rmsnorm_typed(c->be, rows, dim, x, norm, eps, SF_DTYPE_BF16, u) : rc;
     }
+    /* split: rank 0 norms alone, the others copy its normed rows in */
+    int rc = c->rank == 0 ? sf_cuda_rmsnorm_typed(c->be, rows, dim, x, norm, eps, SF_DTYPE_BF16, u) : SF_OK;
     sf_cuda *cu;
-    rc = enter(c, "first_rows", &cu);
+    if (rc == SF_OK) rc = enter(c, "first_rows", &cu);
     if (rc != SF_OK) return rc;
     rc = sf_exchange_first_rows(n->exchange, cu->stream, rows, dim, x, u);
     sf_cuda_leave(cu);
