@@ -1,14 +1,15 @@
 /* The product's CUDA attention kernels against their CPU twin sf_cpu_attention on small random
  * shapes: causal and not, partial segments, global tokens, d = 32/64/128, rows no branch covers.
  * Every path of sf_cuda_attention is run: the kernel it picks for this device (the wgmma kernel
- * on compute capability 9.0 at d = 64), the staged kernel (forced by telling the dispatch it runs
+ * on compute capability 9.0 at d = 64 and 128), the staged kernel (forced by telling the dispatch it runs
  * on compute capability 8.0, and called directly), the convert kernel (no workspace), the float32
  * kernel, bf16 q/k/v read in place where the wgmma kernel runs (refused elsewhere), and a head
  * width no tensor-core kernel was built for (the float32 fallback). Output poisoned with NaN
  * before each run; tolerance ||out-ref||/||ref|| <= 2e-2 in bf16, 1e-4 in float32. Then NaN and
  * infinity in V and NaN in K at chosen keys (check_non_finite): the rows that see them are
  * non-finite as on the CPU, every other row finite and within tolerance, on every path
- * including the fused memory mix; each case prints "ok: ..." when it passes.
+ * including the fused memory mix (d = 64; refused at other widths); each case prints "ok: ..."
+ * when it passes.
  * The lab's variants are checked by bench/lab/bench_attention_variants.cu.
  * Skips (77) when the build has no CUDA or the machine has no GPU. */
 #include <math.h>
@@ -311,8 +312,12 @@ static void check_non_finite(const shape *s, int bad_global, const sf_cuda_devic
                                      cudaMemcpy(mixed, dmix, cnt * 2, cudaMemcpyDeviceToHost) == cudaSuccess
                                  ? SF_OK
                                  : SF_E_BACKEND;
-                    /* the mix adds the memory's finite retrieval: finiteness is A_dot's */
-                    expect_nf("sf_cuda_attention_with_mix (fused)", s, rc, NULL, mixed, ref16, TOL_BF16);
+                    /* the mix adds the memory's finite retrieval: finiteness is A_dot's. Its memory
+                     * is 64 x 64 a head: other widths are refused, nothing launched */
+                    if (s->d == 64)
+                        expect_nf("sf_cuda_attention_with_mix (fused)", s, rc, NULL, mixed, ref16, TOL_BF16);
+                    else
+                        CHECK(rc == SF_E_UNSUPPORTED);
                 }
                 cudaFree(dm), cudaFree(dmix);
             }
@@ -368,6 +373,8 @@ int main(void)
         {4, 64, 1024, 777, 1, 16, 3, {{256, 1}, {512, 2}, {1024, 4}}},
         {3, 32, 512, 300, 0, 0, 2, {{128, 1}, {512, 8}}},
         {2, 128, 512, 512, 1, 7, 2, {{64, 2}, {512, 1}}},
+        {3, 128, 1024, 1024, 1, 0, 3, {{256, 1}, {512, 2}, {1024, 4}}},
+        {2, 128, 1024, 777, 0, 64, 3, {{256, 1}, {512, 2}, {1024, 4}}},
         {4, 64, 256, 256, 1, 0, 1, {{256, 4}}},
         {6, 64, 192, 150, 1, 0, 2, {{96, 3}, {64, 2}}},
     };

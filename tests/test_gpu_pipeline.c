@@ -68,7 +68,7 @@ static void compare(const char *name, const sf_model *m, const shard_scenario *s
     shard_outputs want;
     if (shard_run(m, &cpu, sc, "", tokens, &want, 0, NULL) == SF_OK) {
         /* bf16 also with float32 q/k/v (setting qkv=f32): an H100 passes bf16 ones between the
-         * ops of d = 64 layers, other GPUs float32 ones */
+         * ops of d = 64 and d = 128 layers, other GPUs float32 ones */
         static const struct {
             sf_precision p;
             const char *label;
@@ -297,11 +297,12 @@ int main(void)
         {"H*d != D, delta, globals, 3 layers", "8:1,16:2,32:4", 20, 2, 12, 3, 1, 28, 8, 4, 1, 32, SF_MEMORY_DELTA},
         {"d=32 (bf16 kernel), delta, globals, MLP", "32:1,64:2,128:4", 96, 4, 32, 2, 1, 128, 8, 2, 1, 128,
          SF_MEMORY_DELTA},
-        {"d=64 (bf16 kernel), linear, non-causal", "64:1,128:2", 128, 2, 64, 2, 0, 0, 4, 4, 1, 128,
-         SF_MEMORY_LINEAR},
+        {"d=64 (bf16 kernel), linear, non-causal", "64:1,128:2", 128, 2, 64, 2, 0, 0, 4, 4, 1, 128, SF_MEMORY_LINEAR},
         /* on an H100, bf16 q/k/v between the ops: attention reads K/V in place, memory and
          * summary read bf16 */
-        {"d=64, causal delta, globals, MLP", "64:1,128:2,256:4", 128, 2, 64, 2, 1, 256, 16, 4, 1, 256,
+        {"d=64, causal delta, globals, MLP", "64:1,128:2,256:4", 128, 2, 64, 2, 1, 256, 16, 4, 1, 256, SF_MEMORY_DELTA},
+        /* the wgmma attention's d = 128 form on an H100, bf16 q/k/v read in place there too */
+        {"d=128, causal delta, globals, MLP", "128:1,256:2,512:4", 256, 2, 128, 2, 1, 512, 16, 4, 1, 512,
          SF_MEMORY_DELTA},
     };
     for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) {

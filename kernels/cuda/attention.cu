@@ -19,7 +19,7 @@ extern "C" int sf_cuda_attention(const sf_attention_desc *desc, const void *q, c
         if (!wgmma || !workspace)
             return sf_error(SF_E_UNSUPPORTED,
                             "cuda attention: bf16 q/k/v are read by the wgmma kernel only (compute capability 9.0, "
-                            "d = 64, a workspace)");
+                            "d = 64 or 128, a workspace)");
         return sf_cuda_attention_wgmma(desc, q, k, v, out, NULL, workspace, workspace_bytes, stream);
     }
     const float *qf = static_cast<const float *>(q), *kf = static_cast<const float *>(k),
@@ -42,7 +42,7 @@ extern "C" int sf_cuda_attention_with_mix(const sf_attention_desc *desc, const v
                                           float *a, const sf_cuda_attention_mix *mix, void *workspace,
                                           size_t workspace_bytes, cudaStream_t stream, const sf_cuda_device_info *dev)
 {
-    if (desc->qkv_type != SF_DTYPE_BF16 || !mix || !mix->out || desc->n <= 0 ||
+    if (desc->qkv_type != SF_DTYPE_BF16 || !mix || !mix->out || desc->n <= 0 || desc->head_dim != 64 ||
         !sf_cuda_attention_wgmma_usable(desc, dev) || ((uintptr_t)mix->out | (uintptr_t)a) % 16)
         return SF_E_UNSUPPORTED; /* not an error: the caller runs the attention and the mix */
     return sf_cuda_attention_wgmma(desc, q, k, v, a, mix, workspace, workspace_bytes, stream);

@@ -118,8 +118,8 @@ static void stage_inputs(int rows, int heads, int ld, const float *k, const floa
     const size_t total = (size_t)rows * heads * (D / 8);
     if (total == 0) return;
     const unsigned grid = (unsigned)std::min<size_t>((total + 255) / 256, 8192);
-    /* the streaming form serves the wgmma kernel alone, d = 64: other widths read the plain way */
-    if constexpr (D == 64) {
+    /* the streaming form serves the wgmma kernel alone, d = 64 and 128: d = 32 reads the plain way */
+    if constexpr (D >= 64) {
         if (streaming) {
             sf_cuda_launch_early(stage_kv<D, true>, grid, 256, 0, stream, rows, heads, ld, k, v, kb, vb);
             return;
@@ -185,10 +185,12 @@ int att_stage_globals(const sf_attention_desc *desc, const __nv_bfloat16 *k, con
                       att_staged *staged, cudaStream_t stream, bool streaming)
 {
     const int H = desc->heads, G = desc->n_global > 0 ? desc->n_global : 0, D = desc->head_dim;
-    if (D != 64) return sf_error(SF_E_UNSUPPORTED, "cuda attention: bf16 K/V read in place for d = 64, not %d", D);
+    if (D != 64 && D != 128)
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: bf16 K/V read in place for d = 64 and 128, not %d", D);
     __nv_bfloat16 *gkb = reinterpret_cast<__nv_bfloat16 *>(ws);
     __nv_bfloat16 *gvb = reinterpret_cast<__nv_bfloat16 *>(ws + att_kv_bytes(G, H, D));
-    if (G > 0) stage_inputs<64>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, streaming, stream);
+    if (G > 0 && D == 64) stage_inputs<64>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, streaming, stream);
+    if (G > 0 && D == 128) stage_inputs<128>(G, H, desc->global_ld, desc->gk, desc->gv, gkb, gvb, streaming, stream);
     staged->kb = k, staged->vb = v, staged->gkb = gkb, staged->gvb = gvb;
     staged->khead = D, staged->krow = (size_t)desc->ld;
     return SF_OK;

@@ -51,12 +51,12 @@ int att_block_positions(const att_branches &br, int bm, long *T);
 
 /* Launches the pre-pass on `stream`: K, V and the global tokens to bf16 in `ws` (laid out as
  * att_workspace_need says); fills *staged with where they are. `streaming` reads the float32
- * inputs as evict-first in L2 (d = 64 only, for the wgmma kernel; other widths ignore it).
+ * inputs as evict-first in L2 (d = 64 and 128, for the wgmma kernel; d = 32 ignores it).
  * SF_E_UNSUPPORTED for a head width other than 32, 64, 128. */
 int att_stage_workspace(const sf_attention_desc *desc, const float *k, const float *v, unsigned char *ws,
                         att_staged *staged, cudaStream_t stream, bool streaming = false);
 
-/* For bf16 k, v ([n, desc->ld], read in place, d = 64): stages only the global tokens into `ws`
+/* For bf16 k, v ([n, desc->ld], read in place, d = 64 or 128): stages only the global tokens into `ws`
  * (at its start) and fills *staged. */
 int att_stage_globals(const sf_attention_desc *desc, const __nv_bfloat16 *k, const __nv_bfloat16 *v, unsigned char *ws,
                       att_staged *staged, cudaStream_t stream, bool streaming);

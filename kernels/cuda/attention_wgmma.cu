@@ -1,8 +1,8 @@
-/* Dilated local attention on Hopper warpgroup MMA (wgmma, sm_90a), d = 64 (SPEC 3 and 5);
+/* Dilated local attention on Hopper warpgroup MMA (wgmma, sm_90a), d = 64 and 128 (SPEC 3, 5);
  * reference: sf_cpu_attention. sf_cuda_attention runs it on compute capability 9.0.
  *
  * Same contract, workspace and block structure as the staged kernel (attention_staged.cuh):
- * the shared pre-pass stages K/V/globals as bf16 [head][row][64] (or, for bf16 q/k/v as qkv
+ * the shared pre-pass stages K/V/globals as bf16 [head][row][d] (or, for bf16 q/k/v as qkv
  * wrote them, only the globals, K/V read in place); a block of one warpgroup owns T positions
  * of one head, walks every branch's query tiles of 64 dilated rows and then the global tokens,
  * and merges each finished tile into `out` by log-sum-exp; heaviest blocks first.
@@ -37,41 +37,48 @@
 #include "kernels/cuda/launch_early.cuh"
 #include "seqflow/error.h"
 
-/* The kernel's shape: 64 keys a tile, 3 tiles in flight, 64 query rows (one warpgroup) a tile,
- * 3 blocks a multiprocessor. */
-struct wg_cfg {
-    static constexpr int BN = 64, STAGES = 3, MINB = 3;
+/* The kernel's shape for head width D: 64 keys a tile, 64 query rows (one warpgroup) a tile;
+ * at d = 64 3 tiles in flight and 3 blocks a multiprocessor, at d = 128 (tiles twice as large)
+ * 2 and 2, which the 228 KiB of shared memory a multiprocessor holds. A tile is D/64 column
+ * blocks of 64 (attention_wgmma_tile.cuh). */
+template <int D> struct wg_cfg {
+    static_assert(D == 64 || D == 128, "built for d = 64 and 128");
+    static constexpr int BN = 64, STAGES = D == 64 ? 3 : 2, MINB = D == 64 ? 3 : 2;
     static constexpr int THREADS = 128, BM = 64; /* BM: query rows a tile */
-    static constexpr int TILE = BN * WG_D * 2;   /* bytes of a K or a V tile */
+    static constexpr int BLOCKS = D / 64;        /* column blocks of a row */
+    static constexpr int TILE = BN * D * 2;      /* bytes of a K or a V tile */
     static constexpr int STAGE = 2 * TILE;       /* K tile then V tile, each 1024-byte aligned */
     static constexpr int KV_BYTES = STAGES * STAGE;
-    static constexpr int Q_BYTES = 64 * WG_D * 2;       /* the Q tile */
-    static constexpr int PER_THREAD = BN * 8 / THREADS; /* 16-byte chunks of a tile a thread */
+    static constexpr int Q_BYTES = 64 * D * 2;          /* the Q tile */
+    static constexpr int PER_THREAD = BN * 8 / THREADS; /* 16-byte chunks of a column block a thread */
 };
 
 #if SF_WGMMA_ENABLED
 /* K and V rows [k0, k0 + BN) into the stage at shared address `stage`, swizzled. */
-__device__ __forceinline__ void wg_issue_tile(const wg_src &s, int k0, uint32_t stage)
+template <int D> __device__ __forceinline__ void wg_issue_tile(const wg_src &s, int k0, uint32_t stage)
 {
-    using C = wg_cfg;
+    using C = wg_cfg<D>;
 #pragma unroll
-    for (int u = 0; u < C::PER_THREAD; u++) {
-        const int f = threadIdx.x + u * C::THREADS, key = f / 8, c8 = f % 8;
-        const int x = k0 + key;
-        const bool ok = x < s.kend;
-        const size_t off = (ok ? (size_t)x * s.stride : 0) + c8 * 8;
-        const uint32_t dst = sw128_offset(key, c8);
-        cp_async16_sh(stage + dst, s.k + off, ok ? 16 : 0);
-        cp_async16_sh(stage + C::TILE + dst, s.v + off, ok ? 16 : 0);
-    }
+    for (int b = 0; b < C::BLOCKS; b++)
+#pragma unroll
+        for (int u = 0; u < C::PER_THREAD; u++) {
+            const int f = threadIdx.x + u * C::THREADS, key = f / 8, c8 = f % 8;
+            const int x = k0 + key;
+            const bool ok = x < s.kend;
+            const size_t off = (ok ? (size_t)x * s.stride : 0) + b * 64 + c8 * 8;
+            const uint32_t dst = b * C::BN * 128 + sw128_offset(key, c8);
+            cp_async16_sh(stage + dst, s.k + off, ok ? 16 : 0);
+            cp_async16_sh(stage + C::TILE + dst, s.v + off, ok ? 16 : 0);
+        }
 }
 
 /* This thread's share of the copies of every key tile of one query tile: its chunks are key rows
- * tid/8 + 16u (u < PER_THREAD) at column chunk tid%8, so the shared offsets are one base plus
- * u * 2048 bytes and the global addresses advance by a fixed step a tile. Keys past the end are
- * zero-filled with the source ignored (ignore-src), so no address select is needed. Kept per
- * thread, it issues a tile's copies in ~20 instructions instead of wg_issue_tile's ~90. */
-struct wg_stream {
+ * tid/8 + 16u (u < PER_THREAD) at column chunk tid%8 of every column block, so the shared offsets
+ * are one base plus u * 2048 bytes (plus BN * 128 a block) and the global addresses advance by a
+ * fixed step a tile. Keys past the end are zero-filled with the source ignored (ignore-src), so
+ * no address select is needed. Kept per thread, it issues a tile's copies in ~20 instructions a
+ * column block instead of wg_issue_tile's ~90. */
+template <int D> struct wg_stream {
     const __nv_bfloat16 *k, *v; /* chunk u = 0 of key tile 0 */
     size_t row16, tile;         /* elements between chunks u and u+1, and between tiles */
     int key0, kend;             /* key of chunk u = 0 in tile 0, end of the keys */
@@ -83,20 +90,23 @@ struct wg_stream {
         key0 = s.kbeg + row, kend = s.kend;
         const size_t off = (size_t)key0 * s.stride + c8 * 8;
         k = s.k + off, v = s.v + off;
-        row16 = 16 * s.stride, tile = (size_t)wg_cfg::BN * s.stride;
+        row16 = 16 * s.stride, tile = (size_t)wg_cfg<D>::BN * s.stride;
         dst0 = sw128_offset(row, c8);
     }
     __device__ __forceinline__ void issue(int nt, uint32_t stage) const
     {
-        using C = wg_cfg;
+        using C = wg_cfg<D>;
         static_assert(C::THREADS / 8 == 16, "chunk u is 16 key rows below chunk u - 1");
         const size_t t0 = (size_t)nt * tile;
 #pragma unroll
         for (int u = 0; u < C::PER_THREAD; u++) {
             const bool skip = key0 + nt * C::BN + 16 * u >= kend;
-            const uint32_t dst = stage + dst0 + u * 2048;
-            cp_async16_zfill(dst, k + t0 + u * row16, skip);
-            cp_async16_zfill(dst + C::TILE, v + t0 + u * row16, skip);
+#pragma unroll
+            for (int b = 0; b < C::BLOCKS; b++) {
+                const uint32_t dst = stage + b * C::BN * 128 + dst0 + u * 2048;
+                cp_async16_zfill(dst, k + t0 + u * row16 + b * 64, skip);
+                cp_async16_zfill(dst + C::TILE, v + t0 + u * row16 + b * 64, skip);
+            }
         }
     }
 };
@@ -105,11 +115,11 @@ struct wg_stream {
  * output row at position opos0 + x*ostep; merges into out / m_s / l_s (indexed by position - P).
  * Every thread of the block calls it (it holds block barriers). `qaddr`, `kv`: shared addresses
  * of the Q tile and of the K/V stages. */
-template <class QT>
+template <int D, class QT>
 __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int qs, int qe, int opos0, int ostep, int P,
                         float *out, size_t ld, float c, uint32_t qaddr, uint32_t kv, float *m_s, float *l_s)
 {
-    using C = wg_cfg;
+    using C = wg_cfg<D>;
     constexpr int BN = C::BN, STAGES = C::STAGES;
     const int nkt = (src.kend - src.kbeg + BN - 1) / BN;
     if (nkt <= 0) return;
@@ -121,20 +131,20 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
 
 #pragma unroll
     for (int p = 0; p < STAGES - 1; p++) {
-        if (p < nkt) wg_issue_tile(src, src.kbeg + p * BN, kv + p * C::STAGE);
+        if (p < nkt) wg_issue_tile<D>(src, src.kbeg + p * BN, kv + p * C::STAGE);
         cp_async_commit();
     }
     if constexpr (sizeof(QT) == 2) {
         /* bf16 rows (qkv wrote them): 16-byte chunks go to the swizzled tile as they are */
 #pragma unroll
-        for (int u = 0; u < 64 * 8 / 128; u++) {
-            const int f = tid + u * 128, row = f / 8, c8 = f % 8, x = qs + row;
+        for (int u = 0; u < 64 * 8 * C::BLOCKS / 128; u++) {
+            const int f = tid + u % 4 * 128, row = f / 8, c8 = f % 8, b = u / 4, x = qs + row;
             uint4 a = make_uint4(0, 0, 0, 0);
             if (x < qe_w) {
-                const uint4 *qr = reinterpret_cast<const uint4 *>(qbase + (size_t)x * qstride + c8 * 8);
+                const uint4 *qr = reinterpret_cast<const uint4 *>(qbase + (size_t)x * qstride + b * 64 + c8 * 8);
                 a = __ldcs(qr);
             }
-            const uint32_t dst = qaddr + sw128_offset(row, c8);
+            const uint32_t dst = qaddr + b * 64 * 128 + sw128_offset(row, c8);
             asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w)
                          : "memory");
         }
@@ -143,14 +153,14 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
         /* Q tile to shared memory as bf16, swizzled like K: rows past qe are zeros. The previous
          * tile's products are done with it (each thread waited, then a barrier). */
 #pragma unroll
-        for (int u = 0; u < 64 * 8 / 128; u++) {
-            const int f = tid + u * 128, row = f / 8, c8 = f % 8, x = qs + row;
+        for (int u = 0; u < 64 * 8 * C::BLOCKS / 128; u++) {
+            const int f = tid + u % 4 * 128, row = f / 8, c8 = f % 8, blk = u / 4, x = qs + row;
             float4 a = make_float4(0, 0, 0, 0), b = a;
             if (x < qe_w) {
-                const float4 *qr = reinterpret_cast<const float4 *>(qbase + (size_t)x * qstride + c8 * 8);
+                const float4 *qr = reinterpret_cast<const float4 *>(qbase + (size_t)x * qstride + blk * 64 + c8 * 8);
                 a = __ldcs(qr), b = __ldcs(qr + 1);
             }
-            const uint32_t dst = qaddr + sw128_offset(row, c8);
+            const uint32_t dst = qaddr + blk * 64 * 128 + sw128_offset(row, c8);
             asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_bf16x2(a.x, a.y)),
                          "r"(pack_bf16x2(a.z, a.w)), "r"(pack_bf16x2(b.x, b.y)), "r"(pack_bf16x2(b.z, b.w))
                          : "memory");
@@ -158,9 +168,9 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
         fence_proxy_async(); /* the first key tile's barrier then publishes it */
     }
     const uint32_t(*no_qf)[4] = nullptr; /* Q is a shared-memory operand */
-    float acc[WG_D / 2];
+    float acc[D / 2];
 #pragma unroll
-    for (int i = 0; i < WG_D / 2; i++) acc[i] = 0;
+    for (int i = 0; i < D / 2; i++) acc[i] = 0;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0, 0};
     /* tiles wholly inside the keys every row of the tile may see skip the mask */
     const int qwin = qs / src.win, qlast = max(qe_w, qs + 1) - 1;
@@ -171,7 +181,7 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
 
     __shared__ unsigned long long bad_slots[C::THREADS / 32]; /* att_block_bad_keys */
     unsigned poison = 0; /* bit hr: row wrow + 8hr sees a key whose V is not finite */
-    const wg_stream copies(src);
+    const wg_stream<D> copies(src);
     for (int it = 0; it < nkt; it++) {
         cp_async_wait<STAGES - 2>(); /* this thread's part of tile `it` has landed */
         fence_proxy_async();         /* ... and is visible to the tensor cores */
@@ -179,7 +189,7 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
         const int k0 = src.kbeg + it * BN;
         const uint32_t kaddr = kv + (it % STAGES) * C::STAGE;
         wgmma_fence();
-        wg_qk<BN, true>(s, no_qf, qaddr, kaddr);
+        wg_qk<BN, true, D>(s, no_qf, qaddr, kaddr);
         wgmma_commit();
         {
             /* tile it + STAGES - 1 into the stage of tile it-1, which everyone is done with */
@@ -195,7 +205,10 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
             uint64_t mine = 0;
 #pragma unroll
             for (int u = 0; u < C::PER_THREAD; u++)
-                if (att_scrub16(kaddr + C::TILE + copies.dst0 + u * 2048)) mine |= 1ull << (tid / 8 + 16 * u);
+#pragma unroll
+                for (int b = 0; b < C::BLOCKS; b++)
+                    if (att_scrub16(kaddr + C::TILE + b * BN * 128 + copies.dst0 + u * 2048))
+                        mine |= 1ull << (tid / 8 + 16 * u);
             if (mine) fence_proxy_async(); /* the zeros, to the tensor cores' proxy */
             const uint64_t bad = att_block_bad_keys<C::THREADS / 32>(mine, bad_slots);
             if (bad)
@@ -206,13 +219,13 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
         wgmma_wait<0>();
         reg_fence<BN / 2>(s);
         float base[2];
-        wg_softmax_max<BN>(s, k0, src, wrow, need_mask, c, mrow, lrow, acc, base);
+        wg_softmax_max<BN, true, D>(s, k0, src, wrow, need_mask, c, mrow, lrow, acc, base);
         wg_softmax_exp<BN>(s, c, base, lrow, pa);
         wgmma_fence();
-        wg_pv<BN>(acc, pa, kaddr + C::TILE);
+        wg_pv<BN, D>(acc, pa, kaddr + C::TILE);
         wgmma_commit();
         wgmma_wait<0>();
-        reg_fence<WG_D / 2>(acc);
+        reg_fence<D / 2>(acc);
     }
 
     /* merge this tile's rows into the block's accumulators (out, m_s, l_s); a poisoned row is
@@ -222,9 +235,9 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
         const int x = wrow + 8 * hr;
         if (poison >> hr & 1)
 #pragma unroll
-            for (int j = 0; j < WG_D / 8; j++) acc[4 * j + 2 * hr] = acc[4 * j + 2 * hr + 1] = NAN;
-        merge_tile_row<WG_D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[hr], lrow[hr],
-                             [&](int j) { return make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]); });
+            for (int j = 0; j < D / 8; j++) acc[4 * j + 2 * hr] = acc[4 * j + 2 * hr + 1] = NAN;
+        merge_tile_row<D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[hr], lrow[hr],
+                          [&](int j) { return make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]); });
     }
     __syncthreads(); /* m_s/l_s and the key stages are shared with the next tile */
 }
@@ -252,16 +265,17 @@ __device__ __forceinline__ void mix_block_rows(const sf_attention_desc &dd, int 
 }
 
 /* One block: position block ord.block[blockIdx.x / heads] (or the plain order) of head
- * blockIdx.x % heads. QT: the type of q (float32, or bf16 when qkv wrote bf16 activations; K/V
- * then come straight from them, `st` says where and how far apart their rows are). MIX: the
- * memory mix fused (bf16 only). */
-template <class QT, bool MIX>
-__global__ void __launch_bounds__(wg_cfg::THREADS, wg_cfg::MINB)
+ * blockIdx.x % heads. D: the head width. QT: the type of q (float32, or bf16 when qkv wrote bf16
+ * activations; K/V then come straight from them, `st` says where and how far apart their rows
+ * are). MIX: the memory mix fused (bf16, d = 64 only). */
+template <int D, class QT, bool MIX>
+__global__ void __launch_bounds__(wg_cfg<D>::THREADS, wg_cfg<D>::MINB)
     attention_wgmma(sf_attention_desc dd, att_branches br, int T, const QT *q, att_staged st, float *out,
                     const att_order ord, sf_cuda_attention_mix mix)
 {
 #if SF_WGMMA_ENABLED
-    using C = wg_cfg;
+    using C = wg_cfg<D>;
+    static_assert(!MIX || D == 64, "the fused mix's memory is 64 x 64 a head");
     extern __shared__ __align__(1024) unsigned char smem[];
     /* swizzled tiles must start 1024-byte aligned; the launch adds 1 KiB of slack */
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(smem);
@@ -272,7 +286,7 @@ __global__ void __launch_bounds__(wg_cfg::THREADS, wg_cfg::MINB)
     const int nblocks = (dd.n + T - 1) / T;
     const size_t ld = dd.ld;
     const float c = dd.scale * 1.4426950408889634f;
-    float *outh = out + h * WG_D;
+    float *outh = out + h * D;
     if (ord.count ? item >= ord.count : item >= nblocks) return;
     const int P = (ord.count ? ord.block[item] : nblocks - 1 - item) * T;
     const int Pend = min(P + T, dd.n);
@@ -286,27 +300,27 @@ __global__ void __launch_bounds__(wg_cfg::THREADS, wg_cfg::MINB)
         for (int qs = P / r; qs < qa1; qs += C::BM) {
             const int qe = min(qs + C::BM, qa1);
             att_key_range(g, qs, qe, dd.causal, &src.kbeg, &src.kend);
-            wg_tile<QT>(src, q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c, qaddr, kv,
-                        m_s, l_s);
+            wg_tile<D, QT>(src, q + (size_t)o * ld + h * D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c, qaddr, kv,
+                           m_s, l_s);
         }
     }
     if (dd.n_global > 0) {
-        const wg_src src = wg_global_src(st, h, dd.n_global);
+        const wg_src src = wg_global_src<D>(st, h, dd.n_global);
         for (int qs = P; qs < Pend; qs += C::BM)
-            wg_tile<QT>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s);
+            wg_tile<D, QT>(src, q + h * D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s);
     }
     if constexpr (MIX)
         mix_block_rows(dd, h, P, Pend, q, out, l_s, smem + (kv - base), mix);
     else
-        normalize_block_rows<WG_D, true>(outh, ld, P, Pend, l_s, C::THREADS);
+        normalize_block_rows<D, true>(outh, ld, P, Pend, l_s, C::THREADS);
 #endif
 }
 
 /* ---- host side -------------------------------------------------------------------------- */
 
-/* Blocks the current device holds at once: its multiprocessors times wg_cfg::MINB (looked up
+/* Blocks the current device holds at once: its multiprocessors times wg_cfg<D>::MINB (looked up
  * once a device; 0 where the runtime cannot tell). */
-static int wg_resident_blocks()
+template <int D> static int wg_resident_blocks()
 {
     static int known[64]; /* a benign race fills it */
     int dev = -1, sms = 0;
@@ -319,7 +333,7 @@ static int wg_resident_blocks()
             cudaGetLastError();
             return 0;
         }
-        known[dev] = sms * wg_cfg::MINB;
+        known[dev] = sms * wg_cfg<D>::MINB;
     }
     return known[dev];
 }
@@ -330,24 +344,24 @@ static int wg_resident_blocks()
  * 256 positions for 396 slots on an H100), and a slot left empty costs more than the half-empty
  * tiles of the most dilated branch that halving makes. The result does not depend on T: a row's
  * tiles, keys and merges are the same whichever block holds it. */
-static long wg_fill_positions(const sf_attention_desc *desc, const att_branches &br, long T)
+template <int D> static long wg_fill_positions(const sf_attention_desc *desc, const att_branches &br, long T)
 {
     const long half = T / 2;
-    if (half < wg_cfg::BM) return T;
+    if (half < wg_cfg<D>::BM) return T;
     for (int b = 0; b < br.count; b++)
         if (half % br.dilation[b]) return T;
     const long blocks = (desc->n + T - 1) / T * desc->heads;
-    const int slots = wg_resident_blocks();
+    const int slots = wg_resident_blocks<D>();
     return slots > 0 && blocks < slots ? half : T;
 }
 
-template <class QT, bool MIX>
+template <int D, class QT, bool MIX>
 static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, const QT *q, const QT *k, const QT *v,
                         float *out, unsigned char *ws, cudaStream_t stream, const sf_cuda_attention_mix *mix)
 {
-    using C = wg_cfg;
-    static_assert(!MIX || (sizeof(QT) == 2 && C::KV_BYTES >= 4 * 8 * 32 * 8 + 64 * 4),
-                  "the mix is fused into the bf16 kernel, its ring holding M_h and z_h");
+    using C = wg_cfg<D>;
+    static_assert(!MIX || (sizeof(QT) == 2 && D == 64 && C::KV_BYTES >= 4 * 8 * 32 * 8 + 64 * 4),
+                  "the mix is fused into the bf16 kernel at d = 64, its ring holding M_h and z_h");
     constexpr bool IN_PLACE = sizeof(QT) == 2; /* bf16 activations: K/V read where they are */
     int rc;
     if constexpr (IN_PLACE)
@@ -358,11 +372,11 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     long T;
     rc = att_block_positions(br, C::BM, &T);
     if (rc) return rc;
-    T = wg_fill_positions(desc, br, T);
+    T = wg_fill_positions<D>(desc, br, T);
     const size_t smem = 1024 + C::Q_BYTES + C::KV_BYTES + 2 * (size_t)T * sizeof(float);
     if (smem > 200 * 1024) return sf_error(SF_E_UNSUPPORTED, "cuda attention: block of %ld positions too large", T);
     cudaError_t err =
-        cudaFuncSetAttribute(attention_wgmma<QT, MIX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(attention_wgmma<D, QT, MIX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
     att_staged st;
     if constexpr (IN_PLACE)
@@ -375,10 +389,29 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     att_heaviest_first(desc, br, (int)T, nblocks, &ord);
     const unsigned grid = (unsigned)nblocks * desc->heads;
     const sf_cuda_attention_mix no_mix = {};
-    err = sf_cuda_launch_early(attention_wgmma<QT, MIX>, grid, C::THREADS, smem, stream, *desc, br, (int)T, q, st, out,
-                               ord, MIX ? *mix : no_mix);
+    err = sf_cuda_launch_early(attention_wgmma<D, QT, MIX>, grid, C::THREADS, smem, stream, *desc, br, (int)T, q, st,
+                               out, ord, MIX ? *mix : no_mix);
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma): %s", cudaGetErrorString(err));
     return SF_OK;
+}
+
+/* The launch for head width D on q/k/v as desc->qkv_type says (float32 or bf16), `mix` fused
+ * where given (bf16, d = 64: the caller checked). */
+template <int D>
+static int launch_width(const sf_attention_desc *desc, const att_branches &br, const void *q, const void *k,
+                        const void *v, float *out, unsigned char *ws, cudaStream_t stream,
+                        const sf_cuda_attention_mix *mix)
+{
+    using B = __nv_bfloat16;
+    if (desc->qkv_type != SF_DTYPE_BF16)
+        return launch_wgmma<D, float, false>(desc, br, static_cast<const float *>(q), static_cast<const float *>(k),
+                                             static_cast<const float *>(v), out, ws, stream, nullptr);
+    if constexpr (D == 64)
+        if (mix)
+            return launch_wgmma<D, B, true>(desc, br, static_cast<const B *>(q), static_cast<const B *>(k),
+                                            static_cast<const B *>(v), out, ws, stream, mix);
+    return launch_wgmma<D, B, false>(desc, br, static_cast<const B *>(q), static_cast<const B *>(k),
+                                     static_cast<const B *>(v), out, ws, stream, nullptr);
 }
 
 int att_check_bf16_inputs(const sf_attention_desc *desc, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
@@ -396,8 +429,8 @@ int att_check_bf16_inputs(const sf_attention_desc *desc, const __nv_bfloat16 *q,
 
 extern "C" int sf_cuda_attention_wgmma_usable(const sf_attention_desc *desc, const sf_cuda_device_info *dev)
 {
-    if (desc->head_dim != WG_D || !dev || dev->major != 9 || dev->minor != 0) return 0;
-    /* per device: an sm_90a image of the kernel in this binary */
+    if ((desc->head_dim != 64 && desc->head_dim != 128) || !dev || dev->major != 9 || dev->minor != 0) return 0;
+    /* per device: an sm_90a image of the kernels in this binary */
     static signed char known[64]; /* 0 unknown, 1 usable, -1 not; a benign race fills it */
     if (dev->device < 0 || dev->device >= 64) return 0;
     if (!known[dev->device]) {
@@ -409,7 +442,7 @@ extern "C" int sf_cuda_attention_wgmma_usable(const sf_attention_desc *desc, con
         }
         if (cur != dev->device) return 0;
         cudaFuncAttributes fa;
-        const bool ok = cudaFuncGetAttributes(&fa, attention_wgmma<float, false>) == cudaSuccess;
+        const bool ok = cudaFuncGetAttributes(&fa, attention_wgmma<64, float, false>) == cudaSuccess;
         cudaGetLastError(); /* a missing image must not linger as the next launch's error */
         known[dev->device] = ok ? 1 : -1;
     }
@@ -424,24 +457,18 @@ extern "C" int sf_cuda_attention_wgmma(const sf_attention_desc *desc, const void
     if (desc->qkv_type != SF_DTYPE_F32 && !bf16_in)
         return sf_error(SF_E_INVAL, "cuda attention: q/k/v of unknown type %d", (int)desc->qkv_type);
     if (mix && !bf16_in) return sf_error(SF_E_UNSUPPORTED, "cuda attention: the fused mix reads bf16 q/k/v only");
-    if (desc->head_dim != WG_D)
-        return sf_error(SF_E_UNSUPPORTED, "cuda attention (wgmma): head width %d, built for %d", desc->head_dim, WG_D);
+    if (desc->head_dim != 64 && desc->head_dim != 128)
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention (wgmma): head width %d, built for 64 and 128",
+                        desc->head_dim);
+    if (mix && desc->head_dim != 64)
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: the fused mix is built for d = 64, not %d", desc->head_dim);
     if (desc->n <= 0) return SF_OK;
     att_branches br;
     int rc = att_check_ws_launch(desc, workspace, workspace_bytes, &br);
     if (rc) return rc;
     unsigned char *ws = static_cast<unsigned char *>(workspace);
-    if (!bf16_in)
-        rc = launch_wgmma<float, false>(desc, br, static_cast<const float *>(q), static_cast<const float *>(k),
-                                        static_cast<const float *>(v), out, ws, stream, nullptr);
-    else if (mix)
-        rc = launch_wgmma<__nv_bfloat16, true>(desc, br, static_cast<const __nv_bfloat16 *>(q),
-                                               static_cast<const __nv_bfloat16 *>(k),
-                                               static_cast<const __nv_bfloat16 *>(v), out, ws, stream, mix);
-    else
-        rc = launch_wgmma<__nv_bfloat16, false>(desc, br, static_cast<const __nv_bfloat16 *>(q),
-                                                static_cast<const __nv_bfloat16 *>(k),
-                                                static_cast<const __nv_bfloat16 *>(v), out, ws, stream, nullptr);
+    rc = desc->head_dim == 64 ? launch_width<64>(desc, br, q, k, v, out, ws, stream, mix)
+                              : launch_width<128>(desc, br, q, k, v, out, ws, stream, mix);
     if (rc) return rc;
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return sf_error(SF_E_BACKEND, "cuda attention (wgmma) launch: %s", cudaGetErrorString(err));

@@ -2,7 +2,13 @@
  * wgmma variants (bench/lab/attention/): the keys of a tile, S = Q K^T and O += P V on swizzled
  * shared-memory tiles, and the two halves of the online softmax (RESCALE false and SUM false serve
  * the lab's FlashAttention-3 order and lean softmax). sm_90a device code only under
- * SF_WGMMA_ENABLED. C++ (CUDA) only. */
+ * SF_WGMMA_ENABLED. C++ (CUDA) only.
+ *
+ * Head width D = 64 or 128. A 128-byte swizzle row holds 64 bf16, so a tile of rows of D values
+ * is stored as D/64 column blocks one after the other: block b (columns 64b .. 64b + 63) of a
+ * tile of R rows starts R * 128 bytes after block b - 1, each laid out as a d = 64 tile. The
+ * accumulator of O then holds column block b in acc[32b .. 32b + 31], which is the d = 64 layout
+ * continued: acc[4j + 2h + e] is column 8j + 2t + e for every j < D/8. */
 #ifndef SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_TILE_CUH
 #define SEQFLOW_KERNELS_CUDA_ATTENTION_WGMMA_TILE_CUH
 
@@ -15,7 +21,7 @@
 #include "kernels/cuda/attention_staging.h"
 #include "kernels/cuda/attention_wgmma.cuh"
 
-#define WG_D 64 /* head width: one 128-byte swizzle row a key */
+#define WG_D 64 /* the lab's head width, and a column block: one 128-byte swizzle row */
 
 /* One tile's keys, as kv_src of attention_staged.cuh: dilated key x is row x of k/v (already
  * offset to the head and row o, `stride` bf16 apart); a key is masked for a query unless both
@@ -40,13 +46,13 @@ __device__ __forceinline__ wg_src wg_branch_src(const att_staged &st, int h, con
     return src;
 }
 
-/* Head h's n_global global tokens (staged head-major): every query sees all of them. */
-__device__ __forceinline__ wg_src wg_global_src(const att_staged &st, int h, int n_global)
+/* Head h's n_global global tokens (staged head-major, rows of D): every query sees all of them. */
+template <int D = WG_D> __device__ __forceinline__ wg_src wg_global_src(const att_staged &st, int h, int n_global)
 {
     wg_src src;
-    src.k = st.gkb + (size_t)h * n_global * WG_D;
-    src.v = st.gvb + (size_t)h * n_global * WG_D;
-    src.stride = WG_D;
+    src.k = st.gkb + (size_t)h * n_global * D;
+    src.v = st.gvb + (size_t)h * n_global * D;
+    src.stride = D;
     src.kbeg = 0, src.kend = n_global, src.win = 1 << 30, src.causal = 0;
     return src;
 }
@@ -57,16 +63,17 @@ __device__ __forceinline__ void cp_async16_sh(uint32_t saddr, const void *gmem, 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(src_bytes) : "memory");
 }
 
-/* S[64 x BN] = Q K^T: Q from registers (QS false) or from the swizzled Q tile at shared
- * address qaddr (QS true), K K-major (a k16 step is 32 bytes along the row). */
-template <int BN, bool QS>
+/* S[64 x BN] = Q K^T: Q from registers (QS false: qf[D / 16]) or from the swizzled Q tile at shared
+ * address qaddr (QS true), K K-major (a k16 step is 32 bytes along the row, four steps a column
+ * block; the Q tile's blocks are 64 rows apart, the key tile's BN). */
+template <int BN, bool QS, int D = WG_D>
 __device__ __forceinline__ void wg_qk(float *s, const uint32_t (*qf)[4], uint32_t qaddr, uint32_t kaddr)
 {
 #pragma unroll
-    for (int kc = 0; kc < WG_D / 16; kc++) {
-        const uint64_t desc = sw128_desc(kaddr + kc * 32, 16, 1024);
+    for (int kc = 0; kc < D / 16; kc++) {
+        const uint64_t desc = sw128_desc(kaddr + (kc / 4) * BN * 128 + (kc % 4) * 32, 16, 1024);
         if constexpr (QS) {
-            const uint64_t qdesc = sw128_desc(qaddr + kc * 32, 16, 1024);
+            const uint64_t qdesc = sw128_desc(qaddr + (kc / 4) * 64 * 128 + (kc % 4) * 32, 16, 1024);
             if constexpr (BN == 64)
                 wgmma_m64n64k16_ss<0>(s, qdesc, desc, kc > 0);
             else
@@ -80,34 +87,38 @@ __device__ __forceinline__ void wg_qk(float *s, const uint32_t (*qf)[4], uint32_
     }
 }
 
-/* O[64 x 64] += P V: P from registers, V MN-major (a k16 step is 16 key rows = 2048 bytes). */
-template <int BN>
+/* O[64 x D] += P V: P from registers, V MN-major (a k16 step is 16 key rows = 2048 bytes), one
+ * 64-wide product a column block of V (blocks BN * 128 bytes apart) into its 32 accumulators. */
+template <int BN, int D = WG_D>
 __device__ __forceinline__ void wg_pv(float *acc, const uint32_t (*pa)[4], uint32_t vaddr)
 {
 #pragma unroll
-    for (int kc = 0; kc < BN / 16; kc++) wgmma_m64n64k16_rs<1>(acc, pa[kc], sw128_desc(vaddr + kc * 2048, 16, 1024), 1);
+    for (int kc = 0; kc < BN / 16; kc++)
+#pragma unroll
+        for (int b = 0; b < D / 64; b++)
+            wgmma_m64n64k16_rs<1>(acc + 32 * b, pa[kc], sw128_desc(vaddr + b * BN * 128 + kc * 2048, 16, 1024), 1);
 }
 
 /* S = Q K^T, issued and waited for: s is readable on return */
-template <int BN, bool QS>
+template <int BN, bool QS, int D = WG_D>
 __device__ __forceinline__ void wg_qk_wait(float *s, const uint32_t (*qf)[4], uint32_t qaddr, uint32_t kaddr)
 {
     wgmma_fence();
-    wg_qk<BN, QS>(s, qf, qaddr, kaddr);
+    wg_qk<BN, QS, D>(s, qf, qaddr, kaddr);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence<BN / 2>(s);
 }
 
 /* acc += P V, issued and waited for: this tile's products are done (and acc readable) on return */
-template <int BN>
+template <int BN, int D = WG_D>
 __device__ __forceinline__ void wg_pv_wait(float *acc, const uint32_t (*pa)[4], uint32_t vaddr)
 {
     wgmma_fence();
-    wg_pv<BN>(acc, pa, vaddr);
+    wg_pv<BN, D>(acc, pa, vaddr);
     wgmma_commit();
     wgmma_wait<0>();
-    reg_fence<WG_D / 2>(acc);
+    reg_fence<D / 2>(acc);
 }
 
 /* Masks S: row wrow + 8h keeps keys [klo, khi), its window cut at the
@@ -150,9 +161,10 @@ __device__ __forceinline__ float wg_row_max(const float *s, int hr)
     return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 }
 
-template <int BN, bool RESCALE = true>
+template <int BN, bool RESCALE = true, int D = WG_D>
 __device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &src, int wrow, bool need_mask, float c,
-                                               float *mrow, float *lrow, float *acc, float *base, float *corr_out = nullptr)
+                                               float *mrow, float *lrow, float *acc, float *base,
+                                               float *corr_out = nullptr)
 {
     if (need_mask) wg_mask_tile<BN>(s, k0, src, wrow);
 #pragma unroll
@@ -167,7 +179,7 @@ __device__ __forceinline__ void wg_softmax_max(float *s, int k0, const wg_src &s
             corr_out[hr] = corr;
         } else {
 #pragma unroll
-            for (int j = 0; j < WG_D / 8; j++) acc[4 * j + 2 * hr] *= corr, acc[4 * j + 2 * hr + 1] *= corr;
+            for (int j = 0; j < D / 8; j++) acc[4 * j + 2 * hr] *= corr, acc[4 * j + 2 * hr + 1] *= corr;
         }
     }
 }

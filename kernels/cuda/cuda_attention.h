@@ -15,7 +15,7 @@
  * values never reach it (attention_mma.cuh says how the bf16 kernels make sure).
  *
  * The kernels (bench/lab/README.md tells the variants they won against):
- *   attention_wgmma.cu    Hopper wgmma (compute capability 9.0, sm_90a image), d = 64; reads
+ *   attention_wgmma.cu    Hopper wgmma (compute capability 9.0, sm_90a image), d = 64, 128; reads
  *                         float32 q/k/v through the bf16 pre-pass or bf16 q/k/v in place
  *   attention_staged.cu   portable mma.sync, bf16 K/V staged by the pre-pass, d = 32, 64, 128
  *   attention_convert.cu  portable mma.sync without a workspace: converts K/V in its inner loop
@@ -71,7 +71,7 @@ int sf_cuda_attention_with_mix(const sf_attention_desc *desc, const void *q, con
 
 /* ---- the kernels one by one (sf_cuda_attention's choices; tests check each) ------------- */
 
-/* Whether the wgmma kernel runs desc on device `dev`: compute capability 9.0, d = 64, and this
+/* Whether the wgmma kernel runs desc on device `dev`: compute capability 9.0, d = 64 or 128, and this
  * binary holds its sm_90a image (looked up once a device). */
 int sf_cuda_attention_wgmma_usable(const sf_attention_desc *desc, const sf_cuda_device_info *dev);
 

@@ -628,11 +628,11 @@ static int cuda_attention_mix(sf_backend *be, const sf_attention_desc *desc, con
 }
 
 /* bf16 q, k, v where the default attention kernel reads them in place (compute capability 9.0,
- * d = 64, precision bf16); setting qkv=f32 keeps them float32 (for A/B timing and tests). */
+ * d = 64 or 128, precision bf16); setting qkv=f32 keeps them float32 (for A/B timing and tests). */
 static sf_dtype cuda_qkv_type(sf_backend *be, int head_dim)
 {
     const sf_cuda *c = sf_cuda_of(be);
-    return c->bf16_in_place && head_dim == 64 ? SF_DTYPE_BF16 : SF_DTYPE_F32;
+    return c->bf16_in_place && (head_dim == 64 || head_dim == 128) ? SF_DTYPE_BF16 : SF_DTYPE_F32;
 }
 
 static void cuda_destroy(sf_backend *be)
