@@ -8,10 +8,12 @@
 # and a LONG-segment run of 8192-token segments, tokens/s from the difference (start-up cancels
 # out). AB_PAIRS (default 5) pairs, A then B, alternating so that drift falls on both alike; the
 # median of B/A is the answer. MODEL: a bench_gpu_pipeline preset (default reference), made with
-# BUILD_A's bench_gpu_pipeline, so both read the same file. Logs under $OUT (or /tmp/ab_out).
+# BUILD_A's bench_gpu_pipeline, so both read the same file; AB_MODEL_ARGS adds --make-model options
+# (e.g. "--heads 8": the reference model as 8 heads of 128), and the model is then made with
+# BUILD_B's, whose options an older A may lack. Logs under $OUT (or /tmp/ab_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in -h | --help | "") echo "usage: $0 BUILD_A BUILD_B [MODEL]  (AB_PAIRS, AB_LONG, OUT)"; exit 2 ;; esac
+case "${1:-}" in -h | --help | "") echo "usage: $0 BUILD_A BUILD_B [MODEL]  (AB_PAIRS, AB_LONG, AB_MODEL_ARGS, OUT)"; exit 2 ;; esac
 [ $# -ge 2 ] || { echo "usage: $0 BUILD_A BUILD_B [MODEL]" >&2; exit 2; }
 A=$1 B=$2 MODEL=${3:-reference}
 out=${OUT:-/tmp/ab_out}
@@ -20,8 +22,12 @@ N=8192
 LONG=${AB_LONG:-1344}
 [ "$MODEL" = attention ] && LONG=${AB_LONG:-5376}
 mkdir -p "$out" "$D"
-MODEL_FILE=$D/$MODEL.st
-[ -f "$MODEL_FILE" ] || "$A/bench/bench_gpu_pipeline" --make-model "$MODEL_FILE" --preset "$MODEL" --seed 1 >/dev/null
+extra=${AB_MODEL_ARGS:-}
+maker=$A
+[ -n "$extra" ] && maker=$B
+MODEL_FILE=$D/$MODEL$(echo "$extra" | tr -dc 'a-z0-9').st
+# shellcheck disable=SC2086 # the options split into words
+[ -f "$MODEL_FILE" ] || "$maker/bench/bench_gpu_pipeline" --make-model "$MODEL_FILE" --preset "$MODEL" --seed 1 $extra >/dev/null
 for segs in 64 $LONG; do
   [ -f "$D/long$segs.u32" ] || "$A/bench/bench_gpu_pipeline" --make-tokens "$D/long$segs.u32" --count $((segs * N)) --seed 4 >/dev/null
 done
@@ -42,8 +48,8 @@ rate() { # build
 for r in $(seq "${AB_PAIRS:-5}"); do
   a=$(rate "$A")
   b=$(rate "$B")
-  echo "AB builds $MODEL pair $r: $A $a tokens/s, $B $b tokens/s, ratio $(python3 -c "print('%.4f' % ($b / $a))")"
+  echo "AB builds $MODEL$extra pair $r: $A $a tokens/s, $B $b tokens/s, ratio $(python3 -c "print('%.4f' % ($b / $a))")"
 done | tee -a "$out/ab_builds.txt"
-ratios=$(sed -n "s/^AB builds $MODEL pair .* ratio \([0-9.]*\)$/\1/p" "$out/ab_builds.txt" | tail -n "${AB_PAIRS:-5}")
-echo "AB builds $MODEL $B / $A: median ratio $(python3 -c "import statistics; print('%.4f' % statistics.median([float(x) for x in '''$ratios'''.split()]))")" |
+ratios=$(sed -n "s/^AB builds $MODEL$extra pair .* ratio \([0-9.]*\)$/\1/p" "$out/ab_builds.txt" | tail -n "${AB_PAIRS:-5}")
+echo "AB builds $MODEL$extra $B / $A: median ratio $(python3 -c "import statistics; print('%.4f' % statistics.median([float(x) for x in '''$ratios'''.split()]))")" |
   tee -a "$out/ab_builds.txt"

@@ -1,10 +1,10 @@
-/* Whole-pipeline benchmark (issue 3, "Performance"): a model and a token file through
+/* Whole-pipeline benchmark: a model and a token file through
  * `segment ! embed ! block ! norm` in push mode on one device, timed in steady state, with the
  * model's useful FLOPs per token, the achieved rate, and device memory over a long stream.
  * bench/gpu_bench.sh drives it on the GPU machine next to the PyTorch peer
  * (bench/peers/seqflow_torch.py), which reads the same model and token files.
  *
- *   bench_gpu_pipeline --make-model PATH --preset reference|attention|small [--seed S]
+ *   bench_gpu_pipeline --make-model PATH --preset reference|attention|small [--seed S] [--heads H]
  *   bench_gpu_pipeline --make-tokens PATH --count N [--vocab V] [--seed S]
  *   bench_gpu_pipeline --model PATH --tokens PATH [--device cuda|cpu] [--warmup-segments W]
  *                      [--out H.npy] [--compare-to REF.npy] [--gemm-tflops R]
@@ -74,9 +74,10 @@ static int preset_config(const char *preset, sf_model_config *c)
     return 0;
 }
 
-/* causal < 0 and memory NULL keep the preset's. */
+/* causal < 0, heads 0 and memory NULL keep the preset's; heads H splits the model width into H
+ * heads of dim / H (the reference model as 8 heads of 128: --heads 8). */
 static void make_model(const char *path, const char *preset, unsigned long long seed, int causal, const char *memory,
-                       int segment, const char *branches)
+                       int segment, const char *branches, int heads)
 {
     sf_model_config c;
     if (preset_config(preset, &c) != 0) {
@@ -85,6 +86,13 @@ static void make_model(const char *path, const char *preset, unsigned long long 
     }
     if (causal >= 0) c.causal = causal;
     if (segment > 0) c.segment = segment;
+    if (heads > 0) {
+        if (c.dim % heads) {
+            fprintf(stderr, "bench_gpu_pipeline: --heads %d does not divide the width %d\n", heads, c.dim);
+            exit(2);
+        }
+        c.heads = heads, c.head_dim = c.dim / heads;
+    }
     if (branches && sf_branches_parse(branches, &c) != SF_OK) die(branches);
     if (memory) {
         if (strcmp(memory, "none") == 0) c.memory = SF_MEMORY_NONE;
@@ -450,6 +458,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: bench_gpu_pipeline --make-model PATH --preset reference|attention|small [--seed S]\n"
             "                          [--causal 0|1] [--memory none|linear|delta] [--segment N --branches W:R,...]\n"
+            "                          [--heads H (H heads of width/H)]\n"
             "       bench_gpu_pipeline --make-tokens PATH --count N [--vocab V] [--seed S]\n"
             "       bench_gpu_pipeline --model PATH --tokens PATH [--device cuda|cpu] [--precision bf16|fp8|f32]\n"
             "                          [--warmup-segments W] [--batch B (block batch=)] [--settings K=V,...]\n"
@@ -463,7 +472,7 @@ int main(int argc, char **argv)
 {
     const char *make_model_path = NULL, *preset = "reference", *make_tokens_path = NULL, *model_path = NULL;
     const char *tokens_path = NULL, *device = "cuda", *out_path = NULL, *memory = NULL, *ref_path = NULL;
-    int causal = -1, segment = 0, streams = 0;
+    int causal = -1, segment = 0, streams = 0, heads = 0;
     const char *branches = NULL;
     unsigned long long seed = 1;
     size_t count = 0, mem_total = 0, mem_at = 1u << 20;
@@ -478,6 +487,8 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--causal") == 0) causal = atoi(v);
         else if (strcmp(a, "--memory") == 0) memory = v;
         else if (strcmp(a, "--segment") == 0) segment = atoi(v);
+        else if (strcmp(a, "--heads") == 0)
+            heads = atoi(v);
         else if (strcmp(a, "--branches") == 0) branches = v;
         else if (strcmp(a, "--batch") == 0) block_batch = atoi(v);
         else if (strcmp(a, "--streams") == 0) streams = atoi(v);
@@ -506,7 +517,7 @@ int main(int argc, char **argv)
         i++;
     }
     if (make_model_path) {
-        make_model(make_model_path, preset, seed, causal, memory, segment, branches);
+        make_model(make_model_path, preset, seed, causal, memory, segment, branches, heads);
         return 0;
     }
     if (make_tokens_path) {

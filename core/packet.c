@@ -8,7 +8,7 @@
 
 /* Large activation buffers are kept for reuse when packets are freed: a segment's rows are
  * tens of MiB, which malloc serves with fresh mappings, and first-touching those pages cost
- * more than the GPU's whole compute of a segment (issue 3); page-locked buffers (a GPU
+ * more than the GPU's whole compute of a segment; page-locked buffers (a GPU
  * backend's allocator) cost even more to make and to free. A few are kept: the cache holds at
  * most CACHE_SLOTS buffers of at most CACHE_MAX_FLOATS each and CACHE_MAX_TOTAL floats in all
  * (1.5 GiB, the process's, until it exits). A threaded GPU graph has up to a link's depth of

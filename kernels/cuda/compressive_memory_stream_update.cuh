@@ -1,4 +1,4 @@
-/* The "stream" memory update for d = 64 and bf16 k, v (issue 3): a drop-in for
+/* The "stream" memory update for d = 64 and bf16 k, v: a drop-in for
  * mma_update_kernel<64, DELTA, bf16, true> with the same chunks (its grid transposed), partials and
  * precision (bf16 operands, float32 accumulation, z in double), built to keep DRAM busy instead of
  * waiting on barriers. memory.cu includes it after compressive_memory_mma.cuh (bf16; memory_stream.cuh:
