@@ -346,7 +346,9 @@ int main(void)
         {"d=32 (bf16 kernel), delta, globals, MLP", "32:1,64:2,128:4", 96, 4, 32, 2, 1, 128, 8, 2, 1, 128,
          SF_MEMORY_DELTA},
         /* on an H100 the bf16 q/k/v path: attention reads K/V in place */
-        {"d=64, causal delta, globals, MLP", "64:1,128:2,256:4", 128, 2, 64, 2, 1, 256, 16, 4, 1, 256,
+        {"d=64, causal delta, globals, MLP", "64:1,128:2,256:4", 128, 2, 64, 2, 1, 256, 16, 4, 1, 256, SF_MEMORY_DELTA},
+        /* the attention's d = 128 form, one head a rank */
+        {"d=128, causal delta, globals, MLP", "128:1,256:2,512:4", 256, 2, 128, 2, 1, 512, 16, 4, 1, 512,
          SF_MEMORY_DELTA},
     };
     sf_model *keep = NULL;
