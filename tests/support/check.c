@@ -4,6 +4,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -12,16 +13,18 @@
 #include "core/process_stats.h"
 #include "seqflow/error.h"
 
-int check_failures = 0;
-int check_passes = 0;
+/* Atomic: tests that run ranks as threads check from several threads at once, and a failure
+ * counted by a plain increment could be lost in a race. */
+static atomic_int check_failures;
+static atomic_int check_passes;
 
 void check_report(int ok, const char *file, int line, const char *expr, const char *fmt, ...)
 {
     if (ok) {
-        check_passes++;
+        atomic_fetch_add(&check_passes, 1);
         return;
     }
-    check_failures++;
+    atomic_fetch_add(&check_failures, 1);
     fprintf(stderr, "FAIL %s:%d: %s", file, line, expr);
     if (fmt) {
         va_list ap;
@@ -35,8 +38,9 @@ void check_report(int ok, const char *file, int line, const char *expr, const ch
 
 int check_finish(const char *name)
 {
-    printf("%s: %d passed, %d failed\n", name, check_passes, check_failures);
-    return check_failures ? 1 : 0;
+    const int passes = atomic_load(&check_passes), failures = atomic_load(&check_failures);
+    printf("%s: %d passed, %d failed\n", name, passes, failures);
+    return failures ? 1 : 0;
 }
 
 int check_skip(const char *why)

@@ -1,15 +1,12 @@
 /* A small test harness shared by every test program: CHECK records a failure with its
- * location and goes on; a program ends with check_finish(), which prints the counts and
- * returns the exit status ctest reads (77 = skipped). */
+ * location and goes on (from any thread); a program ends with check_finish(), which prints the
+ * counts and returns the exit status ctest reads (77 = skipped). */
 #ifndef SEQFLOW_TEST_CHECK_H
 #define SEQFLOW_TEST_CHECK_H
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stddef.h>
-
-extern int check_failures;
-extern int check_passes;
 
 void check_report(int ok, const char *file, int line, const char *expr, const char *fmt, ...)
 #if defined(__GNUC__)
