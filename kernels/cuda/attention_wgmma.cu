@@ -14,16 +14,18 @@
  * shared-memory tile and K as a K-major operand; P stays in registers (the accumulator layout of
  * S is the A-fragment layout of P V) and V, stored [keys][d], is the MN-major ("transposed") B
  * operand, so nothing is transposed or copied. K/V tiles arrive by 16-byte cp.async (zero-fill
- * past the end of the keys), three tiles in flight, the next tile's copies issued once S = Q K^T
- * is (under the products' latency). The softmax (float32, exp2 domain, masks only on tiles that
- * need them) is the staged kernel's own. Three blocks share a multiprocessor, so one block's
- * softmax runs under another's products. Float32 data read or written once (Q, the pre-pass's
- * K/V reads, the final output) goes evict-first, so that L2 keeps the bf16 K/V tiles every
- * query tile re-reads.
+ * past the end of the keys), three tiles in flight (two at d = 128), the next tile's copies
+ * issued once S = Q K^T is (under the products' latency). The softmax (float32, exp2 domain,
+ * masks only on tiles that need them) is the staged kernel's own. Three blocks share a
+ * multiprocessor (two at d = 128), so one block's softmax runs under another's products; at
+ * d = 128 a row is two 128-byte column blocks (attention_wgmma_tile.cuh). Float32 data read or
+ * written once (Q, the pre-pass's K/V reads, the final output) goes evict-first, so that L2
+ * keeps the bf16 K/V tiles every query tile re-reads.
  *
  * The variants this won against (warp specialization, FlashAttention-3's order, a leaner
  * softmax, copies running ahead across query tiles, the kernel beside its pre-pass, ...) are in
- * bench/lab/attention/ with their measurements (bench/lab/README.md). */
+ * bench/lab/attention/ with their measurements (bench/lab/README.md); FlashAttention-3's order
+ * lost at d = 128 too (bench/lab/ATTENTION_NOTES.md). */
 #include <math.h>
 #include <stdint.h>
 #include <cuda_bf16.h>
