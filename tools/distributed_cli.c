@@ -219,8 +219,9 @@ static int net_comm(void *user, const int *ranks, int n, int index, uint32_t cha
  * its own verdict on any peer it has not heard from lately. Of the peers it has given up on, the
  * one silent longest went first: a rank that noticed the death and stopped (after its abort)
  * falls silent later, and may be given up on too while the driver waits. A peer not given up
- * on yet but silent longer than that one is waited for. -1 when none. */
-static int silent_peer(worker *w, int64_t *silent_ms)
+ * on yet but silent longer than that one is waited for. -1 when none. `others` gets the other
+ * ranks given up on ("; also given up on: rank 1, silent for 1518 ms"), or "". */
+static int silent_peer(worker *w, int64_t *silent_ms, char *others, size_t size)
 {
     const int timeout = sf_topology_timeout_ms(w->topology), heartbeat = sf_topology_heartbeat_ms(w->topology);
     for (int waited = 0;; waited += 50) {
@@ -234,6 +235,16 @@ static int silent_peer(worker *w, int64_t *silent_ms)
         }
         if ((failed >= 0 && suspect_ms <= failed_ms) || suspect_ms < 0 || waited > timeout) {
             *silent_ms = failed_ms;
+            size_t used = 0;
+            others[0] = 0;
+            for (int r = 1; r < w->world && failed >= 0; r++) {
+                sf_net_peer_status st;
+                if (r == failed || !sf_dist_peer_used(w->run.graph, r) || sf_net_peer_status_get(w->net, r, &st) != SF_OK ||
+                    !st.failed || used >= size)
+                    continue;
+                used += (size_t)snprintf(others + used, size - used, "%s rank %d, silent for %lld ms",
+                                         used ? "," : "; also given up on:", r, (long long)st.silent_ms);
+            }
             return failed;
         }
         struct timespec nap = {0, 50 * 1000 * 1000};
@@ -254,12 +265,13 @@ static void driver_message(run_ctx *c, char *message, size_t size)
 {
     worker *w = c->user;
     int64_t silent_ms = 0;
-    const int r = w->net ? silent_peer(w, &silent_ms) : -1;
+    char others[256] = "";
+    const int r = w->net ? silent_peer(w, &silent_ms, others, sizeof others) : -1;
     size_t used = strlen(message);
     if (r >= 0) {
         const sf_topology_rank *t = sf_topology_rank_get(w->topology, r);
-        used = (size_t)snprintf(message, size, "rank %d (host %s) stopped answering (silent for %lld ms)", r,
-                                t && t->host ? t->host : "?", (long long)silent_ms);
+        used = (size_t)snprintf(message, size, "rank %d (host %s) stopped answering (silent for %lld ms%s)", r,
+                                t && t->host ? t->host : "?", (long long)silent_ms, others);
     }
     /* lost on the network: a rank that died or hangs, seen here or by a neighbour whose abort
      * reached us (the driver has no link with every rank) */
