@@ -319,7 +319,8 @@ static int nccl_reduce_norm_join(sf_comm *c, int ticket)
 }
 
 /* first_rows (kernels/comm.h): rank 0 norms, the exchange copies, where the sums are split;
- * else a broadcast of the rows and every rank's norm. */
+ * else a broadcast of the rows and every rank's norm: the composed form of kernels/comm_host.c,
+ * written again here because this module sees only the exported API, not that function. */
 static int nccl_first_rows(sf_comm *c, int rows, int dim, float *x, const float *norm, float eps, void *u)
 {
     nccl_comm *n = (nccl_comm *)c->impl;
