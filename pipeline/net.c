@@ -72,7 +72,7 @@ int net_env_parse(const uint8_t *buf, size_t len, net_env *e)
     e->a = get_le(buf + 24, 8);
     e->b = get_le(buf + 32, 8);
     e->c = (uint32_t)get_le(buf + 40, 4);
-    if (e->type < MSG_DATA || e->type > MSG_ABORT_TO_SEND) return sf_error(SF_E_PEER, "message type %d unknown", e->type);
+    if (e->type < MSG_DATA || e->type > MSG_BYE) return sf_error(SF_E_PEER, "message type %d unknown", e->type);
     if (e->flags & ~ENV_NACK) return sf_error(SF_E_PEER, "envelope flags 0x%x unknown", e->flags);
     return SF_OK;
 }
@@ -324,6 +324,8 @@ void net_deliver(sf_net *n, int authenticated, const void *rid, size_t rid_len, 
         return;
     }
     p->last_heard_ms = net_now_ms();
+    p->left = e.type == MSG_BYE;
+    if (p->left) return;
     if (!p->active) p->want_active = 1;
     if (e.type == MSG_HEARTBEAT) p->progress = e.a;
     else net_link_on_message(n, i, &e, payload, has_payload);
@@ -384,10 +386,27 @@ static void tick(sf_net *n)
         }
         if (p->last_heard_ms >= 0 && now - p->last_heard_ms > n->o.timeout_ms &&
             (!unread || now - p->last_heard_ms > 2 * (int64_t)n->o.timeout_ms)) {
-            net_fail_peer(n, i, SF_E_PEER, "rank %d (host %s) stopped answering: silent for %lld ms (timeout %d ms, last progress %llu)",
-                          p->rank, p->host, (long long)(now - p->last_heard_ms), n->o.timeout_ms,
-                          (unsigned long long)p->progress);
-            continue;
+            if (!p->left) {
+                net_fail_peer(
+                    n, i, SF_E_PEER,
+                    "rank %d (host %s) stopped answering: silent for %lld ms (timeout %d ms, last progress %llu)",
+                    p->rank, p->host, (long long)(now - p->last_heard_ms), n->o.timeout_ms,
+                    (unsigned long long)p->progress);
+                continue;
+            }
+            /* it said goodbye: no failure, unless a link with it is still unfinished (one its
+             * process never made; what it had made it ended or aborted before leaving, and
+             * the timeout gave the last packets time to arrive) */
+            int unfinished = 0;
+            for (net_link *l = n->links; l && !unfinished; l = net_link_next(l))
+                unfinished = net_link_peer(l) == i && net_link_unfinished(l);
+            if (unfinished) {
+                net_fail_peer(n, i, SF_E_PEER,
+                              "rank %d (host %s) left %lld ms ago (its network closed) with a link to or from this "
+                              "process unfinished",
+                              p->rank, p->host, (long long)(now - p->last_heard_ms));
+                continue;
+            }
         }
         for (net_ctrl **cc = &n->ctrl; *cc;) {
             net_ctrl *c = *cc;
@@ -478,6 +497,15 @@ static void *io_thread(void *arg)
         tick(n);
         pthread_mutex_unlock(&n->lock);
     }
+    /* goodbye (ZMQ_LINGER delivers it): a peer that hears this process fall silent after a
+     * clean end must not take it for one that died, and name it for another's death */
+    pthread_mutex_lock(&n->lock);
+    for (int i = 0; i < n->n_peers; i++) {
+        net_peer *p = &n->peers[i];
+        net_env e = {MSG_BYE, 0, (uint32_t)n->o.rank, 0, 0, n->progress, 0, 0};
+        if (p->active && !p->failed) net_send(n, p, NET_CONTROL, &e, NULL);
+    }
+    pthread_mutex_unlock(&n->lock);
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];
         for (int w = 0; w < 2; w++) {
@@ -685,6 +713,7 @@ int sf_net_peer_status_get(sf_net *n, int peer, sf_net_peer_status *out)
     out->active = p->active || p->want_active;
     out->connected = p->connected;
     out->failed = p->failed;
+    out->left = p->left;
     out->progress = p->progress;
     out->silent_ms = p->last_heard_ms < 0 ? -1 : net_now_ms() - p->last_heard_ms;
     pthread_mutex_unlock(&n->lock);

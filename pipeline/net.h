@@ -141,6 +141,8 @@ typedef struct sf_net_peer_status {
     int active;           /* a link to or from it exists or existed, or it sent something */
     int connected;        /* our connection to it completed its handshake and is up */
     int failed;           /* SF_E_PEER recorded for it (its links are aborted) */
+    int left;             /* it said goodbye (its process closed its network): silence since
+                             is not held against it */
     uint64_t progress;    /* the counter of its last heartbeat */
     int64_t silent_ms;    /* since anything was last heard from it (-1: never) */
 } sf_net_peer_status;

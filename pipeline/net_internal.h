@@ -22,12 +22,13 @@
 #define ENV_MAGIC "SFN1"
 #define ENV_VERSION 1
 enum {
-    MSG_DATA = 1,       /* seq; second frame: the packet (pipeline/wire.h) */
-    MSG_END = 2,        /* seq: the sending half was closed after seq - 1 */
-    MSG_ACK = 3,        /* seq = all up to it received; a = popped, b = popped bytes, c = window */
-    MSG_HEARTBEAT = 4,  /* a = the sender's progress counter */
+    MSG_DATA = 1,          /* seq; second frame: the packet (pipeline/wire.h) */
+    MSG_END = 2,           /* seq: the sending half was closed after seq - 1 */
+    MSG_ACK = 3,           /* seq = all up to it received; a = popped, b = popped bytes, c = window */
+    MSG_HEARTBEAT = 4,     /* a = the sender's progress counter */
     MSG_ABORT_TO_RECV = 5, /* from a sending half; a = its error code; optional text frame */
-    MSG_ABORT_TO_SEND = 6  /* from a receiving half; likewise */
+    MSG_ABORT_TO_SEND = 6, /* from a receiving half; likewise */
+    MSG_BYE = 7            /* the sender's network is closing: its silence from now on is no failure */
 };
 enum { ENV_NACK = 1 }; /* ACK: the receiver dropped seq + 1 .. for a gap: please go back */
 #define ABORT_TEXT_MAX 200
@@ -59,6 +60,7 @@ typedef struct net_peer {
     int64_t next_heartbeat_ms; /* I/O */
     /* under lock */
     int want_active, active, connected, ever_connected, failed;
+    int left;                            /* its last message was a BYE (a new process of that rank clears it) */
     int64_t activated_ms, last_heard_ms; /* -1: never */
     uint64_t progress;
     uint8_t rid[16];           /* ROUTER routing id of its last valid message (plaintext: who sent
@@ -146,5 +148,7 @@ int net_link_peer(const net_link *l);
 int net_link_direction(const net_link *l);
 uint32_t net_link_channel(const net_link *l);
 net_link *net_link_next(const net_link *l);
+/* Neither failed nor at its end (send: closed and all acknowledged; receive: END arrived). */
+int net_link_unfinished(const net_link *l);
 
 #endif

@@ -52,6 +52,10 @@ int net_link_peer(const net_link *l) { return l->peer; }
 int net_link_direction(const net_link *l) { return l->dir; }
 uint32_t net_link_channel(const net_link *l) { return l->channel; }
 net_link *net_link_next(const net_link *l) { return l->next; }
+int net_link_unfinished(const net_link *l)
+{
+    return !l->error && !(l->closed && (l->dir == SF_NET_RECV || l->acked >= l->pushed));
+}
 
 static const char *dir_name(int dir) { return dir == SF_NET_SEND ? "to" : "from"; }
 

@@ -205,7 +205,8 @@ kill)
     # seeded kill points; a worker's death is seen within the timeout (1500 ms here)
     seed=${SEQFLOW_TEST_SEED:-1}
     runs=${SEQFLOW_TEST_KILLS:-$kills}
-    head -c 40000 /dev/urandom > in.bin
+    # long enough that the seeded delays end before the job does
+    sized_input in.bin 40000
     split -n 2 -d in.bin half
     two="-i half00 -i half01"
     "$bin" run $model $two -o ref.raw "$plain" || fail "reference"
@@ -227,8 +228,12 @@ kill)
         ended_at=$(now)
         if [ $status -eq 0 ]; then
             cmp -s out.raw ref.raw || fail "run $i: finished before the kill, with other bytes"
+        elif [ -e out.raw ]; then
+            # the kill came after the driver had all it needed: whole output, the launcher says so
+            cmp -s out.raw ref.raw || fail "run $i: a failed job left an out.raw that differs"
+            grep -q "^seqflow launch: rank $victim failed (exit status 137); the driver finished: the output is complete" err.txt ||
+                { cat err.txt >&2; fail "run $i: a failed job left out.raw"; }
         else
-            [ ! -e out.raw ] || fail "run $i: a failed job left out.raw"
             if [ "$victim" != 0 ]; then
                 [ -n "${SEQFLOW_TEST_VERBOSE:-}" ] && cat err.txt >&2
                 grep -q "rank $victim (host .*) stopped answering" err.txt || { cat err.txt >&2; fail "run $i: rank $victim not named"; }
@@ -242,6 +247,26 @@ kill)
         echo "ok: kill -9 of rank $victim $delay s after the first checkpoint (exit $status), resumed"
         i=$((i + 1))
     done
+    # rank 2 killed the moment rank 1 has finished its part and exited: the driver hears both
+    # fall silent together, and must name the one that died, not the one that said goodbye
+    named=0
+    for i in 1 2 3 4 5 6; do
+        "$bin" launch -n 3 --timeout-ms 1500 -- $model $two -o out.raw "$layer" 2> err.txt &
+        lp=$!
+        p1= p2=
+        while { [ -z "$p1" ] || [ -z "$p2" ]; } && kill -0 $lp 2> /dev/null; do p1=$(rank_pid $lp 1) p2=$(rank_pid $lp 2); done
+        while [ -n "$p1" ] && kill -0 "$p1" 2> /dev/null; do :; done
+        [ -n "$p2" ] && kill -9 "$p2" 2> /dev/null
+        wait $lp
+        status=$?
+        if [ $status -eq 1 ]; then
+            grep -q "^seqflow: rank 2 (host .*) stopped answering" err.txt || { cat err.txt >&2; fail "rank 1 finished, rank 2 killed: rank 2 not named"; }
+            named=$((named + 1))
+        elif [ $status -ne 0 ]; then
+            grep -q "the driver finished: the output is complete" err.txt || { cat err.txt >&2; fail "rank 1 finished, rank 2 killed: exit $status"; }
+        fi
+    done
+    echo "ok: rank 2 killed as rank 1 finished: named rank 2 in $named of 6 (the others ended first)"
     ;;
 stop)
     # long enough to be running still when rank 2 is stopped, on any machine (stopped, the job

@@ -2,7 +2,7 @@
  * ipc: order and identity of every kind of packet, a lossy link with error feedback,
  * back-pressure by credit, CURVE refusals, a silent peer (a frozen I/O thread, and a child
  * process stopped with SIGSTOP), reconnection through a proxy that cuts the connection, and
- * malformed messages from a raw socket, lost acknowledgements. */
+ * malformed messages from a raw socket, lost acknowledgements, and a peer that says goodbye. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -370,6 +370,54 @@ static void frozen_peer(void)
     free_pair(&p);
 }
 
+/* A peer that closes its network says goodbye: its silence past the timeout is no failure
+ * (the frozen one above, as silent, is one), and a new process of that rank is heard again. */
+static void goodbye(void)
+{
+    pair p;
+    CHECK_OK(make_pair(&p, 0, 0, 600));
+    sf_link *out = NULL, *in = NULL;
+    CHECK_OK(sf_net_link_create(p.net[1], 0, 4, SF_NET_SEND, NULL, &out));
+    CHECK_OK(sf_net_link_create(p.net[0], 1, 4, SF_NET_RECV, NULL, &in));
+    CHECK_OK(out->ops->push(out, numbered(0, 1, 4, 4)));
+    out->ops->close(out);
+    sf_packet *x = in->ops->pop(in);
+    CHECK(x != NULL);
+    sf_packet_free(x);
+    CHECK(in->ops->pop(in) == NULL);
+    sf_link_destroy(out);
+    sf_net_free(p.net[1]);
+    p.net[1] = NULL;
+    usleep(1200000); /* twice the timeout */
+    sf_net_peer_status st;
+    CHECK_OK(sf_net_peer_status_get(p.net[0], 1, &st));
+    CHECKF(st.left && !st.failed && st.silent_ms > 600, "after the goodbye: left %d failed %d silent %lld ms", st.left,
+           st.failed, (long long)st.silent_ms);
+    sf_link_destroy(in);
+    /* the rank's next process: heard, so no longer taken for gone */
+    CHECK_OK(make_net(&p, 1, 0, 0, 600, &p.net[1]));
+    CHECK_OK(sf_net_link_create(p.net[1], 0, 5, SF_NET_SEND, NULL, &out));
+    for (const double t0 = now_s(); now_s() - t0 < 3 && (sf_net_peer_status_get(p.net[0], 1, &st), st.left);)
+        usleep(10000);
+    CHECKF(!st.left && !st.failed && st.silent_ms < 600, "the new process: left %d failed %d silent %lld ms", st.left,
+           st.failed, (long long)st.silent_ms);
+    CHECK_OK(sf_net_link_create(p.net[0], 1, 5, SF_NET_RECV, NULL, &in));
+    CHECK_OK(out->ops->push(out, numbered(0, 1, 4, 4)));
+    out->ops->close(out);
+    if ((x = in->ops->pop(in)) != NULL) CHECK(in->ops->pop(in) == NULL);
+    CHECK(x != NULL);
+    sf_packet_free(x);
+    sf_link_destroy(in);
+    /* it leaves without making the link this side waits on: that link fails after the timeout */
+    CHECK_OK(sf_net_link_create(p.net[0], 1, 6, SF_NET_RECV, NULL, &in));
+    sf_link_destroy(out);
+    sf_net_free(p.net[1]);
+    p.net[1] = NULL;
+    expect_peer_failure(in, 1, 0.6 + 0.5, "rank 1 (host loopback) left", "a link its process never made");
+    sf_link_destroy(in);
+    free_pair(&p);
+}
+
 /* A child process sends, then is stopped with SIGSTOP: the parent's pop ends with SF_E_PEER. */
 static void stopped_child(void)
 {
@@ -696,10 +744,10 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         void (*run)(void);
-    } parts[] = {{"child", stopped_child}, {"roundtrip", roundtrips}, {"lossy", lossy_link},
+    } parts[] = {{"child", stopped_child},        {"roundtrip", roundtrips}, {"lossy", lossy_link},
                  {"backpressure", back_pressure}, {"curve", curve_refusals}, {"frozen", frozen_peer},
-                 {"reconnect", reconnect}, {"slow", slow_path}, {"aborts", aborts}, {"malformed", malformed},
-                 {"lostacks", lost_acks}};
+                 {"reconnect", reconnect},        {"slow", slow_path},       {"aborts", aborts},
+                 {"malformed", malformed},        {"lostacks", lost_acks},   {"goodbye", goodbye}};
     for (int i = 0; i < 3; i++) CHECK_OK(sf_net_keypair(pub[i], sec[i]));
     alarm(120); /* a hang (a destroy waiting for an acknowledgement that never comes) fails */
     /* the child part first: the fork happens before this process has any thread */

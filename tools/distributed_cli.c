@@ -216,11 +216,12 @@ static int net_comm(void *user, const int *ranks, int n, int index, uint32_t cha
 
 /* The rank that went silent, if one did: a failure elsewhere often reaches the driver first as
  * an abort from the rank that noticed, so the driver waits (at most the heartbeat timeout) for
- * its own verdict on any peer it has not heard from lately. Of the peers it has given up on, the
- * one silent longest went first: a rank that noticed the death and stopped (after its abort)
- * falls silent later, and may be given up on too while the driver waits. A peer not given up
- * on yet but silent longer than that one is waited for. -1 when none. `others` gets the other
- * ranks given up on ("; also given up on: rank 1, silent for 1518 ms"), or "". */
+ * its own verdict on any peer it has not heard from lately. A rank that said goodbye (it closed
+ * its network: it finished its part, or stopped after its abort) is not one of them. Of the
+ * peers it has given up on, the one silent longest went first: a rank that noticed the death and
+ * hangs falls silent later, and may be given up on too while the driver waits. A peer not given
+ * up on yet but silent longer than that one is waited for. -1 when none. `others` gets the
+ * other ranks given up on ("; also given up on: rank 1, silent for 1518 ms"), or "". */
 static int silent_peer(worker *w, int64_t *silent_ms, char *others, size_t size)
 {
     const int timeout = sf_topology_timeout_ms(w->topology), heartbeat = sf_topology_heartbeat_ms(w->topology);
@@ -229,7 +230,8 @@ static int silent_peer(worker *w, int64_t *silent_ms, char *others, size_t size)
         int64_t failed_ms = -1, suspect_ms = -1; /* the longest silence of either kind */
         for (int r = 1; r < w->world; r++) {
             sf_net_peer_status st;
-            if (!sf_dist_peer_used(w->run.graph, r) || sf_net_peer_status_get(w->net, r, &st) != SF_OK) continue;
+            if (!sf_dist_peer_used(w->run.graph, r) || sf_net_peer_status_get(w->net, r, &st) != SF_OK || st.left)
+                continue;
             if (st.failed && (failed < 0 || st.silent_ms > failed_ms)) failed = r, failed_ms = st.silent_ms;
             if (!st.failed && st.silent_ms > 2 * heartbeat && st.silent_ms > suspect_ms) suspect_ms = st.silent_ms;
         }
