@@ -497,8 +497,8 @@ static void *io_thread(void *arg)
         tick(n);
         pthread_mutex_unlock(&n->lock);
     }
-    /* goodbye (ZMQ_LINGER delivers it): a peer that hears this process fall silent after a
-     * clean end must not take it for one that died, and name it for another's death */
+    /* goodbye (ZMQ_LINGER delivers it): a peer that hears this process fall silent after its
+     * end must not take it for one that died, nor name it for another's death */
     pthread_mutex_lock(&n->lock);
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];

@@ -371,9 +371,8 @@ int cmd_launch(int argc, char **argv)
     if (statuses[0] != 0 && statuses[0] != -1) return statuses[0];
     if (first_failed >= 0) {
         /* the driver succeeded (its output is whole), but a rank's failure is still the job's */
-        fprintf(stderr,
-                "seqflow launch: rank %d failed (exit status %d); the driver finished: the output is complete\n",
-                first_failed, statuses[first_failed]);
+        fprintf(stderr, "seqflow launch: rank %d failed (exit status %d)%s\n", first_failed, statuses[first_failed],
+                statuses[0] == 0 ? "; the driver finished: the output is complete" : "");
         return statuses[first_failed];
     }
     return launch_signal ? 128 + launch_signal : 0;
