@@ -324,8 +324,10 @@ void net_deliver(sf_net *n, int authenticated, const void *rid, size_t rid_len, 
         return;
     }
     p->last_heard_ms = net_now_ms();
-    p->left = e.type == MSG_BYE;
-    if (p->left) return;
+    /* nothing follows a BYE on its control connection, so a HEARTBEAT after it is a new process
+     * of that rank; a packet or END may still arrive late on the data connection */
+    if (e.type == MSG_BYE || e.type == MSG_HEARTBEAT) p->left = e.type == MSG_BYE;
+    if (e.type == MSG_BYE) return;
     if (!p->active) p->want_active = 1;
     if (e.type == MSG_HEARTBEAT) p->progress = e.a;
     else net_link_on_message(n, i, &e, payload, has_payload);
@@ -449,6 +451,31 @@ static void tick(sf_net *n)
     }
 }
 
+/* BYE to every active peer, the last message on each control connection (ZMQ_LINGER delivers
+ * it): a peer that hears this process fall silent after its end must not take it for one that
+ * died, nor name it for another's death. A connection that refuses it (EAGAIN) gets until a
+ * deadline shared by all, at most 100 ms: an ending process must not wait long on anyone. */
+static void say_goodbye(sf_net *n)
+{
+    pthread_mutex_lock(&n->lock);
+    const net_env e = {MSG_BYE, 0, (uint32_t)n->o.rank, 0, 0, n->progress, 0, 0};
+    const int64_t deadline = net_now_ms() + (n->o.linger_ms < 100 ? n->o.linger_ms : 100);
+    for (int i = 0; i < n->n_peers; i++) {
+        net_peer *p = &n->peers[i];
+        if (!p->active || p->failed || !p->dealer[NET_CONTROL]) continue;
+        for (;;) {
+            p->blocked[NET_CONTROL] = 0;
+            const int64_t left_ms = deadline - net_now_ms();
+            if (net_send(n, p, NET_CONTROL, &e, NULL) != 1 || left_ms <= 0) break;
+            zmq_pollitem_t item = {p->dealer[NET_CONTROL], 0, ZMQ_POLLOUT, 0};
+            pthread_mutex_unlock(&n->lock); /* status queries go on meanwhile */
+            zmq_poll(&item, 1, (long)left_ms);
+            pthread_mutex_lock(&n->lock);
+        }
+    }
+    pthread_mutex_unlock(&n->lock);
+}
+
 static void *io_thread(void *arg)
 {
     sf_net *n = arg;
@@ -497,15 +524,7 @@ static void *io_thread(void *arg)
         tick(n);
         pthread_mutex_unlock(&n->lock);
     }
-    /* goodbye (ZMQ_LINGER delivers it): a peer that hears this process fall silent after its
-     * end must not take it for one that died, nor name it for another's death */
-    pthread_mutex_lock(&n->lock);
-    for (int i = 0; i < n->n_peers; i++) {
-        net_peer *p = &n->peers[i];
-        net_env e = {MSG_BYE, 0, (uint32_t)n->o.rank, 0, 0, n->progress, 0, 0};
-        if (p->active && !p->failed) net_send(n, p, NET_CONTROL, &e, NULL);
-    }
-    pthread_mutex_unlock(&n->lock);
+    say_goodbye(n);
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];
         for (int w = 0; w < 2; w++) {

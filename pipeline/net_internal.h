@@ -60,7 +60,7 @@ typedef struct net_peer {
     int64_t next_heartbeat_ms; /* I/O */
     /* under lock */
     int want_active, active, connected, ever_connected, failed;
-    int left;                            /* its last message was a BYE (a new process of that rank clears it) */
+    int left;                            /* it said BYE (a new process of that rank clears it) */
     int64_t activated_ms, last_heard_ms; /* -1: never */
     uint64_t progress;
     uint8_t rid[16];           /* ROUTER routing id of its last valid message (plaintext: who sent
