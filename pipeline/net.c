@@ -453,8 +453,8 @@ static void tick(sf_net *n)
 
 /* BYE to every active peer, the last message on each control connection (ZMQ_LINGER delivers
  * it): a peer that hears this process fall silent after its end must not take it for one that
- * died, nor name it for another's death. A connection that refuses it (EAGAIN) gets until a
- * deadline shared by all, at most 100 ms: an ending process must not wait long on anyone. */
+ * died, nor name it for another's death. A connection that is up but refuses it (EAGAIN) gets
+ * until a deadline shared by all, at most 100 ms: an ending process must not wait on anyone. */
 static void say_goodbye(sf_net *n)
 {
     pthread_mutex_lock(&n->lock);
@@ -462,7 +462,8 @@ static void say_goodbye(sf_net *n)
     const int64_t deadline = net_now_ms() + (n->o.linger_ms < 100 ? n->o.linger_ms : 100);
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];
-        if (!p->active || p->failed || !p->dealer[NET_CONTROL]) continue;
+        /* a connection that is down takes nothing (ZMQ_IMMEDIATE): the rank left or died */
+        if (!p->active || p->failed || !p->dealer[NET_CONTROL] || !p->up[NET_CONTROL]) continue;
         for (;;) {
             p->blocked[NET_CONTROL] = 0;
             const int64_t left_ms = deadline - net_now_ms();
