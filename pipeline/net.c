@@ -462,8 +462,11 @@ static void say_goodbye(sf_net *n)
     const int64_t deadline = net_now_ms() + (n->o.linger_ms < 100 ? n->o.linger_ms : 100);
     for (int i = 0; i < n->n_peers; i++) {
         net_peer *p = &n->peers[i];
-        /* a connection that is down takes nothing (ZMQ_IMMEDIATE): the rank left or died */
-        if (!p->active || p->failed || !p->dealer[NET_CONTROL] || !p->up[NET_CONTROL]) continue;
+        /* a connection that went down takes nothing (ZMQ_IMMEDIATE): the rank left or died; one
+         * still in its first handshake may come up before the deadline */
+        if (!p->active || p->failed || !p->dealer[NET_CONTROL] ||
+            (p->handshakes[NET_CONTROL] > 0 && !p->up[NET_CONTROL]))
+            continue;
         for (;;) {
             p->blocked[NET_CONTROL] = 0;
             const int64_t left_ms = deadline - net_now_ms();

@@ -386,10 +386,15 @@ static void goodbye(void)
     sf_packet_free(x);
     CHECK(in->ops->pop(in) == NULL);
     sf_link_destroy(out);
+    sf_net_peer_status st = {0};
+    /* the goodbye is best effort: it needs rank 1's control connection up (it is, in any process
+     * that lived a heartbeat or two; this one may be younger) */
+    for (const double t0 = now_s(); now_s() - t0 < 3 && (sf_net_peer_status_get(p.net[1], 0, &st), !st.connected);)
+        usleep(10000);
+    CHECK(st.connected);
     sf_net_free(p.net[1]);
     p.net[1] = NULL;
     usleep(1200000); /* twice the timeout */
-    sf_net_peer_status st;
     CHECK_OK(sf_net_peer_status_get(p.net[0], 1, &st));
     CHECKF(st.left && !st.failed && st.silent_ms > 600, "after the goodbye: left %d failed %d silent %lld ms", st.left,
            st.failed, (long long)st.silent_ms);
