@@ -453,8 +453,9 @@ static void tick(sf_net *n)
 
 /* BYE to every active peer, the last message on each control connection (ZMQ_LINGER delivers
  * it): a peer that hears this process fall silent after its end must not take it for one that
- * died, nor name it for another's death. A connection that is up but refuses it (EAGAIN) gets
- * until a deadline shared by all, at most 100 ms: an ending process must not wait on anyone. */
+ * died, nor name it for another's death. A connection still in its first handshake, or full
+ * (EAGAIN), gets until a deadline shared by all, at most 100 ms: an ending process must not wait
+ * on anyone. */
 static void say_goodbye(sf_net *n)
 {
     pthread_mutex_lock(&n->lock);

@@ -242,7 +242,7 @@ static int silent_peer(worker *w, int64_t *silent_ms, char *others, size_t size)
             for (int r = 1; r < w->world && failed >= 0; r++) {
                 sf_net_peer_status st;
                 if (r == failed || !sf_dist_peer_used(w->run.graph, r) || sf_net_peer_status_get(w->net, r, &st) != SF_OK ||
-                    !st.failed || used >= size)
+                    !st.failed || st.left || used >= size)
                     continue;
                 used += (size_t)snprintf(others + used, size - used, "%s rank %d, silent for %lld ms",
                                          used ? "," : "; also given up on:", r, (long long)st.silent_ms);
