@@ -33,7 +33,7 @@
 
 typedef struct shape {
     int heads, d, segment, n, causal, n_global, nb;
-    sf_branch br[3];
+    sf_branch br[5];
 } shape;
 
 static void *device_copy(const void *h, size_t bytes)
@@ -377,6 +377,11 @@ int main(void)
         {2, 128, 1024, 777, 0, 64, 3, {{256, 1}, {512, 2}, {1024, 4}}},
         {4, 64, 256, 256, 1, 0, 1, {{256, 4}}},
         {6, 64, 192, 150, 1, 0, 2, {{96, 3}, {64, 2}}},
+        /* the wgmma kernel's tiles on wide dilations (8 and 16) and on five distinct ones */
+        {4, 64, 2048, 1900, 1, 32, 2, {{512, 1}, {2048, 8}}},
+        {2, 128, 1024, 1000, 0, 0, 2, {{128, 1}, {1024, 8}}},
+        {2, 64, 2048, 2000, 1, 16, 2, {{256, 1}, {2048, 16}}},
+        {2, 64, 3840, 3000, 1, 0, 5, {{64, 1}, {128, 2}, {192, 3}, {256, 4}, {320, 5}}},
     };
     check_rng rng = {12345};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(&shapes[i], &dev, &rng);
@@ -393,6 +398,8 @@ int main(void)
         {{3, 32, 512, 333, 0, 4, 2, {{128, 4}, {512, 1}}}, 0},
         {{2, 128, 512, 260, 1, 7, 2, {{64, 2}, {512, 1}}}, 0},
         {{2, 128, 512, 260, 0, 0, 1, {{256, 4}}}, 0},
+        {{2, 64, 1024, 700, 1, 0, 2, {{256, 1}, {1024, 16}}}, 0},
+        {{2, 64, 1024, 900, 0, 0, 2, {{128, 1}, {1024, 8}}}, 0},
         {{2, 16, 128, 100, 1, 0, 1, {{128, 1}}}, 0}, /* d = 16: the float32 fallback */
     };
     for (size_t i = 0; i < sizeof nf / sizeof nf[0]; i++) check_non_finite(&nf[i].s, nf[i].bad_global, &dev, &rng);

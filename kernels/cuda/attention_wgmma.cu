@@ -23,9 +23,9 @@
  * keeps the bf16 K/V tiles every query tile re-reads.
  *
  * The variants this won against (warp specialization, FlashAttention-3's order, a leaner
- * softmax, copies running ahead across query tiles, the kernel beside its pre-pass, ...) are in
- * bench/lab/attention/ with their measurements (bench/lab/README.md); FlashAttention-3's order
- * lost at d = 128 too (bench/lab/ATTENTION_NOTES.md). */
+ * softmax, copies running ahead across query tiles, the kernel beside its pre-pass, K/V tiles by
+ * the copy engine, ...) are in bench/lab/attention/ with their measurements (bench/lab/README.md);
+ * FlashAttention-3's order lost at d = 128 too (bench/lab/ATTENTION_NOTES.md). */
 #include <math.h>
 #include <stdint.h>
 #include <cuda_bf16.h>

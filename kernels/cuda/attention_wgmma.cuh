@@ -33,6 +33,11 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes
            ((uint64_t)((sbo_bytes >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 
+/* The descriptor of the operand `offset` bytes (a multiple of 16) past the one `desc` describes:
+ * the start address field holds address / 16 unmasked, since shared addresses stay below
+ * 256 KiB, so the sum needs no carry out of its 14 bits. */
+__device__ __forceinline__ uint64_t sw128_desc_at(uint64_t desc, uint32_t offset) { return desc + (offset >> 4); }
+
 #if SF_WGMMA_ENABLED
 /* Orders this thread's register writes (accumulators, A fragments) before the next wgmma. */
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

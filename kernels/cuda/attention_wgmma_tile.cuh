@@ -69,11 +69,15 @@ __device__ __forceinline__ void cp_async16_sh(uint32_t saddr, const void *gmem, 
 template <int BN, bool QS, int D = WG_D>
 __device__ __forceinline__ void wg_qk(float *s, const uint32_t (*qf)[4], uint32_t qaddr, uint32_t kaddr)
 {
+    /* each k16 step's descriptors are the tiles' plus the step's offset / 16 (sw128_desc_at):
+     * built once, not masked and shifted again for every product */
+    const uint64_t kdesc = sw128_desc(kaddr, 16, 1024);
+    const uint64_t qdesc0 = QS ? sw128_desc(qaddr, 16, 1024) : 0;
 #pragma unroll
     for (int kc = 0; kc < D / 16; kc++) {
-        const uint64_t desc = sw128_desc(kaddr + (kc / 4) * BN * 128 + (kc % 4) * 32, 16, 1024);
+        const uint64_t desc = sw128_desc_at(kdesc, (kc / 4) * BN * 128 + (kc % 4) * 32);
         if constexpr (QS) {
-            const uint64_t qdesc = sw128_desc(qaddr + (kc / 4) * 64 * 128 + (kc % 4) * 32, 16, 1024);
+            const uint64_t qdesc = sw128_desc_at(qdesc0, (kc / 4) * 64 * 128 + (kc % 4) * 32);
             if constexpr (BN == 64)
                 wgmma_m64n64k16_ss<0>(s, qdesc, desc, kc > 0);
             else
@@ -92,11 +96,12 @@ __device__ __forceinline__ void wg_qk(float *s, const uint32_t (*qf)[4], uint32_
 template <int BN, int D = WG_D>
 __device__ __forceinline__ void wg_pv(float *acc, const uint32_t (*pa)[4], uint32_t vaddr)
 {
+    const uint64_t vdesc = sw128_desc(vaddr, 16, 1024);
 #pragma unroll
     for (int kc = 0; kc < BN / 16; kc++)
 #pragma unroll
         for (int b = 0; b < D / 64; b++)
-            wgmma_m64n64k16_rs<1>(acc + 32 * b, pa[kc], sw128_desc(vaddr + b * BN * 128 + kc * 2048, 16, 1024), 1);
+            wgmma_m64n64k16_rs<1>(acc + 32 * b, pa[kc], sw128_desc_at(vdesc, b * BN * 128 + kc * 2048), 1);
 }
 
 /* S = Q K^T, issued and waited for: s is readable on return */
