@@ -367,6 +367,29 @@ static void on_zap(sf_net *n) { sf_zap_answer(n->zap, zap_decide, n, "not a peer
 
 /* ---- the I/O thread ------------------------------------------------------------------- */
 
+/* The control messages queued for peer i (aborts, acknowledgements), in order, until its
+ * connection is full. */
+static void send_ctrl(sf_net *n, int i)
+{
+    net_peer *p = &n->peers[i];
+    for (net_ctrl **cc = &n->ctrl; *cc;) {
+        net_ctrl *c = *cc;
+        if (c->peer != i) {
+            cc = &c->next;
+            continue;
+        }
+        zmq_msg_t text;
+        zmq_msg_init_size(&text, strlen(c->text));
+        memcpy(zmq_msg_data(&text), c->text, strlen(c->text));
+        int rc = net_send(n, p, NET_CONTROL, &c->e, c->e.type == MSG_ACK ? NULL : &text);
+        zmq_msg_close(&text);
+        if (rc == 1) break;
+        *cc = c->next;
+        if (n->ctrl_tail == &c->next) n->ctrl_tail = cc;
+        free(c);
+    }
+}
+
 /* Heartbeats, silence and connect deadlines, aborts, and every link's pending output. */
 static void tick(sf_net *n)
 {
@@ -410,22 +433,7 @@ static void tick(sf_net *n)
                 continue;
             }
         }
-        for (net_ctrl **cc = &n->ctrl; *cc;) {
-            net_ctrl *c = *cc;
-            if (c->peer != i) {
-                cc = &c->next;
-                continue;
-            }
-            zmq_msg_t text;
-            zmq_msg_init_size(&text, strlen(c->text));
-            memcpy(zmq_msg_data(&text), c->text, strlen(c->text));
-            int rc = net_send(n, p, NET_CONTROL, &c->e, c->e.type == MSG_ACK ? NULL : &text);
-            zmq_msg_close(&text);
-            if (rc == 1) break;
-            *cc = c->next;
-            if (n->ctrl_tail == &c->next) n->ctrl_tail = cc;
-            free(c);
-        }
+        send_ctrl(n, i);
         if (now >= p->next_heartbeat_ms) {
             net_env e = {MSG_HEARTBEAT, 0, (uint32_t)n->o.rank, 0, 0, n->progress, 0, 0};
             if (net_send(n, p, NET_CONTROL, &e, NULL) == 0) {
@@ -451,6 +459,13 @@ static void tick(sf_net *n)
     }
 }
 
+static int ctrl_pending(const sf_net *n, int i)
+{
+    for (const net_ctrl *c = n->ctrl; c; c = c->next)
+        if (c->peer == i) return 1;
+    return 0;
+}
+
 /* BYE to every active peer, the last message on each control connection (ZMQ_LINGER delivers
  * it): a peer that hears this process fall silent after its end must not take it for one that
  * died, nor name it for another's death. A connection still in its first handshake, or full
@@ -471,7 +486,11 @@ static void say_goodbye(sf_net *n)
         for (;;) {
             p->blocked[NET_CONTROL] = 0;
             const int64_t left_ms = deadline - net_now_ms();
-            if (net_send(n, p, NET_CONTROL, &e, NULL) != 1 || left_ms <= 0) break;
+            /* first what is still queued for it: the aborts of the links this process dropped
+             * as it ended (its error, for the peer), which stopping may have cut off before the
+             * next tick; the BYE comes last */
+            send_ctrl(n, i);
+            if ((!ctrl_pending(n, i) && net_send(n, p, NET_CONTROL, &e, NULL) != 1) || left_ms <= 0) break;
             zmq_pollitem_t item = {p->dealer[NET_CONTROL], 0, ZMQ_POLLOUT, 0};
             pthread_mutex_unlock(&n->lock); /* status queries go on meanwhile */
             zmq_poll(&item, 1, (long)left_ms);

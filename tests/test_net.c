@@ -423,6 +423,42 @@ static void goodbye(void)
     free_pair(&p);
 }
 
+/* A process that drops its links as it ends (its error) and closes its network at once: the
+ * aborts still reach the peer, ahead of the goodbye, so the peer's link fails with the reason
+ * at once, not as a link left unfinished after the timeout. Every other round the I/O thread
+ * is frozen first, so that it is stopped before a tick could send them. */
+static void abort_then_leave(void)
+{
+    for (int round = 0; round < 8; round++) {
+        pair p;
+        CHECK_OK(make_pair(&p, 0, 0, 600));
+        sf_link *out = NULL, *in = NULL;
+        CHECK_OK(sf_net_link_create(p.net[0], 1, 40, SF_NET_SEND, NULL, &out));
+        CHECK_OK(sf_net_link_create(p.net[1], 0, 40, SF_NET_RECV, NULL, &in));
+        if (!out || !in || !p.net[0] || !p.net[1]) break;
+        CHECK_OK(out->ops->push(out, numbered(1, 0, 4, 4)));
+        sf_packet_free(in->ops->pop(in));
+        if (round % 2) sf_net_test_freeze(p.net[1], 1), usleep(30000); /* past its next loop */
+        sf_net_link_abort_why(in, "the stage failed");
+        sf_link_destroy(in);
+        sf_net_free(p.net[1]);
+        p.net[1] = NULL;
+        const double t0 = now_s();
+        int rc = SF_OK;
+        while (rc == SF_OK && now_s() - t0 < 2) {
+            rc = out->ops->push(out, numbered(1, 0, 4, 4));
+            if (rc == SF_OK) usleep(5000);
+        }
+        const double took = now_s() - t0;
+        CHECKF(rc == SF_E_CLOSED && strstr(sf_last_error(), "aborted by rank 1") &&
+                   strstr(sf_last_error(), "the stage failed") && took < 0.5,
+               "round %d: the sender after its peer aborted and left: %d '%s' after %.2f s", round, rc, sf_last_error(),
+               took);
+        sf_link_destroy(out);
+        free_pair(&p);
+    }
+}
+
 /* A child process sends, then is stopped with SIGSTOP: the parent's pop ends with SF_E_PEER. */
 static void stopped_child(void)
 {
@@ -752,7 +788,8 @@ int main(int argc, char **argv)
     } parts[] = {{"child", stopped_child},        {"roundtrip", roundtrips}, {"lossy", lossy_link},
                  {"backpressure", back_pressure}, {"curve", curve_refusals}, {"frozen", frozen_peer},
                  {"reconnect", reconnect},        {"slow", slow_path},       {"aborts", aborts},
-                 {"malformed", malformed},        {"lostacks", lost_acks},   {"goodbye", goodbye}};
+                 {"malformed", malformed},        {"lostacks", lost_acks},   {"goodbye", goodbye},
+                 {"abortleave", abort_then_leave}};
     for (int i = 0; i < 3; i++) CHECK_OK(sf_net_keypair(pub[i], sec[i]));
     alarm(120); /* a hang (a destroy waiting for an acknowledgement that never comes) fails */
     /* the child part first: the fork happens before this process has any thread */
