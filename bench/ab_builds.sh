@@ -10,10 +10,13 @@
 # median of B/A is the answer. MODEL: a bench_gpu_pipeline preset (default reference), made with
 # BUILD_A's bench_gpu_pipeline, so both read the same file; AB_MODEL_ARGS adds --make-model options
 # (e.g. "--heads 8": the reference model as 8 heads of 128), and the model is then made with
-# BUILD_B's, whose options an older A may lack. Logs under $OUT (or /tmp/ab_out).
+# BUILD_B's, whose options an older A may lack. AB_RUN_ARGS adds `seqflow run` options to both
+# sides (e.g. "--precision fp8"); AB_ENV_A and AB_ENV_B set environment variables for one side
+# (e.g. AB_ENV_A=SEQFLOW_CUDA_GATE_UP=0 with the same build twice: a setting's A/B). Logs under
+# $OUT (or /tmp/ab_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in -h | --help | "") echo "usage: $0 BUILD_A BUILD_B [MODEL]  (AB_PAIRS, AB_LONG, AB_MODEL_ARGS, OUT)"; exit 2 ;; esac
+case "${1:-}" in -h | --help | "") echo "usage: $0 BUILD_A BUILD_B [MODEL]  (AB_PAIRS, AB_LONG, AB_MODEL_ARGS, AB_RUN_ARGS, AB_ENV_A, AB_ENV_B, OUT)"; exit 2 ;; esac
 [ $# -ge 2 ] || { echo "usage: $0 BUILD_A BUILD_B [MODEL]" >&2; exit 2; }
 A=$1 B=$2 MODEL=${3:-reference}
 out=${OUT:-/tmp/ab_out}
@@ -31,23 +34,24 @@ MODEL_FILE=$D/$MODEL$(echo "$extra" | tr -dc 'a-z0-9').st
 for segs in 64 $LONG; do
   [ -f "$D/long$segs.u32" ] || "$A/bench/bench_gpu_pipeline" --make-tokens "$D/long$segs.u32" --count $((segs * N)) --seed 4 >/dev/null
 done
-seconds() { # build segments
+seconds() { # build segments environment
   local t0 t1
   t0=$(date +%s.%N)
-  "$1/seqflow" run -d cuda -m "$MODEL_FILE" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
-    >>"$out/ab_builds_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
+  # shellcheck disable=SC2086 # the options and assignments split into words
+  env $3 "$1/seqflow" run -d cuda -m "$MODEL_FILE" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
+    ${AB_RUN_ARGS:-} >>"$out/ab_builds_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
   t1=$(date +%s.%N)
   python3 -c "print($t1 - $t0)"
 }
-rate() { # build
+rate() { # build environment
   local short long
-  short=$(seconds "$1" 64)
-  long=$(seconds "$1" "$LONG")
+  short=$(seconds "$1" 64 "$2")
+  long=$(seconds "$1" "$LONG" "$2")
   python3 -c "print('%.0f' % (($LONG - 64) * $N / ($long - $short)))"
 }
 for r in $(seq "${AB_PAIRS:-5}"); do
-  a=$(rate "$A")
-  b=$(rate "$B")
+  a=$(rate "$A" "${AB_ENV_A:-}")
+  b=$(rate "$B" "${AB_ENV_B:-}")
   echo "AB builds $MODEL$extra pair $r: $A $a tokens/s, $B $b tokens/s, ratio $(python3 -c "print('%.4f' % ($b / $a))")"
 done | tee -a "$out/ab_builds.txt"
 ratios=$(sed -n "s/^AB builds $MODEL$extra pair .* ratio \([0-9.]*\)$/\1/p" "$out/ab_builds.txt" | tail -n "${AB_PAIRS:-5}")

@@ -271,6 +271,13 @@ int sf_cuda_hopper_known(int *known, const void *kernel, int smem_bytes);
 int sf_cuda_swiglu_gate_up_usable(int dim, int hidden);
 int sf_cuda_swiglu_gate_up(int n, int dim, int hidden, const __nv_bfloat16 *u, const __nv_bfloat16 *w1,
                            const __nv_bfloat16 *w3, __nv_bfloat16 *g, cudaStream_t stream);
+/* The same in precision fp8: u [n, dim] e4m3 with a scale per row (su: u's row i is su[i] times
+ * its e4m3 values), w1 and w3 [hidden, dim] e4m3 with a scale per row (s1, s3), g bf16. usable:
+ * as above, dim a multiple of 16. */
+int sf_cuda_swiglu_gate_up_e4m3_usable(int dim, int hidden);
+int sf_cuda_swiglu_gate_up_e4m3(int n, int dim, int hidden, const unsigned char *u, const float *su,
+                                const unsigned char *w1, const unsigned char *w3, const float *s1, const float *s3,
+                                __nv_bfloat16 *g, cudaStream_t stream);
 
 /* A bf16 product on cuBLAS (gemm_plan.cu): y (float32 or bf16, rows ldy apart) = x w^T + beta y
  * for `batch` weights stride_w elements apart with one shared x, outputs stride_y elements

@@ -1,8 +1,8 @@
 /* The warp-specialized Hopper product the fused-epilogue kernels share (swiglu_gate_up.cu; the
  * lab's variants of it and residual_product.cu in bench/lab/, which also use the clusters):
- * tiles of 128 rows x 256 product columns, A [rows, K] and B [columns, K] bf16 K-major, float32
- * accumulators, an epilogue of the caller's (CUTLASS's "cooperative" kernel, written out with
- * PTX).
+ * tiles of 128 rows x 256 product columns, A [rows, K] and B [columns, K] K-major in bf16 or both
+ * in FP8 e4m3 (E4M3), float32 accumulators, an epilogue of the caller's (CUTLASS's "cooperative"
+ * kernel, written out with PTX).
  *
  * One persistent CTA a multiprocessor, 384 threads. Warpgroup 0 is the producer: one thread
  * issues, for every 64-wide K step, the bulk tensor copies (TMA, 128-byte swizzle) of A's 128 x
@@ -26,6 +26,9 @@
 namespace gemm_tma {
 
 constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, THREADS = 384;
+/* Elements of a K step: 64 bf16 or 128 e4m3, 128 bytes of a row either way (one swizzle row), so
+ * the boxes, the ring and the descriptors are the same for both. */
+template <bool E4M3> __host__ __device__ constexpr int k_step() { return E4M3 ? 2 * BK : BK; }
 constexpr int A_BYTES = BM * BK * 2;         /* A's box */
 constexpr int B_BOX_BYTES = 128 * BK * 2;    /* each of B's two boxes */
 constexpr int STAGE_BYTES = A_BYTES + 2 * B_BOX_BYTES;
@@ -89,7 +92,7 @@ __device__ __forceinline__ void init_barriers(const smem_layout &l, int cluster)
 /* Producer (one thread): every K step of every tile of this CTA into the ring. With a cluster,
  * the CTAs' tiles share B: each CTA loads 256 / CLUSTER of its rows once for all of them
  * (multicast), so a slot is refilled only when every CTA's consumers released it. */
-template <int CLUSTER>
+template <int CLUSTER, bool E4M3>
 __device__ __forceinline__ void produce(const CUtensorMap *map_a, const b_source &b, const smem_layout &l,
                                         const tile_walk &w, int kt_count, int rank)
 {
@@ -101,15 +104,16 @@ __device__ __forceinline__ void produce(const CUtensorMap *map_a, const b_source
             const uint32_t s = it % STAGES, slot = l.ring + s * STAGE_BYTES, bar = l.full + 8 * s;
             mbar_wait(l.empty + 8 * s, ((it / STAGES) & 1) ^ 1);
             mbar_arrive_expect_tx(bar, STAGE_BYTES); /* its own A box, and all of B's */
-            tma_load_2d(slot, map_a, kt * BK, m0, bar);
+            const int k0 = kt * k_step<E4M3>();
+            tma_load_2d(slot, map_a, k0, m0, bar);
             if (CLUSTER == 1) {
-                tma_load_2d(slot + A_BYTES, b.map_b0, kt * BK, b.b0_row + c0, bar);
-                tma_load_2d(slot + A_BYTES + B_BOX_BYTES, b.map_b1, kt * BK, b.b1_row + c0, bar);
+                tma_load_2d(slot + A_BYTES, b.map_b0, k0, b.b0_row + c0, bar);
+                tma_load_2d(slot + A_BYTES + B_BOX_BYTES, b.map_b1, k0, b.b1_row + c0, bar);
             } else {
                 const int row = rank * B_ROWS; /* of the 256: the first box's 128, then the second's */
                 const CUtensorMap *map = row < 128 ? b.map_b0 : b.map_b1;
                 const int base = row < 128 ? b.b0_row : b.b1_row;
-                tma_load_2d_multicast(slot + A_BYTES + row * 128, map, kt * BK, base + c0 + row % 128, bar,
+                tma_load_2d_multicast(slot + A_BYTES + row * 128, map, k0, base + c0 + row % 128, bar,
                                       (uint16_t)((1u << CLUSTER) - 1));
             }
         }
@@ -130,7 +134,7 @@ __device__ __forceinline__ void release_slot(const smem_layout &l, uint32_t s)
  * is row 16 warp + g + 8 hr, column 8 j + 2 t + e, with g = lane / 4, t = lane % 4); `it` counts
  * the CTA's K steps across tiles, as the producer's does. Returns with the products complete and
  * every slot of the tile released. */
-template <int CLUSTER>
+template <int CLUSTER, bool E4M3>
 __device__ __forceinline__ void consume_tile(float *acc, const smem_layout &l, int c, int kt_count, uint32_t &it)
 {
     for (int kt = 0; kt < kt_count; kt++, it++) {
@@ -140,8 +144,11 @@ __device__ __forceinline__ void consume_tile(float *acc, const smem_layout &l, i
         const uint64_t db = sw128_desc(slot + A_BYTES, 16, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < BK / 16; ks++) /* +32 bytes along K: +2 in the descriptor's address field */
-            wgmma_m64n256k16_ss(acc, da + 2 * ks, db + 2 * ks, kt > 0 || ks > 0);
+        for (int ks = 0; ks < 4; ks++) /* +32 bytes along K: +2 in the descriptor's address field */
+            if constexpr (E4M3)
+                wgmma_m64n256k32_e4m3_ss(acc, da + 2 * ks, db + 2 * ks, kt > 0 || ks > 0);
+            else
+                wgmma_m64n256k16_ss(acc, da + 2 * ks, db + 2 * ks, kt > 0 || ks > 0);
         wgmma_commit();
         if (kt > 0) {
             wgmma_wait<1>(); /* the previous step's products are done with its slot */
@@ -157,7 +164,7 @@ __device__ __forceinline__ void consume_tile(float *acc, const smem_layout &l, i
  * each of which epilogue(acc, staging, row0, col0, c) runs (consumer c's 64 rows start at row0,
  * the tile's columns at col0; staging is the consumer's OUT_BYTES of shared memory, which the
  * epilogue may hand to the copy engine: every bulk group is waited for before the CTA ends). */
-template <int CLUSTER, class Epilogue>
+template <int CLUSTER, bool E4M3 = false, class Epilogue>
 __device__ __forceinline__ void run_cooperative(unsigned char *smem_raw, const CUtensorMap *map_a, const b_source &b,
                                                 const tile_walk &w, int kt_count, Epilogue &&epilogue)
 {
@@ -174,7 +181,7 @@ __device__ __forceinline__ void run_cooperative(unsigned char *smem_raw, const C
     sf_wait_prior_grid(); /* the operands (and what the epilogue touches) come from the kernels ahead */
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (threadIdx.x == 0) produce<CLUSTER>(map_a, b, l, w, kt_count, rank);
+        if (threadIdx.x == 0) produce<CLUSTER, E4M3>(map_a, b, l, w, kt_count, rank);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const int c = wg - 1;
@@ -184,7 +191,7 @@ __device__ __forceinline__ void run_cooperative(unsigned char *smem_raw, const C
         for (int i = 0; i < 128; i++) acc[i] = 0.0f;
         uint32_t it = 0;
         for (int p = w.first; p < w.groups; p += w.step) {
-            consume_tile<CLUSTER>(acc, l, c, kt_count, it);
+            consume_tile<CLUSTER, E4M3>(acc, l, c, kt_count, it);
             epilogue(acc, staging, w.row0(p, CLUSTER, rank) + 64 * c, w.col0(p), c);
         }
         if (threadIdx.x % 128 == 0) tma_store_wait_all();

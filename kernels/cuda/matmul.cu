@@ -391,6 +391,18 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, const float *x, 
         unsigned char *q;
         float *scale;
         rc = fp8_input(c, SF_CUDA_FP8_IN_RMSNORM, n, dim, x, dim, norm, eps, &q, &scale);
+        /* the gate/up kernel (setting gate_up): g = SwiGLU straight from the e4m3 products into
+         * h1 as bf16 [n, hidden], quantized for W2 as any bf16 input */
+        const int fused = c->settings.gate_up && sf_cuda_swiglu_gate_up_e4m3_usable(dim, hidden) &&
+                          (((uintptr_t)e1->fp8 | (uintptr_t)e3->fp8 | (uintptr_t)g1) & 15) == 0;
+        if (rc == SF_OK && fused) {
+            rc = sf_cuda_swiglu_gate_up_e4m3(n, dim, hidden, q, scale, e1->fp8, e3->fp8, e1->scale, e3->scale, g1,
+                                             c->stream);
+            if (rc == SF_OK) rc = fp8_input(c, SF_CUDA_FP8_IN_BF16, n, hidden, g1, hidden, NULL, 0.0f, &q, &scale);
+            if (rc == SF_OK) rc = fp8_product(c, n, hidden, dim, q, scale, e2, y, dim, yt, beta, "fp8 GEMM (ffn W2)");
+            sf_cuda_leave(c);
+            return rc;
+        }
         /* W1|W3 prepared as one group (copies and scales consecutive): one product of twice
          * the width, whose rows are [W1 u | W3 u] as h1 wants them */
         if (rc == SF_OK && e3->fp8 == e1->fp8 + (size_t)hidden * dim && e3->scale == e1->scale + hidden)

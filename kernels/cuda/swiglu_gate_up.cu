@@ -19,6 +19,11 @@
  * bench/lab/swiglu_gate_up_variants.cu): clusters of 2 or 4 CTAs sharing each W1|W3 slice by TMA
  * multicast (the loads were not the bound: 1.5% and 10% slower), and a pingpong schedule (15%
  * slower). CPU twin: the CPU backend's matmul then swiglu (tests/test_backend_ops.c, ffn).
+ * In precision fp8 the same kernel takes u, W1 and W3 in e4m3 (gemm_tma.cuh's E4M3 form: a K step
+ * of 128 bytes is 128 values) and applies u's row scales and the weights' channel scales to the
+ * float32 accumulators before silu, so W1 u | W3 u are not written in bf16 and read back for the
+ * quantization of g (which W2 then reads as any bf16 input). The accumulators are the tensor
+ * cores' e4m3 sums (as cuBLASLt's with FAST_ACCUM): within the inputs' own rounding.
  * Built for sm_90a only. */
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
@@ -36,6 +41,11 @@ using gemm_tma::SMEM_BYTES;
 using gemm_tma::THREADS;
 constexpr int BH = 128; /* hidden columns a tile: W1's 128 rows and W3's make the product's 256 */
 
+/* The scales of the e4m3 form: u's rows (su), W1's and W3's channels (s1, s3). */
+struct gate_up_scales {
+    const float *su, *s1, *s3;
+};
+
 #if SF_WGMMA_ENABLED
 /* The fast exponential and division (MUFU ex2 and rcp): the epilogue does not overlap the
  * products, and expf with a full division cost it ~3 us a tile of ~15 (by instruction count).
@@ -45,18 +55,39 @@ __device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __e
 /* silu(gate) * up of this thread's accumulators into the warpgroup's staging tile: gate for
  * j < 16, up of the same hidden column at j + 16 (gemm_tma::consume_tile's layout); column c of
  * the 128 goes to box c / 64, 16-byte chunk (c % 64) / 8 swizzled by the row (rows are
- * 8-aligned, so row % 8 = g). */
-__device__ __forceinline__ void stage_output(const float *acc, uint32_t out, int warp, int g, int t)
+ * 8-aligned, so row % 8 = g). E4M3: gate and up dequantized first by their row's scale and their
+ * hidden column's (rows from row0, columns from h0; past n and f they scale by 0). */
+template <bool E4M3>
+__device__ __forceinline__ void stage_output(const float *acc, uint32_t out, int warp, int g, int t,
+                                             const gate_up_scales &sc, int row0, int h0, int n, int f)
 {
+    float a[2] = {1.0f, 1.0f};
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int hr = 0; hr < 2 && E4M3; hr++) {
+        const int row = row0 + 16 * warp + g + 8 * hr;
+        a[hr] = row < n ? sc.su[row] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        float w1[2] = {1.0f, 1.0f}, w3[2] = {1.0f, 1.0f};
+#pragma unroll
+        for (int e = 0; e < 2 && E4M3; e++) {
+            const int col = h0 + 8 * j + 2 * t + e;
+            w1[e] = col < f ? sc.s1[col] : 0.0f, w3[e] = col < f ? sc.s3[col] : 0.0f;
+        }
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const int k = 4 * j + 2 * hr, row = 16 * warp + g + 8 * hr;
-            const uint32_t v = pack_bf16x2(silu(acc[k]) * acc[64 + k], silu(acc[k + 1]) * acc[64 + k + 1]);
+            float gate[2], up[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                gate[e] = E4M3 ? acc[k + e] * a[hr] * w1[e] : acc[k + e],
+                up[e] = E4M3 ? acc[64 + k + e] * a[hr] * w3[e] : acc[64 + k + e];
+            const uint32_t v = pack_bf16x2(silu(gate[0]) * up[0], silu(gate[1]) * up[1]);
             const uint32_t at = out + (j / 8) * gemm_tma::OUT_BOX_BYTES + row * 128 + (((j % 8) ^ g) << 4) + 4 * t;
             asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(v) : "memory");
         }
+    }
 }
 #endif
 
@@ -64,12 +95,12 @@ __device__ __forceinline__ void stage_output(const float *acc, uint32_t out, int
  * hidden columns, and SwiGLU in the epilogue: g rounded once to bf16 into a swizzled staging
  * tile, which one thread stores by TMA (rows past n and columns past F are clipped) while the
  * warpgroup goes on to its next tile's products. Launched as clusters of CLUSTER = 1 CTA (the
- * lab's variants take 2 and 4). */
-template <int CLUSTER>
+ * lab's variants take 2 and 4). E4M3: u, W1 and W3 in e4m3, their scales in sc. */
+template <int CLUSTER, bool E4M3>
 __global__ void __launch_bounds__(THREADS, 1)
-swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_constant__ CUtensorMap map_w1,
-                      const __grid_constant__ CUtensorMap map_w3, const __grid_constant__ CUtensorMap map_g, int n,
-                      int d, int f)
+    swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_constant__ CUtensorMap map_w1,
+                          const __grid_constant__ CUtensorMap map_w3, const __grid_constant__ CUtensorMap map_g, int n,
+                          int d, int f, gate_up_scales sc)
 {
 #if SF_WGMMA_ENABLED
     extern __shared__ unsigned char smem_raw[];
@@ -80,7 +111,7 @@ swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_co
         const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31;
         if (leader) tma_store_wait_read<0>(); /* the previous tile's store has left the staging tile */
         named_sync(1 + c, 128);
-        stage_output(acc, staging, warp, lane >> 2, lane & 3);
+        stage_output<E4M3>(acc, staging, warp, lane >> 2, lane & 3, sc, row0, h0, n, f);
         fence_proxy_async(); /* the staging tile, written by st.shared, is read by the copy engine */
         named_sync(1 + c, 128);
         if (leader) {
@@ -89,8 +120,9 @@ swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_co
             tma_store_commit();
         }
     };
-    gemm_tma::run_cooperative<CLUSTER>(smem_raw, &map_u, b, gemm_tma::walk_of(n, f, BH, CLUSTER), (d + BK - 1) / BK,
-                                       epilogue);
+    const int k_step = gemm_tma::k_step<E4M3>();
+    gemm_tma::run_cooperative<CLUSTER, E4M3>(smem_raw, &map_u, b, gemm_tma::walk_of(n, f, BH, CLUSTER),
+                                             (d + k_step - 1) / k_step, epilogue);
 #endif
 }
 
@@ -99,12 +131,13 @@ swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_co
 static int fit_here()
 {
     static int known[64];
-    return sf_cuda_hopper_known(known, (const void *)swiglu_gate_up_kernel<1>, SMEM_BYTES);
+    return sf_cuda_hopper_known(known, (const void *)swiglu_gate_up_kernel<1, false>, SMEM_BYTES);
 }
 
-template <int CLUSTER>
+template <int CLUSTER, bool E4M3>
 static cudaError_t launch(int clusters, const CUtensorMap &mu, const CUtensorMap &mw1, const CUtensorMap &mw3,
-                          const CUtensorMap &mg, int n, int dim, int hidden, cudaStream_t stream)
+                          const CUtensorMap &mg, int n, int dim, int hidden, const gate_up_scales &sc,
+                          cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(clusters * CLUSTER)), cfg.blockDim = dim3(THREADS);
@@ -120,7 +153,7 @@ static cudaError_t launch(int clusters, const CUtensorMap &mu, const CUtensorMap
         k++;
     }
     cfg.attrs = attr, cfg.numAttrs = (unsigned)k;
-    return cudaLaunchKernelEx(&cfg, swiglu_gate_up_kernel<CLUSTER>, mu, mw1, mw3, mg, n, dim, hidden);
+    return cudaLaunchKernelEx(&cfg, swiglu_gate_up_kernel<CLUSTER, E4M3>, mu, mw1, mw3, mg, n, dim, hidden, sc);
 }
 
 } // namespace
@@ -145,5 +178,35 @@ int sf_cuda_swiglu_gate_up(int n, int dim, int hidden, const __nv_bfloat16 *u, c
     if (rc != SF_OK) return rc;
     const long long groups = (long long)((n + BM - 1) / BM) * ((hidden + BH - 1) / BH);
     const int clusters = (int)(groups < fits ? groups : fits);
-    return sf_cuda_status(launch<1>(clusters, map_u, map_w1, map_w3, map_g, n, dim, hidden, stream), "swiglu_gate_up");
+    const gate_up_scales none = {nullptr, nullptr, nullptr};
+    return sf_cuda_status(launch<1, false>(clusters, map_u, map_w1, map_w3, map_g, n, dim, hidden, none, stream),
+                          "swiglu_gate_up");
+}
+
+int sf_cuda_swiglu_gate_up_e4m3_usable(int dim, int hidden)
+{
+    if (dim <= 0 || hidden <= 0 || dim % 16 || hidden % 8) return 0;
+    static int known[64];
+    return sf_cuda_hopper_known(known, (const void *)swiglu_gate_up_kernel<1, true>, SMEM_BYTES);
+}
+
+int sf_cuda_swiglu_gate_up_e4m3(int n, int dim, int hidden, const unsigned char *u, const float *su,
+                                const unsigned char *w1, const unsigned char *w3, const float *s1, const float *s3,
+                                __nv_bfloat16 *g, cudaStream_t stream)
+{
+    if (n <= 0) return SF_OK;
+    const int fits = sf_cuda_swiglu_gate_up_e4m3_usable(dim, hidden);
+    if (!fits)
+        return sf_error(SF_E_UNSUPPORTED, "swiglu_gate_up (e4m3): dim %d, hidden %d or this device", dim, hidden);
+    CUtensorMap map_u, map_w1, map_w3, map_g;
+    int rc = sf_cuda_tensor_map_u8_sw128(&map_u, u, n, dim, dim, BM);
+    if (rc == SF_OK) rc = sf_cuda_tensor_map_u8_sw128(&map_w1, w1, hidden, dim, dim, BH);
+    if (rc == SF_OK) rc = sf_cuda_tensor_map_u8_sw128(&map_w3, w3, hidden, dim, dim, BH);
+    if (rc == SF_OK) rc = sf_cuda_tensor_map_bf16_sw128(&map_g, g, n, hidden, hidden, 64);
+    if (rc != SF_OK) return rc;
+    const long long groups = (long long)((n + BM - 1) / BM) * ((hidden + BH - 1) / BH);
+    const int clusters = (int)(groups < fits ? groups : fits);
+    const gate_up_scales sc = {su, s1, s3};
+    return sf_cuda_status(launch<1, true>(clusters, map_u, map_w1, map_w3, map_g, n, dim, hidden, sc, stream),
+                          "swiglu_gate_up (e4m3)");
 }

@@ -52,3 +52,9 @@ int sf_cuda_tensor_map_f32_sw128(CUtensorMap *map, const float *base, long long 
 {
     return tensor_map_sw128(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, rows, cols, ld, box_rows);
 }
+
+int sf_cuda_tensor_map_u8_sw128(CUtensorMap *map, const unsigned char *base, long long rows, long long cols,
+                                long long ld, int box_rows)
+{
+    return tensor_map_sw128(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, base, rows, cols, ld, box_rows);
+}

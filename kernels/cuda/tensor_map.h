@@ -15,8 +15,11 @@
 int sf_cuda_tensor_map_bf16_sw128(CUtensorMap *map, const __nv_bfloat16 *base, long long rows, long long cols,
                                   long long ld, int box_rows);
 /* The same for a float32 matrix: boxes of box_rows x 32 columns (128 bytes); ld * 4 a multiple
- * of 16. */
+ * of 16; and for a matrix of bytes (FP8 e4m3): boxes of box_rows x 128 columns, ld a multiple of
+ * 16. */
 int sf_cuda_tensor_map_f32_sw128(CUtensorMap *map, const float *base, long long rows, long long cols, long long ld,
                                  int box_rows);
+int sf_cuda_tensor_map_u8_sw128(CUtensorMap *map, const unsigned char *base, long long rows, long long cols,
+                                long long ld, int box_rows);
 
 #endif
