@@ -156,6 +156,31 @@ static cudaError_t launch(int clusters, const CUtensorMap &mu, const CUtensorMap
     return cudaLaunchKernelEx(&cfg, swiglu_gate_up_kernel<CLUSTER, E4M3>, mu, mw1, mw3, mg, n, dim, hidden, sc);
 }
 
+/* An operand of rows x cols (K-major, rows cols apart) in boxes of box_rows rows: bf16 or e4m3. */
+template <bool E4M3> static int map_operand(CUtensorMap *map, const void *base, int rows, int cols, int box_rows)
+{
+    if constexpr (E4M3)
+        return sf_cuda_tensor_map_u8_sw128(map, static_cast<const unsigned char *>(base), rows, cols, cols, box_rows);
+    else
+        return sf_cuda_tensor_map_bf16_sw128(map, static_cast<const __nv_bfloat16 *>(base), rows, cols, cols, box_rows);
+}
+
+/* Both forms after their checks: the maps, then one CTA a multiprocessor (fits) at most. */
+template <bool E4M3>
+static int gate_up(int fits, int n, int dim, int hidden, const void *u, const void *w1, const void *w3,
+                   __nv_bfloat16 *g, const gate_up_scales &sc, cudaStream_t stream, const char *what)
+{
+    CUtensorMap map_u, map_w1, map_w3, map_g;
+    int rc = map_operand<E4M3>(&map_u, u, n, dim, BM);
+    if (rc == SF_OK) rc = map_operand<E4M3>(&map_w1, w1, hidden, dim, BH);
+    if (rc == SF_OK) rc = map_operand<E4M3>(&map_w3, w3, hidden, dim, BH);
+    if (rc == SF_OK) rc = sf_cuda_tensor_map_bf16_sw128(&map_g, g, n, hidden, hidden, 64);
+    if (rc != SF_OK) return rc;
+    const long long groups = (long long)((n + BM - 1) / BM) * ((hidden + BH - 1) / BH);
+    const int clusters = (int)(groups < fits ? groups : fits);
+    return sf_cuda_status(launch<1, E4M3>(clusters, map_u, map_w1, map_w3, map_g, n, dim, hidden, sc, stream), what);
+}
+
 } // namespace
 
 int sf_cuda_swiglu_gate_up_usable(int dim, int hidden)
@@ -170,17 +195,7 @@ int sf_cuda_swiglu_gate_up(int n, int dim, int hidden, const __nv_bfloat16 *u, c
     if (n <= 0) return SF_OK;
     const int fits = sf_cuda_swiglu_gate_up_usable(dim, hidden);
     if (!fits) return sf_error(SF_E_UNSUPPORTED, "swiglu_gate_up: dim %d, hidden %d or this device", dim, hidden);
-    CUtensorMap map_u, map_w1, map_w3, map_g;
-    int rc = sf_cuda_tensor_map_bf16_sw128(&map_u, u, n, dim, dim, BM);
-    if (rc == SF_OK) rc = sf_cuda_tensor_map_bf16_sw128(&map_w1, w1, hidden, dim, dim, BH);
-    if (rc == SF_OK) rc = sf_cuda_tensor_map_bf16_sw128(&map_w3, w3, hidden, dim, dim, BH);
-    if (rc == SF_OK) rc = sf_cuda_tensor_map_bf16_sw128(&map_g, g, n, hidden, hidden, 64);
-    if (rc != SF_OK) return rc;
-    const long long groups = (long long)((n + BM - 1) / BM) * ((hidden + BH - 1) / BH);
-    const int clusters = (int)(groups < fits ? groups : fits);
-    const gate_up_scales none = {nullptr, nullptr, nullptr};
-    return sf_cuda_status(launch<1, false>(clusters, map_u, map_w1, map_w3, map_g, n, dim, hidden, none, stream),
-                          "swiglu_gate_up");
+    return gate_up<false>(fits, n, dim, hidden, u, w1, w3, g, {nullptr, nullptr, nullptr}, stream, "swiglu_gate_up");
 }
 
 int sf_cuda_swiglu_gate_up_e4m3_usable(int dim, int hidden)
@@ -198,15 +213,5 @@ int sf_cuda_swiglu_gate_up_e4m3(int n, int dim, int hidden, const unsigned char 
     const int fits = sf_cuda_swiglu_gate_up_e4m3_usable(dim, hidden);
     if (!fits)
         return sf_error(SF_E_UNSUPPORTED, "swiglu_gate_up (e4m3): dim %d, hidden %d or this device", dim, hidden);
-    CUtensorMap map_u, map_w1, map_w3, map_g;
-    int rc = sf_cuda_tensor_map_u8_sw128(&map_u, u, n, dim, dim, BM);
-    if (rc == SF_OK) rc = sf_cuda_tensor_map_u8_sw128(&map_w1, w1, hidden, dim, dim, BH);
-    if (rc == SF_OK) rc = sf_cuda_tensor_map_u8_sw128(&map_w3, w3, hidden, dim, dim, BH);
-    if (rc == SF_OK) rc = sf_cuda_tensor_map_bf16_sw128(&map_g, g, n, hidden, hidden, 64);
-    if (rc != SF_OK) return rc;
-    const long long groups = (long long)((n + BM - 1) / BM) * ((hidden + BH - 1) / BH);
-    const int clusters = (int)(groups < fits ? groups : fits);
-    const gate_up_scales sc = {su, s1, s3};
-    return sf_cuda_status(launch<1, true>(clusters, map_u, map_w1, map_w3, map_g, n, dim, hidden, sc, stream),
-                          "swiglu_gate_up (e4m3)");
+    return gate_up<true>(fits, n, dim, hidden, u, w1, w3, g, {su, s1, s3}, stream, "swiglu_gate_up (e4m3)");
 }
