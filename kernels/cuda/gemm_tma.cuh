@@ -9,8 +9,8 @@
  * swizzle) of A's 128-row box and B's two 128-row boxes into a ring of STAGES slots of 48 KB, each
  * completing on the slot's "full" mbarrier, and runs ahead across tiles; its registers go to the
  * consumers (setmaxnreg). Warpgroups 1 and 2 own 64 rows each: per K step four wgmma m64n256k16
- * (bf16) or m64n256k32 (e4m3), the slot
- * handed back on its "empty" mbarrier once the next step's products are issued. The two B boxes
+ * (bf16) or m64n256k32 (e4m3), the slot handed back on its "empty" mbarrier once the next step's
+ * products are issued. The two B boxes
  * come from two tensor maps at two row offsets, so B can be two matrices side by side (W1 and
  * W3: gate and up of the same hidden column in the same thread) or one matrix's 256 rows. Loads
  * past the tensors' ends arrive as zeros. Only an sm_90a device pass may expand the device code
