@@ -60,7 +60,7 @@ run_test() { # name
 run_test test_cuda_attention
 
 # the product's lines of bench_attention_variants: shape, form, useful TFLOP/s
-product_lines() { grep -E " product " "$1" | grep -vE "bitwise|sf_cuda_attention, no workspace|ok$|FAIL$" | awk '{print $0}'; }
+product_lines() { grep -E " product " "$1" | grep -vE "bitwise|sf_cuda_attention, no workspace|ok$|FAIL$"; }
 for i in $(seq "$PAIRS"); do
   for side in other this; do
     b=build-gpu
