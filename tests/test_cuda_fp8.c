@@ -11,7 +11,10 @@
  * with cuBLASLt's fast accumulation (fp8_accum=fast). W1 and W3 prepared as one group (one
  * product of twice the width) and apart; ffn both through the gate/up kernel (an H100's default:
  * W1, W3 and SwiGLU in one e4m3 kernel) and composed (gate_up=0: cuBLASLt's W1|W3, then SwiGLU
- * fused with the quantization).
+ * fused with the quantization). A weight prepared alone with inputs a multiple of 128 (here
+ * [256, 128], [1024, 1024], every W2 and the W1, W3 prepared apart) takes scales for each 128
+ * inputs of a channel and its input for each 128 values of a row (the gate/up kernel then
+ * writes g in e4m3 itself); fp8_blocks=0 runs every check with the scales per channel and row.
  * Outputs are poisoned with NaN first. Without a GPU this prints "skipped: no GPU" and exits
  * 77; on a GPU without FP8 (compute capability below 8.9) it checks that creation is refused. */
 #include <math.h>
@@ -26,8 +29,11 @@
 #include "support/gpu.h"
 
 /* E4M3 keeps 3 mantissa bits: each operand is off by up to 1/16 relative (RMS about 2.6%), so a
- * product of two quantized operands lands near 4% of the row's norm. */
-#define TOL_FP8_PRODUCT 0.08
+ * product of two quantized operands lands near 4% of the row's norm. A row's norm is that of
+ * its few largest channels (their magnitudes spread over four decades), so its error is a few
+ * dot products' and its worst over 16-37 rows reaches further (measured on an H100 with one
+ * scale a row and channel: 0.093 for 16 rows of 8192 values, 0.083 for bf16 input) */
+#define TOL_FP8_PRODUCT 0.10
 /* ffn: SwiGLU of two such products, quantized again for W2 (measured on an H100: worst rows
  * 0.09-0.12) */
 #define TOL_FP8_CHAIN 0.15
@@ -297,7 +303,8 @@ int main(void)
     CHECK(sf_backend_create_ex("cpu", 0, SF_PRECISION_FP8, &refused) == SF_E_UNSUPPORTED && refused == NULL);
     CHECK(strstr(sf_last_error(), "fp8") != NULL);
     if (!check_have_gpu()) return check_finish("test_cuda_fp8") != 0 ? 1 : check_skip("no GPU");
-    static const char *const modes[] = {"fp8_scale=auto", "fp8_scale=epilogue", "fp8_accum=fast", "gate_up=0"};
+    static const char *const modes[] = {"fp8_scale=auto", "fp8_scale=epilogue", "fp8_accum=fast",
+                                        "gate_up=0",      "fp8_blocks=0",       "fp8_blocks=0,gate_up=0"};
     static const int shapes[][3] = {{64, 128, 256}, {37, 256, 96}, {1, 64, 32}, {512, 1024, 1024}, {16, 8192, 64}};
     check_rng r = {2027};
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {

@@ -20,7 +20,7 @@ static const char *const vars[] = {
     "SEQFLOW_PINNED_PACKETS",   "SEQFLOW_CUDA_PROFILE",       "SEQFLOW_DEVICE_ROWS",
     "SEQFLOW_CUDA_WARMUP",      "SEQFLOW_CUDA_FP8_SCALE",     "SEQFLOW_CUDA_FP8_ACCUM",
     "SEQFLOW_NCCL_CTAS",        "SEQFLOW_CUDA_PLAN_CACHE",    "SEQFLOW_CACHE_DIR",
-    "SEQFLOW_CUDA_NORMED_SUMS", "XDG_CACHE_HOME"};
+    "SEQFLOW_CUDA_NORMED_SUMS", "SEQFLOW_CUDA_FP8_BLOCKS",    "XDG_CACHE_HOME"};
 
 /* The parse of text fails with SF_E_OPTION and a message naming `names`. */
 static void refused(const char *text, const char *names)
@@ -42,7 +42,10 @@ int main(void)
     CHECK(d.memory_bf16 == 1 && d.attention_mix == 1 && d.gate_up == 1 && d.side_queue == 1);
     CHECK(d.early_launch == 1 && d.upload_unordered == 1 && d.pinned_packets == 1 && d.profile == 0);
     CHECK(d.device_rows == 1 && d.warmup == 1 && d.fp8_scale == SF_CUDA_FP8_SCALE_AUTO && d.fp8_accum == 0);
-    CHECK(d.normed_sums == 1);
+    CHECK(d.normed_sums == 1 && d.fp8_blocks == 1);
+    CHECK_OK(sf_cuda_settings_parse("fp8_blocks=0", &s));
+    CHECK(s.fp8_blocks == 0);
+    refused("fp8_blocks=square", "fp8_blocks");
     CHECK_OK(sf_cuda_settings_parse("normed_sums=0", &s));
     CHECK(s.normed_sums == 0);
     refused("normed_sums=2", "normed_sums");

@@ -73,7 +73,9 @@ typedef struct sf_cuda_weight {
     const float *f32;       /* the backend buffer as the stage passes it to matmul */
     __nv_bfloat16 *bf16;    /* its bf16 copy, made once (NULL where it has an FP8 one) */
     unsigned char *fp8;     /* precision fp8: its e4m3 copy [out, in], row o = W[o] / scale[o] */
-    float *scale;           /* with fp8: the per-output-channel scales, [out] */
+    float *scale;           /* with fp8: the per-output-channel scales, [out]; with block, one for
+                               each 128 inputs of a channel, [in / 128][out] */
+    int block;              /* fp8 scales per 128 inputs (a weight prepared alone; setting fp8_blocks) */
     size_t count;
     int out, in;            /* its shape: a product of another shape must not use the copy */
     void *mem;              /* the group's one allocation (copies, then scales) */
@@ -119,9 +121,10 @@ typedef struct sf_cuda_gemm_plan {
 
 /* One FP8 product shape's cuBLASLt algorithm (gemm_fp8.cu), chosen at its first use. outer:
  * cuBLASLt applies the weight and row scales (outer-vector scale mode); else unit scales and
- * the epilogue kernel applies them. */
+ * the epilogue kernel applies them. block: the weight's scales are per 128 x 128 block and the
+ * input's per 128 values of a row (sf_cuda_fp8_args), applied by cuBLASLt. */
 typedef struct sf_cuda_fp8_plan {
-    int n, in, out, ldy, accumulate, align, outer, fast_accum;
+    int n, in, out, ldy, accumulate, align, outer, block, fast_accum;
     cudaDataType ytype;
     cublasLtMatmulAlgo_t algo;
     cublasLtMatmulDescOpaque_t op;
@@ -186,6 +189,7 @@ typedef struct sf_cuda {
      * weights of shapes cuBLASLt takes in FP8 get e4m3 copies at prepare_weight_group */
     int fp8;
     int fp8_outer; /* cuBLASLt applies the scales (probed at init; setting fp8_scale) */
+    int fp8_block; /* cuBLASLt offers block scales (probed at init; setting fp8_blocks) */
     sf_cuda_fp8_plan fp8_plans[SF_CUDA_GEMM_PLANS]; /* gemm_fp8.cu, under the lock */
     int n_fp8_plans;
     /* The side queue (ext side_begin/end/join): its own stream. While a thread is on it,
@@ -278,6 +282,12 @@ int sf_cuda_swiglu_gate_up_e4m3_usable(int dim, int hidden);
 int sf_cuda_swiglu_gate_up_e4m3(int n, int dim, int hidden, const unsigned char *u, const float *su,
                                 const unsigned char *w1, const unsigned char *w3, const float *s1, const float *s3,
                                 __nv_bfloat16 *g, cudaStream_t stream);
+/* The same writing g quantized as sf_cuda_fp8_quantize_blocks would (g8 [n, hidden] e4m3, gs a
+ * scale for each 128 values of a row, [hidden / 128][n]), straight from the float32 sums; hidden
+ * a multiple of 128. */
+int sf_cuda_swiglu_gate_up_e4m3_blocks(int n, int dim, int hidden, const unsigned char *u, const float *su,
+                                       const unsigned char *w1, const unsigned char *w3, const float *s1,
+                                       const float *s3, unsigned char *g8, float *gs, cudaStream_t stream);
 
 /* A bf16 product on cuBLAS (gemm_plan.cu): y (float32 or bf16, rows ldy apart) = x w^T + beta y
  * for `batch` weights stride_w elements apart with one shared x, outputs stride_y elements
@@ -296,11 +306,18 @@ int sf_cuda_gemm(sf_cuda *c, const sf_cuda_gemm_args *g, const char *what);
 /* ---- precision fp8 (gemm_fp8.cu) ----
  * Whether FP8 e4m3 products run here: at init (precision fp8) on compute capability 8.9 and
  * up, asking cuBLASLt for an algorithm with outer-vector scales (unless setting fp8_scale says
- * epilogue), else with unit scales; sets c->fp8_outer. SF_E_UNSUPPORTED naming the reason when
- * neither is offered. Under no lock (init). */
+ * epilogue), else with unit scales; sets c->fp8_outer, and c->fp8_block where block scales are
+ * offered too (setting fp8_blocks). SF_E_UNSUPPORTED naming the reason when neither is offered.
+ * Under no lock (init). */
 int sf_cuda_fp8_init(sf_cuda *c);
 /* Whether a weight of [out, in] gets an FP8 copy (both multiples of 16: cuBLASLt's FP8 rule). */
 int sf_cuda_fp8_shape_ok(int out, int in);
+/* n rounded up to a multiple of 4: the rows of a block-scaled input (cuBLASLt's rule). */
+int sf_cuda_fp8_padded_rows(int n);
+/* Whether a weight [out, in] takes block scales here (c->fp8_block, in a multiple of 128, and
+ * cuBLASLt offering the shape: on an H100 it offers none for [64, 8192], for one). Under the
+ * lock, or at init. */
+int sf_cuda_fp8_block_offered(sf_cuda *c, int out, int in);
 /* q[r, :] = e4m3(v[r, :] / scale[r]) with scale[r] = max |v[r, :]| / 448 (1 for a zero row),
  * for n rows of cols values v read from x as `kind` says; q [n, cols] contiguous. */
 typedef enum sf_cuda_fp8_input {
@@ -311,9 +328,17 @@ typedef enum sf_cuda_fp8_input {
 } sf_cuda_fp8_input;
 int sf_cuda_fp8_quantize_rows(sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm,
                               float eps, unsigned char *q, float *scale, cudaStream_t stream);
+/* The same with a scale for each 128 values of a row (a block weight, and the input of its
+ * product): q[r, j] = e4m3(v[r, j] / scale[(j / 128) rows + r]), the scale max |v| / 448 over
+ * those 128 values (1 where all are zero; for RMSNORM after the row's norm). cols a multiple of
+ * 128. rows = sf_cuda_fp8_padded_rows(n): q and scale hold that many, those past n zeros. */
+int sf_cuda_fp8_quantize_blocks(sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm,
+                                float eps, unsigned char *q, float *scale, cudaStream_t stream);
 /* y (ytype float32 or bf16, rows ldy apart) = (x w^T) * xscale[row] * wscale[col] + beta y, x
- * [n, in] and w [out, in] e4m3 contiguous. The algorithm is chosen at the shape's first use.
- * Under the lock, on c->stream. */
+ * [n, in] and w [out, in] e4m3 contiguous. block: x's and w's scales are those of
+ * sf_cuda_fp8_quantize_blocks, each applied to its 128 values of a sum (c->fp8_block), x with
+ * its padded rows. The algorithm is chosen at the shape's first use. Under the lock, on
+ * c->stream. */
 typedef struct sf_cuda_fp8_args {
     int n, in, out, ldy;
     const unsigned char *x, *w;
@@ -321,6 +346,7 @@ typedef struct sf_cuda_fp8_args {
     void *y;
     cudaDataType ytype;
     float beta;
+    int block;
 } sf_cuda_fp8_args;
 int sf_cuda_gemm_fp8(sf_cuda *c, const sf_cuda_fp8_args *g, const char *what);
 

@@ -43,6 +43,7 @@ static const setting settings[] = {
     {"warmup", "SEQFLOW_CUDA_WARMUP", FIELD(warmup), off_on},
     {"fp8_scale", "SEQFLOW_CUDA_FP8_SCALE", FIELD(fp8_scale), fp8_scale_values},
     {"fp8_accum", "SEQFLOW_CUDA_FP8_ACCUM", FIELD(fp8_accum), fp8_accum_values},
+    {"fp8_blocks", "SEQFLOW_CUDA_FP8_BLOCKS", FIELD(fp8_blocks), off_on},
     {"nccl_ctas", "SEQFLOW_NCCL_CTAS", FIELD(nccl_ctas), nccl_ctas_values},
     {"plan_cache", "SEQFLOW_CUDA_PLAN_CACHE", FIELD(plan_cache), off_on},
 };
@@ -69,6 +70,7 @@ void sf_cuda_settings_defaults(sf_cuda_settings *out)
     out->warmup = 1;
     out->fp8_scale = SF_CUDA_FP8_SCALE_AUTO;
     out->fp8_accum = 0;
+    out->fp8_blocks = 1;
     out->nccl_ctas = 0;
     /* timing a shape's candidates took about 100 ms of the reference model's start-up */
     out->plan_cache = 1;

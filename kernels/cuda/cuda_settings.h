@@ -48,6 +48,7 @@ typedef struct sf_cuda_settings {
     int warmup;           /* warmup: first-use costs (kernel loading, product plans, pinned buffers) paid at start-up */
     int fp8_scale;        /* fp8_scale: an sf_cuda_fp8_scale (precision fp8 only) */
     int fp8_accum;        /* fp8_accum: 0 ("exact") partial sums promoted to float32, 1 ("fast") cuBLASLt's FAST_ACCUM */
+    int fp8_blocks;       /* fp8_blocks: weights prepared alone, and their inputs, with a scale a 128 values */
     int nccl_ctas;        /* nccl_ctas: the most thread blocks a collective of a head-parallel rank takes: an
                            * index into "auto", "2", "4", "8", "16", "32" (sf_cuda_settings_nccl_ctas) */
     int plan_cache;       /* plan_cache: product plans kept on disk between processes (gemm_plan_cache.cu) */

@@ -9,7 +9,13 @@
  * scale_epilogue below applies them. Accumulation is cuBLASLt's default, which promotes the
  * tensor cores' partial sums to float32 (FAST_ACCUM off): the products stay accurate to the
  * inputs' rounding; setting fp8_accum=fast turns FAST_ACCUM on (faster, the partial sums then
- * keep the tensor cores' narrower accumulator). */
+ * keep the tensor cores' narrower accumulator).
+ * A weight prepared alone (the output and down products; setting fp8_blocks) with inputs a
+ * multiple of 128 is quantized with a scale for each 128 inputs of a channel instead, and its
+ * product's input with one for each 128 values of a row: cuBLASLt's VEC128 mode on both, which
+ * applies each pair of scales to its 128-deep part of the sum. Finer scales lose no accuracy,
+ * and a kernel that writes the input tile by tile (the gate/up kernel writing g) can quantize
+ * it itself, where a row's scale would need the whole row first. */
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_fp8.h>
@@ -146,16 +152,29 @@ static __device__ __forceinline__ void load8(const void *row, int cols, const fl
     }
 }
 
+/* The scale of 128 values whose largest magnitude (after the row's norm factor mult) is amax,
+ * as row_scale takes it for a row; returns the values' multiplier. */
+static __device__ __forceinline__ float block_scale(float amax, float mult, float *scale)
+{
+    amax *= mult;
+    const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f;
+    if (scale) *scale = s;
+    return mult / s;
+}
+
 /* quantize_rows_kernel for rows of up to QUANT_THREADS * VPT values, a multiple of 8, 16-byte
  * aligned: the row is read once, 16 bytes a load, kept in registers (VPT values a thread)
- * between the reduction and the quantization, and written 8 bytes a store. */
-template <int KIND, int VPT>
-__global__ static void __launch_bounds__(QUANT_THREADS) quantize_rows_vec_kernel(int cols, const void *x, int ldx,
-                                                                                 const float *norm, float eps,
-                                                                                 unsigned char *q, float *scale)
+ * between the reduction and the quantization, and written 8 bytes a store. BLOCKS: a scale for
+ * each 128 values (16 threads' 8; cols a multiple of 128), at scale[(j / 128) rows + r] for the
+ * grid's rows; those past the n of x are zeros. */
+template <int KIND, int VPT, bool BLOCKS>
+__global__ static void __launch_bounds__(QUANT_THREADS)
+    quantize_rows_vec_kernel(int n, int cols, const void *x, int ldx, const float *norm, float eps, unsigned char *q,
+                             float *scale)
 {
     __shared__ float shared[QUANT_THREADS / 32];
     const size_t r = blockIdx.x;
+    const bool real = r < (size_t)n;
     const size_t elem = KIND == SF_CUDA_FP8_IN_F32 || KIND == SF_CUDA_FP8_IN_RMSNORM ? 4 : 2;
     const void *row = (const char *)x + r * (size_t)ldx * elem;
     float v[VPT];
@@ -163,7 +182,7 @@ __global__ static void __launch_bounds__(QUANT_THREADS) quantize_rows_vec_kernel
 #pragma unroll
     for (int p = 0; p < VPT / 8; p++) {
         const int j = 8 * (threadIdx.x + p * QUANT_THREADS);
-        if (j < cols) {
+        if (j < cols && real) {
             load8<KIND>(row, cols, norm, j, v + 8 * p, &ss);
         } else {
 #pragma unroll
@@ -172,7 +191,24 @@ __global__ static void __launch_bounds__(QUANT_THREADS) quantize_rows_vec_kernel
 #pragma unroll
         for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[8 * p + i]));
     }
-    const float inv = row_scale<KIND>(amax, ss, cols, eps, shared, scale + r);
+    float inv[VPT / 8];
+    if (BLOCKS) {
+        const float mult = KIND == SF_CUDA_FP8_IN_RMSNORM ? rsqrtf(block_add(ss, shared) / (float)cols + eps) : 1.0f;
+#pragma unroll
+        for (int p = 0; p < VPT / 8; p++) {
+            const int j = 8 * (threadIdx.x + p * QUANT_THREADS);
+            float m = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(v[8 * p + i]));
+            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const bool writes = threadIdx.x % 16 == 0 && j < cols;
+            inv[p] = block_scale(m, mult, writes ? scale + (size_t)(j / 128) * gridDim.x + r : nullptr);
+        }
+    } else {
+        const float one = row_scale<KIND>(amax, ss, cols, eps, shared, scale + r);
+#pragma unroll
+        for (int p = 0; p < VPT / 8; p++) inv[p] = one;
+    }
     unsigned char *dst = q + r * (size_t)cols;
 #pragma unroll
     for (int p = 0; p < VPT / 8; p++) {
@@ -181,16 +217,52 @@ __global__ static void __launch_bounds__(QUANT_THREADS) quantize_rows_vec_kernel
         unsigned short pair[4];
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            pair[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[8 * p + 2 * i] * inv, v[8 * p + 2 * i + 1] * inv),
+            pair[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[8 * p + 2 * i] * inv[p], v[8 * p + 2 * i + 1] * inv[p]),
                                                __NV_SATFINITE, __NV_E4M3);
         *reinterpret_cast<uint2 *>(dst + j) =
             make_uint2(pair[0] | (unsigned)pair[1] << 16, pair[2] | (unsigned)pair[3] << 16);
     }
 }
 
+/* quantize_rows_kernel with a scale for each 128 values of a row (any alignment; cols a
+ * multiple of 128): a warp a block of 128 at a time, each lane 4 of its values; the grid's rows
+ * past the n of x are zeros. */
 template <int KIND>
-static void launch_quantize(int n, int cols, const void *x, int ldx, const float *norm, float eps, unsigned char *q,
-                            float *scale, cudaStream_t stream)
+__global__ static void __launch_bounds__(QUANT_THREADS)
+    quantize_blocks_kernel(int n, int cols, const void *x, int ldx, const float *norm, float eps, unsigned char *q,
+                           float *scale)
+{
+    __shared__ float shared[QUANT_THREADS / 32];
+    const size_t r = blockIdx.x;
+    const bool real = r < (size_t)n;
+    const size_t elem = KIND == SF_CUDA_FP8_IN_F32 || KIND == SF_CUDA_FP8_IN_RMSNORM ? 4 : 2;
+    const void *row = (const char *)x + r * (size_t)ldx * elem;
+    float mult = 1.0f;
+    if (KIND == SF_CUDA_FP8_IN_RMSNORM) {
+        float ss = 0.0f;
+        for (int j = threadIdx.x; j < cols && real; j += blockDim.x)
+            ss += ((const float *)row)[j] * ((const float *)row)[j];
+        mult = rsqrtf(block_add(ss, shared) / (float)cols + eps);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int b = warp; b < cols / 128; b += QUANT_THREADS / 32) {
+        float v[4], m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            m = fmaxf(m, fabsf(v[i] = real ? row_value<KIND>(row, cols, norm, 128 * b + lane + 32 * i) : 0.0f));
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float inv = block_scale(m, mult, lane == 0 ? scale + (size_t)b * gridDim.x + r : nullptr);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[r * cols + 128 * b + lane + 32 * i] =
+                (unsigned char)__nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3);
+    }
+}
+
+/* rows: the grid (n, or with BLOCKS n padded as sf_cuda_fp8_padded_rows says) */
+template <int KIND, bool BLOCKS>
+static void launch_quantize(int n, int rows, int cols, const void *x, int ldx, const float *norm, float eps,
+                            unsigned char *q, float *scale, cudaStream_t stream)
 {
     const size_t elem = KIND == SF_CUDA_FP8_IN_F32 || KIND == SF_CUDA_FP8_IN_RMSNORM ? 4 : 2;
     const uintptr_t bits = (uintptr_t)x | (uintptr_t)((size_t)ldx * elem) |
@@ -198,38 +270,60 @@ static void launch_quantize(int n, int cols, const void *x, int ldx, const float
                            (KIND == SF_CUDA_FP8_IN_RMSNORM ? (uintptr_t)norm : 0);
     const bool vec = cols % 8 == 0 && (bits & 15) == 0 && ((uintptr_t)q & 7) == 0;
     if (vec && cols <= 8 * QUANT_THREADS)
-        quantize_rows_vec_kernel<KIND, 8><<<n, QUANT_THREADS, 0, stream>>>(cols, x, ldx, norm, eps, q, scale);
+        quantize_rows_vec_kernel<KIND, 8, BLOCKS>
+            <<<rows, QUANT_THREADS, 0, stream>>>(n, cols, x, ldx, norm, eps, q, scale);
     else if (vec && cols <= 16 * QUANT_THREADS)
-        quantize_rows_vec_kernel<KIND, 16><<<n, QUANT_THREADS, 0, stream>>>(cols, x, ldx, norm, eps, q, scale);
+        quantize_rows_vec_kernel<KIND, 16, BLOCKS>
+            <<<rows, QUANT_THREADS, 0, stream>>>(n, cols, x, ldx, norm, eps, q, scale);
+    else if (BLOCKS)
+        quantize_blocks_kernel<KIND><<<rows, QUANT_THREADS, 0, stream>>>(n, cols, x, ldx, norm, eps, q, scale);
     else
         quantize_rows_kernel<KIND><<<n, QUANT_THREADS, 0, stream>>>(cols, x, ldx, norm, eps, q, scale);
 }
 
-int sf_cuda_fp8_quantize_rows(sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm,
-                              float eps, unsigned char *q, float *scale, cudaStream_t stream)
+template <bool BLOCKS>
+static int quantize(sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm, float eps,
+                    unsigned char *q, float *scale, cudaStream_t stream)
 {
     if (n <= 0 || cols <= 0) return SF_OK;
+    if (BLOCKS && cols % 128) return sf_error(SF_E_INVAL, "fp8 quantize: %d columns are not whole blocks of 128", cols);
+    const int rows = BLOCKS ? sf_cuda_fp8_padded_rows(n) : n;
     switch (kind) {
     case SF_CUDA_FP8_IN_F32:
-        launch_quantize<SF_CUDA_FP8_IN_F32>(n, cols, x, ldx, norm, eps, q, scale, stream);
+        launch_quantize<SF_CUDA_FP8_IN_F32, BLOCKS>(n, rows, cols, x, ldx, norm, eps, q, scale, stream);
         break;
     case SF_CUDA_FP8_IN_BF16:
-        launch_quantize<SF_CUDA_FP8_IN_BF16>(n, cols, x, ldx, norm, eps, q, scale, stream);
+        launch_quantize<SF_CUDA_FP8_IN_BF16, BLOCKS>(n, rows, cols, x, ldx, norm, eps, q, scale, stream);
         break;
     case SF_CUDA_FP8_IN_RMSNORM:
-        launch_quantize<SF_CUDA_FP8_IN_RMSNORM>(n, cols, x, ldx, norm, eps, q, scale, stream);
+        launch_quantize<SF_CUDA_FP8_IN_RMSNORM, BLOCKS>(n, rows, cols, x, ldx, norm, eps, q, scale, stream);
         break;
     case SF_CUDA_FP8_IN_SWIGLU:
-        launch_quantize<SF_CUDA_FP8_IN_SWIGLU>(n, cols, x, ldx, norm, eps, q, scale, stream);
+        launch_quantize<SF_CUDA_FP8_IN_SWIGLU, BLOCKS>(n, rows, cols, x, ldx, norm, eps, q, scale, stream);
         break;
     default: return sf_error(SF_E_INVAL, "fp8 quantize: unknown input kind %d", (int)kind);
     }
     return sf_cuda_launched("fp8 quantize");
 }
 
+int sf_cuda_fp8_quantize_rows(sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm,
+                              float eps, unsigned char *q, float *scale, cudaStream_t stream)
+{
+    return quantize<false>(kind, n, cols, x, ldx, norm, eps, q, scale, stream);
+}
+
+int sf_cuda_fp8_quantize_blocks(sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm,
+                                float eps, unsigned char *q, float *scale, cudaStream_t stream)
+{
+    return quantize<true>(kind, n, cols, x, ldx, norm, eps, q, scale, stream);
+}
+
+int sf_cuda_fp8_padded_rows(int n) { return (n + 3) & ~3; }
+
 int sf_cuda_fp8_shape_ok(int out, int in) { return out > 0 && in > 0 && out % 16 == 0 && in % 16 == 0; }
 
-/* y[r, c] = raw[r, c] xs[r] ws[c] + beta y[r, c] (raw [n, out] contiguous float32). */
+/* y[r, c] = raw[r, c] xs[r] ws[c] + beta y[r, c] (raw [n, out] contiguous float32; xs NULL: no
+ * scales, the product's own). */
 template <typename Y>
 __global__ static void scale_epilogue_kernel(int n, int out, const float *raw, const float *xs, const float *ws,
                                              float beta, Y *y, int ldy)
@@ -237,7 +331,7 @@ __global__ static void scale_epilogue_kernel(int n, int out, const float *raw, c
     const size_t total = (size_t)n * out;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / out, col = i % out;
-        float v = raw[i] * xs[r] * ws[col];
+        float v = xs ? raw[i] * xs[r] * ws[col] : raw[i];
         Y *dst = y + r * ldy + col;
         if (beta != 0.0f) v += beta * (float)*dst;
         *dst = (Y)v;
@@ -259,15 +353,19 @@ static cublasStatus_t describe_fp8(sf_cuda_fp8_plan *p)
     if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt);
     const int8_t fast = (int8_t)p->fast_accum;
     if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
-    if (p->outer) {
-        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    if (p->outer || p->block) {
+        /* VEC128 scales: [in / 128][rows], the block index outer (bench_cuda_fp8_block_scales
+         * checks the layout against a plain kernel) */
+        const int32_t mode =
+            p->block ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
         if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
         if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
     }
     if (!st) st = cublasLtMatrixLayoutInit(&p->a, CUDA_R_8F_E4M3, p->in, p->out, p->in);
     if (!st) st = cublasLtMatrixLayoutInit(&p->b, CUDA_R_8F_E4M3, p->in, p->n, p->in);
     if (!st) {
-        if (p->outer) st = cublasLtMatrixLayoutInit(&p->c, p->ytype, p->out, p->n, p->ldy);
+        if (p->outer || p->block)
+            st = cublasLtMatrixLayoutInit(&p->c, p->ytype, p->out, p->n, p->ldy);
         else st = cublasLtMatrixLayoutInit(&p->c, CUDA_R_32F, p->out, p->n, p->out);
     }
     return st;
@@ -275,7 +373,7 @@ static cublasStatus_t describe_fp8(sf_cuda_fp8_plan *p)
 
 static cublasStatus_t set_scales(sf_cuda_fp8_plan *p, const float *wscale, const float *xscale)
 {
-    if (!p->outer) return CUBLAS_STATUS_SUCCESS;
+    if (!p->outer && !p->block) return CUBLAS_STATUS_SUCCESS;
     cublasStatus_t st =
         cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wscale, sizeof wscale);
     if (!st) st = cublasLtMatmulDescSetAttribute(&p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xscale, sizeof xscale);
@@ -320,6 +418,25 @@ static int candidates(sf_cuda *c, sf_cuda_fp8_plan *p, cublasLtMatmulHeuristicRe
     return kept;
 }
 
+int sf_cuda_fp8_block_offered(sf_cuda *c, int out, int in)
+{
+    if (!c->fp8_block || !sf_cuda_fp8_shape_ok(out, in) || in % 128) return 0;
+    /* a model-like row count, both output types (float32 accumulating, bf16 parts) */
+    const cudaDataType ytypes[2] = {CUDA_R_32F, CUDA_R_16BF};
+    const float *any = (const float *)c->blas_workspace;
+    cublasLtMatmulHeuristicResult_t found[FP8_CANDIDATES];
+    for (int k = 0; k < 2; k++) {
+        sf_cuda_fp8_plan p;
+        memset(&p, 0, sizeof p);
+        p.n = 256, p.in = in, p.out = out, p.ldy = out, p.align = 256, p.block = 1, p.ytype = ytypes[k];
+        p.fast_accum = c->settings.fp8_accum;
+        if (describe_fp8(&p) != CUBLAS_STATUS_SUCCESS || set_scales(&p, any, any) != CUBLAS_STATUS_SUCCESS ||
+            candidates(c, &p, found, FP8_CANDIDATES) == 0)
+            return 0;
+    }
+    return 1;
+}
+
 int sf_cuda_fp8_init(sf_cuda *c)
 {
     if (c->info.major * 10 + c->info.minor < 89)
@@ -345,6 +462,10 @@ int sf_cuda_fp8_init(sf_cuda *c)
                 fprintf(stderr, "seqflow: cuda fp8: this cuBLASLt offers no outer-vector (per-channel) FP8 scales on "
                                 "GPU %d; the scales are applied by an epilogue kernel instead\n",
                         c->device);
+            /* block scales only beside cuBLASLt's own outer-vector ones (the epilogue kernel
+             * applies a scale per row and channel only) */
+            c->fp8_block = outer && c->settings.fp8_blocks;
+            c->fp8_block = sf_cuda_fp8_block_offered(c, 256, 256);
             return SF_OK;
         }
     }
@@ -362,8 +483,8 @@ static int operand_alignment(const sf_cuda_fp8_args *g)
 
 static size_t y_bytes_of(const sf_cuda_fp8_plan *p)
 {
-    return p->outer ? ((size_t)(p->n - 1) * p->ldy + p->out) * (p->ytype == CUDA_R_32F ? 4 : 2)
-                    : (size_t)p->n * p->out * sizeof(float);
+    return p->outer || p->block ? ((size_t)(p->n - 1) * p->ldy + p->out) * (p->ytype == CUDA_R_32F ? 4 : 2)
+                                : (size_t)p->n * p->out * sizeof(float);
 }
 
 static cublasStatus_t run_fp8(sf_cuda *c, sf_cuda_fp8_plan *p, const cublasLtMatmulAlgo_t *algo,
@@ -384,7 +505,8 @@ static void *timing_target(const sf_cuda *c, const sf_cuda_fp8_args *g, size_t b
     if (bytes > c->scratch_bytes) return NULL;
     const uintptr_t lo = (uintptr_t)c->scratch + ((c->scratch_bytes - bytes) & ~(uintptr_t)255), hi = lo + bytes;
     const uintptr_t x = (uintptr_t)g->x, x_end = x + (size_t)g->n * g->in;
-    const uintptr_t xs = (uintptr_t)g->xscale, xs_end = xs + (size_t)g->n * sizeof(float);
+    const size_t x_scales = g->block ? (size_t)g->n * (g->in / 128) : (size_t)g->n;
+    const uintptr_t xs = (uintptr_t)g->xscale, xs_end = xs + x_scales * sizeof(float);
     if ((x < hi && lo < x_end) || (xs < hi && lo < xs_end)) return NULL;
     return (void *)lo;
 }
@@ -399,7 +521,7 @@ static int choose_algo(sf_cuda *c, sf_cuda_fp8_plan *p, const sf_cuda_fp8_args *
     const int count = candidates(c, p, found, FP8_CANDIDATES);
     if (count == 0) return SF_E_UNSUPPORTED;
     p->algo = found[0].algo;
-    void *target = p->outer && g->beta != 0.0f ? timing_target(c, g, y_bytes_of(p)) : d;
+    void *target = (p->outer || p->block) && g->beta != 0.0f ? timing_target(c, g, y_bytes_of(p)) : d;
     if (!target) return SF_OK;
     cudaEvent_t start = NULL, stop = NULL;
     int rc = sf_cuda_status(cudaEventCreate(&start), "cudaEventCreate");
@@ -427,12 +549,13 @@ static int choose_algo(sf_cuda *c, sf_cuda_fp8_plan *p, const sf_cuda_fp8_args *
 static int same_shape(const sf_cuda_fp8_plan *p, const sf_cuda_fp8_args *g, int align, int outer)
 {
     return p->n == g->n && p->in == g->in && p->out == g->out && p->ldy == g->ldy && p->ytype == g->ytype &&
-           p->accumulate == (g->beta != 0.0f) && p->align == align && p->outer == outer;
+           p->accumulate == (g->beta != 0.0f) && p->align == align && p->outer == outer && p->block == g->block;
 }
 
-/* The plan for g's shape, made now at its first use (outer-vector scales where the backend
- * uses them and this shape is offered them, else unit scales); *plan NULL with SF_OK means the
- * table is full and `tmp` holds a plan made for this call only. */
+/* The plan for g's shape, made now at its first use (block scales for a block weight, else
+ * outer-vector scales where the backend uses them and this shape is offered them, else unit
+ * scales); *plan NULL with SF_OK means the table is full and `tmp` holds a plan made for this
+ * call only. */
 static int find_plan(sf_cuda *c, const sf_cuda_fp8_args *g, sf_cuda_fp8_plan *tmp, sf_cuda_fp8_plan **plan)
 {
     const int align = operand_alignment(g);
@@ -440,13 +563,14 @@ static int find_plan(sf_cuda *c, const sf_cuda_fp8_args *g, sf_cuda_fp8_plan *tm
         if (same_shape(&c->fp8_plans[i], g, align, c->fp8_plans[i].outer)) return *plan = &c->fp8_plans[i], SF_OK;
     sf_cuda_fp8_plan *p = c->n_fp8_plans < SF_CUDA_GEMM_PLANS ? &c->fp8_plans[c->n_fp8_plans] : tmp;
     int rc = SF_E_UNSUPPORTED;
-    for (int outer = c->fp8_outer; outer >= 0 && rc == SF_E_UNSUPPORTED; outer--) {
+    /* a block weight has no other form: its one try is the block modes */
+    for (int outer = g->block ? 0 : c->fp8_outer; outer >= 0 && rc == SF_E_UNSUPPORTED; outer--) {
         memset(p, 0, sizeof *p);
-        p->n = g->n, p->in = g->in, p->out = g->out, p->ldy = g->ldy, p->ytype = g->ytype;
+        p->n = g->n, p->in = g->in, p->out = g->out, p->ldy = g->ldy, p->ytype = g->ytype, p->block = g->block;
         p->accumulate = g->beta != 0.0f, p->align = align, p->outer = outer, p->fast_accum = c->settings.fp8_accum;
         if (describe_fp8(p) != CUBLAS_STATUS_SUCCESS) continue;
         void *d = g->y;
-        if (!outer) {
+        if (!outer && !g->block) {
             rc = sf_cuda_widened(c, (size_t)g->n * g->out * sizeof(float));
             if (rc != SF_OK) return rc;
             d = c->widened, rc = SF_E_UNSUPPORTED;
@@ -462,31 +586,57 @@ static int find_plan(sf_cuda *c, const sf_cuda_fp8_args *g, sf_cuda_fp8_plan *tm
     return SF_OK;
 }
 
+/* An output inside c->widened would be overwritten by its own product there. */
+static int outside_widened(const sf_cuda *c, const sf_cuda_fp8_args *g)
+{
+    const uintptr_t y = (uintptr_t)g->y, w0 = (uintptr_t)c->widened;
+    if (c->widened && y >= w0 && y < w0 + c->widened_bytes)
+        return sf_error(SF_E_INVAL, "fp8 product: the output lies in the epilogue's own buffer");
+    return SF_OK;
+}
+
 int sf_cuda_gemm_fp8(sf_cuda *c, const sf_cuda_fp8_args *g, const char *what)
 {
     if (g->n <= 0 || g->out <= 0) return SF_OK;
     if (g->ytype != CUDA_R_32F && g->ytype != CUDA_R_16BF)
         return sf_error(SF_E_INVAL, "fp8 product: output type %d is neither float32 nor bf16", (int)g->ytype);
-    sf_cuda_fp8_plan tmp, *p = NULL;
     int rc = sf_cuda_join_at_product(c);
-    if (rc == SF_OK) rc = find_plan(c, g, &tmp, &p);
     if (rc != SF_OK) return rc;
-    if (p->outer) return sf_cublas_status(run_fp8(c, p, &p->algo, g, g->y, g->beta), what);
-    /* unit scales into float32 (c->widened), then the scales (and the accumulation) in the
-     * epilogue; an output inside that buffer would be overwritten by its own product */
-    const uintptr_t y = (uintptr_t)g->y, w0 = (uintptr_t)c->widened;
-    if (c->widened && y >= w0 && y < w0 + c->widened_bytes)
-        return sf_error(SF_E_INVAL, "fp8 product: the output lies in the epilogue's own buffer");
-    rc = sf_cuda_widened(c, (size_t)g->n * g->out * sizeof(float));
-    if (rc == SF_OK) rc = sf_cublas_status(run_fp8(c, p, &p->algo, g, c->widened, 0.0f), what);
+    /* cuBLASLt takes block scales only for a row count that is a multiple of 4 (the H100's
+     * cuBLASLt 13.1 offers no algorithm otherwise: a row of the scales must start 16-byte
+     * aligned); x holds that many (sf_cuda_fp8_quantize_blocks pads), so the padded product goes
+     * into float32 and the epilogue below takes its real rows into y */
+    const int pad = g->block && sf_cuda_fp8_padded_rows(g->n) != g->n;
+    sf_cuda_fp8_args padded = *g;
+    if (pad) {
+        padded.n = sf_cuda_fp8_padded_rows(g->n), padded.ldy = g->out, padded.ytype = CUDA_R_32F, padded.beta = 0.0f;
+        rc = outside_widened(c, g);
+        if (rc == SF_OK) rc = sf_cuda_widened(c, (size_t)padded.n * g->out * sizeof(float));
+        padded.y = c->widened;
+    }
+    sf_cuda_fp8_plan tmp, *p = NULL;
+    if (rc == SF_OK) rc = find_plan(c, pad ? &padded : g, &tmp, &p);
     if (rc != SF_OK) return rc;
+    if (pad) {
+        rc = sf_cublas_status(run_fp8(c, p, &p->algo, &padded, c->widened, 0.0f), what);
+    } else if (p->outer || p->block) {
+        return sf_cublas_status(run_fp8(c, p, &p->algo, g, g->y, g->beta), what);
+    } else {
+        /* unit scales into float32 (c->widened), then the scales (and the accumulation) in the
+         * epilogue */
+        rc = outside_widened(c, g);
+        if (rc == SF_OK) rc = sf_cuda_widened(c, (size_t)g->n * g->out * sizeof(float));
+        if (rc == SF_OK) rc = sf_cublas_status(run_fp8(c, p, &p->algo, g, c->widened, 0.0f), what);
+    }
+    if (rc != SF_OK) return rc;
+    const float *xs = pad ? NULL : g->xscale;
     const size_t total = (size_t)g->n * g->out;
     const unsigned blocks = (unsigned)(total / 256 + 1 < 4096 ? total / 256 + 1 : 4096);
     if (g->ytype == CUDA_R_32F)
-        scale_epilogue_kernel<float><<<blocks, 256, 0, c->stream>>>(g->n, g->out, (const float *)c->widened, g->xscale,
-                                                                     g->wscale, g->beta, (float *)g->y, g->ldy);
+        scale_epilogue_kernel<float><<<blocks, 256, 0, c->stream>>>(g->n, g->out, (const float *)c->widened, xs,
+                                                                    g->wscale, g->beta, (float *)g->y, g->ldy);
     else
         scale_epilogue_kernel<__nv_bfloat16><<<blocks, 256, 0, c->stream>>>(
-            g->n, g->out, (const float *)c->widened, g->xscale, g->wscale, g->beta, (__nv_bfloat16 *)g->y, g->ldy);
+            g->n, g->out, (const float *)c->widened, xs, g->wscale, g->beta, (__nv_bfloat16 *)g->y, g->ldy);
     return sf_cuda_launched("fp8 scale epilogue");
 }

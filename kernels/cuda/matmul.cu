@@ -47,23 +47,29 @@ static const sf_cuda_weight *fp8_weight(const sf_cuda *c, const float *w, int ou
     return wb && wb->fp8 && wb->out == out && wb->in == in ? wb : NULL;
 }
 
-/* x quantized per row (gemm_fp8.cu) into the scratch: the e4m3 rows, then their scales. */
-static int fp8_input(sf_cuda *c, sf_cuda_fp8_input kind, int n, int cols, const void *x, int ldx, const float *norm,
-                     float eps, unsigned char **q, float **scale)
+/* x quantized (gemm_fp8.cu) for a product with `wb` into the scratch: the e4m3 rows, then
+ * their scales, one a row or (a block weight) one a 128 values of a row. */
+static int fp8_input(sf_cuda *c, const sf_cuda_weight *wb, sf_cuda_fp8_input kind, int n, int cols, const void *x,
+                     int ldx, const float *norm, float eps, unsigned char **q, float **scale)
 {
-    const size_t q_bytes = ((size_t)n * cols + 255) & ~(size_t)255;
+    const size_t rows = wb->block ? (size_t)sf_cuda_fp8_padded_rows(n) : (size_t)n;
+    const size_t q_bytes = (rows * cols + 255) & ~(size_t)255;
+    const size_t scales = wb->block ? rows * (cols / 128) : rows;
     int rc = sf_cuda_join_at_product(c); /* before the quantization reads x */
-    if (rc == SF_OK) rc = sf_cuda_scratch(c, q_bytes + (size_t)n * sizeof(float));
+    if (rc == SF_OK) rc = sf_cuda_scratch(c, q_bytes + scales * sizeof(float));
     *q = (unsigned char *)c->scratch, *scale = (float *)((unsigned char *)c->scratch + q_bytes);
-    if (rc == SF_OK) rc = sf_cuda_fp8_quantize_rows(kind, n, cols, x, ldx, norm, eps, *q, *scale, c->stream);
+    if (rc == SF_OK && wb->block)
+        rc = sf_cuda_fp8_quantize_blocks(kind, n, cols, x, ldx, norm, eps, *q, *scale, c->stream);
+    else if (rc == SF_OK)
+        rc = sf_cuda_fp8_quantize_rows(kind, n, cols, x, ldx, norm, eps, *q, *scale, c->stream);
     return rc;
 }
 
-/* y = (q wb^T) scaled (+ beta y) for a quantized input (fp8_input) and an FP8 weight. */
+/* y = (q wb^T) scaled (+ beta y) for a quantized input (fp8_input for wb) and an FP8 weight. */
 static int fp8_product(sf_cuda *c, int n, int in, int out, const unsigned char *q, const float *scale,
                        const sf_cuda_weight *wb, void *y, int ldy, cudaDataType ytype, float beta, const char *what)
 {
-    const sf_cuda_fp8_args g = {n, in, out, ldy, q, wb->fp8, scale, wb->scale, y, ytype, beta};
+    const sf_cuda_fp8_args g = {n, in, out, ldy, q, wb->fp8, scale, wb->scale, y, ytype, beta, wb->block};
     return sf_cuda_gemm_fp8(c, &g, what);
 }
 
@@ -131,11 +137,14 @@ static int grow_weight_table(sf_cuda *c, int more)
 
 /* Copies of count weights of one shape in one allocation, in order: bf16, or in precision fp8
  * (shapes cuBLASLt takes in FP8) e4m3 with a scale per output channel after all the copies. A
- * product with all of them is then one GEMM over the concatenation (ffn's W1|W3, bf16). Entry 0
- * owns the memory. */
+ * product with all of them is then one GEMM over the concatenation (ffn's W1|W3, bf16). A
+ * weight prepared alone with inputs a multiple of 128 gets a scale for each 128 inputs of a
+ * channel where cuBLASLt takes them (gemm_fp8.cu; groups feed the gate/up kernel, which applies
+ * a channel's scale after the whole sum). Entry 0 owns the memory. */
 static int prepare_group(sf_cuda *c, int count, const float *const *w, int out, int in)
 {
     const int fp8 = c->fp8 && sf_cuda_fp8_shape_ok(out, in);
+    const int block = fp8 && count == 1 && sf_cuda_fp8_block_offered(c, out, in);
     const sf_cuda_weight *first = find_weight(c, w[0]);
     int fresh = 0;
     for (int i = 0; i < count; i++) {
@@ -150,15 +159,18 @@ static int prepare_group(sf_cuda *c, int count, const float *const *w, int out, 
     if (rc != SF_OK) return rc;
     const size_t each = (size_t)out * in;
     const size_t copies = fp8 ? (count * each + 255) & ~(size_t)255 : count * each * sizeof(__nv_bfloat16);
-    const size_t bytes = copies + (fp8 ? (size_t)count * out * sizeof(float) : 0);
+    const size_t scales_each = block ? (size_t)out * (in / 128) : (size_t)out;
+    const size_t bytes = copies + (fp8 ? count * scales_each * sizeof(float) : 0);
     void *copy = NULL;
     rc = sf_cuda_malloc_counted(c, &copy, bytes);
     unsigned char *q = (unsigned char *)copy;
     float *scales = (float *)(q + copies);
     for (int i = 0; i < count && rc == SF_OK; i++)
-        rc = fp8 ? sf_cuda_fp8_quantize_rows(SF_CUDA_FP8_IN_F32, out, in, w[i], in, NULL, 0.0f, q + i * each,
-                                             scales + (size_t)i * out, c->stream)
-                 : sf_cuda_f32_to_bf16(w[i], out, in, in, (__nv_bfloat16 *)copy + i * each, c->stream);
+        rc = block ? sf_cuda_fp8_quantize_blocks(SF_CUDA_FP8_IN_F32, out, in, w[i], in, NULL, 0.0f, q + i * each,
+                                                 scales + i * scales_each, c->stream)
+             : fp8 ? sf_cuda_fp8_quantize_rows(SF_CUDA_FP8_IN_F32, out, in, w[i], in, NULL, 0.0f, q + i * each,
+                                               scales + i * scales_each, c->stream)
+                   : sf_cuda_f32_to_bf16(w[i], out, in, in, (__nv_bfloat16 *)copy + i * each, c->stream);
     if (rc != SF_OK) {
         sf_cuda_free_counted(c, copy, bytes);
         return rc;
@@ -167,7 +179,8 @@ static int prepare_group(sf_cuda *c, int count, const float *const *w, int out, 
         sf_cuda_weight *slot = &c->weights[c->n_weights++];
         memset(slot, 0, sizeof *slot);
         slot->f32 = w[i], slot->count = each, slot->out = out, slot->in = in;
-        if (fp8) slot->fp8 = q + i * each, slot->scale = scales + (size_t)i * out;
+        if (fp8)
+            slot->fp8 = q + i * each, slot->scale = scales + i * scales_each, slot->block = block;
         else slot->bf16 = (__nv_bfloat16 *)copy + i * each;
         slot->mem = copy, slot->index = i;
         slot->owned = i == 0 ? bytes : 0;
@@ -216,7 +229,7 @@ static int matmul_locked(sf_cuda *c, int n, int in, int out, const float *x, int
     if (w8) {
         unsigned char *q;
         float *scale;
-        rc = fp8_input(c, SF_CUDA_FP8_IN_F32, n, in, x, ldx, NULL, 0.0f, &q, &scale);
+        rc = fp8_input(c, w8, SF_CUDA_FP8_IN_F32, n, in, x, ldx, NULL, 0.0f, &q, &scale);
         if (rc == SF_OK) rc = fp8_product(c, n, in, out, q, scale, w8, y, ldy, yt, beta, "fp8 GEMM");
         return rc;
     }
@@ -280,7 +293,7 @@ int sf_cuda_matmul_typed(sf_backend *be, int n, int in, int out, sf_dtype xtype,
     if (w8) {
         unsigned char *q;
         float *scale;
-        rc = fp8_input(c, SF_CUDA_FP8_IN_BF16, n, in, x, ldx, NULL, 0.0f, &q, &scale);
+        rc = fp8_input(c, w8, SF_CUDA_FP8_IN_BF16, n, in, x, ldx, NULL, 0.0f, &q, &scale);
         if (rc == SF_OK) rc = fp8_product(c, n, in, out, q, scale, w8, y, ldy, yt, beta, "fp8 GEMM (bf16 input)");
         sf_cuda_leave(c);
         return rc;
@@ -315,11 +328,13 @@ static int matmul_shared(sf_backend *be, int n, int in, int out, const float *x,
     if (rc != SF_OK) return rc;
     const sf_cuda_weight *wb[SHARED_MAX];
     int all_fp8 = count <= SHARED_MAX;
-    for (int i = 0; i < count && all_fp8; i++) all_fp8 = (wb[i] = fp8_weight(c, w[i], out, in)) != NULL;
+    /* one quantized input serves all: the weights' scales must be of one kind */
+    for (int i = 0; i < count && all_fp8; i++)
+        all_fp8 = (wb[i] = fp8_weight(c, w[i], out, in)) != NULL && wb[i]->block == wb[0]->block;
     if (all_fp8) {
         unsigned char *q;
         float *scale;
-        rc = fp8_input(c, SF_CUDA_FP8_IN_F32, n, in, x, ldx, NULL, 0.0f, &q, &scale);
+        rc = fp8_input(c, wb[0], SF_CUDA_FP8_IN_F32, n, in, x, ldx, NULL, 0.0f, &q, &scale);
         for (int i = 0; i < count && rc == SF_OK; i++)
             rc = fp8_product(c, n, in, out, q, scale, wb[i], y[i], ldy, CUDA_R_32F, 0.0f, "fp8 GEMM (shared input)");
         sf_cuda_leave(c);
@@ -385,27 +400,39 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, const float *x, 
     __nv_bfloat16 *g1 = (__nv_bfloat16 *)h1, *g3 = (__nv_bfloat16 *)h3;
     const sf_cuda_weight *e1 = fp8_weight(c, w1, hidden, dim), *e3 = fp8_weight(c, w3, hidden, dim);
     const sf_cuda_weight *e2 = fp8_weight(c, w2, dim, hidden);
-    if (e1 && e3 && e2 && h1) {
+    if (e1 && e3 && e2 && h1 && e1->block == e3->block) {
         /* precision fp8: the norm quantizes u, W1 u | W3 u go to h1 as bf16 [n, 2 hidden],
          * SwiGLU quantizes g for W2, which accumulates into x */
         unsigned char *q;
         float *scale;
-        rc = fp8_input(c, SF_CUDA_FP8_IN_RMSNORM, n, dim, x, dim, norm, eps, &q, &scale);
-        /* the gate/up kernel (setting gate_up): g = SwiGLU straight from the e4m3 products into
-         * h1 as bf16 [n, hidden], quantized for W2 as any bf16 input */
-        const int fused = c->settings.gate_up && sf_cuda_swiglu_gate_up_e4m3_usable(dim, hidden) &&
+        rc = fp8_input(c, e1, SF_CUDA_FP8_IN_RMSNORM, n, dim, x, dim, norm, eps, &q, &scale);
+        /* the gate/up kernel (setting gate_up, W1 and W3 with channel scales): g = SwiGLU
+         * straight from the e4m3 products into h1, for a block W2 in e4m3 with its scales
+         * ([n, hidden] bytes, then [hidden / 128][n] floats: h1 holds n hidden floats; n a
+         * multiple of 4, which W2 then needs no padding for), else as bf16 [n, hidden]
+         * quantized for W2 as any bf16 input */
+        const int fused = c->settings.gate_up && !e1->block && sf_cuda_swiglu_gate_up_e4m3_usable(dim, hidden) &&
                           (((uintptr_t)e1->fp8 | (uintptr_t)e3->fp8 | (uintptr_t)g1) & 15) == 0;
+        if (rc == SF_OK && fused && e2->block && sf_cuda_fp8_padded_rows(n) == n) {
+            unsigned char *g8 = (unsigned char *)h1;
+            float *gs = (float *)(g8 + (((size_t)n * hidden + 255) & ~(size_t)255));
+            rc = sf_cuda_swiglu_gate_up_e4m3_blocks(n, dim, hidden, q, scale, e1->fp8, e3->fp8, e1->scale, e3->scale,
+                                                    g8, gs, c->stream);
+            if (rc == SF_OK) rc = fp8_product(c, n, hidden, dim, g8, gs, e2, y, dim, yt, beta, "fp8 GEMM (ffn W2)");
+            sf_cuda_leave(c);
+            return rc;
+        }
         if (rc == SF_OK && fused) {
             rc = sf_cuda_swiglu_gate_up_e4m3(n, dim, hidden, q, scale, e1->fp8, e3->fp8, e1->scale, e3->scale, g1,
                                              c->stream);
-            if (rc == SF_OK) rc = fp8_input(c, SF_CUDA_FP8_IN_BF16, n, hidden, g1, hidden, NULL, 0.0f, &q, &scale);
+            if (rc == SF_OK) rc = fp8_input(c, e2, SF_CUDA_FP8_IN_BF16, n, hidden, g1, hidden, NULL, 0.0f, &q, &scale);
             if (rc == SF_OK) rc = fp8_product(c, n, hidden, dim, q, scale, e2, y, dim, yt, beta, "fp8 GEMM (ffn W2)");
             sf_cuda_leave(c);
             return rc;
         }
         /* W1|W3 prepared as one group (copies and scales consecutive): one product of twice
          * the width, whose rows are [W1 u | W3 u] as h1 wants them */
-        if (rc == SF_OK && e3->fp8 == e1->fp8 + (size_t)hidden * dim && e3->scale == e1->scale + hidden)
+        if (rc == SF_OK && !e1->block && e3->fp8 == e1->fp8 + (size_t)hidden * dim && e3->scale == e1->scale + hidden)
             rc = fp8_product(c, n, dim, 2 * hidden, q, scale, e1, g1, 2 * hidden, CUDA_R_16BF, 0.0f,
                              "fp8 GEMM (ffn W1|W3)");
         else if (rc == SF_OK) {
@@ -414,7 +441,8 @@ static int ffn_beta(sf_backend *be, int n, int dim, int hidden, const float *x, 
                 rc = fp8_product(c, n, dim, hidden, q, scale, e3, g1 + hidden, 2 * hidden, CUDA_R_16BF, 0.0f,
                                  "fp8 GEMM (ffn W3)");
         }
-        if (rc == SF_OK) rc = fp8_input(c, SF_CUDA_FP8_IN_SWIGLU, n, hidden, g1, 2 * hidden, NULL, 0.0f, &q, &scale);
+        if (rc == SF_OK)
+            rc = fp8_input(c, e2, SF_CUDA_FP8_IN_SWIGLU, n, hidden, g1, 2 * hidden, NULL, 0.0f, &q, &scale);
         if (rc == SF_OK) rc = fp8_product(c, n, hidden, dim, q, scale, e2, y, dim, yt, beta, "fp8 GEMM (ffn W2)");
         sf_cuda_leave(c);
         return rc;
@@ -513,12 +541,13 @@ int sf_cuda_qkv(sf_backend *be, int n, int dim, int width, const float *x, const
     void *y[3] = {q, k, v};
     const sf_cuda_weight *wb[3];
     int all_fp8 = 1;
-    for (int i = 0; i < 3 && all_fp8; i++) all_fp8 = (wb[i] = fp8_weight(c, w[i], width, dim)) != NULL;
+    for (int i = 0; i < 3 && all_fp8; i++)
+        all_fp8 = (wb[i] = fp8_weight(c, w[i], width, dim)) != NULL && wb[i]->block == wb[0]->block;
     if (all_fp8) {
         /* precision fp8: the norm quantizes u; each product writes its output as `type` */
         unsigned char *qx;
         float *scale;
-        rc = fp8_input(c, SF_CUDA_FP8_IN_RMSNORM, n, dim, x, dim, norm, eps, &qx, &scale);
+        rc = fp8_input(c, wb[0], SF_CUDA_FP8_IN_RMSNORM, n, dim, x, dim, norm, eps, &qx, &scale);
         for (int i = 0; i < 3 && rc == SF_OK; i++)
             rc = fp8_product(c, n, dim, width, qx, scale, wb[i], y[i], width,
                              type == SF_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F, 0.0f, "fp8 GEMM (qkv)");

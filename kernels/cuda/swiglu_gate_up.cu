@@ -23,7 +23,12 @@
  * of 128 bytes is 128 values) and applies u's row scales and the weights' channel scales to the
  * float32 accumulators before silu, so W1 u | W3 u are not written in bf16 and read back for the
  * quantization of g (which W2 then reads as any bf16 input). The accumulators are the tensor
- * cores' e4m3 sums (as cuBLASLt's with FAST_ACCUM): within the inputs' own rounding.
+ * cores' e4m3 sums (as cuBLASLt's with FAST_ACCUM): within the inputs' own rounding. Where W2
+ * takes its input with a scale for each 128 values of a row (gemm_fp8.cu, block weights) g
+ * need not be written in bf16 at all: a tile's 128 hidden columns are one such block, so the
+ * epilogue finds each row's largest magnitude over them (the four threads of a quad hold a
+ * row's 128), writes that scale and g in e4m3 (half the bytes of bf16, no quantization pass
+ * reading it back).
  * Built for sm_90a only. */
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
@@ -33,6 +38,8 @@
 #include "kernels/cuda/mma_bf16.cuh"
 #include "kernels/cuda/tensor_map.h"
 
+#include <cuda_fp8.h>
+
 namespace {
 
 using gemm_tma::BK;
@@ -41,9 +48,11 @@ using gemm_tma::SMEM_BYTES;
 using gemm_tma::THREADS;
 constexpr int BH = 128; /* hidden columns a tile: W1's 128 rows and W3's make the product's 256 */
 
-/* The scales of the e4m3 form: u's rows (su), W1's and W3's channels (s1, s3). */
+/* The scales of the e4m3 form: u's rows (su), W1's and W3's channels (s1, s3); gs: g's when
+ * the kernel writes g in e4m3, one a row and 128 hidden columns, [hidden / 128][n]. */
 struct gate_up_scales {
     const float *su, *s1, *s3;
+    float *gs;
 };
 
 #if SF_WGMMA_ENABLED
@@ -89,14 +98,70 @@ __device__ __forceinline__ void stage_output(const float *acc, uint32_t out, int
         }
     }
 }
+
+/* stage_output<true> writing g in e4m3: a row's 128 values of the tile (32 in each thread of its
+ * quad) share a scale, their largest magnitude / 448 (1 where all are zero: gemm_fp8.cu's
+ * rule), written to sc.gs; the values go to one staging box of 64 rows x 128 bytes, 16-byte
+ * chunk c / 16 of row r swizzled by r % 8 = g. The epilogue runs while no product does (both
+ * consumers finish a tile together), so it keeps the bf16 form's order: the channel scales
+ * loaded once a column pair for both rows, g written over the gate accumulators (the next
+ * tile's first product overwrites them) rather than into more registers. */
+__device__ __forceinline__ void stage_output_e4m3(float *acc, uint32_t out, int warp, int g, int t,
+                                                  const gate_up_scales &sc, int row0, int h0, int n, int f)
+{
+    float a[2], m[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int row = row0 + 16 * warp + g + 8 * hr;
+        a[hr] = row < n ? sc.su[row] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        float w1[2], w3[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int col = h0 + 8 * j + 2 * t + e;
+            w1[e] = col < f ? sc.s1[col] : 0.0f, w3[e] = col < f ? sc.s3[col] : 0.0f;
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int k = 4 * j + 2 * hr + e;
+                acc[k] = silu(acc[k] * a[hr] * w1[e]) * (acc[64 + k] * a[hr] * w3[e]);
+                m[hr] = fmaxf(m[hr], fabsf(acc[k]));
+            }
+    }
+    float inv[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        m[hr] = fmaxf(m[hr], __shfl_xor_sync(0xffffffffu, m[hr], 1));
+        m[hr] = fmaxf(m[hr], __shfl_xor_sync(0xffffffffu, m[hr], 2));
+        const float s = m[hr] > 0.0f ? m[hr] / 448.0f : 1.0f;
+        inv[hr] = 1.0f / s;
+        const int row = row0 + 16 * warp + g + 8 * hr;
+        if (t == 0 && row < n) sc.gs[(size_t)(h0 / 128) * n + row] = s;
+    }
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int k = 4 * j + 2 * hr, row = 16 * warp + g + 8 * hr;
+            const unsigned short pair = __nv_cvt_float2_to_fp8x2(make_float2(acc[k] * inv[hr], acc[k + 1] * inv[hr]),
+                                                                 __NV_SATFINITE, __NV_E4M3);
+            const uint32_t at = out + row * 128 + (((j / 2) ^ g) << 4) + 8 * (j % 2) + 2 * t;
+            asm volatile("st.shared.u16 [%0], %1;" ::"r"(at), "h"(pair) : "memory");
+        }
+}
 #endif
 
 /* The cooperative kernel (gemm_tma.cuh) with B = W1's and W3's 128-row slices of the same
  * hidden columns, and SwiGLU in the epilogue: g rounded once to bf16 into a swizzled staging
  * tile, which one thread stores by TMA (rows past n and columns past F are clipped) while the
  * warpgroup goes on to its next tile's products. Launched as clusters of CLUSTER = 1 CTA (the
- * lab's variants take 2 and 4). E4M3: u, W1 and W3 in e4m3, their scales in sc. */
-template <int CLUSTER, bool E4M3>
+ * lab's variants take 2 and 4). E4M3: u, W1 and W3 in e4m3, their scales in sc; G8 (with E4M3):
+ * g in e4m3 with its scales (stage_output_e4m3), map_g a map of bytes. */
+template <int CLUSTER, bool E4M3, bool G8 = false>
 __global__ void __launch_bounds__(THREADS, 1)
     swiglu_gate_up_kernel(const __grid_constant__ CUtensorMap map_u, const __grid_constant__ CUtensorMap map_w1,
                           const __grid_constant__ CUtensorMap map_w3, const __grid_constant__ CUtensorMap map_g, int n,
@@ -106,17 +171,20 @@ __global__ void __launch_bounds__(THREADS, 1)
     extern __shared__ unsigned char smem_raw[];
     if (threadIdx.x == 0) tma_prefetch_map(&map_g);
     const gemm_tma::b_source b = {&map_w1, &map_w3, 0, 0};
-    auto epilogue = [&](const float *acc, uint32_t staging, int row0, int h0, int c) {
+    auto epilogue = [&](float *acc, uint32_t staging, int row0, int h0, int c) {
         const bool leader = threadIdx.x % 128 == 0;
         const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x & 31;
         if (leader) tma_store_wait_read<0>(); /* the previous tile's store has left the staging tile */
         named_sync(1 + c, 128);
-        stage_output<E4M3>(acc, staging, warp, lane >> 2, lane & 3, sc, row0, h0, n, f);
+        if constexpr (G8)
+            stage_output_e4m3(acc, staging, warp, lane >> 2, lane & 3, sc, row0, h0, n, f);
+        else
+            stage_output<E4M3>(acc, staging, warp, lane >> 2, lane & 3, sc, row0, h0, n, f);
         fence_proxy_async(); /* the staging tile, written by st.shared, is read by the copy engine */
         named_sync(1 + c, 128);
         if (leader) {
             tma_store_2d(&map_g, h0, row0, staging);
-            tma_store_2d(&map_g, h0 + 64, row0, staging + gemm_tma::OUT_BOX_BYTES);
+            if (!G8) tma_store_2d(&map_g, h0 + 64, row0, staging + gemm_tma::OUT_BOX_BYTES);
             tma_store_commit();
         }
     };
@@ -134,7 +202,7 @@ static int fit_here()
     return sf_cuda_hopper_known(known, (const void *)swiglu_gate_up_kernel<1, false>, SMEM_BYTES);
 }
 
-template <int CLUSTER, bool E4M3>
+template <int CLUSTER, bool E4M3, bool G8>
 static cudaError_t launch(int clusters, const CUtensorMap &mu, const CUtensorMap &mw1, const CUtensorMap &mw3,
                           const CUtensorMap &mg, int n, int dim, int hidden, const gate_up_scales &sc,
                           cudaStream_t stream)
@@ -153,7 +221,7 @@ static cudaError_t launch(int clusters, const CUtensorMap &mu, const CUtensorMap
         k++;
     }
     cfg.attrs = attr, cfg.numAttrs = (unsigned)k;
-    return cudaLaunchKernelEx(&cfg, swiglu_gate_up_kernel<CLUSTER, E4M3>, mu, mw1, mw3, mg, n, dim, hidden, sc);
+    return cudaLaunchKernelEx(&cfg, swiglu_gate_up_kernel<CLUSTER, E4M3, G8>, mu, mw1, mw3, mg, n, dim, hidden, sc);
 }
 
 /* An operand of rows x cols (K-major, rows cols apart) in boxes of box_rows rows: bf16 or e4m3. */
@@ -165,20 +233,22 @@ template <bool E4M3> static int map_operand(CUtensorMap *map, const void *base, 
         return sf_cuda_tensor_map_bf16_sw128(map, static_cast<const __nv_bfloat16 *>(base), rows, cols, cols, box_rows);
 }
 
-/* Both forms after their checks: the maps, then one CTA a multiprocessor (fits) at most. */
-template <bool E4M3>
-static int gate_up(int fits, int n, int dim, int hidden, const void *u, const void *w1, const void *w3,
-                   __nv_bfloat16 *g, const gate_up_scales &sc, cudaStream_t stream, const char *what)
+/* Every form after its checks: the maps, then one CTA a multiprocessor (fits) at most. g: bf16,
+ * or e4m3 bytes with G8. */
+template <bool E4M3, bool G8 = false>
+static int gate_up(int fits, int n, int dim, int hidden, const void *u, const void *w1, const void *w3, void *g,
+                   const gate_up_scales &sc, cudaStream_t stream, const char *what)
 {
     CUtensorMap map_u, map_w1, map_w3, map_g;
     int rc = map_operand<E4M3>(&map_u, u, n, dim, BM);
     if (rc == SF_OK) rc = map_operand<E4M3>(&map_w1, w1, hidden, dim, BH);
     if (rc == SF_OK) rc = map_operand<E4M3>(&map_w3, w3, hidden, dim, BH);
-    if (rc == SF_OK) rc = sf_cuda_tensor_map_bf16_sw128(&map_g, g, n, hidden, hidden, 64);
+    if (rc == SF_OK) rc = map_operand<G8>(&map_g, g, n, hidden, 64);
     if (rc != SF_OK) return rc;
     const long long groups = (long long)((n + BM - 1) / BM) * ((hidden + BH - 1) / BH);
     const int clusters = (int)(groups < fits ? groups : fits);
-    return sf_cuda_status(launch<1, E4M3>(clusters, map_u, map_w1, map_w3, map_g, n, dim, hidden, sc, stream), what);
+    return sf_cuda_status(launch<1, E4M3, G8>(clusters, map_u, map_w1, map_w3, map_g, n, dim, hidden, sc, stream),
+                          what);
 }
 
 } // namespace
@@ -195,7 +265,8 @@ int sf_cuda_swiglu_gate_up(int n, int dim, int hidden, const __nv_bfloat16 *u, c
     if (n <= 0) return SF_OK;
     const int fits = sf_cuda_swiglu_gate_up_usable(dim, hidden);
     if (!fits) return sf_error(SF_E_UNSUPPORTED, "swiglu_gate_up: dim %d, hidden %d or this device", dim, hidden);
-    return gate_up<false>(fits, n, dim, hidden, u, w1, w3, g, {nullptr, nullptr, nullptr}, stream, "swiglu_gate_up");
+    return gate_up<false>(fits, n, dim, hidden, u, w1, w3, g, {nullptr, nullptr, nullptr, nullptr}, stream,
+                          "swiglu_gate_up");
 }
 
 int sf_cuda_swiglu_gate_up_e4m3_usable(int dim, int hidden)
@@ -213,5 +284,23 @@ int sf_cuda_swiglu_gate_up_e4m3(int n, int dim, int hidden, const unsigned char 
     const int fits = sf_cuda_swiglu_gate_up_e4m3_usable(dim, hidden);
     if (!fits)
         return sf_error(SF_E_UNSUPPORTED, "swiglu_gate_up (e4m3): dim %d, hidden %d or this device", dim, hidden);
-    return gate_up<true>(fits, n, dim, hidden, u, w1, w3, g, {su, s1, s3}, stream, "swiglu_gate_up (e4m3)");
+    return gate_up<true>(fits, n, dim, hidden, u, w1, w3, g, {su, s1, s3, nullptr}, stream, "swiglu_gate_up (e4m3)");
+}
+
+int sf_cuda_swiglu_gate_up_e4m3_blocks(int n, int dim, int hidden, const unsigned char *u, const float *su,
+                                       const unsigned char *w1, const unsigned char *w3, const float *s1,
+                                       const float *s3, unsigned char *g8, float *gs, cudaStream_t stream)
+{
+    if (n <= 0) return SF_OK;
+    /* a tile's 128 hidden columns must be one block of g's scales */
+    static_assert(BH == 128, "a tile's hidden columns are one block of 128");
+    static int known[64];
+    const int fits = dim > 0 && dim % 16 == 0 && hidden > 0 && hidden % 128 == 0
+                         ? sf_cuda_hopper_known(known, (const void *)swiglu_gate_up_kernel<1, true, true>, SMEM_BYTES)
+                         : 0;
+    if (!fits)
+        return sf_error(SF_E_UNSUPPORTED, "swiglu_gate_up (e4m3, g in blocks): dim %d, hidden %d or this device", dim,
+                        hidden);
+    return gate_up<true, true>(fits, n, dim, hidden, u, w1, w3, g8, {su, s1, s3, gs}, stream,
+                               "swiglu_gate_up (e4m3, g in blocks)");
 }
