@@ -15,12 +15,15 @@
  * several shapes including partial tiles, then times both at the reference model's shape (n =
  * 8192, D = 1024, F = 4096): median of `reps` calls after warm-up, CUDA events on the backend's
  * stream, each call timed alone. TFLOP/s count the products' 2 n D 2F. Exit status 1 when a
- * check fails. Usage: bench_cuda_swiglu_gate_up [reps] (0: the checks alone) */
+ * check fails. Then the product's own kernels (bf16, and the two e4m3 forms of precision fp8) at
+ * the same shape: product_kernels below. Usage: bench_cuda_swiglu_gate_up [reps] (0: the checks
+ * alone) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <algorithm>
 #include <vector>
+#include <cuda_fp8.h>
 
 #include "bench/cuda_bench_backend.cuh"
 #include "bench/cuda_check.h"
@@ -160,6 +163,101 @@ static void one_shape(sf_cuda *c, int n, int D, int F, int reps)
     for (void *p : {(void *)u, (void *)w13, (void *)h, (void *)want, (void *)got}) CUDA_OK(cudaFree(p));
 }
 
+/* Random e4m3 bytes (finite: NaN's two codes become zero), count of them on the device. */
+static unsigned char *random_e4m3(size_t count, unsigned seed)
+{
+    std::vector<unsigned char> h(count);
+    srand(seed);
+    for (auto &b : h) {
+        b = (unsigned char)(rand() & 0xff);
+        if ((b & 0x7f) == 0x7f) b = 0;
+    }
+    unsigned char *d;
+    CUDA_OK(cudaMalloc(&d, count));
+    CUDA_OK(cudaMemcpy(d, h.data(), count, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static float *filled(size_t count, float v)
+{
+    std::vector<float> h(count, v);
+    float *d;
+    CUDA_OK(cudaMalloc(&d, count * 4));
+    CUDA_OK(cudaMemcpy(d, h.data(), count * 4, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* The product's own kernels (kernels/cuda/swiglu_gate_up.cu, not the lab's copy) at one shape:
+ * bf16; e4m3 writing g in bf16; e4m3 writing g in e4m3 with a scale a row and 128 columns
+ * (precision fp8's form beside a block W2). Checks the e4m3 g against the bf16 g of the same
+ * operands (each value within 1/16 of its block's largest magnitude, plus the bf16 rounding)
+ * before timing; with reps, median of reps. */
+static void product_kernels(sf_cuda *c, int n, int D, int F, int reps)
+{
+    __nv_bfloat16 *u = random_bf16((size_t)n * D, 11, 2.0f), *w13 = random_bf16((size_t)2 * F * D, 12, 0.2f);
+    unsigned char *u8 = random_e4m3((size_t)n * D, 13), *w8 = random_e4m3((size_t)2 * F * D, 14), *g8;
+    float *su = filled(n, 1.0f / 64), *sw = filled((size_t)2 * F, 1.0f / 256), *gs;
+    __nv_bfloat16 *g;
+    CUDA_OK(cudaMalloc(&g, (size_t)n * F * 2));
+    CUDA_OK(cudaMalloc(&g8, (size_t)n * F));
+    CUDA_OK(cudaMalloc(&gs, (size_t)n * (F / 128) * 4));
+    CUDA_OK(cudaDeviceSynchronize());
+    const unsigned char *w1 = w8, *w3 = w8 + (size_t)F * D;
+    auto bf16 = [&] { return sf_cuda_swiglu_gate_up(n, D, F, u, w13, w13 + (size_t)F * D, g, c->stream); };
+    auto e4m3 = [&] { return sf_cuda_swiglu_gate_up_e4m3(n, D, F, u8, su, w1, w3, sw, sw + F, g, c->stream); };
+    auto blocks = [&] {
+        return sf_cuda_swiglu_gate_up_e4m3_blocks(n, D, F, u8, su, w1, w3, sw, sw + F, g8, gs, c->stream);
+    };
+    /* NaN in every byte of g8 and every scale: an element the kernel fails to write fails */
+    CUDA_OK(cudaMemsetAsync(g8, 0x7f, (size_t)n * F, c->stream));
+    CUDA_OK(cudaMemsetAsync(gs, 0xff, (size_t)n * (F / 128) * 4, c->stream));
+    const int ran = e4m3() == SF_OK && blocks() == SF_OK;
+    CUDA_OK(cudaStreamSynchronize(c->stream));
+    if (!ran) {
+        printf("product kernels n=%d D=%d F=%d: did not run (%s): FAIL\n", n, D, F, sf_last_error());
+        failures++;
+    } else {
+        const std::vector<float> want = to_host(g, (size_t)n * F);
+        std::vector<unsigned char> q((size_t)n * F);
+        std::vector<float> scales((size_t)n * (F / 128));
+        CUDA_OK(cudaMemcpy(q.data(), g8, q.size(), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(scales.data(), gs, scales.size() * 4, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        double worst = 0;
+        for (int r = 0; r < n; r++)
+            for (int b = 0; b < F / 128; b++) {
+                double amax = 0;
+                for (int j = 0; j < 128; j++) amax = std::max(amax, (double)fabsf(want[(size_t)r * F + b * 128 + j]));
+                const float s = scales[(size_t)b * n + r];
+                for (int j = 0; j < 128; j++) {
+                    const size_t at = (size_t)r * F + b * 128 + j;
+                    __nv_fp8_e4m3 v;
+                    v.__x = q[at];
+                    const double e = fabs((double)(float)v * s - want[at]) / (amax > 0 ? amax : 1);
+                    if (!(e <= 1.0 / 16 + 1.0 / 128)) bad++;
+                    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+                }
+            }
+        printf("check n=%-5d D=%-5d F=%-5d product e4m3, g in blocks vs g in bf16: max error %.3g of the block's "
+               "largest, %zu over 1/16 + 1/128: %s\n",
+               n, D, F, worst, bad, bad ? "FAIL" : "ok");
+        if (bad) failures++;
+    }
+    if (reps > 0) {
+        const double flop = 2.0 * n * D * 2.0 * F;
+        const double t_bf16 = median_event_ms(reps, bf16, c->stream);
+        const double t_e4m3 = median_event_ms(reps, e4m3, c->stream);
+        const double t_blocks = median_event_ms(reps, blocks, c->stream);
+        printf("time  product kernels n=%d D=%d F=%d (median of %d)\n", n, D, F, reps);
+        printf("  bf16                                   %8.4f ms  %6.1f TFLOP/s\n", t_bf16, flop / t_bf16 / 1e9);
+        printf("  e4m3, g in bf16                        %8.4f ms  %6.1f TFLOP/s\n", t_e4m3, flop / t_e4m3 / 1e9);
+        printf("  e4m3, g in e4m3 (blocks of 128)        %8.4f ms  %6.1f TFLOP/s\n", t_blocks, flop / t_blocks / 1e9);
+    }
+    for (void *p :
+         {(void *)u, (void *)w13, (void *)u8, (void *)w8, (void *)su, (void *)sw, (void *)g, (void *)g8, (void *)gs})
+        CUDA_OK(cudaFree(p));
+}
+
 int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
@@ -188,6 +286,8 @@ int main(int argc, char **argv)
     for (const auto &s : shapes) one_shape(c, s[0], s[1], s[2], 0);
     pingpong_schedule = 0;
     one_shape(c, 8192, 1024, 4096, reps);
+    product_kernels(c, 300, 256, 384, 0);
+    product_kernels(c, 8192, 1024, 4096, reps);
     bench_cuda_close(be);
     printf("%s\n", failures ? "FAILED" : "all checks passed");
     return failures ? 1 : 0;
