@@ -11,8 +11,9 @@
 # TWO_SKIP_HEADS=1 skips step 1; TWO_MODES (default "one heads layers") picks step 2's runs
 # (headsb: --gpus 2 with the block stage TWO_BLOCK, default "block overlap=1"; headsr: --gpus 2
 # with the CUDA setting normed_sums=0, whole sums on every rank; base: --gpus 2 with the binary
-# TWO_BASE_BIN, another tree's build, for a comparison in the same call; the layer
-# pipeline's are long: its rate is the link's); TWO_REPS (default 2) repetitions of step 2.
+# TWO_BASE_BIN, another tree's build, for a comparison in the same call; one8 and heads8: one
+# and heads in precision fp8; the layer pipeline's are long: its rate is the link's); TWO_REPS
+# (default 2) repetitions of step 2.
 # Logs go to $OUT (else build-gpu/two); a summary to
 # $OUT/two-summary.txt.
 set -uo pipefail
@@ -52,6 +53,10 @@ seconds() {
   case $mode in
     one) timeout 120 "$bin" run -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     heads) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
+    one8) timeout 120 "$bin" run -q --no-progress -d cuda --precision fp8 -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 \
+            "${sink[@]}" ;;
+    heads8) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 --precision fp8 -m "$D/ref.st" -i "$D/t$segs.u32" \
+              -f u32 "${sink[@]}" ;;
     headsr) SEQFLOW_CUDA_NORMED_SUMS=0 timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" \
               -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     base) timeout 120 "${TWO_BASE_BIN:?base: set TWO_BASE_BIN}" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" \

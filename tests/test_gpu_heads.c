@@ -5,11 +5,12 @@
  *    timeout (3 s), never hangs;
  *  - heads_of=1 (the sharded code path, NCCL with one rank), also with overlap=4 (all-reduces on
  *    the communicator's stream), against the unsharded run on the same GPU, on small models of the
- *    GPU pipeline tests' kinds, f32 and bf16: within 1e-5 (f32) and the bf16 tolerance 2e-2; a
- *    save and restore on heads_of=1 continues as the uninterrupted run;
+ *    GPU pipeline tests' kinds, f32, bf16 and fp8 (on GPUs that have it): within 1e-5 (f32), the
+ *    bf16 tolerance 2e-2 and 5e-2 (fp8); a save and restore on heads_of=1 continues as the
+ *    uninterrupted run;
  * with two GPUs or more, also:
  *  - heads_of=2 (its default overlap, and in bf16 also overlap=1 and 3, reduce=nccl, reduce=f32)
- *    against the unsharded run on one GPU (f32 1e-5, bf16 2e-2), save and restore on 2 ranks
+ *    against the unsharded run on one GPU (f32 1e-5, bf16 2e-2, fp8 5e-2), save and restore on 2 ranks
  *    against the uninterrupted run (1e-5, and whether byte-identical);
  *  - the parts' sum (reduce_add) on two GPUs with two sums in flight: by the copy engines bit
  *    for bit the host's float32 sums in rank order, through NCCL within bf16 rounding; every
@@ -37,6 +38,11 @@
 
 #define SAME_F32 1e-5
 #define TOL_BF16 2e-2
+/* precision fp8 sharded against unsharded: where a rank's share of Wo's and W2's inputs is whole
+ * blocks of 128 (fp8_blocks) both quantize alike; elsewhere each rank's share takes its own
+ * channel scales, a different rounding of the same weights (each run lands within about 1e-2 of
+ * the CPU's float32 in test_gpu_pipeline) */
+#define TOL_FP8 5e-2
 
 static double now_ms(void)
 {
@@ -233,6 +239,20 @@ static void check_reduce_add_two_gpus(void)
 
 /* ---- the pipeline --------------------------------------------------------------------------- */
 
+/* Whether this GPU takes precision fp8 (compute capability 8.9 and up): asked once. */
+static int fp8_here(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        sf_backend *be = NULL;
+        sf_backend_options opts = {.precision = SF_PRECISION_FP8};
+        known = sf_backend_create_opts("cuda", &opts, &be) == SF_OK;
+        sf_backend_free(be);
+        if (!known) printf("  fp8 not run: %s\n", sf_last_error());
+    }
+    return known;
+}
+
 static void compare(const char *name, const sf_model *m, const shard_scenario *sc, uint64_t seed, int gpus)
 {
     const sf_model_config *c = sf_model_get_config(m);
@@ -242,8 +262,10 @@ static void compare(const char *name, const sf_model *m, const shard_scenario *s
         sf_precision p;
         const char *label;
         double tol;
-    } modes[] = {{SF_PRECISION_F32, "f32", SAME_F32}, {SF_PRECISION_BF16, "bf16", TOL_BF16}};
+    } modes[] = {
+        {SF_PRECISION_F32, "f32", SAME_F32}, {SF_PRECISION_BF16, "bf16", TOL_BF16}, {SF_PRECISION_FP8, "fp8", TOL_FP8}};
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
+        if (modes[mi].p == SF_PRECISION_FP8 && !fp8_here()) continue;
         /* cuBLAS's own algorithm choice: the Lt plans are timed per graph and could differ */
         const shard_device gpu = {"cuda", modes[mi].p, "gemm=gemmex"};
         shard_outputs want;

@@ -12,7 +12,7 @@
  * Layout: gemm_tma.cuh's cooperative kernel (a TMA producer warpgroup, two wgmma consumer
  * warpgroups of 64 rows each) on tiles of 128 rows x 128 hidden columns, B = W1's slice then
  * W3's, adjacent in shared memory, so gate and up of a hidden column come out of one m64n256k16
- * in the same thread. The epilogue computes silu(gate) * up with the fast exponential, rounds once
+ * in the same thread. The epilogue computes silu(gate) * up with the fast tanh, rounds once
  * to bf16 into a swizzled staging tile and one thread stores it by TMA (rows past n and columns
  * past F clipped, loads past them zeros), so any n and D, F multiples of 8 work.
  * Tried variants (bench/lab/GEMM_NOTES.md, "W1|W3 with SwiGLU in the epilogue"; the code in
@@ -56,10 +56,17 @@ struct gate_up_scales {
 };
 
 #if SF_WGMMA_ENABLED
-/* The fast exponential and division (MUFU ex2 and rcp): the epilogue does not overlap the
- * products, and expf with a full division cost it ~3 us a tile of ~15 (by instruction count).
- * For x < -87, exp(-x) is inf and the quotient 0, as silu's limit. */
-__device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+/* silu(x) = x sigmoid(x) = h + h tanh(h), h = x / 2: one MUFU op (tanh.approx, relative error
+ * about 2^-11) where the exponential and the division take two (ex2, rcp). The epilogue runs
+ * while no product does, and the MUFU pipe issues at an eighth of the FMA's rate. For large
+ * negative x, tanh(h) reaches -1 and silu 0, its limit. */
+__device__ __forceinline__ float silu(float x)
+{
+    const float h = 0.5f * x;
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(h));
+    return fmaf(h, t, h);
+}
 
 /* silu(gate) * up of this thread's accumulators into the warpgroup's staging tile: gate for
  * j < 16, up of the same hidden column at j + 16 (gemm_tma::consume_tile's layout); column c of
