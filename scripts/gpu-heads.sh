@@ -74,7 +74,7 @@ step() {
 
 step test_heads 60 "$tests/test_heads"
 grep -E "FAIL|passed" "$logs/test_heads.log" | tail -5 | tee -a "$summary"
-step test_gpu_heads 120 "$tests/test_gpu_heads"
+step test_gpu_heads 240 "$tests/test_gpu_heads"
 grep -E "FAIL|vs unsharded|NCCL|rank|restore|skipped|passed" "$logs/test_gpu_heads.log" | tail -60 | tee -a "$summary"
 step test_gpu_reduce_norm 60 "$tests/test_gpu_reduce_norm"
 grep -E "FAIL|rank|GPUs|skipped|passed" "$logs/test_gpu_reduce_norm.log" | tail -8 | tee -a "$summary"
