@@ -54,6 +54,12 @@ static __device__ __forceinline__ float block_add(float v, float *shared)
     return v;
 }
 
+/* Bytes of one value of x as `KIND` reads it. */
+template <int KIND> __host__ __device__ constexpr size_t elem_bytes()
+{
+    return KIND == SF_CUDA_FP8_IN_F32 || KIND == SF_CUDA_FP8_IN_RMSNORM ? 4 : 2;
+}
+
 /* v[j] of the row as sf_cuda_fp8_input says; for RMSNORM before the row's 1/rms (applied by
  * the caller: it needs the whole row first). */
 template <int KIND>
@@ -97,8 +103,7 @@ __global__ static void __launch_bounds__(QUANT_THREADS) quantize_rows_kernel(int
 {
     __shared__ float shared[QUANT_THREADS / 32];
     const size_t r = blockIdx.x;
-    const size_t elem = KIND == SF_CUDA_FP8_IN_F32 || KIND == SF_CUDA_FP8_IN_RMSNORM ? 4 : 2;
-    const void *row = (const char *)x + r * (size_t)ldx * elem;
+    const void *row = (const char *)x + r * (size_t)ldx * elem_bytes<KIND>();
     float amax = 0.0f, ss = 0.0f;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         amax = fmaxf(amax, fabsf(row_value<KIND>(row, cols, norm, j)));
@@ -175,8 +180,7 @@ __global__ static void __launch_bounds__(QUANT_THREADS)
     __shared__ float shared[QUANT_THREADS / 32];
     const size_t r = blockIdx.x;
     const bool real = r < (size_t)n;
-    const size_t elem = KIND == SF_CUDA_FP8_IN_F32 || KIND == SF_CUDA_FP8_IN_RMSNORM ? 4 : 2;
-    const void *row = (const char *)x + r * (size_t)ldx * elem;
+    const void *row = (const char *)x + r * (size_t)ldx * elem_bytes<KIND>();
     float v[VPT];
     float amax = 0.0f, ss = 0.0f;
 #pragma unroll
@@ -235,8 +239,7 @@ __global__ static void __launch_bounds__(QUANT_THREADS)
     __shared__ float shared[QUANT_THREADS / 32];
     const size_t r = blockIdx.x;
     const bool real = r < (size_t)n;
-    const size_t elem = KIND == SF_CUDA_FP8_IN_F32 || KIND == SF_CUDA_FP8_IN_RMSNORM ? 4 : 2;
-    const void *row = (const char *)x + r * (size_t)ldx * elem;
+    const void *row = (const char *)x + r * (size_t)ldx * elem_bytes<KIND>();
     float mult = 1.0f;
     if (KIND == SF_CUDA_FP8_IN_RMSNORM) {
         float ss = 0.0f;
@@ -264,7 +267,7 @@ template <int KIND, bool BLOCKS>
 static void launch_quantize(int n, int rows, int cols, const void *x, int ldx, const float *norm, float eps,
                             unsigned char *q, float *scale, cudaStream_t stream)
 {
-    const size_t elem = KIND == SF_CUDA_FP8_IN_F32 || KIND == SF_CUDA_FP8_IN_RMSNORM ? 4 : 2;
+    const size_t elem = elem_bytes<KIND>();
     const uintptr_t bits = (uintptr_t)x | (uintptr_t)((size_t)ldx * elem) |
                            (KIND == SF_CUDA_FP8_IN_SWIGLU ? (uintptr_t)((size_t)cols * elem) : 0) |
                            (KIND == SF_CUDA_FP8_IN_RMSNORM ? (uintptr_t)norm : 0);
