@@ -467,8 +467,8 @@ int sf_cuda_fp8_init(sf_cuda *c)
                         c->device);
             /* block scales only beside cuBLASLt's own outer-vector ones (the epilogue kernel
              * applies a scale per row and channel only) */
-            c->fp8_block = outer && c->settings.fp8_blocks;
-            c->fp8_block = sf_cuda_fp8_block_offered(c, 256, 256);
+            c->fp8_block = outer && c->settings.fp8_blocks; /* what sf_cuda_fp8_block_offered asks first */
+            c->fp8_block = c->fp8_block && sf_cuda_fp8_block_offered(c, 256, 256);
             return SF_OK;
         }
     }
