@@ -133,6 +133,14 @@ typedef struct sf_comm_ops {
      * wait for them) and its x, which only the next reduce_norm_end waits for, before its add.
      * x and u are the buffers given to reduce_norm_reserve (or the rows it took last). */
     int (*first_rows)(sf_comm *c, int rows, int dim, float *x, const float *norm, float eps, void *u);
+    /* Optional (NULL: wait): ends a unit of work (a segment), after which the caller may block
+     * on the device without looking (a download, a free). A wait where an op issued since the
+     * last wait could leave the device waiting on a rank that fails (an NCCL kernel waits for
+     * every peer); a fence where none could: the copy engines' sums make the device wait only
+     * for parts the peers' hosts have already issued (comm_exchange.h), which finish whatever
+     * becomes of those ranks later. A rank then issues the next unit while the device still
+     * runs this one's tail, instead of idling between units for its host. */
+    int (*end_unit)(sf_comm *c);
 } sf_comm_ops;
 
 struct sf_comm {
@@ -189,6 +197,9 @@ int sf_comm_group_begin(sf_comm *c);
 int sf_comm_group_end(sf_comm *c);
 int sf_comm_wait(sf_comm *c);
 int sf_comm_fence(sf_comm *c);
+/* The end of a unit of work (sf_comm_ops.end_unit): a wait or a fence, as the ops issued since
+ * the last wait require. */
+int sf_comm_end_unit(sf_comm *c);
 void sf_comm_abort(sf_comm *c, const char *why);
 /* Destroys the communicator (NULL accepted): after a wait where the ranks are healthy, an abort
  * where they are not, so that it never hangs. */

@@ -177,6 +177,7 @@ int sf_comm_group_begin(sf_comm *c) { return c->ops->group_begin(c); }
 int sf_comm_group_end(sf_comm *c) { return c->ops->group_end(c); }
 int sf_comm_wait(sf_comm *c) { return c->ops->wait(c); }
 int sf_comm_fence(sf_comm *c) { return c->ops->fence(c); }
+int sf_comm_end_unit(sf_comm *c) { return c->ops->end_unit ? c->ops->end_unit(c) : c->ops->wait(c); }
 
 void sf_comm_abort(sf_comm *c, const char *why)
 {

@@ -478,13 +478,16 @@ static int layers_forward(block *b, stream_state *const *states, sf_packet *cons
     }
     int join_rc = sf_be_side_join(b->be);
     if (rc == SF_OK) rc = join_rc;
-    /* Every rank waits (polling) for this segment's collectives: what follows may block on the
-     * device without looking (a download here or in a later stage, a free that synchronizes),
-     * and would wait forever for a rank that failed; this wait ends by the failure flag or the
-     * timeout instead. The next segment's work is issued right after, so the device idles only
-     * for that issue's first launch. One rank has no other rank to wait for: it runs ahead as the
-     * unsharded block does. */
-    if (rc == SF_OK && b->comm && b->comm->size > 1) rc = sf_comm_wait(b->comm);
+    /* What follows may block on the device without looking (a download here or in a later stage,
+     * a free that synchronizes), and would wait forever for a rank that failed if the device
+     * waited for it. Where a collective of this segment could leave it so (an NCCL kernel),
+     * every rank waits, polling, for the segment's collectives: the wait ends by the failure
+     * flag or the timeout instead. Where none could (the copy engines' sums wait only for parts
+     * the other ranks have issued), it fences: this rank goes on to the next segment while the
+     * device runs this one's tail, so that neither GPU idles between segments while the hosts
+     * turn around (sf_comm_end_unit). One rank has no other rank to wait for: it runs ahead as
+     * the unsharded block does. */
+    if (rc == SF_OK && b->comm && b->comm->size > 1) rc = sf_comm_end_unit(b->comm);
     return rc;
 }
 

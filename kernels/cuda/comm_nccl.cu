@@ -53,6 +53,8 @@ typedef struct nccl_comm {
     sf_exchange *exchange; /* the ranks as threads of this process (comm_exchange.h), or NULL */
     int copies;            /* reduce_add through the exchange's copy engines (reserved) */
     int split;             /* reduce_norm split over the ranks by the exchange (registered) */
+    long kernels;          /* NCCL calls issued since the last wait: each may leave the device
+                              waiting for a peer (end_unit) */
 } nccl_comm;
 
 static int stopped(const sf_comm *c) { return c->stop && __atomic_load_n(c->stop, __ATOMIC_ACQUIRE); }
@@ -130,17 +132,18 @@ static int enter(sf_comm *c, const char *op, sf_cuda **cuda)
 }
 
 /* Issues one NCCL call on the backend's stream and settles it. */
-#define ISSUE(c, op, call)                                      \
-    do {                                                        \
-        sf_cuda *cu_;                                           \
-        int rc_ = enter(c, op, &cu_);                           \
-        if (rc_ != SF_OK) return rc_;                           \
-        cudaStream_t stream = cu_->stream;                      \
-        ncclComm_t comm = ((nccl_comm *)(c)->impl)->comm;       \
-        ncclResult_t st_ = (call);                              \
-        (void)stream, (void)comm;                               \
-        sf_cuda_leave(cu_);                                     \
-        return settle(c, st_, op);                              \
+#define ISSUE(c, op, call)                                                                                             \
+    do {                                                                                                               \
+        sf_cuda *cu_;                                                                                                  \
+        int rc_ = enter(c, op, &cu_);                                                                                  \
+        if (rc_ != SF_OK) return rc_;                                                                                  \
+        cudaStream_t stream = cu_->stream;                                                                             \
+        ncclComm_t comm = ((nccl_comm *)(c)->impl)->comm;                                                              \
+        ncclResult_t st_ = (call);                                                                                     \
+        (void)stream, (void)comm;                                                                                      \
+        sf_cuda_leave(cu_);                                                                                            \
+        ((nccl_comm *)(c)->impl)->kernels++;                                                                           \
+        return settle(c, st_, op);                                                                                     \
     } while (0)
 
 static int nccl_all_reduce(sf_comm *c, void *buf, size_t count, sf_dtype type)
@@ -182,6 +185,7 @@ static int nccl_all_reduce_start(sf_comm *c, void *buf, size_t count, sf_dtype t
     if (rc == SF_OK) rc = sf_cuda_status(cudaStreamWaitEvent(n->side, n->start[t], 0), "all_reduce_start (order)");
     ncclResult_t st = ncclSuccess;
     if (rc == SF_OK) st = ncclAllReduce(buf, buf, count, nccl_type(type), ncclSum, n->comm, n->side);
+    if (rc == SF_OK) n->kernels++;
     sf_cuda_leave(cu);
     if (rc != SF_OK) return rc;
     /* the kernel is on the stream only once the call has settled: the mark goes behind it then */
@@ -406,7 +410,9 @@ static int nccl_wait(sf_comm *c)
     nccl_comm *n = (nccl_comm *)c->impl;
     const int i = n->marks ? !n->cur : 0; /* the slot not holding the last fence's mark */
     int rc = record(c, n->mark[i], "wait");
-    return rc == SF_OK ? wait_event(c, n->mark[i], "wait") : rc;
+    if (rc == SF_OK) rc = wait_event(c, n->mark[i], "wait");
+    if (rc == SF_OK) n->kernels = 0; /* one thread issues: all of them were before the mark */
+    return rc;
 }
 
 static int nccl_fence(sf_comm *c)
@@ -421,6 +427,15 @@ static int nccl_fence(sf_comm *c)
     n->cur = next;
     n->marks++;
     return n->marks >= 2 ? wait_event(c, n->mark[!next], "fence") : SF_OK;
+}
+
+/* end_unit (kernels/comm.h): the copy engines' sums and first rows wait on the device only for
+ * what the peers' hosts have issued (comm_exchange.cu's counts); an NCCL kernel may wait for a
+ * peer that never comes, which only the polled wait ends. */
+static int nccl_end_unit(sf_comm *c)
+{
+    nccl_comm *n = (nccl_comm *)c->impl;
+    return n->kernels ? nccl_wait(c) : nccl_fence(c);
 }
 
 static void nccl_abort(sf_comm *c, const char *why)
@@ -490,6 +505,7 @@ static const sf_comm_ops nccl_ops = {
     nccl_reduce_norm_end,
     nccl_reduce_norm_join,
     nccl_first_rows,
+    nccl_end_unit,
 };
 
 extern "C" int sf_cuda_comm_nccl_available(void) { return 1; }
