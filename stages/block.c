@@ -317,11 +317,17 @@ static int commit_layer_beside(block *b, stream_state *const *states, int count,
  * once, before anything reads, saves, replaces or drops a state. */
 static int flush_late_commit(block *b, int join)
 {
-    if (!b->late.count) return SF_OK;
-    const int count = b->late.count;
-    b->late.count = 0;
-    int rc = commit_layer_beside(b, b->late.states, count, b->count - 1, b->late.n);
-    if (rc == SF_OK && join) rc = sf_be_side_join(b->be);
+    int rc = SF_OK;
+    if (b->late.count) {
+        const int count = b->late.count;
+        b->late.count = 0;
+        b->late.unjoined = 1;
+        rc = commit_layer_beside(b, b->late.states, count, b->count - 1, b->late.n);
+    }
+    if (rc == SF_OK && join && b->late.unjoined) {
+        b->late.unjoined = 0;
+        rc = sf_be_side_join(b->be);
+    }
     return rc;
 }
 
@@ -478,6 +484,11 @@ static int layers_forward(block *b, stream_state *const *states, sf_packet *cons
     }
     int join_rc = sf_be_side_join(b->be);
     if (rc == SF_OK) rc = join_rc;
+    /* A head rank's follower downloads nothing at the end of a segment, and waits at the start
+     * of the next for rank 0's rows: its last layer's commit runs in that wait, rather than
+     * beside the next segment's first attention. Joined by the next layer 0's join, as where
+     * it is issued there, or by any flush that joins. */
+    if (rc == SF_OK && b->rank > 0 && commit) rc = flush_late_commit(b, 0);
     /* What follows may block on the device without looking (a download here or in a later stage,
      * a free that synchronizes), and would wait forever for a rank that failed if the device
      * waited for it. Where a collective of this segment could leave it so (an NCCL kernel),
