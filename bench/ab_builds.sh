@@ -4,9 +4,8 @@
 #
 #   bash bench/ab_builds.sh BUILD_A BUILD_B [MODEL]
 #
-# Each side's steady rate is taken as gpu_bench.sh takes the binary's: null sink, a 64-segment
-# and a LONG-segment run of 8192-token segments, tokens/s from the difference (start-up cancels
-# out). AB_PAIRS (default 5) pairs, A then B, alternating so that drift falls on both alike; the
+# Each side's steady rate: null sink, a 64-segment and a LONG-segment run of 8192-token segments,
+# tokens/s from the difference of the runs' own times (start-up cancels out). AB_PAIRS (default 5) pairs, A then B, alternating so that drift falls on both alike; the
 # median of B/A is the answer. MODEL: a bench_gpu_pipeline preset (default reference), made with
 # BUILD_A's bench_gpu_pipeline, so both read the same file; AB_MODEL_ARGS adds --make-model options
 # (e.g. "--heads 8": the reference model as 8 heads of 128), and the model is then made with
@@ -34,14 +33,21 @@ MODEL_FILE=$D/$MODEL$(echo "$extra" | tr -dc 'a-z0-9').st
 for segs in 64 $LONG; do
   [ -f "$D/long$segs.u32" ] || "$A/bench/bench_gpu_pipeline" --make-tokens "$D/long$segs.u32" --count $((segs * N)) --seed 4 >/dev/null
 done
+# the run's own time (--stats-json "seconds": the graph, without the process's start-up and the
+# model's loading, which spread by as much as a few hundred segments), else the wall time
 seconds() { # build segments environment
   local t0 t1
+  rm -f "$D/ab_stats.json"
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086 # the options and assignments split into words
   env $3 "$1/seqflow" run -d cuda -m "$MODEL_FILE" -i "$D/long$2.u32" -f u32 --sink-format null -q --no-progress \
-    ${AB_RUN_ARGS:-} >>"$out/ab_builds_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
+    --stats-json "$D/ab_stats.json" ${AB_RUN_ARGS:-} >>"$out/ab_builds_runs.txt" 2>&1 || echo "run failed: $1 $2" >&2
   t1=$(date +%s.%N)
-  python3 -c "print($t1 - $t0)"
+  if [ -s "$D/ab_stats.json" ]; then
+    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["seconds"])' "$D/ab_stats.json"
+  else
+    python3 -c "print($t1 - $t0)"
+  fi
 }
 rate() { # build environment
   local short long
