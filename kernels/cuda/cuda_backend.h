@@ -172,6 +172,7 @@ typedef struct sf_cuda {
     void *blas_workspace;
     size_t blas_workspace_bytes;
     pthread_mutex_t lock;
+    unsigned long long tickets, serving; /* sf_cuda_enter's turns: handed out, now served */
     sf_cuda_alloc *allocs; /* live ops->alloc buffers, for the byte count */
     int n_allocs, cap_allocs;
     sf_cuda_weight *weights;
@@ -239,6 +240,8 @@ void sf_cuda_leave(sf_cuda *c);
  * enter/leave; the stream this thread is on now, if it belongs to c. */
 void sf_cuda_set_thread_stream(sf_cuda *c, sf_cuda_stream *s);
 sf_cuda_stream *sf_cuda_thread_stream(const sf_cuda *c);
+/* Whether this thread is on some backend's side queue (cuda_enter.cu). */
+int sf_cuda_thread_on_side(void);
 /* A stream of its own with scratch of scratch_bytes and cuBLAS workspace (under the lock), and
  * their release (nothing issued to it may still run). */
 int sf_cuda_stream_create(sf_cuda *c, sf_cuda_stream *s, size_t scratch_bytes, size_t blas_workspace_bytes);
