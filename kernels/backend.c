@@ -402,15 +402,6 @@ int sf_be_download_start(sf_backend *be, void *host_dst, const void *src, size_t
 
 int sf_be_download_wait(sf_backend *be, void *ticket) { return ext_of(be)->download_wait(be, ticket); }
 
-int sf_be_mark_start(sf_backend *be, void **ticket)
-{
-    const sf_backend_ext *e = ext_of(be);
-    if (!e || !e->mark_start || !e->mark_wait) return SF_E_UNSUPPORTED;
-    return e->mark_start(be, ticket);
-}
-
-int sf_be_mark_wait(sf_backend *be, void *ticket) { return ext_of(be)->mark_wait(be, ticket); }
-
 int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host)
 {
     *scan_host = chk->state == 2;

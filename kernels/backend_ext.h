@@ -135,16 +135,6 @@ typedef struct sf_backend_ext {
      * come from another thread. NULL: never. */
     int (*download_start)(sf_backend *be, void *host_dst, const void *src, size_t bytes, void **ticket);
     int (*download_wait)(sf_backend *be, void *ticket);
-
-    /* ---- pacing ----
-     * mark_start: a mark behind everything issued so far, and a ticket for it; mark_wait(ticket)
-     * waits until the device has passed it and gives the ticket back (every ticket is waited for
-     * once). A stage that issues ahead of the device bounds how far with them: the stages after
-     * it issue their work on the same queue, behind all that it issued, so one that ran many
-     * segments ahead would hold theirs back as long. SF_E_UNSUPPORTED where no mark is free.
-     * NULL: never (the CPU runs what it issues). */
-    int (*mark_start)(sf_backend *be, void **ticket);
-    int (*mark_wait)(sf_backend *be, void *ticket);
 } sf_backend_ext;
 
 /* ---- what stages call (kernels/backend.c) ------------------------------------------------ */
@@ -215,9 +205,6 @@ int sf_be_check_rows_begin(sf_backend *be, const void *rows, sf_dtype type, size
 /* download_start and download_wait where the backend has them: SF_E_UNSUPPORTED otherwise. */
 int sf_be_download_start(sf_backend *be, void *host_dst, const void *src, size_t bytes, void **ticket);
 int sf_be_download_wait(sf_backend *be, void *ticket);
-/* mark_start and mark_wait where the backend has them: SF_E_UNSUPPORTED otherwise. */
-int sf_be_mark_start(sf_backend *be, void **ticket);
-int sf_be_mark_wait(sf_backend *be, void *ticket);
 int sf_be_check_rows_end(sf_backend *be, sf_rows_check *chk, int *scan_host);
 /* Whether stages keep rows in backend memory between them: never on the CPU (host memory is
  * backend memory there), else the backend's device_rows, else yes. */

@@ -473,8 +473,6 @@ static int check_layer_rows(const block *b, sf_packet *const *packets, int count
 
 /* Every layer over the stacked segments, then the side queue joined: what follows (the
  * download, the next stage, a save) may read anything the layers wrote. */
-static int pace(block *b);
-
 static int layers_forward(block *b, stream_state *const *states, sf_packet *const *packets, int count, int n,
                           int commit)
 {
@@ -501,24 +499,7 @@ static int layers_forward(block *b, stream_state *const *states, sf_packet *cons
      * turn around (sf_comm_end_unit). One rank has no other rank to wait for: it runs ahead as
      * the unsharded block does. */
     if (rc == SF_OK && b->comm && b->comm->size > 1) rc = sf_comm_end_unit(b->comm);
-    else if (rc == SF_OK)
-        rc = pace(b);
     return rc;
-}
-
-/* Keeps one rank at most one segment ahead of its device: the stages after the block issue on
- * the same queue, behind everything it issued, and the final norm, whose thread waits for each
- * segment's download before it takes the next, would fall further behind with every segment
- * the block ran ahead, until their link filled and the device idled for a whole download while
- * the block waited for room (bench/RESULTS.md: 0.68 ms every fourth segment or so). */
-static int pace(block *b)
-{
-    void *prev = b->ahead;
-    b->ahead = NULL;
-    int rc = sf_be_mark_start(b->be, &b->ahead);
-    if (rc == SF_E_UNSUPPORTED) rc = SF_OK, b->ahead = NULL;
-    const int waited = prev ? sf_be_mark_wait(b->be, prev) : SF_OK;
-    return rc == SF_OK ? waited : rc;
 }
 
 int sf_block_follow(block *b, const block_work *w)
@@ -763,8 +744,6 @@ static int block_restore(sf_stage *st, const uint8_t *data, size_t len)
 
 void sf_block_release(block *b)
 {
-    if (b->ahead) sf_be_mark_wait(b->be, b->ahead);
-    b->ahead = NULL;
     for (int i = 0; i < b->n_pending; i++) sf_packet_free(b->pending[i]);
     b->n_pending = 0;
     sf_block_state_free(b);

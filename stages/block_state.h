@@ -90,9 +90,6 @@ typedef struct block {
      * (with an even layer count the two use different sets): `late` holds it until then, or
      * until anything reads or drops a stream's state (flush_late_commit in block.c). */
     int defer_commit;
-    /* a mark behind the last segment issued (sf_be_mark_start), which the next segment's end
-     * waits for: unsharded, the block stays at most one segment ahead of the device. NULL: none */
-    void *ahead;
     struct {
         stream_state *states[SF_BLOCK_MAX_BATCH];
         int count, n; /* count 0: none waiting */

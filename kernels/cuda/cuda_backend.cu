@@ -522,7 +522,6 @@ static void release(sf_cuda *c)
     if (c->finite_flags) cudaFreeHost(c->finite_flags);
     for (int i = 0; i < SF_CUDA_FINITE_FLAGS; i++)
         if (c->finite_done[i]) cudaEventDestroy(c->finite_done[i]);
-    sf_cuda_marks_destroy(c);
     if (c->side_start) cudaEventDestroy(c->side_start);
     if (c->side_done) cudaEventDestroy(c->side_done);
     if (c->blas) cublasDestroy(c->blas);
@@ -653,8 +652,6 @@ static const sf_backend_ext cuda_ext = {
     .warmup = cuda_warmup,
     .download_start = cuda_download_start,
     .download_wait = cuda_download_wait,
-    .mark_start = sf_cuda_mark_start,
-    .mark_wait = sf_cuda_mark_wait,
 };
 
 static const sf_backend_ops cuda_ops = {
@@ -799,7 +796,6 @@ extern "C" int sf_cuda_backend_init(sf_backend *be, int device, const char *sett
         rc = sf_cuda_status(cudaHostGetDevicePointer((void **)&c->finite_flags_dev, c->finite_flags, 0), "mapped flags");
     for (int i = 0; i < SF_CUDA_FINITE_FLAGS && rc == SF_OK; i++)
         rc = sf_cuda_status(cudaEventCreateWithFlags(&c->finite_done[i], cudaEventDisableTiming), "event");
-    if (rc == SF_OK) rc = sf_cuda_marks_create(c);
     int major = 0, minor = 0;
     if (rc == SF_OK)
         rc = sf_cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "attribute");

@@ -6,7 +6,9 @@
  *
  * Threads: the stages of one graph share its backend from several threads. Every op issues
  * its launches under the backend's lock onto the one compute stream, so ops never interleave
- * inside the stream and shared scratch is safe; download and sync wait outside the lock.
+ * inside the stream and shared scratch is safe; download and sync wait outside the lock. The
+ * threads take the lock in the order they asked for it (cuda_enter.cu), so one thread's
+ * stream of launches never holds another's single call back.
  *
  * Memory: ops->alloc is cudaMalloc (counted, see sf_cuda_backend_memory); the bf16 weight
  * copies (prepare_weight_group) and the scratch (reserve) are counted too. Ops allocate nothing.
@@ -60,8 +62,6 @@ int sf_cuda_backend_plans(const sf_backend *be, sf_cuda_plans *out);
 #endif
 
 /* ---- internal, shared by the .cu files of kernels/cuda ------------------------------------- */
-#define SF_CUDA_MARKS 16 /* marks in flight at once (backend_ext.h): one or two a stage that paces itself */
-
 #ifdef __CUDACC__
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -155,8 +155,6 @@ typedef struct sf_cuda {
     cudaEvent_t finite_done[SF_CUDA_FINITE_FLAGS]; /* recorded behind each call's kernel */
     unsigned char finite_busy[SF_CUDA_FINITE_FLAGS]; /* begun, not yet ended (under the lock) */
     unsigned finite_next;
-    cudaEvent_t marks[SF_CUDA_MARKS];       /* mark_start's events (backend_ext.h) */
-    unsigned char mark_busy[SF_CUDA_MARKS]; /* started, not yet waited for (under the lock) */
     sf_cuda_device_info info; /* compute capability, asked once at init: the kernels are picked by it */
     sf_precision precision;
     sf_cuda_settings settings; /* parsed once at init; read-only afterwards */
@@ -398,11 +396,6 @@ int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float 
 /* The non-finite scan (elementwise.cu): begin issues a kernel over x on the thread's stream and
  * an event behind it; end waits for that event and reads the flag. */
 int sf_cuda_non_finite_begin(sf_backend *be, const void *x, sf_dtype type, size_t count, int *ticket);
-/* marks.cu: the marks' events, made with the backend and destroyed with it (NULL ones skipped) */
-int sf_cuda_marks_create(sf_cuda *c);
-void sf_cuda_marks_destroy(sf_cuda *c);
-int sf_cuda_mark_start(sf_backend *be, void **ticket);
-int sf_cuda_mark_wait(sf_backend *be, void *ticket);
 int sf_cuda_non_finite_end(sf_backend *be, int ticket, int *found);
 int sf_cuda_rmsnorm_typed(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps,
                           sf_dtype otype, void *y);
