@@ -47,6 +47,65 @@ int sf_cublas_status(cublasStatus_t st, const char *what)
     return sf_error(SF_E_BACKEND, "cuBLAS: %s: %s", what, cublasGetStatusString(st));
 }
 
+/* The stream this thread issues to (side_begin .. side_end), if any, and the backend it
+ * belongs to. */
+static thread_local sf_cuda *stream_owner;
+static thread_local sf_cuda_stream *stream_of_thread;
+
+void sf_cuda_set_thread_stream(sf_cuda *c, sf_cuda_stream *s)
+{
+    stream_owner = s ? c : NULL;
+    stream_of_thread = s;
+}
+
+sf_cuda_stream *sf_cuda_thread_stream(const sf_cuda *c) { return stream_owner == c ? stream_of_thread : NULL; }
+
+/* The early_launch setting of the backend this thread last entered: the kernels launched
+ * through sf_cuda_launch_early read it there, since their entry points (the attention
+ * kernels among them) take a stream, not the backend. Kernels called outside any backend
+ * (benchmarks of one kernel) launch early, the default. */
+static thread_local int early_launch_of_thread = 1;
+
+int sf_cuda_early_launch(void) { return early_launch_of_thread; }
+
+/* Exchanges the main stream, scratch, cuBLAS workspace and widened copies with q's (under the
+ * lock). cublasSetStream drops the handle's workspace, so it is set again right after. */
+static int swap_stream(sf_cuda *c, sf_cuda_stream *q)
+{
+    sf_cuda_stream main_q = {c->stream,  c->scratch,      c->scratch_bytes, c->blas_workspace, c->blas_workspace_bytes,
+                             c->widened, c->widened_bytes};
+    c->stream = q->stream, c->scratch = q->scratch, c->scratch_bytes = q->scratch_bytes;
+    c->blas_workspace = q->blas_workspace, c->blas_workspace_bytes = q->blas_workspace_bytes;
+    c->widened = q->widened, c->widened_bytes = q->widened_bytes;
+    *q = main_q;
+    c->swapped = c->swapped ? NULL : q;
+    int rc = sf_cublas_status(cublasSetStream(c->blas, c->stream), "cublasSetStream");
+    if (rc == SF_OK)
+        rc = sf_cublas_status(cublasSetWorkspace(c->blas, c->blas_workspace, c->blas_workspace_bytes),
+                              "cublasSetWorkspace");
+    return rc;
+}
+
+int sf_cuda_enter(sf_cuda *c)
+{
+    pthread_mutex_lock(&c->lock);
+    /* the current device is per host thread, and stage threads come and go */
+    int rc = sf_cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
+    early_launch_of_thread = c->settings.early_launch;
+    if (rc == SF_OK && stream_owner == c) rc = swap_stream(c, stream_of_thread);
+    if (rc != SF_OK) {
+        if (c->swapped) swap_stream(c, c->swapped);
+        pthread_mutex_unlock(&c->lock);
+    }
+    return rc;
+}
+
+void sf_cuda_leave(sf_cuda *c)
+{
+    if (c->swapped) swap_stream(c, c->swapped);
+    pthread_mutex_unlock(&c->lock);
+}
+
 static void count_bytes(sf_cuda *c, size_t add, size_t sub)
 {
     c->allocated = c->allocated + add - sub;
@@ -364,8 +423,7 @@ static int cuda_side_begin(sf_backend *be)
 {
     sf_cuda *c = sf_cuda_of(be);
     if (!c->side.stream || sf_cuda_thread_stream(c) == &c->side) return SF_OK;
-    if (sf_cuda_thread_on_side())
-        return sf_error(SF_E_INVAL, "side_begin: this thread is on another backend's side queue");
+    if (stream_owner) return sf_error(SF_E_INVAL, "side_begin: this thread is on another backend's side queue");
     int rc = sf_cuda_enter(c);
     if (rc != SF_OK) return rc;
     rc = sf_cuda_status(cudaEventRecord(c->side_start, c->stream), "side_begin (record)");

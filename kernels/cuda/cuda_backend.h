@@ -6,9 +6,7 @@
  *
  * Threads: the stages of one graph share its backend from several threads. Every op issues
  * its launches under the backend's lock onto the one compute stream, so ops never interleave
- * inside the stream and shared scratch is safe; download and sync wait outside the lock. The
- * threads take the lock in the order they asked for it (cuda_enter.cu), so one thread's
- * stream of launches never holds another's single call back.
+ * inside the stream and shared scratch is safe; download and sync wait outside the lock.
  *
  * Memory: ops->alloc is cudaMalloc (counted, see sf_cuda_backend_memory); the bf16 weight
  * copies (prepare_weight_group) and the scratch (reserve) are counted too. Ops allocate nothing.
@@ -170,7 +168,6 @@ typedef struct sf_cuda {
     void *blas_workspace;
     size_t blas_workspace_bytes;
     pthread_mutex_t lock;
-    unsigned long long tickets, serving; /* sf_cuda_enter's turns: handed out, now served */
     sf_cuda_alloc *allocs; /* live ops->alloc buffers, for the byte count */
     int n_allocs, cap_allocs;
     sf_cuda_weight *weights;
@@ -238,8 +235,6 @@ void sf_cuda_leave(sf_cuda *c);
  * enter/leave; the stream this thread is on now, if it belongs to c. */
 void sf_cuda_set_thread_stream(sf_cuda *c, sf_cuda_stream *s);
 sf_cuda_stream *sf_cuda_thread_stream(const sf_cuda *c);
-/* Whether this thread is on some backend's side queue (cuda_enter.cu). */
-int sf_cuda_thread_on_side(void);
 /* A stream of its own with scratch of scratch_bytes and cuBLAS workspace (under the lock), and
  * their release (nothing issued to it may still run). */
 int sf_cuda_stream_create(sf_cuda *c, sf_cuda_stream *s, size_t scratch_bytes, size_t blas_workspace_bytes);
