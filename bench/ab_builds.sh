@@ -5,8 +5,9 @@
 #   bash bench/ab_builds.sh BUILD_A BUILD_B [MODEL]
 #
 # Each side's steady rate: null sink, a 64-segment and a LONG-segment run of 8192-token segments,
-# tokens/s from the difference of the runs' own times (start-up cancels out). AB_PAIRS (default 5) pairs, A then B, alternating so that drift falls on both alike; the
-# median of B/A is the answer. MODEL: a bench_gpu_pipeline preset (default reference), made with
+# tokens/s from the difference of the runs' own times (start-up cancels out). AB_PAIRS (default
+# 5) pairs, A then B, alternating so that drift falls on both alike; the median of B/A is the
+# answer. MODEL: a bench_gpu_pipeline preset (default reference), made with
 # BUILD_A's bench_gpu_pipeline, so both read the same file; AB_MODEL_ARGS adds --make-model options
 # (e.g. "--heads 8": the reference model as 8 heads of 128), and the model is then made with
 # BUILD_B's, whose options an older A may lack. AB_RUN_ARGS adds `seqflow run` options to both
