@@ -7,7 +7,8 @@
 # arguments are VAR=VALUE settings for the run; TIMELINE_PIPELINE a pipeline instead of the
 # binary's own; TIMELINE_MODEL a bench_gpu_pipeline preset instead of reference (e.g. attention);
 # TIMELINE_ARGS more arguments for `seqflow run` (e.g. "--gpus 2": then one summary a device,
-# TIMELINE_PER naming a kernel that runs once a segment on every device).
+# TIMELINE_PER naming a kernel that runs once a segment; a device without it counts the
+# segments by the others').
 #
 #   bash bench/gpu_timeline.sh BUILD_DIR [VAR=VALUE ...]
 #

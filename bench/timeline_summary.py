@@ -10,9 +10,10 @@ start-up and the last segments fall out): the window's length, how much of it so
 each stream's kernel time, and the top kernels by total time; and, from the CSV, the copies
 between host and device (rows named "[memcpy KIND BYTES]") by direction: how long a copy ran a
 segment (the union of the copies' intervals), bytes, and the rate while copying. --per names a
-kernel that runs once per segment (default: 'embed'), to report everything per segment. --device N keeps the kernels and
-copies of device N (a CSV with a device column: one process driving several GPUs); the host
-calls stay."""
+kernel that runs once per segment (default: 'embed'), to report everything per segment (a device
+that runs none counts the segments by the other devices' in the same window). --device N keeps
+the kernels and copies of device N (a CSV with a device column: one process driving several
+GPUs); the host calls stay."""
 import csv
 import re
 import sqlite3
@@ -31,10 +32,14 @@ def main():
     per = sys.argv[sys.argv.index("--per") + 1] if "--per" in sys.argv else "embed"
     device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else None
     copies, apis = [], []
+    per_anywhere = []  # starts of the --per kernel on any device: a device without it (a head
+                       # rank's other GPU runs no embedding) counts the segments of the others
     if path.endswith(".csv"):
         with open(path) as f:
-            rows = sorted((int(r["start"]), int(r["end"]), int(r["stream"]), r["name"]) for r in csv.DictReader(f)
-                          if device is None or r["name"].startswith("[api") or (r.get("device") or device) == device)
+            every = [(int(r["start"]), int(r["end"]), int(r["stream"]), r["name"], r.get("device") or device)
+                     for r in csv.DictReader(f)]
+        per_anywhere = sorted(r[0] for r in every if per in r[3] and not r[3].startswith("["))
+        rows = sorted(r[:4] for r in every if device is None or r[3].startswith("[api") or r[4] == device)
         copies = [r for r in rows if r[3].startswith("[memcpy")]
         apis = [r for r in rows if r[3].startswith("[api")]
         rows = [r for r in rows if not r[3].startswith("[memcpy") and not r[3].startswith("[api")]
@@ -50,7 +55,7 @@ def main():
     lo, hi = starts[int(0.20 * len(starts))], starts[int(0.95 * len(starts)) - 1]
     ks = [(s, e, st, short_name(names.get(n, str(n)))) for s, e, st, n in rows if lo <= s <= hi]
     window = max(e for _, e, _, _ in ks) - lo
-    segments = sum(1 for k in ks if per in k[3]) or 1
+    segments = sum(1 for k in ks if per in k[3]) or sum(1 for t in per_anywhere if lo <= t <= hi) or 1
     busy, gaps, cur_s, cur_e, last = 0, [], None, None, None
     long_gaps = []  # (start, end) of idle gaps of 50 us and more
     gap_at = defaultdict(lambda: [0, 0])  # (kernel that ended last, kernel that starts) -> count, ns
