@@ -321,14 +321,10 @@ static int flush_late_commit(block *b, int join)
     if (b->late.count) {
         const int count = b->late.count;
         b->late.count = 0;
-        b->late.unjoined = 1;
         rc = commit_layer_beside(b, b->late.states, count, b->count - 1, b->late.n);
     }
-    if (rc == SF_OK && join && b->late.unjoined) {
-        b->late.unjoined = 0;
-        rc = sf_be_side_join(b->be);
-    }
-    return rc;
+    /* joined whether issued now or before (a follower's, at its segment's end) */
+    return rc == SF_OK && join ? sf_be_side_join(b->be) : rc;
 }
 
 /* The commits deferred to layer l, issued after its qkv: the previous layer's (the attention

@@ -93,8 +93,6 @@ typedef struct block {
     struct {
         stream_state *states[SF_BLOCK_MAX_BATCH];
         int count, n; /* count 0: none waiting */
-        int unjoined; /* issued early (a head rank's follower, at its segment's end) and not
-                         yet joined by a flush that joins */
     } late;
     sf_stream_table streams;
     /* with state_budget: every stream's state lives in the store between packets, and the one
