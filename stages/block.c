@@ -196,6 +196,7 @@ static int block_init(sf_stage *st)
     block *b = calloc(1, sizeof *b);
     if (!b) return sf_error(SF_E_NOMEM, "out of memory");
     sf_stage_set_priv(st, b);
+    b->stage = st;
     b->cfg = sf_model_get_config(m);
     b->be = sf_stage_backend(st);
     const sf_model_config *c = b->cfg;
@@ -603,6 +604,29 @@ static int download_checked(const block *b, sf_packet *p, const float *dev)
     return sf_packet_check_finite(p, where);
 }
 
+/* Split sums (rank 0): a segment's packet waits here, its last sums ended and not joined, until
+ * the next segment's first rows are out to the other ranks. Joined at once, they would put in
+ * front of that (on this GPU's stream, and so in the others' wait for those rows at every
+ * segment's start) the wait for the other ranks' slices of the rows and the next stages'
+ * kernels on this packet (the final norm). Here the next segment's first norm and its
+ * attention go first, and the join and this packet's next stages follow. Emitted before the
+ * next segment's first sum (stages/block_sums.c), and wherever anything else may follow: the
+ * input idle, a flush, a save, another packet's emit. */
+int sf_block_emit_held(block *b)
+{
+    int rc = SF_OK;
+    for (int j = 0; j < b->n_tail && rc == SF_OK; j++) rc = sf_comm_reduce_norm_join(b->comm, b->tail[j].ticket);
+    b->n_tail = 0;
+    sf_packet *p = b->held;
+    b->held = NULL;
+    if (!p) return rc;
+    if (rc != SF_OK) {
+        sf_packet_free(p);
+        return rc;
+    }
+    return sf_stage_emit(b->stage, p);
+}
+
 /* Runs the waiting segments as one batch and emits them in arrival order. A lone segment runs
  * as any other, in place: stacking it would only add two copies of its rows. */
 static int run_pending(sf_stage *st)
@@ -645,12 +669,19 @@ static int block_flush(sf_stage *st)
 {
     block *b = sf_stage_priv(st);
     if (follows(b)) return SF_OK;
-    int rc = run_pending(st);
+    int rc = sf_block_emit_held(b);
+    if (rc == SF_OK) rc = run_pending(st);
     if (rc == SF_OK && b->shard) rc = sf_block_shard_flush(b);
     int late_rc = flush_late_commit(b, 1);
     rc = sf_block_shard_check(b, rc == SF_OK ? late_rc : rc);
     if (rc == SF_OK) sf_block_shard_end(b); /* the end of the other processes' work */
     return rc;
+}
+
+static int block_idle(sf_stage *st)
+{
+    block *b = sf_stage_priv(st);
+    return b->held ? sf_block_shard_check(b, sf_block_emit_held(b)) : SF_OK;
 }
 
 static int block_process(sf_stage *st, sf_packet *in)
@@ -663,6 +694,11 @@ static int block_process(sf_stage *st, sf_packet *in)
                                     "only a sink takes bf16 rows");
     }
     if (batchable(b, in)) {
+        int rc = sf_block_emit_held(b);
+        if (rc != SF_OK) {
+            sf_packet_free(in);
+            return sf_block_shard_check(b, rc);
+        }
         b->pending[b->n_pending++] = in;
         return sf_block_shard_check(b, b->n_pending == b->batch ? run_pending(st) : SF_OK);
     }
@@ -696,7 +732,10 @@ static int run_one(sf_stage *st, sf_packet *in)
         float *host_rows_x = b->x;
         if (in->dev) b->x = in->dev;
         else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
+        /* rows that stay on the device may wait for their last sums (sf_block_emit_held) */
+        b->hold_tail = b->split && b->rank == 0 && in->dev && b->batch <= 1 && !(in->flags & SF_PACKET_FINAL);
         if (rc == SF_OK) rc = layers_forward(b, &s, &in, 1, (int)in->n, commit);
+        b->hold_tail = 0;
         if (rc == SF_OK && !in->dev) rc = download_checked(b, in, b->x);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
@@ -708,6 +747,15 @@ static int run_one(sf_stage *st, sf_packet *in)
         rc = sf_state_store_remove(b->store, in->stream);
         if (b->work_stream == in->stream) b->work_current = 0;
     }
+    if (rc == SF_OK && b->n_tail) { /* this packet waits for the next (sf_block_emit_held) */
+        rc = sf_block_emit_held(b); /* a previous one, if still held */
+        if (rc == SF_OK)
+            b->held = in;
+        else
+            sf_packet_free(in);
+        return rc;
+    }
+    if (rc == SF_OK) rc = sf_block_emit_held(b);
     if (rc != SF_OK) {
         sf_packet_free(in);
         return rc;
@@ -722,7 +770,8 @@ static int block_save(sf_stage *st, sf_buffer *out)
 {
     block *b = sf_stage_priv(st);
     if (follows(b)) return sf_error(SF_E_STATE, "a following head rank's state is saved by head rank 0");
-    int rc = run_pending(st);
+    int rc = sf_block_emit_held(b);
+    if (rc == SF_OK) rc = run_pending(st);
     if (rc == SF_OK) rc = flush_late_commit(b, 1);
     /* head-parallel: every rank's state, in the layout of stages/block_shard.c */
     if (rc == SF_OK) rc = b->shard ? sf_block_shard_save(b, out) : sf_block_state_save(b, out);
@@ -742,6 +791,8 @@ void sf_block_release(block *b)
 {
     for (int i = 0; i < b->n_pending; i++) sf_packet_free(b->pending[i]);
     b->n_pending = 0;
+    sf_packet_free(b->held); /* a run that failed or was cut short */
+    b->held = NULL;
     sf_block_state_free(b);
     sf_backend *be = b->be;
     for (int l = 0; b->weights && l < b->count; l++) {
@@ -780,4 +831,5 @@ const sf_stage_class sf_block_stage = {
     .restore = block_restore,
     .free = block_free,
     .device_rows = 1,
+    .idle = block_idle,
 };
