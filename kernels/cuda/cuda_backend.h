@@ -386,6 +386,17 @@ int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows
  * (e.g. other GPUs' memory with peer access). weight NULL: the add alone (u untouched). */
 int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim, float *rows, const float *weight,
                            float eps, __nv_bfloat16 *u, __nv_bfloat16 *const *also, int n_also, cudaStream_t stream);
+/* The same with the kernel's shape given: rows_per_warp rows a warp (gridDim.x * warps_per_block
+ * apart), warps_per_block, and prefetch (a warp loads its next row before it stores this one).
+ * For the lab's comparison (bench/lab/bench_cuda_add_norm_peer.cu); sf_cuda_add_parts_norm takes
+ * {1, 8, 0} without copies and SF_CUDA_ADD_NORM_PEER_SHAPE with them, what measured fastest there. */
+typedef struct sf_cuda_add_norm_shape {
+    int rows_per_warp, warps_per_block, prefetch;
+} sf_cuda_add_norm_shape;
+#define SF_CUDA_ADD_NORM_PEER_SHAPE (sf_cuda_add_norm_shape{2, 8, 1})
+int sf_cuda_add_parts_norm_shaped(const void *const *parts, int nparts, int n, int dim, float *rows,
+                                  const float *weight, float eps, __nv_bfloat16 *u, __nv_bfloat16 *const *also,
+                                  int n_also, sf_cuda_add_norm_shape shape, cudaStream_t stream);
 void sf_cuda_drop_weight(sf_cuda *c, const void *w); /* under the lock */
 int sf_cuda_rmsnorm(sf_backend *be, int n, int dim, const float *x, const float *weight, float eps, float *y);
 /* The non-finite scan (elementwise.cu): begin issues a kernel over x on the thread's stream and

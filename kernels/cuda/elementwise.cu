@@ -517,87 +517,144 @@ int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows
     return sf_cuda_launched("add");
 }
 
-/* add_parts_bf16 then rmsnorm_warp_kernel in one pass, one warp a row: rows[r] += the sum of N
- * bf16 parts' row r (the same order and roundings as add_parts_bf16), then u[r] = the row's
- * norm rounded to bf16 (the same sums as rmsnorm_warp_kernel: the lanes hold the same columns
- * and the columns past dim add zeros), so the result is bit-identical to the two kernels while
- * the rows are read once; the normed rows also go to `also` (other GPUs' buffers, through peer
- * access: no copy to wait for after the kernel). Rows of a multiple of 4 floats up to 4 * 32 *
- * VECS wide, every pointer 16-byte aligned and the parts' rows dim bf16 apart. */
+/* add_parts_bf16 then rmsnorm_warp_kernel in one pass, a warp a row at a time: rows[r] += the
+ * sum of N bf16 parts' row r (the same order and roundings as add_parts_bf16), then u[r] = the
+ * row's norm rounded to bf16 (the same sums as rmsnorm_warp_kernel: the lanes hold the same
+ * columns and the columns past dim add zeros), so the result is bit-identical to the two kernels
+ * while the rows are read once; the normed rows also go to `also` (other GPUs' buffers, through
+ * peer access: no copy to wait for after the kernel). Rows of a multiple of 4 floats up to 4 *
+ * 32 * VECS wide, every pointer 16-byte aligned and the parts' rows dim bf16 apart.
+ *
+ * A warp takes rows gridDim.x * 8 apart, loading its next row before it stores this one: stores
+ * to another GPU drain at the link's rate, far below the local memory's, and a warp that only
+ * had its one row would leave the link idle while all of them load, then the memory idle while
+ * all of them store (the kernel took the sum of both times). */
 struct normed_copies {
     __nv_bfloat16 *p[SF_CUDA_ADD_PARTS_MAX];
     int n;
 };
 
+template <int N, int VECS> struct add_norm_row {
+    float4 x[VECS];
+    uint2 part[N][VECS];
+};
+
 template <int N, int VECS>
+__device__ static inline void add_norm_load(add_norm_row<N, VECS> &in, const float *row, const add_parts_args &ps,
+                                            size_t row_index, int dim, int lane)
+{
+#pragma unroll
+    for (int p = 0; p < VECS; p++) {
+        const int j = 4 * (lane + 32 * p);
+        if (j >= dim) continue;
+#pragma unroll
+        for (int q = 0; q < N; q++)
+            in.part[q][p] =
+                *reinterpret_cast<const uint2 *>(static_cast<const __nv_bfloat16 *>(ps.p[q]) + row_index * dim + j);
+        in.x[p] = *reinterpret_cast<const float4 *>(row + j);
+    }
+}
+
+template <int N, int VECS, bool PREFETCH>
 __global__ static void add_parts_norm_kernel(int n, int dim, float *rows, add_parts_args ps, const float *weight,
                                              float eps, __nv_bfloat16 *u, normed_copies also)
 {
     const int lane = threadIdx.x % 32;
-    const size_t row_index = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+    size_t row_index = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row_index >= (size_t)n) return;
-    float *row = rows + row_index * dim;
-    float4 v[VECS];
-    double ss = 0;
+    add_norm_row<N, VECS> in; /* PREFETCH: the next row's loads */
+    if (PREFETCH) add_norm_load(in, rows + row_index * dim, ps, row_index, dim, lane);
+    for (;;) {
+        float *row = rows + row_index * dim;
+        float4 v[VECS];
+        double ss = 0;
 #pragma unroll
-    for (int p = 0; p < VECS; p++) {
-        const int j = 4 * (lane + 32 * p);
-        if (j < dim) {
-            float s[4];
+        for (int p = 0; p < VECS; p++) {
+            const int j = 4 * (lane + 32 * p);
+            if (j < dim) {
+                float s[4];
 #pragma unroll
-            for (int q = 0; q < N; q++) {
-                const uint2 raw =
-                    *reinterpret_cast<const uint2 *>(static_cast<const __nv_bfloat16 *>(ps.p[q]) + row_index * dim + j);
-                const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.x));
-                const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.y));
-                s[0] = q ? s[0] + lo.x : lo.x, s[1] = q ? s[1] + lo.y : lo.y;
-                s[2] = q ? s[2] + hi.x : hi.x, s[3] = q ? s[3] + hi.y : hi.y;
+                for (int q = 0; q < N; q++) {
+                    const uint2 raw = PREFETCH ? in.part[q][p]
+                                               : *reinterpret_cast<const uint2 *>(
+                                                     static_cast<const __nv_bfloat16 *>(ps.p[q]) + row_index * dim + j);
+                    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.x));
+                    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.y));
+                    s[0] = q ? s[0] + lo.x : lo.x, s[1] = q ? s[1] + lo.y : lo.y;
+                    s[2] = q ? s[2] + hi.x : hi.x, s[3] = q ? s[3] + hi.y : hi.y;
+                }
+                v[p] = PREFETCH ? in.x[p] : *reinterpret_cast<const float4 *>(row + j);
+                v[p].x += s[0], v[p].y += s[1], v[p].z += s[2], v[p].w += s[3];
+            } else {
+                v[p] = make_float4(0, 0, 0, 0);
             }
-            v[p] = *reinterpret_cast<const float4 *>(row + j);
-            v[p].x += s[0], v[p].y += s[1], v[p].z += s[2], v[p].w += s[3];
-            *reinterpret_cast<float4 *>(row + j) = v[p];
-        } else {
-            v[p] = make_float4(0, 0, 0, 0);
+            ss += (double)v[p].x * v[p].x + (double)v[p].y * v[p].y + (double)v[p].z * v[p].z + (double)v[p].w * v[p].w;
         }
-        ss += (double)v[p].x * v[p].x + (double)v[p].y * v[p].y + (double)v[p].z * v[p].z + (double)v[p].w * v[p].w;
-    }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
-    __nv_bfloat16 *dst = u + row_index * dim;
+        const size_t next = row_index + warps;
+        if (PREFETCH && next < (size_t)n) add_norm_load(in, rows + next * dim, ps, next, dim, lane); /* in flight */
 #pragma unroll
-    for (int p = 0; p < VECS; p++) {
-        int j = 4 * (lane + 32 * p);
-        if (j >= dim) continue;
-        float4 w = *reinterpret_cast<const float4 *>(weight + j);
-        const float4 o = make_float4(v[p].x * r * w.x, v[p].y * r * w.y, v[p].z * r * w.z, v[p].w * r * w.w);
-        store4(dst, j, o);
-        for (int c = 0; c < also.n; c++) store4(also.p[c] + row_index * dim, j, o);
+        for (int p = 0; p < VECS; p++) {
+            const int j = 4 * (lane + 32 * p);
+            if (j < dim) *reinterpret_cast<float4 *>(row + j) = v[p];
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        float r = (float)(1.0 / sqrt(ss / dim + (double)eps));
+        __nv_bfloat16 *dst = u + row_index * dim;
+#pragma unroll
+        for (int p = 0; p < VECS; p++) {
+            int j = 4 * (lane + 32 * p);
+            if (j >= dim) continue;
+            float4 w = *reinterpret_cast<const float4 *>(weight + j);
+            const float4 o = make_float4(v[p].x * r * w.x, v[p].y * r * w.y, v[p].z * r * w.z, v[p].w * r * w.w);
+            store4(dst, j, o);
+            for (int c = 0; c < also.n; c++) store4(also.p[c] + row_index * dim, j, o);
+        }
+        if (next >= (size_t)n) break;
+        row_index = next;
     }
 }
 
-template <int VECS>
-static void launch_add_parts_norm(int nparts, unsigned grid, cudaStream_t stream, int n, int dim, float *rows,
-                                  const add_parts_args &ps, const float *weight, float eps, __nv_bfloat16 *u,
-                                  const normed_copies &also)
+template <int VECS, bool PREFETCH>
+static void launch_add_parts_norm(int nparts, unsigned grid, int threads, cudaStream_t stream, int n, int dim,
+                                  float *rows, const add_parts_args &ps, const float *weight, float eps,
+                                  __nv_bfloat16 *u, const normed_copies &also)
 {
     switch (nparts) {
     case 1:
-        add_parts_norm_kernel<1, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
+        add_parts_norm_kernel<1, VECS, PREFETCH><<<grid, threads, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
         break;
     case 2:
-        add_parts_norm_kernel<2, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
+        add_parts_norm_kernel<2, VECS, PREFETCH><<<grid, threads, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
         break;
-    default: add_parts_norm_kernel<4, VECS><<<grid, ROW_THREADS, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
+    default:
+        add_parts_norm_kernel<4, VECS, PREFETCH><<<grid, threads, 0, stream>>>(n, dim, rows, ps, weight, eps, u, also);
     }
 }
 
-int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim, float *rows, const float *weight,
-                           float eps, __nv_bfloat16 *u, __nv_bfloat16 *const *also, int n_also, cudaStream_t stream)
+template <bool PREFETCH>
+static void launch_add_parts_norm(int vecs, int nparts, unsigned grid, int threads, cudaStream_t stream, int n, int dim,
+                                  float *rows, const add_parts_args &ps, const float *weight, float eps,
+                                  __nv_bfloat16 *u, const normed_copies &also)
 {
+    if (vecs == 8)
+        launch_add_parts_norm<8, PREFETCH>(nparts, grid, threads, stream, n, dim, rows, ps, weight, eps, u, also);
+    else
+        launch_add_parts_norm<16, PREFETCH>(nparts, grid, threads, stream, n, dim, rows, ps, weight, eps, u, also);
+}
+
+int sf_cuda_add_parts_norm_shaped(const void *const *parts, int nparts, int n, int dim, float *rows,
+                                  const float *weight, float eps, __nv_bfloat16 *u, __nv_bfloat16 *const *also,
+                                  int n_also, sf_cuda_add_norm_shape shape, cudaStream_t stream)
+{
+    const int rows_per_warp = shape.rows_per_warp, threads = shape.warps_per_block * 32;
+    if (shape.warps_per_block < 1 || shape.warps_per_block > 32)
+        return sf_error(SF_E_INVAL, "cuda add and norm: %d warps a block", shape.warps_per_block);
     if (nparts < 1 || nparts > SF_CUDA_ADD_PARTS_MAX)
         return sf_error(SF_E_INVAL, "cuda add and norm: %d parts", nparts);
     if (n_also < 0 || n_also > SF_CUDA_ADD_PARTS_MAX)
         return sf_error(SF_E_INVAL, "cuda add and norm: %d copies", n_also);
+    if (rows_per_warp < 1) return sf_error(SF_E_INVAL, "cuda add and norm: %d rows a warp", rows_per_warp);
     if (n <= 0 || dim <= 0) return SF_OK;
     if (!weight) return sf_cuda_add_parts(parts, nparts, (size_t)n * dim, rows, 1, stream);
     add_parts_args ps = {};
@@ -616,12 +673,24 @@ int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim,
                                 "add and norm (copy)");
         return rc;
     }
-    const unsigned grid = (unsigned)((n + ROW_THREADS / 32 - 1) / (ROW_THREADS / 32));
-    if (dim <= 4 * 32 * 8)
-        launch_add_parts_norm<8>(nparts, grid, stream, n, dim, rows, ps, weight, eps, u, cs);
+    const long long per_block = (long long)shape.warps_per_block * rows_per_warp;
+    const unsigned grid = (unsigned)((n + per_block - 1) / per_block);
+    const int vecs = dim <= 4 * 32 * 8 ? 8 : 16;
+    if (shape.prefetch)
+        launch_add_parts_norm<true>(vecs, nparts, grid, threads, stream, n, dim, rows, ps, weight, eps, u, cs);
     else
-        launch_add_parts_norm<16>(nparts, grid, stream, n, dim, rows, ps, weight, eps, u, cs);
+        launch_add_parts_norm<false>(vecs, nparts, grid, threads, stream, n, dim, rows, ps, weight, eps, u, cs);
     return sf_cuda_launched("add and norm");
+}
+
+int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim, float *rows, const float *weight,
+                           float eps, __nv_bfloat16 *u, __nv_bfloat16 *const *also, int n_also, cudaStream_t stream)
+{
+    /* with copies to other GPUs a warp takes several rows (see the kernel); a row a warp keeps
+     * the most loads in flight where every store is local */
+    const sf_cuda_add_norm_shape shape =
+        n_also ? SF_CUDA_ADD_NORM_PEER_SHAPE : sf_cuda_add_norm_shape{1, ROW_THREADS / 32, 0};
+    return sf_cuda_add_parts_norm_shaped(parts, nparts, n, dim, rows, weight, eps, u, also, n_also, shape, stream);
 }
 
 int sf_cuda_add_typed(sf_backend *be, size_t count, float *x, sf_dtype ytype, const void *y)
@@ -726,7 +795,8 @@ int sf_cuda_elementwise_load(void)
         (const void *)f32_to_bf16_kernel,
         (const void *)bf16_to_f32_kernel,
         (const void *)add_parts_bf16<1>,
-        (const void *)add_parts_norm_kernel<2, 8>,
+        (const void *)add_parts_norm_kernel<2, 8, false>,
+        (const void *)add_parts_norm_kernel<2, 8, true>,
         (const void *)any_non_finite_kernel,
     };
     cudaFuncAttributes fa;

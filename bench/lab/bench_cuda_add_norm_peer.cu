@@ -1,0 +1,184 @@
+/* The split sums' add-and-norm kernel (sf_cuda_add_parts_norm, kernels/cuda/elementwise.cu) with
+ * its normed rows also stored into another GPU's memory, in the shapes sf_cuda_add_parts_norm_shaped
+ * offers: rows a warp, warps a block, and whether a warp loads its next row before it stores this
+ * one. Which shape keeps both the local memory and the link to the other GPU busy?
+ *
+ *   bench_cuda_add_norm_peer [--rows N] [--reps R]
+ *
+ * Two bf16 parts [N, 1024] (N = 2048 by default: a rank's slice of one of two chunks of the
+ * reference model's 8192 rows), float32 rows, the norm's weight; the normed rows go to this GPU
+ * and, with peer access, to GPU 1. Every shape is first checked bit for bit against the product's
+ * shape without copies ({1, 8, no prefetch}): the rows, the normed rows here and the copy there.
+ * Then timed, median of R (CUDA events), the rows put back before each run: on GPU 0 alone, and
+ * with both GPUs at once, each storing into the other (the two ranks of a sum). Prints one line a
+ * shape and "RESULT best_alone=... best_both=..." last. Exits 77 with fewer than two GPUs or no
+ * peer access. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "bench/cuda_check.h"
+#include "kernels/cuda/cuda_backend.h"
+
+#define DIM 1024
+
+struct side {
+    int device;
+    cudaStream_t stream;
+    cudaEvent_t t0, t1;
+    __nv_bfloat16 *parts[2], *u, *peer_u; /* peer_u: this side's copies land there (the other GPU) */
+    float *rows, *pristine, *weight;
+};
+
+static void make_side(side &s, int device, int rows, unsigned seed)
+{
+    s.device = device;
+    CUDA_OK(cudaSetDevice(device));
+    CUDA_OK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreate(&s.t0));
+    CUDA_OK(cudaEventCreate(&s.t1));
+    const size_t n = (size_t)rows * DIM;
+    std::vector<__nv_bfloat16> hp(n);
+    std::vector<float> hr(n), hw(DIM);
+    srand(seed);
+    for (int q = 0; q < 2; q++) {
+        for (size_t i = 0; i < n; i++) hp[i] = __float2bfloat16((float)rand() / RAND_MAX - 0.5f);
+        CUDA_OK(cudaMalloc(&s.parts[q], n * 2));
+        CUDA_OK(cudaMemcpy(s.parts[q], hp.data(), n * 2, cudaMemcpyHostToDevice));
+    }
+    for (size_t i = 0; i < n; i++) hr[i] = 4.0f * ((float)rand() / RAND_MAX - 0.5f);
+    for (int i = 0; i < DIM; i++) hw[i] = 0.5f + (float)rand() / RAND_MAX;
+    CUDA_OK(cudaMalloc(&s.rows, n * 4));
+    CUDA_OK(cudaMalloc(&s.pristine, n * 4));
+    CUDA_OK(cudaMalloc(&s.weight, DIM * 4));
+    CUDA_OK(cudaMalloc(&s.u, n * 2));
+    CUDA_OK(cudaMemcpy(s.pristine, hr.data(), n * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(s.weight, hw.data(), DIM * 4, cudaMemcpyHostToDevice));
+}
+
+/* one sum on side s: the rows put back, then (timed) the kernel of `shape`, copies to peer_u
+ * (none when peer is 0) */
+static void issue(side &s, int rows, sf_cuda_add_norm_shape shape, int peer)
+{
+    CUDA_OK(cudaSetDevice(s.device));
+    CUDA_OK(cudaMemcpyAsync(s.rows, s.pristine, (size_t)rows * DIM * 4, cudaMemcpyDeviceToDevice, s.stream));
+    CUDA_OK(cudaEventRecord(s.t0, s.stream));
+    const void *ps[2] = {s.parts[0], s.parts[1]};
+    __nv_bfloat16 *also[1] = {s.peer_u};
+    if (sf_cuda_add_parts_norm_shaped(ps, 2, rows, DIM, s.rows, s.weight, 1e-5f, s.u, also, peer ? 1 : 0, shape,
+                                      s.stream) != SF_OK) {
+        fprintf(stderr, "add and norm failed: %s\n", sf_last_error());
+        exit(2);
+    }
+    CUDA_OK(cudaEventRecord(s.t1, s.stream));
+}
+
+static float elapsed(side &s)
+{
+    CUDA_OK(cudaSetDevice(s.device));
+    CUDA_OK(cudaEventSynchronize(s.t1));
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, s.t0, s.t1));
+    return ms;
+}
+
+static std::vector<unsigned char> fetch(int device, const void *p, size_t bytes)
+{
+    std::vector<unsigned char> h(bytes);
+    CUDA_OK(cudaSetDevice(device));
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static double median(std::vector<float> v)
+{
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int main(int argc, char **argv)
+{
+    int rows = 2048, reps = 50;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--rows") && i + 1 < argc)
+            rows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--rows N] [--reps R]\n", argv[0]);
+            return 2;
+        }
+    }
+    int gpus = 0, can01 = 0, can10 = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 2) {
+        printf("skipped: fewer than two GPUs\n");
+        return 77;
+    }
+    CUDA_OK(cudaDeviceCanAccessPeer(&can01, 0, 1));
+    CUDA_OK(cudaDeviceCanAccessPeer(&can10, 1, 0));
+    if (!can01 || !can10) {
+        printf("skipped: no peer access between GPUs 0 and 1\n");
+        return 77;
+    }
+    side a, b;
+    make_side(a, 0, rows, 1);
+    make_side(b, 1, rows, 2);
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaDeviceEnablePeerAccess(1, 0));
+    CUDA_OK(cudaSetDevice(1));
+    CUDA_OK(cudaDeviceEnablePeerAccess(0, 0));
+    /* each side's copies go to a buffer of their own on the other GPU */
+    CUDA_OK(cudaSetDevice(1));
+    CUDA_OK(cudaMalloc(&a.peer_u, (size_t)rows * DIM * 2));
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaMalloc(&b.peer_u, (size_t)rows * DIM * 2));
+
+    const sf_cuda_add_norm_shape plain = {1, 8, 0};
+    const sf_cuda_add_norm_shape shapes[] = {{1, 8, 0}, {2, 8, 0}, {4, 8, 0}, {2, 8, 1}, {4, 8, 1}, {2, 4, 1},
+                                             {4, 4, 1}, {8, 4, 1}, {2, 4, 0}, {4, 4, 0}, {8, 2, 1}, {16, 2, 1}};
+    const size_t n = (size_t)rows * DIM;
+    /* the reference bits: the product's shape without copies */
+    issue(a, rows, plain, 0);
+    const std::vector<unsigned char> ref_rows = fetch(0, a.rows, n * 4), ref_u = fetch(0, a.u, n * 2);
+    printf("add and norm, %d rows of %d, 2 bf16 parts; the normed rows also stored into GPU 1 (peer access); "
+           "median of %d\n",
+           rows, DIM, reps);
+    printf("rows/warp warps/block prefetch   check      alone ms   GB/s local   both GPUs ms\n");
+    double best_alone = 1e30, best_both = 1e30;
+    int failed = 0;
+    for (const sf_cuda_add_norm_shape &sh : shapes) {
+        CUDA_OK(cudaSetDevice(1));
+        CUDA_OK(cudaMemset(a.peer_u, 0, n * 2));
+        issue(a, rows, sh, 1);
+        const bool ok =
+            fetch(0, a.rows, n * 4) == ref_rows && fetch(0, a.u, n * 2) == ref_u && fetch(1, a.peer_u, n * 2) == ref_u;
+        failed += !ok;
+        std::vector<float> alone, both;
+        for (int r = 0; r < reps + 3; r++) {
+            issue(a, rows, sh, 1);
+            const float ms = elapsed(a);
+            if (r >= 3) alone.push_back(ms);
+        }
+        for (int r = 0; r < reps + 3; r++) {
+            issue(a, rows, sh, 1);
+            issue(b, rows, sh, 1);
+            const float ms = std::max(elapsed(a), elapsed(b));
+            if (r >= 3) both.push_back(ms);
+        }
+        const double ma = median(alone), mb = median(both);
+        /* local bytes: the parts read, the rows read and written, the normed rows written */
+        const double local = (double)n * (2 * 2 + 4 + 4 + 2);
+        printf("%9d %11d %8s   %-8s %9.4f   %10.0f   %12.4f\n", sh.rows_per_warp, sh.warps_per_block,
+               sh.prefetch ? "yes" : "no", ok ? "ok" : "FAILED", ma, local / (ma * 1e6), mb);
+        if (ok) best_alone = std::min(best_alone, ma), best_both = std::min(best_both, mb);
+    }
+    printf("RESULT best_alone=%.4f best_both=%.4f checks_failed=%d\n", best_alone, best_both, failed);
+    return failed ? 1 : 0;
+}
