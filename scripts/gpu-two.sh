@@ -12,8 +12,9 @@
 # (headsb: --gpus 2 with the block stage TWO_BLOCK, default "block overlap=1"; headsr: --gpus 2
 # with the CUDA setting normed_sums=0, whole sums on every rank; base: --gpus 2 with the binary
 # TWO_BASE_BIN, another tree's build, for a comparison in the same call; one8 and heads8: one
-# and heads in precision fp8; the layer pipeline's are long: its rate is the link's); TWO_REPS
-# (default 2) repetitions of step 2.
+# and heads in precision fp8; onen and headsn: one and heads with the process bound to the CPUs
+# of GPU 0's NUMA node, or to TWO_CPUS (a taskset list); the layer pipeline's are long: its rate
+# is the link's); TWO_REPS (default 2) repetitions of step 2.
 # Logs go to $OUT (else build-gpu/two); a summary to
 # $OUT/two-summary.txt.
 set -uo pipefail
@@ -43,6 +44,14 @@ for segs in 4 64 "$LONG"; do
   build-gpu/bench/bench_gpu_pipeline --make-tokens "$D/t$segs.u32" --count $((segs * 8192)) --seed 4 >/dev/null
 done
 layers="segment ! embed ! block layers=0-1 ! block layers=2-3 @1 ! norm"
+# the CPUs next to GPU 0 (its PCI device's local_cpulist), for onen and headsn
+bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0 2>/dev/null | tr 'A-F' 'a-f' | sed 's/^0000//')
+cpus=${TWO_CPUS:-$(cat "/sys/bus/pci/devices/$bus/local_cpulist" 2>/dev/null)}
+case " ${TWO_MODES:-} " in
+  *" onen "* | *" headsn "*)
+    note "GPU 0 at $bus, bound runs on CPUs ${cpus:-?} (of $(nproc))"
+    nvidia-smi topo -m >>"$summary" 2>&1 ;;
+esac
 
 # seconds MODE SEGMENTS [OUT]: the time of one run of the binary: its graph's run as the binary
 # reports it (--stats-json "seconds": without the process's start-up and the model's loading,
@@ -63,6 +72,10 @@ seconds() {
     heads8) timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 --precision fp8 -m "$D/ref.st" -i "$D/t$segs.u32" \
               -f u32 "${sink[@]}" ;;
     headsr) SEQFLOW_CUDA_NORMED_SUMS=0 timeout 120 "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" \
+              -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
+    onen) timeout 120 taskset -c "$cpus" "$bin" run -q --no-progress -d cuda -m "$D/ref.st" -i "$D/t$segs.u32" -f u32 \
+            "${sink[@]}" ;;
+    headsn) timeout 120 taskset -c "$cpus" "$bin" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" \
               -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;
     base) timeout 120 "${TWO_BASE_BIN:?base: set TWO_BASE_BIN}" run -q --no-progress -d cuda --gpus 2 -m "$D/ref.st" \
             -i "$D/t$segs.u32" -f u32 "${sink[@]}" ;;

@@ -393,7 +393,7 @@ int sf_cuda_add_parts_norm(const void *const *parts, int nparts, int n, int dim,
 typedef struct sf_cuda_add_norm_shape {
     int rows_per_warp, warps_per_block, prefetch;
 } sf_cuda_add_norm_shape;
-#define SF_CUDA_ADD_NORM_PEER_SHAPE (sf_cuda_add_norm_shape{2, 8, 1})
+#define SF_CUDA_ADD_NORM_PEER_SHAPE (sf_cuda_add_norm_shape{4, 4, 1})
 int sf_cuda_add_parts_norm_shaped(const void *const *parts, int nparts, int n, int dim, float *rows,
                                   const float *weight, float eps, __nv_bfloat16 *u, __nv_bfloat16 *const *also,
                                   int n_also, sf_cuda_add_norm_shape shape, cudaStream_t stream);
