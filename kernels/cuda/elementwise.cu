@@ -525,10 +525,10 @@ int sf_cuda_add_parts(const void *const *parts, int n, size_t count, float *rows
  * peer access: no copy to wait for after the kernel). Rows of a multiple of 4 floats up to 4 *
  * 32 * VECS wide, every pointer 16-byte aligned and the parts' rows dim bf16 apart.
  *
- * A warp takes rows gridDim.x * 8 apart, loading its next row before it stores this one: stores
- * to another GPU drain at the link's rate, far below the local memory's, and a warp that only
- * had its one row would leave the link idle while all of them load, then the memory idle while
- * all of them store (the kernel took the sum of both times). */
+ * A warp takes rows gridDim.x * (blockDim.x / 32) apart and, with PREFETCH, loads its next row
+ * before it stores this one, so that its loads overlap its stores to another GPU, which drain
+ * at the link's rate: with such copies 4 rows a warp and 4 warps a block took 9-10% off a row a
+ * warp (bench/lab/bench_cuda_add_norm_peer.cu). Every shape gives the same bits. */
 struct normed_copies {
     __nv_bfloat16 *p[SF_CUDA_ADD_PARTS_MAX];
     int n;
