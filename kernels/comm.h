@@ -119,10 +119,7 @@ typedef struct sf_comm_ops {
      * reduce_norm_join: the ops issued after it wait for sum `ticket`'s rows from the other
      * ranks (split; nothing otherwise): ends may run ahead of their joins, so that a rank adds
      * the next sum while the last one's normed rows travel. Every end is joined, in order,
-     * before SF_COMM_COPIES_IN_FLIGHT more starts and before anything reads its rows; a wait
-     * or fence between an end and its join covers neither what the others write of it nor the
-     * rows' move (reduce_norm_reserve with another x waits for the others' hosts to have
-     * issued their writes into the rows it leaves). */
+     * before the next wait or fence, and before SF_COMM_COPIES_IN_FLIGHT more starts. */
     int (*reduce_norm_reserve)(sf_comm *c, int rows, int dim, sf_dtype type, float *x, void *u, int allow_copies,
                                int *split);
     int (*reduce_norm_start)(sf_comm *c, const void *part, int rows, int dim, sf_dtype type, int *ticket);

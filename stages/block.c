@@ -604,27 +604,17 @@ static int download_checked(const block *b, sf_packet *p, const float *dev)
     return sf_packet_check_finite(p, where);
 }
 
-/* Split sums (rank 0): a segment's packet waits here, its last sums ended and not joined, until
- * the next segment's first rows are out to the other ranks. Joined at once, they would put in
- * front of that (on this GPU's stream, and so in the others' wait for those rows at every
- * segment's start) the wait for the other ranks' slices of the rows and the next stages'
- * kernels on this packet (the final norm). Here the next segment's first norm and its
- * attention go first, and the join and this packet's next stages follow. Emitted before the
- * next segment's first sum (stages/block_sums.c), and wherever anything else may follow: the
- * input idle, a flush, a save, another packet's emit. */
+/* Split sums (rank 0): a segment's packet waits here until the next segment's first rows are
+ * out to the other ranks and its first attention is issued. Emitted at once, the next stages'
+ * kernels on it (the final norm) would go on this GPU's stream in front of the next segment's
+ * first norm, and so into the others' wait for those rows at every segment's start. Emitted
+ * after the next segment's first attention (stages/block_sums.c), and wherever anything else
+ * may follow: the input idle, a flush, a save, another packet's emit. */
 int sf_block_emit_held(block *b)
 {
-    int rc = SF_OK;
-    for (int j = 0; j < b->n_tail && rc == SF_OK; j++) rc = sf_comm_reduce_norm_join(b->comm, b->tail[j].ticket);
-    b->n_tail = 0;
     sf_packet *p = b->held;
     b->held = NULL;
-    if (!p) return rc;
-    if (rc != SF_OK) {
-        sf_packet_free(p);
-        return rc;
-    }
-    return sf_stage_emit(b->stage, p);
+    return p ? sf_stage_emit(b->stage, p) : SF_OK;
 }
 
 /* Runs the waiting segments as one batch and emits them in arrival order. A lone segment runs
@@ -731,11 +721,9 @@ static int run_one(sf_stage *st, sf_packet *in)
         /* rows already on the device (packet.h, dev) are computed in place and stay there */
         float *host_rows_x = b->x;
         if (in->dev) b->x = in->dev;
-        else if (rc == SF_OK) rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
-        /* rows that stay on the device may wait for their last sums (sf_block_emit_held) */
-        b->hold_tail = b->split && b->rank == 0 && in->dev && b->batch <= 1 && !(in->flags & SF_PACKET_FINAL);
+        else if (rc == SF_OK)
+            rc = b->be->ops->upload(b->be, b->x, in->x, bytes);
         if (rc == SF_OK) rc = layers_forward(b, &s, &in, 1, (int)in->n, commit);
-        b->hold_tail = 0;
         if (rc == SF_OK && !in->dev) rc = download_checked(b, in, b->x);
         b->x = host_rows_x;
         if (rc == SF_OK && b->store && commit && !(in->flags & SF_PACKET_FINAL))
@@ -747,15 +735,13 @@ static int run_one(sf_stage *st, sf_packet *in)
         rc = sf_state_store_remove(b->store, in->stream);
         if (b->work_stream == in->stream) b->work_current = 0;
     }
-    if (rc == SF_OK && b->n_tail) { /* this packet waits for the next (sf_block_emit_held) */
-        rc = sf_block_emit_held(b); /* a previous one, if still held */
-        if (rc == SF_OK)
-            b->held = in;
-        else
-            sf_packet_free(in);
-        return rc;
+    if (rc == SF_OK) rc = sf_block_emit_held(b); /* a previous one, if still held */
+    /* rows that stay on the device wait for the next segment (sf_block_emit_held) */
+    if (rc == SF_OK && b->split && b->rank == 0 && in->dev && in->n > 0 && b->batch <= 1 &&
+        !(in->flags & SF_PACKET_FINAL)) {
+        b->held = in;
+        return SF_OK;
     }
-    if (rc == SF_OK) rc = sf_block_emit_held(b);
     if (rc != SF_OK) {
         sf_packet_free(in);
         return rc;

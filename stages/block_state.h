@@ -73,11 +73,8 @@ typedef struct block {
         int ticket, r0, nr;
     } owed[SF_BLOCK_MAX_OVERLAP];
     int n_owed;
-    /* split sums, rank 0 (stages/block.c, sf_block_emit_held): a segment's last sums ended but
-     * not joined (tail; hold_tail: this segment's may stay so) and its packet, held until the
-     * next segment's first rows are out or anything else may follow; stage: whose emit */
-    struct sum_chunk tail[SF_BLOCK_MAX_OVERLAP];
-    int n_tail, hold_tail;
+    /* split sums, rank 0 (stages/block.c, sf_block_emit_held): a segment's packet, held until
+     * the next segment's first rows are out or anything else may follow; stage: whose emit */
     sf_packet *held;
     sf_stage *stage;
     int width;              /* heads * d */

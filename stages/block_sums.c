@@ -195,8 +195,7 @@ static int output_and_mlp_normed(block *b, int l, int rows, int join_owed)
     const int per = (rows + chunks - 1) / chunks;
     sum_chunk s[SF_BLOCK_MAX_OVERLAP];
     int n = 0, rc = SF_OK;
-    /* the previous segment's held packet goes on before this segment's first sum starts (at
-     * most SF_COMM_COPIES_IN_FLIGHT sums unjoined), its rows whole once its last sums join */
+    /* the previous segment's held packet goes on once this segment's first attention is issued */
     if (l == 0) rc = sf_block_emit_held(b);
     for (int r0 = 0; r0 < rows && rc == SF_OK; r0 += per, n++) {
         s[n].r0 = r0, s[n].nr = rows - r0 < per ? rows - r0 : per;
@@ -213,12 +212,6 @@ static int output_and_mlp_normed(block *b, int l, int rows, int join_owed)
         if (rc == SF_OK) rc = sum_start(b, &s[j]);
     }
     if (rc != SF_OK) return rc;
-    if (last && b->hold_tail && b->split) { /* joined by sf_block_emit_held */
-        rc = sums_end(b, s, n, NULL, 1);
-        for (int j = 0; j < n && rc == SF_OK; j++) b->tail[j] = s[j];
-        if (rc == SF_OK) b->n_tail = n;
-        return rc;
-    }
     if (last) return sums_end(b, s, n, NULL, 0);
     for (int j = 0; j < n; j++) b->owed[j] = s[j];
     b->n_owed = n;

@@ -13,9 +13,9 @@ int sf_block_output_and_mlp(block *b, int l, int rows, int join_owed);
  * x = them (a broadcast), and with normed sums (block.normed) act.un = the first layer's
  * attention norm of them (sf_comm_first_rows); nothing unsharded. */
 int sf_block_first_rows(block *b, int rows);
-/* Rank 0 of split sums: joins the last sums a segment left unjoined (block.tail) and emits the
- * packet held with them (block.held), if any. Defined in stages/block.c, which owns the stage;
- * called before the next segment's first sum. */
+/* Rank 0 of split sums: emits the packet held back (block.held), if any. Defined in
+ * stages/block.c, which owns the stage; called once the next segment's first attention is
+ * issued. */
 int sf_block_emit_held(block *b);
 /* Normed sums: layer l's q, k, v ([rows, width] of block.qkv_type) from act.un, ending the
  * previous layer's owed sums chunk by chunk, each chunk's products after its own sum. */

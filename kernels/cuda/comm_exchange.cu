@@ -60,7 +60,6 @@ struct sf_exchange {
     cudaEvent_t delivered[SLOTS], consumed[SLOTS], ready;
     long long started, ended, joined; /* ops started, ended and joined by this rank (a whole
                                          sum's end joins it; a split sum's join comes after) */
-    long long split_ended;            /* 1 + the last split op this rank ended (0: none) */
     /* split sums (sf_exchange_register): this rank's whole rows and normed rows, which the
      * others write their slices into, and the stream and events of those copies */
     float *rows_base;
@@ -359,14 +358,6 @@ int sf_exchange_register(sf_exchange *x, float *rows, void *normed)
     if (!x || !x->capacity) return sf_error(SF_E_INVAL, "exchange: rows registered without a reserved exchange");
     if (x->rows_base) { /* registered before: the normed rows stay, the rows may move */
         if (x->normed_base != normed) return sf_error(SF_E_INVAL, "exchange: other normed rows registered");
-        /* a peer's copy of its slice into rank 0's rows (rows_to_root) takes their address when
-         * the peer issues it: before they move, every split op this rank ended has its peers'
-         * slices issued (their counts), as a join would wait for; the join itself may come later */
-        for (int p = 0; p < x->g->size && rows != x->rows_base; p++) {
-            if (p == x->c->rank) continue;
-            const int rc = wait_count(x, &x->g->gathered[p], x->split_ended, p, "slice");
-            if (rc != SF_OK) return rc;
-        }
         __atomic_store_n(&x->rows_base, rows, __ATOMIC_RELEASE);
         return SF_OK;
     }
@@ -444,7 +435,7 @@ int sf_exchange_end_split(sf_exchange *x, cudaStream_t stream, int ticket, float
         rc = rows_to_root(x, k, first, count, dim, rows);
     }
     if (rc != SF_OK) return rc;
-    x->ended = x->split_ended = k + 1;
+    x->ended = k + 1;
     x->normed_op[slot] = norm != NULL;
     return SF_OK;
 }

@@ -35,9 +35,7 @@ int sf_exchange_end(sf_exchange *x, cudaStream_t stream, int ticket, float *rows
                     int bf16);
 /* Split sums (kernels/comm.h, reduce_norm): every rank, after reserve said usable, registers
  * this rank's whole buffer of rows (float32) and of normed rows (bf16), laid out alike on every
- * rank; again when its rows move (the same normed rows), before its next start (the host then
- * waits for the peers to have issued their slices of every split op it ended, joined or not:
- * SF_E_COMM on the group's abort, the watch flag or the timeout). start_split
+ * rank; again when its rows move (the same normed rows), before its next start. start_split
  * copies to each peer its slice (sf_comm_slice) of the part ([rows, dim] bf16); end_split adds
  * the parts' slices to this rank's slice of rows, norms them into normed (norm non-NULL) and,
  * in the same kernel, into every peer's normed rows (peer access), or without a norm copies

@@ -264,9 +264,7 @@ static int nccl_reduce_norm_reserve(sf_comm *c, int rows, int dim, sf_dtype type
     *split = 0;
     if (n->split) { /* again: this rank's rows moved */
         *split = 1;
-        const int rc = sf_exchange_register(n->exchange, x, u);
-        if (rc == SF_E_COMM) break_comm(c, sf_last_error());
-        return rc;
+        return sf_exchange_register(n->exchange, x, u);
     }
     int rc = nccl_reduce_add_reserve(c, (size_t)rows * dim, type, allow_copies, &copies);
     if (rc == SF_OK && copies && type == SF_DTYPE_BF16) {
