@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include "bench/cuda_check.h"
+#include "bench/lab/two_gpus.h"
 #include "kernels/cuda/cuda_backend.h"
 
 #define DIM 1024
@@ -79,54 +80,12 @@ static void issue(side &s, int rows, sf_cuda_add_norm_shape shape, int peer)
     CUDA_OK(cudaEventRecord(s.t1, s.stream));
 }
 
-static float elapsed(side &s)
-{
-    CUDA_OK(cudaSetDevice(s.device));
-    CUDA_OK(cudaEventSynchronize(s.t1));
-    float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, s.t0, s.t1));
-    return ms;
-}
-
-static std::vector<unsigned char> fetch(int device, const void *p, size_t bytes)
-{
-    std::vector<unsigned char> h(bytes);
-    CUDA_OK(cudaSetDevice(device));
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
-    return h;
-}
-
-static double median(std::vector<float> v)
-{
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-}
-
 int main(int argc, char **argv)
 {
     int rows = 2048, reps = 50;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--rows") && i + 1 < argc)
-            rows = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--rows N] [--reps R]\n", argv[0]);
-            return 2;
-        }
-    }
-    int gpus = 0, can01 = 0, can10 = 0;
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 2) {
-        printf("skipped: fewer than two GPUs\n");
-        return 77;
-    }
-    CUDA_OK(cudaDeviceCanAccessPeer(&can01, 0, 1));
-    CUDA_OK(cudaDeviceCanAccessPeer(&can10, 1, 0));
-    if (!can01 || !can10) {
-        printf("skipped: no peer access between GPUs 0 and 1\n");
-        return 77;
-    }
+    if (lab_args(argc, argv, "bench_cuda_add_norm_peer", "rows", &rows, &reps)) return 2;
+    const int two = lab_two_gpus("bench_cuda_add_norm_peer");
+    if (two) return two;
     side a, b;
     make_side(a, 0, rows, 1);
     make_side(b, 1, rows, 2);
@@ -146,7 +105,7 @@ int main(int argc, char **argv)
     const size_t n = (size_t)rows * DIM;
     /* the reference bits: the product's shape without copies */
     issue(a, rows, plain, 0);
-    const std::vector<unsigned char> ref_rows = fetch(0, a.rows, n * 4), ref_u = fetch(0, a.u, n * 2);
+    const std::vector<unsigned char> ref_rows = lab_fetch(0, a.rows, n * 4), ref_u = lab_fetch(0, a.u, n * 2);
     printf("add and norm, %d rows of %d, 2 bf16 parts; the normed rows also stored into GPU 1 (peer access); "
            "median of %d\n",
            rows, DIM, reps);
@@ -157,22 +116,22 @@ int main(int argc, char **argv)
         CUDA_OK(cudaSetDevice(1));
         CUDA_OK(cudaMemset(a.peer_u, 0, n * 2));
         issue(a, rows, sh, 1);
-        const bool ok =
-            fetch(0, a.rows, n * 4) == ref_rows && fetch(0, a.u, n * 2) == ref_u && fetch(1, a.peer_u, n * 2) == ref_u;
+        const bool ok = lab_fetch(0, a.rows, n * 4) == ref_rows && lab_fetch(0, a.u, n * 2) == ref_u &&
+                        lab_fetch(1, a.peer_u, n * 2) == ref_u;
         failed += !ok;
         std::vector<float> alone, both;
         for (int r = 0; r < reps + 3; r++) {
             issue(a, rows, sh, 1);
-            const float ms = elapsed(a);
+            const float ms = lab_elapsed(a.device, a.t0, a.t1);
             if (r >= 3) alone.push_back(ms);
         }
         for (int r = 0; r < reps + 3; r++) {
             issue(a, rows, sh, 1);
             issue(b, rows, sh, 1);
-            const float ms = std::max(elapsed(a), elapsed(b));
+            const float ms = std::max(lab_elapsed(a.device, a.t0, a.t1), lab_elapsed(b.device, b.t0, b.t1));
             if (r >= 3) both.push_back(ms);
         }
-        const double ma = median(alone), mb = median(both);
+        const double ma = lab_median(alone), mb = lab_median(both);
         /* local bytes: the parts read, the rows read and written, the normed rows written */
         const double local = (double)n * (2 * 2 + 4 + 4 + 2);
         printf("%9d %11d %8s   %-8s %9.4f   %10.0f   %12.4f\n", sh.rows_per_warp, sh.warps_per_block,

@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include "bench/cuda_check.h"
+#include "bench/lab/two_gpus.h"
 
 __global__ static void busy_kernel(const float4 *src, size_t count, int rounds, float *sink)
 {
@@ -112,28 +113,11 @@ static float busy(gpu *g, size_t bytes, float *copy_ms)
 
 int main(int argc, char **argv)
 {
-    size_t mib = 16;
-    int reps = 30;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--mib")) mib = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
-        else {
-            fprintf(stderr, "usage: bench_cuda_p2p [--mib M] [--reps R]\n");
-            return 2;
-        }
-    }
-    int n = 0, can01 = 0, can10 = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
-        printf("bench_cuda_p2p: skipped: fewer than two GPUs\n");
-        return 77;
-    }
-    CUDA_OK(cudaDeviceCanAccessPeer(&can01, 0, 1));
-    CUDA_OK(cudaDeviceCanAccessPeer(&can10, 1, 0));
-    if (!can01 || !can10) {
-        printf("bench_cuda_p2p: skipped: no peer access between GPUs 0 and 1\n");
-        return 77;
-    }
-    const size_t bytes = mib << 20;
+    int mib = 16, reps = 30;
+    if (lab_args(argc, argv, "bench_cuda_p2p", "mib", &mib, &reps)) return 2;
+    const int two = lab_two_gpus("bench_cuda_p2p");
+    if (two) return two;
+    const size_t bytes = (size_t)mib << 20;
     gpu g[2];
     for (int i = 0; i < 2; i++) {
         g[i].dev = i;
@@ -162,7 +146,7 @@ int main(int argc, char **argv)
         copy_beside.push_back(c);
     }
     const double gbs = bytes / 1e9;
-    printf("part of %zu MiB, GPU 0 and 1 (H100 NVLink), median of %d\n", mib, reps);
+    printf("part of %d MiB, GPU 0 and 1 (H100 NVLink), median of %d\n", mib, reps);
     printf("  one way, alone:            %.4f ms (%.0f GB/s)\n", median(one), gbs / (median(one) * 1e-3));
     printf("  crossing, alone:           %.4f ms (%.0f GB/s each way)\n", median(both), gbs / (median(both) * 1e-3));
     printf("  half, crossing, alone:     %.4f ms\n", median(half));
