@@ -1,7 +1,8 @@
 /* The split sums' add-and-norm kernel (sf_cuda_add_parts_norm, kernels/cuda/elementwise.cu) with
  * its normed rows also stored into another GPU's memory, in the shapes sf_cuda_add_parts_norm_shaped
  * offers: rows a warp, warps a block, and whether a warp loads its next row before it stores this
- * one. Which shape keeps both the local memory and the link to the other GPU busy?
+ * one; and the lab's kernel that sends the normed rows by bulk copies from shared memory instead
+ * (add_norm_bulk.cu). Which keeps both the local memory and the link to the other GPU busy?
  *
  *   bench_cuda_add_norm_peer [--rows N] [--reps R]
  *
@@ -11,8 +12,8 @@
  * shape without copies ({1, 8, no prefetch}): the rows, the normed rows here and the copy there.
  * Then timed, median of R (CUDA events), the rows put back before each run: on GPU 0 alone, and
  * with both GPUs at once, each storing into the other (the two ranks of a sum). Prints one line a
- * shape and "RESULT best_alone=... best_both=..." last. Exits 77 with fewer than two GPUs or no
- * peer access. */
+ * way (the product's kernel without copies first: the local memory's time) and "RESULT ..." last.
+ * Exits 77 with fewer than two GPUs or no peer access. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include "bench/cuda_check.h"
+#include "bench/lab/lab_kernels.h"
 #include "bench/lab/two_gpus.h"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -65,15 +67,28 @@ static void make_side(side &s, int device, int rows, unsigned seed)
 
 /* one sum on side s: the rows put back, then (timed) the kernel of `shape`, copies to peer_u
  * (none when peer is 0) */
-static void issue(side &s, int rows, sf_cuda_add_norm_shape shape, int peer)
+/* what is timed: the product's kernel in a shape, storing into the other GPU (peer) or not, or
+ * the lab's kernel with bulk stores (bulk: the shape's rows a warp and warps a block) */
+struct way {
+    sf_cuda_add_norm_shape shape;
+    int peer, bulk;
+};
+
+static void issue(side &s, int rows, const way &w)
 {
     CUDA_OK(cudaSetDevice(s.device));
     CUDA_OK(cudaMemcpyAsync(s.rows, s.pristine, (size_t)rows * DIM * 4, cudaMemcpyDeviceToDevice, s.stream));
     CUDA_OK(cudaEventRecord(s.t0, s.stream));
     const void *ps[2] = {s.parts[0], s.parts[1]};
     __nv_bfloat16 *also[1] = {s.peer_u};
-    if (sf_cuda_add_parts_norm_shaped(ps, 2, rows, DIM, s.rows, s.weight, 1e-5f, s.u, also, peer ? 1 : 0, shape,
-                                      s.stream) != SF_OK) {
+    if (w.bulk) {
+        if (sf_lab_add_norm_bulk(s.parts[0], s.parts[1], rows, DIM, s.rows, s.weight, 1e-5f, s.u, s.peer_u,
+                                 w.shape.rows_per_warp, w.shape.warps_per_block, s.stream) != 0) {
+            fprintf(stderr, "bulk add and norm failed\n");
+            exit(2);
+        }
+    } else if (sf_cuda_add_parts_norm_shaped(ps, 2, rows, DIM, s.rows, s.weight, 1e-5f, s.u, also, w.peer ? 1 : 0,
+                                             w.shape, s.stream) != SF_OK) {
         fprintf(stderr, "add and norm failed: %s\n", sf_last_error());
         exit(2);
     }
@@ -99,45 +114,55 @@ int main(int argc, char **argv)
     CUDA_OK(cudaSetDevice(0));
     CUDA_OK(cudaMalloc(&b.peer_u, (size_t)rows * DIM * 2));
 
-    const sf_cuda_add_norm_shape plain = {1, 8, 0};
-    const sf_cuda_add_norm_shape shapes[] = {{1, 8, 0}, {2, 8, 0}, {4, 8, 0}, {2, 8, 1}, {4, 8, 1}, {2, 4, 1},
-                                             {4, 4, 1}, {8, 4, 1}, {2, 4, 0}, {4, 4, 0}, {8, 2, 1}, {16, 2, 1}};
+    const way plain = {{1, 8, 0}, 0, 0};
+    const way ways[] = {{{1, 8, 0}, 0, 0}, {{4, 4, 1}, 0, 0}, /* no copies: the local memory's time */
+                        {{1, 8, 0}, 1, 0}, {{2, 8, 0}, 1, 0},  {{4, 8, 0}, 1, 0}, {{2, 8, 1}, 1, 0}, {{4, 8, 1}, 1, 0},
+                        {{2, 4, 1}, 1, 0}, {{4, 4, 1}, 1, 0},  {{8, 4, 1}, 1, 0}, {{2, 4, 0}, 1, 0}, {{4, 4, 0}, 1, 0},
+                        {{8, 2, 1}, 1, 0}, {{16, 2, 1}, 1, 0}, {{1, 8, 1}, 1, 1}, {{2, 8, 1}, 1, 1}, {{4, 8, 1}, 1, 1},
+                        {{2, 4, 1}, 1, 1}, {{4, 4, 1}, 1, 1},  {{8, 4, 1}, 1, 1}, {{16, 2, 1}, 1, 1}};
     const size_t n = (size_t)rows * DIM;
     /* the reference bits: the product's shape without copies */
-    issue(a, rows, plain, 0);
+    issue(a, rows, plain);
     const std::vector<unsigned char> ref_rows = lab_fetch(0, a.rows, n * 4), ref_u = lab_fetch(0, a.u, n * 2);
-    printf("add and norm, %d rows of %d, 2 bf16 parts; the normed rows also stored into GPU 1 (peer access); "
-           "median of %d\n",
+    printf("add and norm, %d rows of %d, 2 bf16 parts; the normed rows also stored into GPU 1 (peer access) by the "
+           "threads or by bulk copies; median of %d\n",
            rows, DIM, reps);
-    printf("rows/warp warps/block prefetch   check      alone ms   GB/s local   both GPUs ms\n");
-    double best_alone = 1e30, best_both = 1e30;
+    printf("rows/warp warps/block prefetch  into GPU 1   check      alone ms   GB/s local   both GPUs ms\n");
+    double best_alone = 1e30, best_both = 1e30, bulk_alone = 1e30, bulk_both = 1e30;
     int failed = 0;
-    for (const sf_cuda_add_norm_shape &sh : shapes) {
+    for (const way &w : ways) {
+        if (w.bulk && !sf_lab_add_norm_bulk_usable(DIM)) continue;
         CUDA_OK(cudaSetDevice(1));
         CUDA_OK(cudaMemset(a.peer_u, 0, n * 2));
-        issue(a, rows, sh, 1);
+        issue(a, rows, w);
         const bool ok = lab_fetch(0, a.rows, n * 4) == ref_rows && lab_fetch(0, a.u, n * 2) == ref_u &&
-                        lab_fetch(1, a.peer_u, n * 2) == ref_u;
+                        (!w.peer || lab_fetch(1, a.peer_u, n * 2) == ref_u);
         failed += !ok;
         std::vector<float> alone, both;
         for (int r = 0; r < reps + 3; r++) {
-            issue(a, rows, sh, 1);
+            issue(a, rows, w);
             const float ms = lab_elapsed(a.device, a.t0, a.t1);
             if (r >= 3) alone.push_back(ms);
         }
         for (int r = 0; r < reps + 3; r++) {
-            issue(a, rows, sh, 1);
-            issue(b, rows, sh, 1);
+            issue(a, rows, w);
+            issue(b, rows, w);
             const float ms = std::max(lab_elapsed(a.device, a.t0, a.t1), lab_elapsed(b.device, b.t0, b.t1));
             if (r >= 3) both.push_back(ms);
         }
         const double ma = lab_median(alone), mb = lab_median(both);
         /* local bytes: the parts read, the rows read and written, the normed rows written */
         const double local = (double)n * (2 * 2 + 4 + 4 + 2);
-        printf("%9d %11d %8s   %-8s %9.4f   %10.0f   %12.4f\n", sh.rows_per_warp, sh.warps_per_block,
-               sh.prefetch ? "yes" : "no", ok ? "ok" : "FAILED", ma, local / (ma * 1e6), mb);
-        if (ok) best_alone = std::min(best_alone, ma), best_both = std::min(best_both, mb);
+        printf("%9d %11d %8s  %-11s  %-8s %9.4f   %10.0f   %12.4f\n", w.shape.rows_per_warp, w.shape.warps_per_block,
+               w.shape.prefetch ? "yes" : "no",
+               !w.peer  ? "no"
+               : w.bulk ? "bulk"
+                        : "threads",
+               ok ? "ok" : "FAILED", ma, local / (ma * 1e6), mb);
+        if (ok && w.peer && !w.bulk) best_alone = std::min(best_alone, ma), best_both = std::min(best_both, mb);
+        if (ok && w.bulk) bulk_alone = std::min(bulk_alone, ma), bulk_both = std::min(bulk_both, mb);
     }
-    printf("RESULT best_alone=%.4f best_both=%.4f checks_failed=%d\n", best_alone, best_both, failed);
+    printf("RESULT best_alone=%.4f best_both=%.4f bulk_alone=%.4f bulk_both=%.4f checks_failed=%d\n", best_alone,
+           best_both, bulk_alone, bulk_both, failed);
     return failed ? 1 : 0;
 }

@@ -36,4 +36,14 @@ int sf_lab_residual_product_usable(int in, int out);
 int sf_lab_residual_product(int n, int in, int out, const __nv_bfloat16 *a, const __nv_bfloat16 *w, float *x,
                             cudaStream_t stream);
 
+/* add_norm_bulk.cu: the split sums' add-and-norm of two bf16 parts into float32 rows (dim wide),
+ * the normed bf16 rows into u here and into peer (another GPU's memory, peer access) by TMA bulk
+ * stores from shared memory instead of the threads' stores; the bits of the product's
+ * sf_cuda_add_parts_norm_shaped. rows_per_warp and warps_per_block as its shape. usable: dim a
+ * multiple of 128 up to 1024. Returns 0, or -1 (unusable shape or launch error). */
+int sf_lab_add_norm_bulk_usable(int dim);
+int sf_lab_add_norm_bulk(const __nv_bfloat16 *p0, const __nv_bfloat16 *p1, int n, int dim, float *rows,
+                         const float *weight, float eps, __nv_bfloat16 *u, __nv_bfloat16 *peer, int rows_per_warp,
+                         int warps_per_block, cudaStream_t stream);
+
 #endif
