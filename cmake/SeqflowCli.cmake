@@ -1,5 +1,6 @@
-# The seqflow command's sources beside tools/seqflow.c: messages, progress and JSON output.
-target_sources(seqflow PRIVATE ${PROJECT_SOURCE_DIR}/tools/cli_output.c)
+# The seqflow command's sources beside tools/seqflow.c: messages, progress and JSON output, the
+# steady rate of --stats-json.
+target_sources(seqflow PRIVATE ${PROJECT_SOURCE_DIR}/tools/cli_output.c ${PROJECT_SOURCE_DIR}/tools/steady_rate.c)
 if(SEQFLOW_BUILD_TESTS AND TARGET test_cli_output)
   # the test calls the functions of tools/cli_output.c directly, besides running the binary
   target_sources(test_cli_output PRIVATE ${PROJECT_SOURCE_DIR}/tools/cli_output.c)

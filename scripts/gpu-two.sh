@@ -14,7 +14,9 @@
 # TWO_BASE_BIN, another tree's build, for a comparison in the same call; one8 and heads8: one
 # and heads in precision fp8; onen and headsn: one and heads with the process bound to the CPUs
 # of GPU 0's NUMA node, or to TWO_CPUS (a taskset list); the layer pipeline's are long: its rate
-# is the link's); TWO_REPS (default 2) repetitions of step 2.
+# is the link's); TWO_REPS (default 2) repetitions of step 2. Each line gives the rate from the
+# two runs' times and the long run's own steady rate (--stats-json steady_tokens_per_second:
+# between a quarter and three quarters of its output, no second process's start-up in it).
 # Logs go to $OUT (else build-gpu/two); a summary to
 # $OUT/two-summary.txt.
 set -uo pipefail
@@ -87,8 +89,10 @@ seconds() {
   rc=$?
   t1=$(date +%s.%N)
   [ $rc -ne 0 ] && note "run failed: $mode $segs (exit $rc)"
+  rm -f "$D/steady.txt"
   if [ -s "$D/stats.json" ]; then
-    python3 -c 'import json, sys; print("%.4f" % json.load(open(sys.argv[1]))["seconds"], end="")' "$D/stats.json"
+    python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print("%.4f" % s["seconds"], end="")
+open(sys.argv[2], "w").write("%.0f" % s.get("steady_tokens_per_second", 0))' "$D/stats.json" "$D/steady.txt"
   else
     echo "$t0 $t1" | awk '{printf "%.4f", $2 - $1}'
   fi
@@ -97,8 +101,9 @@ for rep in $(seq "${TWO_REPS:-2}"); do
   for mode in ${TWO_MODES:-one heads layers}; do
     short=$(seconds $mode 64)
     long=$(seconds $mode "$LONG")
+    inrun=$(cat "$D/steady.txt" 2>/dev/null || echo "-")
     rate=$(awk -v s="$short" -v l="$long" -v n=$(((LONG - 64) * 8192)) 'BEGIN { printf "%.0f", n / (l - s) }')
-    note "steady rate $mode rep $rep: $rate tokens/s (64 segments ${short} s, $LONG segments ${long} s)"
+    note "steady rate $mode rep $rep: $rate tokens/s (64 segments ${short} s, $LONG segments ${long} s; in the long run: $inrun)"
   done
 done
 seconds one 4 "$D/one.f32" >/dev/null

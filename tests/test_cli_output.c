@@ -123,6 +123,8 @@ static void test_stats_and_levels(void)
     CHECK(rows && (double)atol(rows + 5) == cJSON_GetNumberValue(cJSON_GetObjectItem(root, "tokens")));
     CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(root, "seconds")) > 0);
     CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(root, "tokens_per_second")) > 0);
+    CHECK(cJSON_IsNumber(cJSON_GetObjectItem(root, "steady_tokens_per_second")) &&
+          cJSON_GetNumberValue(cJSON_GetObjectItem(root, "steady_tokens_per_second")) >= 0);
     CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(root, "peak_resident_bytes")) > 1e6);
     CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(root, "exit_status")) == 0);
     CHECK(strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(root, "device")), "cpu") == 0);
@@ -142,6 +144,33 @@ static void test_stats_and_levels(void)
 }
 
 /* An output larger than --max-output is refused before any work, and nothing is written. */
+/* A run of many segments has a steady rate, of the order of its overall rate (which includes the
+ * start-up: the steady rate is not below half of it), and over the middle of its tokens only. */
+static void test_steady_rate(void)
+{
+    static spawn_result r;
+    const char *stats = check_tmp_path("cli_output_steady.json");
+    enum { BYTES = 1 << 16 };
+    char *text = malloc(BYTES);
+    for (int i = 0; i < BYTES; i++) text[i] = (char)('a' + (i * 7) % 26);
+    unlink(stats);
+    CHECK(spawn_run((const char *[]){"seqflow", "run", "-q", "-i", "-", "--segment", "64", "--branches", "32:1,64:2",
+                                     "--sink-format", "null", "--stats-json", stats, NULL},
+                    text, BYTES, &r) == 0);
+    free(text);
+    CHECKF(r.exit_code == 0, "exit %d: %s", r.exit_code, r.err);
+    size_t len = 0;
+    char *json = (char *)check_read_file(stats, &len);
+    cJSON *root = json ? cJSON_ParseWithLength(json, len) : NULL;
+    CHECKF(root != NULL, "stats file not JSON: %.200s", json ? json : "(missing)");
+    const double overall = cJSON_GetNumberValue(cJSON_GetObjectItem(root, "tokens_per_second"));
+    const double steady = cJSON_GetNumberValue(cJSON_GetObjectItem(root, "steady_tokens_per_second"));
+    CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(root, "tokens")) == BYTES);
+    CHECKF(steady > 0.5 * overall && steady < 20 * overall, "steady %.0f tokens/s, overall %.0f", steady, overall);
+    cJSON_Delete(root);
+    free(json);
+}
+
 static void test_max_output(void)
 {
     static spawn_result r;
@@ -236,6 +265,7 @@ int main(void)
     test_stages_json();
     test_info_json();
     test_stats_and_levels();
+    test_steady_rate();
     test_max_output();
     test_cuda_without_gpu();
     return check_finish("test_cli_output");

@@ -215,6 +215,7 @@ static int write_stats_json(const char *path, const cli_run_stats *s)
     cJSON_AddNumberToObject(root, "tokens", (double)s->tokens);
     cJSON_AddNumberToObject(root, "seconds", s->seconds);
     cJSON_AddNumberToObject(root, "tokens_per_second", s->seconds > 0 ? (double)s->tokens / s->seconds : 0.0);
+    cJSON_AddNumberToObject(root, "steady_tokens_per_second", s->steady_tokens_per_second);
     cJSON_AddNumberToObject(root, "peak_resident_bytes", (double)s->peak_resident_bytes);
     cJSON_AddStringToObject(root, "device", s->device ? s->device : "cpu");
     if (s->pipeline) cJSON_AddStringToObject(root, "pipeline", s->pipeline);

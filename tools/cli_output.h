@@ -63,6 +63,7 @@ typedef struct cli_run_stats {
     const sf_model_config *model;
     int status; /* the exit status of the run */
     const sf_graph *graph; /* its stages' statistics (sf_graph_stage_stats); NULL: none */
+    double steady_tokens_per_second; /* tools/steady_rate.h; 0: not measured */
 } cli_run_stats;
 
 /* Returns SF_OK, or SF_E_IO / SF_E_NOMEM with the message set and printed on stderr. */

@@ -21,6 +21,7 @@
 #include "stages/stages.h"
 #include "tools/cli_output.h"
 #include "tools/run_common.h"
+#include "tools/steady_rate.h"
 
 static void (*usage_fn)(FILE *f);
 
@@ -797,7 +798,9 @@ int run_execute(run_ctx *c)
         pthread_cond_init(&prog.wake, NULL);
         have_progress = pthread_create(&prog_thread, NULL, progress_thread, &prog) == 0;
     }
+    steady_rate *steady = c->a.stats_json ? steady_rate_start(graph) : NULL;
     rc = c->run_rc = sf_graph_run(graph);
+    const double steady_tokens_per_second = steady_rate_stop(steady);
     sem_post(&run_ended);
     if (have_watchdog) {
         sem_post(&stop_posted);
@@ -842,9 +845,15 @@ int run_execute(run_ctx *c)
             status = 128 + (stop_signal ? stop_signal : SIGINT);
         }
     }
-    cli_run_stats stats = {.tokens = tokens, .seconds = elapsed, .peak_resident_bytes = sf_peak_resident_bytes(),
-                           .device = c->opts.device, .pipeline = c->pipeline, .model = cfg, .status = status,
-                           .graph = graph};
+    cli_run_stats stats = {.tokens = tokens,
+                           .seconds = elapsed,
+                           .peak_resident_bytes = sf_peak_resident_bytes(),
+                           .device = c->opts.device,
+                           .pipeline = c->pipeline,
+                           .model = cfg,
+                           .status = status,
+                           .graph = graph,
+                           .steady_tokens_per_second = steady_tokens_per_second};
     if (c->a.stats_json && cli_write_stats_json(c->a.stats_json, &stats) != SF_OK && !status) status = 1;
     return status;
 }
