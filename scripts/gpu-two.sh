@@ -16,7 +16,8 @@
 # of GPU 0's NUMA node, or to TWO_CPUS (a taskset list); the layer pipeline's are long: its rate
 # is the link's); TWO_REPS (default 2) repetitions of step 2. Each line gives the rate from the
 # two runs' times and the long run's own steady rate (--stats-json steady_tokens_per_second:
-# between a quarter and three quarters of its output, no second process's start-up in it).
+# between a quarter and three quarters of its output, no second process's start-up in it); then
+# each mode's median in-run rate and each repetition's in-run ratio against one GPU and the base.
 # Logs go to $OUT (else build-gpu/two); a summary to
 # $OUT/two-summary.txt.
 set -uo pipefail
@@ -106,6 +107,25 @@ for rep in $(seq "${TWO_REPS:-2}"); do
     note "steady rate $mode rep $rep: $rate tokens/s (64 segments ${short} s, $LONG segments ${long} s; in the long run: $inrun)"
   done
 done
+# medians of the in-run rates a mode, and each repetition's ratio against one GPU and the base
+python3 - "$summary" <<'PY' | while IFS= read -r line; do note "$line"; done
+import re, statistics, sys
+rates = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"steady rate (\S+) rep (\d+): .*in the long run: (\d+)\)", line)
+    if m and int(m.group(3)) > 0:
+        rates.setdefault(m.group(1), {})[int(m.group(2))] = int(m.group(3))
+for mode, by_rep in rates.items():
+    print("in-run rate %s: median %d tokens/s over %d reps" % (mode, statistics.median(by_rep.values()), len(by_rep)))
+for num in rates:
+    for den in ("one", "base"):
+        if num == den or den not in rates:
+            continue
+        ratios = [rates[num][r] / rates[den][r] for r in sorted(rates[num]) if r in rates[den]]
+        if ratios:
+            print("in-run %s / %s: %s (median %.3f)" % (num, den, " ".join("%.3f" % x for x in ratios),
+                                                      statistics.median(ratios)))
+PY
 seconds one 4 "$D/one.f32" >/dev/null
 seconds layers 4 "$D/layers.f32" >/dev/null
 if [ ! -s "$D/layers.f32" ]; then
