@@ -143,9 +143,8 @@ static void test_stats_and_levels(void)
     CHECKF(r.exit_code == 2 && r.err_lines == 1 && strstr(r.err, "--log-level"), "bad level: %d '%s'", r.exit_code, r.err);
 }
 
-/* An output larger than --max-output is refused before any work, and nothing is written. */
-/* A run of many segments has a steady rate, of the order of its overall rate (which includes the
- * start-up: the steady rate is not below half of it), and over the middle of its tokens only. */
+/* A run of many segments has a steady rate of the order of its overall rate (not below half of
+ * it: the overall rate includes the start-up and the drain, the steady one leaves them out). */
 static void test_steady_rate(void)
 {
     static spawn_result r;
@@ -171,6 +170,7 @@ static void test_steady_rate(void)
     free(json);
 }
 
+/* An output larger than --max-output is refused before any work, and nothing is written. */
 static void test_max_output(void)
 {
     static spawn_result r;
