@@ -55,22 +55,27 @@ compare() {
 
 # binary_rate MODEL LONG TAG WHAT [seqflow args...]: the threaded binary's steady rate on MODEL
 # (null sink) from 64- and LONG-segment runs, GPU_BENCH_BINARY_REPS repetitions, the median
-# into BIN_TPS and a note.
+# into BIN_TPS and a note; the note also gives the LONG runs' own steady rates (--stats-json
+# steady_tokens_per_second: no second run's start-up in them).
 binary_rate() {
-  local model=$1 long=$2 tag=$3 what=$4 rates="" rep segs t0
+  local model=$1 long=$2 tag=$3 what=$4 rates="" inrun="" rep segs t0 stats
   shift 4
   for rep in $(seq "${GPU_BENCH_BINARY_REPS:-5}"); do
     for segs in 64 $long; do
       [ -f "$DATA/long$segs.u32" ] || "$BENCH" --make-tokens "$DATA/long$segs.u32" --count $((segs * N)) --seed 4
+      stats="$LOGS/${model}_binary${tag}_$segs.json"
       t0=$(date +%s.%N)
       "$SEQFLOW" run -d cuda -m "$DATA/$model.safetensors" -i "$DATA/long$segs.u32" -f u32 --sink-format null -q \
-        --no-progress "$@"
+        --no-progress --stats-json "$stats" "$@"
       python3 -c "print($(date +%s.%N) - $t0)" >"$LOGS/${model}_binary${tag}_$segs.txt"
     done
     rates="$rates $(python3 -c "print('%.0f' % (($long - 64)*$N / ($(cat "$LOGS/${model}_binary${tag}_$long.txt") - $(cat "$LOGS/${model}_binary${tag}_64.txt"))))")"
+    inrun="$inrun $(python3 -c 'import json, sys; print("%.0f" % json.load(open(sys.argv[1])).get("steady_tokens_per_second", 0))' "$stats" 2>/dev/null || echo 0)"
   done
   BIN_TPS=$(python3 -c "import statistics; print('%.0f' % statistics.median([float(x) for x in '$rates'.split()]))")
-  note "$model: seqflow binary (threaded, $what), steady state from 64 vs $long segments, ${GPU_BENCH_BINARY_REPS:-5} repetitions:$rates tokens/s; median $BIN_TPS"
+  local in_med
+  in_med=$(python3 -c "import statistics; print('%.0f' % statistics.median([float(x) for x in '$inrun'.split()]))")
+  note "$model: seqflow binary (threaded, $what), steady state from 64 vs $long segments, ${GPU_BENCH_BINARY_REPS:-5} repetitions:$rates tokens/s; median $BIN_TPS; in the $long-segment runs:$inrun, median $in_med"
 }
 
 echo "== machine"

@@ -231,11 +231,11 @@ fi
 # the threaded binary's steady rate: 64 against LONG segments (start-up cancels out)
 LONG=448
 want binary && [ ! -f "$DATA/tokens$LONG.u32" ] && "$BENCH" --make-tokens "$DATA/tokens$LONG.u32" --count $((LONG * N)) --seed 4 >/dev/null
-binary_seconds() { # precision segments
+binary_seconds() { # precision segments; the run's --stats-json in $OUT/binary_stats.json
   local t0
   t0=$(date +%s.%N)
   "$SEQFLOW" run -d cuda --precision "$1" -m "$REF" -i "$DATA/tokens$2.u32" -f u32 --sink-format null -q --no-progress \
-    >>"$OUT/binary_runs.txt" 2>&1 || echo "binary run failed: $1 $2" >&2
+    --stats-json "$OUT/binary_stats.json" >>"$OUT/binary_runs.txt" 2>&1 || echo "binary run failed: $1 $2" >&2
   python3 -c "print($(date +%s.%N) - $t0)"
 }
 if ! want binary; then
@@ -246,10 +246,12 @@ elif time_left $((BUDGET - 100)); then
       short=$(binary_seconds $p 64)
       long=$(binary_seconds $p $LONG)
       python3 -c "print('%.0f' % (($LONG - 64) * $N / ($long - $short)))" >"$OUT/binary_${p}_$r.txt"
-      echo "binary $p pair $r: $(cat "$OUT/binary_${p}_$r.txt") tokens/s"
+      python3 -c 'import json, sys; print("%.0f" % json.load(open(sys.argv[1])).get("steady_tokens_per_second", 0))' \
+        "$OUT/binary_stats.json" >"$OUT/inrun_${p}_$r.txt" 2>/dev/null || echo 0 >"$OUT/inrun_${p}_$r.txt"
+      echo "binary $p pair $r: $(cat "$OUT/binary_${p}_$r.txt") tokens/s; in the $LONG-segment run $(cat "$OUT/inrun_${p}_$r.txt")"
     done
   done
-  note "reference model, the threaded binary (null sink), steady from 64 vs $LONG segments, median of 2: bf16 $(cat "$OUT"/binary_bf16_*.txt | median), fp8 $(cat "$OUT"/binary_fp8_*.txt | median) tokens/s"
+  note "reference model, the threaded binary (null sink), steady from 64 vs $LONG segments, median of 2: bf16 $(cat "$OUT"/binary_bf16_*.txt | median), fp8 $(cat "$OUT"/binary_fp8_*.txt | median) tokens/s; in the $LONG-segment runs (--stats-json steady_tokens_per_second): bf16 $(cat "$OUT"/inrun_bf16_*.txt | median), fp8 $(cat "$OUT"/inrun_fp8_*.txt | median)"
 else
   note "(threaded binary rates skipped: $(elapsed) s gone)"
 fi
