@@ -7,7 +7,9 @@
 
 #include "core/process_stats.h"
 
-#define SAMPLES 4096 /* kept; when full, every other one goes and the interval doubles */
+#define SAMPLES                                                                                                        \
+    4096 /* kept; when full, every other one goes and the interval doubles (past a                                     \
+            second after about 35 minutes) */
 
 typedef struct sample {
     double t;
@@ -17,7 +19,9 @@ typedef struct sample {
 struct steady_rate {
     const sf_graph *graph;
     pthread_t thread;
-    int stop; /* atomic */
+    pthread_mutex_t lock;
+    pthread_cond_t wake; /* on CLOCK_MONOTONIC: stop wakes the sampler at once */
+    int stop;            /* under lock */
     int n;
     long interval_us;
     sample s[SAMPLES];
@@ -38,11 +42,17 @@ static void take(steady_rate *r)
 static void *sampler(void *arg)
 {
     steady_rate *r = arg;
-    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
+    pthread_mutex_lock(&r->lock);
+    while (!r->stop) {
         take(r);
-        const struct timespec pause = {0, r->interval_us * 1000};
-        nanosleep(&pause, NULL);
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        long long ns = until.tv_nsec + (long long)r->interval_us * 1000;
+        until.tv_sec += (time_t)(ns / 1000000000), until.tv_nsec = (long)(ns % 1000000000);
+        while (!r->stop && pthread_cond_timedwait(&r->wake, &r->lock, &until) == 0) {
+        }
     }
+    pthread_mutex_unlock(&r->lock);
     return NULL;
 }
 
@@ -52,7 +62,15 @@ steady_rate *steady_rate_start(const sf_graph *g)
     if (!r) return NULL;
     r->graph = g;
     r->interval_us = 1000;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->wake, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&r->lock, NULL);
     if (pthread_create(&r->thread, NULL, sampler, r) != 0) {
+        pthread_cond_destroy(&r->wake);
+        pthread_mutex_destroy(&r->lock);
         free(r);
         return NULL;
     }
@@ -70,13 +88,18 @@ static const sample *reached(const steady_rate *r, uint64_t at)
 double steady_rate_stop(steady_rate *r)
 {
     if (!r) return 0;
-    __atomic_store_n(&r->stop, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&r->lock);
+    r->stop = 1;
+    pthread_cond_signal(&r->wake);
+    pthread_mutex_unlock(&r->lock);
     pthread_join(r->thread, NULL);
     take(r); /* the final count */
     const uint64_t total = r->s[r->n - 1].tokens;
     const sample *a = reached(r, total / 4 > 0 ? total / 4 : 1), *b = reached(r, total - total / 4);
     double rate = 0;
     if (a && b && b->tokens > a->tokens && b->t > a->t) rate = (double)(b->tokens - a->tokens) / (b->t - a->t);
+    pthread_cond_destroy(&r->wake);
+    pthread_mutex_destroy(&r->lock);
     free(r);
     return rate;
 }
