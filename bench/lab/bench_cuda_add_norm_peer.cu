@@ -104,10 +104,6 @@ int main(int argc, char **argv)
     side a, b;
     make_side(a, 0, rows, 1);
     make_side(b, 1, rows, 2);
-    CUDA_OK(cudaSetDevice(0));
-    CUDA_OK(cudaDeviceEnablePeerAccess(1, 0));
-    CUDA_OK(cudaSetDevice(1));
-    CUDA_OK(cudaDeviceEnablePeerAccess(0, 0));
     /* each side's copies go to a buffer of their own on the other GPU */
     CUDA_OK(cudaSetDevice(1));
     CUDA_OK(cudaMalloc(&a.peer_u, (size_t)rows * DIM * 2));

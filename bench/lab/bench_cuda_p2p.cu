@@ -122,7 +122,6 @@ int main(int argc, char **argv)
     for (int i = 0; i < 2; i++) {
         g[i].dev = i;
         CUDA_OK(cudaSetDevice(i));
-        CUDA_OK(cudaDeviceEnablePeerAccess(1 - i, 0));
         CUDA_OK(cudaStreamCreateWithFlags(&g[i].copy, cudaStreamNonBlocking));
         CUDA_OK(cudaStreamCreateWithFlags(&g[i].work, cudaStreamNonBlocking));
         cudaEvent_t *ev[] = {&g[i].t0, &g[i].t1, &g[i].w0, &g[i].w1, &g[i].go};

@@ -154,10 +154,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "part views: %s\n", sf_last_error());
         return 1;
     }
-    CUDA_OK(cudaSetDevice(0));
-    CUDA_OK(cudaDeviceEnablePeerAccess(1, 0));
-    CUDA_OK(cudaSetDevice(1));
-    CUDA_OK(cudaDeviceEnablePeerAccess(0, 0));
     printf("part view: %d rows of %d (bf16) a rank, slices of %zu bytes (granularity %zu), median of %d\n", rows, DIM,
            slice, gran, reps);
     printf("%-8s %-26s %-8s %10s %13s\n", "product", "way", "check", "alone ms", "both GPUs ms");

@@ -30,7 +30,8 @@ static inline int lab_args(int argc, char **argv, const char *name, const char *
     return 0;
 }
 
-/* 0 when GPUs 0 and 1 exist and have peer access both ways; else 77 (a skip) after saying why. */
+/* 0 when GPUs 0 and 1 exist and have peer access both ways, which is then enabled; else 77 (a
+ * skip) after saying why. */
 static inline int lab_two_gpus(const char *name)
 {
     int n = 0, can01 = 0, can10 = 0;
@@ -43,6 +44,10 @@ static inline int lab_two_gpus(const char *name)
     if (!can01 || !can10) {
         printf("%s: skipped: no peer access between GPUs 0 and 1\n", name);
         return 77;
+    }
+    for (int i = 0; i < 2; i++) {
+        CUDA_OK(cudaSetDevice(i));
+        CUDA_OK(cudaDeviceEnablePeerAccess(1 - i, 0));
     }
     return 0;
 }
