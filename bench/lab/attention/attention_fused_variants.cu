@@ -118,6 +118,12 @@ extern "C" const char *sf_lab_attention_variant_name(int variant)
     case 42: return "as 39, copies only within a query tile";
     case 43: return "as 36 alongside its pre-pass, waits per branch";
     case 44: return "as 36 alongside its pre-pass, waits for all first";
+    case 45: return "128 keys x2, Q in smem, 3 blk/SM";
+    case 46: return "as 36, P V waited with the next S";
+    case 47: return "as 46, 64 keys x4";
+    case 48: return "as 36, out and next q rows into L2";
+    case 49: return "as 46 and 48";
+    case 50: return "as 45 and 48";
     default: return NULL;
     }
 }

@@ -45,8 +45,8 @@ bool att_wgmma_usable(const sf_attention_desc *desc);
 int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branches &br, const float *q, const float *k,
                      const float *v, float *out, unsigned char *ws, cudaStream_t stream);
 
-/* The same on bf16 q, k, v ([n, desc->ld], K/V read in place): variant 36 only (the product
- * kernel's lab twin), SF_E_UNSUPPORTED for others; mix non-NULL fuses the memory mix. */
+/* The same on bf16 q, k, v ([n, desc->ld], K/V read in place): variant 36 (the product kernel's
+ * lab twin) and 45-50, SF_E_UNSUPPORTED for others; mix non-NULL fuses the memory mix (36). */
 int att_wgmma_launch_bf16(int variant, const sf_attention_desc *desc, const att_branches &br, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, float *out, unsigned char *ws,
                           cudaStream_t stream, const sf_cuda_attention_mix *mix = nullptr);

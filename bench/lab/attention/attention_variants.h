@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define SF_LAB_ATTENTION_VARIANTS 45
+#define SF_LAB_ATTENTION_VARIANTS 51
 /* Variants from this one on stage K/V as bf16 in a workspace (attention_staged_variants.cu). */
 #define SF_LAB_ATTENTION_FIRST_WS_VARIANT 4
 /* Variants from this one on use Hopper wgmma (sm_90a, d = 64); on another device or head width

@@ -53,19 +53,27 @@
  * (~90 address instructions a thread in SASS); 1 once S = Q K^T is issued, 2 once P V is, both
  * under the products' latency and from pointers kept per thread (wg_stream). */
 template <int BN_, int STAGES_, bool OVERLAP_, bool QS_, int NWG_, bool STREAM_ = false, bool FA3_ = false,
-          int SOFTMAX_ = 0, int ISSUE_ = 0>
+          int SOFTMAX_ = 0, int ISSUE_ = 0, bool PREFETCH_ = false>
 struct wg_cfg {
     static constexpr int BN = BN_, STAGES = STAGES_, NWG = NWG_;
     static constexpr bool OVERLAP = OVERLAP_, QS = QS_, STREAM = STREAM_;
     /* FA3: FlashAttention-3's order, S of tile it and P V of tile it-1 in flight together; tile
      * it-1's slot is still read while tile it is, so loads run STAGES - 2 tiles ahead */
     static constexpr bool FA3 = FA3_;
-    static constexpr int AHEAD = FA3 ? STAGES - 2 : STAGES - 1;
+    static constexpr int ISSUE = ISSUE_;
+    /* ISSUE 3: as 1, and P V is left in flight at the end of a tile (the next tile's barrier and
+     * S = Q K^T are issued under it; its wait is S's): tile it-1's stage is still read while
+     * tile it's copies go out, so loads run STAGES - 2 tiles ahead, as in FA3 */
+    static constexpr bool PV_LATE = ISSUE == 3;
+    static constexpr int AHEAD = FA3 || PV_LATE ? STAGES - 2 : STAGES - 1;
+    static_assert(!PV_LATE || STAGES >= 3, "P V left in flight needs a stage besides this tile's and the next's");
+    /* PREFETCH: a query tile's rows of `out` (read again by its merge) and the next query tile's
+     * rows of q are asked into L2 when the tile starts, so neither load waits on memory */
+    static constexpr bool PREFETCH = PREFETCH_;
     static constexpr int SOFTMAX = SOFTMAX_;
     static constexpr bool TCSUM = (SOFTMAX & SM_TCSUM) != 0;
     static constexpr int ONES_BYTES = TCSUM ? SM_ONES_BYTES : 0; /* after the K/V stages */
     static_assert(!SOFTMAX || (!FA3 && !OVERLAP && NWG == 1), "the lean softmax is written for the plain loop");
-    static constexpr int ISSUE = ISSUE_;
     static_assert(!ISSUE || (!FA3 && !OVERLAP && NWG == 1), "late copies are written for the plain loop");
     static_assert(!FA3 || (STAGES >= 3 && NWG == 1 && QS && !OVERLAP), "FA3 order: one warpgroup, Q in smem");
     static constexpr int THREADS = 128 * NWG, BM = 64 * NWG; /* BM: query rows a tile */
@@ -80,6 +88,22 @@ struct wg_cfg {
 };
 
 #if SF_WGMMA_ENABLED
+/* Asks L2 for the 128-byte line at p (no register is written; a prefetch never faults). */
+__device__ __forceinline__ void lab_prefetch_l2(const void *p)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+/* Rows [x0, x1) of a head's q (row x at qbase + x * qstride, D values of QT): into L2, a line a
+ * thread, so that the query tile that loads them next finds them there. */
+template <class C, class QT>
+__device__ __forceinline__ void lab_prefetch_q_rows(const QT *qbase, size_t qstride, int x0, int x1)
+{
+    constexpr int LINES = WG_D * (int)sizeof(QT) / 128; /* 128-byte lines a row */
+    for (int i = threadIdx.x; i < (x1 - x0) * LINES; i += C::THREADS)
+        lab_prefetch_l2(qbase + (size_t)(x0 + i / LINES) * qstride + (i % LINES) * (128 / sizeof(QT)));
+}
+
 /* K and V rows [k0, k0 + BN) into the stage at shared address `stage`, swizzled. */
 template <class C>
 __device__ __forceinline__ void wg_issue_tile(const wg_src &s, int k0, uint32_t stage)
@@ -154,6 +178,11 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
     for (int p = 0; p < C::AHEAD; p++) {
         if (p < nkt) wg_issue_tile<C>(src, src.kbeg + p * BN, kv + p * C::STAGE);
         cp_async_commit();
+    }
+    if constexpr (C::PREFETCH) {
+        /* the 64 rows' 256 bytes of out this tile's merge reads: a 128-byte line a thread */
+        const int x = qs_w + tid / 2;
+        if (x < qe_w) lab_prefetch_l2(out + (size_t)(opos0 + x * ostep) * ld + (tid & 1) * 32);
     }
     uint32_t qf[WG_D / 16][4]; /* unused when QS */
     static_assert(QS || sizeof(QT) == sizeof(float), "bf16 queries are read into the shared Q tile");
@@ -269,9 +298,10 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
         reg_fence<WG_D / 2>(acc);
     } else if constexpr (!C::OVERLAP) {
         const wg_stream<C> copies(src);
-        /* tile it + STAGES - 1 into the stage of tile it-1, which everyone is done with */
+        /* tile it + AHEAD into the stage of tile it-1 (it-2 with PV_LATE), which everyone is done
+         * with */
         auto issue_next = [&](int it) {
-            const int nt = it + STAGES - 1;
+            const int nt = it + C::AHEAD;
             if (nt < nkt) {
                 if constexpr (C::ISSUE != 0)
                     copies.issue(nt, kv + (nt % STAGES) * C::STAGE);
@@ -281,9 +311,9 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
             cp_async_commit();
         };
         for (int it = 0; it < nkt; it++) {
-            cp_async_wait<STAGES - 2>(); /* this thread's part of tile `it` has landed */
-            fence_proxy_async();         /* ... and is visible to the tensor cores */
-            __syncthreads();             /* everyone's has, and tile it-1 is done with */
+            cp_async_wait<C::AHEAD - 1>(); /* this thread's part of tile `it` has landed */
+            fence_proxy_async();           /* ... and is visible to the tensor cores */
+            __syncthreads();               /* everyone's has, and tile it-1 (it-2) is done with */
             if constexpr (C::ISSUE == 0) issue_next(it);
             const int k0 = src.kbeg + it * BN;
             const uint32_t kaddr = kv + (it % STAGES) * C::STAGE;
@@ -291,9 +321,10 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
             wgmma_fence();
             wg_qk<BN, C::QS>(s, qf, qaddr, kaddr);
             wgmma_commit();
-            if constexpr (C::ISSUE == 1) issue_next(it);
-            wgmma_wait<0>();
+            if constexpr (C::ISSUE == 1 || C::PV_LATE) issue_next(it);
+            wgmma_wait<0>(); /* with PV_LATE also P V of tile it-1, issued before */
             reg_fence<BN / 2>(s);
+            if constexpr (C::PV_LATE) reg_fence<WG_D / 2>(acc);
             const bool need_mask = !qwin_same || k0 < wlo || k0 + BN > whi || (src.causal && k0 + BN - 1 > qs_w);
             if constexpr (C::SOFTMAX != 0) {
                 wg_softmax_lean<BN, C::SOFTMAX>(s, k0, src, wrow, need_mask, c, mrow, C::TCSUM ? lacc : lrow, acc, pa);
@@ -307,9 +338,15 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
             if constexpr (C::TCSUM) wg_rowsum<BN>(lacc, pa, ones);
             wgmma_commit();
             if constexpr (C::ISSUE == 2) issue_next(it);
+            if constexpr (!C::PV_LATE) {
+                wgmma_wait<0>();
+                reg_fence<WG_D / 2>(acc);
+            }
+            if constexpr (C::TCSUM) reg_fence<4>(lacc);
+        }
+        if constexpr (C::PV_LATE) {
             wgmma_wait<0>();
             reg_fence<WG_D / 2>(acc);
-            if constexpr (C::TCSUM) reg_fence<4>(lacc);
         }
     } else {
         /* S of tiles it and it+1 in two register sets used in turn (unrolled by 2): with one set
@@ -435,6 +472,8 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
             for (int qs = P / r; qs < qa1; qs += C::BM) {
                 const int qe = min(qs + C::BM, qa1);
                 att_key_range(g, qs, qe, dd.causal, &src.kbeg, &src.kend);
+                if constexpr (C::PREFETCH)
+                    lab_prefetch_q_rows<C>(q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qe, min(qe + C::BM, qa1));
                 wg_tile<C>(src, q + (size_t)o * ld + h * WG_D, (size_t)r * ld, qs, qe, o, r, P, outh, ld, c, qaddr, kv,
                            m_s, l_s, ones);
             }
@@ -442,9 +481,12 @@ __global__ void __launch_bounds__(C::THREADS, MINB)
         if (dd.n_global > 0) {
             const wg_src src = wg_global_src(st, h, dd.n_global);
             if constexpr (PRE == PRE_BRANCH) att_wait_ready(st.ready, st.nchunks, st.nchunks + gchunks - 1);
-            for (int qs = P; qs < Pend; qs += C::BM)
+            for (int qs = P; qs < Pend; qs += C::BM) {
+                if constexpr (C::PREFETCH)
+                    lab_prefetch_q_rows<C>(q + h * WG_D, ld, min(qs + C::BM, Pend), min(qs + 2 * C::BM, Pend));
                 wg_tile<C>(src, q + h * WG_D, ld, qs, min(qs + C::BM, Pend), 0, 1, P, outh, ld, c, qaddr, kv, m_s, l_s,
                            ones);
+            }
         }
         if constexpr (MIX)
             mix_block_rows(dd, h, P, Pend, q, out, l_s, smem + (kv - base), mix);
@@ -529,6 +571,13 @@ static int launch_wgmma(const sf_attention_desc *desc, const att_branches &br, c
     return SF_OK;
 }
 
+typedef wg_cfg<128, 2, false, true, 1, true, false, 0, 1> cfg45;
+typedef wg_cfg<64, 3, false, true, 1, true, false, 0, 3> cfg46;
+typedef wg_cfg<64, 4, false, true, 1, true, false, 0, 3> cfg47;
+typedef wg_cfg<64, 3, false, true, 1, true, false, 0, 1, true> cfg48;
+typedef wg_cfg<64, 3, false, true, 1, true, false, 0, 3, true> cfg49;
+typedef wg_cfg<128, 2, false, true, 1, true, false, 0, 1, true> cfg50;
+
 int att_wgmma_launch_bf16(int variant, const sf_attention_desc *desc, const att_branches &br, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, float *out, unsigned char *ws,
                           cudaStream_t stream, const sf_cuda_attention_mix *mix)
@@ -540,8 +589,15 @@ int att_wgmma_launch_bf16(int variant, const sf_attention_desc *desc, const att_
             return launch_wgmma<cfg36, 3, false, 0, PRE_NONE, __nv_bfloat16, true>(desc, br, q, k, v, out, ws, stream,
                                                                                     mix);
         return launch_wgmma<cfg36, 3, false, 0, PRE_NONE, __nv_bfloat16>(desc, br, q, k, v, out, ws, stream);
+    case 45: return launch_wgmma<cfg45, 3, false, 0, PRE_NONE, __nv_bfloat16>(desc, br, q, k, v, out, ws, stream);
+    case 46: return launch_wgmma<cfg46, 3, false, 0, PRE_NONE, __nv_bfloat16>(desc, br, q, k, v, out, ws, stream);
+    case 47: return launch_wgmma<cfg47, 3, false, 0, PRE_NONE, __nv_bfloat16>(desc, br, q, k, v, out, ws, stream);
+    case 48: return launch_wgmma<cfg48, 3, false, 0, PRE_NONE, __nv_bfloat16>(desc, br, q, k, v, out, ws, stream);
+    case 49: return launch_wgmma<cfg49, 3, false, 0, PRE_NONE, __nv_bfloat16>(desc, br, q, k, v, out, ws, stream);
+    case 50: return launch_wgmma<cfg50, 3, false, 0, PRE_NONE, __nv_bfloat16>(desc, br, q, k, v, out, ws, stream);
     default:
-        return sf_error(SF_E_UNSUPPORTED, "cuda attention: variant %d reads float32 q/k/v only (36 reads bf16)", variant);
+        return sf_error(SF_E_UNSUPPORTED, "cuda attention: variant %d reads float32 q/k/v only (36, 45-50 read bf16)",
+                        variant);
     }
 }
 
@@ -635,6 +691,16 @@ int att_wgmma_launch(int variant, const sf_attention_desc *desc, const att_branc
     case 44:
         return launch_wgmma<wg_cfg<64, 3, false, true, 1, true, false, 0, 1>, 3, false, 0, PRE_ALL>(
             desc, br, q, k, v, out, ws, stream);
+    /* 45: 128 keys a tile in two stages, Q in shared memory, three blocks a multiprocessor (10
+     * kept Q in registers and spilled); 46, 47: 36 with P V left in flight across the next
+     * tile's barrier and S = Q K^T, 3 and 4 stages; 48: 36 with out's and the next q rows asked
+     * into L2 at a tile's start; 49: 46 with that; 50: 45 with that */
+    case 45: return launch_wgmma<cfg45, 3>(desc, br, q, k, v, out, ws, stream);
+    case 46: return launch_wgmma<cfg46, 3>(desc, br, q, k, v, out, ws, stream);
+    case 47: return launch_wgmma<cfg47, 3>(desc, br, q, k, v, out, ws, stream);
+    case 48: return launch_wgmma<cfg48, 3>(desc, br, q, k, v, out, ws, stream);
+    case 49: return launch_wgmma<cfg49, 3>(desc, br, q, k, v, out, ws, stream);
+    case 50: return launch_wgmma<cfg50, 3>(desc, br, q, k, v, out, ws, stream);
     case 20:
     case 21:
     case 22:
