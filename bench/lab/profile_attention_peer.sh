@@ -33,8 +33,7 @@ if [ ! -x "$B/bench/bench_attention_variants" ]; then
 fi
 SECTIONS="--section LaunchStats --section Occupancy --section SpeedOfLight --section ComputeWorkloadAnalysis
   --section SchedulerStats --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis
-  --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio
-  --metrics regex:sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active"
+  --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active"
 # shellcheck disable=SC2086
 prof() { # name, kernel regex, launches to skip, command...
   local name=$1 re=$2 skip=$3
