@@ -1,7 +1,9 @@
 /* The product's CUDA attention kernels against their CPU twin sf_cpu_attention on small random
  * shapes: causal and not, partial segments, global tokens, d = 32/64/128, rows no branch covers.
  * Every path of sf_cuda_attention is run: the kernel it picks for this device (the wgmma kernel
- * on compute capability 9.0 at d = 64 and 128), the staged kernel (forced by telling the dispatch it runs
+ * on compute capability 9.0 at d = 64 and 128, the ping-pong kernel for bf16 q/k/v at d = 64
+ * where there are enough position blocks; the ping-pong kernel is also called directly on every
+ * shape it takes, plain and with the mix), the staged kernel (forced by telling the dispatch it runs
  * on compute capability 8.0, and called directly), the convert kernel (no workspace), the float32
  * kernel, bf16 q/k/v read in place where the wgmma kernel runs (refused elsewhere), and a head
  * width no tensor-core kernel was built for (the float32 fallback). Output poisoned with NaN
@@ -141,6 +143,12 @@ static void check_shape(const shape *s, const sf_cuda_device_info *dev, check_rn
                 expect("sf_cuda_attention, bf16 q/k/v in place", s,
                        sf_cuda_attention(&d16, bq, bk, bv, dout, ws, ws_bytes, 0, dev), dout, got, ref16, cnt,
                        TOL_BF16);
+                if (sf_cuda_attention_pingpong_usable(&d16, dev)) {
+                    POISON();
+                    expect("sf_cuda_attention_pingpong, bf16 q/k/v", s,
+                           sf_cuda_attention_pingpong(&d16, bq, bk, bv, dout, NULL, ws, ws_bytes, 0), dout, got,
+                           ref16, cnt, TOL_BF16);
+                }
                 POISON();
                 expect("sf_cuda_attention_wgmma, float32 q/k/v", s,
                        sf_cuda_attention_wgmma(&desc, dq, dk, dv, dout, NULL, ws, ws_bytes, 0), dout, got, ref, cnt,
@@ -294,6 +302,17 @@ static void check_non_finite(const shape *s, int bad_global, const sf_cuda_devic
                              ? SF_OK
                              : SF_E_BACKEND;
                 expect_nf("sf_cuda_attention, bf16 q/k/v in place", s, rc, got, NULL, ref16, TOL_BF16);
+                const int pingpong = sf_cuda_attention_pingpong_usable(&d16, dev);
+                if (pingpong) {
+                    CHECK(cudaMemset(dout, 0, cnt * sizeof(float)) == cudaSuccess);
+                    rc = sf_cuda_attention_pingpong(&d16, bq, bk, bv, dout, NULL, ws, ws_bytes, 0);
+                    if (rc == SF_OK)
+                        rc = cudaDeviceSynchronize() == cudaSuccess &&
+                                     cudaMemcpy(got, dout, cnt * 4, cudaMemcpyDeviceToHost) == cudaSuccess
+                                 ? SF_OK
+                                 : SF_E_BACKEND;
+                    expect_nf("sf_cuda_attention_pingpong", s, rc, got, NULL, ref16, TOL_BF16);
+                }
 
                 float *zh = mh + mcnt, *gh = zh + 64 * (size_t)s->heads;
                 for (size_t i = 0; i < mcnt; i++) mh[i] = (float)(0.02 * check_rng_uniform(rng));
@@ -318,6 +337,16 @@ static void check_non_finite(const shape *s, int bad_global, const sf_cuda_devic
                         expect_nf("sf_cuda_attention_with_mix (fused)", s, rc, NULL, mixed, ref16, TOL_BF16);
                     else
                         CHECK(rc == SF_E_UNSUPPORTED);
+                    if (pingpong) { /* the ping-pong kernel's own mix */
+                        CHECK(cudaMemset(dmix, 0, cnt * 2) == cudaSuccess);
+                        rc = sf_cuda_attention_pingpong(&d16, bq, bk, bv, dout, &mix, ws, ws_bytes, 0);
+                        if (rc == SF_OK)
+                            rc = cudaDeviceSynchronize() == cudaSuccess &&
+                                         cudaMemcpy(mixed, dmix, cnt * 2, cudaMemcpyDeviceToHost) == cudaSuccess
+                                     ? SF_OK
+                                     : SF_E_BACKEND;
+                        expect_nf("sf_cuda_attention_pingpong with the mix", s, rc, NULL, mixed, ref16, TOL_BF16);
+                    }
                 }
                 cudaFree(dm), cudaFree(dmix);
             }
@@ -382,6 +411,9 @@ int main(void)
         {2, 128, 1024, 1000, 0, 0, 2, {{128, 1}, {1024, 8}}},
         {2, 64, 2048, 2000, 1, 16, 2, {{256, 1}, {2048, 16}}},
         {2, 64, 3840, 3000, 1, 0, 5, {{64, 1}, {128, 2}, {192, 3}, {256, 4}, {320, 5}}},
+        /* enough position blocks times heads for sf_cuda_attention to take the ping-pong kernel
+         * on an H100 (at least one a multiprocessor) */
+        {24, 64, 4096, 4000, 1, 32, 3, {{128, 1}, {256, 2}, {512, 4}}},
     };
     check_rng rng = {12345};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(&shapes[i], &dev, &rng);

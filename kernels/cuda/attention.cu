@@ -1,6 +1,6 @@
 /* sf_cuda_attention: which attention kernel runs (cuda_attention.h lists them). By compute
- * capability, head width, q/k/v type and whether there is a workspace; nothing else, so that a
- * shape runs the same kernel, and gives the same bits, every time. */
+ * capability, head width, q/k/v type, the branches and whether there is a workspace; nothing
+ * else, so that a shape runs the same kernel, and gives the same bits, every time. */
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_attention.h"
@@ -20,6 +20,11 @@ extern "C" int sf_cuda_attention(const sf_attention_desc *desc, const void *q, c
             return sf_error(SF_E_UNSUPPORTED,
                             "cuda attention: bf16 q/k/v are read by the wgmma kernel only (compute capability 9.0, "
                             "d = 64 or 128, a workspace)");
+        if (sf_cuda_attention_pingpong_preferred(desc, dev)) {
+            const int rc = sf_cuda_attention_pingpong(desc, q, k, v, out, NULL, workspace, workspace_bytes, stream);
+            if (rc != SF_E_UNSUPPORTED) return rc;
+            sf_clear_error();
+        }
         return sf_cuda_attention_wgmma(desc, q, k, v, out, NULL, workspace, workspace_bytes, stream);
     }
     const float *qf = static_cast<const float *>(q), *kf = static_cast<const float *>(k),
@@ -45,5 +50,10 @@ extern "C" int sf_cuda_attention_with_mix(const sf_attention_desc *desc, const v
     if (desc->qkv_type != SF_DTYPE_BF16 || !mix || !mix->out || desc->n <= 0 || desc->head_dim != 64 ||
         !sf_cuda_attention_wgmma_usable(desc, dev) || ((uintptr_t)mix->out | (uintptr_t)a) % 16)
         return SF_E_UNSUPPORTED; /* not an error: the caller runs the attention and the mix */
+    if (sf_cuda_attention_pingpong_preferred(desc, dev)) {
+        const int rc = sf_cuda_attention_pingpong(desc, q, k, v, a, mix, workspace, workspace_bytes, stream);
+        if (rc != SF_E_UNSUPPORTED) return rc;
+        sf_clear_error();
+    }
     return sf_cuda_attention_wgmma(desc, q, k, v, a, mix, workspace, workspace_bytes, stream);
 }

@@ -50,14 +50,21 @@ __device__ static inline int stream_column(int t, int j, int e) { return 4 * t +
  * reads its two registers of a fragment with one conflict-free 8-byte load. Its rows follow
  * stream_feature_of; its columns stream_column (the mix), or, v_columns, stream_feature_of
  * (the delta update: the C fragments then land on the v words the lane holds). */
-__device__ static inline void stage_stream_b(const float *__restrict__ Mh, uint2 *sB, bool v_columns)
+__device__ static inline void stage_stream_b(const float *__restrict__ Mh, uint2 *sB, bool v_columns, int first,
+                                             int step)
 {
-    for (int e = threadIdx.x; e < 4 * 8 * 32; e += blockDim.x) {
+    for (int e = first; e < 4 * 8 * 32; e += step) {
         const int kk = e >> 8, j = (e >> 5) & 7, lane = e & 31, g = lane >> 2, t = lane & 3;
         const float *col = Mh + (v_columns ? stream_feature_of(g >> 1, j, g & 1) : stream_column(g >> 1, j, g & 1));
         const float *m0 = col + 64 * stream_feature_of(t, 2 * kk, 0), *m1 = col + 64 * stream_feature_of(t, 2 * kk + 1, 0);
         sB[e] = make_uint2(pack_bf16x2(__ldg(m0), __ldg(m0 + 64)), pack_bf16x2(__ldg(m1), __ldg(m1 + 64)));
     }
+}
+
+/* The same, every thread of the block taking its share. */
+__device__ static inline void stage_stream_b(const float *__restrict__ Mh, uint2 *sB, bool v_columns)
+{
+    stage_stream_b(Mh, sB, v_columns, threadIdx.x, blockDim.x);
 }
 
 /* A fragments of sigma(x) for a lane's two rows (raw: its two 16-byte runs a row), and
@@ -183,12 +190,19 @@ __device__ static inline void stream_mix_rows(int first, int step, int end, size
     }
 }
 
-/* M_h and z_h of head h into shared memory for stream_mix_rows; the caller's barrier publishes them */
+/* M_h and z_h of head h into shared memory for stream_mix_rows, by the threads first, first +
+ * step, ... of those taking part (every thread of the block when not given); the caller's
+ * barrier publishes them */
+__device__ static inline void stage_stream_mix(const float *__restrict__ M, const float *__restrict__ z, int h,
+                                               uint2 *sB, float *sz, int first, int step)
+{
+    stage_stream_b(M + (size_t)h * 64 * 64, sB, false, first, step);
+    for (int i = first; i < 64; i += step) sz[i] = z[(size_t)h * 64 + i];
+}
 __device__ static inline void stage_stream_mix(const float *__restrict__ M, const float *__restrict__ z, int h,
                                                uint2 *sB, float *sz)
 {
-    stage_stream_b(M + (size_t)h * 64 * 64, sB, false);
-    for (int i = threadIdx.x; i < 64; i += blockDim.x) sz[i] = z[(size_t)h * 64 + i];
+    stage_stream_mix(M, z, h, sB, sz, threadIdx.x, blockDim.x);
 }
 
 /* grid (heads, row blocks of STREAM_MIX_ROWS): out = g (sigma(q) M / den) + (1 - g) a, as bf16.

@@ -83,6 +83,22 @@ int sf_cuda_attention_wgmma(const sf_attention_desc *desc, const void *q, const 
                             const sf_cuda_attention_mix *mix, void *workspace, size_t workspace_bytes,
                             cudaStream_t stream);
 
+/* Whether the ping-pong kernel runs desc on device `dev`: compute capability 9.0, d = 64, bf16
+ * q/k/v, the branches' dilations summing to at most 8, and this binary holds its sm_90a image. */
+int sf_cuda_attention_pingpong_usable(const sf_attention_desc *desc, const sf_cuda_device_info *dev);
+
+/* Whether sf_cuda_attention runs desc on the ping-pong kernel: usable, and with at least as
+ * many work items (position blocks times heads) as the device has multiprocessors. */
+int sf_cuda_attention_pingpong_preferred(const sf_attention_desc *desc, const sf_cuda_device_info *dev);
+
+/* The ping-pong kernel (attention_pingpong.cu): bf16 q/k/v read in place, d = 64, a workspace;
+ * `mix` NULL or the fused mix, as sf_cuda_attention_wgmma. SF_E_UNSUPPORTED, no error set, where
+ * the copy engine cannot map q/k/v (the caller runs the wgmma kernel). The caller has checked
+ * sf_cuda_attention_pingpong_usable. */
+int sf_cuda_attention_pingpong(const sf_attention_desc *desc, const void *q, const void *k, const void *v, float *out,
+                               const sf_cuda_attention_mix *mix, void *workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+
 /* The staged kernel (attention_staged.cu): float32 q/k/v, d = 32, 64 or 128, a workspace. */
 int sf_cuda_attention_staged(const sf_attention_desc *desc, const float *q, const float *k, const float *v, float *out,
                              void *workspace, size_t workspace_bytes, cudaStream_t stream);
