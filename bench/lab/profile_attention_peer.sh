@@ -7,8 +7,9 @@
 # Nsight Compute (ncu, clocks not locked) on one launch of each of:
 # 1. PyTorch SDPA's cuDNN kernel on dense causal 2048-token windows at d = 64, 112 windows (7 x
 #    16 heads: the reference branches' useful work) and at d = 128, 56 windows (7 x 8), bf16;
-# 2. the product's wgmma kernel (its lab twin, variant 36, on bf16 q/k/v read in place) on the
-#    reference branches with 256 global tokens, d = 64.
+# 2. the product's wgmma kernel (its lab twin, variant 36, on bf16 q/k/v read in place) and its
+#    ping-pong kernel (what sf_cuda_attention runs there) on the reference branches with 256
+#    global tokens, d = 64.
 # For each: launch shape (grid, threads, registers, shared memory), occupancy, issue slots, pipe
 # utilization, warp stall reasons, instruction counts, L2 and DRAM throughput. The point is what
 # structure reaches cuDNN's rate, not the rates themselves (bench/attention_yardstick.sh).
@@ -59,6 +60,9 @@ done
 # the reference shape G256 comes first in the timing table: its float path first (other kernels),
 # then variant 36 on bf16 q/k/v, whose second launch (the first timed) is the one profiled
 ATT_TIME_ONLY=1 OPENBLAS_NUM_THREADS=1 prof product_ref_g256 "attention_wgmma_variant.*bfloat16" 1 \
+  "$B/bench/bench_attention_variants" 2 36
+# the product's dispatch on the same shape: the ping-pong kernel where it runs
+ATT_TIME_ONLY=1 OPENBLAS_NUM_THREADS=1 prof pingpong_ref_g256 "attention_pingpong" 1 \
   "$B/bench/bench_attention_variants" 2 36
 # the kernel's pieces: the metrics the summary reads, for each profile
 {
