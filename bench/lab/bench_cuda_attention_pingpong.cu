@@ -3,7 +3,7 @@
  *   product:  the product's wgmma kernel (sf_cuda_attention_wgmma) on one branch 2048:1 without
  *             global tokens, q/k/v read in place, as bench_attention_variants times "dense 2048
  *             causal";
- *   pingpong: the lab's persistent, warp-specialized kernel (attention_pingpong.cu) with 2, 3
+ *   pingpong: the lab's persistent, warp-specialized kernel (attention_pingpong_dense.cu) with 2, 3
  *             and 4 K/V stages.
  *
  * Checks each pingpong form against the product on the same inputs (relative L2 difference of

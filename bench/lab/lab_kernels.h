@@ -46,7 +46,7 @@ int sf_lab_add_norm_bulk(const __nv_bfloat16 *p0, const __nv_bfloat16 *p1, int n
                          const float *weight, float eps, __nv_bfloat16 *u, __nv_bfloat16 *peer, int rows_per_warp,
                          int warps_per_block, cudaStream_t stream);
 
-/* attention_pingpong.cu: dense causal attention over windows of `win` rows (a multiple of 128
+/* attention_pingpong_dense.cu: dense causal attention over windows of `win` rows (a multiple of 128
  * dividing n), d = 64, in FlashAttention-3's and cuDNN's layout: a persistent CTA a
  * multiprocessor, a producer loading Q and 128-key K/V tiles by the copy engine into a ring of
  * `stages` (2-4), two consumer warpgroups taking turns on the tensor cores. q, k, v bf16 [n, ld]

@@ -23,7 +23,7 @@
  * warpgroup 1 sets them to 0 in the slot during its softmax (before either warpgroup's P V of
  * that tile, which comes in their next turns) and leaves the keys it found for warpgroup 2;
  * each then makes NaN its rows that see such a key, as the wgmma kernel does.
- * The variants this structure was chosen against are in bench/lab/ (attention_pingpong.cu, the
+ * The variants this structure was chosen against are in bench/lab/ (attention_pingpong_dense.cu, the
  * dense form first measured; bench/lab/ATTENTION_NOTES.md). */
 #include <math.h>
 #include <stdint.h>

@@ -1,5 +1,7 @@
 /* Dilated local attention on Hopper warpgroup MMA (wgmma, sm_90a), d = 64 and 128 (SPEC 3, 5);
- * reference: sf_cpu_attention. sf_cuda_attention runs it on compute capability 9.0.
+ * reference: sf_cpu_attention. sf_cuda_attention runs it on compute capability 9.0 where the
+ * ping-pong kernel (attention_pingpong.cu) does not: float32 q/k/v, d = 128, and bf16 q/k/v at
+ * d = 64 with fewer position blocks times heads than multiprocessors.
  *
  * Same contract, workspace and block structure as the staged kernel (attention_staged.cuh):
  * the shared pre-pass stages K/V/globals as bf16 [head][row][d] (or, for bf16 q/k/v as qkv

@@ -15,6 +15,9 @@
  * values never reach it (attention_mma.cuh says how the bf16 kernels make sure).
  *
  * The kernels (bench/lab/README.md tells the variants they won against):
+ *   attention_pingpong.cu Hopper, bf16 q/k/v in place, d = 64: a persistent CTA a multiprocessor,
+ *                         K/V by the copy engine, two consumer warpgroups taking turns on the
+ *                         tensor cores; where there are enough position blocks times heads
  *   attention_wgmma.cu    Hopper wgmma (compute capability 9.0, sm_90a image), d = 64, 128; reads
  *                         float32 q/k/v through the bf16 pre-pass or bf16 q/k/v in place
  *   attention_staged.cu   portable mma.sync, bf16 K/V staged by the pre-pass, d = 32, 64, 128
@@ -37,9 +40,10 @@ extern "C" {
 /* Precision bf16: the fastest kernel for this device, head width and q/k/v type, bf16 tensor
  * cores with float32 accumulation and softmax. `dev` is the device `stream` runs on (its compute
  * capability picks the kernel; a test may pass another to force the portable kernels).
- * - q/k/v of desc->qkv_type bf16 ([n, ld] as qkv wrote them): the wgmma kernel reads them in
- *   place where it runs (workspace given); elsewhere SF_E_UNSUPPORTED, and the caller widens
- *   them to float32 and calls again.
+ * - q/k/v of desc->qkv_type bf16 ([n, ld] as qkv wrote them): the ping-pong kernel reads them in
+ *   place where sf_cuda_attention_pingpong_preferred says so, else the wgmma kernel where it runs
+ *   (workspace given); elsewhere SF_E_UNSUPPORTED, and the caller widens them to float32 and
+ *   calls again.
  * - float32 q/k/v with a workspace: the wgmma kernel where it runs, else the staged kernel;
  *   workspace NULL: the convert kernel. Shapes none of these was built for (other head widths,
  *   unaligned rows or strides) run the float32 kernel: slower, never less exact.
