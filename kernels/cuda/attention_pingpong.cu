@@ -70,18 +70,19 @@ struct pp_smem {
     static size_t bytes(long T) { return 1024 + ML + 2 * (size_t)T * sizeof(float); }
 };
 
-/* The CTA's k-th item (position block, head) of the heaviest-first list: round k / G... in a
- * snake; -1 past the end. */
+/* The CTA's k-th item (position block, head) of the heaviest-first list, for a grid of G CTAs:
+ * item k G + b in round k, k G + G - 1 - b in odd rounds (a snake, so that the rounds' costs even
+ * out over the CTAs); -1 past the end. */
 __device__ __forceinline__ int pp_item(int k, int items)
 {
     const int G = gridDim.x, round = k, i = round * G + (round & 1 ? G - 1 - (int)blockIdx.x : (int)blockIdx.x);
     return i < items ? i : -1;
 }
 
-/* Walks item i's query tiles in the order every role takes them: each branch, then the global
- * tokens (b = br.count), calling tile(b, map, qs, qe, kbeg, kend, g) for the dilated query rows
- * [qs, qe) and keys [kbeg, kend) (g: the branch's rows; unused for the global tokens). Tiles
- * with no keys are left out, by every role alike. */
+/* Walks the query tiles of head h's position block [P, P + T) in the order every role takes them: each branch, then the
+ * global tokens (b = br.count), calling tile(b, map, qs, qe, kbeg, kend, g) for the dilated query rows [qs, qe) and
+ * keys [kbeg, kend) (g: the branch's rows; unused for the global tokens). Tiles with no keys are left out, by every
+ * role alike. */
 template <class F>
 __device__ __forceinline__ void pp_walk(const sf_attention_desc &dd, const att_branches &br, const pp_maps &maps, int h,
                                         int P, int T, F tile)
