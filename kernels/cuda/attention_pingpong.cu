@@ -1,11 +1,13 @@
 /* Dilated local attention on Hopper in FlashAttention-3's and cuDNN's layout (sm_90a, d = 64, bf16
  * q/k/v read in place; SPEC 3 and 5); reference: sf_cpu_attention. sf_cuda_attention runs it where
- * it can (sf_cuda_attention_pingpong_usable) and the wgmma kernel (attention_wgmma.cu) elsewhere.
+ * it runs and has at least one item a multiprocessor (sf_cuda_attention_pingpong_preferred), and
+ * the wgmma kernel (attention_wgmma.cu) elsewhere.
  *
  * The work is the wgmma kernel's: an item is T positions of one head (att_block_positions with
  * 128-row query tiles), whose every branch's query tiles and then the global tokens' are merged
  * into `out` by log-sum-exp (m_s, l_s in shared memory), then normalized, or mixed with the
- * memory's retrieval (the fused mix). What changes is who does what:
+ * memory's retrieval (the fused mix); with one branch without dilation and no global tokens
+ * each row has one tile, which stores it normalized. What changes is who does what:
  * - one persistent CTA a multiprocessor (384 threads) walks items, heaviest first, in a snake
  *   (CTA b takes item b of the first round, G - 1 - b of the second, ...), so the rounds' costs
  *   even out;
