@@ -5,10 +5,12 @@
 #   bash bench/ab_builds.sh BUILD_A BUILD_B [MODEL]
 #
 # Each side's steady rate: null sink, a 64-segment and a LONG-segment run of 8192-token segments,
-# tokens/s from the difference of the runs' own times (start-up cancels out). AB_PAIRS (default
-# 5) pairs, A then B, alternating so that drift falls on both alike; the median of B/A is the
-# answer. MODEL: a bench_gpu_pipeline preset (default reference), made with
-# BUILD_A's bench_gpu_pipeline, so both read the same file; AB_MODEL_ARGS adds --make-model options
+# tokens/s from the difference of the runs' own times (start-up cancels out), and the long run's
+# own steady rate (`--stats-json` steady_tokens_per_second), whose ratios spread less. AB_PAIRS
+# (default 5) pairs, A then B, alternating so that drift falls on both alike; the medians of B/A
+# (the two runs' and the in-run rates') are the answer. MODEL: a bench_gpu_pipeline preset
+# (default reference), made with BUILD_A's bench_gpu_pipeline, so both read the same file;
+# AB_MODEL_ARGS adds --make-model options
 # (e.g. "--heads 8": the reference model as 8 heads of 128), and the model is then made with
 # BUILD_B's, whose options an older A may lack. AB_RUN_ARGS adds `seqflow run` options to both
 # sides (e.g. "--precision fp8"); AB_ENV_A and AB_ENV_B set environment variables for one side
@@ -50,17 +52,35 @@ seconds() { # build segments environment
     python3 -c "print($t1 - $t0)"
   fi
 }
-rate() { # build environment
+# rate BUILD ENVIRONMENT: the two runs' rate; the long run's own steady rate (--stats-json
+# steady_tokens_per_second, between a quarter and three quarters of its output: no start-up in
+# it, and a spread of about 1% between repetitions against several % for the two runs') goes to
+# $D/ab_inrun.txt (0 where the binary does not report it)
+rate() {
   local short long
   short=$(seconds "$1" 64 "$2")
   long=$(seconds "$1" "$LONG" "$2")
+  python3 -c 'import json, sys
+try:
+    print("%.0f" % json.load(open(sys.argv[1])).get("steady_tokens_per_second", 0))
+except (OSError, ValueError):
+    print(0)' "$D/ab_stats.json" >"$D/ab_inrun.txt"
   python3 -c "print('%.0f' % (($LONG - 64) * $N / ($long - $short)))"
 }
+median() { python3 -c 'import statistics, sys; v = [float(x) for x in sys.argv[1:]]; print("%.4f" % statistics.median(v) if v else "-")' "$@"; }
 for r in $(seq "${AB_PAIRS:-5}"); do
   a=$(rate "$A" "${AB_ENV_A:-}")
+  ai=$(cat "$D/ab_inrun.txt")
   b=$(rate "$B" "${AB_ENV_B:-}")
+  bi=$(cat "$D/ab_inrun.txt")
   echo "AB builds $MODEL$extra pair $r: $A $a tokens/s, $B $b tokens/s, ratio $(python3 -c "print('%.4f' % ($b / $a))")"
+  if [ "$ai" != 0 ] && [ "$bi" != 0 ]; then
+    echo "AB builds $MODEL$extra in-run pair $r: $A $ai tokens/s, $B $bi tokens/s, ratio $(python3 -c "print('%.4f' % ($bi / $ai))")"
+  fi
 done | tee -a "$out/ab_builds.txt"
 ratios=$(sed -n "s/^AB builds $MODEL$extra pair .* ratio \([0-9.]*\)$/\1/p" "$out/ab_builds.txt" | tail -n "${AB_PAIRS:-5}")
-echo "AB builds $MODEL$extra $B / $A: median ratio $(python3 -c "import statistics; print('%.4f' % statistics.median([float(x) for x in '''$ratios'''.split()]))")" |
-  tee -a "$out/ab_builds.txt"
+echo "AB builds $MODEL$extra $B / $A: median ratio $(median $ratios)" | tee -a "$out/ab_builds.txt"
+inrun=$(sed -n "s/^AB builds $MODEL$extra in-run pair .* ratio \([0-9.]*\)$/\1/p" "$out/ab_builds.txt" | tail -n "${AB_PAIRS:-5}")
+if [ -n "$inrun" ]; then
+  echo "AB builds $MODEL$extra $B / $A: in-run median ratio $(median $inrun)" | tee -a "$out/ab_builds.txt"
+fi

@@ -81,6 +81,6 @@ for args in "" "--heads 8"; do
   AB_PAIRS=$PAIRS AB_MODEL_ARGS="$args" OUT=$OUT/ab bash bench/ab_builds.sh "$OTHER/b" build-gpu reference \
     >"$OUT/ab_builds$(echo "$args" | tr -dc 'a-z0-9').txt" 2>&1
   note "== binary, other then this, reference model $args"
-  tail -4 "$OUT/ab_builds$(echo "$args" | tr -dc 'a-z0-9').txt" | tee -a "$SUMMARY"
+  grep -E "^AB builds" "$OUT/ab_builds$(echo "$args" | tr -dc 'a-z0-9').txt" | tee -a "$SUMMARY"
 done
 note "done in $((SECONDS - START)) s"
