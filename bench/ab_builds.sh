@@ -17,7 +17,7 @@
 # (e.g. AB_ENV_A=SEQFLOW_CUDA_GATE_UP=0 with the same build twice: a setting's A/B). Logs under
 # $OUT (or /tmp/ab_out).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 case "${1:-}" in -h | --help | "") echo "usage: $0 BUILD_A BUILD_B [MODEL]  (AB_PAIRS, AB_LONG, AB_MODEL_ARGS, AB_RUN_ARGS, AB_ENV_A, AB_ENV_B, OUT)"; exit 2 ;; esac
 [ $# -ge 2 ] || { echo "usage: $0 BUILD_A BUILD_B [MODEL]" >&2; exit 2; }
 A=$1 B=$2 MODEL=${3:-reference}
@@ -79,8 +79,10 @@ for r in $(seq "${AB_PAIRS:-5}"); do
   fi
 done | tee -a "$out/ab_builds.txt"
 ratios=$(sed -n "s/^AB builds $MODEL$extra pair .* ratio \([0-9.]*\)$/\1/p" "$out/ab_builds.txt" | tail -n "${AB_PAIRS:-5}")
+# shellcheck disable=SC2086 # the ratios split into words
 echo "AB builds $MODEL$extra $B / $A: median ratio $(median $ratios)" | tee -a "$out/ab_builds.txt"
 inrun=$(sed -n "s/^AB builds $MODEL$extra in-run pair .* ratio \([0-9.]*\)$/\1/p" "$out/ab_builds.txt" | tail -n "${AB_PAIRS:-5}")
 if [ -n "$inrun" ]; then
+  # shellcheck disable=SC2086
   echo "AB builds $MODEL$extra $B / $A: in-run median ratio $(median $inrun)" | tee -a "$out/ab_builds.txt"
 fi
