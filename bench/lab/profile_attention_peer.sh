@@ -45,6 +45,7 @@ prof() { # name, kernel regex, launches to skip, command...
 : >"$OUT/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >>"$OUT/summary.txt"
 for cfg in "7 16 64" "7 8 128"; do
+  # shellcheck disable=SC2086 # the three numbers split into words
   set -- $cfg
   prof "cudnn_${1}x${2}_d$3" "(?i)(sdpa|fmha|flash|attn|attention)" 3 python3 - "$1" "$2" "$3" <<'EOF'
 import sys, torch, torch.nn.functional as F
