@@ -217,6 +217,17 @@ static void expect_nf(const char *path, const shape *s, int rc, const float *got
     if (!wrong && err <= tol) printf("  ok: %s, non-finite K/V, d=%d n=%d causal=%d G=%d\n", path, s->d, s->n, s->causal, s->n_global);
 }
 
+/* rc, or, once the launch behind it is done, the download of `bytes` from dev_src into host:
+ * SF_OK, or SF_E_BACKEND when either fails */
+static int fetch(int rc, void *host, const void *dev_src, size_t bytes)
+{
+    if (rc != SF_OK) return rc;
+    return cudaDeviceSynchronize() == cudaSuccess &&
+                   cudaMemcpy(host, dev_src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess
+               ? SF_OK
+               : SF_E_BACKEND;
+}
+
 /* bad_global: a NaN in the first global token's V too (every row sees it) */
 static void check_non_finite(const shape *s, int bad_global, const sf_cuda_device_info *dev, check_rng *rng)
 {
@@ -260,15 +271,11 @@ static void check_non_finite(const shape *s, int bad_global, const sf_cuda_devic
     if (dq && dk && dv && dgk && dgv && dout && ws) {
         desc.gk = dgk, desc.gv = dgv;
         const sf_cuda_device_info portable = {dev->device, 8, 0};
-#define RUN_NF(path, call, tol)                                                                                     \
-    do {                                                                                                           \
-        CHECK(cudaMemset(dout, 0, cnt * sizeof(float)) == cudaSuccess);                                          \
-        int rc_ = (call);                                                                                          \
-        if (rc_ == SF_OK) rc_ = cudaDeviceSynchronize() == cudaSuccess &&                                        \
-                                        cudaMemcpy(got, dout, cnt * 4, cudaMemcpyDeviceToHost) == cudaSuccess      \
-                                    ? SF_OK                                                                        \
-                                    : SF_E_BACKEND;                                                                \
-        expect_nf(path, s, rc_, got, NULL, ref, tol);                                                              \
+#define RUN_NF(path, call, tol)                                                                                        \
+    do {                                                                                                               \
+        CHECK(cudaMemset(dout, 0, cnt * sizeof(float)) == cudaSuccess);                                                \
+        const int rc_ = fetch((call), got, dout, cnt * 4);                                                             \
+        expect_nf(path, s, rc_, got, NULL, ref, tol);                                                                  \
     } while (0)
         RUN_NF("sf_cuda_attention", sf_cuda_attention(&desc, dq, dk, dv, dout, ws, ws_bytes, 0, dev), TOL_BF16);
         RUN_NF("staged (compute capability 8.0)",
@@ -296,21 +303,13 @@ static void check_non_finite(const shape *s, int bad_global, const sf_cuda_devic
                 const uint16_t *bq = b16, *bk = bq + cnt, *bv = bk + cnt;
                 CHECK(cudaMemset(dout, 0, cnt * sizeof(float)) == cudaSuccess);
                 int rc = sf_cuda_attention(&d16, bq, bk, bv, dout, ws, ws_bytes, 0, dev);
-                if (rc == SF_OK)
-                    rc = cudaDeviceSynchronize() == cudaSuccess &&
-                                 cudaMemcpy(got, dout, cnt * 4, cudaMemcpyDeviceToHost) == cudaSuccess
-                             ? SF_OK
-                             : SF_E_BACKEND;
+                rc = fetch(rc, got, dout, cnt * 4);
                 expect_nf("sf_cuda_attention, bf16 q/k/v in place", s, rc, got, NULL, ref16, TOL_BF16);
                 const int pingpong = sf_cuda_attention_pingpong_usable(&d16, dev);
                 if (pingpong) {
                     CHECK(cudaMemset(dout, 0, cnt * sizeof(float)) == cudaSuccess);
                     rc = sf_cuda_attention_pingpong(&d16, bq, bk, bv, dout, NULL, ws, ws_bytes, 0);
-                    if (rc == SF_OK)
-                        rc = cudaDeviceSynchronize() == cudaSuccess &&
-                                     cudaMemcpy(got, dout, cnt * 4, cudaMemcpyDeviceToHost) == cudaSuccess
-                                 ? SF_OK
-                                 : SF_E_BACKEND;
+                    rc = fetch(rc, got, dout, cnt * 4);
                     expect_nf("sf_cuda_attention_pingpong", s, rc, got, NULL, ref16, TOL_BF16);
                 }
 
@@ -326,11 +325,7 @@ static void check_non_finite(const shape *s, int bad_global, const sf_cuda_devic
                     CHECK(cudaMemset(dmix, 0, cnt * 2) == cudaSuccess);
                     rc = sf_cuda_attention_with_mix(&d16, bq, bk, bv, dout, &mix, ws, ws_bytes, 0, dev);
                     uint16_t *mixed = bits + 3 * cnt;
-                    if (rc == SF_OK)
-                        rc = cudaDeviceSynchronize() == cudaSuccess &&
-                                     cudaMemcpy(mixed, dmix, cnt * 2, cudaMemcpyDeviceToHost) == cudaSuccess
-                                 ? SF_OK
-                                 : SF_E_BACKEND;
+                    rc = fetch(rc, mixed, dmix, cnt * 2);
                     /* the mix adds the memory's finite retrieval: finiteness is A_dot's. Its memory
                      * is 64 x 64 a head: other widths are refused, nothing launched */
                     if (s->d == 64)
@@ -340,11 +335,7 @@ static void check_non_finite(const shape *s, int bad_global, const sf_cuda_devic
                     if (pingpong) { /* the ping-pong kernel's own mix */
                         CHECK(cudaMemset(dmix, 0, cnt * 2) == cudaSuccess);
                         rc = sf_cuda_attention_pingpong(&d16, bq, bk, bv, dout, &mix, ws, ws_bytes, 0);
-                        if (rc == SF_OK)
-                            rc = cudaDeviceSynchronize() == cudaSuccess &&
-                                         cudaMemcpy(mixed, dmix, cnt * 2, cudaMemcpyDeviceToHost) == cudaSuccess
-                                     ? SF_OK
-                                     : SF_E_BACKEND;
+                        rc = fetch(rc, mixed, dmix, cnt * 2);
                         expect_nf("sf_cuda_attention_pingpong with the mix", s, rc, NULL, mixed, ref16, TOL_BF16);
                     }
                 }

@@ -56,20 +56,6 @@ __device__ __forceinline__ pp_item pp_decode(int i, int heads, int windows, int 
     return it;
 }
 
-#if SF_WGMMA_ENABLED
-__device__ __forceinline__ void named_arrive(int id, int threads)
-{
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-/* One lane a warp: 8 arrivals (both consumers' warps) free a slot or a Q buffer. */
-__device__ __forceinline__ void pp_release(uint32_t bar)
-{
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
-}
-#endif
-
 template <int STAGES>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_pingpong(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
@@ -84,6 +70,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                    kv_empty = kv_full + 8 * STAGES;
     const int nq = win / BM, nitems = nq * heads * windows;
     if (threadIdx.x == 0) {
+        /* freeing a Q buffer or a slot: lane 0 of each of the consumers' 8 warps (mbar_arrive_warp) */
         for (int b = 0; b < 2; b++) mbar_init(q_full + 8 * b, 1), mbar_init(q_empty + 8 * b, 8);
         for (int s = 0; s < STAGES; s++) mbar_init(kv_full + 8 * s, 1), mbar_init(kv_empty + 8 * s, 8);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -142,8 +129,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_wait<0>();
             reg_fence<BN / 2>(s);
             reg_fence<D / 2>(acc);
-            if (j > 0) pp_release(kv_empty + 8 * prev);
-            if (j == it.nkt - 1) pp_release(q_empty + 8 * qb); /* its last S is done: Q is free */
+            if (j > 0) mbar_arrive_warp(kv_empty + 8 * prev);
+            if (j == it.nkt - 1) mbar_arrive_warp(q_empty + 8 * qb); /* its last S is done: Q is free */
             float bmax[2];
             wg_softmax_max<BN, true, D>(s, it.kbeg + j * BN, src, wrow, j == it.nkt - 1, c, mrow, lrow, acc, bmax);
             wg_softmax_exp<BN>(s, c, bmax, lrow, pa);
@@ -156,7 +143,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         named_arrive(other, 256);
         wgmma_wait<0>();
         reg_fence<D / 2>(acc);
-        pp_release(kv_empty + 8 * prev);
+        mbar_arrive_warp(kv_empty + 8 * prev);
         /* rows wrow and wrow + 8: O / l, float32 */
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {

@@ -38,6 +38,18 @@ __device__ __forceinline__ void named_sync(int id, int threads)
 {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+/* This thread's arrival at named barrier `id` of `threads`, without waiting: the threads that
+ * bar.sync on it go on once all have arrived (a hand-over from one warpgroup to another). */
+__device__ __forceinline__ void named_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+/* One arrival on `bar` for the whole warp, by lane 0 once every lane got here. */
+__device__ __forceinline__ void mbar_arrive_warp(uint32_t bar)
+{
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
 
 /* The box at (c0 innermost, c1) of `map` into shared `dst`, completing on `bar`; elements
  * outside the tensor arrive as zeros and still count in the barrier's bytes. */

@@ -106,18 +106,6 @@ __device__ __forceinline__ void pp_walk(const sf_attention_desc &dd, const att_b
 }
 
 #if SF_WGMMA_ENABLED
-__device__ __forceinline__ void named_arrive(int id, int threads)
-{
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-/* One lane a warp: 8 arrivals (both consumers' warps) free a slot or a Q buffer. */
-__device__ __forceinline__ void pp_release(uint32_t bar)
-{
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
-}
-
 /* Warpgroup 1's scrub of a V tile (attention_mma.cuh): non-finite values to 0 in the slot, the
  * keys that held any to bad[0..1] (bits of keys 0-63, 64-127). Its 128 threads take 8 chunks of
  * 16 bytes each: key rows tid / 8 + 16 u. */
@@ -161,6 +149,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     float *m_s = reinterpret_cast<float *>(gbase + pp_smem::ML), *l_s = m_s + T;
     const int nblocks = (dd.n + T - 1) / T, items = nblocks * dd.heads;
     if (threadIdx.x == 0) {
+        /* freeing a Q buffer or a slot: lane 0 of each of the consumers' 8 warps (mbar_arrive_warp) */
         for (int b = 0; b < 2; b++) mbar_init(q_full + 8 * b, 1), mbar_init(q_empty + 8 * b, 8);
         for (int s = 0; s < STAGES; s++) mbar_init(kv_full + 8 * s, 1), mbar_init(kv_empty + 8 * s, 8);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -257,7 +246,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             };
                 /* after a tile's S: Q back when it was the last, the scrub, the softmax into P */
             auto after_s = [&](int k0, uint32_t sl, uint32_t slot) {
-                if (k0 + BN >= kend) pp_release(q_empty + 8 * qb); /* the tile's last S is done: Q is free */
+                if (k0 + BN >= kend) mbar_arrive_warp(q_empty + 8 * qb); /* the tile's last S is done: Q is free */
                 const bool need_mask =
                     !same_w || k0 < wlo || k0 + BN > whi || (src.causal && k0 + BN - 1 > qs_w);
                 prev_scrub = !same_c || k0 < clo || k0 + BN > chi || (src.causal && k0 + BN - 1 > qs);
@@ -294,7 +283,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 reg_fence<BN / 2>(s);
                 reg_fence<D / 2>(acc);
                 if (prev_scrub) poison_from(prev, prev_k0);
-                pp_release(kv_empty + 8 * prev);
+                mbar_arrive_warp(kv_empty + 8 * prev);
                 after_s(k0, sl, slot);
             }
             named_sync(mine, CONSUMERS);
@@ -305,13 +294,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_wait<0>();
             reg_fence<D / 2>(acc);
             if (prev_scrub) poison_from(prev, prev_k0);
-            pp_release(kv_empty + 8 * prev);
+            mbar_arrive_warp(kv_empty + 8 * prev);
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int x = wrow + 8 * hr;
-                if (poison >> hr & 1)
-#pragma unroll
-                    for (int j = 0; j < D / 8; j++) acc[4 * j + 2 * hr] = acc[4 * j + 2 * hr + 1] = NAN;
+                wg_poison_row<D>(acc, poison, hr);
                 if (direct) { /* this tile is the row's only one: its output, normalized */
                     float l = lrow[hr];
                     l += __shfl_xor_sync(0xffffffffu, l, 1);

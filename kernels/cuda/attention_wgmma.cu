@@ -237,9 +237,7 @@ __device__ void wg_tile(const wg_src &src, const QT *qbase, size_t qstride, int 
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int x = wrow + 8 * hr;
-        if (poison >> hr & 1)
-#pragma unroll
-            for (int j = 0; j < D / 8; j++) acc[4 * j + 2 * hr] = acc[4 * j + 2 * hr + 1] = NAN;
+        wg_poison_row<D>(acc, poison, hr);
         merge_tile_row<D>(out, ld, t, m_s, l_s, x < qe, opos0 + x * ostep - P, P, mrow[hr], lrow[hr],
                           [&](int j) { return make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]); });
     }

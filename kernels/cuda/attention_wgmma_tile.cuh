@@ -216,6 +216,15 @@ __device__ __forceinline__ void wg_softmax_exp(const float *s, float c, const fl
         pa[kc][3] = pack_bf16x2(p[8 * kc + 6], p[8 * kc + 7]);
     }
 }
+/* Row wrow + 8 hr of a finished tile's O made NaN where bit hr of `poison` says the row sees a
+ * key whose V is not finite (attention_mma.cuh): in the merge, the output and the mix alike. */
+template <int D = WG_D> __device__ __forceinline__ void wg_poison_row(float *acc, unsigned poison, int hr)
+{
+    if (poison >> hr & 1)
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) acc[4 * j + 2 * hr] = acc[4 * j + 2 * hr + 1] = NAN;
+}
+
 /* 16-byte copy global -> shared, or 16 zero bytes without reading the source when `skip`. */
 __device__ __forceinline__ void cp_async16_zfill(uint32_t saddr, const void *gmem, bool skip)
 {
